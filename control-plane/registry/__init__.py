@@ -1,0 +1,1 @@
+"""The registry: which nodes and services exist, and whether they are healthy."""

@@ -1,0 +1,179 @@
+"""The registry's HTTP API (Flask). Run by `corral-registry` under gunicorn."""
+import time
+from collections.abc import Callable
+
+from flask import Flask, jsonify, request
+
+from corral.shared import db as dbmod
+from corral.shared import validate as v
+from corral.shared.errors import NotFound
+from corral.shared.http import base_app, query_choice, read_json_object, serve_openapi
+from corral.shared.timeutil import iso
+
+from . import openapi
+from .models import MODELS, Node, Service, database
+from .settings import RegistrySettings
+
+NODE_FIELDS = ("node_id", "address", "kind", "slots", "cpus", "memory_mb", "labels")
+SERVICE_FIELDS = ("job_id", "name", "node_id", "address", "port", "healthy")
+KIND_RE = v.re.compile(r"^[a-z][a-z0-9-]{0,31}$")
+
+
+def node_status(last_heartbeat: float, now: float, timeout: float) -> str:
+    """A node is healthy while its last heartbeat is at most `timeout` seconds old."""
+    return "healthy" if now - last_heartbeat <= timeout else "unhealthy"
+
+
+def open_store(settings: RegistrySettings):
+    db = dbmod.open_database(settings.database_url, settings.sqlite_synchronous)
+    database.initialize(db)
+    return db
+
+
+def create_schema(settings: RegistrySettings) -> None:
+    db = open_store(settings)
+    with db.connection_context():
+        db.create_tables(MODELS)
+
+
+def create_app(settings: RegistrySettings | None = None, clock: Callable[[], float] = time.time) -> Flask:
+    settings = settings or RegistrySettings.from_env()
+    db = open_store(settings)
+    with db.connection_context():
+        db.create_tables(MODELS)
+    app = base_app(__name__, settings.max_body_bytes)
+    dbmod.init_app(app, db)
+    serve_openapi(app, openapi.DOCUMENT)
+    timeout = settings.heartbeat_timeout_secs
+
+    def node_view(node: Node, now: float) -> dict:
+        return {
+            "node_id": node.node_id, "address": node.address, "kind": node.kind,
+            "slots": node.slots, "cpus": node.cpus, "memory_mb": node.memory_mb,
+            "labels": node.labels or {}, "running": node.running,
+            "status": node_status(node.last_heartbeat, now, timeout),
+            "registered_at": iso(node.registered_at), "last_heartbeat": iso(node.last_heartbeat),
+        }
+
+    def service_view(svc: Service) -> dict:
+        return {
+            "job_id": svc.job_id, "name": svc.name, "node_id": svc.node_id, "address": svc.address,
+            "port": svc.port, "healthy": svc.healthy, "checked_at": iso(svc.checked_at),
+            "registered_at": iso(svc.registered_at),
+        }
+
+    @app.post("/nodes")
+    def register_node():
+        body = read_json_object()
+        v.reject_unknown(body, NODE_FIELDS)
+        fields = {
+            "address": v.req_str(body, "address", max_len=255),
+            "kind": v.opt_str(body, "kind", pattern=KIND_RE, what="a lower-case word") or "compute",
+            "slots": v.opt_int(body, "slots", 1, 10_000) or 1,
+            "cpus": v.opt_int(body, "cpus", 1, 100_000),
+            "memory_mb": v.opt_int(body, "memory_mb", 0, 1 << 40),
+            "labels": v.str_map(body, "labels"),
+        }
+        node_id = v.req_str(body, "node_id", pattern=v.NAME_RE,
+                            what="letters, digits, '.', '_' or '-' (at most 128)")
+        now = clock()
+        with db.atomic():
+            is_new = Node.get_or_none(Node.node_id == node_id) is None
+            if is_new:
+                Node.create(node_id=node_id, registered_at=now, last_heartbeat=now, **fields)
+            else:
+                # Re-registration (an agent restart) updates what the node says of itself.
+                Node.update(last_heartbeat=now, **fields).where(Node.node_id == node_id).execute()
+            node = Node.get_by_id(node_id)
+        return jsonify(node_view(node, now)), 201 if is_new else 200
+
+    @app.get("/nodes")
+    def list_nodes():
+        kind = request.args.get("type") or None
+        status = query_choice("status", ("healthy", "unhealthy"))
+        now = clock()
+        query = Node.select().order_by(Node.node_id)
+        if kind:
+            query = query.where(Node.kind == kind)
+        if status == "healthy":
+            query = query.where(Node.last_heartbeat >= now - timeout)
+        elif status == "unhealthy":
+            query = query.where(Node.last_heartbeat < now - timeout)
+        return jsonify([node_view(n, now) for n in query])
+
+    def get_node(node_id: str) -> Node:
+        node = Node.get_or_none(Node.node_id == node_id)
+        if node is None:
+            raise NotFound(f"no node {node_id!r}")
+        return node
+
+    @app.get("/nodes/<node_id>")
+    def read_node(node_id):
+        return jsonify(node_view(get_node(node_id), clock()))
+
+    @app.post("/nodes/<node_id>/heartbeat")
+    def heartbeat(node_id):
+        body = read_json_object() if request.get_data(cache=True).strip() else {}
+        v.reject_unknown(body, ("running",))
+        running = v.opt_int(body, "running", 0, 1_000_000)
+        now = clock()
+        with db.atomic():
+            changed = Node.update(last_heartbeat=now, running=running).where(Node.node_id == node_id).execute()
+        if not changed:
+            raise NotFound(f"no node {node_id!r}; register it first (POST /nodes)")
+        return jsonify(node_view(get_node(node_id), now))
+
+    @app.delete("/nodes/<node_id>")
+    def deregister_node(node_id):
+        node = get_node(node_id)
+        with db.atomic():
+            node.delete_instance()
+        return jsonify(node_view(node, clock()))
+
+    @app.post("/services")
+    def register_service():
+        body = read_json_object()
+        v.reject_unknown(body, SERVICE_FIELDS)
+        job_id = v.req_str(body, "job_id", max_len=64, pattern=v.NAME_RE, what="a job id")
+        fields = {
+            "name": v.req_str(body, "name", max_len=255),
+            "node_id": v.req_str(body, "node_id", pattern=v.NAME_RE, what="a node id"),
+            "address": v.req_str(body, "address", max_len=255),
+            "port": v.req_int(body, "port", 1, 65535),
+            "healthy": v.opt_bool(body, "healthy"),
+        }
+        now = clock()
+        if fields["healthy"] is not None:
+            fields["checked_at"] = now
+        with db.atomic():
+            is_new = Service.get_or_none(Service.job_id == job_id) is None
+            if is_new:
+                Service.create(job_id=job_id, registered_at=now, **fields)
+            else:
+                Service.update(**fields).where(Service.job_id == job_id).execute()
+            svc = Service.get_by_id(job_id)
+        return jsonify(service_view(svc)), 201 if is_new else 200
+
+    @app.get("/services")
+    def list_services():
+        query = Service.select().order_by(Service.name, Service.job_id)
+        healthy = query_choice("healthy", ("true", "false"))
+        if healthy == "true":
+            query = query.where(Service.healthy == True)  # noqa: E712 (peewee expression)
+        elif healthy == "false":
+            query = query.where((Service.healthy == False) | Service.healthy.is_null())  # noqa: E712
+        for name in ("name", "node_id"):
+            if request.args.get(name):
+                query = query.where(getattr(Service, name) == request.args[name])
+        return jsonify([service_view(s) for s in query])
+
+    @app.delete("/services/<job_id>")
+    def remove_service(job_id):
+        svc = Service.get_or_none(Service.job_id == job_id)
+        if svc is None:
+            raise NotFound(f"no service for job {job_id!r}")
+        with db.atomic():
+            svc.delete_instance()
+        return jsonify(service_view(svc))
+
+    return app

@@ -1,0 +1,11 @@
+"""`corral-registry`: the registry under gunicorn."""
+from corral.shared.server import run_service
+
+from .app import create_app, create_schema
+from .settings import RegistrySettings
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_service("corral-registry", 9000,
+                prepare=lambda: create_schema(RegistrySettings.from_env()),
+                loader=create_app, argv=argv)

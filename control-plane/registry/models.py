@@ -1,0 +1,44 @@
+"""Registry tables. Health is not stored: it is derived from `last_heartbeat`."""
+import peewee
+
+from corral.shared.db import JSONField
+
+database = peewee.DatabaseProxy()
+
+
+class BaseModel(peewee.Model):
+    class Meta:
+        database = database
+
+
+class Node(BaseModel):
+    node_id = peewee.CharField(primary_key=True, max_length=128)
+    address = peewee.CharField(max_length=255)
+    kind = peewee.CharField(max_length=32, default="compute", index=True)
+    slots = peewee.IntegerField(default=1)
+    cpus = peewee.IntegerField(null=True)
+    memory_mb = peewee.IntegerField(null=True)
+    labels = JSONField(default=dict)
+    registered_at = peewee.DoubleField()
+    last_heartbeat = peewee.DoubleField(index=True)
+    running = peewee.IntegerField(null=True)
+
+    class Meta:
+        table_name = "node"
+
+
+class Service(BaseModel):
+    job_id = peewee.CharField(primary_key=True, max_length=64)
+    name = peewee.CharField(max_length=255, index=True)
+    node_id = peewee.CharField(max_length=128, index=True)
+    address = peewee.CharField(max_length=255)
+    port = peewee.IntegerField()
+    healthy = peewee.BooleanField(null=True)
+    checked_at = peewee.DoubleField(null=True)
+    registered_at = peewee.DoubleField()
+
+    class Meta:
+        table_name = "service"
+
+
+MODELS = [Node, Service]

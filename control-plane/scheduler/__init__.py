@@ -1,0 +1,1 @@
+"""The scheduler: takes jobs, places them on healthy nodes, records their results."""

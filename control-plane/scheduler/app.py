@@ -1,0 +1,91 @@
+"""The scheduler's HTTP API (Flask). Run by `corral-scheduler` under gunicorn."""
+import time
+from collections.abc import Callable
+from urllib.parse import urlencode
+
+from flask import Flask, jsonify, request
+
+from corral.shared import db as dbmod
+from corral.shared.clients import RegistryClient
+from corral.shared.errors import BadRequest
+from corral.shared.http import base_app, query_choice, query_int, read_json_object, serve_openapi
+from corral.shared.states import ALL
+
+from . import loops, openapi, validation
+from .models import MODELS, database
+from .settings import SchedulerSettings
+from .store import Store
+
+MAX_PAGE = 1000
+
+
+def open_store(settings: SchedulerSettings) -> Store:
+    db = dbmod.open_database(settings.database_url, settings.sqlite_synchronous)
+    database.initialize(db)
+    return Store(db, settings)
+
+
+def create_schema(settings: SchedulerSettings) -> None:
+    store = open_store(settings)
+    with store.db.connection_context():
+        store.db.create_tables(MODELS)
+
+
+def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], float] = time.time,
+               start_loops: bool = False) -> Flask:
+    """The WSGI app. `start_loops` runs the background loops in this process (gunicorn workers)."""
+    settings = settings or SchedulerSettings.from_env()
+    store = open_store(settings)
+    with store.db.connection_context():
+        store.db.create_tables(MODELS)
+    app = base_app(__name__, settings.max_body_bytes)
+    dbmod.init_app(app, store.db)
+    serve_openapi(app, openapi.DOCUMENT)
+    app.extensions["corral.store"] = store
+    if start_loops:
+        app.extensions["corral.loops"] = loops.start(store, RegistryClient(settings.registry_url))
+
+    @app.post("/jobs")
+    def submit():
+        fields = validation.job_request(read_json_object())
+        job = store.submit(fields, clock())
+        return jsonify(store.job_view(job)), 201
+
+    @app.get("/jobs")
+    def list_jobs():
+        node_id = request.args.get("node_id") or None
+        status = query_choice("status", ALL)
+        job_type = query_choice("job_type", validation.JOB_TYPES)
+        limit = query_int("limit", 100, 1, MAX_PAGE)
+        newest_first = query_choice("order", ("asc", "desc")) == "desc"
+        after = None
+        if request.args.get("after"):
+            after = validation.parse_job_id(request.args["after"])
+            if after is None:
+                raise BadRequest("query parameter 'after' must be a job id such as job-42")
+        if node_id and status == "pending" and after is None and not newest_first:
+            jobs = store.pending_for_agent(node_id, limit)  # the agents' poll
+        else:
+            jobs = store.list_jobs(node_id=node_id, status=status, job_type=job_type, after=after,
+                                   limit=limit, newest_first=newest_first)
+        response = jsonify([store.job_view(j) for j in jobs])
+        if len(jobs) == limit:
+            args = request.args.to_dict()
+            args["after"] = jobs[-1].job_id
+            response.headers["Link"] = f'<{request.path}?{urlencode(args)}>; rel="next"'
+        return response
+
+    @app.get("/jobs/<job_id>")
+    def read_job(job_id):
+        return jsonify(store.job_view(store.get(job_id)))
+
+    @app.get("/jobs/<job_id>/events")
+    def job_events(job_id):
+        return jsonify([store.event_view(e) for e in store.events(job_id)])
+
+    @app.post("/jobs/<job_id>/status")
+    def report(job_id):
+        body = validation.status_report(read_json_object())
+        return jsonify(store.job_view(store.report(job_id, body, clock())))
+
+    return app

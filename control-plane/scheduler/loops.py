@@ -1,0 +1,65 @@
+"""The scheduler's background work, run by exactly one process at a time.
+
+Every gunicorn worker runs a `LoopThread` calling `Background.tick(now)`; a
+lease row decides which one does the work. One pass:
+
+- refreshes the node list from the registry (every NODE_REFRESH_SECS); when the
+  registry cannot be reached the cached list stays, so dispatch goes on;
+- unplaces pending jobs of nodes that turned unhealthy and places waiting jobs;
+- fails `run` jobs past JOB_TIMEOUT_SECS (every TIMEOUT_CHECK_SECS).
+"""
+import logging
+
+from corral.shared.clients import ClientError, RegistryClient
+from corral.shared.leader import LoopThread, holder_id, try_acquire
+
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+LEASE_NAME = "scheduler-loops"
+
+
+class Background:
+    def __init__(self, store: Store, registry: RegistryClient, holder: str | None = None):
+        self.store = store
+        self.registry = registry
+        self.settings = store.settings
+        self.holder = holder or holder_id()
+        # The lease outlives several passes, so a slow pass does not lose it.
+        self.lease_ttl = max(10.0, 5 * self.settings.dispatch_interval_secs)
+        self.next_sync = 0.0
+        self.next_timeout_check = 0.0
+        self.registry_down_since: float | None = None
+
+    def tick(self, now: float) -> bool:
+        """One pass; returns False when another process holds the lease."""
+        if try_acquire(self.store.db, LEASE_NAME, self.holder, self.lease_ttl, now) is None:
+            return False
+        if now >= self.next_sync:
+            self.next_sync = now + self.settings.node_refresh_secs
+            self.refresh_nodes(now)
+        self.store.dispatch(now)
+        if now >= self.next_timeout_check:
+            self.next_timeout_check = now + self.settings.timeout_check_secs
+            for job_id in self.store.fail_timed_out(now):
+                log.warning("%s timed out after %.0fs; failed", job_id, self.settings.job_timeout_secs)
+        return True
+
+    def refresh_nodes(self, now: float) -> None:
+        try:
+            nodes = self.registry.list_nodes(kind="compute")
+        except ClientError as exc:
+            if self.registry_down_since is None:
+                self.registry_down_since = now
+                log.warning("registry unreachable (%s); placing on the last known nodes", exc)
+            return
+        if self.registry_down_since is not None:
+            log.info("registry reachable again after %.0fs", now - self.registry_down_since)
+            self.registry_down_since = None
+        self.store.sync_nodes(nodes, now)
+
+
+def start(store: Store, registry: RegistryClient) -> LoopThread:
+    background = Background(store, registry)
+    return LoopThread("scheduler-loops", store.settings.dispatch_interval_secs, background.tick).start()

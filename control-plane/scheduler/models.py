@@ -1,0 +1,97 @@
+"""Scheduler tables. The database is the source of truth for jobs and nodes.
+
+`Node` is the scheduler's copy of the registry's node list (refreshed by the
+leader loop): placement reads it inside its transaction, and a registry outage
+leaves it as it was, so dispatch to known nodes goes on.
+"""
+import peewee
+
+from corral.shared.db import JSONField
+from corral.shared.leader import Lease
+from corral.shared.states import ALL
+
+database = peewee.DatabaseProxy()
+
+STATUS_CHECK = "status IN ({})".format(", ".join(f"'{s}'" for s in ALL))
+
+
+class BaseModel(peewee.Model):
+    class Meta:
+        database = database
+
+
+class Job(BaseModel):
+    # Never reused: the retention purge (when there is one) keeps the newest row.
+    id = peewee.AutoField()
+    command = peewee.TextField(null=True)
+    deploy_url = peewee.TextField(null=True)
+    job_type = peewee.CharField(max_length=16, default="run")
+    port = peewee.IntegerField(null=True)
+    env_vars = JSONField(default=dict)
+    instance_id = peewee.CharField(max_length=128, null=True)
+    node_id = peewee.CharField(max_length=128, null=True)
+    status = peewee.CharField(max_length=16, default="pending", constraints=[peewee.Check(STATUS_CHECK)])
+    attempt = peewee.IntegerField(default=0)
+    retry_count = peewee.IntegerField(default=0)
+    max_retries = peewee.IntegerField(default=1)
+    exit_code = peewee.IntegerField(null=True)
+    stdout = peewee.TextField(null=True)
+    stderr = peewee.TextField(null=True)
+    created_at = peewee.DoubleField()
+    placed_at = peewee.DoubleField(null=True)
+    running_at = peewee.DoubleField(null=True)
+    finished_at = peewee.DoubleField(null=True)
+
+    class Meta:
+        table_name = "job"
+        indexes = (
+            (("status", "node_id"), False),
+            (("node_id", "status"), False),
+        )
+
+    @property
+    def job_id(self) -> str:
+        return f"job-{self.id}"
+
+
+class JobEvent(BaseModel):
+    """One row per status change or placement: the job's history."""
+
+    id = peewee.AutoField()
+    job = peewee.ForeignKeyField(Job, backref="events", on_delete="CASCADE", index=True)
+    at = peewee.DoubleField()
+    from_status = peewee.CharField(max_length=16, null=True)
+    to_status = peewee.CharField(max_length=16)
+    attempt = peewee.IntegerField()
+    node_id = peewee.CharField(max_length=128, null=True)
+    reason = peewee.TextField(default="")
+
+    class Meta:
+        table_name = "job_event"
+
+
+class Node(BaseModel):
+    node_id = peewee.CharField(primary_key=True, max_length=128)
+    address = peewee.CharField(max_length=255)
+    kind = peewee.CharField(max_length=32)
+    slots = peewee.IntegerField()
+    status = peewee.CharField(max_length=16)
+    synced_at = peewee.DoubleField()
+
+    class Meta:
+        table_name = "node"
+
+
+class SchedulerState(BaseModel):
+    """Small named values shared by every worker (the round-robin cursor)."""
+
+    key = peewee.CharField(primary_key=True, max_length=64)
+    value = peewee.TextField(null=True)
+
+    class Meta:
+        table_name = "scheduler_state"
+
+
+Lease.bind(database)  # the shared lease table lives in the scheduler's database
+
+MODELS = [Job, JobEvent, Node, SchedulerState, Lease]

@@ -1,0 +1,230 @@
+"""Everything the scheduler reads and writes, each write in one short transaction.
+
+Functions take `now` (seconds since the epoch) instead of reading the clock, so
+tests drive them with fixed times. Every status change goes through
+`_transition`, which checks it against shared.states and records an event.
+
+Concurrency: on SQLite every `db.atomic()` is BEGIN IMMEDIATE, so transactions
+that place jobs are serialised by the database lock. On other databases the
+first statement of `dispatch` updates the round-robin row, which takes a row
+lock and serialises placement the same way.
+"""
+import peewee
+from peewee import fn
+
+from corral.shared.errors import Conflict, NotFound
+from corral.shared.states import ACTIVE, JobStatus, after_failure, check_transition
+from corral.shared.timeutil import iso
+
+from . import placement
+from .models import Job, JobEvent, Node, SchedulerState
+from .settings import SchedulerSettings
+from .validation import parse_job_id
+
+RR_CURSOR = "rr_cursor"
+
+
+class Store:
+    def __init__(self, db: peewee.Database, settings: SchedulerSettings):
+        self.db = db
+        self.settings = settings
+
+    # ---- views -------------------------------------------------------------
+
+    def job_view(self, job: Job) -> dict:
+        return {
+            "job_id": job.job_id, "node_id": job.node_id, "instance_id": job.instance_id,
+            "command": job.command, "deploy_url": job.deploy_url, "job_type": job.job_type,
+            "port": job.port, "env_vars": job.env_vars or {}, "status": job.status,
+            "attempt": job.attempt, "retry_count": job.retry_count, "max_retries": job.max_retries,
+            "exit_code": job.exit_code, "stdout": job.stdout, "stderr": job.stderr,
+            "timeout_secs": self.settings.job_timeout_secs if job.job_type == "run" else None,
+            "created_at": iso(job.created_at), "placed_at": iso(job.placed_at),
+            "running_at": iso(job.running_at), "finished_at": iso(job.finished_at),
+        }
+
+    @staticmethod
+    def event_view(event: JobEvent) -> dict:
+        return {"at": iso(event.at), "from": event.from_status, "to": event.to_status,
+                "attempt": event.attempt, "node_id": event.node_id, "reason": event.reason}
+
+    # ---- reads -------------------------------------------------------------
+
+    def get(self, job_id: str) -> Job:
+        number = parse_job_id(job_id)
+        job = Job.get_or_none(Job.id == number) if number else None
+        if job is None:
+            raise NotFound(f"no job {job_id!r}")
+        return job
+
+    def events(self, job_id: str) -> list[JobEvent]:
+        job = self.get(job_id)
+        return list(JobEvent.select().where(JobEvent.job == job.id).order_by(JobEvent.id))
+
+    def list_jobs(self, *, node_id=None, status=None, job_type=None, after: int | None = None,
+                  limit: int = 100, newest_first: bool = False) -> list[Job]:
+        query = Job.select()
+        if node_id is not None:
+            query = query.where(Job.node_id == node_id)
+        if status is not None:
+            query = query.where(Job.status == status)
+        if job_type is not None:
+            query = query.where(Job.job_type == job_type)
+        if after is not None:
+            query = query.where(Job.id < after if newest_first else Job.id > after)
+        return list(query.order_by(Job.id.desc() if newest_first else Job.id).limit(limit))
+
+    def pending_for_agent(self, node_id: str, limit: int) -> list[Job]:
+        """The pending jobs placed on `node_id`, at most its free slots (what agents poll)."""
+        node = Node.get_or_none(Node.node_id == node_id)
+        capacity = self._capacity(node) if node else self.settings.max_jobs_per_node
+        running = Job.select().where((Job.node_id == node_id) & (Job.status == "running")).count()
+        free = min(limit, capacity - running)
+        if free <= 0:
+            return []
+        return self.list_jobs(node_id=node_id, status="pending", limit=free)
+
+    # ---- writes ------------------------------------------------------------
+
+    def submit(self, fields: dict, now: float) -> Job:
+        """Create a pending job and place it if a node has room; committed on return."""
+        with self.db.atomic():
+            job = Job.create(created_at=now, max_retries=self.settings.max_job_retries, **fields)
+            self._event(job, None, "pending", now, "submitted")
+            self.dispatch(now)
+        return Job.get_by_id(job.id)
+
+    def report(self, job_id: str, report: dict, now: float) -> Job:
+        """Apply an agent's report; refuses other nodes, stale attempts and illegal moves."""
+        with self.db.atomic():
+            job = self.get(job_id)
+            if job.node_id != report["node_id"]:
+                raise Conflict(f"{job.job_id} is not placed on {report['node_id']!r}")
+            if job.attempt != report["attempt"]:
+                raise Conflict(f"attempt {report['attempt']} of {job.job_id} is stale; "
+                               f"the current attempt is {job.attempt}")
+            new = report["status"]
+            if job.status == new and new == "running":
+                return job  # the agent repeated a report whose answer it lost
+            if new == "running":
+                self._transition(job, "running", now, "started on the node", running_at=now)
+            else:
+                self._finish(job, new, report, now)
+        return Job.get_by_id(job.id)
+
+    def _finish(self, job: Job, new: str, report: dict, now: float) -> None:
+        tail = self.settings.output_tail_bytes
+        outcome = {"exit_code": report["exit_code"],
+                   "stdout": _tail(report["stdout"], tail), "stderr": _tail(report["stderr"], tail)}
+        if new == "done":
+            self._transition(job, "done", now, "exit code 0", finished_at=now, **outcome)
+        elif after_failure(job.retry_count, job.max_retries) is JobStatus.PENDING:
+            reason = f"attempt {job.attempt} failed with exit code {report['exit_code']}; retrying"
+            self._transition(job, "pending", now, reason, retry_count=job.retry_count + 1,
+                             node_id=None, running_at=None, placed_at=None)
+        else:
+            self._transition(job, "failed", now, f"exit code {report['exit_code']}; no retries left",
+                             finished_at=now, **outcome)
+        self.dispatch(now)  # a slot is free
+
+    def fail_timed_out(self, now: float) -> list[str]:
+        """Fail `run` jobs running longer than JOB_TIMEOUT_SECS; their agents kill them."""
+        deadline = now - self.settings.job_timeout_secs
+        ended = []
+        with self.db.atomic():
+            overdue = Job.select().where((Job.status == "running") & (Job.job_type == "run")
+                                         & (Job.running_at < deadline))
+            for job in overdue:
+                self._transition(job, "failed", now, "timed out", finished_at=now, exit_code=-1,
+                                 stderr="job timed out")
+                ended.append(job.job_id)
+            if ended:
+                self.dispatch(now)
+        return ended
+
+    def sync_nodes(self, nodes: list[dict], now: float) -> None:
+        """Replace the cached node list with the registry's, then move work off lost nodes."""
+        with self.db.atomic():
+            Node.delete().execute()
+            if nodes:
+                Node.insert_many([{
+                    "node_id": n["node_id"], "address": n.get("address") or "", "kind": n.get("kind") or "compute",
+                    "slots": int(n.get("slots") or 1), "status": n.get("status") or "unhealthy", "synced_at": now,
+                } for n in nodes]).execute()
+            self.release_lost(now)
+            self.dispatch(now)
+
+    def release_lost(self, now: float) -> int:
+        """Unplace pending jobs whose node is unhealthy or gone, so they go elsewhere."""
+        healthy = Node.select(Node.node_id).where((Node.status == "healthy") & (Node.kind == "compute"))
+        stranded = list(Job.select().where((Job.status == "pending") & Job.node_id.is_null(False)
+                                           & Job.node_id.not_in(healthy)))
+        for job in stranded:
+            self._event(job, "pending", "pending", now, f"node {job.node_id} is not healthy; unplaced")
+            Job.update(node_id=None, placed_at=None).where(Job.id == job.id).execute()
+        return len(stranded)
+
+    def dispatch(self, now: float) -> int:
+        """Place waiting jobs on nodes with free slots. Call inside a transaction."""
+        with self.db.atomic():
+            cursor = self._lock_cursor()
+            slots = self._free_slots()
+            total_free = sum(s.free for s in slots)
+            if total_free <= 0:
+                return 0
+            unplaced = Job.select(Job.id, Job.instance_id).where(
+                (Job.status == "pending") & Job.node_id.is_null())
+            open_nodes = [s.node_id for s in slots if s.free > 0]
+            candidates = list(unplaced.where(Job.instance_id.is_null()).order_by(Job.id).limit(total_free))
+            candidates += list(unplaced.where(Job.instance_id.in_(open_nodes)).order_by(Job.id).limit(total_free))
+            candidates.sort(key=lambda j: j.id)
+            assignments, cursor = placement.plan(
+                [placement.Unplaced(j.id, j.instance_id) for j in candidates], slots, cursor)
+            for job_id, node_id in assignments:
+                Job.update(node_id=node_id, attempt=Job.attempt + 1, placed_at=now).where(
+                    (Job.id == job_id) & (Job.status == "pending") & Job.node_id.is_null()).execute()
+            if assignments:
+                placed = Job.select().where(Job.id.in_([job_id for job_id, _ in assignments]))
+                JobEvent.insert_many([{
+                    "job": j.id, "at": now, "from_status": "pending", "to_status": "pending",
+                    "attempt": j.attempt, "node_id": j.node_id, "reason": f"placed on {j.node_id}",
+                } for j in placed]).execute()
+            SchedulerState.update(value=cursor).where(SchedulerState.key == RR_CURSOR).execute()
+            return len(assignments)
+
+    # ---- helpers -----------------------------------------------------------
+
+    def _capacity(self, node: Node) -> int:
+        return min(self.settings.max_jobs_per_node, node.slots)
+
+    def _free_slots(self) -> list[placement.NodeSlots]:
+        nodes = list(Node.select().where((Node.status == "healthy") & (Node.kind == "compute")))
+        held = dict(Job.select(Job.node_id, fn.COUNT(Job.id))
+                    .where(Job.status.in_(ACTIVE) & Job.node_id.is_null(False))
+                    .group_by(Job.node_id).tuples())
+        return [placement.NodeSlots(n.node_id, self._capacity(n) - held.get(n.node_id, 0)) for n in nodes]
+
+    def _lock_cursor(self) -> str | None:
+        SchedulerState.insert(key=RR_CURSOR, value=None).on_conflict_ignore().execute()
+        # A no-op write first: on PostgreSQL it row-locks the cursor for this transaction.
+        SchedulerState.update(value=SchedulerState.value).where(SchedulerState.key == RR_CURSOR).execute()
+        return SchedulerState.get_by_id(RR_CURSOR).value
+
+    def _transition(self, job: Job, new: str, now: float, reason: str, **changes) -> None:
+        check_transition(job.status, new)
+        updated = Job.update(status=new, **changes).where(
+            (Job.id == job.id) & (Job.status == job.status) & (Job.attempt == job.attempt)).execute()
+        if updated != 1:
+            raise Conflict(f"{job.job_id} changed while this request ran; try again")
+        self._event(job, job.status, new, now, reason)
+
+    @staticmethod
+    def _event(job: Job, old: str | None, new: str, now: float, reason: str) -> None:
+        JobEvent.create(job=job.id, at=now, from_status=old, to_status=new, attempt=job.attempt,
+                        node_id=job.node_id, reason=reason)
+
+
+def _tail(text: str | None, limit: int) -> str | None:
+    if text is None or len(text) <= limit:
+        return text
+    return text[-limit:]

@@ -1,0 +1,88 @@
+"""Checking what clients send: job requests and agents' status reports. Pure."""
+import re
+from urllib.parse import urlsplit
+
+from corral.shared import validate as v
+from corral.shared.errors import BadRequest
+
+JOB_FIELDS = ("command", "deploy_url", "job_type", "port", "env_vars", "instance_id")
+JOB_TYPES = ("run", "service")
+DEPLOY_SCHEMES = ("http", "https", "s3")
+MAX_COMMAND_CHARS = 64 * 1024
+REPORT_FIELDS = ("node_id", "attempt", "status", "exit_code", "stdout", "stderr")
+REPORTABLE = ("running", "done", "failed")
+MAX_OUTPUT_CHARS = 1024 * 1024
+
+
+def job_request(body: dict) -> dict:
+    """The columns of a new job, from a POST /jobs body (or an SQS message)."""
+    v.reject_unknown(body, JOB_FIELDS)
+    command = v.opt_str(body, "command", max_len=MAX_COMMAND_CHARS)
+    if command is not None and not command.strip():
+        raise BadRequest("'command' must not be blank")
+    deploy_url = v.opt_str(body, "deploy_url", max_len=2048)
+    if command is None and deploy_url is None:
+        raise BadRequest("a job needs 'command' or 'deploy_url'")
+    if deploy_url is not None:
+        check_deploy_url(deploy_url)
+    job_type = v.opt_str(body, "job_type", max_len=16) or "run"
+    if job_type not in JOB_TYPES:
+        raise BadRequest(f"'job_type' must be one of {', '.join(JOB_TYPES)}")
+    return {
+        "command": command,
+        "deploy_url": deploy_url,
+        "job_type": job_type,
+        "port": v.opt_int(body, "port", 1, 65535),
+        "env_vars": v.str_map(body, "env_vars", key_re=v.ENV_NAME_RE, key_what="an environment variable name"),
+        "instance_id": v.opt_str(body, "instance_id", pattern=v.NAME_RE, what="a node id"),
+    }
+
+
+def check_deploy_url(url: str) -> None:
+    parts = urlsplit(url)
+    if parts.scheme not in DEPLOY_SCHEMES:
+        raise BadRequest(f"'deploy_url' must start with {', '.join(s + '://' for s in DEPLOY_SCHEMES)}")
+    if not parts.netloc:
+        raise BadRequest("'deploy_url' has no host (or bucket)")
+    if parts.scheme == "s3" and not parts.path.strip("/"):
+        raise BadRequest("'deploy_url' must name an object: s3://bucket/key")
+
+
+def status_report(body: dict) -> dict:
+    """An agent's report on one attempt: who, which attempt, what happened."""
+    v.reject_unknown(body, REPORT_FIELDS)
+    status = v.req_str(body, "status", max_len=16)
+    if status not in REPORTABLE:
+        raise BadRequest(f"'status' must be one of {', '.join(REPORTABLE)}")
+    report = {
+        "node_id": v.req_str(body, "node_id", pattern=v.NAME_RE, what="a node id"),
+        "attempt": v.req_int(body, "attempt", 0, 1_000_000_000),
+        "status": status,
+        "exit_code": v.opt_int(body, "exit_code", -255, 255),
+        "stdout": _output(body, "stdout"),
+        "stderr": _output(body, "stderr"),
+    }
+    if status in ("done", "failed") and report["exit_code"] is None:
+        raise BadRequest(f"a {status!r} report needs 'exit_code'")
+    if status == "done" and report["exit_code"] != 0:
+        raise BadRequest("a 'done' report must have exit_code 0; report 'failed' otherwise")
+    return report
+
+
+def _output(body: dict, name: str) -> str | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise BadRequest(f"{name!r} must be a string")
+    if len(value) > MAX_OUTPUT_CHARS:
+        raise BadRequest(f"{name!r} is longer than {MAX_OUTPUT_CHARS} characters; send its tail")
+    return value
+
+
+JOB_ID_RE = re.compile(r"^job-([1-9][0-9]{0,17})$")
+
+
+def parse_job_id(job_id: str) -> int | None:
+    match = JOB_ID_RE.match(job_id)
+    return int(match.group(1)) if match else None

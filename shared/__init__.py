@@ -1,0 +1,1 @@
+"""Code shared by the registry, the scheduler and the agent."""

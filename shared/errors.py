@@ -1,0 +1,29 @@
+"""The error hierarchy. One Flask handler (shared.http) maps these to JSON answers."""
+
+
+class CorralError(Exception):
+    """Root of every error Corral raises on purpose; `status` is the HTTP code."""
+
+    status = 500
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class BadRequest(CorralError):
+    status = 400
+
+
+class NotFound(CorralError):
+    status = 404
+
+
+class Conflict(CorralError):
+    """An illegal state transition, a stale attempt, a report from the wrong node."""
+
+    status = 409
+
+
+class SettingError(CorralError):
+    """A setting (environment variable or flag) has a value that cannot be used."""

@@ -1,0 +1,107 @@
+"""Flask plumbing shared by the registry and the scheduler.
+
+Every error leaves as JSON `{"error": "..."}` with the right status, and the
+request-body checks (415 not JSON, 400 malformed, 413 too large) live here so
+both services answer bad input the same way.
+"""
+import json
+import logging
+
+from flask import Flask, Response, jsonify, request
+from werkzeug.exceptions import HTTPException
+
+from .errors import BadRequest, CorralError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+
+
+def error_response(status: int, message: str) -> Response:
+    response = jsonify({"error": message})
+    response.status_code = status
+    return response
+
+
+def install_error_handlers(app: Flask) -> None:
+    @app.errorhandler(CorralError)
+    def _corral_error(exc: CorralError):
+        return error_response(exc.status, exc.message)
+
+    @app.errorhandler(HTTPException)
+    def _http_error(exc: HTTPException):
+        message = {
+            404: "no such resource",
+            405: f"method {request.method} is not allowed here",
+            413: "request body too large",
+        }.get(exc.code, exc.description or exc.name)
+        response = error_response(exc.code or 500, message)
+        if exc.code == 405 and exc.valid_methods:
+            response.headers["Allow"] = ", ".join(exc.valid_methods)
+        return response
+
+    @app.errorhandler(Exception)
+    def _unexpected(exc: Exception):
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return error_response(500, "internal error; see the server log")
+
+
+def read_json_object() -> dict:
+    """The request body as a JSON object, or a BadRequest / 415 / 413."""
+    if not request.is_json:
+        raise UnsupportedMediaType("the body must be JSON (Content-Type: application/json)")
+    raw = request.get_data(cache=True)  # raises 413 past MAX_CONTENT_LENGTH
+    if not raw.strip():
+        raise BadRequest("the request body is empty; a JSON object is required")
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"the body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    return body
+
+
+class UnsupportedMediaType(CorralError):
+    status = 415
+
+
+def query_int(name: str, default: int, minimum: int, maximum: int) -> int:
+    raw = request.args.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequest(f"query parameter {name!r} must be a whole number") from None
+    if not minimum <= value <= maximum:
+        raise BadRequest(f"query parameter {name!r} must be between {minimum} and {maximum}")
+    return value
+
+
+def query_choice(name: str, choices: tuple[str, ...]) -> str | None:
+    raw = request.args.get(name)
+    if raw is None or raw == "":
+        return None
+    if raw not in choices:
+        raise BadRequest(f"query parameter {name!r} must be one of {', '.join(choices)}")
+    return raw
+
+
+def serve_openapi(app: Flask, document: dict) -> None:
+    @app.get("/openapi.json")
+    def openapi():
+        return jsonify(document)
+
+
+def base_app(name: str, max_body_bytes: int) -> Flask:
+    app = Flask(name)
+    app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
+    app.json.sort_keys = False
+    install_error_handlers(app)
+
+    @app.get("/healthz")
+    def healthz():
+        return jsonify({"status": "ok"})
+
+    return app

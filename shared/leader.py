@@ -1,0 +1,91 @@
+"""Background loops that run exactly once across gunicorn workers and replicas.
+
+Every process runs the loop thread; each pass first tries to take or renew a
+lease row in the database. Only the holder does the work. A holder that dies
+stops renewing and another process takes over once `expires_at` has passed; the
+token increases on every change of holder (a fencing token).
+"""
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+import peewee
+from peewee import Case
+
+log = logging.getLogger(__name__)
+
+
+class Lease(peewee.Model):
+    name = peewee.CharField(primary_key=True, max_length=64)
+    holder = peewee.CharField(max_length=128, null=True)
+    expires_at = peewee.DoubleField(default=0.0)
+    token = peewee.IntegerField(default=0)
+
+    class Meta:
+        table_name = "lease"
+
+
+def holder_id() -> str:
+    """A name for this process that is unique across hosts and restarts."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def try_acquire(db: peewee.Database, name: str, me: str, ttl: float, now: float) -> int | None:
+    """Take or renew the lease `name` for `me`; the fencing token, or None if another holds it."""
+    with db.atomic():
+        Lease.insert(name=name).on_conflict_ignore().execute()
+        changed = (Lease.update(holder=me, expires_at=now + ttl,
+                                token=Case(None, [(Lease.holder == me, Lease.token)], Lease.token + 1))
+                   .where((Lease.name == name) & ((Lease.holder == me) | (Lease.expires_at < now)))
+                   .execute())
+        return Lease.get_by_id(name).token if changed == 1 else None
+
+
+def release(db: peewee.Database, name: str, me: str) -> None:
+    with db.atomic():
+        Lease.update(expires_at=0.0).where((Lease.name == name) & (Lease.holder == me)).execute()
+
+
+class LoopThread:
+    """Calls `tick(now)` every `interval` seconds in a daemon thread.
+
+    An exception is logged with its traceback and the next pass waits longer
+    (doubling up to `max_backoff`), so a broken database or a peer that is down
+    never ends the loop and never spins it.
+    """
+
+    def __init__(self, name: str, interval: float, tick: Callable[[float], None],
+                 clock: Callable[[], float] = time.time, max_backoff: float = 30.0):
+        self.name = name
+        self.interval = interval
+        self.tick = tick
+        self.clock = clock
+        self.max_backoff = max_backoff
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self.run, name=name, daemon=True)
+
+    def start(self) -> "LoopThread":
+        self.thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.stop_event.set()
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            self.thread.join(timeout)
+
+    def run(self) -> None:
+        delay = 0.0
+        failures = 0
+        while not self.stop_event.wait(delay):
+            try:
+                self.tick(self.clock())
+                failures = 0
+                delay = self.interval
+            except Exception:
+                failures += 1
+                delay = min(self.max_backoff, self.interval * (2 ** failures))
+                log.exception("%s: pass failed (%d in a row); next try in %.1fs", self.name, failures, delay)

@@ -1,0 +1,93 @@
+"""The console scripts `corral-registry` and `corral-scheduler` run gunicorn.
+
+Settings come from the environment; flags override host, port and the worker
+shape. Settings are checked and the database schema is created in the master,
+before any worker forks, so a bad setting is one clear line and exit code 2,
+not a worker that fails to boot over and over.
+"""
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable
+
+from gunicorn.app.base import Application
+
+from .errors import CorralError
+
+# gthread: one thread per in-flight request. Long-running requests (long-poll
+# claims) then hold a thread, not a worker, and the master's heartbeat keeps
+# gunicorn's `timeout` from killing them.
+DEFAULTS = {
+    "worker_class": "gthread",
+    "workers": 2,
+    "threads": 8,
+    "timeout": 60,
+    "graceful_timeout": 30,
+    "keepalive": 5,
+    "control_socket_disable": True,
+    "accesslog": None,
+}
+
+
+class _Gunicorn(Application):
+    def __init__(self, loader: Callable, defaults: dict, overrides: dict, config_file: str | None):
+        self._loader = loader
+        self._defaults = defaults
+        self._overrides = overrides
+        self._config_file = config_file
+        super().__init__()
+
+    def init(self, parser, opts, args):  # no gunicorn command line of its own
+        return None
+
+    def load_config(self):
+        for key, value in self._defaults.items():
+            self.cfg.set(key, value)
+        if self._config_file:
+            self.load_config_from_file(self._config_file)
+        for key, value in self._overrides.items():
+            self.cfg.set(key, value)
+
+    def load(self):
+        return self._loader()
+
+
+def setup_logging() -> None:
+    level = os.environ.get("CORRAL_LOG_LEVEL", "INFO").upper()
+    logging.basicConfig(level=getattr(logging, level, logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s")
+
+
+def run_service(prog: str, default_port: int, prepare: Callable[[], None],
+                loader: Callable, argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog=prog, description=f"Run the Corral {prog.split('-')[-1]} under gunicorn.")
+    parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help=f"port to listen on (default {default_port})")
+    parser.add_argument("--bind", help="gunicorn bind string, overrides --host/--port (e.g. unix:/run/x.sock, fd://3)")
+    parser.add_argument("--workers", type=int, help="gunicorn worker processes (default 2)")
+    parser.add_argument("--threads", type=int, help="threads per worker (default 8)")
+    parser.add_argument("--gunicorn-config", help="a gunicorn config file, applied over the defaults")
+    parser.add_argument("--access-log", help="where to write the access log ('-' for stdout)")
+    args = parser.parse_args(argv)
+    setup_logging()
+    if args.port is not None and not 0 < args.port < 65536:
+        parser.error("--port must be between 1 and 65535")
+    try:
+        prepare()
+    except CorralError as exc:
+        print(f"{prog}: error: {exc.message}", file=sys.stderr)
+        sys.exit(2)
+    defaults = dict(DEFAULTS, bind=[f"127.0.0.1:{default_port}"])
+    overrides = {}
+    if args.bind:
+        overrides["bind"] = [args.bind]
+    elif args.host or args.port:
+        overrides["bind"] = [f"{args.host or '127.0.0.1'}:{args.port or default_port}"]
+    if args.workers:
+        overrides["workers"] = args.workers
+    if args.threads:
+        overrides["threads"] = args.threads
+    if args.access_log:
+        overrides["accesslog"] = args.access_log
+    _Gunicorn(loader, defaults, overrides, args.gunicorn_config).run()

@@ -1,0 +1,91 @@
+"""Reading settings from the environment, with one clear error per bad value.
+
+Each process has its own settings dataclass (registry/settings.py, ...) built
+from these helpers, so that every variable is parsed and checked in one place.
+"""
+import os
+from collections.abc import Mapping
+
+from .errors import SettingError
+
+DEV_STATE_DIR = "./var"
+SYNCHRONOUS_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
+
+
+def env_str(env: Mapping[str, str], name: str, default: str | None) -> str | None:
+    value = env.get(name)
+    if value is None or value.strip() == "":
+        return default
+    return value.strip()
+
+
+def env_int(env: Mapping[str, str], name: str, default: int, minimum: int | None = None,
+            maximum: int | None = None) -> int:
+    raw = env_str(env, name, None)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingError(f"{name} must be a whole number, got {raw!r}") from None
+    _check_range(name, value, minimum, maximum)
+    return value
+
+
+def env_float(env: Mapping[str, str], name: str, default: float, minimum: float | None = None,
+              maximum: float | None = None) -> float:
+    raw = env_str(env, name, None)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingError(f"{name} must be a number, got {raw!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise SettingError(f"{name} must be a finite number, got {raw!r}")
+    _check_range(name, value, minimum, maximum)
+    return value
+
+
+def env_bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env_str(env, name, None)
+    if raw is None:
+        return default
+    lowered = raw.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise SettingError(f"{name} must be true or false, got {raw!r}")
+
+
+def env_choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
+    raw = env_str(env, name, None)
+    if raw is None:
+        return default
+    if raw.upper() not in choices:
+        raise SettingError(f"{name} must be one of {', '.join(choices)}, got {raw!r}")
+    return raw.upper()
+
+
+def _check_range(name, value, minimum, maximum):
+    if minimum is not None and value < minimum:
+        raise SettingError(f"{name} must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise SettingError(f"{name} must be at most {maximum}, got {value}")
+
+
+def state_dir(env: Mapping[str, str]) -> str:
+    return os.path.abspath(env_str(env, "CORRAL_STATE_DIR", DEV_STATE_DIR))
+
+
+def database_url(env: Mapping[str, str], filename: str) -> str:
+    """DATABASE_URL, or a SQLite file named `filename` under the state dir."""
+    url = env_str(env, "DATABASE_URL", None)
+    if url:
+        return url
+    return "sqlite:///" + os.path.join(state_dir(env), filename)
+
+
+def sqlite_synchronous(env: Mapping[str, str]) -> str:
+    return env_choice(env, "CORRAL_SQLITE_SYNCHRONOUS", "NORMAL", SYNCHRONOUS_MODES)

@@ -1,0 +1,52 @@
+"""The job state machine, in one place.
+
+    pending ──claim──▶ running ──▶ done
+       ▲                  │
+       └──retry (budget)──┤
+                          ▼
+                        failed  (final: the dead-letter state)
+
+pending and running jobs may also be cancelled. Everything that changes a
+job's status goes through `check_transition`, and the store refuses any status
+outside `JobStatus` (a CHECK constraint on the column).
+"""
+from enum import Enum
+
+from .errors import Conflict
+
+
+class JobStatus(str, Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+ALL = tuple(s.value for s in JobStatus)
+FINAL = frozenset({JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCELLED})
+ACTIVE = (JobStatus.PENDING.value, JobStatus.RUNNING.value)  # hold (or will hold) a node slot
+
+ALLOWED = frozenset({
+    (JobStatus.PENDING, JobStatus.RUNNING),    # an agent started the attempt
+    (JobStatus.RUNNING, JobStatus.DONE),
+    (JobStatus.RUNNING, JobStatus.FAILED),     # retries exhausted, or timed out
+    (JobStatus.RUNNING, JobStatus.PENDING),    # failed with retries left
+    (JobStatus.PENDING, JobStatus.CANCELLED),
+    (JobStatus.RUNNING, JobStatus.CANCELLED),
+    (JobStatus.FAILED, JobStatus.PENDING),     # an operator's retry
+})
+
+
+class InvalidTransition(Conflict):
+    pass
+
+
+def check_transition(old: str, new: str) -> None:
+    if (JobStatus(old), JobStatus(new)) not in ALLOWED:
+        raise InvalidTransition(f"a {old} job cannot become {new}")
+
+
+def after_failure(retry_count: int, max_retries: int) -> JobStatus:
+    """Where a failed attempt goes: back to pending while the retry budget lasts."""
+    return JobStatus.PENDING if retry_count < max_retries else JobStatus.FAILED
