@@ -108,6 +108,8 @@ class Store:
                 return job  # the agent repeated a report whose answer it lost
             if new == "running":
                 self._transition(job, "running", now, "started on the node", running_at=now)
+            elif job.status != "running":
+                raise Conflict(f"{job.job_id} is {job.status}, not running; the {new!r} report is refused")
             else:
                 self._finish(job, new, report, now)
         return Job.get_by_id(job.id)

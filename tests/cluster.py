@@ -1,0 +1,180 @@
+"""Real processes for end-to-end tests: gunicorn-served registry and scheduler,
+and agent processes, each started through its console script.
+
+Servers get a socket bound to 127.0.0.1:0 by the test and passed down as
+`--bind fd://N`, so there is no race for a free port. Every process runs in its
+own session and is ended by process group (TERM, then KILL) at teardown.
+"""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import requests
+
+from helpers import wait_for
+
+BIN = os.path.dirname(sys.executable)
+
+
+class Proc:
+    def __init__(self, name: str, argv: list[str], env: dict, log_path: str, pass_fds=()):
+        self.name = name
+        self.log_path = log_path
+        self.log = open(log_path, "ab")
+        self.popen = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=self.log,
+                                      stderr=subprocess.STDOUT, pass_fds=pass_fds, start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            os.killpg(self.popen.pid, sig)
+
+    def stop(self, grace: float = 10.0) -> int | None:
+        if self.alive():
+            try:
+                os.killpg(self.popen.pid, signal.SIGTERM)
+                self.popen.wait(grace)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(5)
+            except ProcessLookupError:
+                pass
+        self.log.close()
+        return self.popen.returncode
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group, as a crash would."""
+        if self.alive():
+            os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(5)
+
+    def output(self) -> str:
+        with open(self.log_path, "rb") as f:
+            return f.read().decode(errors="replace")
+
+
+def base_env(state_dir: str, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CORRAL_", "DATABASE_URL"))}
+    env.update({"CORRAL_STATE_DIR": state_dir, "CORRAL_LOG_LEVEL": "INFO"})
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def listening_socket() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+class Cluster:
+    """A registry, a scheduler and any number of agents, all real processes."""
+
+    def __init__(self, tmp_path, **scheduler_env):
+        self.dir = str(tmp_path)
+        self.state_dir = os.path.join(self.dir, "state")
+        self.procs: dict[str, Proc] = {}
+        self.registry_port = self.scheduler_port = None
+        self.scheduler_env = {"TIMEOUT_CHECK_SECS": 0.5, "NODE_REFRESH_SECS": 0.3,
+                              "DISPATCH_INTERVAL_SECS": 0.2, "HEARTBEAT_TIMEOUT_SECS": 3}
+        self.scheduler_env.update(scheduler_env)
+
+    # ---- servers -------------------------------------------------------------
+
+    def _serve(self, name: str, script: str, env: dict, port: int | None, workers: int = 2) -> int:
+        sock = listening_socket()
+        if port is not None:  # a restart on the same port
+            sock.close()
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", port))
+            sock.listen(128)
+            sock.set_inheritable(True)
+        port = sock.getsockname()[1]
+        argv = [os.path.join(BIN, script), "--bind", f"fd://{sock.fileno()}", "--workers", str(workers)]
+        self.procs[name] = Proc(name, argv, env, os.path.join(self.dir, f"{name}.log"), pass_fds=(sock.fileno(),))
+        sock.close()
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: requests.get(url + "/healthz", timeout=2).ok, timeout=30,
+                 message=f"{name} to answer on {url}")
+        return port
+
+    def start_registry(self, **env) -> str:
+        full = base_env(self.state_dir, HEARTBEAT_TIMEOUT_SECS=self.scheduler_env["HEARTBEAT_TIMEOUT_SECS"], **env)
+        self.registry_port = self._serve("registry", "corral-registry", full, self.registry_port)
+        return self.registry_url
+
+    def start_scheduler(self, workers: int = 2, **env) -> str:
+        merged = dict(self.scheduler_env, REGISTRY_URL=self.registry_url, **env)
+        self.scheduler_port = self._serve("scheduler", "corral-scheduler", base_env(self.state_dir, **merged),
+                                          self.scheduler_port, workers)
+        return self.scheduler_url
+
+    @property
+    def registry_url(self) -> str:
+        return f"http://127.0.0.1:{self.registry_port}"
+
+    @property
+    def scheduler_url(self) -> str:
+        return f"http://127.0.0.1:{self.scheduler_port}"
+
+    def start(self) -> "Cluster":
+        self.start_registry()
+        self.start_scheduler()
+        return self
+
+    # ---- agents --------------------------------------------------------------
+
+    def start_agent(self, node_id: str, slots: int = 1, **env) -> Proc:
+        full = base_env(self.state_dir, NODE_ID=node_id, REGISTRY_URL=self.registry_url,
+                        SCHEDULER_URL=self.scheduler_url, AGENT_SLOTS=slots, POLL_INTERVAL_SECS=0.2,
+                        HEARTBEAT_INTERVAL_SECS=0.5, AGENT_STOP_GRACE_SECS=2, AGENT_KILL_GRACE_SECS=1, **env)
+        proc = Proc(node_id, [os.path.join(BIN, "corral-agent")], full, os.path.join(self.dir, f"{node_id}.log"))
+        self.procs[node_id] = proc
+        return proc
+
+    def wait_nodes_healthy(self, *node_ids: str, timeout: float = 20.0) -> None:
+        def ready():
+            nodes = requests.get(self.registry_url + "/nodes", params={"status": "healthy"}, timeout=5).json()
+            return set(node_ids) <= {n["node_id"] for n in nodes}
+        wait_for(ready, timeout=timeout, message=f"nodes {node_ids} to be healthy")
+
+    # ---- jobs ----------------------------------------------------------------
+
+    def submit(self, **request) -> dict:
+        response = requests.post(self.scheduler_url + "/jobs", json=request, timeout=10)
+        assert response.status_code == 201, response.text
+        return response.json()
+
+    def job(self, job_id: str) -> dict:
+        response = requests.get(f"{self.scheduler_url}/jobs/{job_id}", timeout=10)
+        response.raise_for_status()
+        return response.json()
+
+    def wait_status(self, job_id: str, *statuses: str, timeout: float = 20.0) -> dict:
+        return wait_for(lambda: (lambda j: j if j["status"] in statuses else None)(self.job(job_id)),
+                        timeout=timeout, message=f"{job_id} to reach {statuses}")
+
+    def events(self, job_id: str) -> list[dict]:
+        return requests.get(f"{self.scheduler_url}/jobs/{job_id}/events", timeout=10).json()
+
+    # ---- teardown ------------------------------------------------------------
+
+    def stop(self) -> None:
+        # Agents first, so they do not spin against servers that are gone.
+        for name in sorted(self.procs, key=lambda n: n in ("registry", "scheduler")):
+            self.procs[name].stop()
+
+    def logs(self) -> str:
+        return "\n".join(f"===== {name} =====\n{p.output()[-6000:]}" for name, p in self.procs.items())

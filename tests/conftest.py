@@ -1,0 +1,24 @@
+import pytest
+
+from cluster import Cluster
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    setattr(item, "rep_" + report.when, report)
+    return report
+
+
+@pytest.fixture
+def cluster(tmp_path, request):
+    """A real registry and scheduler under gunicorn; tests start the agents they need."""
+    c = Cluster(tmp_path)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+        failed = getattr(request.node, "rep_call", None)
+        if failed is not None and failed.failed:
+            print(c.logs())

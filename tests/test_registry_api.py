@@ -1,0 +1,119 @@
+"""The registry's API through Flask's test client, on a real SQLite file."""
+import pytest
+
+from corral.registry.app import create_app, node_status
+from corral.registry.settings import RegistrySettings
+
+
+class Clock:
+    now = 1_800_000_000.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def client(tmp_path, clock):
+    settings = RegistrySettings(database_url=f"sqlite:///{tmp_path}/registry.db", heartbeat_timeout_secs=20)
+    return create_app(settings, clock=clock).test_client()
+
+
+NODE = {"node_id": "node-1", "address": "10.0.0.5", "kind": "compute", "slots": 4,
+        "cpus": 8, "memory_mb": 16000, "labels": {"zone": "a"}}
+
+
+def test_health_is_derived_from_the_last_heartbeat():
+    assert node_status(100.0, 120.0, 20.0) == "healthy"
+    assert node_status(100.0, 120.5, 20.0) == "unhealthy"
+
+
+def test_register_heartbeat_and_turn_unhealthy(client, clock):
+    response = client.post("/nodes", json=NODE)
+    assert response.status_code == 201
+    node = response.json
+    assert node["status"] == "healthy" and node["labels"] == {"zone": "a"} and node["slots"] == 4
+    assert node["cpus"] == 8 and node["memory_mb"] == 16000
+    clock.now += 15
+    assert client.post("/nodes/node-1/heartbeat", json={"running": 2}).json["running"] == 2
+    clock.now += 15
+    assert client.get("/nodes/node-1").json["status"] == "healthy"
+    clock.now += 10
+    assert client.get("/nodes/node-1").json["status"] == "unhealthy"
+    assert client.post("/nodes/node-1/heartbeat").json["status"] == "healthy"
+
+
+def test_reregistration_updates_the_node(client):
+    client.post("/nodes", json=NODE)
+    again = client.post("/nodes", json=dict(NODE, slots=2, address="10.0.0.6"))
+    assert again.status_code == 200
+    assert again.json["slots"] == 2 and again.json["address"] == "10.0.0.6"
+    assert len(client.get("/nodes").json) == 1
+
+
+def test_list_filters_by_type_and_status(client, clock):
+    client.post("/nodes", json=NODE)
+    client.post("/nodes", json=dict(NODE, node_id="node-2"))
+    client.post("/nodes", json=dict(NODE, node_id="lb-1", kind="gateway"))
+    clock.now += 30
+    client.post("/nodes/node-2/heartbeat")
+    ids = lambda q: [n["node_id"] for n in client.get("/nodes" + q).json]  # noqa: E731
+    assert ids("") == ["lb-1", "node-1", "node-2"]
+    assert ids("?type=compute") == ["node-1", "node-2"]
+    assert ids("?type=compute&status=healthy") == ["node-2"]
+    assert ids("?status=unhealthy") == ["lb-1", "node-1"]
+    assert client.get("/nodes?status=dead").status_code == 400
+
+
+def test_heartbeat_of_an_unknown_node_is_404(client):
+    response = client.post("/nodes/ghost/heartbeat", json={})
+    assert response.status_code == 404 and "register" in response.json["error"]
+
+
+def test_deregister(client):
+    client.post("/nodes", json=NODE)
+    assert client.delete("/nodes/node-1").status_code == 200
+    assert client.get("/nodes/node-1").status_code == 404
+
+
+@pytest.mark.parametrize("body", [
+    {"address": "x"},
+    {"node_id": "a b", "address": "x"},
+    {"node_id": "n", "address": ""},
+    {"node_id": "n", "address": "x", "slots": 0},
+    {"node_id": "n", "address": "x", "slots": "4"},
+    {"node_id": "n", "address": "x", "labels": {"a": 1}},
+    {"node_id": "n", "address": "x", "kind": "Compute!"},
+    {"node_id": "n", "address": "x", "extra": True},
+])
+def test_bad_registrations_are_refused(client, body):
+    response = client.post("/nodes", json=body)
+    assert response.status_code == 400 and response.json["error"]
+    assert client.get("/nodes").json == []
+
+
+def test_services(client, clock):
+    svc = {"job_id": "job-7", "name": "web", "node_id": "node-1", "address": "10.0.0.5", "port": 8080}
+    assert client.post("/services", json=svc).status_code == 201
+    assert client.post("/services", json=dict(svc, name="api", job_id="job-8", healthy=True)).status_code == 201
+    assert client.post("/services", json=dict(svc, healthy=False)).status_code == 200
+    names = lambda q: [s["job_id"] for s in client.get("/services" + q).json]  # noqa: E731
+    assert names("") == ["job-8", "job-7"]
+    assert names("?healthy=true") == ["job-8"]
+    assert names("?healthy=false") == ["job-7"]
+    assert names("?name=web") == ["job-7"]
+    assert client.delete("/services/job-7").status_code == 200
+    assert client.delete("/services/job-7").status_code == 404
+    assert names("") == ["job-8"]
+    bad = client.post("/services", json=dict(svc, port=0))
+    assert bad.status_code == 400 and "port" in bad.json["error"]
+
+
+def test_errors_are_json(client):
+    assert client.post("/nodes", data="x").status_code == 415
+    assert client.post("/nodes", data="{", content_type="application/json").status_code == 400
+    assert client.get("/nodes/nope").json["error"]

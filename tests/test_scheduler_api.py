@@ -1,0 +1,312 @@
+"""The scheduler's API and store through Flask's test client, on a real SQLite file."""
+import peewee
+import pytest
+
+from corral.scheduler.app import create_app
+from corral.scheduler.models import Job
+from corral.scheduler.settings import SchedulerSettings
+
+
+class Clock:
+    def __init__(self, now=1_800_000_000.0):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+def make_app(tmp_path, clock, **overrides):
+    settings = SchedulerSettings(database_url=f"sqlite:///{tmp_path}/scheduler.db", **overrides)
+    return create_app(settings, clock=clock)
+
+
+@pytest.fixture
+def app(tmp_path, clock):
+    return make_app(tmp_path, clock, max_jobs_per_node=4)
+
+
+@pytest.fixture
+def client(app):
+    return app.test_client()
+
+
+@pytest.fixture
+def store(app):
+    return app.extensions["corral.store"]
+
+
+def set_nodes(store, clock, *nodes, slots=4):
+    """Nodes as the registry would list them: a name, or (name, status)."""
+    listed = []
+    for node in nodes:
+        node_id, status = (node, "healthy") if isinstance(node, str) else node
+        listed.append({"node_id": node_id, "address": "127.0.0.1", "kind": "compute",
+                       "slots": slots, "status": status})
+    store.sync_nodes(listed, clock())
+
+
+def submit(client, **body):
+    response = client.post("/jobs", json=body or {"command": "true"})
+    assert response.status_code == 201, response.json
+    return response.json
+
+
+def report(client, job, status, **extra):
+    body = {"node_id": job["node_id"], "attempt": job["attempt"], "status": status, **extra}
+    return client.post(f"/jobs/{job['job_id']}/status", json=body)
+
+
+def run_to(client, job_id, status, exit_code=0):
+    job = client.get(f"/jobs/{job_id}").json
+    assert report(client, job, "running").status_code == 200
+    return report(client, job, status, exit_code=exit_code, stdout="out", stderr="err")
+
+
+# ---- submit and read -----------------------------------------------------------
+
+def test_submit_returns_the_job_and_ids_count_up(client):
+    first = submit(client, command="echo hi", env_vars={"A": "1"}, port=8080)
+    second = submit(client, command="echo again")
+    assert first["job_id"] == "job-1" and second["job_id"] == "job-2"
+    assert first["status"] == "pending" and first["exit_code"] is None
+    assert first["env_vars"] == {"A": "1"} and first["port"] == 8080 and first["job_type"] == "run"
+    assert first["created_at"].endswith("Z") and first["finished_at"] is None
+    for field in ("node_id", "instance_id", "deploy_url", "retry_count", "stdout", "stderr", "running_at"):
+        assert field in first
+    assert client.get("/jobs/job-1").json == first
+
+
+@pytest.mark.parametrize("kwargs, status", [
+    ({}, 415),
+    ({"data": "command=echo"}, 415),
+    ({"data": "", "content_type": "application/json"}, 400),
+    ({"data": "{not json", "content_type": "application/json"}, 400),
+    ({"data": "[1, 2]", "content_type": "application/json"}, 400),
+    ({"data": "\xff\xfe", "content_type": "application/json"}, 400),
+    ({"json": {"command": "x", "job_type": "cron"}}, 400),
+    ({"json": {"command": "x", "port": 70000}}, 400),
+    ({"json": {"command": "x", "env_vars": {"A": ["b"]}}}, 400),
+    ({"json": {"job_type": "run"}}, 400),
+    ({"data": '{"command": "' + "x" * (10 * 1024 * 1024) + '"}', "content_type": "application/json"}, 413),
+])
+def test_bad_submissions_get_a_json_error_and_store_nothing(client, kwargs, status):
+    response = client.post("/jobs", **kwargs)
+    assert response.status_code == status
+    assert isinstance(response.json["error"], str) and response.json["error"]
+    assert client.get("/jobs").json == []
+
+
+def test_unknown_jobs_and_routes_are_404_json(client):
+    for path in ("/jobs/job-99", "/jobs/nope", "/jobs/job-0/events", "/nowhere"):
+        response = client.get(path)
+        assert response.status_code == 404 and "error" in response.json
+
+
+def test_wrong_method_is_405_json(client):
+    response = client.delete("/jobs")
+    assert response.status_code == 405 and "error" in response.json
+
+
+def test_list_filters_and_keyset_pagination(client, store, clock):
+    for i in range(5):
+        submit(client, command=f"echo {i}", job_type="service" if i == 4 else "run")
+    page = client.get("/jobs?limit=2")
+    assert [j["job_id"] for j in page.json] == ["job-1", "job-2"]
+    assert 'after=job-2' in page.headers["Link"] and 'rel="next"' in page.headers["Link"]
+    page = client.get("/jobs?limit=2&after=job-2")
+    assert [j["job_id"] for j in page.json] == ["job-3", "job-4"]
+    last = client.get("/jobs?limit=2&after=job-4")
+    assert [j["job_id"] for j in last.json] == ["job-5"] and "Link" not in last.headers
+    assert [j["job_id"] for j in client.get("/jobs?order=desc&limit=2").json] == ["job-5", "job-4"]
+    assert [j["job_id"] for j in client.get("/jobs?order=desc&after=job-4").json] == ["job-3", "job-2", "job-1"]
+    assert [j["job_id"] for j in client.get("/jobs?job_type=service").json] == ["job-5"]
+    assert client.get("/jobs?status=done").json == []
+    for bad in ("status=weird", "limit=0", "limit=1001", "limit=x", "after=7", "order=up", "job_type=cron"):
+        response = client.get(f"/jobs?{bad}")
+        assert response.status_code == 400, bad
+        assert "error" in response.json
+
+
+# ---- placement -------------------------------------------------------------------
+
+def test_jobs_wait_without_nodes_and_are_placed_when_one_appears(client, store, clock):
+    job = submit(client)
+    assert job["node_id"] is None and job["status"] == "pending"
+    set_nodes(store, clock, "n1")
+    job = client.get("/jobs/job-1").json
+    assert job["node_id"] == "n1" and job["attempt"] == 1 and job["placed_at"]
+
+
+def test_round_robin_over_healthy_nodes(tmp_path, clock):
+    app = make_app(tmp_path, clock, max_jobs_per_node=4)
+    client, store = app.test_client(), app.extensions["corral.store"]
+    set_nodes(store, clock, "n1", "n2", ("n3", "unhealthy"))
+    placed = [submit(client)["node_id"] for _ in range(6)]
+    assert placed == ["n1", "n2", "n1", "n2", "n1", "n2"]
+
+
+def test_a_node_never_holds_more_than_its_limit(tmp_path, clock):
+    app = make_app(tmp_path, clock, max_jobs_per_node=2)
+    client, store = app.test_client(), app.extensions["corral.store"]
+    set_nodes(store, clock, "n1", slots=8)
+    jobs = [submit(client) for _ in range(4)]
+    assert [j["node_id"] for j in jobs] == ["n1", "n1", None, None]
+    polled = client.get("/jobs?node_id=n1&status=pending").json
+    assert [j["job_id"] for j in polled] == ["job-1", "job-2"]
+    for job in polled:
+        assert report(client, job, "running").status_code == 200
+    # Both slots run: the agents' poll answers nothing more.
+    assert client.get("/jobs?node_id=n1&status=pending").json == []
+    assert report(client, polled[0], "done", exit_code=0).status_code == 200
+    # The freed slot went to the oldest waiting job.
+    assert client.get("/jobs/job-3").json["node_id"] == "n1"
+    assert client.get("/jobs/job-4").json["node_id"] is None
+
+
+def test_by_default_a_node_runs_one_job_at_a_time(tmp_path, clock):
+    app = make_app(tmp_path, clock)
+    client, store = app.test_client(), app.extensions["corral.store"]
+    set_nodes(store, clock, "n1", "n2", slots=8)
+    assert [submit(client)["node_id"] for _ in range(3)] == ["n1", "n2", None]
+
+
+def test_an_agent_advertising_fewer_slots_gets_fewer_jobs(tmp_path, clock):
+    app = make_app(tmp_path, clock, max_jobs_per_node=4)
+    client, store = app.test_client(), app.extensions["corral.store"]
+    set_nodes(store, clock, "n1", slots=1)
+    assert [submit(client)["node_id"] for _ in range(2)] == ["n1", None]
+
+
+def test_instance_id_pins_a_job(client, store, clock):
+    set_nodes(store, clock, "n1", "n2")
+    assert submit(client, command="true", instance_id="n2")["node_id"] == "n2"
+    assert submit(client, command="true", instance_id="n2")["node_id"] == "n2"
+    waiting = submit(client, command="true", instance_id="n9")
+    assert waiting["node_id"] is None
+    set_nodes(store, clock, "n1", "n2", "n9")
+    assert client.get(f"/jobs/{waiting['job_id']}").json["node_id"] == "n9"
+
+
+def test_pending_jobs_of_an_unhealthy_node_move_to_a_healthy_one(client, store, clock):
+    set_nodes(store, clock, "n1", "n2")
+    jobs = [submit(client) for _ in range(2)]
+    assert [j["node_id"] for j in jobs] == ["n1", "n2"]
+    clock.now += 30
+    set_nodes(store, clock, ("n1", "unhealthy"), "n2")
+    moved = client.get("/jobs/job-1").json
+    assert moved["node_id"] == "n2" and moved["attempt"] == 2
+    # The old node's late claim for its attempt is refused.
+    assert report(client, jobs[0], "running").status_code == 409
+    assert client.get("/jobs/job-1").json["status"] == "pending"
+
+
+def test_a_node_that_leaves_the_registry_releases_its_pending_jobs(client, store, clock):
+    set_nodes(store, clock, "n1")
+    submit(client)
+    set_nodes(store, clock)
+    assert client.get("/jobs/job-1").json["node_id"] is None
+
+
+# ---- reports -----------------------------------------------------------------------
+
+def test_a_job_runs_to_done_with_its_output(client, store, clock):
+    set_nodes(store, clock, "n1")
+    job = submit(client, command="echo hi")
+    clock.now += 1
+    running = report(client, job, "running")
+    assert running.status_code == 200 and running.json["status"] == "running" and running.json["running_at"]
+    assert report(client, job, "running").status_code == 200  # a repeated report is harmless
+    clock.now += 1
+    done = report(client, job, "done", exit_code=0, stdout="hi\n", stderr="")
+    assert done.status_code == 200
+    assert done.json["status"] == "done" and done.json["stdout"] == "hi\n" and done.json["exit_code"] == 0
+    assert done.json["finished_at"]
+    events = client.get("/jobs/job-1/events").json
+    assert [(e["from"], e["to"]) for e in events] == [
+        (None, "pending"), ("pending", "pending"), ("pending", "running"), ("running", "done")]
+    assert events[1]["reason"] == "placed on n1" and events[2]["node_id"] == "n1"
+
+
+def test_a_failed_job_is_retried_once_then_failed(client, store, clock):
+    set_nodes(store, clock, "n1")
+    submit(client, command="false")
+    retried = run_to(client, "job-1", "failed", exit_code=3).json
+    assert retried["status"] == "pending" and retried["retry_count"] == 1
+    assert retried["exit_code"] is None and retried["attempt"] == 2 and retried["node_id"] == "n1"
+    final = run_to(client, "job-1", "failed", exit_code=4).json
+    assert final["status"] == "failed" and final["exit_code"] == 4 and final["retry_count"] == 1
+    assert final["stderr"] == "err"
+
+
+def test_max_job_retries_zero_fails_at_once(tmp_path, clock):
+    app = make_app(tmp_path, clock, max_job_retries=0)
+    client, store = app.test_client(), app.extensions["corral.store"]
+    set_nodes(store, clock, "n1")
+    submit(client)
+    assert run_to(client, "job-1", "failed", exit_code=1).json["status"] == "failed"
+
+
+def test_refused_reports_change_nothing(client, store, clock):
+    set_nodes(store, clock, "n1", "n2")
+    job = submit(client)
+    before = client.get("/jobs/job-1").json
+    cases = [
+        ({"node_id": "n2", "attempt": 1, "status": "running"}, 409),          # another node
+        ({"node_id": "n1", "attempt": 7, "status": "running"}, 409),          # a stale attempt
+        ({"node_id": "n1", "attempt": 1, "status": "done", "exit_code": 0}, 409),  # skips running
+        ({"node_id": "n1", "attempt": 1, "status": "paused"}, 400),
+        ({"node_id": "n1", "status": "running"}, 400),
+    ]
+    for body, status in cases:
+        response = client.post("/jobs/job-1/status", json=body)
+        assert response.status_code == status, body
+        assert "error" in response.json
+    assert client.post("/jobs/job-42/status", json={"node_id": "n1", "attempt": 1,
+                                                     "status": "running"}).status_code == 404
+    assert client.get("/jobs/job-1").json == before
+    assert len(client.get("/jobs/job-1/events").json) == 2
+    run_to(client, "job-1", "done")
+    late = report(client, job, "failed", exit_code=1)
+    assert late.status_code == 409 and client.get("/jobs/job-1").json["status"] == "done"
+
+
+def test_output_is_kept_to_its_tail(tmp_path, clock):
+    app = make_app(tmp_path, clock, output_tail_bytes=1000)
+    client, store = app.test_client(), app.extensions["corral.store"]
+    set_nodes(store, clock, "n1")
+    job = submit(client)
+    report(client, job, "running")
+    done = report(client, job, "done", exit_code=0, stdout="a" * 5000 + "END").json
+    assert len(done["stdout"]) == 1000 and done["stdout"].endswith("END")
+
+
+# ---- timeouts ------------------------------------------------------------------
+
+def test_run_jobs_past_the_timeout_are_failed(tmp_path, clock):
+    app = make_app(tmp_path, clock, job_timeout_secs=60, max_jobs_per_node=2)
+    client, store = app.test_client(), app.extensions["corral.store"]
+    set_nodes(store, clock, "n1")
+    slow, service = submit(client, command="sleep 1000"), submit(client, command="serve", job_type="service")
+    for job in (slow, service):
+        report(client, job, "running")
+    clock.now += 59
+    assert store.fail_timed_out(clock()) == []
+    clock.now += 2
+    with store.db.connection_context():
+        assert store.fail_timed_out(clock()) == ["job-1"]
+    timed_out = client.get("/jobs/job-1").json
+    assert timed_out["status"] == "failed" and timed_out["exit_code"] == -1
+    assert timed_out["stderr"] == "job timed out"
+    assert client.get("/jobs/job-2").json["status"] == "running"  # services have no timeout
+    # The agent's late report of the killed process is refused.
+    assert report(client, slow, "failed", exit_code=-15).status_code == 409
+
+
+def test_the_store_refuses_an_unknown_status(store):
+    with pytest.raises(peewee.IntegrityError):
+        Job.create(created_at=0, command="x", status="finished")

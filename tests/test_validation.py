@@ -1,0 +1,91 @@
+import pytest
+
+from corral.scheduler.validation import job_request, parse_job_id, status_report
+from corral.shared.errors import BadRequest
+from corral.shared.states import InvalidTransition, JobStatus, after_failure, check_transition
+
+
+def test_minimal_request_gets_defaults():
+    assert job_request({"command": "echo hi"}) == {
+        "command": "echo hi", "deploy_url": None, "job_type": "run", "port": None,
+        "env_vars": {}, "instance_id": None}
+
+
+def test_full_request():
+    fields = job_request({"command": "python etl.py", "deploy_url": "s3://builds/etl-42.zip",
+                          "job_type": "service", "port": 8080, "env_vars": {"STAGE": "prod"},
+                          "instance_id": "node-7"})
+    assert fields["job_type"] == "service" and fields["port"] == 8080
+    assert fields["env_vars"] == {"STAGE": "prod"} and fields["instance_id"] == "node-7"
+
+
+def test_deploy_url_alone_is_enough():
+    assert job_request({"deploy_url": "https://example.com/a.zip"})["command"] is None
+
+
+@pytest.mark.parametrize("body, message", [
+    ({}, "needs 'command' or 'deploy_url'"),
+    ({"command": None}, "needs 'command' or 'deploy_url'"),
+    ({"command": "   "}, "must not be blank"),
+    ({"command": 42}, "'command' must be a string"),
+    ({"command": "x", "job_type": "batch"}, "'job_type' must be one of"),
+    ({"command": "x", "port": 0}, "'port' must be between 1 and 65535"),
+    ({"command": "x", "port": 65536}, "'port' must be between 1 and 65535"),
+    ({"command": "x", "port": "80"}, "'port' must be a whole number"),
+    ({"command": "x", "port": True}, "'port' must be a whole number"),
+    ({"command": "x", "env_vars": ["A=1"]}, "'env_vars' must be an object"),
+    ({"command": "x", "env_vars": {"A": 1}}, "value for 'A' must be a string"),
+    ({"command": "x", "env_vars": {"1BAD": "x"}}, "is not an environment variable name"),
+    ({"command": "x", "env_vars": {"A=B": "x"}}, "is not an environment variable name"),
+    ({"command": "x", "instance_id": "../etc"}, "'instance_id' must be a node id"),
+    ({"command": "x", "deploy_url": "ftp://host/a.zip"}, "'deploy_url' must start with"),
+    ({"command": "x", "deploy_url": "s3://bucket"}, "s3://bucket/key"),
+    ({"command": "x", "deploy_url": "http:///a.zip"}, "no host"),
+    ({"command": "x", "colour": "red"}, "unknown field 'colour'"),
+    ({"command": "x" * (64 * 1024 + 1)}, "longer than"),
+    ({"command": "a\x00b"}, "NUL"),
+])
+def test_bad_requests_are_refused_with_a_clear_message(body, message):
+    with pytest.raises(BadRequest) as err:
+        job_request(body)
+    assert message in err.value.message
+
+
+def test_reports():
+    assert status_report({"node_id": "n1", "attempt": 1, "status": "running"})["status"] == "running"
+    done = status_report({"node_id": "n1", "attempt": 2, "status": "done", "exit_code": 0, "stdout": "hi\n"})
+    assert done["stdout"] == "hi\n" and done["exit_code"] == 0
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"node_id": "n1", "attempt": 1, "status": "pending"}, "'status' must be one of"),
+    ({"node_id": "n1", "status": "running"}, "'attempt' is required"),
+    ({"attempt": 1, "status": "running"}, "'node_id' is required"),
+    ({"node_id": "n1", "attempt": 1, "status": "done"}, "needs 'exit_code'"),
+    ({"node_id": "n1", "attempt": 1, "status": "done", "exit_code": 2}, "must have exit_code 0"),
+    ({"node_id": "n1", "attempt": 1, "status": "failed", "exit_code": 1, "stdout": 5}, "'stdout' must be a string"),
+])
+def test_bad_reports(body, message):
+    with pytest.raises(BadRequest) as err:
+        status_report(body)
+    assert message in err.value.message
+
+
+def test_job_ids():
+    assert parse_job_id("job-42") == 42
+    for bad in ("job-0", "job-", "42", "job-01", "job-1x", "job--1"):
+        assert parse_job_id(bad) is None
+
+
+def test_state_machine():
+    check_transition("pending", "running")
+    check_transition("running", "pending")
+    for old, new in [("done", "running"), ("pending", "done"), ("cancelled", "pending"), ("failed", "done")]:
+        with pytest.raises(InvalidTransition):
+            check_transition(old, new)
+
+
+def test_retry_budget():
+    assert after_failure(0, 1) is JobStatus.PENDING
+    assert after_failure(1, 1) is JobStatus.FAILED
+    assert after_failure(0, 0) is JobStatus.FAILED
