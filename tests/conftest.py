@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from cluster import Cluster
@@ -6,6 +8,10 @@ from cluster import Cluster
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item, call):
     report = yield
+    if report.skipped and os.environ.get("CORRAL_NO_SKIPS") == "1" and not hasattr(report, "wasxfail"):
+        # In CI every test must really run: a skip (no root, a missing package) is a failure.
+        report.outcome = "failed"
+        report.longrepr = f"skipped, but CORRAL_NO_SKIPS=1 forbids skips: {report.longrepr}"
     setattr(item, "rep_" + report.when, report)
     return report
 
