@@ -8,10 +8,11 @@ lease row decides which one does the work. One pass:
 - unplaces pending jobs of nodes that turned unhealthy and places waiting jobs;
 - fails `run` jobs past JOB_TIMEOUT_SECS (every TIMEOUT_CHECK_SECS).
 """
+import atexit
 import logging
 
 from corral.shared.clients import ClientError, RegistryClient
-from corral.shared.leader import LoopThread, holder_id, try_acquire
+from corral.shared.leader import LoopThread, holder_id, release, try_acquire
 
 from .store import Store
 
@@ -62,4 +63,17 @@ class Background:
 
 def start(store: Store, registry: RegistryClient) -> LoopThread:
     background = Background(store, registry)
-    return LoopThread("scheduler-loops", store.settings.dispatch_interval_secs, background.tick).start()
+    loop = LoopThread("scheduler-loops", store.settings.dispatch_interval_secs, background.tick)
+
+    def hand_over():
+        # A worker that exits normally gives the lease up, so a restarted
+        # scheduler does not wait out the ttl before its loops run again.
+        loop.stop()
+        try:
+            with store.db.connection_context():
+                release(store.db, LEASE_NAME, background.holder)
+        except Exception:
+            log.exception("could not release the %s lease", LEASE_NAME)
+
+    atexit.register(hand_over)
+    return loop.start()
