@@ -17,3 +17,15 @@ def wait_for(predicate, timeout=10.0, interval=0.05, message="condition"):
             detail = f" (last error: {last_error!r})" if last_error else ""
             raise AssertionError(f"timed out after {timeout}s waiting for {message}{detail}")
         time.sleep(interval)
+
+
+def process_gone(pid: int) -> bool:
+    """True once `pid` no longer runs. A zombie counts as gone: orphans are
+    re-parented to a PID 1 that may never reap them (as in some containers)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return True
+    # The state letter follows the parenthesised command name, which may hold spaces.
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")

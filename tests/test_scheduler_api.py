@@ -307,6 +307,18 @@ def test_run_jobs_past_the_timeout_are_failed(tmp_path, clock):
     assert report(client, slow, "failed", exit_code=-15).status_code == 409
 
 
+def test_a_failure_reported_past_the_timeout_is_final(tmp_path, clock):
+    app = make_app(tmp_path, clock, job_timeout_secs=60)
+    client, store = app.test_client(), app.extensions["corral.store"]
+    set_nodes(store, clock, "n1")
+    job = submit(client, command="sleep 1000")
+    report(client, job, "running")
+    clock.now += 60
+    ended = report(client, job, "failed", exit_code=-1, stderr="job timed out").json
+    assert ended["status"] == "failed" and ended["retry_count"] == 0
+    assert client.get("/jobs/job-1/events").json[-1]["reason"] == "timed out"
+
+
 def test_the_store_refuses_an_unknown_status(store):
     with pytest.raises(peewee.IntegrityError):
         Job.create(created_at=0, command="x", status="finished")

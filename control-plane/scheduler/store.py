@@ -120,6 +120,10 @@ class Store:
                    "stdout": _tail(report["stdout"], tail), "stderr": _tail(report["stderr"], tail)}
         if new == "done":
             self._transition(job, "done", now, "exit code 0", finished_at=now, **outcome)
+        elif self._past_timeout(job, now):
+            # The agent killed it at the deadline; a timeout is final, as when the
+            # watcher below gets there first.
+            self._transition(job, "failed", now, "timed out", finished_at=now, **outcome)
         elif after_failure(job.retry_count, job.max_retries) is JobStatus.PENDING:
             reason = f"attempt {job.attempt} failed with exit code {report['exit_code']}; retrying"
             self._transition(job, "pending", now, reason, retry_count=job.retry_count + 1,
@@ -128,6 +132,10 @@ class Store:
             self._transition(job, "failed", now, f"exit code {report['exit_code']}; no retries left",
                              finished_at=now, **outcome)
         self.dispatch(now)  # a slot is free
+
+    def _past_timeout(self, job: Job, now: float) -> bool:
+        return (job.job_type == "run" and job.running_at is not None
+                and now - job.running_at >= self.settings.job_timeout_secs)
 
     def fail_timed_out(self, now: float) -> list[str]:
         """Fail `run` jobs running longer than JOB_TIMEOUT_SECS; their agents kill them."""

@@ -1,0 +1,2 @@
+"""The Corral node agent: registers the node, heartbeats, pulls jobs from the
+scheduler, runs them as local process groups and reports how they ended."""

@@ -1,0 +1,239 @@
+"""The subprocess seam: start a job's shell command, capture the tail of its output,
+kill its whole process tree.
+
+Nothing here talks to the network or knows about reports; agent.py decides what a
+result means. Process isolation lives in one place, `command_argv`, so cgroup limits
+can later be added as a shell shim that joins the job's cgroup and then execs the
+command (PYTHON-NOTES section 5) without touching the agent logic.
+"""
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+SHELL = "/bin/sh"
+
+# The agent's own credentials must not leak into the jobs it runs: a job that could
+# read CORRAL_AGENT_TOKEN could forge status reports for other jobs.
+SCRUBBED_ENV = ("CORRAL_AGENT_TOKEN", "CORRAL_API_TOKEN")
+
+_READ_CHUNK = 64 * 1024
+# How long result() waits for the pipes to drain after the job's processes are gone.
+_DRAIN_SECS = 2.0
+
+
+class StartError(Exception):
+    """The job could not be started; `exit_code` is what to report (127: no shell)."""
+
+    def __init__(self, message: str, exit_code: int = -1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True)
+class RunResult:
+    exit_code: int  # negative: killed by that signal (Python's convention)
+    stdout: str
+    stderr: str
+
+
+class TailBuffer:
+    """Keeps only the last `limit` bytes written to it, however much that is."""
+
+    def __init__(self, limit: int):
+        self.limit = max(0, limit)
+        self._buf = bytearray()
+        self.truncated = False
+
+    def write(self, data: bytes) -> None:
+        if self.limit == 0:
+            self.truncated = self.truncated or bool(data)
+            return
+        self._buf += data[-self.limit:]
+        excess = len(self._buf) - self.limit
+        if excess > 0 or len(data) > self.limit:
+            self.truncated = True
+        if excess > 0:
+            del self._buf[:excess]
+
+    def text(self) -> str:
+        data = bytes(self._buf)
+        if self.truncated:
+            # The cut may have split a UTF-8 sequence; drop its continuation bytes
+            # rather than start the tail with a replacement character.
+            skip = 0
+            while skip < min(3, len(data)) and 0x80 <= data[skip] <= 0xBF:
+                skip += 1
+            data = data[skip:]
+        return data.decode("utf-8", errors="replace")
+
+
+def build_environment(job: Mapping, extra: Mapping[str, str],
+                      base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """os.environ (minus the agent's secrets), then the job's env_vars, then
+    CORRAL_JOB_ID and the agent's `extra` variables, which a job cannot override."""
+    env = {k: v for k, v in (os.environ if base is None else base).items()
+           if k not in SCRUBBED_ENV}
+    for key, value in (job.get("env_vars") or {}).items():
+        env[str(key)] = "" if value is None else str(value)
+    env["CORRAL_JOB_ID"] = str(job["job_id"])
+    env.update(extra)
+    return env
+
+
+def command_argv(command: str, prefix: Sequence[str] = ()) -> list[str]:
+    """The argv that runs `command`. `prefix` is where a launcher goes, e.g. the
+    cgroup-joining shim: `['/bin/sh', '-c', SHIM, 'shim', cg_dir, '--']`."""
+    return [*prefix, SHELL, "-c", command]
+
+
+def start(job: Mapping, workdir: str, env: Mapping[str, str], tail_bytes: int,
+          prefix: Sequence[str] = ()) -> "RunningJob":
+    """Start `job["command"]` under /bin/sh in `workdir`, in a session of its own.
+
+    `env` is the complete environment (see build_environment). Raises StartError
+    when the process cannot be started.
+    """
+    command = job.get("command")
+    if not isinstance(command, str) or not command.strip():
+        raise StartError("the job has no command to run")
+    argv = command_argv(command, prefix)
+    try:
+        proc = subprocess.Popen(
+            argv, cwd=workdir, env=dict(env),
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            # A new session makes the job a process group of its own, so kill() can
+            # reach every process it forks, and a Ctrl-C aimed at the agent's
+            # terminal does not hit the jobs.
+            start_new_session=True, close_fds=True,
+        )
+    except OSError as exc:
+        if exc.filename == argv[0]:
+            raise StartError(f"cannot run {argv[0]}: {exc.strerror or exc}", 127) from exc
+        if exc.filename == workdir:
+            raise StartError(f"cannot use work dir {workdir}: {exc.strerror or exc}") from exc
+        raise StartError(f"cannot start the job: {exc}") from exc
+    except (ValueError, TypeError) as exc:  # e.g. an env var name with '=' or a NUL byte
+        raise StartError(f"cannot start the job: {exc}") from exc
+    return RunningJob(proc, tail_bytes)
+
+
+class RunningJob:
+    """One started job. Thread-safe enough for one thread polling while another kills."""
+
+    def __init__(self, proc: subprocess.Popen, tail_bytes: int):
+        self._proc = proc
+        self.pid = proc.pid
+        self.pgid = proc.pid  # start_new_session: the job leads its own group
+        self._stdout = TailBuffer(tail_bytes)
+        self._stderr = TailBuffer(tail_bytes)
+        self._stop_reading = threading.Event()
+        self._result: RunResult | None = None
+        self._result_lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read_pipes, daemon=True,
+                                        name=f"job-output-{proc.pid}")
+        self._reader.start()
+
+    def poll(self) -> int | None:
+        """The exit code of the job's main process, or None while it runs."""
+        return self._proc.poll()
+
+    def kill(self, grace: float) -> None:
+        """SIGTERM the whole process group, SIGKILL whatever is left after `grace`
+        seconds, and reap. Never raises because the job is already gone."""
+        self._signal_group(signal.SIGTERM)
+        deadline = time.monotonic() + max(0.0, grace)
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None and not self._group_alive():
+                break
+            time.sleep(0.02)
+        self._signal_group(signal.SIGKILL)
+        self._proc.wait()
+
+    def result(self) -> RunResult:
+        """Wait for the job to exit and return its exit code and output tails.
+
+        Processes the job left behind in its group are killed first: a job ends
+        when its shell ends, and its slot must really be free afterwards.
+        """
+        with self._result_lock:
+            if self._result is None:
+                code = self._proc.wait()
+                self._signal_group(signal.SIGKILL)
+                # A process that left the group (setsid) may still hold the pipes:
+                # give the reader a bounded time, then stop waiting for EOF.
+                self._reader.join(_DRAIN_SECS)
+                self._stop_reading.set()
+                self._reader.join()
+                self._result = RunResult(code, self._stdout.text(), self._stderr.text())
+            return self._result
+
+    def _group_alive(self) -> bool:
+        try:
+            os.killpg(self.pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass  # a member exists but changed its uid
+        return _group_has_live_member(self.pgid)
+
+    def _signal_group(self, sig: int) -> None:
+        # The kernel keeps a group id reserved while any member lives, so after the
+        # leader is reaped this id still names only the job's leftover processes.
+        try:
+            os.killpg(self.pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _read_pipes(self) -> None:
+        sel = selectors.DefaultSelector()
+        buffers = {}
+        for pipe, tail in ((self._proc.stdout, self._stdout), (self._proc.stderr, self._stderr)):
+            os.set_blocking(pipe.fileno(), False)
+            sel.register(pipe, selectors.EVENT_READ)
+            buffers[pipe.fileno()] = tail
+        try:
+            while sel.get_map() and not self._stop_reading.is_set():
+                for key, _ in sel.select(timeout=0.1):
+                    try:
+                        data = os.read(key.fd, _READ_CHUNK)
+                    except BlockingIOError:
+                        continue
+                    if data:
+                        buffers[key.fd].write(data)
+                    else:
+                        sel.unregister(key.fileobj)
+        finally:
+            sel.close()
+            self._proc.stdout.close()
+            self._proc.stderr.close()
+
+
+def _group_has_live_member(pgid: int) -> bool:
+    """Whether a process group has a member that is not a zombie.
+
+    killpg(pgid, 0) also succeeds for zombies, and orphaned job processes that
+    died wait as zombies until PID 1 reaps them, which some container inits
+    never do. Without /proc, assume the group is alive (kill() then uses its grace).
+    """
+    try:
+        pids = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return True
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # exited meanwhile
+        # Fields after the parenthesised command name: state, ppid, pgrp, ...
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            return True
+    return False
