@@ -4,7 +4,7 @@ kill its whole process tree.
 Nothing here talks to the network or knows about reports; agent.py decides what a
 result means. Process isolation lives in one place, `command_argv`, so cgroup limits
 can later be added as a shell shim that joins the job's cgroup and then execs the
-command (PYTHON-NOTES section 5) without touching the agent logic.
+command, without touching the agent logic.
 """
 from __future__ import annotations
 
