@@ -15,9 +15,9 @@ from corral.shared.settings import env_bool, env_float, env_int, env_str, state_
 from corral.shared.validate import NAME_RE
 
 
-# The scheduler refuses a report whose stdout or stderr is over 1 MiB characters;
+# The scheduler refuses a report whose stdout or stderr is over 512 KiB characters;
 # stay below that with room for the line the agent may append ("job timed out").
-MAX_TAIL_BYTES = 1_000_000
+MAX_TAIL_BYTES = 512 * 1024
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from .errors import BadRequest, CorralError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+# Room for a status report carrying two full output tails (validation.MAX_OUTPUT_CHARS).
+DEFAULT_MAX_BODY_BYTES = 2 * 1024 * 1024
 
 
 def error_response(status: int, message: str) -> Response:
@@ -57,6 +58,8 @@ def read_json_object() -> dict:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"the body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest("the body is nested too deeply") from None
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
     return body

@@ -8,8 +8,8 @@ from collections.abc import Iterable
 
 from .errors import BadRequest
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}\Z")
 
 
 def reject_unknown(body: dict, allowed: Iterable[str]) -> None:

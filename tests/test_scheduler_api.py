@@ -322,3 +322,17 @@ def test_a_failure_reported_past_the_timeout_is_final(tmp_path, clock):
 def test_the_store_refuses_an_unknown_status(store):
     with pytest.raises(peewee.IntegrityError):
         Job.create(created_at=0, command="x", status="finished")
+
+
+def test_the_agents_poll_honours_other_filters(client, store, clock):
+    set_nodes(store, clock, "n1")
+    submit(client, command="true")
+    submit(client, command="serve", job_type="service")
+    listed = client.get("/jobs?node_id=n1&status=pending&job_type=service").json
+    assert [j["job_id"] for j in listed] == ["job-2"]
+
+
+def test_deeply_nested_json_is_a_400(client):
+    body = '{"command": ' + "[" * 50000 + "]" * 50000 + "}"
+    response = client.post("/jobs", data=body, content_type="application/json")
+    assert response.status_code == 400 and "nested" in response.json["error"]

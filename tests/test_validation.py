@@ -89,3 +89,16 @@ def test_retry_budget():
     assert after_failure(0, 1) is JobStatus.PENDING
     assert after_failure(1, 1) is JobStatus.FAILED
     assert after_failure(0, 0) is JobStatus.FAILED
+
+
+@pytest.mark.parametrize("body", [
+    {"command": "x", "instance_id": "n1\n"},
+    {"command": "x", "env_vars": {"A\n": "b"}},
+    {"command": "x", "deploy_url": "http://[/build.zip"},
+    {"command": "x", "deploy_url": "https://[::zz]/build.zip"},
+    {"command": "x", "deploy_url": "http://host:port/build.zip"},
+])
+def test_trailing_newlines_and_broken_urls_are_refused(body):
+    with pytest.raises(BadRequest):
+        job_request(body)
+    assert parse_job_id("job-1\n") is None

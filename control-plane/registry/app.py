@@ -1,4 +1,5 @@
 """The registry's HTTP API (Flask). Run by `corral-registry` under gunicorn."""
+import re
 import time
 from collections.abc import Callable
 
@@ -16,7 +17,7 @@ from .settings import RegistrySettings
 
 NODE_FIELDS = ("node_id", "address", "kind", "slots", "cpus", "memory_mb", "labels")
 SERVICE_FIELDS = ("job_id", "name", "node_id", "address", "port", "healthy")
-KIND_RE = v.re.compile(r"^[a-z][a-z0-9-]{0,31}$")
+KIND_RE = re.compile(r"^[a-z][a-z0-9-]{0,31}\Z")
 
 
 def node_status(last_heartbeat: float, now: float, timeout: float) -> str:

@@ -1,1 +1,277 @@
-DOCUMENT = {"openapi": "3.0.3", "info": {"title": "x", "version": "0.1.0"}, "paths": {}}
+"""The registry's OpenAPI 3.0.3 document, served at GET /openapi.json.
+
+Keep it true of app.py: tests/test_openapi.py checks every route is listed and
+runs schemathesis against a live server to check every answer against it.
+"""
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"  # shared.validate.NAME_RE
+KIND_PATTERN = r"^[a-z][a-z0-9-]{0,31}$"  # app.KIND_RE
+NO_NUL_PATTERN = r"^[^\u0000]*$"
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict, description: str) -> dict:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _error(name: str) -> dict:
+    return {"$ref": f"#/components/responses/{name}"}
+
+
+def _path_param(name: str, description: str, schema: dict) -> dict:
+    return {"name": name, "in": "path", "required": True, "description": description, "schema": schema}
+
+
+def _query(name: str, description: str, schema: dict) -> dict:
+    return {"name": name, "in": "query", "required": False, "description": description, "schema": schema}
+
+
+NODE_ID_PARAM = _path_param("node_id", "The node's id.", {"type": "string", "pattern": NAME_PATTERN})
+SERVICE_JOB_ID_PARAM = _path_param(
+    "job_id", "The id of the service job the record belongs to.",
+    {"type": "string", "maxLength": 64, "pattern": NAME_PATTERN})
+
+TIMESTAMP = {"type": "string", "format": "date-time",
+             "description": "ISO-8601 UTC, milliseconds (e.g. 2026-11-29T08:00:00.000Z)."}
+NULLABLE_TIMESTAMP = dict(TIMESTAMP, nullable=True)
+
+STRING_MAP = {
+    "type": "object",
+    "maxProperties": 256,
+    "additionalProperties": {"type": "string", "maxLength": 32768},
+}
+
+SCHEMAS = {
+    "Error": {
+        "type": "object",
+        "description": "Every error answer.",
+        "required": ["error"],
+        "properties": {"error": {"type": "string", "description": "What was wrong, for a human."}},
+    },
+    "Health": {
+        "type": "object",
+        "required": ["status"],
+        "properties": {"status": {"type": "string", "enum": ["ok"]}},
+    },
+    "NodeRegistration": {
+        "type": "object",
+        "description": "What an agent says of its node. Re-registering replaces every field "
+                       "(an omitted optional field goes back to its default) and counts as a heartbeat.",
+        "additionalProperties": False,
+        "required": ["node_id", "address"],
+        "properties": {
+            "node_id": {"type": "string", "pattern": NAME_PATTERN,
+                        "description": "Letters, digits, '.', '_' or '-', at most 128 characters."},
+            "address": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": NO_NUL_PATTERN,
+                        "description": "Where the node can be reached (host name or IP)."},
+            "kind": {"type": "string", "nullable": True, "pattern": KIND_PATTERN, "default": "compute",
+                     "description": "A lower-case word; the scheduler places jobs on `compute` nodes only."},
+            "slots": {"type": "integer", "nullable": True, "minimum": 1, "maximum": 10000, "default": 1,
+                      "description": "Jobs the node can run at once."},
+            "cpus": {"type": "integer", "nullable": True, "minimum": 1, "maximum": 100000},
+            "memory_mb": {"type": "integer", "nullable": True, "minimum": 0, "maximum": 1099511627776},
+            "labels": dict(STRING_MAP, nullable=True,
+                           description="Free-form string labels. Keys are letters, digits, '.', '_' or '-' "
+                                       "(at most 128, starting with a letter or digit); values must not "
+                                       "contain NUL characters."),
+        },
+    },
+    "Heartbeat": {
+        "type": "object",
+        "description": "An optional heartbeat body. An empty body is a heartbeat too.",
+        "additionalProperties": False,
+        "properties": {
+            "running": {"type": "integer", "nullable": True, "minimum": 0, "maximum": 1000000,
+                        "description": "Jobs the node runs now; omitted or null clears it."},
+        },
+    },
+    "Node": {
+        "type": "object",
+        "required": ["node_id", "address", "kind", "slots", "cpus", "memory_mb", "labels", "running",
+                     "status", "registered_at", "last_heartbeat"],
+        "properties": {
+            "node_id": {"type": "string"},
+            "address": {"type": "string"},
+            "kind": {"type": "string", "example": "compute"},
+            "slots": {"type": "integer", "minimum": 1},
+            "cpus": {"type": "integer", "nullable": True},
+            "memory_mb": {"type": "integer", "nullable": True},
+            "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+            "running": {"type": "integer", "nullable": True, "minimum": 0,
+                        "description": "Jobs running, as last reported by the node's heartbeat."},
+            "status": {"type": "string", "enum": ["healthy", "unhealthy"],
+                       "description": "`unhealthy` once the last heartbeat is older than HEARTBEAT_TIMEOUT_SECS."},
+            "registered_at": TIMESTAMP,
+            "last_heartbeat": TIMESTAMP,
+        },
+    },
+    "ServiceRegistration": {
+        "type": "object",
+        "description": "A running service job, recorded by the agent that started it. "
+                       "Registering the same job_id again replaces the record.",
+        "additionalProperties": False,
+        "required": ["job_id", "name", "node_id", "address", "port"],
+        "properties": {
+            "job_id": {"type": "string", "maxLength": 64, "pattern": NAME_PATTERN, "example": "job-42"},
+            "name": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": NO_NUL_PATTERN},
+            "node_id": {"type": "string", "pattern": NAME_PATTERN},
+            "address": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": NO_NUL_PATTERN},
+            "port": {"type": "integer", "minimum": 1, "maximum": 65535},
+            "healthy": {"type": "boolean", "nullable": True,
+                        "description": "Result of the last health check; null or omitted when unknown."},
+        },
+    },
+    "Service": {
+        "type": "object",
+        "required": ["job_id", "name", "node_id", "address", "port", "healthy", "checked_at", "registered_at"],
+        "properties": {
+            "job_id": {"type": "string"},
+            "name": {"type": "string"},
+            "node_id": {"type": "string"},
+            "address": {"type": "string"},
+            "port": {"type": "integer", "minimum": 1, "maximum": 65535},
+            "healthy": {"type": "boolean", "nullable": True},
+            "checked_at": dict(NULLABLE_TIMESTAMP, description="When `healthy` was last reported."),
+            "registered_at": TIMESTAMP,
+        },
+    },
+}
+
+RESPONSES = {
+    "BadRequest": _json(_ref("Error"), "The request is malformed (bad field, parameter or JSON)."),
+    "NotFound": _json(_ref("Error"), "No such node or service."),
+    "PayloadTooLarge": _json(_ref("Error"), "The body is larger than CORRAL_MAX_BODY_BYTES (default 2 MiB)."),
+    "UnsupportedMediaType": _json(_ref("Error"), "The body is not JSON (Content-Type must be application/json)."),
+}
+
+
+def _body(schema_name: str, required: bool = True, description: str | None = None) -> dict:
+    body = {"required": required, "content": {"application/json": {"schema": _ref(schema_name)}}}
+    if description:
+        body["description"] = description
+    return body
+
+
+PATHS = {
+    "/healthz": {
+        "get": {
+            "operationId": "healthz", "tags": ["meta"], "summary": "Liveness check.",
+            "responses": {"200": _json(_ref("Health"), "The registry is serving.")},
+        },
+    },
+    "/openapi.json": {
+        "get": {
+            "operationId": "getOpenAPI", "tags": ["meta"], "summary": "This document.",
+            "responses": {"200": _json({"type": "object"}, "The OpenAPI 3.0.3 document.")},
+        },
+    },
+    "/nodes": {
+        "post": {
+            "operationId": "registerNode", "tags": ["nodes"], "summary": "Register (or re-register) a node.",
+            "requestBody": _body("NodeRegistration"),
+            "responses": {
+                "201": _json(_ref("Node"), "A new node was registered."),
+                "200": _json(_ref("Node"), "The node was known; its record was replaced."),
+                "400": _error("BadRequest"),
+                "413": _error("PayloadTooLarge"),
+                "415": _error("UnsupportedMediaType"),
+            },
+        },
+        "get": {
+            "operationId": "listNodes", "tags": ["nodes"], "summary": "List nodes, ordered by node_id.",
+            "description": "An empty parameter counts as not given.",
+            "parameters": [
+                _query("type", "Only nodes of this kind (e.g. `compute`).", {"type": "string"}),
+                _query("status", "Only healthy or only unhealthy nodes.",
+                       {"type": "string", "enum": ["healthy", "unhealthy"]}),
+            ],
+            "responses": {
+                "200": _json({"type": "array", "items": _ref("Node")}, "The matching nodes."),
+                "400": _error("BadRequest"),
+            },
+        },
+    },
+    "/nodes/{node_id}": {
+        "parameters": [NODE_ID_PARAM],
+        "get": {
+            "operationId": "getNode", "tags": ["nodes"], "summary": "Read one node.",
+            "responses": {"200": _json(_ref("Node"), "The node."), "404": _error("NotFound")},
+        },
+        "delete": {
+            "operationId": "deregisterNode", "tags": ["nodes"], "summary": "Forget a node.",
+            "responses": {"200": _json(_ref("Node"), "The node as it was before removal."),
+                          "404": _error("NotFound")},
+        },
+    },
+    "/nodes/{node_id}/heartbeat": {
+        "parameters": [NODE_ID_PARAM],
+        "post": {
+            "operationId": "heartbeat", "tags": ["nodes"], "summary": "Record that a node is alive.",
+            "requestBody": _body("Heartbeat", required=False, description="Optional; may be empty."),
+            "responses": {
+                "200": _json(_ref("Node"), "The node, now healthy."),
+                "400": _error("BadRequest"),
+                "404": _error("NotFound"),
+                "413": _error("PayloadTooLarge"),
+                "415": _error("UnsupportedMediaType"),
+            },
+        },
+    },
+    "/services": {
+        "post": {
+            "operationId": "registerService", "tags": ["services"], "summary": "Record a running service job.",
+            "requestBody": _body("ServiceRegistration"),
+            "responses": {
+                "201": _json(_ref("Service"), "A new service record."),
+                "200": _json(_ref("Service"), "The job's record existed and was replaced."),
+                "400": _error("BadRequest"),
+                "413": _error("PayloadTooLarge"),
+                "415": _error("UnsupportedMediaType"),
+            },
+        },
+        "get": {
+            "operationId": "listServices", "tags": ["services"],
+            "summary": "List services, ordered by name then job_id (what a load balancer reads).",
+            "description": "An empty parameter counts as not given.",
+            "parameters": [
+                _query("healthy", "`true`: only services whose last check passed; "
+                                  "`false`: failed or never checked.",
+                       {"type": "string", "enum": ["true", "false"]}),
+                _query("name", "Only services with this name.", {"type": "string"}),
+                _query("node_id", "Only services on this node.", {"type": "string"}),
+            ],
+            "responses": {
+                "200": _json({"type": "array", "items": _ref("Service")}, "The matching services."),
+                "400": _error("BadRequest"),
+            },
+        },
+    },
+    "/services/{job_id}": {
+        "parameters": [SERVICE_JOB_ID_PARAM],
+        "delete": {
+            "operationId": "deregisterService", "tags": ["services"], "summary": "Remove a service record.",
+            "responses": {"200": _json(_ref("Service"), "The record as it was before removal."),
+                          "404": _error("NotFound")},
+        },
+    },
+}
+
+DOCUMENT = {
+    "openapi": "3.0.3",
+    "info": {
+        "title": "Corral registry",
+        "version": "0.1.0",
+        "description": "Which nodes and services exist and whether they are healthy. "
+                       "Every error is JSON `{\"error\": \"...\"}`.",
+    },
+    "tags": [
+        {"name": "nodes", "description": "Compute (and other) nodes, kept alive by heartbeats."},
+        {"name": "services", "description": "Running service jobs, for load balancers."},
+        {"name": "meta", "description": "Health and this document."},
+    ],
+    "paths": PATHS,
+    "components": {"schemas": SCHEMAS, "responses": RESPONSES},
+}

@@ -63,7 +63,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
             after = validation.parse_job_id(request.args["after"])
             if after is None:
                 raise BadRequest("query parameter 'after' must be a job id such as job-42")
-        if node_id and status == "pending" and after is None and not newest_first:
+        if node_id and status == "pending" and job_type is None and after is None and not newest_first:
             jobs = store.pending_for_agent(node_id, limit)  # the agents' poll
         else:
             jobs = store.list_jobs(node_id=node_id, status=status, job_type=job_type, after=after,

@@ -1,1 +1,276 @@
-DOCUMENT = {"openapi": "3.0.3", "info": {"title": "x", "version": "0.1.0"}, "paths": {}}
+"""The scheduler's OpenAPI 3.0.3 document, served at GET /openapi.json.
+
+Keep it true of app.py, validation.py and Store.job_view/event_view:
+tests/test_openapi.py checks every route is listed and runs schemathesis
+against a live server to check every answer against it.
+"""
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"  # shared.validate.NAME_RE
+JOB_ID_PATTERN = r"^job-[1-9][0-9]{0,17}$"  # validation.JOB_ID_RE
+STATUSES = ["pending", "running", "done", "failed", "cancelled"]  # shared.states.JobStatus
+JOB_TYPES = ["run", "service"]
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict, description: str, headers: dict | None = None) -> dict:
+    response = {"description": description, "content": {"application/json": {"schema": schema}}}
+    if headers:
+        response["headers"] = headers
+    return response
+
+
+def _error(name: str) -> dict:
+    return {"$ref": f"#/components/responses/{name}"}
+
+
+def _query(name: str, description: str, schema: dict) -> dict:
+    return {"name": name, "in": "query", "required": False, "description": description, "schema": schema}
+
+
+JOB_ID_PARAM = {"name": "job_id", "in": "path", "required": True, "description": "A job id such as `job-42`.",
+                "schema": {"type": "string", "pattern": JOB_ID_PATTERN}}
+
+TIMESTAMP = {"type": "string", "format": "date-time",
+             "description": "ISO-8601 UTC, milliseconds (e.g. 2026-11-29T08:00:00.000Z)."}
+
+
+def _nullable_timestamp(description: str) -> dict:
+    return dict(TIMESTAMP, nullable=True, description=description)
+
+
+SCHEMAS = {
+    "Error": {
+        "type": "object",
+        "description": "Every error answer.",
+        "required": ["error"],
+        "properties": {"error": {"type": "string", "description": "What was wrong, for a human."}},
+    },
+    "Health": {
+        "type": "object",
+        "required": ["status"],
+        "properties": {"status": {"type": "string", "enum": ["ok"]}},
+    },
+    "JobRequest": {
+        "type": "object",
+        "description": "A job to run. `command` or `deploy_url` (non-null) is required; "
+                       "null counts as not given for every optional field.",
+        "additionalProperties": False,
+        "anyOf": [{"required": ["command"], "properties": {"command": {"type": "string"}}},
+                  {"required": ["deploy_url"], "properties": {"deploy_url": {"type": "string"}}}],
+        "properties": {
+            "command": {"type": "string", "nullable": True, "minLength": 1, "maxLength": 65536,
+                        "description": "Shell command, run in the job's work dir. Must not be blank "
+                                       "or contain NUL characters.",
+                        "example": "python etl.py --day 2026-11-29"},
+            "deploy_url": {"type": "string", "nullable": True, "maxLength": 2048,
+                           "pattern": r"^(https?|s3)://[^/?#]",
+                           "description": "A zip fetched and unpacked into the work dir before the command "
+                                          "runs: http(s)://host/... or s3://bucket/key.",
+                           "example": "s3://builds/etl-42.zip"},
+            "job_type": {"type": "string", "nullable": True, "enum": JOB_TYPES + [None], "default": "run",
+                         "description": "`run` waits for exit; `service` is kept running until cancelled."},
+            "port": {"type": "integer", "nullable": True, "minimum": 1, "maximum": 65535,
+                     "description": "The port a service listens on."},
+            "env_vars": {"type": "object", "nullable": True, "maxProperties": 256,
+                         "additionalProperties": {"type": "string", "maxLength": 32768},
+                         "description": "Added to the command's environment. Keys are environment variable "
+                                        "names: a letter or '_', then letters, digits or '_' (at most 256). "
+                                        "Values must not contain NUL characters.",
+                         "example": {"STAGE": "prod"}},
+            "instance_id": {"type": "string", "nullable": True, "pattern": NAME_PATTERN,
+                            "description": "Pin the job to this node."},
+        },
+    },
+    "StatusReport": {
+        "type": "object",
+        "description": "An agent's report on one attempt of a job placed on its node. "
+                       "`done` and `failed` need `exit_code`; `done` needs exit_code 0.",
+        "additionalProperties": False,
+        "required": ["node_id", "attempt", "status"],
+        "anyOf": [
+            {"properties": {"status": {"type": "string", "enum": ["running"]}}},
+            {"required": ["exit_code"],
+             "properties": {"status": {"type": "string", "enum": ["done"]},
+                            "exit_code": {"type": "integer", "enum": [0]}}},
+            {"required": ["exit_code"],
+             "properties": {"status": {"type": "string", "enum": ["failed"]}, "exit_code": {"type": "integer"}}},
+        ],
+        "properties": {
+            "node_id": {"type": "string", "pattern": NAME_PATTERN, "description": "The reporting node."},
+            "attempt": {"type": "integer", "minimum": 0, "maximum": 1000000000,
+                        "description": "The attempt the report is about (the job's `attempt` when it was claimed)."},
+            "status": {"type": "string", "enum": ["running", "done", "failed"]},
+            "exit_code": {"type": "integer", "nullable": True, "minimum": -255, "maximum": 255},
+            "stdout": {"type": "string", "nullable": True, "maxLength": 524288,
+                       "description": "Output tail; the scheduler keeps the last CORRAL_OUTPUT_TAIL_BYTES."},
+            "stderr": {"type": "string", "nullable": True, "maxLength": 524288},
+        },
+    },
+    "Job": {
+        "type": "object",
+        "required": ["job_id", "node_id", "instance_id", "command", "deploy_url", "job_type", "port", "env_vars",
+                     "status", "attempt", "retry_count", "max_retries", "exit_code", "stdout", "stderr",
+                     "timeout_secs", "created_at", "placed_at", "running_at", "finished_at"],
+        "properties": {
+            "job_id": {"type": "string", "pattern": r"^job-[1-9][0-9]*$", "example": "job-42"},
+            "node_id": {"type": "string", "nullable": True, "description": "The node it is placed on, if any."},
+            "instance_id": {"type": "string", "nullable": True, "description": "The node it is pinned to, if any."},
+            "command": {"type": "string", "nullable": True},
+            "deploy_url": {"type": "string", "nullable": True},
+            "job_type": {"type": "string", "enum": JOB_TYPES},
+            "port": {"type": "integer", "nullable": True, "minimum": 1, "maximum": 65535},
+            "env_vars": {"type": "object", "additionalProperties": {"type": "string"}},
+            "status": {"type": "string", "enum": STATUSES,
+                       "description": "`failed` is final: retries are exhausted."},
+            "attempt": {"type": "integer", "minimum": 0,
+                        "description": "Incremented each time the job is placed; reports must carry it."},
+            "retry_count": {"type": "integer", "minimum": 0},
+            "max_retries": {"type": "integer", "minimum": 0,
+                            "description": "MAX_JOB_RETRIES when the job was submitted."},
+            "exit_code": {"type": "integer", "nullable": True, "minimum": -255, "maximum": 255,
+                          "description": "Null until finished; -1 when the job timed out."},
+            "stdout": {"type": "string", "nullable": True},
+            "stderr": {"type": "string", "nullable": True},
+            "timeout_secs": {"type": "number", "nullable": True,
+                             "description": "JOB_TIMEOUT_SECS for `run` jobs; null for `service` jobs."},
+            "created_at": TIMESTAMP,
+            "placed_at": _nullable_timestamp("When the current attempt was placed on a node."),
+            "running_at": _nullable_timestamp("When the current attempt started."),
+            "finished_at": _nullable_timestamp("When the job reached done or failed."),
+        },
+    },
+    "JobEvent": {
+        "type": "object",
+        "description": "One status change or placement in a job's history.",
+        "required": ["at", "from", "to", "attempt", "node_id", "reason"],
+        "properties": {
+            "at": TIMESTAMP,
+            "from": {"type": "string", "nullable": True, "enum": STATUSES + [None],
+                     "description": "Null for the submission."},
+            "to": {"type": "string", "enum": STATUSES},
+            "attempt": {"type": "integer", "minimum": 0},
+            "node_id": {"type": "string", "nullable": True},
+            "reason": {"type": "string", "example": "placed on node-7"},
+        },
+    },
+}
+
+RESPONSES = {
+    "BadRequest": _json(_ref("Error"), "The request is malformed (bad field, parameter or JSON)."),
+    "NotFound": _json(_ref("Error"), "No such job."),
+    "Conflict": _json(_ref("Error"), "The report is from another node, for a stale attempt, "
+                                     "or asks for an illegal transition; nothing changed."),
+    "PayloadTooLarge": _json(_ref("Error"), "The body is larger than CORRAL_MAX_BODY_BYTES (default 2 MiB)."),
+    "UnsupportedMediaType": _json(_ref("Error"), "The body is not JSON (Content-Type must be application/json)."),
+}
+
+LINK_HEADER = {
+    "Link": {
+        "description": "Present when the page is full: the URL of the next page (the same query with "
+                       "`after` set to the last job_id).",
+        "required": False,
+        "schema": {"type": "string", "pattern": r'^<[^>]*>; rel="next"$',
+                   "example": '</jobs?limit=100&after=job-100>; rel="next"'},
+    },
+}
+
+PATHS = {
+    "/healthz": {
+        "get": {
+            "operationId": "healthz", "tags": ["meta"], "summary": "Liveness check.",
+            "responses": {"200": _json(_ref("Health"), "The scheduler is serving.")},
+        },
+    },
+    "/openapi.json": {
+        "get": {
+            "operationId": "getOpenAPI", "tags": ["meta"], "summary": "This document.",
+            "responses": {"200": _json({"type": "object"}, "The OpenAPI 3.0.3 document.")},
+        },
+    },
+    "/jobs": {
+        "post": {
+            "operationId": "submitJob", "tags": ["jobs"], "summary": "Submit a job.",
+            "description": "The job is stored as `pending` and placed on a healthy compute node when one has room. "
+                           "A 201 answer means the job is durably recorded.",
+            "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("JobRequest")}}},
+            "responses": {
+                "201": _json(_ref("Job"), "The new job."),
+                "400": _error("BadRequest"),
+                "413": _error("PayloadTooLarge"),
+                "415": _error("UnsupportedMediaType"),
+            },
+        },
+        "get": {
+            "operationId": "listJobs", "tags": ["jobs"], "summary": "List jobs, a page at a time.",
+            "description": "Ordered by job id. An empty parameter counts as not given. "
+                           "With `node_id` and `status=pending` (and no `after`, `order=desc`), this is the "
+                           "agents' poll: at most as many jobs as the node has free slots, `[]` when it is full.",
+            "parameters": [
+                _query("node_id", "Only jobs placed on this node.", {"type": "string"}),
+                _query("status", "Only jobs in this status.", {"type": "string", "enum": STATUSES}),
+                _query("job_type", "Only jobs of this type.", {"type": "string", "enum": JOB_TYPES}),
+                _query("limit", "Page size.", {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100}),
+                _query("order", "`asc` (oldest first) or `desc` (newest first).",
+                       {"type": "string", "enum": ["asc", "desc"], "default": "asc"}),
+                _query("after", "Cursor: only jobs after this one in the chosen order (from the `Link` header).",
+                       {"type": "string", "pattern": JOB_ID_PATTERN}),
+            ],
+            "responses": {
+                "200": _json({"type": "array", "items": _ref("Job")}, "A page of jobs.", headers=LINK_HEADER),
+                "400": _error("BadRequest"),
+            },
+        },
+    },
+    "/jobs/{job_id}": {
+        "parameters": [JOB_ID_PARAM],
+        "get": {
+            "operationId": "getJob", "tags": ["jobs"], "summary": "Read one job.",
+            "responses": {"200": _json(_ref("Job"), "The job."), "404": _error("NotFound")},
+        },
+    },
+    "/jobs/{job_id}/events": {
+        "parameters": [JOB_ID_PARAM],
+        "get": {
+            "operationId": "listJobEvents", "tags": ["jobs"], "summary": "A job's history, oldest first.",
+            "responses": {"200": _json({"type": "array", "items": _ref("JobEvent")}, "The job's events."),
+                          "404": _error("NotFound")},
+        },
+    },
+    "/jobs/{job_id}/status": {
+        "parameters": [JOB_ID_PARAM],
+        "post": {
+            "operationId": "reportStatus", "tags": ["agents"], "summary": "Report on an attempt (agents).",
+            "description": "`running` when the attempt starts (repeating it is harmless), then `done` or `failed`. "
+                           "A failure with retries left puts the job back to `pending`.",
+            "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("StatusReport")}}},
+            "responses": {
+                "200": _json(_ref("Job"), "The job after the report."),
+                "400": _error("BadRequest"),
+                "404": _error("NotFound"),
+                "409": _error("Conflict"),
+                "413": _error("PayloadTooLarge"),
+                "415": _error("UnsupportedMediaType"),
+            },
+        },
+    },
+}
+
+DOCUMENT = {
+    "openapi": "3.0.3",
+    "info": {
+        "title": "Corral scheduler",
+        "version": "0.1.0",
+        "description": "Submit shell jobs and follow them; agents poll for work and report on it. "
+                       "Every error is JSON `{\"error\": \"...\"}`.",
+    },
+    "tags": [
+        {"name": "jobs", "description": "Submitting and reading jobs."},
+        {"name": "agents", "description": "What node agents call."},
+        {"name": "meta", "description": "Health and this document."},
+    ],
+    "paths": PATHS,
+    "components": {"schemas": SCHEMAS, "responses": RESPONSES},
+}

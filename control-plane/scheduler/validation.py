@@ -11,7 +11,7 @@ DEPLOY_SCHEMES = ("http", "https", "s3")
 MAX_COMMAND_CHARS = 64 * 1024
 REPORT_FIELDS = ("node_id", "attempt", "status", "exit_code", "stdout", "stderr")
 REPORTABLE = ("running", "done", "failed")
-MAX_OUTPUT_CHARS = 1024 * 1024
+MAX_OUTPUT_CHARS = 512 * 1024
 
 
 def job_request(body: dict) -> dict:
@@ -39,7 +39,11 @@ def job_request(body: dict) -> dict:
 
 
 def check_deploy_url(url: str) -> None:
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 -- parses the port; raises ValueError when it is not a number
+    except ValueError as exc:
+        raise BadRequest(f"'deploy_url' is not a valid URL: {exc}") from None
     if parts.scheme not in DEPLOY_SCHEMES:
         raise BadRequest(f"'deploy_url' must start with {', '.join(s + '://' for s in DEPLOY_SCHEMES)}")
     if not parts.netloc:
@@ -80,7 +84,7 @@ def _output(body: dict, name: str) -> str | None:
     return value
 
 
-JOB_ID_RE = re.compile(r"^job-([1-9][0-9]{0,17})$")
+JOB_ID_RE = re.compile(r"^job-([1-9][0-9]{0,17})\Z")
 
 
 def parse_job_id(job_id: str) -> int | None:
