@@ -8,10 +8,14 @@ command, without touching the agent logic.
 """
 from __future__ import annotations
 
+import grp
 import os
+import pwd
 import selectors
+import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -93,16 +97,70 @@ def command_argv(command: str, prefix: Sequence[str] = ()) -> list[str]:
     return [*prefix, SHELL, "-c", command]
 
 
+POPEN_IDENTITY_KEYS = ("user", "group", "extra_groups")
+
+# Fallback privilege drop when setpriv (util-linux) is missing: a few lines of Python
+# run without site imports. argv: uid gid groups(comma-separated) -- command...
+_DROP_PY = ("import os,sys\n"
+            "u,g,gs=sys.argv[1:4]\n"
+            "os.setgroups([int(x) for x in gs.split(',') if x]);os.setgid(int(g));os.setuid(int(u))\n"
+            "a=sys.argv[5:]\n"
+            "try: os.execvp(a[0],a)\n"
+            "except OSError as e: sys.stderr.write('corral: cannot run %s: %s\\n'%(a[0],e)); sys.exit(127)\n")
+
+
+def find_setpriv() -> str | None:
+    return shutil.which("setpriv") or shutil.which("setpriv", path="/usr/bin:/bin:/usr/sbin:/sbin")
+
+
+def drop_privileges_argv(user: int | str, group: int | str | None = None,
+                         extra_groups: Sequence[int | str] | None = None) -> list[str]:
+    """An argv prefix that switches to user/group/extra_groups (Popen's meanings:
+    ids or names; group defaults to the user's primary group, extra_groups to none),
+    then execs what follows. Used behind the cgroup shim, which must still be root
+    to write cgroup.procs: setpriv when installed, else a tiny Python."""
+    entry = pwd.getpwnam(user) if isinstance(user, str) else None
+    uid = entry.pw_uid if entry else int(user)
+    if group is None:
+        gid = entry.pw_gid if entry else pwd.getpwuid(uid).pw_gid
+    else:
+        gid = grp.getgrnam(group).gr_gid if isinstance(group, str) else int(group)
+    groups = [grp.getgrnam(g).gr_gid if isinstance(g, str) else int(g) for g in extra_groups or ()]
+    setpriv = find_setpriv()
+    if setpriv:
+        return [setpriv, f"--reuid={uid}", f"--regid={gid}",
+                f"--groups={','.join(map(str, groups))}" if groups else "--clear-groups", "--"]
+    return [sys.executable, "-I", "-S", "-c", _DROP_PY, str(uid), str(gid),
+            ",".join(map(str, groups)), "--"]
+
+
 def start(job: Mapping, workdir: str, env: Mapping[str, str], tail_bytes: int,
-          prefix: Sequence[str] = ()) -> "RunningJob":
+          prefix: Sequence[str] = (), popen_kwargs: Mapping | None = None,
+          cgroup=None) -> "RunningJob":
     """Start `job["command"]` under /bin/sh in `workdir`, in a session of its own.
 
-    `env` is the complete environment (see build_environment). Raises StartError
-    when the process cannot be started.
+    `env` is the complete environment (see build_environment). `popen_kwargs` may
+    hold `user`, `group`, `extra_groups` (identity.Identity.popen_kwargs()): the job
+    runs as that user. With a `prefix` (the cgroup shim, which must write
+    cgroup.procs as root) the switch happens after the prefix, via
+    drop_privileges_argv; without one, Popen switches itself. `cgroup` (a
+    cgroups.JobCgroup) makes kill() and result() also end every process in it,
+    including ones that left the process group with setsid. Raises StartError when
+    the process cannot be started.
     """
     command = job.get("command")
     if not isinstance(command, str) or not command.strip():
         raise StartError("the job has no command to run")
+    identity = dict(popen_kwargs or {})
+    unknown = set(identity) - set(POPEN_IDENTITY_KEYS)
+    if unknown:
+        raise ValueError(f"popen_kwargs may only hold {POPEN_IDENTITY_KEYS}, not {sorted(unknown)}")
+    if prefix and identity.get("user") is not None:
+        try:
+            prefix = [*prefix, *drop_privileges_argv(**identity)]
+        except (KeyError, ValueError) as exc:
+            raise StartError(f"cannot run the job as {identity.get('user')!r}: {exc}") from exc
+        identity = {}
     argv = command_argv(command, prefix)
     try:
         proc = subprocess.Popen(
@@ -111,7 +169,7 @@ def start(job: Mapping, workdir: str, env: Mapping[str, str], tail_bytes: int,
             # A new session makes the job a process group of its own, so kill() can
             # reach every process it forks, and a Ctrl-C aimed at the agent's
             # terminal does not hit the jobs.
-            start_new_session=True, close_fds=True,
+            start_new_session=True, close_fds=True, **identity,
         )
     except OSError as exc:
         if exc.filename == argv[0]:
@@ -121,14 +179,17 @@ def start(job: Mapping, workdir: str, env: Mapping[str, str], tail_bytes: int,
         raise StartError(f"cannot start the job: {exc}") from exc
     except (ValueError, TypeError) as exc:  # e.g. an env var name with '=' or a NUL byte
         raise StartError(f"cannot start the job: {exc}") from exc
-    return RunningJob(proc, tail_bytes)
+    except KeyError as exc:  # Popen's user/group lookup: no such user or group
+        raise StartError(f"cannot start the job as {identity}: no such user or group {exc}") from exc
+    return RunningJob(proc, tail_bytes, cgroup)
 
 
 class RunningJob:
     """One started job. Thread-safe enough for one thread polling while another kills."""
 
-    def __init__(self, proc: subprocess.Popen, tail_bytes: int):
+    def __init__(self, proc: subprocess.Popen, tail_bytes: int, cgroup=None):
         self._proc = proc
+        self.cgroup = cgroup
         self.pid = proc.pid
         self.pgid = proc.pid  # start_new_session: the job leads its own group
         self._stdout = TailBuffer(tail_bytes)
@@ -148,12 +209,15 @@ class RunningJob:
         """SIGTERM the whole process group, SIGKILL whatever is left after `grace`
         seconds, and reap. Never raises because the job is already gone."""
         self._signal_group(signal.SIGTERM)
+        self._signal_cgroup(signal.SIGTERM)
         deadline = time.monotonic() + max(0.0, grace)
         while time.monotonic() < deadline:
-            if self._proc.poll() is not None and not self._group_alive():
+            if self._proc.poll() is not None and not self._group_alive() \
+                    and not (self.cgroup is not None and self.cgroup.pids()):
                 break
             time.sleep(0.02)
         self._signal_group(signal.SIGKILL)
+        self._kill_cgroup()
         self._proc.wait()
 
     def result(self) -> RunResult:
@@ -166,6 +230,7 @@ class RunningJob:
             if self._result is None:
                 code = self._proc.wait()
                 self._signal_group(signal.SIGKILL)
+                self._kill_cgroup()
                 # A process that left the group (setsid) may still hold the pipes:
                 # give the reader a bounded time, then stop waiting for EOF.
                 self._reader.join(_DRAIN_SECS)
@@ -182,6 +247,19 @@ class RunningJob:
         except PermissionError:
             pass  # a member exists but changed its uid
         return _group_has_live_member(self.pgid)
+
+    def _signal_cgroup(self, sig: int) -> None:
+        if self.cgroup is None:
+            return
+        for pid in self.cgroup.pids():
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _kill_cgroup(self) -> None:
+        if self.cgroup is not None:
+            self.cgroup.kill()  # never raises; ends setsid/double-forked leftovers too
 
     def _signal_group(self, sig: int) -> None:
         # The kernel keeps a group id reserved while any member lives, so after the
