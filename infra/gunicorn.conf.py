@@ -1,0 +1,53 @@
+# gunicorn settings for corral-registry and corral-scheduler.
+#
+# Installed as /etc/corral/gunicorn.conf.py and passed by the systemd units as
+# `--gunicorn-config /etc/corral/gunicorn.conf.py`. It is plain Python, read by
+# gunicorn at start and again on `systemctl reload` (SIGHUP).
+#
+# Precedence: Corral's built-in defaults (shared/server.py, the same values as
+# below), then this file, then the command-line flags (--host/--port/--bind,
+# --workers, --threads, --access-log). Any gunicorn setting may be added here; see
+# https://docs.gunicorn.org/en/stable/settings.html. Names gunicorn does not know
+# are silently ignored, so check the spelling (tests/test_infra.py does for this copy).
+#
+# Both servers read this one file, so it sets no listen address: each server has its
+# own port (9000, 9001). Use --host/--port or --bind, for instance
+# CORRAL_SERVER_FLAGS=--host 0.0.0.0 in /etc/corral/<name>.env.
+
+# Threaded workers: one thread per in-flight request. A slow or long-running request
+# (such as a long-poll for work) holds a thread, not a whole worker, and the worker
+# keeps heartbeating to the master meanwhile, so `timeout` does not kill it.
+worker_class = "gthread"
+
+# Worker processes per server. All state is in the database, so every worker serves
+# the same data and the scheduler's background loops still run once (behind a lease).
+# With SQLite, writes are serialised anyway: more than a few workers buys little.
+workers = 2
+
+# Threads per worker: concurrent requests per server = workers x threads. Every
+# agent polls the scheduler and heartbeats to the registry; raise this (or workers)
+# for a few hundred nodes.
+threads = 8
+
+# Seconds a worker may go silent before the master kills and replaces it (with
+# gthread this is a hung worker, not a slow request).
+timeout = 60
+
+# On SIGTERM (systemctl stop) or SIGHUP (reload): seconds workers get to finish the
+# requests in flight before they are killed. The units' TimeoutStopSec (45) must stay
+# above this.
+graceful_timeout = 30
+
+# Seconds an idle keep-alive connection stays open (agents reuse theirs).
+keepalive = 5
+
+# Access log: None means off; "-" sends it to stdout, which is the journal under
+# systemd. Agents poll every few seconds, so it is chatty. --access-log overrides it.
+accesslog = None
+
+# Error and server log: stderr, which is the journal under systemd.
+errorlog = "-"
+
+# gunicorn's control socket (for `gunicornc`, gunicorn >= 25.1) is not used by Corral.
+# Its default path is in the home directory, which the units make read-only.
+control_socket_disable = True
