@@ -5,6 +5,7 @@ from corral.scheduler.app import open_store
 from corral.scheduler.loops import Background
 from corral.scheduler.models import MODELS, Job
 from corral.scheduler.settings import SchedulerSettings
+from corral.scheduler.validation import status_report
 from corral.shared.clients import Unreachable
 
 T0 = 1_800_000_000.0
@@ -81,8 +82,7 @@ def test_timeouts_are_checked_on_their_own_interval(store):
     background = Background(store, FakeRegistry([node("n1")]), "a")
     background.tick(T0)
     job = store.submit({"command": "sleep 1000"}, T0)
-    store.report(job.job_id, {"node_id": "n1", "attempt": 1, "status": "running",
-                              "exit_code": None, "stdout": None, "stderr": None}, T0)
+    store.report(job.job_id, status_report({"node_id": "n1", "attempt": 1, "status": "running"}), T0)
     background.tick(T0 + 95)             # not overdue yet; next check at T0 + 105
     background.tick(T0 + 101)            # overdue, but the check is not due
     assert Job.get_by_id(job.id).status == "running"

@@ -1,4 +1,4 @@
-from corral.scheduler.placement import NodeSlots, Unplaced, next_node, plan
+from corral.scheduler.placement import NodeSlots, Unplaced, fits, next_node, plan
 
 
 def nodes(**free):
@@ -45,3 +45,20 @@ def test_pinned_job_goes_only_to_its_node_and_keeps_the_cursor():
 def test_pinned_job_waits_when_its_node_is_full_or_unknown():
     assignments, _ = plan([Unplaced(1, "b"), Unplaced(2, "zz"), Unplaced(3)], nodes(a=1, b=0), None)
     assert assignments == [(3, "a")]
+
+
+def test_jobs_go_only_to_nodes_that_allow_their_limits():
+    small = NodeSlots("a", 2, max_memory_mb=512, max_cpu_percent=100)
+    big = NodeSlots("b", 2, max_memory_mb=4096, max_cpu_percent=400)
+    unknown = NodeSlots("c", 2)
+    assert fits(Unplaced(1, memory_mb=512, cpu_percent=100), small)
+    assert not fits(Unplaced(1, memory_mb=513), small)
+    assert not fits(Unplaced(1, cpu_percent=200), small)
+    assert fits(Unplaced(1, memory_mb=10**6), unknown)
+    jobs = [Unplaced(1, memory_mb=2048), Unplaced(2, memory_mb=2048), Unplaced(3), Unplaced(4, memory_mb=8192)]
+    assignments, _ = plan(jobs, [small, big], None)
+    assert assignments == [(1, "b"), (2, "b"), (3, "a")]
+
+
+def test_a_pinned_job_waits_when_its_node_does_not_allow_its_limits():
+    assert plan([Unplaced(1, "a", cpu_percent=800)], [NodeSlots("a", 1, max_cpu_percent=400)], None)[0] == []

@@ -336,3 +336,62 @@ def test_deeply_nested_json_is_a_400(client):
     body = '{"command": ' + "[" * 50000 + "]" * 50000 + "}"
     response = client.post("/jobs", data=body, content_type="application/json")
     assert response.status_code == 400 and "nested" in response.json["error"]
+
+
+# ---- limits, results and cancel ---------------------------------------------------
+
+def test_limits_and_results_are_recorded(client, store, clock):
+    set_nodes(store, clock, "n1")
+    job = submit(client, command="work", memory_mb=256, cpu_percent=50, name="etl")
+    assert (job["memory_mb"], job["cpu_percent"], job["name"]) == (256, 50, "etl")
+    started = report(client, job, "running", limits_enforced=True,
+                     limits={"memory_mb": 256, "cpu_percent": 50}).json
+    assert started["limits_enforced"] is True and started["limits"] == {"memory_mb": 256, "cpu_percent": 50}
+    ended = report(client, job, "failed", exit_code=-9, stderr="job killed: out of memory (limit 256 MB)",
+                   oom_killed=True, peak_memory_bytes=268435456, cpu_seconds=0.25).json
+    assert ended["status"] == "pending"  # retried
+    assert "out of memory" in client.get("/jobs/job-1/events").json[-2]["reason"]
+    job = client.get("/jobs/job-1").json
+    report(client, job, "running", limits_enforced=False)
+    final = report(client, job, "failed", exit_code=-9, oom_killed=True, peak_memory_bytes=1, cpu_seconds=1).json
+    assert final["oom_killed"] is True and final["peak_memory_bytes"] == 1 and final["cpu_seconds"] == 1.0
+    assert final["limits_enforced"] is False and final["limits"] is None
+
+
+def nodes_with_maxima(store, clock, *maxima):
+    store.sync_nodes([{"node_id": f"n{i + 1}", "address": "a", "kind": "compute", "slots": 4, "status": "healthy",
+                       "max_memory_mb": mem, "max_cpu_percent": cpu} for i, (mem, cpu) in enumerate(maxima)],
+                     clock())
+
+
+def test_limits_above_every_known_nodes_maximum_are_refused(client, store, clock):
+    submit(client, command="x", memory_mb=10**6)  # no node known yet: accepted, fails on a node if too big
+    nodes_with_maxima(store, clock, (1024, 200), (4096, 400))
+    assert submit(client, command="x", memory_mb=4096, cpu_percent=400)["node_id"] == "n2"
+    for body in ({"memory_mb": 8192}, {"cpu_percent": 800}, {"memory_mb": 2048, "instance_id": "n1"}):
+        response = client.post("/jobs", json={"command": "x", **body})
+        assert response.status_code == 400 and "no node allows" in response.json["error"], body
+    assert len(client.get("/jobs").json) == 2
+
+
+def test_cancel(client, store, clock):
+    set_nodes(store, clock, "n1", slots=1)
+    running, waiting = submit(client, command="sleep 100"), submit(client, command="sleep 100")
+    report(client, running, "running")
+    cancelled = client.post("/jobs/job-2/cancel")
+    assert cancelled.status_code == 200 and cancelled.json["status"] == "cancelled"
+    assert cancelled.json["finished_at"]
+    assert client.post("/jobs/job-2/cancel").status_code == 200           # again: a no-op
+    stopped = client.post("/jobs/job-1/cancel").json
+    assert stopped["status"] == "cancelled"
+    # The agent no longer sees it as running (it kills it) and its late report is refused.
+    assert client.get("/jobs?node_id=n1&status=running").json == []
+    assert report(client, running, "done", exit_code=0).status_code == 409
+    submit(client, command="true")
+    done = run_to(client, "job-3", "done").json
+    assert done["status"] == "done"
+    refused = client.post("/jobs/job-3/cancel")
+    assert refused.status_code == 409 and "already done" in refused.json["error"]
+    assert client.post("/jobs/job-99/cancel").status_code == 404
+    reasons = [e["reason"] for e in client.get("/jobs/job-1/events").json]
+    assert reasons[-1] == "cancelled by request"

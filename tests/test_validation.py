@@ -7,8 +7,9 @@ from corral.shared.states import InvalidTransition, JobStatus, after_failure, ch
 
 def test_minimal_request_gets_defaults():
     assert job_request({"command": "echo hi"}) == {
-        "command": "echo hi", "deploy_url": None, "job_type": "run", "port": None,
-        "env_vars": {}, "instance_id": None}
+        "command": "echo hi", "deploy_url": None, "deploy_sha256": None, "job_type": "run", "port": None,
+        "env_vars": {}, "instance_id": None, "name": None, "memory_mb": None, "cpu_percent": None,
+        "health_path": None}
 
 
 def test_full_request():
@@ -102,3 +103,29 @@ def test_trailing_newlines_and_broken_urls_are_refused(body):
     with pytest.raises(BadRequest):
         job_request(body)
     assert parse_job_id("job-1\n") is None
+
+
+def test_limits_checksum_and_health_path():
+    fields = job_request({"deploy_url": "https://h/a.zip", "deploy_sha256": "AB" * 32, "job_type": "service",
+                          "port": 80, "health_path": "/healthz", "memory_mb": 256, "cpu_percent": 50})
+    assert fields["deploy_sha256"] == "ab" * 32 and fields["health_path"] == "/healthz"
+    for body, message in [
+        ({"command": "x", "deploy_sha256": "ab" * 32}, "needs 'deploy_url'"),
+        ({"deploy_url": "https://h/a.zip", "deploy_sha256": "xyz"}, "64 hexadecimal digits"),
+        ({"command": "x", "health_path": "/h"}, "service jobs with a 'port'"),
+        ({"command": "x", "job_type": "service", "port": 1, "health_path": "h"}, "starting with '/'"),
+        ({"command": "x", "memory_mb": 0}, "'memory_mb' must be between"),
+        ({"command": "x", "cpu_percent": 0}, "'cpu_percent' must be between"),
+    ]:
+        with pytest.raises(BadRequest) as err:
+            job_request(body)
+        assert message in err.value.message, body
+
+
+def test_report_results():
+    report = status_report({"node_id": "n", "attempt": 1, "status": "failed", "exit_code": -9, "oom_killed": True,
+                            "peak_memory_bytes": 5, "cpu_seconds": 1, "limits": {"memory_mb": 5, "cpu_percent": 5}})
+    assert report["oom_killed"] is True and report["cpu_seconds"] == 1.0 and report["limits"]["memory_mb"] == 5
+    for extra in ({"cpu_seconds": -1}, {"cpu_seconds": True}, {"limits": {"memory_mb": 1}}, {"oom_killed": "yes"}):
+        with pytest.raises(BadRequest):
+            status_report({"node_id": "n", "attempt": 1, "status": "running", **extra})

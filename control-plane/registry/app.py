@@ -15,7 +15,8 @@ from . import openapi
 from .models import MODELS, Node, Service, database
 from .settings import RegistrySettings
 
-NODE_FIELDS = ("node_id", "address", "kind", "slots", "cpus", "memory_mb", "labels")
+NODE_FIELDS = ("node_id", "address", "kind", "slots", "cpus", "memory_mb", "max_memory_mb", "max_cpu_percent",
+               "labels")
 SERVICE_FIELDS = ("job_id", "name", "node_id", "address", "port", "healthy")
 KIND_RE = re.compile(r"^[a-z][a-z0-9-]{0,31}\Z")
 
@@ -51,6 +52,7 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
         return {
             "node_id": node.node_id, "address": node.address, "kind": node.kind,
             "slots": node.slots, "cpus": node.cpus, "memory_mb": node.memory_mb,
+            "max_memory_mb": node.max_memory_mb, "max_cpu_percent": node.max_cpu_percent,
             "labels": node.labels or {}, "running": node.running,
             "status": node_status(node.last_heartbeat, now, timeout),
             "registered_at": iso(node.registered_at), "last_heartbeat": iso(node.last_heartbeat),
@@ -73,6 +75,8 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
             "slots": v.opt_int(body, "slots", 1, 10_000) or 1,
             "cpus": v.opt_int(body, "cpus", 1, 100_000),
             "memory_mb": v.opt_int(body, "memory_mb", 0, 1 << 40),
+            "max_memory_mb": v.opt_int(body, "max_memory_mb", 1, 1 << 40),
+            "max_cpu_percent": v.opt_int(body, "max_cpu_percent", 1, 10_000_000),
             "labels": v.str_map(body, "labels"),
         }
         node_id = v.req_str(body, "node_id", pattern=v.NAME_RE,

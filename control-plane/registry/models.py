@@ -18,6 +18,8 @@ class Node(BaseModel):
     slots = peewee.IntegerField(default=1)
     cpus = peewee.IntegerField(null=True)
     memory_mb = peewee.IntegerField(null=True)
+    max_memory_mb = peewee.IntegerField(null=True)     # the largest limits a job may ask for here
+    max_cpu_percent = peewee.IntegerField(null=True)
     labels = JSONField(default=dict)
     registered_at = peewee.DoubleField()
     last_heartbeat = peewee.DoubleField(index=True)

@@ -73,6 +73,10 @@ SCHEMAS = {
                       "description": "Jobs the node can run at once."},
             "cpus": {"type": "integer", "nullable": True, "minimum": 1, "maximum": 100000},
             "memory_mb": {"type": "integer", "nullable": True, "minimum": 0, "maximum": 1099511627776},
+            "max_memory_mb": {"type": "integer", "nullable": True, "minimum": 1, "maximum": 1099511627776,
+                              "description": "The largest memory limit a job may ask for on this node."},
+            "max_cpu_percent": {"type": "integer", "nullable": True, "minimum": 1, "maximum": 10000000,
+                                "description": "The largest CPU limit (percent of one CPU) a job may ask for."},
             "labels": dict(STRING_MAP, nullable=True,
                            description="Free-form string labels. Keys are letters, digits, '.', '_' or '-' "
                                        "(at most 128, starting with a letter or digit); values must not "
@@ -90,7 +94,8 @@ SCHEMAS = {
     },
     "Node": {
         "type": "object",
-        "required": ["node_id", "address", "kind", "slots", "cpus", "memory_mb", "labels", "running",
+        "required": ["node_id", "address", "kind", "slots", "cpus", "memory_mb", "max_memory_mb",
+                     "max_cpu_percent", "labels", "running",
                      "status", "registered_at", "last_heartbeat"],
         "properties": {
             "node_id": {"type": "string"},
@@ -99,6 +104,8 @@ SCHEMAS = {
             "slots": {"type": "integer", "minimum": 1},
             "cpus": {"type": "integer", "nullable": True},
             "memory_mb": {"type": "integer", "nullable": True},
+            "max_memory_mb": {"type": "integer", "nullable": True},
+            "max_cpu_percent": {"type": "integer", "nullable": True},
             "labels": {"type": "object", "additionalProperties": {"type": "string"}},
             "running": {"type": "integer", "nullable": True, "minimum": 0,
                         "description": "Jobs running, as last reported by the node's heartbeat."},

@@ -79,6 +79,10 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     def read_job(job_id):
         return jsonify(store.job_view(store.get(job_id)))
 
+    @app.post("/jobs/<job_id>/cancel")
+    def cancel(job_id):
+        return jsonify(store.job_view(store.cancel(job_id, clock())))
+
     @app.get("/jobs/<job_id>/events")
     def job_events(job_id):
         return jsonify([store.event_view(e) for e in store.events(job_id)])

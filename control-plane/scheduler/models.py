@@ -29,6 +29,11 @@ class Job(BaseModel):
     port = peewee.IntegerField(null=True)
     env_vars = JSONField(default=dict)
     instance_id = peewee.CharField(max_length=128, null=True)
+    name = peewee.CharField(max_length=128, null=True)
+    memory_mb = peewee.IntegerField(null=True)      # requested; null: the node's default
+    cpu_percent = peewee.IntegerField(null=True)    # requested; null: the node's default
+    deploy_sha256 = peewee.CharField(max_length=64, null=True)
+    health_path = peewee.CharField(max_length=1024, null=True)
     node_id = peewee.CharField(max_length=128, null=True)
     status = peewee.CharField(max_length=16, default="pending", constraints=[peewee.Check(STATUS_CHECK)])
     attempt = peewee.IntegerField(default=0)
@@ -37,6 +42,11 @@ class Job(BaseModel):
     exit_code = peewee.IntegerField(null=True)
     stdout = peewee.TextField(null=True)
     stderr = peewee.TextField(null=True)
+    limits_enforced = peewee.BooleanField(null=True)  # as the node reported when it started
+    limits = JSONField(null=True)                     # the limits the node applied
+    oom_killed = peewee.BooleanField(null=True)
+    peak_memory_bytes = peewee.BigIntegerField(null=True)
+    cpu_seconds = peewee.DoubleField(null=True)
     created_at = peewee.DoubleField()
     placed_at = peewee.DoubleField(null=True)
     running_at = peewee.DoubleField(null=True)
@@ -75,6 +85,8 @@ class Node(BaseModel):
     address = peewee.CharField(max_length=255)
     kind = peewee.CharField(max_length=32)
     slots = peewee.IntegerField()
+    max_memory_mb = peewee.IntegerField(null=True)   # the largest limits a job may ask for there
+    max_cpu_percent = peewee.IntegerField(null=True)
     status = peewee.CharField(max_length=16)
     synced_at = peewee.DoubleField()
 

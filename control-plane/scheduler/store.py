@@ -12,7 +12,7 @@ lock and serialises placement the same way.
 import peewee
 from peewee import fn
 
-from corral.shared.errors import Conflict, NotFound
+from corral.shared.errors import BadRequest, Conflict, NotFound
 from corral.shared.states import ACTIVE, JobStatus, after_failure, check_transition
 from corral.shared.timeutil import iso
 
@@ -33,11 +33,15 @@ class Store:
 
     def job_view(self, job: Job) -> dict:
         return {
-            "job_id": job.job_id, "node_id": job.node_id, "instance_id": job.instance_id,
-            "command": job.command, "deploy_url": job.deploy_url, "job_type": job.job_type,
-            "port": job.port, "env_vars": job.env_vars or {}, "status": job.status,
-            "attempt": job.attempt, "retry_count": job.retry_count, "max_retries": job.max_retries,
-            "exit_code": job.exit_code, "stdout": job.stdout, "stderr": job.stderr,
+            "job_id": job.job_id, "name": job.name, "node_id": job.node_id, "instance_id": job.instance_id,
+            "command": job.command, "deploy_url": job.deploy_url, "deploy_sha256": job.deploy_sha256,
+            "job_type": job.job_type, "port": job.port, "health_path": job.health_path,
+            "env_vars": job.env_vars or {}, "memory_mb": job.memory_mb, "cpu_percent": job.cpu_percent,
+            "status": job.status, "attempt": job.attempt, "retry_count": job.retry_count,
+            "max_retries": job.max_retries, "exit_code": job.exit_code,
+            "stdout": job.stdout, "stderr": job.stderr, "oom_killed": job.oom_killed,
+            "peak_memory_bytes": job.peak_memory_bytes, "cpu_seconds": job.cpu_seconds,
+            "limits_enforced": job.limits_enforced, "limits": job.limits,
             "timeout_secs": self.settings.job_timeout_secs if job.job_type == "run" else None,
             "created_at": iso(job.created_at), "placed_at": iso(job.placed_at),
             "running_at": iso(job.running_at), "finished_at": iso(job.finished_at),
@@ -89,6 +93,7 @@ class Store:
     def submit(self, fields: dict, now: float) -> Job:
         """Create a pending job and place it if a node has room; committed on return."""
         with self.db.atomic():
+            self._check_limits(fields)
             job = Job.create(created_at=now, max_retries=self.settings.max_job_retries, **fields)
             self._event(job, None, "pending", now, "submitted")
             self.dispatch(now)
@@ -107,7 +112,8 @@ class Store:
             if job.status == new and new == "running":
                 return job  # the agent repeated a report whose answer it lost
             if new == "running":
-                self._transition(job, "running", now, "started on the node", running_at=now)
+                self._transition(job, "running", now, "started on the node", running_at=now,
+                                 limits_enforced=report["limits_enforced"], limits=report["limits"])
             elif job.status != "running":
                 raise Conflict(f"{job.job_id} is {job.status}, not running; the {new!r} report is refused")
             else:
@@ -117,7 +123,10 @@ class Store:
     def _finish(self, job: Job, new: str, report: dict, now: float) -> None:
         tail = self.settings.output_tail_bytes
         outcome = {"exit_code": report["exit_code"],
-                   "stdout": _tail(report["stdout"], tail), "stderr": _tail(report["stderr"], tail)}
+                   "stdout": _tail(report["stdout"], tail), "stderr": _tail(report["stderr"], tail),
+                   "oom_killed": report["oom_killed"], "peak_memory_bytes": report["peak_memory_bytes"],
+                   "cpu_seconds": report["cpu_seconds"]}
+        why = f"exit code {report['exit_code']}" + (", out of memory" if report["oom_killed"] else "")
         if new == "done":
             self._transition(job, "done", now, "exit code 0", finished_at=now, **outcome)
         elif self._past_timeout(job, now):
@@ -125,17 +134,29 @@ class Store:
             # watcher below gets there first.
             self._transition(job, "failed", now, "timed out", finished_at=now, **outcome)
         elif after_failure(job.retry_count, job.max_retries) is JobStatus.PENDING:
-            reason = f"attempt {job.attempt} failed with exit code {report['exit_code']}; retrying"
+            reason = f"attempt {job.attempt} failed ({why}); retrying"
             self._transition(job, "pending", now, reason, retry_count=job.retry_count + 1,
                              node_id=None, running_at=None, placed_at=None)
         else:
-            self._transition(job, "failed", now, f"exit code {report['exit_code']}; no retries left",
+            self._transition(job, "failed", now, f"{why}; no retries left",
                              finished_at=now, **outcome)
         self.dispatch(now)  # a slot is free
 
     def _past_timeout(self, job: Job, now: float) -> bool:
         return (job.job_type == "run" and job.running_at is not None
                 and now - job.running_at >= self.settings.job_timeout_secs)
+
+    def cancel(self, job_id: str, now: float) -> Job:
+        """Cancel a pending or running job; the agent ends a running one at its next poll."""
+        with self.db.atomic():
+            job = self.get(job_id)
+            if job.status == "cancelled":
+                return job
+            if job.status in ("done", "failed"):
+                raise Conflict(f"{job.job_id} is already {job.status}; only pending or running jobs can be cancelled")
+            self._transition(job, "cancelled", now, "cancelled by request", finished_at=now)
+            self.dispatch(now)
+        return Job.get_by_id(job.id)
 
     def fail_timed_out(self, now: float) -> list[str]:
         """Fail `run` jobs running longer than JOB_TIMEOUT_SECS; their agents kill them."""
@@ -160,6 +181,7 @@ class Store:
                 Node.insert_many([{
                     "node_id": n["node_id"], "address": n.get("address") or "", "kind": n.get("kind") or "compute",
                     "slots": int(n.get("slots") or 1), "status": n.get("status") or "unhealthy", "synced_at": now,
+                    "max_memory_mb": n.get("max_memory_mb"), "max_cpu_percent": n.get("max_cpu_percent"),
                 } for n in nodes]).execute()
             self.release_lost(now)
             self.dispatch(now)
@@ -182,14 +204,15 @@ class Store:
             total_free = sum(s.free for s in slots)
             if total_free <= 0:
                 return 0
-            unplaced = Job.select(Job.id, Job.instance_id).where(
+            unplaced = Job.select(Job.id, Job.instance_id, Job.memory_mb, Job.cpu_percent).where(
                 (Job.status == "pending") & Job.node_id.is_null())
             open_nodes = [s.node_id for s in slots if s.free > 0]
             candidates = list(unplaced.where(Job.instance_id.is_null()).order_by(Job.id).limit(total_free))
             candidates += list(unplaced.where(Job.instance_id.in_(open_nodes)).order_by(Job.id).limit(total_free))
             candidates.sort(key=lambda j: j.id)
             assignments, cursor = placement.plan(
-                [placement.Unplaced(j.id, j.instance_id) for j in candidates], slots, cursor)
+                [placement.Unplaced(j.id, j.instance_id, j.memory_mb, j.cpu_percent) for j in candidates],
+                slots, cursor)
             for job_id, node_id in assignments:
                 Job.update(node_id=node_id, attempt=Job.attempt + 1, placed_at=now).where(
                     (Job.id == job_id) & (Job.status == "pending") & Job.node_id.is_null()).execute()
@@ -212,7 +235,24 @@ class Store:
         held = dict(Job.select(Job.node_id, fn.COUNT(Job.id))
                     .where(Job.status.in_(ACTIVE) & Job.node_id.is_null(False))
                     .group_by(Job.node_id).tuples())
-        return [placement.NodeSlots(n.node_id, self._capacity(n) - held.get(n.node_id, 0)) for n in nodes]
+        return [placement.NodeSlots(n.node_id, self._capacity(n) - held.get(n.node_id, 0),
+                                    n.max_memory_mb, n.max_cpu_percent) for n in nodes]
+
+    def _check_limits(self, fields: dict) -> None:
+        """Refuse limits no known node allows (a pinned job: its node), while nodes are known."""
+        if fields.get("memory_mb") is None and fields.get("cpu_percent") is None:
+            return
+        query = Node.select().where(Node.kind == "compute")
+        if fields.get("instance_id"):
+            query = query.where(Node.node_id == fields["instance_id"])
+        nodes = list(query)
+        job = placement.Unplaced(0, fields.get("instance_id"), fields.get("memory_mb"), fields.get("cpu_percent"))
+        if nodes and not any(placement.fits(job, placement.NodeSlots(n.node_id, 1, n.max_memory_mb,
+                                                                     n.max_cpu_percent)) for n in nodes):
+            largest = ", ".join(f"{n.node_id}: memory_mb<={n.max_memory_mb}, cpu_percent<={n.max_cpu_percent}"
+                                for n in nodes[:5])
+            raise BadRequest(f"no node allows memory_mb={job.memory_mb}, cpu_percent={job.cpu_percent} "
+                             f"({largest})")
 
     def _lock_cursor(self) -> str | None:
         SchedulerState.insert(key=RR_CURSOR, value=None).on_conflict_ignore().execute()

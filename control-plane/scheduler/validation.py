@@ -5,11 +5,17 @@ from urllib.parse import urlsplit
 from corral.shared import validate as v
 from corral.shared.errors import BadRequest
 
-JOB_FIELDS = ("command", "deploy_url", "job_type", "port", "env_vars", "instance_id")
+JOB_FIELDS = ("command", "deploy_url", "deploy_sha256", "job_type", "port", "env_vars", "instance_id",
+              "name", "memory_mb", "cpu_percent", "health_path")
 JOB_TYPES = ("run", "service")
 DEPLOY_SCHEMES = ("http", "https", "s3")
 MAX_COMMAND_CHARS = 64 * 1024
-REPORT_FIELDS = ("node_id", "attempt", "status", "exit_code", "stdout", "stderr")
+REPORT_FIELDS = ("node_id", "attempt", "status", "exit_code", "stdout", "stderr", "limits_enforced",
+                 "limits", "oom_killed", "peak_memory_bytes", "cpu_seconds")
+SHA256_RE = re.compile(r"^[0-9a-fA-F]{64}\Z")
+HEALTH_PATH_RE = re.compile(r"^/[\x21-\x7e]{0,1023}\Z")  # printable ASCII, no spaces
+MAX_MEMORY_MB = 1024 * 1024      # 1 TiB
+MAX_CPU_PERCENT = 100_000        # 1,000 CPUs
 REPORTABLE = ("running", "done", "failed")
 MAX_OUTPUT_CHARS = 512 * 1024
 
@@ -28,14 +34,27 @@ def job_request(body: dict) -> dict:
     job_type = v.opt_str(body, "job_type", max_len=16) or "run"
     if job_type not in JOB_TYPES:
         raise BadRequest(f"'job_type' must be one of {', '.join(JOB_TYPES)}")
-    return {
+    fields = {
         "command": command,
         "deploy_url": deploy_url,
+        "deploy_sha256": v.opt_str(body, "deploy_sha256", pattern=SHA256_RE, what="64 hexadecimal digits"),
         "job_type": job_type,
         "port": v.opt_int(body, "port", 1, 65535),
         "env_vars": v.str_map(body, "env_vars", key_re=v.ENV_NAME_RE, key_what="an environment variable name"),
         "instance_id": v.opt_str(body, "instance_id", pattern=v.NAME_RE, what="a node id"),
+        "name": v.opt_str(body, "name", pattern=v.NAME_RE, what="letters, digits, '.', '_' or '-' (at most 128)"),
+        "memory_mb": v.opt_int(body, "memory_mb", 4, MAX_MEMORY_MB),
+        "cpu_percent": v.opt_int(body, "cpu_percent", 1, MAX_CPU_PERCENT),
+        "health_path": v.opt_str(body, "health_path", pattern=HEALTH_PATH_RE,
+                                 what="a URL path starting with '/' (printable ASCII, no spaces)"),
     }
+    if fields["deploy_sha256"] is not None:
+        if deploy_url is None:
+            raise BadRequest("'deploy_sha256' needs 'deploy_url'")
+        fields["deploy_sha256"] = fields["deploy_sha256"].lower()
+    if fields["health_path"] is not None and (job_type != "service" or fields["port"] is None):
+        raise BadRequest("'health_path' is for service jobs with a 'port'")
+    return fields
 
 
 def check_deploy_url(url: str) -> None:
@@ -65,12 +84,37 @@ def status_report(body: dict) -> dict:
         "exit_code": v.opt_int(body, "exit_code", -255, 255),
         "stdout": _output(body, "stdout"),
         "stderr": _output(body, "stderr"),
+        "limits_enforced": v.opt_bool(body, "limits_enforced"),
+        "limits": _limits(body),
+        "oom_killed": v.opt_bool(body, "oom_killed"),
+        "peak_memory_bytes": v.opt_int(body, "peak_memory_bytes", 0, 1 << 62),
+        "cpu_seconds": _seconds(body, "cpu_seconds"),
     }
     if status in ("done", "failed") and report["exit_code"] is None:
         raise BadRequest(f"a {status!r} report needs 'exit_code'")
     if status == "done" and report["exit_code"] != 0:
         raise BadRequest("a 'done' report must have exit_code 0; report 'failed' otherwise")
     return report
+
+
+def _limits(body: dict) -> dict | None:
+    value = body.get("limits")
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise BadRequest("'limits' must be an object with memory_mb and cpu_percent")
+    v.reject_unknown(value, ("memory_mb", "cpu_percent"))
+    return {"memory_mb": v.req_int(value, "memory_mb", 1, MAX_MEMORY_MB),
+            "cpu_percent": v.req_int(value, "cpu_percent", 1, MAX_CPU_PERCENT)}
+
+
+def _seconds(body: dict, name: str) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e12:
+        raise BadRequest(f"{name!r} must be a number of seconds, 0 or more")
+    return float(value)
 
 
 def _output(body: dict, name: str) -> str | None:
