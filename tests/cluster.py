@@ -87,7 +87,8 @@ class Cluster:
         self.procs: dict[str, Proc] = {}
         self.registry_port = self.scheduler_port = None
         self.scheduler_env = {"TIMEOUT_CHECK_SECS": 0.5, "NODE_REFRESH_SECS": 0.3,
-                              "DISPATCH_INTERVAL_SECS": 0.2, "HEARTBEAT_TIMEOUT_SECS": 3}
+                              "DISPATCH_INTERVAL_SECS": 0.2, "HEARTBEAT_TIMEOUT_SECS": 3,
+                              "RETRY_BASE_SECS": 0.2}
         self.scheduler_env.update(scheduler_env)
 
     # ---- servers -------------------------------------------------------------

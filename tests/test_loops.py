@@ -52,7 +52,7 @@ def test_only_the_lease_holder_works_and_another_takes_over_when_it_stops(store)
 def test_nodes_are_refreshed_and_waiting_jobs_placed(store):
     registry = FakeRegistry()
     background = Background(store, registry, "a")
-    job = store.submit({"command": "true"}, T0)
+    job, _ = store.submit({"command": "true"}, T0)
     background.tick(T0)
     assert Job.get_by_id(job.id).node_id is None
     registry.nodes = [node("n1")]
@@ -68,7 +68,7 @@ def test_a_registry_outage_keeps_the_known_nodes(store):
     background.tick(T0)
     registry.down = True
     background.tick(T0 + 10)
-    job = store.submit({"command": "true"}, T0 + 11)
+    job, _ = store.submit({"command": "true"}, T0 + 11)
     assert job.node_id == "n1"
     assert background.registry_down_since == T0 + 10
     registry.down = False
@@ -81,7 +81,7 @@ def test_a_registry_outage_keeps_the_known_nodes(store):
 def test_timeouts_are_checked_on_their_own_interval(store):
     background = Background(store, FakeRegistry([node("n1")]), "a")
     background.tick(T0)
-    job = store.submit({"command": "sleep 1000"}, T0)
+    job, _ = store.submit({"command": "sleep 1000"}, T0)
     store.report(job.job_id, status_report({"node_id": "n1", "attempt": 1, "status": "running"}), T0)
     background.tick(T0 + 95)             # not overdue yet; next check at T0 + 105
     background.tick(T0 + 101)            # overdue, but the check is not due

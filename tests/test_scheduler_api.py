@@ -21,6 +21,7 @@ def clock():
 
 
 def make_app(tmp_path, clock, **overrides):
+    overrides.setdefault("retry_base_secs", 0.0)  # retries are placed at once unless a test says otherwise
     settings = SchedulerSettings(database_url=f"sqlite:///{tmp_path}/scheduler.db", **overrides)
     return create_app(settings, clock=clock)
 
@@ -395,3 +396,73 @@ def test_cancel(client, store, clock):
     assert client.post("/jobs/job-99/cancel").status_code == 404
     reasons = [e["reason"] for e in client.get("/jobs/job-1/events").json]
     assert reasons[-1] == "cancelled by request"
+
+
+# ---- retries, backoff and idempotency ------------------------------------------------
+
+def test_a_retry_waits_out_its_backoff(tmp_path, clock):
+    app = make_app(tmp_path, clock, retry_base_secs=10.0, retry_factor=2.0, retry_cap_secs=300.0)
+    client, store = app.test_client(), app.extensions["corral.store"]
+    set_nodes(store, clock, "n1")
+    submit(client, command="false", max_retries=3)
+    waiting = run_to(client, "job-1", "failed", exit_code=1).json
+    assert waiting["status"] == "pending" and waiting["node_id"] is None
+    due = parse_iso(waiting["next_attempt_at"])
+    assert clock.now <= due <= clock.now + 10.0
+    clock.now = due - 0.01
+    store.dispatch(clock())
+    assert client.get("/jobs/job-1").json["node_id"] is None
+    clock.now = due + 0.001  # the view shows milliseconds, truncated
+    store.dispatch(clock())
+    placed = client.get("/jobs/job-1").json
+    assert placed["node_id"] == "n1" and placed["next_attempt_at"] is None and placed["attempt"] == 2
+
+
+def test_backoff_ceiling_grows_and_is_capped():
+    from corral.scheduler.retry import Backoff
+    backoff = Backoff(base_secs=2, factor=3, cap_secs=50)
+    assert [backoff.ceiling(n) for n in range(5)] == [2, 6, 18, 50, 50]
+    assert backoff.ceiling(10**6) == 50
+    import random
+    rng = random.Random(7)
+    delays = [backoff.delay(2, rng) for _ in range(200)]
+    assert all(0 <= d <= 18 for d in delays) and max(delays) > 9 and min(delays) < 9
+
+
+def test_per_job_retry_budget(client, store, clock):
+    set_nodes(store, clock, "n1")
+    assert submit(client, command="false", max_retries=0)["max_retries"] == 0
+    assert run_to(client, "job-1", "failed", exit_code=1).json["status"] == "failed"
+    for bad in (-1, 21, "2"):
+        assert client.post("/jobs", json={"command": "x", "max_retries": bad}).status_code == 400
+
+
+def test_an_operator_retries_a_failed_job_with_a_fresh_budget(client, store, clock):
+    set_nodes(store, clock, "n1")
+    submit(client, command="false", max_retries=0)
+    run_to(client, "job-1", "failed", exit_code=2)
+    again = client.post("/jobs/job-1/retry")
+    assert again.status_code == 200
+    job = again.json
+    assert job["status"] == "pending" and job["retry_count"] == 0 and job["exit_code"] is None
+    assert job["node_id"] == "n1" and job["attempt"] == 2 and job["stdout"] is None
+    assert client.post("/jobs/job-1/retry").status_code == 409      # pending now
+    assert client.post("/jobs/job-9/retry").status_code == 404
+    assert client.get("/jobs/job-1/events").json[-2]["reason"] == "retried by request"
+
+
+def test_idempotent_submission(client):
+    first = client.post("/jobs", json={"command": "echo once"}, headers={"Idempotency-Key": "k-1"})
+    assert first.status_code == 201
+    again = client.post("/jobs", json={"command": "echo once"}, headers={"Idempotency-Key": "k-1"})
+    assert again.status_code == 200 and again.json["job_id"] == first.json["job_id"]
+    other = client.post("/jobs", json={"command": "echo twice"}, headers={"Idempotency-Key": "k-1"})
+    assert other.status_code == 409 and "different request" in other.json["error"]
+    assert client.post("/jobs", json={"command": "echo once"}, headers={"Idempotency-Key": "k-2"}).status_code == 201
+    assert client.post("/jobs", json={"command": "x"}, headers={"Idempotency-Key": "has space"}).status_code == 400
+    assert [j["job_id"] for j in client.get("/jobs").json] == ["job-1", "job-2"]
+
+
+def parse_iso(text):
+    import datetime
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()

@@ -48,8 +48,9 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     @app.post("/jobs")
     def submit():
         fields = validation.job_request(read_json_object())
-        job = store.submit(fields, clock())
-        return jsonify(store.job_view(job)), 201
+        key = validation.idempotency_key(request.headers.get("Idempotency-Key"))
+        job, created = store.submit(fields, clock(), key)
+        return jsonify(store.job_view(job)), 201 if created else 200
 
     @app.get("/jobs")
     def list_jobs():
@@ -82,6 +83,10 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     @app.post("/jobs/<job_id>/cancel")
     def cancel(job_id):
         return jsonify(store.job_view(store.cancel(job_id, clock())))
+
+    @app.post("/jobs/<job_id>/retry")
+    def retry(job_id):
+        return jsonify(store.job_view(store.retry(job_id, clock())))
 
     @app.get("/jobs/<job_id>/events")
     def job_events(job_id):

@@ -39,6 +39,9 @@ class Job(BaseModel):
     attempt = peewee.IntegerField(default=0)
     retry_count = peewee.IntegerField(default=0)
     max_retries = peewee.IntegerField(default=1)
+    next_attempt_at = peewee.DoubleField(null=True)   # a retry waits (backoff) until then
+    idempotency_key = peewee.CharField(max_length=255, null=True, unique=True)
+    request_hash = peewee.CharField(max_length=64, null=True)  # of the request the key came with
     exit_code = peewee.IntegerField(null=True)
     stdout = peewee.TextField(null=True)
     stderr = peewee.TextField(null=True)

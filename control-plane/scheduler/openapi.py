@@ -92,6 +92,8 @@ SCHEMAS = {
             "cpu_percent": {"type": "integer", "nullable": True, "minimum": 1, "maximum": 100000,
                             "description": "CPU limit in percent of one CPU; default 100 for `run`, 200 for "
                                            "`service`."},
+            "max_retries": {"type": "integer", "nullable": True, "minimum": 0, "maximum": 20,
+                            "description": "How many times a failed attempt is retried (default MAX_JOB_RETRIES)."},
             "health_path": {"type": "string", "nullable": True, "pattern": r"^/[\x21-\x7e]{0,1023}$",
                             "description": "For services with a port: checked with HTTP GET (2xx/3xx is "
                                            "healthy) instead of a TCP connect."},
@@ -143,7 +145,7 @@ SCHEMAS = {
         "type": "object",
         "required": ["job_id", "name", "node_id", "instance_id", "command", "deploy_url", "deploy_sha256",
                      "job_type", "port", "health_path", "env_vars", "memory_mb", "cpu_percent", "oom_killed",
-                     "peak_memory_bytes", "cpu_seconds", "limits_enforced", "limits",
+                     "peak_memory_bytes", "cpu_seconds", "limits_enforced", "limits", "next_attempt_at",
                      "status", "attempt", "retry_count", "max_retries", "exit_code", "stdout", "stderr",
                      "timeout_secs", "created_at", "placed_at", "running_at", "finished_at"],
         "properties": {
@@ -172,7 +174,8 @@ SCHEMAS = {
                         "description": "Incremented each time the job is placed; reports must carry it."},
             "retry_count": {"type": "integer", "minimum": 0},
             "max_retries": {"type": "integer", "minimum": 0,
-                            "description": "MAX_JOB_RETRIES when the job was submitted."},
+                            "description": "The job's retry budget (MAX_JOB_RETRIES unless the request set it)."},
+            "next_attempt_at": _nullable_timestamp("A retry waiting out its backoff is not placed before this."),
             "exit_code": {"type": "integer", "nullable": True, "minimum": -255, "maximum": 255,
                           "description": "Null until finished; -1 when the job timed out."},
             "stdout": {"type": "string", "nullable": True},
@@ -237,11 +240,19 @@ PATHS = {
         "post": {
             "operationId": "submitJob", "tags": ["jobs"], "summary": "Submit a job.",
             "description": "The job is stored as `pending` and placed on a healthy compute node when one has room. "
-                           "A 201 answer means the job is durably recorded.",
+                           "A 201 answer means the job is durably recorded. With an `Idempotency-Key`, the "
+                           "same key and request again answer 200 with the job first created; the same key "
+                           "with a different request is 409.",
+            "parameters": [{"name": "Idempotency-Key", "in": "header", "required": False,
+                            "description": "A client-chosen key (1-255 printable ASCII characters, no spaces) "
+                                           "that makes retrying a submission safe.",
+                            "schema": {"type": "string", "pattern": r"^[\x21-\x7e]{1,255}$"}}],
             "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("JobRequest")}}},
             "responses": {
                 "201": _json(_ref("Job"), "The new job."),
+                "200": _json(_ref("Job"), "A repeat of an earlier request with the same Idempotency-Key: that job."),
                 "400": _error("BadRequest"),
+                "409": _error("Conflict"),
                 "413": _error("PayloadTooLarge"),
                 "415": _error("UnsupportedMediaType"),
             },
@@ -282,6 +293,15 @@ PATHS = {
                            "ends the whole process tree (SIGTERM, then SIGKILL after a grace) at its next poll. "
                            "Cancelling a cancelled job does nothing; a done or failed job is 409.",
             "responses": {"200": _json(_ref("Job"), "The cancelled job."), "404": _error("NotFound"),
+                          "409": _error("Conflict")},
+        },
+    },
+    "/jobs/{job_id}/retry": {
+        "parameters": [JOB_ID_PARAM],
+        "post": {
+            "operationId": "retryJob", "tags": ["jobs"], "summary": "Run a failed job again.",
+            "description": "Puts a `failed` job back to `pending` with a fresh retry budget. Any other status is 409.",
+            "responses": {"200": _json(_ref("Job"), "The job, pending again."), "404": _error("NotFound"),
                           "409": _error("Conflict")},
         },
     },

@@ -19,7 +19,7 @@ from corral.shared.timeutil import iso
 from . import placement
 from .models import Job, JobEvent, Node, SchedulerState
 from .settings import SchedulerSettings
-from .validation import parse_job_id
+from .validation import parse_job_id, request_hash
 
 RR_CURSOR = "rr_cursor"
 
@@ -38,7 +38,8 @@ class Store:
             "job_type": job.job_type, "port": job.port, "health_path": job.health_path,
             "env_vars": job.env_vars or {}, "memory_mb": job.memory_mb, "cpu_percent": job.cpu_percent,
             "status": job.status, "attempt": job.attempt, "retry_count": job.retry_count,
-            "max_retries": job.max_retries, "exit_code": job.exit_code,
+            "max_retries": job.max_retries, "next_attempt_at": iso(job.next_attempt_at),
+            "exit_code": job.exit_code,
             "stdout": job.stdout, "stderr": job.stderr, "oom_killed": job.oom_killed,
             "peak_memory_bytes": job.peak_memory_bytes, "cpu_seconds": job.cpu_seconds,
             "limits_enforced": job.limits_enforced, "limits": job.limits,
@@ -90,14 +91,41 @@ class Store:
 
     # ---- writes ------------------------------------------------------------
 
-    def submit(self, fields: dict, now: float) -> Job:
-        """Create a pending job and place it if a node has room; committed on return."""
-        with self.db.atomic():
-            self._check_limits(fields)
-            job = Job.create(created_at=now, max_retries=self.settings.max_job_retries, **fields)
-            self._event(job, None, "pending", now, "submitted")
-            self.dispatch(now)
-        return Job.get_by_id(job.id)
+    def submit(self, fields: dict, now: float, idempotency_key: str | None = None) -> tuple[Job, bool]:
+        """Create a pending job and place it if a node has room; committed on return.
+
+        With an idempotency key, a repeat of the same request returns the job it
+        created first (and False); the same key with another request is a Conflict.
+        """
+        digest = request_hash(fields) if idempotency_key else None
+        columns = dict(fields, max_retries=self.settings.max_job_retries if fields.get("max_retries") is None
+                       else fields["max_retries"])
+        try:
+            with self.db.atomic():
+                existing = self._by_key(idempotency_key, digest)
+                if existing is not None:
+                    return existing, False
+                self._check_limits(fields)
+                job = Job.create(created_at=now, idempotency_key=idempotency_key, request_hash=digest, **columns)
+                self._event(job, None, "pending", now, "submitted")
+                self.dispatch(now)
+        except peewee.IntegrityError:
+            # Another request with the same key committed first (databases without
+            # a single write lock): answer as if this one came second.
+            existing = self._by_key(idempotency_key, digest) if idempotency_key else None
+            if existing is None:
+                raise
+            return existing, False
+        return Job.get_by_id(job.id), True
+
+    @staticmethod
+    def _by_key(key: str | None, digest: str | None) -> Job | None:
+        if key is None:
+            return None
+        existing = Job.get_or_none(Job.idempotency_key == key)
+        if existing is not None and existing.request_hash != digest:
+            raise Conflict(f"the Idempotency-Key {key!r} was used for {existing.job_id} with a different request")
+        return existing
 
     def report(self, job_id: str, report: dict, now: float) -> Job:
         """Apply an agent's report; refuses other nodes, stale attempts and illegal moves."""
@@ -134,9 +162,10 @@ class Store:
             # watcher below gets there first.
             self._transition(job, "failed", now, "timed out", finished_at=now, **outcome)
         elif after_failure(job.retry_count, job.max_retries) is JobStatus.PENDING:
-            reason = f"attempt {job.attempt} failed ({why}); retrying"
+            delay = self.settings.backoff.delay(job.retry_count)
+            reason = f"attempt {job.attempt} failed ({why}); retrying in {delay:.1f}s"
             self._transition(job, "pending", now, reason, retry_count=job.retry_count + 1,
-                             node_id=None, running_at=None, placed_at=None)
+                             node_id=None, running_at=None, placed_at=None, next_attempt_at=now + delay)
         else:
             self._transition(job, "failed", now, f"{why}; no retries left",
                              finished_at=now, **outcome)
@@ -155,6 +184,19 @@ class Store:
             if job.status in ("done", "failed"):
                 raise Conflict(f"{job.job_id} is already {job.status}; only pending or running jobs can be cancelled")
             self._transition(job, "cancelled", now, "cancelled by request", finished_at=now)
+            self.dispatch(now)
+        return Job.get_by_id(job.id)
+
+    def retry(self, job_id: str, now: float) -> Job:
+        """Put a failed job back to pending with a fresh retry budget (an operator's decision)."""
+        with self.db.atomic():
+            job = self.get(job_id)
+            if job.status != "failed":
+                raise Conflict(f"{job.job_id} is {job.status}; only failed jobs can be retried")
+            self._transition(job, "pending", now, "retried by request", retry_count=0, node_id=None,
+                             placed_at=None, running_at=None, finished_at=None, next_attempt_at=None,
+                             exit_code=None, stdout=None, stderr=None, oom_killed=None,
+                             peak_memory_bytes=None, cpu_seconds=None)
             self.dispatch(now)
         return Job.get_by_id(job.id)
 
@@ -205,7 +247,8 @@ class Store:
             if total_free <= 0:
                 return 0
             unplaced = Job.select(Job.id, Job.instance_id, Job.memory_mb, Job.cpu_percent).where(
-                (Job.status == "pending") & Job.node_id.is_null())
+                (Job.status == "pending") & Job.node_id.is_null()
+                & (Job.next_attempt_at.is_null() | (Job.next_attempt_at <= now)))
             open_nodes = [s.node_id for s in slots if s.free > 0]
             candidates = list(unplaced.where(Job.instance_id.is_null()).order_by(Job.id).limit(total_free))
             candidates += list(unplaced.where(Job.instance_id.in_(open_nodes)).order_by(Job.id).limit(total_free))
@@ -214,7 +257,7 @@ class Store:
                 [placement.Unplaced(j.id, j.instance_id, j.memory_mb, j.cpu_percent) for j in candidates],
                 slots, cursor)
             for job_id, node_id in assignments:
-                Job.update(node_id=node_id, attempt=Job.attempt + 1, placed_at=now).where(
+                Job.update(node_id=node_id, attempt=Job.attempt + 1, placed_at=now, next_attempt_at=None).where(
                     (Job.id == job_id) & (Job.status == "pending") & Job.node_id.is_null()).execute()
             if assignments:
                 placed = Job.select().where(Job.id.in_([job_id for job_id, _ in assignments]))

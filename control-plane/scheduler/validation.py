@@ -1,4 +1,6 @@
 """Checking what clients send: job requests and agents' status reports. Pure."""
+import hashlib
+import json
 import re
 from urllib.parse import urlsplit
 
@@ -6,7 +8,8 @@ from corral.shared import validate as v
 from corral.shared.errors import BadRequest
 
 JOB_FIELDS = ("command", "deploy_url", "deploy_sha256", "job_type", "port", "env_vars", "instance_id",
-              "name", "memory_mb", "cpu_percent", "health_path")
+              "name", "memory_mb", "cpu_percent", "health_path", "max_retries")
+MAX_RETRIES = 20
 JOB_TYPES = ("run", "service")
 DEPLOY_SCHEMES = ("http", "https", "s3")
 MAX_COMMAND_CHARS = 64 * 1024
@@ -47,6 +50,7 @@ def job_request(body: dict) -> dict:
         "cpu_percent": v.opt_int(body, "cpu_percent", 1, MAX_CPU_PERCENT),
         "health_path": v.opt_str(body, "health_path", pattern=HEALTH_PATH_RE,
                                  what="a URL path starting with '/' (printable ASCII, no spaces)"),
+        "max_retries": v.opt_int(body, "max_retries", 0, MAX_RETRIES),
     }
     if fields["deploy_sha256"] is not None:
         if deploy_url is None:
@@ -129,6 +133,24 @@ def _output(body: dict, name: str) -> str | None:
 
 
 JOB_ID_RE = re.compile(r"^job-([1-9][0-9]{0,17})\Z")
+
+
+IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}\Z")
+
+
+def idempotency_key(value: str | None) -> str | None:
+    """The Idempotency-Key header: 1-255 printable ASCII characters, or absent."""
+    if value is None:
+        return None
+    if not IDEMPOTENCY_KEY_RE.match(value):
+        raise BadRequest("the Idempotency-Key header must be 1-255 printable ASCII characters without spaces")
+    return value
+
+
+def request_hash(fields: dict) -> str:
+    """A digest of a validated job request, to tell a repeated submission from a different one."""
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def parse_job_id(job_id: str) -> int | None:
