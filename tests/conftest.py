@@ -1,4 +1,6 @@
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -28,3 +30,18 @@ def cluster(tmp_path, request):
         failed = getattr(request.node, "rep_call", None)
         if failed is not None and failed.failed:
             print(c.logs())
+
+
+@pytest.fixture
+def shared_dir():
+    """A directory every user can write to, for files that jobs write and tests read.
+
+    Jobs run as an unprivileged user (`nobody`) when the agent is root, and pytest's
+    tmp_path lies under a directory only its owner may enter.
+    """
+    path = tempfile.mkdtemp(prefix="corral-test-")
+    os.chmod(path, 0o1777)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -2,6 +2,7 @@
 and real agent processes, talking HTTP on loopback. Every wait is on a condition.
 """
 import os
+import pathlib
 import signal
 
 import pytest
@@ -67,9 +68,10 @@ def test_jobs_alternate_between_the_two_nodes(cluster):
     assert ran_on in (["node-1", "node-2"] * 2, ["node-2", "node-1"] * 2)
 
 
-def test_a_node_never_runs_more_jobs_than_its_limit(tmp_path):
-    stamps = tmp_path / "stamps"
-    stamps.touch()
+def test_a_node_never_runs_more_jobs_than_its_limit(tmp_path, shared_dir):
+    stamps = os.path.join(shared_dir, "stamps")
+    open(stamps, "w").close()
+    os.chmod(stamps, 0o666)
     cluster = Cluster(tmp_path, MAX_JOBS_PER_NODE=2)
     try:
         cluster.start()
@@ -106,9 +108,9 @@ def test_a_failing_job_is_retried_once_then_failed(cluster):
     assert ("running", "pending") in transitions and transitions[-1] == ("running", "failed")
 
 
-def test_a_timed_out_job_is_failed_and_its_processes_are_gone(tmp_path):
+def test_a_timed_out_job_is_failed_and_its_processes_are_gone(tmp_path, shared_dir):
     cluster = Cluster(tmp_path, JOB_TIMEOUT_SECS=2)
-    pids = tmp_path / "pids"
+    pids = pathlib.Path(shared_dir) / "pids"
     try:
         cluster.start()
         cluster.start_agent("node-1")
