@@ -83,9 +83,78 @@ def test_timeouts_are_checked_on_their_own_interval(store):
     background.tick(T0)
     job, _ = store.submit({"command": "sleep 1000"}, T0)
     store.report(job.job_id, status_report({"node_id": "n1", "attempt": 1, "status": "running"}), T0)
-    background.tick(T0 + 95)             # not overdue yet; next check at T0 + 105
-    background.tick(T0 + 101)            # overdue, but the check is not due
+    for now in (T0 + 95, T0 + 101):      # not overdue, then overdue but the check is not due
+        store.renew_lease("n1", now)
+        background.tick(now)
     assert Job.get_by_id(job.id).status == "running"
+    store.renew_lease("n1", T0 + 105)
     background.tick(T0 + 105)
     failed = Job.get_by_id(job.id)
     assert failed.status == "failed" and failed.exit_code == -1 and failed.stderr == "job timed out"
+
+
+def running_job(store, background, now, node_id="n1", **fields):
+    job, _ = store.submit({"command": "sleep 1000", **fields}, now)
+    job = Job.get_by_id(job.id)
+    store.report(job.job_id, status_report({"node_id": job.node_id, "attempt": job.attempt, "status": "running"}), now)
+    return Job.get_by_id(job.id)
+
+
+def test_running_jobs_of_a_node_whose_lease_lapsed_are_requeued_after_the_grace(tmp_path):
+    settings = SchedulerSettings(database_url=f"sqlite:///{tmp_path}/s.db", heartbeat_timeout_secs=20,
+                                 node_lost_grace_secs=15, max_jobs_per_node=4)
+    store = open_store(settings)
+    store.db.create_tables(MODELS)
+    registry = FakeRegistry([node("n1"), node("n2")])
+    background = Background(store, registry, "a")
+    background.tick(T0)
+    keep = running_job(store, background, T0, instance_id="n1")
+    fail = running_job(store, background, T0, instance_id="n1", on_node_lost="fail")
+    other = running_job(store, background, T0, instance_id="n2")
+    store.renew_lease("n1", T0 + 1)
+    for t in range(2, 40, 2):           # n2 keeps renewing; n1 went silent at T0 + 1
+        store.renew_lease("n2", T0 + t)
+        background.tick(T0 + t)
+        if t < 36:
+            assert Job.get_by_id(keep.id).status == "running", t
+    requeued, failed = Job.get_by_id(keep.id), Job.get_by_id(fail.id)
+    assert requeued.status == "pending" and requeued.node_losses == 1 and requeued.retry_count == 0
+    assert failed.status == "failed" and failed.exit_code == -1 and "on_node_lost=fail" in failed.stderr
+    assert Job.get_by_id(other.id).status == "running"
+
+
+def test_a_new_leader_gives_every_node_a_full_lease_period(tmp_path):
+    settings = SchedulerSettings(database_url=f"sqlite:///{tmp_path}/s.db", heartbeat_timeout_secs=20,
+                                 node_lost_grace_secs=15)
+    store = open_store(settings)
+    store.db.create_tables(MODELS)
+    background = Background(store, FakeRegistry([node("n1")]), "a")
+    background.tick(T0)
+    job = running_job(store, background, T0)
+    store.renew_lease("n1", T0)
+    # The scheduler was down for a minute; the node renews again soon after it is back.
+    restarted = Background(store, FakeRegistry([node("n1")]), "b")
+    restarted.tick(T0 + 60)             # the old holder's lease row expired long ago
+    assert restarted.leader_since == T0 + 60
+    restarted.tick(T0 + 70)
+    assert Job.get_by_id(job.id).status == "running"
+    store.renew_lease("n1", T0 + 72)
+    restarted.tick(T0 + 100)
+    assert Job.get_by_id(job.id).status == "running"
+
+
+def test_a_job_that_keeps_losing_its_node_fails(tmp_path):
+    settings = SchedulerSettings(database_url=f"sqlite:///{tmp_path}/s.db", heartbeat_timeout_secs=1,
+                                 node_lost_grace_secs=1, max_node_losses=1, retry_base_secs=0)
+    store = open_store(settings)
+    store.db.create_tables(MODELS)
+    background = Background(store, FakeRegistry([node("n1")]), "a")
+    background.tick(T0)
+    job = running_job(store, background, T0)
+    background.tick(T0 + 5)
+    job = Job.get_by_id(job.id)
+    assert job.status == "pending" and job.node_id == "n1" and job.node_losses == 1
+    store.report(job.job_id, status_report({"node_id": "n1", "attempt": job.attempt, "status": "running"}), T0 + 6)
+    background.tick(T0 + 10)
+    job = Job.get_by_id(job.id)
+    assert job.status == "failed" and "MAX_NODE_LOSSES" in job.stderr

@@ -1,7 +1,7 @@
 """The registry's API through Flask's test client, on a real SQLite file."""
 import pytest
 
-from corral.registry.app import create_app, node_status
+from corral.registry.app import Liveness, create_app
 from corral.registry.settings import RegistrySettings
 
 
@@ -28,8 +28,29 @@ NODE = {"node_id": "node-1", "address": "10.0.0.5", "kind": "compute", "slots": 
 
 
 def test_health_is_derived_from_the_last_heartbeat():
-    assert node_status(100.0, 120.0, 20.0) == "healthy"
-    assert node_status(100.0, 120.5, 20.0) == "unhealthy"
+    liveness = Liveness(20.0)
+    assert liveness.status(100.0, 120.0) == "healthy"
+    assert liveness.status(100.0, 120.5) == "unhealthy"
+
+
+def test_after_a_restart_nodes_healthy_at_the_stop_get_one_timeout_to_heartbeat():
+    # The registry stopped at about t=1000 (newest heartbeat) and starts again at t=1100.
+    liveness = Liveness(20.0, started_at=1100.0, last_up=1000.0)
+    assert liveness.status(995.0, 1110.0) == "healthy"     # healthy when it stopped: grace
+    assert liveness.status(970.0, 1110.0) == "unhealthy"   # already silent for 30 s then
+    assert liveness.status(995.0, 1121.0) == "unhealthy"   # the grace is over
+
+
+def test_a_restarted_registry_does_not_declare_nodes_lost_at_once(tmp_path, clock):
+    settings = RegistrySettings(database_url=f"sqlite:///{tmp_path}/registry.db", heartbeat_timeout_secs=20)
+    first = create_app(settings, clock=clock).test_client()
+    first.post("/nodes", json=NODE)
+    clock.now += 60                                          # down for a minute
+    restarted = create_app(settings, clock=clock).test_client()
+    assert restarted.get("/nodes/node-1").json["status"] == "healthy"
+    assert [n["node_id"] for n in restarted.get("/nodes?status=healthy").json] == ["node-1"]
+    clock.now += 21
+    assert restarted.get("/nodes/node-1").json["status"] == "unhealthy"
 
 
 def test_register_heartbeat_and_turn_unhealthy(client, clock):

@@ -2,8 +2,10 @@
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from flask import Flask, jsonify, request
+from peewee import fn
 
 from corral.shared import db as dbmod
 from corral.shared import validate as v
@@ -21,9 +23,29 @@ SERVICE_FIELDS = ("job_id", "name", "node_id", "address", "port", "healthy")
 KIND_RE = re.compile(r"^[a-z][a-z0-9-]{0,31}\Z")
 
 
-def node_status(last_heartbeat: float, now: float, timeout: float) -> str:
-    """A node is healthy while its last heartbeat is at most `timeout` seconds old."""
-    return "healthy" if now - last_heartbeat <= timeout else "unhealthy"
+@dataclass(frozen=True)
+class Liveness:
+    """Which heartbeats count as recent enough for a node to be healthy.
+
+    A node is healthy while its last heartbeat is at most `timeout` seconds old.
+    After a registry restart, nodes that were healthy when it stopped (judged by
+    `last_up`, the newest heartbeat it had recorded) stay healthy for one more
+    timeout from the start, so they can heartbeat again before any is declared
+    unhealthy because the registry itself was away.
+    """
+
+    timeout: float
+    started_at: float = 0.0
+    last_up: float | None = None
+
+    def cutoff(self, now: float) -> float:
+        cutoff = now - self.timeout
+        if self.last_up is not None and now <= self.started_at + self.timeout:
+            cutoff = min(cutoff, self.last_up - self.timeout)
+        return cutoff
+
+    def status(self, last_heartbeat: float, now: float) -> str:
+        return "healthy" if last_heartbeat >= self.cutoff(now) else "unhealthy"
 
 
 def open_store(settings: RegistrySettings):
@@ -43,10 +65,11 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
     db = open_store(settings)
     with db.connection_context():
         db.create_tables(MODELS)
+        last_up = Node.select(fn.MAX(Node.last_heartbeat)).scalar()
+    liveness = Liveness(settings.heartbeat_timeout_secs, clock(), last_up)
     app = base_app(__name__, settings.max_body_bytes)
     dbmod.init_app(app, db)
     serve_openapi(app, openapi.DOCUMENT)
-    timeout = settings.heartbeat_timeout_secs
 
     def node_view(node: Node, now: float) -> dict:
         return {
@@ -54,7 +77,7 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
             "slots": node.slots, "cpus": node.cpus, "memory_mb": node.memory_mb,
             "max_memory_mb": node.max_memory_mb, "max_cpu_percent": node.max_cpu_percent,
             "labels": node.labels or {}, "running": node.running,
-            "status": node_status(node.last_heartbeat, now, timeout),
+            "status": liveness.status(node.last_heartbeat, now),
             "registered_at": iso(node.registered_at), "last_heartbeat": iso(node.last_heartbeat),
         }
 
@@ -101,9 +124,9 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
         if kind:
             query = query.where(Node.kind == kind)
         if status == "healthy":
-            query = query.where(Node.last_heartbeat >= now - timeout)
+            query = query.where(Node.last_heartbeat >= liveness.cutoff(now))
         elif status == "unhealthy":
-            query = query.where(Node.last_heartbeat < now - timeout)
+            query = query.where(Node.last_heartbeat < liveness.cutoff(now))
         return jsonify([node_view(n, now) for n in query])
 
     def get_node(node_id: str) -> Node:

@@ -84,6 +84,14 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     def cancel(job_id):
         return jsonify(store.job_view(store.cancel(job_id, clock())))
 
+    @app.post("/nodes/<node_id>/lease")
+    def renew_lease(node_id):
+        if not validation.NODE_ID_RE.match(node_id):
+            raise BadRequest("the node id must be letters, digits, '.', '_' or '-' (at most 128)")
+        running = store.renew_lease(node_id, clock())
+        return jsonify({"node_id": node_id, "lease_secs": settings.heartbeat_timeout_secs,
+                        "running": [{"job_id": j.job_id, "attempt": j.attempt} for j in running]})
+
     @app.post("/jobs/<job_id>/retry")
     def retry(job_id):
         return jsonify(store.job_view(store.retry(job_id, clock())))

@@ -6,6 +6,7 @@ lease row decides which one does the work. One pass:
 - refreshes the node list from the registry (every NODE_REFRESH_SECS); when the
   registry cannot be reached the cached list stays, so dispatch goes on;
 - unplaces pending jobs of nodes that turned unhealthy and places waiting jobs;
+- requeues running jobs of nodes whose agent stopped renewing its lease;
 - fails `run` jobs past JOB_TIMEOUT_SECS (every TIMEOUT_CHECK_SECS).
 """
 import atexit
@@ -32,14 +33,26 @@ class Background:
         self.next_sync = 0.0
         self.next_timeout_check = 0.0
         self.registry_down_since: float | None = None
+        self.token: int | None = None
+        self.leader_since = 0.0
 
     def tick(self, now: float) -> bool:
         """One pass; returns False when another process holds the lease."""
-        if try_acquire(self.store.db, LEASE_NAME, self.holder, self.lease_ttl, now) is None:
+        token = try_acquire(self.store.db, LEASE_NAME, self.holder, self.lease_ttl, now)
+        if token is None:
+            self.token = None
             return False
+        if token != self.token:
+            # Newly in charge (a start, a restart, a takeover): agents get a full
+            # lease period from now before any node counts as lost.
+            self.token = token
+            self.leader_since = now
+            log.info("running the background loops (lease token %d)", token)
         if now >= self.next_sync:
             self.next_sync = now + self.settings.node_refresh_secs
             self.refresh_nodes(now)
+        for job_id in self.store.requeue_lost(now, self.leader_since):
+            log.warning("%s: its node stopped renewing its lease; handled per on_node_lost", job_id)
         self.store.dispatch(now)
         if now >= self.next_timeout_check:
             self.next_timeout_check = now + self.settings.timeout_check_secs

@@ -40,6 +40,8 @@ class Job(BaseModel):
     retry_count = peewee.IntegerField(default=0)
     max_retries = peewee.IntegerField(default=1)
     next_attempt_at = peewee.DoubleField(null=True)   # a retry waits (backoff) until then
+    on_node_lost = peewee.CharField(max_length=16, default="requeue")  # or "fail"
+    node_losses = peewee.IntegerField(default=0)      # requeues because its node was lost
     idempotency_key = peewee.CharField(max_length=255, null=True, unique=True)
     request_hash = peewee.CharField(max_length=64, null=True)  # of the request the key came with
     exit_code = peewee.IntegerField(null=True)
@@ -97,6 +99,20 @@ class Node(BaseModel):
         table_name = "node"
 
 
+class NodeLease(BaseModel):
+    """When each agent last renewed its lease here (the scheduler's own clock).
+
+    An agent that cannot renew for HEARTBEAT_TIMEOUT_SECS stops its run jobs
+    itself; the scheduler requeues them only NODE_LOST_GRACE_SECS after that.
+    """
+
+    node_id = peewee.CharField(primary_key=True, max_length=128)
+    renewed_at = peewee.DoubleField()
+
+    class Meta:
+        table_name = "node_lease"
+
+
 class SchedulerState(BaseModel):
     """Small named values shared by every worker (the round-robin cursor)."""
 
@@ -109,4 +125,4 @@ class SchedulerState(BaseModel):
 
 Lease.bind(database)  # the shared lease table lives in the scheduler's database
 
-MODELS = [Job, JobEvent, Node, SchedulerState, Lease]
+MODELS = [Job, JobEvent, Node, NodeLease, SchedulerState, Lease]

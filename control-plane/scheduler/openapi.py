@@ -92,6 +92,10 @@ SCHEMAS = {
             "cpu_percent": {"type": "integer", "nullable": True, "minimum": 1, "maximum": 100000,
                             "description": "CPU limit in percent of one CPU; default 100 for `run`, 200 for "
                                            "`service`."},
+            "on_node_lost": {"type": "string", "nullable": True, "enum": ["requeue", "fail", None],
+                             "default": "requeue",
+                             "description": "When the job's node is lost while it runs: run it again elsewhere "
+                                            "(not counted as a retry), or fail it (for jobs that must not run twice)."},
             "max_retries": {"type": "integer", "nullable": True, "minimum": 0, "maximum": 20,
                             "description": "How many times a failed attempt is retried (default MAX_JOB_RETRIES)."},
             "health_path": {"type": "string", "nullable": True, "pattern": r"^/[\x21-\x7e]{0,1023}$",
@@ -145,7 +149,7 @@ SCHEMAS = {
         "type": "object",
         "required": ["job_id", "name", "node_id", "instance_id", "command", "deploy_url", "deploy_sha256",
                      "job_type", "port", "health_path", "env_vars", "memory_mb", "cpu_percent", "oom_killed",
-                     "peak_memory_bytes", "cpu_seconds", "limits_enforced", "limits", "next_attempt_at",
+                     "peak_memory_bytes", "cpu_seconds", "limits_enforced", "limits", "next_attempt_at", "on_node_lost", "node_losses",
                      "status", "attempt", "retry_count", "max_retries", "exit_code", "stdout", "stderr",
                      "timeout_secs", "created_at", "placed_at", "running_at", "finished_at"],
         "properties": {
@@ -176,6 +180,9 @@ SCHEMAS = {
             "max_retries": {"type": "integer", "minimum": 0,
                             "description": "The job's retry budget (MAX_JOB_RETRIES unless the request set it)."},
             "next_attempt_at": _nullable_timestamp("A retry waiting out its backoff is not placed before this."),
+            "on_node_lost": {"type": "string", "enum": ["requeue", "fail"]},
+            "node_losses": {"type": "integer", "minimum": 0,
+                            "description": "How often the job was requeued because its node was lost."},
             "exit_code": {"type": "integer", "nullable": True, "minimum": -255, "maximum": 255,
                           "description": "Null until finished; -1 when the job timed out."},
             "stdout": {"type": "string", "nullable": True},
@@ -294,6 +301,29 @@ PATHS = {
                            "Cancelling a cancelled job does nothing; a done or failed job is 409.",
             "responses": {"200": _json(_ref("Job"), "The cancelled job."), "404": _error("NotFound"),
                           "409": _error("Conflict")},
+        },
+    },
+    "/nodes/{node_id}/lease": {
+        "parameters": [{"name": "node_id", "in": "path", "required": True, "description": "The agent's node id.",
+                        "schema": {"type": "string", "pattern": NAME_PATTERN}}],
+        "post": {
+            "operationId": "renewLease", "tags": ["agents"], "summary": "Renew a node's lease (agents).",
+            "description": "Agents call this every heartbeat. An agent that cannot renew for `lease_secs` stops "
+                           "its run jobs; the scheduler requeues them NODE_LOST_GRACE_SECS later. The answer "
+                           "lists the attempts the scheduler has running on the node: an attempt the agent runs "
+                           "that is not listed is stale and the agent ends it.",
+            "responses": {
+                "200": _json({"type": "object", "required": ["node_id", "lease_secs", "running"],
+                              "properties": {
+                                  "node_id": {"type": "string"},
+                                  "lease_secs": {"type": "number"},
+                                  "running": {"type": "array", "items": {
+                                      "type": "object", "required": ["job_id", "attempt"],
+                                      "properties": {"job_id": {"type": "string"}, "attempt": {"type": "integer"}}}},
+                              }}, "The lease is renewed."),
+                "400": _error("BadRequest"),
+                "404": _error("NotFound"),
+            },
         },
     },
     "/jobs/{job_id}/retry": {

@@ -23,7 +23,9 @@ class SchedulerSettings:
     timeout_check_secs: float = 10.0
     node_refresh_secs: float = 2.0
     dispatch_interval_secs: float = 1.0
-    heartbeat_timeout_secs: float = 20.0
+    heartbeat_timeout_secs: float = 20.0   # also the agents' lease period
+    node_lost_grace_secs: float = 15.0
+    max_node_losses: int = 3
     output_tail_bytes: int = 64 * 1024
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
@@ -47,6 +49,8 @@ class SchedulerSettings:
             node_refresh_secs=s.env_float(env, "NODE_REFRESH_SECS", 2.0, minimum=0.05),
             dispatch_interval_secs=s.env_float(env, "DISPATCH_INTERVAL_SECS", 1.0, minimum=0.05),
             heartbeat_timeout_secs=s.env_float(env, "HEARTBEAT_TIMEOUT_SECS", 20.0, minimum=0.1),
+            node_lost_grace_secs=s.env_float(env, "NODE_LOST_GRACE_SECS", 15.0, minimum=0.0),
+            max_node_losses=s.env_int(env, "MAX_NODE_LOSSES", 3, minimum=0, maximum=100),
             output_tail_bytes=s.env_int(env, "CORRAL_OUTPUT_TAIL_BYTES", 64 * 1024, minimum=256),
             max_body_bytes=s.env_int(env, "CORRAL_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, minimum=1024),
         )

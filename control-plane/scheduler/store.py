@@ -17,7 +17,7 @@ from corral.shared.states import ACTIVE, JobStatus, after_failure, check_transit
 from corral.shared.timeutil import iso
 
 from . import placement
-from .models import Job, JobEvent, Node, SchedulerState
+from .models import Job, JobEvent, Node, NodeLease, SchedulerState
 from .settings import SchedulerSettings
 from .validation import parse_job_id, request_hash
 
@@ -39,6 +39,7 @@ class Store:
             "env_vars": job.env_vars or {}, "memory_mb": job.memory_mb, "cpu_percent": job.cpu_percent,
             "status": job.status, "attempt": job.attempt, "retry_count": job.retry_count,
             "max_retries": job.max_retries, "next_attempt_at": iso(job.next_attempt_at),
+            "on_node_lost": job.on_node_lost, "node_losses": job.node_losses,
             "exit_code": job.exit_code,
             "stdout": job.stdout, "stderr": job.stderr, "oom_killed": job.oom_killed,
             "peak_memory_bytes": job.peak_memory_bytes, "cpu_seconds": job.cpu_seconds,
@@ -237,6 +238,55 @@ class Store:
             self._event(job, "pending", "pending", now, f"node {job.node_id} is not healthy; unplaced")
             Job.update(node_id=None, placed_at=None).where(Job.id == job.id).execute()
         return len(stranded)
+
+    def renew_lease(self, node_id: str, now: float) -> list[Job]:
+        """Record that `node_id`'s agent is alive; returns the jobs the scheduler has running there.
+
+        The agent compares that list with what it runs: an attempt it runs that is
+        not listed is stale (moved, cancelled, timed out) and gets killed.
+        """
+        with self.db.atomic():
+            if NodeLease.update(renewed_at=now).where(NodeLease.node_id == node_id).execute() == 0:
+                NodeLease.insert(node_id=node_id, renewed_at=now).on_conflict_replace().execute()
+        return list(Job.select(Job.id, Job.attempt).where((Job.node_id == node_id) & (Job.status == "running")))
+
+    def requeue_lost(self, now: float, watching_since: float) -> list[str]:
+        """Requeue (or fail, per `on_node_lost`) running jobs of nodes whose lease lapsed.
+
+        A node is lost when its agent has not renewed for HEARTBEAT_TIMEOUT_SECS
+        plus NODE_LOST_GRACE_SECS, counted from `watching_since` at the earliest
+        (when this process started watching) so that a scheduler restart gives
+        every node a full period to renew first. The agent stops its run jobs
+        itself after HEARTBEAT_TIMEOUT_SECS without a renewal, so the grace is
+        what guarantees two copies never run at once.
+        """
+        deadline = now - self.settings.heartbeat_timeout_secs - self.settings.node_lost_grace_secs
+        if watching_since > deadline:
+            return []
+        fresh = NodeLease.select(NodeLease.node_id).where(NodeLease.renewed_at >= deadline)
+        lost = list(Job.select().where((Job.status == "running") & Job.node_id.not_in(fresh)
+                                       & (Job.running_at < deadline)))
+        ended = []
+        with self.db.atomic():
+            for job in lost:
+                renewed = NodeLease.get_or_none(NodeLease.node_id == job.node_id)
+                silent = f"{now - renewed.renewed_at:.0f}s" if renewed else "ever"
+                why = f"node {job.node_id} lost (no lease renewal for {silent})"
+                if job.on_node_lost == "fail":
+                    self._transition(job, "failed", now, f"{why}; on_node_lost=fail", finished_at=now,
+                                     exit_code=-1, stderr=f"{why}; the job was not requeued (on_node_lost=fail)")
+                elif job.node_losses >= self.settings.max_node_losses:
+                    self._transition(job, "failed", now, f"{why}; lost its node {job.node_losses + 1} times",
+                                     finished_at=now, exit_code=-1,
+                                     stderr=f"{why}; the job lost its node too often (MAX_NODE_LOSSES)")
+                else:
+                    # Not the job's fault: the retry budget stays as it was.
+                    self._transition(job, "pending", now, f"{why}; requeued", node_id=None, placed_at=None,
+                                     running_at=None, node_losses=job.node_losses + 1)
+                ended.append(job.job_id)
+            if ended:
+                self.dispatch(now)
+        return ended
 
     def dispatch(self, now: float) -> int:
         """Place waiting jobs on nodes with free slots. Call inside a transaction."""

@@ -8,7 +8,8 @@ from corral.shared import validate as v
 from corral.shared.errors import BadRequest
 
 JOB_FIELDS = ("command", "deploy_url", "deploy_sha256", "job_type", "port", "env_vars", "instance_id",
-              "name", "memory_mb", "cpu_percent", "health_path", "max_retries")
+              "name", "memory_mb", "cpu_percent", "health_path", "max_retries", "on_node_lost")
+ON_NODE_LOST = ("requeue", "fail")
 MAX_RETRIES = 20
 JOB_TYPES = ("run", "service")
 DEPLOY_SCHEMES = ("http", "https", "s3")
@@ -51,7 +52,10 @@ def job_request(body: dict) -> dict:
         "health_path": v.opt_str(body, "health_path", pattern=HEALTH_PATH_RE,
                                  what="a URL path starting with '/' (printable ASCII, no spaces)"),
         "max_retries": v.opt_int(body, "max_retries", 0, MAX_RETRIES),
+        "on_node_lost": v.opt_str(body, "on_node_lost", max_len=16) or "requeue",
     }
+    if fields["on_node_lost"] not in ON_NODE_LOST:
+        raise BadRequest(f"'on_node_lost' must be one of {', '.join(ON_NODE_LOST)}")
     if fields["deploy_sha256"] is not None:
         if deploy_url is None:
             raise BadRequest("'deploy_sha256' needs 'deploy_url'")
@@ -135,6 +139,7 @@ def _output(body: dict, name: str) -> str | None:
 JOB_ID_RE = re.compile(r"^job-([1-9][0-9]{0,17})\Z")
 
 
+NODE_ID_RE = v.NAME_RE
 IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}\Z")
 
 
