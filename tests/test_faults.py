@@ -1,0 +1,155 @@
+"""Faults done for real: SIGKILL, SIGSTOP, restarts and broken database files,
+with every assertion made from the API (and so the database), not from counters."""
+import concurrent.futures
+import os
+import sqlite3
+import subprocess
+import threading
+
+import pytest
+import requests
+
+from cluster import BIN, Cluster, base_env
+from helpers import wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+def final_transitions(cluster, job_id):
+    return [e for e in cluster.events(job_id) if e["to"] in ("done", "failed", "cancelled")]
+
+
+def all_jobs(cluster):
+    jobs, after = [], None
+    while True:
+        params = {"limit": 1000, **({"after": after} if after else {})}
+        page = requests.get(cluster.scheduler_url + "/jobs", params=params, timeout=30).json()
+        jobs += page
+        if len(page) < 1000:
+            return {j["job_id"]: j for j in jobs}
+        after = page[-1]["job_id"]
+
+
+def submit_many(url, count, stop_early=None):
+    """Submit `count` jobs from 8 threads; returns the ids answered with 201."""
+    accepted, lock = [], threading.Lock()
+
+    def one(i):
+        try:
+            response = requests.post(url + "/jobs", json={"command": "true"}, timeout=10)
+        except requests.RequestException:
+            return
+        if response.status_code == 201:
+            with lock:
+                accepted.append(response.json()["job_id"])
+            if stop_early is not None:
+                stop_early(len(accepted))
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(one, range(count)))
+    return accepted
+
+
+def test_kill_9_of_the_scheduler_loses_no_acknowledged_job(tmp_path):
+    cluster = Cluster(tmp_path, MAX_JOBS_PER_NODE=4)
+    try:
+        cluster.start()
+        cluster.start_agent("node-1", slots=4)
+        cluster.start_agent("node-2", slots=4)
+        cluster.wait_nodes_healthy("node-1", "node-2")
+        killed = threading.Event()
+
+        def kill_midway(n):
+            if n == 1000 and not killed.is_set():
+                killed.set()
+                cluster.procs["scheduler"].kill()
+
+        accepted = submit_many(cluster.scheduler_url, 2000, kill_midway)
+        assert killed.is_set()
+        cluster.start_scheduler()
+        accepted += submit_many(cluster.scheduler_url, 2000 - len(accepted))
+        assert len(accepted) >= 1500
+
+        def all_done():
+            jobs = all_jobs(cluster)
+            return all(jobs[j]["status"] == "done" for j in accepted) and jobs
+        jobs = wait_for(all_done, timeout=240, interval=1.0, message="every acknowledged job to be done")
+        assert set(accepted) <= set(jobs)
+        for job_id in accepted[::50]:  # one result each: exactly one final transition
+            assert len(final_transitions(cluster, job_id)) == 1, cluster.events(job_id)
+    finally:
+        cluster.stop()
+
+
+def test_restarting_registry_and_scheduler_under_load_loses_nothing(tmp_path):
+    cluster = Cluster(tmp_path, MAX_JOBS_PER_NODE=2, HEARTBEAT_TIMEOUT_SECS=5)
+    try:
+        cluster.start()
+        cluster.start_agent("node-1", slots=2)
+        cluster.start_agent("node-2", slots=2)
+        cluster.wait_nodes_healthy("node-1", "node-2")
+        accepted = []
+        stop = threading.Event()
+
+        def load():
+            while not stop.is_set():
+                try:
+                    r = requests.post(cluster.scheduler_url + "/jobs", json={"command": "sleep 0.2"}, timeout=5)
+                    if r.status_code == 201:
+                        accepted.append(r.json()["job_id"])
+                except requests.RequestException:
+                    pass
+                stop.wait(0.05)
+
+        feeder = threading.Thread(target=load)
+        feeder.start()
+        try:
+            wait_for(lambda: len(accepted) >= 20, timeout=30, message="load")
+            assert cluster.procs["registry"].stop() == 0
+            cluster.start_registry()
+            wait_for(lambda: len(accepted) >= 60, timeout=30, message="more load")
+            assert cluster.procs["scheduler"].stop() == 0
+            cluster.start_scheduler()
+            count = len(accepted)
+            wait_for(lambda: len(accepted) >= count + 40, timeout=30, message="load after the restarts")
+        finally:
+            stop.set()
+            feeder.join()
+        jobs = wait_for(lambda: (lambda j: j if all(j[i]["status"] == "done" for i in accepted) else None)(
+            all_jobs(cluster)), timeout=120, interval=0.5, message="every job to be done")
+        assert set(accepted) <= set(jobs)
+        for job_id in accepted:
+            reasons = [e["reason"] for e in cluster.events(job_id)]
+            assert not any("lost" in r or "not healthy" in r for r in reasons), (job_id, reasons)
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "directory", "locked"])
+def test_a_broken_database_file_stops_the_server_with_a_clear_error(tmp_path, damage):
+    state = tmp_path / "state"
+    state.mkdir()
+    db_path = state / "scheduler.db"
+    holder = None
+    if damage == "corrupt":
+        db_path.write_bytes(b"this is not a database" * 100)
+    elif damage == "directory":
+        db_path.mkdir()
+    else:
+        conn = sqlite3.connect(db_path, timeout=0)
+        conn.execute("CREATE TABLE x (y)")
+        conn.commit()
+        conn.execute("PRAGMA locking_mode=EXCLUSIVE")
+        conn.execute("BEGIN EXCLUSIVE")
+        holder = conn
+    before = sorted(os.listdir(state))
+    try:
+        result = subprocess.run([os.path.join(BIN, "corral-scheduler"), "--port", "1"],
+                                env=base_env(str(state)), capture_output=True, text=True, timeout=60)
+    finally:
+        if holder is not None:
+            holder.close()
+    assert result.returncode == 2, result.stderr
+    message = result.stderr.strip().splitlines()[-1]
+    assert message.startswith("corral-scheduler: error:") and "scheduler.db" in message, result.stderr
+    assert sorted(os.listdir(state)) == before  # nothing new was created in its place
