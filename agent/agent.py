@@ -1,16 +1,51 @@
 """The agent's logic: register, heartbeat, take jobs, run them, report how they ended.
 
-Each step is a small one-pass method (register, heartbeat_once, poll_once,
+Each step is a small one-pass method (startup, register, heartbeat_once, poll_once,
 reap_once, reconcile_once, flush_reports) that tests call directly; run_forever
 only schedules them on two threads. The scheduler's database is the truth about
 jobs: the agent keeps in memory only the processes it runs and the reports it has
-not delivered yet, both of which die with it.
+not delivered yet, both of which die with it (services excepted: see below).
+
+Taking a job. The `running` report goes first and is the claim; it also says
+which limits the job will get (`limits_enforced`, `limits`). Then a worker thread
+per job prepares it: a fresh work dir, the `deploy_url` zip fetched and unpacked
+into it (artifacts.py), everything chowned to the job user (identity.py), a cgroup
+with the job's limits (cgroups.py); then it starts the process. The job holds its
+slot (it is in `_jobs`) from the claim on, so reconcile never takes it for lost,
+and the work loop never waits for a slow download. A job cancelled or timed out
+while it is prepared is not started.
+
+Limits: the job's `memory_mb` / `cpu_percent`, or the node's default for its job
+type; asking for more than AGENT_MAX_MEMORY_MB / AGENT_MAX_CPU_PERCENT fails the
+job. Without usable cgroups (not root, no writable hierarchy) jobs run without
+limits, `limits_enforced` is false, and AGENT_REQUIRE_CGROUPS=true makes the agent
+refuse to start instead.
+
+A `deploy_url` job without a `command` runs the archive's top-level `run.sh`:
+`exec ./run.sh` when the file has an execute bit (so its #! line picks the
+interpreter), else `exec /bin/sh ./run.sh` (zips made without Unix modes lose
+the bit). A job with both runs its command in the unpacked tree.
+
+Finishing: the report carries `oom_killed` (the job died of SIGKILL and its
+cgroup's OOM counter went up; stderr then ends with "job killed: out of memory
+(limit N MB)"), `peak_memory_bytes` and `cpu_seconds` from the cgroup (null when
+unknown). The cgroup is always removed; the work dir of a finished job (and the
+log files of a finished service) unless CORRAL_KEEP_WORK_DIRS.
+
+Services (services.py) run detached, are recorded in the registry and
+health-checked, and are stopped only when they exit or the scheduler cancels them.
+Stopping the agent (SIGTERM) stops taking work, gives run jobs AGENT_STOP_GRACE_SECS,
+kills and reports the rest, and LEAVES SERVICES RUNNING with their state files:
+the next agent on this node re-adopts them, so restarting the agent does not
+restart every service.
 """
 from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -18,14 +53,20 @@ from dataclasses import dataclass, field
 
 from corral.shared.clients import ClientError, Rejected, RegistryClient, SchedulerClient, Unreachable
 
-from . import runner
-from .settings import AgentSettings, safe_path_part
+from . import artifacts, cgroups, identity, runner, services
+from .settings import AgentSettings, safe_path_part, total_memory_mb
 
 log = logging.getLogger(__name__)
 
 TIMEOUT_MESSAGE = "job timed out"
 STOPPED_MESSAGE = "agent stopped before the job finished"
-DEPLOY_MESSAGE = "deploy_url artifacts are not supported by this agent yet"
+OOM_MESSAGE = "job killed: out of memory (limit {} MB)"
+SHIM_MESSAGE = ("the agent could not put the job into its cgroup, so the command did not run "
+                "(a problem of node {}, not of the job)")
+NO_RUN_SH_MESSAGE = ("the job has a deploy_url but no command, and the unpacked archive has no "
+                     "run.sh at its top level to run; add run.sh to the zip or give the job a "
+                     "command")
+RUN_SH = "run.sh"
 
 # How often the work loop looks at its processes (finish, timeout) between polls.
 TICK_SECS = 0.1
@@ -33,6 +74,8 @@ TICK_SECS = 0.1
 FLUSH_SECS = 5.0
 # A report refused as too large (413) is sent once more with this much output kept.
 SHRUNK_OUTPUT_CHARS = 4096
+# How long shutdown waits for service monitors to notice they should stop.
+MONITOR_JOIN_SECS = 2.0
 
 # Why the agent ended a job itself; None means the job exited on its own.
 END_TIMEOUT = "timeout"
@@ -40,6 +83,12 @@ END_RECONCILED = "reconciled"  # the scheduler no longer lists it: do not report
 END_STOPPING = "stopping"
 
 Key = tuple[str, int]  # (job_id, attempt)
+
+__all__ = ["Agent", "AgentStartError", "Backoff", "LocalJob", "Plan", "total_memory_mb"]
+
+
+class AgentStartError(Exception):
+    """The agent must not start (AGENT_REQUIRE_CGROUPS without usable cgroups)."""
 
 
 def job_attempt(job: dict) -> int:
@@ -53,18 +102,9 @@ def job_attempt(job: dict) -> int:
     return value
 
 
-def total_memory_mb() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) // 1024  # the value is in kB
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
-    except (ValueError, OSError, AttributeError):
-        return None
+def cgroup_name(job_id: str, attempt: int) -> str:
+    """A job's cgroup directory name: ASCII letters, digits, '.', '_', '-' only."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", safe_path_part(job_id))[:180] + f"-{attempt}"
 
 
 class Backoff:
@@ -84,17 +124,43 @@ class Backoff:
         self._next = self.initial
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What the agent will give a job, decided before the claim: its type, limits,
+    and an error when it cannot run here at all (it asks too much)."""
+    job_type: str
+    memory_mb: int
+    cpu_percent: int
+    error: str | None = None
+
+    @property
+    def limits(self) -> dict:
+        return {"memory_mb": self.memory_mb, "cpu_percent": self.cpu_percent}
+
+
 @dataclass
 class LocalJob:
+    """One job this agent holds a slot for. The worker thread that prepares it sets
+    `process` (or `start_error`) under `lock`, then `prepared`; after that only the
+    work loop touches it."""
     job_id: str
     attempt: int
     job_type: str
-    process: runner.RunningJob
     workdir: str
     started_at: float
     deadline: float | None
+    process: runner.RunningJob | services.AdoptedProcess | None = None
+    cgroup: cgroups.JobCgroup | None = None
+    memory_mb: int | None = None
     end_reason: str | None = None
     killer: threading.Thread | None = None
+    start_error: tuple[int, str] | None = None  # (exit code, stderr) when it could not start
+    monitor: services.ServiceMonitor | None = None
+    state_path: str | None = None  # services: the file the next agent re-adopts from
+    log_files: tuple[str, str] | None = None  # services: stdout and stderr files
+    adopted: bool = False
+    prepared: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def key(self) -> Key:
@@ -113,18 +179,32 @@ class PendingReport:
     backoff: Backoff = field(default_factory=lambda: Backoff(1.0, 30.0))
 
 
+class _Aborted(Exception):
+    """The job was ended (cancelled, timed out, agent stopping) while being prepared."""
+
+
 class Agent:
     def __init__(self, settings: AgentSettings, registry: RegistryClient,
                  scheduler: SchedulerClient, clock: Callable[[], float] = time.monotonic,
-                 start_job: Callable[..., runner.RunningJob] = runner.start):
+                 start_job: Callable[..., runner.RunningJob] = runner.start,
+                 cgroup_manager: cgroups.Manager | None = None,
+                 job_identity: identity.Identity | None = None):
+        """`cgroup_manager` and `job_identity` default to what startup() detects
+        (cgroups.detect, identity.resolve from the settings)."""
         self.settings = settings
         self.registry = registry
         self.scheduler = scheduler
         self._clock = clock
-        self._start_job = start_job  # the runner seam; a cgroup-aware starter can replace it
-        # Only the work loop thread changes these two; the heartbeat thread reads len().
+        self._start_job = start_job  # the runner seam
+        self.cgroups = cgroup_manager
+        self.identity = job_identity
+        self._started = False
+        # Only the work loop thread adds and removes entries of these two; the
+        # heartbeat thread reads len(), preparation threads change their own LocalJob.
         self._jobs: dict[Key, LocalJob] = {}
         self._outbox: list[PendingReport] = []
+        # Monitors of ended services still removing their registry record.
+        self._closing: list[services.ServiceMonitor] = []
         self._stopping = False
         # Set when a job ends so the work loop asks for more work at once.
         self.slot_freed = threading.Event()
@@ -142,11 +222,94 @@ class Agent:
     def running_keys(self) -> set[Key]:
         return set(self._jobs)
 
+    def local_job(self, job_id: str, attempt: int) -> LocalJob | None:
+        return self._jobs.get((job_id, attempt))
+
     def pending_reports(self) -> list[PendingReport]:
         return list(self._outbox)
 
     def work_dir(self, job_id: str, attempt: int) -> str:
         return os.path.join(self.settings.work_root, f"{safe_path_part(job_id)}-{attempt}")
+
+    # --- start-up ---------------------------------------------------------------
+
+    def startup(self) -> list[Key]:
+        """Detect cgroups and the job user, re-adopt the services an earlier agent
+        left running, and remove every other leftover job cgroup of this node.
+        Idempotent. Raises AgentStartError (AGENT_REQUIRE_CGROUPS without cgroups)
+        and SettingError (a bad job user). Returns the keys of the adopted services."""
+        if self._started:
+            return []
+        s = self.settings
+        if self.cgroups is None:
+            self.cgroups = cgroups.detect(root_name=s.cgroup_root_name)
+        if self.cgroups.enforced:
+            log.info("job limits are enforced: %s", self.cgroups.reason)
+        elif s.require_cgroups:
+            raise AgentStartError(f"AGENT_REQUIRE_CGROUPS is set but job limits cannot be "
+                                  f"enforced: {self.cgroups.reason}")
+        else:
+            log.warning("jobs run WITHOUT memory and cpu limits: %s", self.cgroups.reason)
+        if self.identity is None:
+            self.identity = identity.resolve(run_as_root=s.run_as_root, user=s.job_user)
+        log.info("jobs run as %s (uid %d)%s", self.identity.name, self.identity.uid,
+                 f": {self.identity.note}" if self.identity.note else "")
+        for d in (s.work_root, s.log_root, s.service_state_root):
+            os.makedirs(d, exist_ok=True)
+        adopted = self._adopt_services()
+        keep = {self._jobs[key].cgroup.name for key in adopted if self._jobs[key].cgroup}
+        for name in self.cgroups.list_job_cgroups():
+            if name in keep:
+                continue
+            leftover = self.cgroups.adopt(name)
+            if leftover is not None:
+                log.warning("removing job cgroup %s left over by an earlier agent (pids %s)", name,
+                            leftover.pids() or "none")
+                leftover.kill()
+                leftover.remove()
+        if not s.keep_work_dirs:
+            self._remove_leftover_files(adopted)
+        self._started = True
+        return adopted
+
+    def _remove_leftover_files(self, adopted: list[Key]) -> None:
+        """Work dirs and service logs an earlier agent left behind (it was killed, or
+        its services ended while no agent ran), except those of adopted services."""
+        keep = set()
+        for key in adopted:
+            keep.add(self._jobs[key].workdir)
+            keep.update(self._jobs[key].log_files or ())
+        removed = 0
+        for root in (self.settings.work_root, self.settings.log_root):
+            for entry in os.scandir(root):
+                if entry.path in keep:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    services.remove_file(entry.path)
+                removed += 1
+        if removed:
+            log.info("removed %d work dir(s) and log file(s) left by an earlier agent", removed)
+
+    def _adopt_services(self) -> list[Key]:
+        adopted = []
+        for found in services.adoptable(self.settings.service_state_root, self.cgroups,
+                                        self.settings.output_tail_bytes, self.settings.kill_grace):
+            state = found.state
+            local = LocalJob(state.job_id, state.attempt, "service", state.workdir, self._clock(),
+                             None, process=found.process, cgroup=found.process.cgroup,
+                             memory_mb=found.process.cgroup.limits["memory_mb"],
+                             state_path=found.path, log_files=(state.stdout, state.stderr),
+                             adopted=True)
+            local.monitor = self._monitor(state.job_id, state.name, state.port, state.health_path,
+                                          local.log_files, check_first=True)
+            local.prepared.set()
+            self._jobs[local.key] = local
+            adopted.append(local.key)
+            log.info("re-adopted service job %s attempt %s (pid %d, port %s)", state.job_id,
+                     state.attempt, state.pid, state.port)
+        return adopted
 
     # --- registry -------------------------------------------------------------
 
@@ -158,6 +321,8 @@ class Agent:
             "slots": self.settings.slots,
             "cpus": os.cpu_count(),
             "memory_mb": total_memory_mb(),
+            "max_memory_mb": self.settings.max_memory_mb,
+            "max_cpu_percent": self.settings.max_cpu_percent,
             "labels": dict(self.settings.labels),
         }
 
@@ -180,13 +345,34 @@ class Agent:
 
     # --- taking work ----------------------------------------------------------
 
-    def poll_once(self) -> list[Key]:
-        """Ask for pending jobs placed on this node and start as many as fit.
+    def plan(self, job: dict) -> Plan:
+        """The job's type and limits (its own, else the node's default for its type)."""
+        job_type = job.get("job_type") or "run"
+        defaults = self.settings.default_limits(job_type)
+        values, error = [], None
+        for name, default, maximum, setting in (
+                ("memory_mb", defaults[0], self.settings.max_memory_mb, "AGENT_MAX_MEMORY_MB"),
+                ("cpu_percent", defaults[1], self.settings.max_cpu_percent, "AGENT_MAX_CPU_PERCENT")):
+            value = job.get(name)
+            if value is None:
+                value = default
+            elif isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                error = error or f"job asks for {name}={value!r}, which is not a positive whole number"
+                value = default
+            elif value > maximum:
+                error = error or (f"job asks for {name}={value} but this node allows at most "
+                                  f"{maximum} ({setting})")
+            values.append(value)
+        return Plan(job_type, values[0], values[1], error)
 
-        The `running` report goes first and the process starts only if it was
-        accepted: an accepted report is the claim, so two agents never both run
-        one attempt. Returns the (job_id, attempt) pairs taken.
+    def poll_once(self) -> list[Key]:
+        """Ask for pending jobs placed on this node and take as many as fit.
+
+        The `running` report goes first and the job is prepared and started only if
+        it was accepted: an accepted report is the claim, so two agents never both
+        run one attempt. Returns the (job_id, attempt) pairs taken.
         """
+        self._require_startup()
         if self._stopping or self.free_slots() <= 0:
             return []
         taken: list[Key] = []
@@ -201,8 +387,12 @@ class Agent:
             # A newer attempt of a job we still run waits until reconcile ended the old one.
             if any(local.job_id == job_id for local in self._jobs.values()):
                 continue
+            plan = self.plan(job)
+            enforced = self.cgroups.enforced
             try:
-                self.scheduler.report(job_id, self.node_id, attempt, "running")
+                self.scheduler.report(job_id, self.node_id, attempt, "running",
+                                      limits_enforced=enforced,
+                                      limits=plan.limits if enforced else None)
             except Rejected as exc:
                 log.info("job %s attempt %s is not ours to start (%s); skipping it",
                          job_id, attempt, exc)
@@ -213,43 +403,135 @@ class Agent:
                 log.warning("could not report job %s attempt %s running (%s); not starting it",
                             job_id, attempt, exc)
                 break
-            self._start(job, job_id, attempt)
+            self._accept(job, job_id, attempt, plan)
             taken.append((job_id, attempt))
         if self._outbox:
             self.flush_reports()  # jobs that could not start are reported at once
         return taken
 
-    def _start(self, job: dict, job_id: str, attempt: int) -> None:
-        job_type = job.get("job_type") or "run"
-        if job.get("deploy_url"):
-            log.warning("job %s attempt %s needs deploy_url %s, which is not supported yet",
-                        job_id, attempt, job["deploy_url"])
-            self._enqueue(job_id, attempt, "failed", exit_code=-1, stdout="", stderr=DEPLOY_MESSAGE)
-            return
-        workdir = self.work_dir(job_id, attempt)
-        extra_env = {"CORRAL_NODE_ID": self.node_id, "CORRAL_ATTEMPT": str(attempt)}
-        try:
-            _fresh_dir(workdir)
-            process = self._start_job(job, workdir, runner.build_environment(job, extra_env),
-                                      self.settings.output_tail_bytes)
-        except (runner.StartError, OSError) as exc:
-            exit_code = exc.exit_code if isinstance(exc, runner.StartError) else -1
-            log.warning("job %s attempt %s could not start: %s", job_id, attempt, exc)
-            self._enqueue(job_id, attempt, "failed", exit_code=exit_code, stdout="",
-                          stderr=f"the agent could not start the job: {exc}")
-            self._remove_work_dir(workdir, job_type)
+    def _accept(self, job: dict, job_id: str, attempt: int, plan: Plan) -> None:
+        if plan.error:
+            log.warning("job %s attempt %s cannot run here: %s", job_id, attempt, plan.error)
+            self._enqueue_failed(job_id, attempt, -1, plan.error)
             return
         now = self._clock()
         timeout = job.get("timeout_secs")
         deadline = None
-        # Only `run` jobs time out; a service runs until it exits or is stopped.
-        if job_type == "run" and isinstance(timeout, (int, float)) and not isinstance(timeout, bool) \
-                and timeout > 0:
+        # Only `run` jobs time out, counted from the claim as the scheduler does; a
+        # service runs until it exits or is stopped.
+        if plan.job_type == "run" and isinstance(timeout, (int, float)) \
+                and not isinstance(timeout, bool) and timeout > 0:
             deadline = now + timeout
-        self._jobs[(job_id, attempt)] = LocalJob(job_id, attempt, job_type, process, workdir,
-                                                 now, deadline)
-        log.info("job %s attempt %s started (pid %d, %s, timeout %s) in %s", job_id, attempt,
-                 process.pid, job_type, timeout if deadline is not None else "none", workdir)
+        local = LocalJob(job_id, attempt, plan.job_type, self.work_dir(job_id, attempt), now,
+                         deadline, memory_mb=plan.memory_mb)
+        self._jobs[local.key] = local
+        threading.Thread(target=self._prepare, args=(local, job, plan), daemon=True,
+                         name=f"prepare-{job_id}-{attempt}").start()
+
+    def _prepare(self, local: LocalJob, job: dict, plan: Plan) -> None:
+        """On a worker thread: work dir, artifact, ownership, cgroup, then the process.
+        Sets local.process, or local.start_error, or neither (aborted); then prepared."""
+        s, who = self.settings, self.identity
+        cg = None
+        try:
+            _fresh_dir(local.workdir)
+            command = job.get("command")
+            if job.get("deploy_url"):
+                unpacked = artifacts.fetch_and_unpack(job["deploy_url"], local.workdir,
+                                                      sha256=job.get("deploy_sha256"),
+                                                      limits=s.artifact_limits)
+                log.info("job %s attempt %s: unpacked %d files (%d bytes) from %s", local.job_id,
+                         local.attempt, unpacked.files, unpacked.bytes,
+                         artifacts.display_url(job["deploy_url"]))
+                if not (isinstance(command, str) and command.strip()):
+                    command = _run_sh_command(local.workdir)
+            identity.prepare_workdir(local.workdir, who)
+            self._check_not_ended(local)
+            cg = self.cgroups.create(cgroup_name(local.job_id, local.attempt), plan.memory_mb,
+                                     plan.cpu_percent)
+            extra = {"CORRAL_NODE_ID": self.node_id, "CORRAL_ATTEMPT": str(local.attempt)}
+            port = _port(job)
+            if port is not None:
+                extra["PORT"] = str(port)
+            base = {**{k: v for k, v in os.environ.items() if k not in runner.SCRUBBED_ENV},
+                    **who.env(local.workdir)}
+            env = runner.build_environment(job, extra, base=base)
+            if plan.job_type == "service":
+                local.log_files = services.log_paths(s.log_root, local.job_id, local.attempt)
+            with local.lock:
+                if local.end_reason is None and self._stopping:
+                    local.end_reason = END_STOPPING
+                self._check_not_ended(local)
+                local.process = self._start_job(
+                    dict(job, command=command), local.workdir, env, s.output_tail_bytes,
+                    prefix=cg.shim_prefix(), popen_kwargs=who.popen_kwargs(), cgroup=cg,
+                    output_files=local.log_files)
+                local.cgroup = cg
+                if plan.job_type == "service":
+                    self._service_started(local, job, port, cg)
+            log.info("job %s attempt %s started (pid %d, %s, limits %s, timeout %s) in %s",
+                     local.job_id, local.attempt, local.process.pid, plan.job_type,
+                     plan.limits if self.cgroups.enforced else "none",
+                     job.get("timeout_secs") if local.deadline is not None else "none",
+                     local.workdir)
+        except _Aborted:
+            log.info("job %s attempt %s ended (%s) before it started", local.job_id, local.attempt,
+                     local.end_reason)
+        except artifacts.ArtifactError as exc:
+            log.warning("job %s attempt %s: deploy_url: %s", local.job_id, local.attempt, exc)
+            local.start_error = (-1, f"the agent could not use the job's deploy_url: {exc}")
+        except runner.StartError as exc:
+            log.warning("job %s attempt %s could not start: %s", local.job_id, local.attempt, exc)
+            local.start_error = (exc.exit_code, f"the agent could not start the job: {exc}")
+        except _JobError as exc:
+            local.start_error = (-1, str(exc))
+        except OSError as exc:  # the work dir, chown, cgroup creation (CgroupError)
+            log.warning("job %s attempt %s could not be prepared: %s", local.job_id,
+                        local.attempt, exc)
+            local.start_error = (-1, f"the agent could not prepare the job: {exc}")
+        except Exception as exc:  # a bug must fail the job, not leave it holding a slot
+            log.exception("preparing job %s attempt %s failed", local.job_id, local.attempt)
+            local.start_error = (-1, f"the agent could not prepare the job: {exc!r}")
+        finally:
+            if local.process is None and cg is not None:
+                cg.kill()
+                cg.remove()
+            local.prepared.set()
+
+    def _check_not_ended(self, local: LocalJob) -> None:
+        if local.end_reason is not None:
+            raise _Aborted()
+
+    def _service_started(self, local: LocalJob, job: dict, port: int | None, cg) -> None:
+        """Right after a service's process started: its state file, then its monitor."""
+        name = job.get("name") or local.job_id
+        start_time = services.proc_start_time(local.process.pid)
+        local.state_path = services.state_path(self.settings.service_state_root, local.job_id,
+                                               local.attempt)
+        try:
+            services.ServiceState(local.job_id, local.attempt, local.process.pid, start_time or 0,
+                                  cg.name, port, name, job.get("health_path"), local.workdir,
+                                  *local.log_files).write(local.state_path)
+        except OSError as exc:
+            log.warning("could not write the state file of service job %s: %s; a restarted agent "
+                        "will not re-adopt it", local.job_id, exc)
+        local.monitor = self._monitor(local.job_id, name, port, job.get("health_path"),
+                                      local.log_files)
+
+    def _monitor(self, job_id: str, name: str, port: int | None, health_path: str | None,
+                 log_files, check_first: bool = False) -> services.ServiceMonitor:
+        record = None
+        if port is not None:
+            record = {"job_id": job_id, "name": name, "node_id": self.node_id,
+                      "address": self.settings.address, "port": port}
+        return services.ServiceMonitor(
+            self.registry.clone(), record, health_path, self.settings.health_interval,
+            self.settings.health_timeout, log_files, self.settings.service_log_max_bytes,
+            check_first=check_first).start()
+
+    def _require_startup(self) -> None:
+        if not self._started:
+            raise RuntimeError("Agent.startup() must run before the agent takes or checks jobs")
 
     # --- finished processes ---------------------------------------------------
 
@@ -268,6 +550,11 @@ class Agent:
                 self._end(local, END_TIMEOUT)
         ended = []
         for local in list(self._jobs.values()):
+            if not local.prepared.is_set():
+                continue
+            if local.process is None:
+                ended.append(self._finish_unstarted(local))
+                continue
             # While a kill is in progress the group may still have members: the slot
             # is free only once the whole tree is gone.
             if local.killer is not None and local.killer.is_alive():
@@ -280,44 +567,93 @@ class Agent:
         self.flush_reports()
         return ended
 
+    def _finish_unstarted(self, local: LocalJob) -> tuple[str, int, str]:
+        del self._jobs[local.key]
+        self._remove_work_dir(local)
+        if local.end_reason == END_RECONCILED:
+            return (local.job_id, local.attempt, "killed")
+        if local.end_reason in (END_TIMEOUT, END_STOPPING):
+            message = TIMEOUT_MESSAGE if local.end_reason == END_TIMEOUT else STOPPED_MESSAGE
+            self._enqueue_failed(local.job_id, local.attempt, -1, message)
+        else:
+            exit_code, message = local.start_error or (-1, "the agent could not start the job")
+            self._enqueue_failed(local.job_id, local.attempt, exit_code, message)
+        return (local.job_id, local.attempt, "failed")
+
     def _finish(self, local: LocalJob) -> tuple[str, int, str]:
         result = local.process.result()
+        cg = local.cgroup
+        usage = cg.stats() if cg is not None else {"peak_memory_bytes": None, "cpu_seconds": None}
+        oom = local.end_reason is None and cg is not None and cgroups.ended_by_oom(result.exit_code, cg)
+        if cg is not None:
+            cg.remove()
         del self._jobs[local.key]
-        self._remove_work_dir(local.workdir, local.job_type)
+        self._close_monitor(local)
+        services.remove_file(local.state_path)
+        self._remove_work_dir(local)
         if local.end_reason == END_RECONCILED:
             log.info("job %s attempt %s was ended by the scheduler; killed (exit %s), not reported",
                      local.job_id, local.attempt, result.exit_code)
             return (local.job_id, local.attempt, "killed")
+        stderr = result.stderr
         if local.end_reason in (END_TIMEOUT, END_STOPPING):
             message = TIMEOUT_MESSAGE if local.end_reason == END_TIMEOUT else STOPPED_MESSAGE
-            status, exit_code, stderr = "failed", -1, _append_line(result.stderr, message)
+            status, exit_code, stderr = "failed", -1, _append_line(stderr, message)
+        elif result.exit_code == cgroups.SHIM_FAILED_EXIT and cgroups.SHIM_FAILED_MESSAGE in stderr:
+            status, exit_code = "failed", -1
+            stderr = _append_line(stderr, SHIM_MESSAGE.format(self.node_id))
         else:
             status = "done" if result.exit_code == 0 else "failed"
-            exit_code, stderr = result.exit_code, result.stderr
-        log.info("job %s attempt %s finished: %s (exit %s)", local.job_id, local.attempt, status,
-                 exit_code)
+            exit_code = result.exit_code
+            if oom:
+                limit = (cg.limits.get("memory_mb") if cg is not None else None) or local.memory_mb
+                stderr = _append_line(stderr, OOM_MESSAGE.format(limit))
+        log.info("job %s attempt %s finished: %s (exit %s%s)", local.job_id, local.attempt, status,
+                 exit_code, ", out of memory" if oom else "")
         self._enqueue(local.job_id, local.attempt, status, exit_code=exit_code,
-                      stdout=result.stdout, stderr=stderr)
+                      stdout=result.stdout, stderr=stderr, oom_killed=oom, **usage)
         return (local.job_id, local.attempt, status)
 
     def _end(self, local: LocalJob, reason: str) -> None:
-        """Kill a job's process tree in the background; reap_once reports it after."""
-        if local.end_reason is not None:
-            return  # already being killed; the first reason is the one reported
-        local.end_reason = reason
+        """Kill a job's process tree in the background; reap_once reports it after.
+        A job still being prepared is simply not started."""
+        with local.lock:
+            if local.end_reason is not None:
+                return  # already being ended; the first reason is the one reported
+            local.end_reason = reason
+            process = local.process
+        self._close_monitor(local)  # out of the load balancer before it is killed
+        if process is None:
+            return
         # kill() waits up to kill_grace for the group to leave; the work loop must not.
-        local.killer = threading.Thread(target=local.process.kill, args=(self.settings.kill_grace,),
+        local.killer = threading.Thread(target=process.kill, args=(self.settings.kill_grace,),
                                         name=f"kill-{local.job_id}-{local.attempt}", daemon=True)
         local.killer.start()
 
-    def _remove_work_dir(self, workdir: str, job_type: str) -> None:
-        if job_type == "run" and not self.settings.keep_work_dirs:
-            shutil.rmtree(workdir, ignore_errors=True)
+    def _close_monitor(self, local: LocalJob) -> None:
+        """Stop a service's checks and remove its registry record (in the background)."""
+        with local.lock:
+            monitor = local.monitor
+        if monitor is not None and monitor not in self._closing:
+            monitor.stop(remove=True)
+            self._closing = [m for m in self._closing if m.is_alive()] + [monitor]
+
+    def _remove_work_dir(self, local: LocalJob) -> None:
+        if self.settings.keep_work_dirs:
+            return
+        shutil.rmtree(local.workdir, ignore_errors=True)
+        for path in local.log_files or ():
+            services.remove_file(path)
 
     # --- reports --------------------------------------------------------------
 
     def _enqueue(self, job_id: str, attempt: int, status: str, **result) -> None:
         self._outbox.append(PendingReport(job_id, attempt, status, result))
+
+    def _enqueue_failed(self, job_id: str, attempt: int, exit_code: int, stderr: str) -> None:
+        """A job that ended without a process of its own (it never started)."""
+        self._enqueue(job_id, attempt, "failed", exit_code=exit_code, stdout="", stderr=stderr,
+                      oom_killed=False, peak_memory_bytes=None, cpu_seconds=None)
 
     def flush_reports(self, force: bool = False) -> int:
         """Send the reports that are due (all of them with force); returns how many
@@ -367,13 +703,15 @@ class Agent:
         """Compare what runs here with what the scheduler thinks runs here.
 
         A local job missing from the scheduler's running list was ended there
-        (timed out, moved, cancelled): kill it, do not report. Only jobs known
-        before the request was sent count, since their `running` report was
-        accepted before it. A job listed as running here that this agent neither
-        runs nor still has a report for was lost (a restart, a claim whose answer
-        never arrived): it is reported failed so it does not hold the node forever.
+        (timed out, moved, cancelled): kill it (a service also leaves the registry),
+        do not report. Only jobs known before the request was sent count, since
+        their `running` report was accepted before it. A job listed as running here
+        that this agent neither runs nor still has a report for was lost (a restart,
+        a claim whose answer never arrived, a service that ended while no agent
+        watched it): it is reported failed so it does not hold the node forever.
         Returns the keys of the jobs killed.
         """
+        self._require_startup()
         known = set(self._jobs)
         listed: set[Key] = set()
         for job in self.scheduler.running_on(self.node_id):
@@ -394,8 +732,8 @@ class Agent:
         for job_id, attempt in sorted(listed - set(self._jobs) - unreported):
             log.warning("job %s attempt %s is running on this node according to the scheduler, "
                         "but this agent does not run it; reporting it failed", job_id, attempt)
-            self._enqueue(job_id, attempt, "failed", exit_code=-1, stdout="",
-                          stderr=f"the agent on node {self.node_id} was not running this job "
+            self._enqueue_failed(job_id, attempt, -1,
+                                 f"the agent on node {self.node_id} was not running this job "
                                  "(it restarted or lost track of it)")
         return killed
 
@@ -437,11 +775,14 @@ class Agent:
             stop_event.wait(delay)
 
     def run_forever(self, stop_event: threading.Event, once: bool = False) -> int:
-        """Register, then heartbeat on a thread of its own and run the work loop in
-        this thread until stop_event is set (or, with once, until the jobs of one
-        successful poll have ended). Then stop: see shutdown(). Returns the exit
-        status: 0, or 1 in once mode when reports could not be delivered."""
+        """Start up (see startup()), register, then heartbeat on a thread of its own
+        and run the work loop in this thread until stop_event is set (or, with once,
+        until the jobs of one successful poll have ended; services are left running).
+        Then stop: see shutdown(). Returns the exit status: 0, or 1 in once mode when
+        reports could not be delivered."""
+        self.startup()
         if not self.register_until_done(stop_event):
+            self.shutdown()
             return 0
         heartbeat_stop = threading.Event()
         heartbeats = threading.Thread(target=self.heartbeat_loop, args=(heartbeat_stop,),
@@ -456,6 +797,9 @@ class Agent:
             heartbeats.join(timeout=1.0)
         return 1 if once and undelivered else 0
 
+    def _only_services_left(self) -> bool:
+        return all(self._detachable(local) for local in self._jobs.values())
+
     def _work_loop(self, stop_event: threading.Event, once: bool) -> None:
         reap_backoff = Backoff(0.5, 30.0)
         poll_backoff = Backoff(1.0, 30.0)
@@ -463,7 +807,7 @@ class Agent:
         poll_ok = True
         polled = False  # once mode: a poll succeeded, take no more work
         while not stop_event.is_set():
-            if once and polled and not self._jobs:
+            if once and polled and self._only_services_left():
                 return
             now = self._clock()
             if now >= next_reap:
@@ -499,37 +843,101 @@ class Agent:
             stop_event.wait(TICK_SECS)
 
     def shutdown(self, flush_secs: float = FLUSH_SECS) -> int:
-        """Stop taking work, give running jobs stop_grace seconds, kill the rest
-        (reported failed), then try for about flush_secs to deliver every report.
-        Returns how many reports are still undelivered."""
+        """Stop taking work and leave the running services to the next agent (their
+        processes, registry records and state files stay). Give run jobs stop_grace
+        seconds, kill the rest (reported failed), then try for about flush_secs to
+        deliver every report. Returns how many reports are still undelivered."""
         self._stopping = True
+        self.detach_services()
         if self._jobs:
             log.info("stopping: %d job(s) running, waiting up to %.1fs for them",
                      len(self._jobs), self.settings.stop_grace)
         self._reap_until_empty(self._clock() + self.settings.stop_grace)
+        self.detach_services()
         if self._jobs:
             log.warning("stopping: killing %d job(s) that did not finish in time", len(self._jobs))
             for local in list(self._jobs.values()):
                 self._end(local, END_STOPPING)
-            # kill() takes at most kill_grace, then SIGKILL and reap.
-            self._reap_until_empty(self._clock() + self.settings.kill_grace + 5.0)
+            # kill() takes at most kill_grace, then SIGKILL and reap. A download cannot
+            # be interrupted: jobs still being prepared are not waited for.
+            self._reap_until_empty(self._clock() + self.settings.kill_grace + 5.0,
+                                   only_started=True)
+        for local in list(self._jobs.values()):
+            if not local.prepared.is_set():  # still downloading: it will never be started
+                del self._jobs[local.key]
+                self._enqueue_failed(local.job_id, local.attempt, -1, STOPPED_MESSAGE)
         deadline = self._clock() + flush_secs
         while self._outbox and self._clock() < deadline:
             if self.flush_reports(force=True):
                 time.sleep(0.2)  # brief pause between tries; bounded by the deadline
+        end = time.monotonic() + flush_secs  # ended services leave the registry, if it answers
+        for monitor in self._closing:
+            monitor.join(max(0.0, end - time.monotonic()))
         if self._outbox:
             log.warning("stopping with %d undelivered report(s): %s", len(self._outbox),
                         ", ".join(f"{r.job_id} attempt {r.attempt} {r.status}" for r in self._outbox))
+        if self.cgroups is not None and not self._jobs and not self.cgroups.list_job_cgroups():
+            self.cgroups.cleanup()  # this node's cgroup directories, when no service uses them
         return len(self._outbox)
 
-    def _reap_until_empty(self, deadline: float) -> None:
-        while self._jobs and self._clock() < deadline:
+    def detach_services(self) -> list[Key]:
+        """Forget the running services without stopping them: their state files let
+        the next agent re-adopt them. Returns their keys."""
+        detached = [local for local in self._jobs.values() if self._detachable(local)]
+        for local in detached:
+            local.monitor.stop(remove=False)
+            del self._jobs[local.key]
+        deadline = time.monotonic() + MONITOR_JOIN_SECS
+        for local in detached:
+            local.monitor.join(max(0.0, deadline - time.monotonic()))
+            log.info("leaving service job %s attempt %s running (pid %d) for the next agent",
+                     local.job_id, local.attempt, local.process.pid)
+        return [local.key for local in detached]
+
+    @staticmethod
+    def _detachable(local: LocalJob) -> bool:
+        """A service that runs (prepared and started) and is not being ended."""
+        return (local.job_type == "service" and local.prepared.is_set()
+                and local.process is not None and local.end_reason is None)
+
+    def _reap_until_empty(self, deadline: float, only_started: bool = False) -> None:
+        def waiting():
+            return any(local.prepared.is_set() or not only_started
+                       for local in self._jobs.values())
+
+        while waiting() and self._clock() < deadline:
+            # A service whose start was under way when the stop began is left running too.
+            self.detach_services()
             try:
                 self.reap_once()
             except Exception:
                 log.exception("checking jobs failed while stopping")
-            if self._jobs:
+            if waiting():
                 time.sleep(TICK_SECS)
+
+
+class _JobError(Exception):
+    """The job cannot run as given; str() is the stderr to report."""
+
+
+def _run_sh_command(workdir: str) -> str:
+    path = os.path.join(workdir, RUN_SH)
+    try:
+        st = os.stat(path)
+    except OSError:
+        raise _JobError(NO_RUN_SH_MESSAGE) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise _JobError(NO_RUN_SH_MESSAGE)
+    return f"exec ./{RUN_SH}" if st.st_mode & 0o111 else f"exec /bin/sh ./{RUN_SH}"
+
+
+def _port(job: dict) -> int | None:
+    port = job.get("port")
+    if isinstance(port, int) and not isinstance(port, bool) and 1 <= port <= 65535:
+        return port
+    if port is not None:
+        log.warning("job %s has an unusable port %r; ignoring it", job.get("job_id"), port)
+    return None
 
 
 def _fresh_dir(path: str) -> None:

@@ -1,12 +1,21 @@
 """`corral-agent`: run the node agent in the foreground (systemd runs it this way).
 
 Settings come from environment variables (see settings.py); flags override them.
-SIGTERM or SIGINT stops the agent cleanly: no new work, running jobs get
+SIGTERM or SIGINT stops the agent cleanly: no new work, running `run` jobs get
 AGENT_STOP_GRACE_SECS to finish, the rest are killed and reported failed.
+Running `service` jobs are left running; the next agent started on this node
+re-adopts them (see services.py).
+
+`corral-agent --check [--json]` changes nothing: it shows what the agent would use
+(node id, cgroup mode and limits, job user) and whether the registry and the
+scheduler answer. Exit status 0 when all is well, 1 when the control plane does
+not answer, the job user is unusable, or AGENT_REQUIRE_CGROUPS is set and limits
+cannot be enforced; 2 for a bad setting, as for a normal start.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -17,8 +26,12 @@ from corral.shared.clients import RegistryClient, SchedulerClient
 from corral.shared.errors import SettingError
 from corral.shared.settings import env_choice
 
-from .agent import Agent
+from . import cgroups, identity
+from .agent import Agent, AgentStartError
 from .settings import AgentSettings
+
+# --check: how long to wait for each server's /healthz.
+CHECK_TIMEOUT_SECS = 3.0
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -46,6 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--once", action="store_true",
                         help="register, poll once, run the jobs received to completion, "
                              "report and exit")
+    parser.add_argument("--check", action="store_true",
+                        help="show the node id, cgroup limits, job user and whether the registry "
+                             "and scheduler answer, then exit (0: all is well, 1: a problem)")
+    parser.add_argument("--json", action="store_true", help="with --check: print JSON")
     parser.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS,
                         help="logging level (CORRAL_LOG_LEVEL; default INFO)")
     return parser
@@ -70,7 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     except SettingError as exc:
         print(f"corral-agent: error: {exc.message}", file=sys.stderr)
         return 2
+    if args.json and not args.check:
+        parser.error("--json only goes with --check")
     logging.basicConfig(level=level, format=LOG_FORMAT)
+    if args.check:
+        report = check(settings)
+        print(json.dumps(report, indent=2) if args.json else format_check(report))
+        return 0 if report["ok"] else 1
 
     stop = threading.Event()
 
@@ -85,12 +108,94 @@ def main(argv: list[str] | None = None) -> int:
     scheduler = SchedulerClient(settings.scheduler_url, token=settings.token)
     try:
         agent = Agent(settings, registry, scheduler)
+        try:
+            agent.startup()
+        except SettingError as exc:
+            print(f"corral-agent: error: {exc.message}", file=sys.stderr)
+            return 2
+        except AgentStartError as exc:
+            print(f"corral-agent: error: {exc}", file=sys.stderr)
+            return 1
         return agent.run_forever(stop, once=args.once)
     finally:
         registry.close()
         scheduler.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def check(settings: AgentSettings) -> dict:
+    """What `--check` reports; "ok" is False when something would stop the agent
+    from working. Looks only: creates no cgroup, registers nothing."""
+    problems = []
+    manager = cgroups.detect(root_name=settings.cgroup_root_name, prepare=False)
+    described = manager.describe()
+    if not manager.enforced:
+        if settings.require_cgroups:
+            problems.append(f"AGENT_REQUIRE_CGROUPS is set but limits cannot be enforced: "
+                            f"{manager.reason}")
+    try:
+        job_user = identity.resolve(run_as_root=settings.run_as_root,
+                                    user=settings.job_user).describe()
+    except SettingError as exc:
+        job_user = {"error": exc.message}
+        problems.append(exc.message)
+    servers = {}
+    for name, client_class, url in (("registry", RegistryClient, settings.registry_url),
+                                    ("scheduler", SchedulerClient, settings.scheduler_url)):
+        client = client_class(url, token=settings.token)
+        try:
+            client.healthz(timeout=CHECK_TIMEOUT_SECS)
+            servers[name] = {"url": url, "ok": True, "error": None}
+        except Exception as exc:  # ClientError, or anything else: report, never crash
+            servers[name] = {"url": url, "ok": False, "error": str(exc)}
+            problems.append(f"the {name} at {url} does not answer: {exc}")
+        finally:
+            client.close()
+    run_limits, service_limits = settings.default_limits("run"), settings.default_limits("service")
+    return {
+        "ok": not problems,
+        "problems": problems,
+        "node_id": settings.node_id,
+        "cgroups": described,
+        "limits_enforced": manager.enforced,
+        "limits_reason": manager.reason,
+        "require_cgroups": settings.require_cgroups,
+        "default_limits": {
+            "run": {"memory_mb": run_limits[0], "cpu_percent": run_limits[1]},
+            "service": {"memory_mb": service_limits[0], "cpu_percent": service_limits[1]},
+        },
+        "max_limits": {"memory_mb": settings.max_memory_mb,
+                       "cpu_percent": settings.max_cpu_percent},
+        "job_user": job_user,
+        **servers,
+    }
+
+
+def format_check(report: dict) -> str:
+    def limits(d):
+        return f"{d['memory_mb']} MB, {d['cpu_percent']}% CPU"
+
+    cg = report["cgroups"]
+    user = report["job_user"]
+    lines = [
+        f"node id:        {report['node_id']}",
+        f"cgroups:        {cg['mode']}" + (f" ({', '.join(cg['controllers'])})" if cg["controllers"] else ""),
+        f"limits:         {'enforced' if report['limits_enforced'] else 'NOT enforced'}: "
+        f"{report['limits_reason']}" + ("  [AGENT_REQUIRE_CGROUPS]" if report["require_cgroups"] else ""),
+        f"run jobs:       {limits(report['default_limits']['run'])} by default",
+        f"service jobs:   {limits(report['default_limits']['service'])} by default",
+        f"job maximum:    {limits(report['max_limits'])}",
+        "job user:       " + (f"error: {user['error']}" if "error" in user else
+                              f"{user['user']} (uid {user['uid']}, gid {user['gid']})"
+                              + (f"; {user['note']}" if user.get("note") else "")),
+    ]
+    for name in ("registry", "scheduler"):
+        server = report[name]
+        state = "answers" if server["ok"] else f"DOES NOT ANSWER: {server['error']}"
+        lines.append(f"{name + ':':<16}{server['url']} {state}")
+    lines.append("ok" if report["ok"] else "problems:\n" + "\n".join(f"  - {p}" for p in report["problems"]))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

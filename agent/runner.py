@@ -2,9 +2,13 @@
 kill its whole process tree.
 
 Nothing here talks to the network or knows about reports; agent.py decides what a
-result means. Process isolation lives in one place, `command_argv`, so cgroup limits
-can later be added as a shell shim that joins the job's cgroup and then execs the
-command, without touching the agent logic.
+result means. Process isolation lives in one place, `command_argv`: a cgroup shim
+(cgroups.JobCgroup.shim_prefix) and a privilege drop go in front of the job's shell.
+
+Output goes either to pipes read by a thread (run jobs: the tail is kept in
+memory) or, with `output_files`, to two files opened O_APPEND (services: the
+process keeps writing to them after the agent that started it has exited; the
+tail is read from the files at the end, and truncate_if_over() bounds them).
 """
 from __future__ import annotations
 
@@ -136,7 +140,7 @@ def drop_privileges_argv(user: int | str, group: int | str | None = None,
 
 def start(job: Mapping, workdir: str, env: Mapping[str, str], tail_bytes: int,
           prefix: Sequence[str] = (), popen_kwargs: Mapping | None = None,
-          cgroup=None) -> "RunningJob":
+          cgroup=None, output_files: tuple[str, str] | None = None) -> "RunningJob":
     """Start `job["command"]` under /bin/sh in `workdir`, in a session of its own.
 
     `env` is the complete environment (see build_environment). `popen_kwargs` may
@@ -146,7 +150,8 @@ def start(job: Mapping, workdir: str, env: Mapping[str, str], tail_bytes: int,
     drop_privileges_argv; without one, Popen switches itself. `cgroup` (a
     cgroups.JobCgroup) makes kill() and result() also end every process in it,
     including ones that left the process group with setsid. Raises StartError when
-    the process cannot be started.
+    the process cannot be started. With `output_files` (stdout path, stderr path)
+    the job writes to those files (created, appended to) instead of pipes.
     """
     command = job.get("command")
     if not isinstance(command, str) or not command.strip():
@@ -162,10 +167,18 @@ def start(job: Mapping, workdir: str, env: Mapping[str, str], tail_bytes: int,
             raise StartError(f"cannot run the job as {identity.get('user')!r}: {exc}") from exc
         identity = {}
     argv = command_argv(command, prefix)
+    stdout = stderr = subprocess.PIPE
+    if output_files is not None:
+        stdout = _open_append(output_files[0])
+        try:
+            stderr = _open_append(output_files[1])
+        except StartError:
+            os.close(stdout)
+            raise
     try:
         proc = subprocess.Popen(
             argv, cwd=workdir, env=dict(env),
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
             # A new session makes the job a process group of its own, so kill() can
             # reach every process it forks, and a Ctrl-C aimed at the agent's
             # terminal does not hit the jobs.
@@ -181,25 +194,77 @@ def start(job: Mapping, workdir: str, env: Mapping[str, str], tail_bytes: int,
         raise StartError(f"cannot start the job: {exc}") from exc
     except KeyError as exc:  # Popen's user/group lookup: no such user or group
         raise StartError(f"cannot start the job as {identity}: no such user or group {exc}") from exc
-    return RunningJob(proc, tail_bytes, cgroup)
+    finally:
+        if output_files is not None:  # the child has its own copies
+            os.close(stdout)
+            os.close(stderr)
+    return RunningJob(proc, tail_bytes, cgroup, output_files)
+
+
+def _open_append(path: str) -> int:
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
+    except OSError as exc:
+        raise StartError(f"cannot open the job's output file {path}: {exc.strerror or exc}") from exc
+
+
+def read_tail(path: str, tail_bytes: int) -> str:
+    """The last `tail_bytes` of a file as text ("" when it is missing)."""
+    tail = TailBuffer(tail_bytes)
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - tail.limit))
+            tail.write(f.read(tail.limit))
+            tail.truncated = tail.truncated or size > tail.limit
+    except OSError:
+        pass
+    return tail.text()
+
+
+TRUNCATED_MARK = "[corral: log truncated after {} bytes]\n"
+
+
+def truncate_if_over(path: str, max_bytes: int) -> bool:
+    """Empty an output file that grew past `max_bytes`, leaving a marker line. The
+    writer keeps appending (O_APPEND) at the new end. True when it was truncated."""
+    try:
+        size = os.stat(path).st_size
+        if size <= max_bytes:
+            return False
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, TRUNCATED_MARK.format(size).encode())
+        finally:
+            os.close(fd)
+        return True
+    except OSError:
+        return False
 
 
 class RunningJob:
     """One started job. Thread-safe enough for one thread polling while another kills."""
 
-    def __init__(self, proc: subprocess.Popen, tail_bytes: int, cgroup=None):
+    def __init__(self, proc: subprocess.Popen, tail_bytes: int, cgroup=None,
+                 output_files: tuple[str, str] | None = None):
         self._proc = proc
         self.cgroup = cgroup
         self.pid = proc.pid
         self.pgid = proc.pid  # start_new_session: the job leads its own group
+        self.output_files = output_files
+        self._tail_bytes = tail_bytes
         self._stdout = TailBuffer(tail_bytes)
         self._stderr = TailBuffer(tail_bytes)
         self._stop_reading = threading.Event()
         self._result: RunResult | None = None
         self._result_lock = threading.Lock()
-        self._reader = threading.Thread(target=self._read_pipes, daemon=True,
-                                        name=f"job-output-{proc.pid}")
-        self._reader.start()
+        self._reader = None
+        if output_files is None:
+            self._reader = threading.Thread(target=self._read_pipes, daemon=True,
+                                            name=f"job-output-{proc.pid}")
+            self._reader.start()
 
     def poll(self) -> int | None:
         """The exit code of the job's main process, or None while it runs."""
@@ -231,6 +296,10 @@ class RunningJob:
                 code = self._proc.wait()
                 self._signal_group(signal.SIGKILL)
                 self._kill_cgroup()
+                if self._reader is None:
+                    out, err = (read_tail(path, self._tail_bytes) for path in self.output_files)
+                    self._result = RunResult(code, out, err)
+                    return self._result
                 # A process that left the group (setsid) may still hold the pipes:
                 # give the reader a bounded time, then stop waiting for EOF.
                 self._reader.join(_DRAIN_SECS)
@@ -246,7 +315,7 @@ class RunningJob:
             return False
         except PermissionError:
             pass  # a member exists but changed its uid
-        return _group_has_live_member(self.pgid)
+        return group_has_live_member(self.pgid)
 
     def _signal_cgroup(self, sig: int) -> None:
         if self.cgroup is None:
@@ -293,7 +362,7 @@ class RunningJob:
             self._proc.stderr.close()
 
 
-def _group_has_live_member(pgid: int) -> bool:
+def group_has_live_member(pgid: int) -> bool:
     """Whether a process group has a member that is not a zombie.
 
     killpg(pgid, 0) also succeeds for zombies, and orphaned job processes that

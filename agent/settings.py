@@ -2,6 +2,12 @@
 
 Every variable is parsed and checked here, once, so a bad value stops the agent at
 start with one clear SettingError instead of failing later in a loop.
+
+Limits: a job's `memory_mb` / `cpu_percent` (null: the node's default for its job
+type) may not exceed AGENT_MAX_MEMORY_MB / AGENT_MAX_CPU_PERCENT. A per-type default
+that was left unset is lowered to the maximum on a small node (a 1-CPU node runs
+services at 100%, not 200%); one that was set explicitly above the maximum is a
+SettingError.
 """
 from __future__ import annotations
 
@@ -14,10 +20,19 @@ from corral.shared.errors import SettingError
 from corral.shared.settings import env_bool, env_float, env_int, env_str, state_dir
 from corral.shared.validate import NAME_RE
 
+from .artifacts import Limits as ArtifactLimits
+
 
 # The scheduler refuses a report whose stdout or stderr is over 512 KiB characters;
 # stay below that with room for the line the agent may append ("job timed out").
 MAX_TAIL_BYTES = 512 * 1024
+MiB = 1024 * 1024
+
+# The design's per-job-type defaults.
+DEFAULT_RUN_MEMORY_MB = 512
+DEFAULT_RUN_CPU_PERCENT = 100
+DEFAULT_SERVICE_MEMORY_MB = 1024
+DEFAULT_SERVICE_CPU_PERCENT = 200
 
 
 @dataclass(frozen=True)
@@ -36,6 +51,29 @@ class AgentSettings:
     keep_work_dirs: bool = False
     token: str | None = None
     kill_grace: float = 5.0
+    # Who jobs run as (identity.resolve): None means `nobody` when the agent is root.
+    job_user: str | None = None
+    run_as_root: bool = False
+    # Limits (MB, percent of one CPU) per job type, and the most a job may ask for.
+    run_memory_mb: int = DEFAULT_RUN_MEMORY_MB
+    run_cpu_percent: int = DEFAULT_RUN_CPU_PERCENT
+    service_memory_mb: int = DEFAULT_SERVICE_MEMORY_MB
+    service_cpu_percent: int = DEFAULT_SERVICE_CPU_PERCENT
+    max_memory_mb: int = field(default_factory=lambda: total_memory_mb() or DEFAULT_SERVICE_MEMORY_MB)
+    max_cpu_percent: int = field(default_factory=lambda: (os.cpu_count() or 1) * 100)
+    require_cgroups: bool = False
+    # Services.
+    health_interval: float = 5.0
+    health_timeout: float = 2.0
+    service_log_max_bytes: int = 64 * MiB
+    # deploy_url artifacts (see artifacts.Limits).
+    max_artifact_bytes: int = 512 * MiB
+    max_unpacked_bytes: int = 2048 * MiB
+    max_artifact_entries: int = 10_000
+    max_artifact_ratio: float = 100.0
+    artifact_connect_timeout: float = 10.0
+    artifact_read_timeout: float = 60.0
+    artifact_timeout: float | None = 1800.0  # None: no bound on a whole download
 
     @property
     def agent_dir(self) -> str:
@@ -46,6 +84,39 @@ class AgentSettings:
     def work_root(self) -> str:
         return os.path.join(self.agent_dir, "work")
 
+    @property
+    def log_root(self) -> str:
+        """Where services' stdout/stderr files live (<job>-<attempt>.out|.err)."""
+        return os.path.join(self.agent_dir, "logs")
+
+    @property
+    def service_state_root(self) -> str:
+        """One JSON file per running service, read by the next agent to re-adopt it."""
+        return os.path.join(self.agent_dir, "services")
+
+    @property
+    def cgroup_root_name(self) -> str:
+        """This node's own directory in each cgroup hierarchy (agents may share a host)."""
+        return "corral-" + safe_path_part(self.node_id)
+
+    @property
+    def artifact_limits(self) -> ArtifactLimits:
+        return ArtifactLimits(
+            max_download_bytes=self.max_artifact_bytes,
+            max_unpacked_bytes=self.max_unpacked_bytes,
+            max_entries=self.max_artifact_entries,
+            max_ratio=self.max_artifact_ratio,
+            connect_timeout=self.artifact_connect_timeout,
+            read_timeout=self.artifact_read_timeout,
+            download_timeout=self.artifact_timeout,
+        )
+
+    def default_limits(self, job_type: str) -> tuple[int, int]:
+        """(memory_mb, cpu_percent) for a job of this type that asks for nothing."""
+        if job_type == "service":
+            return self.service_memory_mb, self.service_cpu_percent
+        return self.run_memory_mb, self.run_cpu_percent
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "AgentSettings":
         node_id = env_str(env, "NODE_ID", None) or socket.gethostname()
@@ -53,6 +124,11 @@ class AgentSettings:
             # The registry would refuse it on every registration attempt; say so now.
             raise SettingError(f"NODE_ID must be 1-128 letters, digits, '.', '_' or '-', "
                                f"starting with a letter or digit; got {node_id!r}")
+        job_user = env_str(env, "AGENT_JOB_USER", None)
+        run_as_root = env_bool(env, "AGENT_RUN_AS_ROOT", False)
+        if run_as_root and job_user is not None:
+            raise SettingError(f"AGENT_RUN_AS_ROOT=true and AGENT_JOB_USER={job_user} contradict "
+                               "each other; set only one")
         return cls(
             node_id=node_id,
             registry_url=_url(env, "REGISTRY_URL", cls.registry_url),
@@ -69,7 +145,63 @@ class AgentSettings:
             keep_work_dirs=env_bool(env, "CORRAL_KEEP_WORK_DIRS", False),
             token=env_str(env, "CORRAL_AGENT_TOKEN", None),
             kill_grace=env_float(env, "AGENT_KILL_GRACE_SECS", 5.0, minimum=0),
+            job_user=job_user,
+            run_as_root=run_as_root,
+            require_cgroups=env_bool(env, "AGENT_REQUIRE_CGROUPS", False),
+            health_interval=_positive_float(env, "AGENT_HEALTH_INTERVAL_SECS", 5.0),
+            health_timeout=_positive_float(env, "AGENT_HEALTH_TIMEOUT_SECS", 2.0),
+            service_log_max_bytes=env_int(env, "AGENT_SERVICE_LOG_MAX_BYTES", 64 * MiB, minimum=1),
+            max_artifact_bytes=env_int(env, "AGENT_MAX_ARTIFACT_BYTES", 512 * MiB, minimum=1),
+            max_unpacked_bytes=env_int(env, "AGENT_MAX_UNPACKED_BYTES", 2048 * MiB, minimum=1),
+            max_artifact_entries=env_int(env, "AGENT_MAX_ARTIFACT_ENTRIES", 10_000, minimum=1),
+            max_artifact_ratio=_positive_float(env, "AGENT_MAX_ARTIFACT_RATIO", 100.0),
+            artifact_connect_timeout=_positive_float(env, "AGENT_ARTIFACT_CONNECT_TIMEOUT_SECS", 10.0),
+            artifact_read_timeout=_positive_float(env, "AGENT_ARTIFACT_READ_TIMEOUT_SECS", 60.0),
+            # 0 means no bound on a whole download (the read timeout still applies).
+            artifact_timeout=env_float(env, "AGENT_ARTIFACT_TIMEOUT_SECS", 1800.0, minimum=0) or None,
+            **_limits(env),
         )
+
+
+def total_memory_mb() -> int | None:
+    """This machine's RAM in MB, or None when it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) // 1024  # the value is in kB
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _limits(env: Mapping[str, str]) -> dict:
+    """The per-type default limits and the node maximums, checked against each other."""
+    max_memory = env_int(env, "AGENT_MAX_MEMORY_MB", total_memory_mb() or DEFAULT_SERVICE_MEMORY_MB,
+                         minimum=1)
+    max_cpu = env_int(env, "AGENT_MAX_CPU_PERCENT", (os.cpu_count() or 1) * 100, minimum=1)
+    values = {"max_memory_mb": max_memory, "max_cpu_percent": max_cpu}
+    for field_name, name, default, maximum, max_name in (
+            ("run_memory_mb", "AGENT_RUN_MEMORY_MB", DEFAULT_RUN_MEMORY_MB, max_memory,
+             "AGENT_MAX_MEMORY_MB"),
+            ("run_cpu_percent", "AGENT_RUN_CPU_PERCENT", DEFAULT_RUN_CPU_PERCENT, max_cpu,
+             "AGENT_MAX_CPU_PERCENT"),
+            ("service_memory_mb", "AGENT_SERVICE_MEMORY_MB", DEFAULT_SERVICE_MEMORY_MB, max_memory,
+             "AGENT_MAX_MEMORY_MB"),
+            ("service_cpu_percent", "AGENT_SERVICE_CPU_PERCENT", DEFAULT_SERVICE_CPU_PERCENT,
+             max_cpu, "AGENT_MAX_CPU_PERCENT")):
+        explicit = env_str(env, name, None) is not None
+        value = env_int(env, name, default, minimum=1)
+        if value > maximum:
+            if explicit:
+                raise SettingError(f"{name}={value} is more than {max_name}={maximum}; jobs "
+                                   f"using the default could never run on this node")
+            value = maximum  # a small node: the design's default does not fit
+        values[field_name] = value
+    return values
 
 
 def parse_labels(raw: str) -> dict[str, str]:

@@ -55,6 +55,17 @@ class _Client:
     def close(self) -> None:
         self.session.close()
 
+    def clone(self):
+        """A client for the same server and token with a session of its own, for
+        another thread (a requests.Session is not meant to be shared by threads)."""
+        copy = type(self)(self.base_url, timeout=self.timeout)
+        if "Authorization" in self.session.headers:
+            copy.session.headers["Authorization"] = self.session.headers["Authorization"]
+        return copy
+
+    def healthz(self, timeout: float = 2.0) -> dict:
+        return self._call("GET", "/healthz", timeout=timeout)
+
 
 def _error_message(response: requests.Response) -> str:
     try:

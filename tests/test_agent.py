@@ -4,11 +4,16 @@ A small in-test fake of the scheduler's job list and status reports answers the
 agent's calls; tests drive the agent through its one-pass methods and wait on
 conditions with deadlines.
 """
+import hashlib
+import io
 import json
 import os
 import re
+import stat
 import threading
 import time
+import zipfile
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -16,11 +21,13 @@ import requests
 import responses
 
 from corral.agent import agent as agent_module
-from corral.agent import runner
-from corral.agent.agent import DEPLOY_MESSAGE, STOPPED_MESSAGE, TIMEOUT_MESSAGE, Agent
+from corral.agent import cgroups, identity, runner
+from corral.agent.agent import (NO_RUN_SH_MESSAGE, STOPPED_MESSAGE, TIMEOUT_MESSAGE, Agent,
+                                AgentStartError)
 from corral.agent.cli import main
 from corral.agent.settings import AgentSettings
 from corral.shared.clients import Rejected, RegistryClient, SchedulerClient
+from corral.shared.errors import SettingError
 from helpers import process_gone, wait_for
 
 REGISTRY = "http://registry.test"
@@ -42,7 +49,8 @@ class FakeClock:
 class FakeScheduler:
     """Just enough of the scheduler API: pending/running lists and status reports."""
 
-    def __init__(self, api: responses.RequestsMock):
+    def __init__(self, api: responses.RequestsMock, node_id: str = NODE):
+        self.node_id = node_id
         self.pending: list[dict] = []
         self.running: list[dict] = []
         self.reports: list[tuple[str, dict]] = []  # (job_id, body) of accepted reports
@@ -56,7 +64,7 @@ class FakeScheduler:
                          callback=self._report)
 
     def add(self, job_id="job-1", command="echo hello", attempt=1, **fields) -> dict:
-        job = {"job_id": job_id, "node_id": NODE, "command": command, "deploy_url": None,
+        job = {"job_id": job_id, "node_id": self.node_id, "command": command, "deploy_url": None,
                "job_type": "run", "env_vars": {}, "status": "pending", "attempt": attempt,
                "retry_count": 0, "timeout_secs": None, **fields}
         self.pending.append(job)
@@ -70,7 +78,7 @@ class FakeScheduler:
 
     def _list(self, request):
         query = parse_qs(urlsplit(request.url).query)
-        assert query["node_id"] == [NODE]
+        assert query["node_id"] == [self.node_id]
         jobs = self.pending if query["status"] == ["pending"] else self.running
         return 200, {}, json.dumps(jobs)
 
@@ -96,10 +104,50 @@ class FakeScheduler:
         return 200, {}, json.dumps({"job_id": job_id, "status": body["status"]})
 
 
+class FakeJobCgroup(cgroups.NullJobCgroup):
+    """Limits are not applied; OOM counter and usage come from the test."""
+
+    def __init__(self, name, memory_mb, cpu_percent, manager):
+        super().__init__(name, memory_mb, cpu_percent)
+        self.manager = manager
+
+    def oom_kills(self):
+        return self.manager.oom_kills
+
+    def stats(self):
+        return dict(self.manager.stats)
+
+    def remove(self, timeout=2.0):
+        self.manager.removed.append(self.name)
+        return True
+
+
+class FakeCgroups(cgroups.Manager):
+    """An `enforced` manager for unit tests: the real thing is in test_agent_integration."""
+    mode = "fake"
+    enforced = True
+
+    def __init__(self):
+        super().__init__("fake cgroups for unit tests", "corral-unit")
+        self.oom_kills = 0
+        self.stats = {"peak_memory_bytes": 12345678, "cpu_seconds": 0.25}
+        self.created, self.removed = [], []
+
+    def create(self, name, memory_mb, cpu_percent):
+        cg = FakeJobCgroup(name, memory_mb, cpu_percent, self)
+        self.created.append(cg)
+        return cg
+
+
+# Jobs run as the test's own user: tmp_path is not reachable by `nobody`.
+SAME_USER = identity.resolve(run_as_root=os.geteuid() == 0)
+
+
 @pytest.fixture
 def api():
     with responses.RequestsMock(assert_all_requests_are_fired=False) as mock:
         mock.add(responses.POST, REGISTRY + "/nodes", json={"node_id": NODE}, status=201)
+        mock.add_passthru(re.compile(r"http://127\.0\.0\.1:\d+/"))  # local test servers
         yield mock
 
 
@@ -117,21 +165,28 @@ def clock():
 def make_agent(tmp_path, api, clock):
     agents = []
 
-    def make(clock=clock, **overrides):
+    def make(clock=clock, cgroup_manager=None, **overrides):
         values = dict(node_id=NODE, registry_url=REGISTRY, scheduler_url=SCHEDULER,
                       state_dir=str(tmp_path / "state"), slots=2, poll_interval=0.05,
                       heartbeat_interval=0.05, labels={"zone": "a"}, output_tail_bytes=4096,
-                      stop_grace=0.2, kill_grace=0.3)
+                      stop_grace=0.2, kill_grace=0.3, max_memory_mb=4096, max_cpu_percent=400)
         values.update(overrides)
         agent = Agent(AgentSettings(**values), RegistryClient(REGISTRY), SchedulerClient(SCHEDULER),
-                      clock=clock)
+                      clock=clock, job_identity=SAME_USER,
+                      cgroup_manager=cgroup_manager or cgroups.NoCgroups("unit tests", "corral-unit"))
+        agent.startup()
         agents.append(agent)
         return agent
 
     yield make
     for agent in agents:  # no job process outlives its test
         for key in agent.running_keys():
-            agent._jobs[key].process.kill(0)
+            local = agent.local_job(*key)
+            local.prepared.wait(10)
+            if local.monitor is not None:
+                local.monitor.stop(remove=False)
+            if local.process is not None:
+                local.process.kill(0)
 
 
 @pytest.fixture
@@ -158,6 +213,7 @@ def test_register_sends_the_node_description(agent, api):
     assert body["cpus"] == os.cpu_count()
     assert isinstance(body["memory_mb"], int) and body["memory_mb"] > 0
     assert body["labels"] == {"zone": "a"}
+    assert (body["max_memory_mb"], body["max_cpu_percent"]) == (4096, 400)
 
 
 def test_heartbeat_sends_the_running_count(agent, api):
@@ -199,10 +255,26 @@ def test_job_is_reported_running_before_it_starts_then_done(agent, scheduler):
     assert seen == {"workdir_existed": False, "running_locally": 0}
     assert reap_until_ended(agent) == [("job-1", 1, "done")]
     assert scheduler.statuses("job-1") == ["running", "done"]
+    assert scheduler.reports[0][1] == {"node_id": NODE, "attempt": 1, "status": "running",
+                                       "limits_enforced": False, "limits": None}
     final = scheduler.final("job-1")
     assert final == {"node_id": NODE, "attempt": 1, "status": "done", "exit_code": 0,
-                     "stdout": "hello\n", "stderr": ""}
+                     "stdout": "hello\n", "stderr": "", "oom_killed": False,
+                     "peak_memory_bytes": None, "cpu_seconds": None}
     assert not os.path.exists(workdir)  # removed once the run job finished
+
+
+def test_startup_removes_work_dirs_an_earlier_agent_left(make_agent, tmp_path):
+    first = make_agent()
+    stale = first.work_dir("job-7", 2)
+    os.makedirs(os.path.join(stale, "sub"))
+    stale_log = os.path.join(first.settings.log_root, "job-8-1.out")
+    open(stale_log, "w").close()
+    make_agent()  # the next agent on this node
+    assert not os.path.exists(stale) and not os.path.exists(stale_log)
+    os.makedirs(stale)
+    make_agent(keep_work_dirs=True)
+    assert os.path.isdir(stale)
 
 
 def test_work_dir_is_kept_when_asked(make_agent, scheduler):
@@ -265,20 +337,271 @@ def test_start_failure_is_reported_failed(agent, scheduler, monkeypatch):
     monkeypatch.setattr(runner, "SHELL", "/no/such/shell")
     scheduler.add()
     assert agent.poll_once() == [("job-1", 1)]
+    assert agent.running_count() == 1  # holds its slot while it is prepared
+    assert reap_until_ended(agent) == [("job-1", 1, "failed")]
     assert agent.running_count() == 0
     assert scheduler.statuses("job-1") == ["running", "failed"]
     final = scheduler.final("job-1")
     assert final["exit_code"] == 127 and "/no/such/shell" in final["stderr"]
+    assert not os.path.exists(agent.work_dir("job-1", 1))
 
 
-def test_deploy_url_jobs_fail_with_a_clear_message(agent, scheduler):
-    scheduler.add(command=None, deploy_url="s3://builds/etl-42.zip")
+def test_runner_file_output_mode(tmp_path):
+    out, err = str(tmp_path / "logs" / "j.out"), str(tmp_path / "logs" / "j.err")
+    job = {"job_id": "job-1", "command": "echo one; echo two >&2"}
+    for _ in range(2):  # appended to, not replaced
+        rj = runner.start(job, str(tmp_path), runner.build_environment(job, {}), 6,
+                          output_files=(out, err))
+        result = rj.result()
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "e\none\n", "o\ntwo\n")
+    assert open(out).read() == "one\none\n"
+    assert runner.truncate_if_over(out, 100) is False
+    assert runner.truncate_if_over(out, 5) is True
+    assert open(out).read() == "[corral: log truncated after 8 bytes]\n"
+    assert runner.read_tail(str(tmp_path / "missing"), 10) == ""
+
+
+# --- limits and usage ------------------------------------------------------------------------
+
+
+def test_running_report_carries_the_limits_the_job_will_get(make_agent, scheduler):
+    fake = FakeCgroups()
+    agent = make_agent(cgroup_manager=fake, slots=3)
+    scheduler.add(job_id="job-1")
+    scheduler.add(job_id="job-2", memory_mb=64, cpu_percent=50)
+    scheduler.add(job_id="job-3", job_type="service", command="sleep 30", memory_mb=None)
     agent.poll_once()
+    running = {jid: body for jid, body in scheduler.reports if body["status"] == "running"}
+    assert running["job-1"]["limits_enforced"] is True
+    assert running["job-1"]["limits"] == {"memory_mb": 512, "cpu_percent": 100}  # run default
+    assert running["job-2"]["limits"] == {"memory_mb": 64, "cpu_percent": 50}
+    assert running["job-3"]["limits"] == {"memory_mb": 1024, "cpu_percent": 200}  # service default
+    wait_for(lambda: len(fake.created) == 3, message="three cgroups")
+    assert sorted((cg.name, cg.limits["memory_mb"], cg.limits["cpu_percent"]) for cg in fake.created) \
+        == [("job-1-1", 512, 100), ("job-2-1", 64, 50), ("job-3-1", 1024, 200)]
+
+
+def test_final_report_carries_usage_and_oom(make_agent, scheduler):
+    fake = FakeCgroups()
+    agent = make_agent(cgroup_manager=fake)
+    scheduler.add(job_id="job-1", command="echo fine")
+    agent.poll_once()
+    reap_until_ended(agent)
+    final = scheduler.final("job-1")
+    assert (final["status"], final["oom_killed"]) == ("done", False)
+    assert (final["peak_memory_bytes"], final["cpu_seconds"]) == (12345678, 0.25)
+    assert fake.removed == ["job-1-1"]  # the cgroup is always removed
+
+    fake.oom_kills = 1  # the kernel's counter went up, and the job died of SIGKILL
+    scheduler.add(job_id="job-2", command="echo allocating; kill -9 $$", memory_mb=64)
+    agent.poll_once()
+    reap_until_ended(agent)
+    final = scheduler.final("job-2")
+    assert (final["status"], final["exit_code"], final["oom_killed"]) == ("failed", -9, True)
+    assert final["stderr"] == "job killed: out of memory (limit 64 MB)"
+    assert fake.removed == ["job-1-1", "job-2-1"]
+
+
+def test_sigkill_without_the_oom_counter_is_not_an_oom(make_agent, scheduler):
+    agent = make_agent(cgroup_manager=FakeCgroups())
+    scheduler.add(command="kill -9 $$")
+    agent.poll_once()
+    reap_until_ended(agent)
+    final = scheduler.final("job-1")
+    assert (final["exit_code"], final["oom_killed"], final["stderr"]) == (-9, False, "")
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("memory_mb", 5000, "job asks for memory_mb=5000 but this node allows at most 4096 "
+                        "(AGENT_MAX_MEMORY_MB)"),
+    ("cpu_percent", 401, "job asks for cpu_percent=401 but this node allows at most 400 "
+                         "(AGENT_MAX_CPU_PERCENT)"),
+    ("memory_mb", 0, "job asks for memory_mb=0, which is not a positive whole number"),
+])
+def test_a_job_over_the_node_maximum_fails_clearly(agent, scheduler, field, value, message):
+    scheduler.add(command="touch ran", **{field: value})
+    assert agent.poll_once() == [("job-1", 1)]
     assert agent.running_count() == 0
     assert scheduler.statuses("job-1") == ["running", "failed"]
     final = scheduler.final("job-1")
-    assert (final["exit_code"], final["stderr"]) == (-1, DEPLOY_MESSAGE)
+    assert (final["exit_code"], final["stderr"]) == (-1, message)
     assert not os.path.exists(agent.work_dir("job-1", 1))
+
+
+def test_a_job_that_cannot_join_its_cgroup_is_a_node_failure(agent, scheduler):
+    scheduler.add(command=f"echo '{cgroups.SHIM_FAILED_MESSAGE} /sys/x' >&2; exit 125")
+    agent.poll_once()
+    reap_until_ended(agent)
+    final = scheduler.final("job-1")
+    assert (final["status"], final["exit_code"]) == ("failed", -1)
+    assert "could not put the job into its cgroup" in final["stderr"].splitlines()[-1]
+    assert NODE in final["stderr"]
+
+
+def test_require_cgroups_refuses_to_start_without_them(tmp_path):
+    settings = AgentSettings(node_id=NODE, state_dir=str(tmp_path), require_cgroups=True)
+    agent = Agent(settings, RegistryClient(REGISTRY), SchedulerClient(SCHEDULER),
+                  cgroup_manager=cgroups.NoCgroups("no hierarchy here"), job_identity=SAME_USER)
+    with pytest.raises(AgentStartError, match="no hierarchy here"):
+        agent.startup()
+
+
+# --- deploy_url ------------------------------------------------------------------------------
+
+
+def zip_of(files: dict) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name, (data, mode) in files.items():
+            info = zipfile.ZipInfo(name)
+            info.external_attr = (stat.S_IFREG | mode) << 16
+            zf.writestr(info, data)
+    return buf.getvalue()
+
+
+class Web:
+    """A local HTTP server (port 0, own thread) serving `files`; a path in `held`
+    is answered only once its event is set."""
+
+    def __init__(self):
+        self.files: dict[str, bytes] = {}
+        self.held: dict[str, threading.Event] = {}
+        web = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                gate = web.held.get(self.path)
+                if gate is not None:
+                    gate.wait(20)
+                data = web.files.get(self.path)
+                if data is None:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}{path}"
+
+    def close(self):
+        for gate in self.held.values():
+            gate.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def web():
+    server = Web()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+APP_ZIP = zip_of({"run.sh": (b'#!/bin/sh\necho "run.sh in $(basename "$PWD") on port $PORT"\n'
+                             b"cat conf/app.conf\n", 0o755),
+                  "conf/app.conf": (b"answer=42\n", 0o644)})
+
+
+def test_deploy_url_job_unpacks_and_runs_run_sh(agent, scheduler, web):
+    web.files["/app.zip"] = APP_ZIP
+    scheduler.add(command=None, deploy_url=web.url("/app.zip"), port=8123,
+                  deploy_sha256=hashlib.sha256(APP_ZIP).hexdigest().upper())
+    agent.poll_once()
+    assert reap_until_ended(agent) == [("job-1", 1, "done")]
+    final = scheduler.final("job-1")
+    assert final["stdout"] == "run.sh in job-1-1 on port 8123\nanswer=42\n", final
+
+
+def test_deploy_url_job_with_a_command_runs_it_in_the_tree(agent, scheduler, web):
+    web.files["/app.zip"] = APP_ZIP
+    scheduler.add(command="cat conf/app.conf", deploy_url=web.url("/app.zip"))
+    agent.poll_once()
+    reap_until_ended(agent)
+    assert scheduler.final("job-1")["stdout"] == "answer=42\n"
+
+
+def test_run_sh_without_an_execute_bit_runs_under_sh(agent, scheduler, web):
+    web.files["/plain.zip"] = zip_of({"run.sh": (b"echo plain $0\n", 0o644)})
+    scheduler.add(command=None, deploy_url=web.url("/plain.zip"))
+    agent.poll_once()
+    reap_until_ended(agent)
+    assert scheduler.final("job-1")["stdout"] == "plain ./run.sh\n"
+
+
+def test_missing_run_sh_fails_clearly(agent, scheduler, web):
+    web.files["/norun.zip"] = zip_of({"app.py": (b"print(1)\n", 0o644)})
+    scheduler.add(command=None, deploy_url=web.url("/norun.zip"))
+    agent.poll_once()
+    assert reap_until_ended(agent) == [("job-1", 1, "failed")]
+    final = scheduler.final("job-1")
+    assert (final["exit_code"], final["stderr"]) == (-1, NO_RUN_SH_MESSAGE)
+    assert not os.path.exists(agent.work_dir("job-1", 1))
+
+
+def test_bad_checksum_fails_the_attempt(agent, scheduler, web):
+    web.files["/app.zip"] = APP_ZIP
+    scheduler.add(command=None, deploy_url=web.url("/app.zip"), deploy_sha256="0" * 64)
+    agent.poll_once()
+    assert reap_until_ended(agent) == [("job-1", 1, "failed")]
+    final = scheduler.final("job-1")
+    assert final["exit_code"] == -1 and "checksum failed" in final["stderr"]
+    assert final["stdout"] == "" and final["oom_killed"] is False
+    assert not os.path.exists(agent.work_dir("job-1", 1))
+
+
+def test_missing_artifact_names_the_http_status(agent, scheduler, web):
+    scheduler.add(command="true", deploy_url=web.url("/gone.zip"))
+    agent.poll_once()
+    reap_until_ended(agent)
+    final = scheduler.final("job-1")
+    assert final["exit_code"] == -1 and "download failed" in final["stderr"] and "404" in final["stderr"]
+
+
+def test_slow_download_does_not_block_and_a_cancel_stops_the_start(agent, scheduler, web, tmp_path):
+    web.files["/slow.zip"] = zip_of({"run.sh": (f"touch {tmp_path}/started\n".encode(), 0o755)})
+    web.held["/slow.zip"] = threading.Event()
+    scheduler.add(command=None, deploy_url=web.url("/slow.zip"))
+    began = time.monotonic()
+    assert agent.poll_once() == [("job-1", 1)]
+    assert time.monotonic() - began < 2  # the download happens on a worker thread
+    assert agent.running_count() == 1
+    assert agent.reap_once() == []
+    assert agent.reconcile_once() == []  # listed as running: it holds its slot, not lost
+
+    scheduler.running.clear()  # cancelled while it downloads
+    assert agent.reconcile_once() == [("job-1", 1)]
+    web.held["/slow.zip"].set()
+    assert reap_until_ended(agent) == [("job-1", 1, "killed")]
+    assert not os.path.exists(tmp_path / "started")
+    assert scheduler.statuses("job-1") == ["running"] and agent.pending_reports() == []
+
+
+def test_stopping_while_a_job_downloads_reports_it_and_never_starts_it(make_agent, scheduler, web,
+                                                                       tmp_path):
+    agent = make_agent(clock=time.monotonic)
+    web.files["/slow.zip"] = zip_of({"run.sh": (f"touch {tmp_path}/started\n".encode(), 0o755)})
+    web.held["/slow.zip"] = threading.Event()
+    scheduler.add(command=None, deploy_url=web.url("/slow.zip"))
+    agent.poll_once()
+    local = agent.local_job("job-1", 1)
+    assert agent.shutdown(flush_secs=2) == 0
+    final = scheduler.final("job-1")
+    assert (final["status"], final["exit_code"], final["stderr"]) == ("failed", -1, STOPPED_MESSAGE)
+    web.held["/slow.zip"].set()
+    assert local.prepared.wait(10) and local.process is None
+    assert not os.path.exists(tmp_path / "started")
 
 
 # --- reports -------------------------------------------------------------------------------
@@ -472,3 +795,103 @@ def test_cli_flags_override_environment(monkeypatch, tmp_path):
     args = build_parser().parse_args(["--node-id", "from-flag", "--state-dir", str(tmp_path)])
     settings = settings_from(args, env)
     assert (settings.node_id, settings.slots, settings.state_dir) == ("from-flag", 3, str(tmp_path))
+
+
+def test_cli_refuses_to_start_without_cgroups_when_they_are_required(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(cgroups, "detect", lambda **kw: cgroups.NoCgroups("not root (euid 1000)"))
+    monkeypatch.setenv("CORRAL_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv("AGENT_REQUIRE_CGROUPS", "true")
+    assert main(["--node-id", "n1", "--registry-url", REGISTRY, "--scheduler-url", SCHEDULER]) == 1
+    assert capsys.readouterr().err == ("corral-agent: error: AGENT_REQUIRE_CGROUPS is set but job "
+                                       "limits cannot be enforced: not root (euid 1000)\n")
+
+
+def test_check_reports_and_exits_0_when_all_answer(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(cgroups, "detect", lambda **kw: cgroups.NoCgroups("no cgroups in this test"))
+    monkeypatch.setenv("CORRAL_STATE_DIR", str(tmp_path))
+    with responses.RequestsMock() as mock:
+        mock.add(responses.GET, REGISTRY + "/healthz", json={"status": "ok"})
+        mock.add(responses.GET, SCHEDULER + "/healthz", json={"status": "ok"})
+        code = main(["--check", "--json", "--node-id", "n1", "--registry-url", REGISTRY,
+                     "--scheduler-url", SCHEDULER])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["ok"] is True and report["problems"] == []
+    assert report["node_id"] == "n1" and report["cgroups"]["mode"] == "none"
+    assert report["limits_enforced"] is False and report["limits_reason"] == "no cgroups in this test"
+    assert report["default_limits"]["run"] == {"memory_mb": 512, "cpu_percent": 100}
+    assert report["registry"]["ok"] and report["scheduler"]["ok"]
+    assert "user" in report["job_user"]
+
+
+def test_check_exits_1_when_the_control_plane_does_not_answer(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(cgroups, "detect", lambda **kw: cgroups.NoCgroups("none"))
+    monkeypatch.setenv("CORRAL_STATE_DIR", str(tmp_path))
+    with responses.RequestsMock() as mock:
+        mock.add(responses.GET, REGISTRY + "/healthz", json={"status": "ok"})
+        mock.add(responses.GET, SCHEDULER + "/healthz", body=requests.ConnectionError("refused"))
+        code = main(["--check", "--node-id", "n1", "--registry-url", REGISTRY,
+                     "--scheduler-url", SCHEDULER])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert f"scheduler:      {SCHEDULER} DOES NOT ANSWER" in out
+    assert f"registry:       {REGISTRY} answers" in out
+
+
+def test_check_exits_1_when_cgroups_are_required_but_missing(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(cgroups, "detect", lambda **kw: cgroups.NoCgroups("not root"))
+    monkeypatch.setenv("CORRAL_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv("AGENT_REQUIRE_CGROUPS", "true")
+    with responses.RequestsMock() as mock:
+        for url in (REGISTRY, SCHEDULER):
+            mock.add(responses.GET, url + "/healthz", json={"status": "ok"})
+        code = main(["--check", "--node-id", "n1", "--registry-url", REGISTRY,
+                     "--scheduler-url", SCHEDULER])
+    assert code == 1
+    assert "AGENT_REQUIRE_CGROUPS is set but limits cannot be enforced: not root" in capsys.readouterr().out
+
+
+# --- settings -----------------------------------------------------------------------------------
+
+
+def test_new_settings_defaults():
+    s = AgentSettings.from_env({"NODE_ID": "n1"})
+    assert (s.job_user, s.run_as_root, s.require_cgroups) == (None, False, False)
+    assert (s.run_memory_mb, s.run_cpu_percent) == (512, min(100, s.max_cpu_percent))
+    assert s.max_cpu_percent == (os.cpu_count() or 1) * 100
+    assert s.service_memory_mb == min(1024, s.max_memory_mb)
+    assert s.service_cpu_percent == min(200, s.max_cpu_percent)
+    assert (s.health_interval, s.health_timeout) == (5.0, 2.0)
+    assert s.service_log_max_bytes == 64 * 1024 * 1024
+    assert s.cgroup_root_name == "corral-n1"
+    limits = s.artifact_limits
+    assert (limits.max_download_bytes, limits.max_unpacked_bytes) == (512 << 20, 2048 << 20)
+    assert (limits.max_entries, limits.max_ratio) == (10_000, 100)
+    assert (limits.connect_timeout, limits.read_timeout, limits.download_timeout) == (10, 60, 1800)
+
+
+def test_settings_from_env():
+    s = AgentSettings.from_env({
+        "NODE_ID": "n1", "AGENT_JOB_USER": "daemon", "AGENT_MAX_MEMORY_MB": "2048",
+        "AGENT_MAX_CPU_PERCENT": "800", "AGENT_SERVICE_CPU_PERCENT": "400",
+        "AGENT_ARTIFACT_TIMEOUT_SECS": "0", "AGENT_REQUIRE_CGROUPS": "yes"})
+    assert (s.job_user, s.max_memory_mb, s.max_cpu_percent, s.service_cpu_percent) == \
+        ("daemon", 2048, 800, 400)
+    assert s.require_cgroups and s.artifact_limits.download_timeout is None
+    # An unset default that does not fit a small node is lowered to the maximum.
+    small = AgentSettings.from_env({"NODE_ID": "n1", "AGENT_MAX_CPU_PERCENT": "100",
+                                    "AGENT_MAX_MEMORY_MB": "700"})
+    assert (small.service_cpu_percent, small.service_memory_mb, small.run_memory_mb) == (100, 700, 512)
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"AGENT_RUN_AS_ROOT": "true", "AGENT_JOB_USER": "daemon"}, "contradict each other"),
+    ({"AGENT_RUN_MEMORY_MB": "900", "AGENT_MAX_MEMORY_MB": "800"},
+     "AGENT_RUN_MEMORY_MB=900 is more than AGENT_MAX_MEMORY_MB=800"),
+    ({"AGENT_SERVICE_CPU_PERCENT": "0"}, "AGENT_SERVICE_CPU_PERCENT must be at least 1"),
+    ({"AGENT_HEALTH_INTERVAL_SECS": "0"}, "AGENT_HEALTH_INTERVAL_SECS must be greater than 0"),
+    ({"AGENT_MAX_ARTIFACT_RATIO": "x"}, "AGENT_MAX_ARTIFACT_RATIO must be a number"),
+    ({"AGENT_RUN_AS_ROOT": "maybe"}, "AGENT_RUN_AS_ROOT must be true or false"),
+])
+def test_bad_new_settings_are_one_clear_error(env, message):
+    with pytest.raises(SettingError, match=re.escape(message)):
+        AgentSettings.from_env({"NODE_ID": "n1", **env})

@@ -1,0 +1,431 @@
+"""Service jobs: what a long-running `service` needs beyond a `run` job.
+
+A service is started like a run job (own session, own cgroup, the job user) but
+with no timeout, with `PORT` in its environment when the job has a port, and with
+its stdout and stderr going to O_APPEND files, `<agent_dir>/logs/<job>-<attempt>.out`
+and `.err`, not to pipes: a pipe would break (SIGPIPE) when the agent that reads it
+exits, a file does not. The files are emptied (with a marker line) when one passes
+AGENT_SERVICE_LOG_MAX_BYTES; the report of a service that ended carries their tails.
+
+While it runs, a `ServiceMonitor` thread per service
+- records it in the registry right after start (`POST /services`, healthy null),
+- checks its health every AGENT_HEALTH_INTERVAL_SECS: an HTTP GET of
+  http://127.0.0.1:<port><health_path> when the job has a `health_path` (healthy on
+  2xx/3xx), else a TCP connect to 127.0.0.1:<port>. Only the HTTP check notices a
+  hung (e.g. SIGSTOPped) server: the kernel still accepts its TCP connections,
+- sends the record again when the health changes, and every RESEND_SECS anyway
+  so a registry that lost its data learns it again,
+- removes the record (`DELETE /services/{job_id}`, a 404 counts as done) when the
+  service ends or is cancelled; not when the agent stops (see below).
+A service without a port has nothing to check or balance: it is not recorded and
+not checked; it runs and is reported like any other job.
+
+The monitor threads use their own copy of the registry client (RegistryClient.clone),
+one each, so no HTTP session is shared between threads.
+
+Agent restarts. A JSON state file per running service,
+`<agent_dir>/services/<job>-<attempt>.json`, holds its pid, the pid's start time
+(/proc/<pid>/stat field 22, so a reused pid is never mistaken for it), its cgroup,
+port, name, health path, work dir and log files. An agent that stops leaves its
+services running with their state files; the next agent on the node re-adopts
+every service whose pid is still alive with the same start time (and, with
+cgroups, still in its cgroup) as an `AdoptedProcess`: it health-checks it, kills it
+through its cgroup when the scheduler cancels it, and when it exits reports it with
+its log tails and exit code -1, since only a process's parent can learn its real
+exit status. A state file whose process is gone is deleted (the scheduler still
+lists that job running here, so reconcile reports it failed and the retry rule
+applies). A service's state file is removed when the service ends.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import NamedTuple
+
+import requests
+
+from corral.shared.clients import ClientError, Rejected
+
+from . import cgroups, runner
+from .settings import safe_path_part
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+# The registry record is sent again this often even when nothing changed.
+RESEND_SECS = 30.0
+# Removing a record is retried for about this long (the registry may be restarting).
+REMOVE_TRY_SECS = 30.0
+ADOPTED_MESSAGE = ("exit code unknown: this service was re-adopted by a restarted agent, "
+                   "which cannot learn the exit status of a process it did not start")
+
+
+# --- processes ---------------------------------------------------------------------------
+
+def proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, start time in clock ticks since boot) of `pid`, or None if there
+    is no such process. The start time is field 22 of /proc/<pid>/stat."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    # Fields after the parenthesised command name (which may hold spaces): field 3 on.
+    fields = data[data.rfind(b")") + 2:].split()
+    try:
+        return fields[0].decode(), int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def proc_start_time(pid: int) -> int | None:
+    stat = proc_stat(pid)
+    return None if stat is None else stat[1]
+
+
+def is_alive(pid: int, start_time: int | None) -> bool:
+    """Whether `pid` runs and is the very process that started at `start_time`
+    (a zombie does not count: it has exited and only waits to be reaped)."""
+    stat = proc_stat(pid)
+    return stat is not None and stat[0] not in ("Z", "X") and stat[1] == start_time
+
+
+# --- files --------------------------------------------------------------------------------
+
+def file_stem(job_id: str, attempt: int) -> str:
+    return f"{safe_path_part(job_id)}-{attempt}"
+
+
+def log_paths(log_root: str, job_id: str, attempt: int) -> tuple[str, str]:
+    stem = os.path.join(log_root, file_stem(job_id, attempt))
+    return stem + ".out", stem + ".err"
+
+
+def state_path(state_root: str, job_id: str, attempt: int) -> str:
+    return os.path.join(state_root, file_stem(job_id, attempt) + ".json")
+
+
+@dataclass(frozen=True)
+class ServiceState:
+    """What the next agent needs to re-adopt a running service."""
+    job_id: str
+    attempt: int
+    pid: int
+    start_time: int
+    cgroup: str
+    port: int | None
+    name: str
+    health_path: str | None
+    workdir: str
+    stdout: str
+    stderr: str
+
+    def write(self, path: str) -> None:
+        """Atomically: a crash leaves the old file or the new one, never half of one."""
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump({"version": STATE_VERSION, **asdict(self)}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    @classmethod
+    def read(cls, path: str) -> "ServiceState":
+        """Raises ValueError (or OSError) for a file that is not a usable state file."""
+        with open(path) as f:
+            data = json.load(f)
+        if not isinstance(data, dict) or data.pop("version", None) != STATE_VERSION:
+            raise ValueError(f"not a version {STATE_VERSION} service state file")
+        try:
+            state = cls(**data)
+        except TypeError as exc:
+            raise ValueError(str(exc)) from None
+        for name in ("pid", "attempt", "start_time"):
+            if isinstance(getattr(state, name), bool) or not isinstance(getattr(state, name), int):
+                raise ValueError(f"{name} is not a whole number")
+        return state
+
+
+def state_files(state_root: str) -> list[str]:
+    try:
+        names = sorted(os.listdir(state_root))
+    except FileNotFoundError:
+        return []
+    return [os.path.join(state_root, n) for n in names if n.endswith(".json")]
+
+
+def remove_file(path: str | None) -> None:
+    if path:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("could not remove %s: %s", path, exc)
+
+
+# --- health --------------------------------------------------------------------------------
+
+def check_health(port: int, health_path: str | None, timeout: float) -> bool:
+    """One health check of a service listening on 127.0.0.1:`port`."""
+    if health_path:
+        try:
+            with requests.Session() as http:
+                http.trust_env = False  # never through an HTTP_PROXY: the service is local
+                # stream: only the status line and headers are read, never a large body.
+                with http.get(f"http://127.0.0.1:{port}{health_path}", timeout=(timeout, timeout),
+                              allow_redirects=False, stream=True,
+                              headers={"Connection": "close"}) as response:
+                    return 200 <= response.status_code < 400
+        except requests.RequestException:
+            return False
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+class ServiceMonitor:
+    """The thread that records, health-checks and trims the logs of one service."""
+
+    def __init__(self, registry, record: dict | None, health_path: str | None, interval: float,
+                 timeout: float, log_files: tuple[str, str] | None, log_max_bytes: int,
+                 check_first: bool = False):
+        """`registry`: a RegistryClient of this thread's own. `record`: the registry
+        record (job_id, name, node_id, address, port), None for a service without a
+        port. `check_first`: check before the first record (a re-adopted service
+        that is probably healthy already), instead of recording it as unknown."""
+        self.registry = registry
+        self.record = record
+        self.health_path = health_path
+        self.interval = interval
+        self.timeout = timeout
+        self.log_files = log_files
+        self.log_max_bytes = log_max_bytes
+        self.check_first = check_first
+        self.healthy: bool | None = None
+        self.checks = 0
+        self._stop = threading.Event()
+        self._remove = False
+        job_id = record["job_id"] if record else "?"
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"service-{job_id}")
+
+    @property
+    def job_id(self) -> str | None:
+        return self.record["job_id"] if self.record else None
+
+    def start(self) -> "ServiceMonitor":
+        self._thread.start()
+        return self
+
+    def stop(self, remove: bool) -> None:
+        """Stop checking; with `remove`, delete the registry record on the way out.
+        The first call decides. Never blocks."""
+        if not self._stop.is_set():
+            self._remove = remove
+            self._stop.set()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _run(self) -> None:
+        sent: object = _UNSENT  # the `healthy` value the registry last accepted
+        next_resend = 0.0
+        try:
+            if self.record is not None and self.check_first:
+                self._check()
+            if self.record is not None:
+                sent, next_resend = self._send(sent, next_resend, force=True)
+            while not self._stop.wait(self.interval):
+                self._trim_logs()
+                if self.record is None:
+                    continue
+                self._check()
+                if self._stop.is_set():
+                    break
+                sent, next_resend = self._send(sent, next_resend)
+        except Exception:  # a bug here must not go unnoticed, nor kill the agent
+            log.exception("the monitor of service job %s failed", self.job_id)
+        finally:
+            try:
+                if self._remove and self.record is not None:
+                    self._remove_record()
+            finally:
+                self.registry.close()
+
+    def _check(self) -> None:
+        healthy = check_health(self.record["port"], self.health_path, self.timeout)
+        self.checks += 1
+        if healthy != self.healthy:
+            log.info("service %s (job %s, port %s) is %s", self.record["name"], self.job_id,
+                     self.record["port"], "healthy" if healthy else "unhealthy")
+        self.healthy = healthy
+
+    def _send(self, sent, next_resend, force=False):
+        now = time.monotonic()
+        if not force and self.healthy == sent and now < next_resend:
+            return sent, next_resend
+        healthy = self.healthy
+        try:
+            self.registry.register_service({**self.record, "healthy": healthy})
+        except ClientError as exc:
+            log.warning("could not record service job %s in the registry: %s; trying again "
+                        "in %.1fs", self.job_id, exc, self.interval)
+            return sent, next_resend
+        return healthy, now + RESEND_SECS
+
+    def _remove_record(self) -> None:
+        deadline = time.monotonic() + REMOVE_TRY_SECS
+        delay = 0.5
+        while True:
+            try:
+                self.registry.remove_service(self.job_id)
+                log.info("removed service job %s from the registry", self.job_id)
+                return
+            except Rejected as exc:
+                if exc.status == 404:
+                    return  # already gone
+                log.warning("the registry refused to remove service job %s: %s", self.job_id, exc)
+                return
+            except ClientError as exc:
+                if time.monotonic() + delay > deadline:
+                    log.warning("could not remove service job %s from the registry: %s; giving "
+                                "up, the record stays until removed by hand", self.job_id, exc)
+                    return
+                log.warning("could not remove service job %s from the registry: %s; retrying "
+                            "in %.1fs", self.job_id, exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 8.0)
+
+    def _trim_logs(self) -> None:
+        for path in self.log_files or ():
+            if runner.truncate_if_over(path, self.log_max_bytes):
+                log.info("service job %s: %s passed %d bytes and was emptied", self.job_id, path,
+                         self.log_max_bytes)
+
+
+_UNSENT = object()
+
+
+# --- re-adopted services ---------------------------------------------------------------------
+
+class AdoptedProcess:
+    """A service started by an earlier agent, in the shape of runner.RunningJob
+    (pid, cgroup, output_files, poll, kill, result). Not our child: liveness comes
+    from /proc and the cgroup, and the exit code cannot be known."""
+
+    def __init__(self, state: ServiceState, cgroup, tail_bytes: int, enforced: bool):
+        self.pid = self.pgid = state.pid  # the service leads its own session and group
+        self.cgroup = cgroup
+        self.output_files = (state.stdout, state.stderr)
+        self._start_time = state.start_time
+        self._enforced = enforced
+        self._tail_bytes = tail_bytes
+        self._code: int | None = None
+        self._result: runner.RunResult | None = None
+        self._lock = threading.Lock()
+
+    def running(self) -> bool:
+        if not is_alive(self.pid, self._start_time):
+            return False
+        return not self._enforced or bool(self.cgroup.pids())
+
+    def poll(self) -> int | None:
+        if self._code is None and not self.running():
+            self._code = -1
+        return self._code
+
+    def kill(self, grace: float) -> None:
+        """SIGTERM the service's group and cgroup, SIGKILL what is left after `grace`."""
+        self._signal(signal.SIGTERM)
+        deadline = time.monotonic() + max(0.0, grace)
+        while time.monotonic() < deadline:
+            if not self.running() and not self.cgroup.pids() and not self._group_alive():
+                break
+            time.sleep(0.02)
+        self._signal(signal.SIGKILL)
+        self.cgroup.kill()
+        self.poll()
+
+    def result(self) -> runner.RunResult:
+        with self._lock:
+            if self._result is None:
+                if self.poll() is None:
+                    self.kill(0)
+                self._signal(signal.SIGKILL)  # leftovers: a job ends when its main process ends
+                self.cgroup.kill()
+                out, err = (runner.read_tail(p, self._tail_bytes) for p in self.output_files)
+                if err and not err.endswith("\n"):
+                    err += "\n"
+                self._result = runner.RunResult(-1, out, err + ADOPTED_MESSAGE)
+            return self._result
+
+    def _group_alive(self) -> bool:
+        return runner.group_has_live_member(self.pgid)
+
+    def _signal(self, sig: int) -> None:
+        # The group id is safe to signal only while it still has a member that is
+        # the service or one of its processes (else the id could have been reused).
+        # Without cgroups, leftovers can be found only through the group.
+        if is_alive(self.pid, self._start_time) or (not self._enforced and self._group_alive()):
+            try:
+                os.killpg(self.pgid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for pid in self.cgroup.pids():
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+class Adoptable(NamedTuple):
+    state: ServiceState
+    path: str  # its state file
+    process: AdoptedProcess
+
+
+def adoptable(state_root: str, manager, tail_bytes: int, kill_grace: float) -> list[Adoptable]:
+    """The services an earlier agent left running that this one can take over.
+    State files of services that are gone (or unreadable) are deleted. A service
+    that is alive but no longer in its cgroup is killed instead: limits and a
+    cancellation could not reach all of it, and the retry starts a clean one."""
+    found = []
+    for path in state_files(state_root):
+        try:
+            state = ServiceState.read(path)
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring unreadable service state file %s: %s", path, exc)
+            remove_file(path)
+            continue
+        if not is_alive(state.pid, state.start_time):
+            log.warning("service job %s attempt %s (pid %d) ended while no agent watched it; "
+                        "the scheduler will be told it failed", state.job_id, state.attempt,
+                        state.pid)
+            remove_file(path)
+            continue
+        cg = manager.adopt(state.cgroup) if manager.enforced else None
+        if manager.enforced and (cg is None or state.pid not in cg.pids()):
+            log.warning("service job %s attempt %s (pid %d) is no longer in its cgroup %s; "
+                        "killing it instead of adopting it", state.job_id, state.attempt,
+                        state.pid, state.cgroup)
+            AdoptedProcess(state, cg or cgroups.NullJobCgroup(state.cgroup), 0,
+                           False).kill(kill_grace)
+            remove_file(path)
+            continue
+        process = AdoptedProcess(state, cg or cgroups.NullJobCgroup(state.cgroup), tail_bytes,
+                                 enforced=cg is not None)
+        found.append(Adoptable(state, path, process))
+    return found

@@ -1,0 +1,351 @@
+"""Service jobs with real processes, real cgroups and the real job user (`nobody`):
+registry record, health checks, log files, cancellation, and re-adoption by a new
+Agent on the same state dir. The HTTP API is mocked with `responses` (health checks
+to 127.0.0.1 pass through to the real services). Needs root and a writable cgroup
+hierarchy; CI runs as root."""
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import tempfile
+import uuid
+
+import pytest
+import responses
+
+from corral.agent import cgroups, services
+from corral.agent.agent import Agent
+from corral.agent.settings import AgentSettings
+from corral.shared.clients import RegistryClient, SchedulerClient
+from helpers import process_gone, wait_for
+from test_agent import REGISTRY, SCHEDULER, FakeScheduler
+
+pytestmark = pytest.mark.root
+
+SKIP_REASON = "needs root and a writable cgroup v1 or v2 hierarchy: "
+# The job user (nobody) must be able to run it: not a python under /root.
+PYTHON3 = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
+
+
+def _skip_reason():
+    if os.geteuid() != 0:
+        return SKIP_REASON + f"not root (euid {os.geteuid()})"
+    manager = cgroups.detect(root_name="corral-probe", prepare=False)
+    if not manager.enforced:
+        return SKIP_REASON + manager.reason
+    if PYTHON3 is None:
+        return "needs a python3 in /usr/local/bin, /usr/bin or /bin that `nobody` can run"
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _requirements():
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_server(port: int) -> str:
+    return f"exec {PYTHON3} -u -m http.server --bind 127.0.0.1 {port}"
+
+
+class FakeRegistry:
+    """POST /nodes, heartbeats, and the service records (upsert and delete)."""
+
+    def __init__(self, api: responses.RequestsMock, node_id: str):
+        self.records: dict[str, dict] = {}
+        self.upserts: list[dict] = []
+        self.deletes: list[str] = []
+        api.add(responses.POST, REGISTRY + "/nodes", json={"node_id": node_id}, status=201)
+        api.add(responses.POST, re.compile(re.escape(REGISTRY) + r"/nodes/[^/]+/heartbeat$"), json={})
+        api.add_callback(responses.POST, REGISTRY + "/services", callback=self._upsert)
+        api.add_callback(responses.DELETE, re.compile(re.escape(REGISTRY) + r"/services/[^/]+$"),
+                         callback=self._delete)
+
+    def _upsert(self, request):
+        body = json.loads(request.body)
+        self.upserts.append(body)
+        self.records[body["job_id"]] = body
+        return 200, {}, json.dumps(body)
+
+    def _delete(self, request):
+        job_id = request.url.rsplit("/", 1)[-1]
+        self.deletes.append(job_id)
+        if self.records.pop(job_id, None) is None:
+            return 404, {}, json.dumps({"error": "no such service"})
+        return 200, {}, "{}"
+
+    def healthy(self, job_id):
+        return (self.records.get(job_id) or {}).get("healthy")
+
+
+@pytest.fixture
+def node():
+    return f"svc-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def state_dir():
+    """Under /tmp with 0755 parents: `nobody` must reach its work dir by absolute path."""
+    path = tempfile.mkdtemp(prefix="corral-svc-test-", dir="/tmp")
+    os.chmod(path, 0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def api():
+    with responses.RequestsMock(assert_all_requests_are_fired=False) as mock:
+        mock.add_passthru(re.compile(r"http://127\.0\.0\.1:\d+/"))
+        yield mock
+
+
+@pytest.fixture
+def scheduler(api, node):
+    return FakeScheduler(api, node)
+
+
+@pytest.fixture
+def registry(api, node):
+    return FakeRegistry(api, node)
+
+
+@pytest.fixture
+def make_agent(state_dir, node, scheduler, registry):
+    agents = []
+
+    def make(**overrides):
+        values = dict(node_id=node, registry_url=REGISTRY, scheduler_url=SCHEDULER,
+                      state_dir=state_dir, slots=3, poll_interval=0.05, output_tail_bytes=4096,
+                      stop_grace=0.2, kill_grace=0.5, health_interval=0.2, health_timeout=0.5,
+                      address="10.1.2.3")
+        values.update(overrides)
+        agent = Agent(AgentSettings(**values), RegistryClient(REGISTRY), SchedulerClient(SCHEDULER))
+        agents.append(agent)
+        return agent
+
+    yield make
+    # Nothing outlives the test: every job (services included) and this node's cgroups.
+    for agent in agents:
+        for key in agent.running_keys():
+            local = agent.local_job(*key)
+            local.prepared.wait(10)
+            if local.monitor is not None:
+                local.monitor.stop(remove=False)
+            if local.process is not None:
+                local.process.kill(0)
+    manager = cgroups.detect(root_name=f"corral-{node}")
+    for name in manager.list_job_cgroups():
+        cg = manager.adopt(name)
+        if cg is not None:
+            cg.kill()
+            cg.remove()
+    assert manager.cleanup(), f"could not remove {manager.roots}"
+
+
+def the_pid(agent, job_id, attempt=1):
+    local = wait_for(lambda: agent.local_job(job_id, attempt)
+                     and agent.local_job(job_id, attempt).process
+                     and agent.local_job(job_id, attempt), message=f"{job_id} to start")
+    return local.process.pid
+
+
+def reap_until(agent, timeout=10):
+    return wait_for(agent.reap_once, timeout=timeout, message="a job to end")
+
+
+def test_service_is_recorded_health_checked_and_removed_on_cancel(make_agent, scheduler, registry,
+                                                                 node):
+    agent = make_agent()
+    agent.startup()
+    port = free_port()
+    scheduler.add(job_id="job-1", job_type="service", command=http_server(port), port=port,
+                  name="web", health_path="/")
+    agent.poll_once()
+    pid = the_pid(agent, "job-1")
+    local = agent.local_job("job-1", 1)
+
+    # Recorded right after start, health unknown; then healthy.
+    first = wait_for(lambda: registry.upserts and registry.upserts[0], message="a service record")
+    assert first == {"job_id": "job-1", "name": "web", "node_id": node, "address": "10.1.2.3",
+                     "port": port, "healthy": None}
+    wait_for(lambda: registry.healthy("job-1") is True, message="the service to be healthy")
+
+    # Its own cgroup, as nobody, detached from the agent (own session), output to files.
+    with open(f"/proc/{pid}/status") as f:
+        assert re.search(r"^Uid:\s+65534\s", f.read(), re.M)
+    assert pid in local.cgroup.pids() and os.getsid(pid) == pid
+    assert local.log_files[0].startswith(os.path.join(agent.settings.log_root, "job-1-1."))
+    with open(local.state_path) as f:
+        state = json.load(f)
+    assert (state["pid"], state["port"], state["name"], state["health_path"]) == (pid, port, "web", "/")
+    assert state["start_time"] == services.proc_start_time(pid)
+
+    # A stopped server still accepts TCP (the kernel's backlog): only HTTP sees it hang.
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        assert services.check_health(port, None, 0.5) is True
+        wait_for(lambda: registry.healthy("job-1") is False, message="the service to be unhealthy")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: registry.healthy("job-1") is True, message="the service to recover")
+
+    # Cancelled: the scheduler stops listing it. Killed, record removed, not reported.
+    scheduler.running.clear()
+    assert agent.reconcile_once() == [("job-1", 1)]
+    assert reap_until(agent) == [("job-1", 1, "killed")]
+    assert process_gone(pid)
+    wait_for(lambda: "job-1" not in registry.records, message="the record to be removed")
+    assert scheduler.statuses("job-1") == ["running"]
+    assert not os.path.exists(local.state_path)
+    assert not any(os.path.exists(p) for p in local.cgroup.paths())
+
+
+def test_service_that_exits_is_reported_with_its_log_tails(make_agent, scheduler, registry):
+    agent = make_agent(service_log_max_bytes=2000)
+    agent.startup()
+    # No port: never recorded nor checked; its logs are still trimmed.
+    scheduler.add(job_id="job-1", job_type="service", port=None,
+                  command="head -c 20000 /dev/zero | tr '\\0' x; echo; echo to-err >&2; "
+                          "while [ ! -e stop ]; do sleep 0.05; done; echo last-line; exit 3")
+    agent.poll_once()
+    the_pid(agent, "job-1")
+    local = agent.local_job("job-1", 1)
+    out_file = local.log_files[0]
+    wait_for(lambda: open(out_file).read().startswith("[corral: log truncated after"),
+             message="the log to be truncated")
+    assert os.path.getsize(out_file) < 2000
+    open(os.path.join(local.workdir, "stop"), "w").close()
+    assert reap_until(agent) == [("job-1", 1, "failed")]
+    final = scheduler.final("job-1")
+    assert final["exit_code"] == 3
+    assert final["stdout"].startswith("[corral: log truncated after") and final["stdout"].endswith("last-line\n")
+    assert final["stderr"] == "to-err\n"
+    assert registry.upserts == [] and registry.deletes == []
+    assert not os.path.exists(out_file) and not os.path.exists(local.workdir)
+
+
+def test_a_service_with_a_tcp_check_exits_and_leaves_the_registry(make_agent, scheduler, registry):
+    agent = make_agent()
+    agent.startup()
+    port = free_port()
+    scheduler.add(job_id="job-2", job_type="service", command=http_server(port), port=port)
+    agent.poll_once()
+    pid = the_pid(agent, "job-2")
+    wait_for(lambda: registry.healthy("job-2") is True, message="a healthy TCP check")
+    assert registry.records["job-2"]["name"] == "job-2"  # no name: the job id
+    os.kill(pid, signal.SIGTERM)
+    assert reap_until(agent) == [("job-2", 1, "failed")]
+    final = scheduler.final("job-2")
+    assert final["exit_code"] == -signal.SIGTERM
+    assert f"Serving HTTP on 127.0.0.1 port {port}" in final["stdout"]
+    wait_for(lambda: "job-2" not in registry.records, message="the record to be removed")
+
+
+def test_a_new_agent_re_adopts_a_running_service(make_agent, scheduler, registry, node):
+    first = make_agent()
+    first.startup()
+    port = free_port()
+    scheduler.add(job_id="job-1", job_type="service", command=http_server(port), port=port,
+                  name="web", health_path="/")
+    scheduler.add(job_id="job-2", command="sleep 60")  # a run job: ended by the stop
+    first.poll_once()
+    pid = the_pid(first, "job-1")
+    the_pid(first, "job-2")
+    popen = first.local_job("job-1", 1).process
+    wait_for(lambda: registry.healthy("job-1") is True, message="the service to be healthy")
+
+    first.shutdown(flush_secs=2)  # SIGTERM of the agent
+    assert first.running_count() == 0
+    assert scheduler.final("job-2")["status"] == "failed"
+    assert not process_gone(pid) and "job-1" in registry.records  # left running, still recorded
+    state_file = services.state_path(first.settings.service_state_root, "job-1", 1)
+    assert os.path.exists(state_file)
+
+    # A stray job cgroup of this node (a crashed agent's run job) is cleaned at start-up.
+    manager = cgroups.detect(root_name=f"corral-{node}")
+    stray = manager.create("job-stray-1", 64, 100)
+    checks_before = len(registry.upserts)
+
+    second = make_agent()
+    assert second.startup() == [("job-1", 1)]
+    assert not any(os.path.exists(p) for p in stray.paths())
+    adopted = second.local_job("job-1", 1)
+    assert adopted.process.pid == pid and adopted.adopted
+    assert adopted.cgroup.pids() == [pid]  # no second copy
+    assert second.reconcile_once() == []  # the scheduler still lists it: nothing to do
+    assert second.poll_once() == [] and second.reap_once() == []
+    # Still health-checked by the new agent.
+    wait_for(lambda: len(registry.upserts) > checks_before and registry.healthy("job-1") is True,
+             message="the new agent to record the service")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: registry.healthy("job-1") is False, message="the adopted service unhealthy")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+    # It exits: reported failed (its exit code is unknown), record and state file removed.
+    os.kill(pid, signal.SIGTERM)
+    assert reap_until(second) == [("job-1", 1, "failed")]
+    popen.poll()  # reap the zombie: in this test the first agent's process is its parent
+    final = scheduler.final("job-1")
+    assert final["exit_code"] == -1
+    assert final["stderr"].splitlines()[-1] == services.ADOPTED_MESSAGE
+    assert f"Serving HTTP on 127.0.0.1 port {port}" in final["stdout"]
+    wait_for(lambda: "job-1" not in registry.records, message="the record to be removed")
+    assert not os.path.exists(state_file)
+    assert not any(os.path.exists(p) for p in adopted.cgroup.paths())
+
+
+def test_a_service_that_died_while_no_agent_watched_is_reported_failed(make_agent, scheduler,
+                                                                        registry):
+    agent = make_agent()
+    state_file = services.state_path(agent.settings.service_state_root, "job-5", 2)
+    dead = services.ServiceState("job-5", 2, 999_999_999, 1, "job-5-2", 8080, "web", None,
+                                 agent.work_dir("job-5", 2), "/nonexistent.out", "/nonexistent.err")
+    dead.write(state_file)
+    scheduler.running.append({"job_id": "job-5", "attempt": 2, "status": "running",
+                              "job_type": "service"})
+    assert agent.startup() == []
+    assert not os.path.exists(state_file)
+    agent.reconcile_once()
+    agent.flush_reports()
+    final = scheduler.final("job-5")
+    assert (final["status"], final["attempt"], final["exit_code"]) == ("failed", 2, -1)
+
+
+def test_a_cancelled_adopted_service_is_killed_through_its_cgroup(make_agent, scheduler, registry):
+    first = make_agent()
+    first.startup()
+    port = free_port()
+    # The service forks a child that ignores SIGTERM and leaves its session.
+    scheduler.add(job_id="job-1", job_type="service", port=port,
+                  command=f"setsid sh -c 'trap \"\" TERM; echo $$ > child.pid; sleep 300' & "
+                          f"{http_server(port)}")
+    first.poll_once()
+    pid = the_pid(first, "job-1")
+    popen = first.local_job("job-1", 1).process
+    workdir = first.local_job("job-1", 1).workdir
+    child = int(wait_for(lambda: open(os.path.join(workdir, "child.pid")).read().strip(),
+                         message="the child's pid"))
+    first.shutdown(flush_secs=1)
+
+    second = make_agent()
+    assert second.startup() == [("job-1", 1)]
+    scheduler.running.clear()  # cancelled
+    assert second.reconcile_once() == [("job-1", 1)]
+    assert reap_until(second) == [("job-1", 1, "killed")]
+    popen.poll()
+    assert process_gone(pid) and process_gone(child)
+    wait_for(lambda: "job-1" not in registry.records, message="the record to be removed")
+    assert scheduler.statuses("job-1") == ["running"]
