@@ -183,25 +183,29 @@ def _limits(env: Mapping[str, str]) -> dict:
     max_memory = env_int(env, "AGENT_MAX_MEMORY_MB", total_memory_mb() or DEFAULT_SERVICE_MEMORY_MB,
                          minimum=1)
     max_cpu = env_int(env, "AGENT_MAX_CPU_PERCENT", (os.cpu_count() or 1) * 100, minimum=1)
-    values = {"max_memory_mb": max_memory, "max_cpu_percent": max_cpu}
-    for field_name, name, default, maximum, max_name in (
-            ("run_memory_mb", "AGENT_RUN_MEMORY_MB", DEFAULT_RUN_MEMORY_MB, max_memory,
-             "AGENT_MAX_MEMORY_MB"),
-            ("run_cpu_percent", "AGENT_RUN_CPU_PERCENT", DEFAULT_RUN_CPU_PERCENT, max_cpu,
-             "AGENT_MAX_CPU_PERCENT"),
-            ("service_memory_mb", "AGENT_SERVICE_MEMORY_MB", DEFAULT_SERVICE_MEMORY_MB, max_memory,
-             "AGENT_MAX_MEMORY_MB"),
-            ("service_cpu_percent", "AGENT_SERVICE_CPU_PERCENT", DEFAULT_SERVICE_CPU_PERCENT,
-             max_cpu, "AGENT_MAX_CPU_PERCENT")):
-        explicit = env_str(env, name, None) is not None
-        value = env_int(env, name, default, minimum=1)
-        if value > maximum:
-            if explicit:
-                raise SettingError(f"{name}={value} is more than {max_name}={maximum}; jobs "
-                                   f"using the default could never run on this node")
-            value = maximum  # a small node: the design's default does not fit
-        values[field_name] = value
-    return values
+    return {
+        "max_memory_mb": max_memory,
+        "max_cpu_percent": max_cpu,
+        "run_memory_mb": _default_limit(env, "AGENT_RUN_MEMORY_MB", DEFAULT_RUN_MEMORY_MB,
+                                        max_memory, "AGENT_MAX_MEMORY_MB"),
+        "run_cpu_percent": _default_limit(env, "AGENT_RUN_CPU_PERCENT", DEFAULT_RUN_CPU_PERCENT,
+                                          max_cpu, "AGENT_MAX_CPU_PERCENT"),
+        "service_memory_mb": _default_limit(env, "AGENT_SERVICE_MEMORY_MB", DEFAULT_SERVICE_MEMORY_MB,
+                                            max_memory, "AGENT_MAX_MEMORY_MB"),
+        "service_cpu_percent": _default_limit(env, "AGENT_SERVICE_CPU_PERCENT", DEFAULT_SERVICE_CPU_PERCENT,
+                                              max_cpu, "AGENT_MAX_CPU_PERCENT"),
+    }
+
+
+def _default_limit(env: Mapping[str, str], name: str, default: int, maximum: int, max_name: str) -> int:
+    explicit = env_str(env, name, None) is not None
+    value = env_int(env, name, default, minimum=1)
+    if value <= maximum:
+        return value
+    if explicit:
+        raise SettingError(f"{name}={value} is more than {max_name}={maximum}; jobs "
+                           f"using the default could never run on this node")
+    return maximum  # a small node: the design's default does not fit
 
 
 def parse_labels(raw: str) -> dict[str, str]:

@@ -5,11 +5,14 @@ Servers get a socket bound to 127.0.0.1:0 by the test and passed down as
 `--bind fd://N`, so there is no race for a free port. Every process runs in its
 own session and is ended by process group (TERM, then KILL) at teardown.
 """
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import requests
@@ -62,6 +65,34 @@ class Proc:
             return f.read().decode(errors="replace")
 
 
+def world_traversable_dir(prefix: str) -> str:
+    """A temporary directory that jobs running as `nobody` can reach (pytest's tmp_path
+    lies under a directory only its owner may enter); the caller removes it."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    os.chmod(path, 0o755)
+    return path
+
+
+def kill_leftover_jobs(node_id: str, state_dir: str) -> None:
+    """End what an agent left running (its services): by cgroup, else by process group."""
+    from corral.agent import cgroups, services
+    from corral.agent.settings import safe_path_part
+
+    manager = cgroups.detect(root_name="corral-" + safe_path_part(node_id), prepare=False)
+    for name in manager.list_job_cgroups():
+        group = manager.adopt(name)
+        if group is not None:
+            group.kill()
+            group.remove()
+    state_root = os.path.join(state_dir, "agent-" + safe_path_part(node_id), "services")
+    for path in services.state_files(state_root):
+        try:
+            with open(path) as f:
+                os.killpg(int(json.load(f)["pid"]), signal.SIGKILL)
+        except (OSError, ValueError, KeyError):
+            pass
+
+
 def base_env(state_dir: str, **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CORRAL_", "DATABASE_URL"))}
     env.update({"CORRAL_STATE_DIR": state_dir, "CORRAL_LOG_LEVEL": "INFO"})
@@ -83,7 +114,7 @@ class Cluster:
 
     def __init__(self, tmp_path, **scheduler_env):
         self.dir = str(tmp_path)
-        self.state_dir = os.path.join(self.dir, "state")
+        self.state_dir = world_traversable_dir("corral-state-")
         self.procs: dict[str, Proc] = {}
         self.registry_port = self.scheduler_port = None
         self.scheduler_env = {"TIMEOUT_CHECK_SECS": 0.5, "NODE_REFRESH_SECS": 0.3,
@@ -176,6 +207,11 @@ class Cluster:
         # Agents first, so they do not spin against servers that are gone.
         for name in sorted(self.procs, key=lambda n: n in ("registry", "scheduler")):
             self.procs[name].stop()
+        # Services outlive a stopped agent by design (the next agent adopts them).
+        for name in self.procs:
+            if name not in ("registry", "scheduler"):
+                kill_leftover_jobs(name, self.state_dir)
+        shutil.rmtree(self.state_dir, ignore_errors=True)
 
     def logs(self) -> str:
         return "\n".join(f"===== {name} =====\n{p.output()[-6000:]}" for name, p in self.procs.items())

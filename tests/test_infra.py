@@ -177,8 +177,9 @@ def test_agent_unit_lets_the_agent_end_its_jobs():
     svc = service("agent")
     assert "User" not in svc  # root: cgroups now, per-job users later
     assert svc["Delegate"] == "yes"
-    # SIGTERM to the agent alone; it ends its jobs; systemd SIGKILLs leftovers after.
-    assert svc["KillMode"] == "mixed"
+    # SIGTERM to the agent alone; it ends its run jobs itself, and services stay
+    # running for the next agent to adopt (so systemd must not kill the rest).
+    assert svc["KillMode"] == "process"
     assert svc["Restart"] == "always"
     assert svc["OOMPolicy"] == "continue"
     # The agent's stop: stop grace, then kill grace (+5 s to reap), then up to 5 s

@@ -1,0 +1,93 @@
+"""Several hosts for real: the registry and scheduler in one network namespace,
+each agent in its own with its own address, talking over a bridge."""
+import os
+
+import pytest
+import requests
+
+import shutil
+
+import netns
+from cluster import BIN, Proc, base_env, kill_leftover_jobs, world_traversable_dir
+from helpers import wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.root]
+
+
+@pytest.fixture
+def lab(tmp_path):
+    reason = netns.available()
+    if reason:
+        pytest.skip(reason)
+    lab = netns.Lab(agents=2).up()
+    procs: list[Proc] = []
+    state = world_traversable_dir("corral-lab-")
+    try:
+        yield lab, procs, (tmp_path, state)
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+        for proc in procs:
+            if proc.name.startswith("host-"):
+                kill_leftover_jobs(proc.name, os.path.join(state, proc.name))
+        lab.down()
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def start(lab, procs, dirs, name, ns, argv, **env):
+    tmp_path, state_root = dirs
+    full = base_env(os.path.join(state_root, name), **env)
+    proc = Proc(name, netns.Lab.exec_argv(ns, argv), full, str(tmp_path / f"{name}.log"))
+    procs.append(proc)
+    return proc
+
+
+def test_jobs_run_on_two_hosts_and_their_services_answer_on_each_hosts_address(lab):
+    lab, procs, dirs = lab
+    cp = netns.CP_ADDR
+    registry, scheduler = f"http://{cp}:9000", f"http://{cp}:9001"
+    start(lab, procs, dirs, "registry", lab.cp,
+          [os.path.join(BIN, "corral-registry"), "--host", cp, "--port", "9000"], HEARTBEAT_TIMEOUT_SECS=5)
+    start(lab, procs, dirs, "scheduler", lab.cp,
+          [os.path.join(BIN, "corral-scheduler"), "--host", cp, "--port", "9001"],
+          REGISTRY_URL=registry, NODE_REFRESH_SECS=0.3, DISPATCH_INTERVAL_SECS=0.2, MAX_JOBS_PER_NODE=2)
+    for url in (registry, scheduler):
+        wait_for(lambda: requests.get(url + "/healthz", timeout=2).ok, timeout=30, message=url)
+    for i, (ns, addr) in enumerate(zip(lab.agent_ns, lab.agent_addr)):
+        start(lab, procs, dirs, f"host-{i + 1}", ns, [os.path.join(BIN, "corral-agent")],
+              NODE_ID=f"host-{i + 1}", AGENT_ADDRESS=addr, REGISTRY_URL=registry, SCHEDULER_URL=scheduler,
+              AGENT_SLOTS=2, POLL_INTERVAL_SECS=0.2, HEARTBEAT_INTERVAL_SECS=0.5, AGENT_HEALTH_INTERVAL_SECS=0.5)
+
+    def healthy():
+        nodes = requests.get(registry + "/nodes", params={"status": "healthy"}, timeout=5).json()
+        return {n["node_id"]: n["address"] for n in nodes}
+    addresses = wait_for(lambda: (lambda h: h if len(h) == 2 else None)(healthy()), timeout=30,
+                         message="both hosts to register")
+    assert addresses == {"host-1": lab.agent_addr[0], "host-2": lab.agent_addr[1]}
+
+    # One-shot jobs land on both hosts and each sees its own network.
+    jobs = [requests.post(scheduler + "/jobs", json={"command": "ip -4 -o addr show dev eth0"}, timeout=10).json()
+            for _ in range(4)]
+    finished = [wait_for(lambda j=j: (lambda r: r if r["status"] in ("done", "failed") else None)(
+        requests.get(f"{scheduler}/jobs/{j['job_id']}", timeout=5).json()), timeout=30, message=j["job_id"])
+        for j in jobs]
+    assert all(j["status"] == "done" for j in finished), finished
+    assert {j["node_id"] for j in finished} == {"host-1", "host-2"}
+    for job in finished:
+        assert addresses[job["node_id"]] + "/24" in job["stdout"]
+
+    # A service on each host answers on that host's address, as the registry lists it.
+    for node in ("host-1", "host-2"):
+        requests.post(scheduler + "/jobs", timeout=10, json={
+            "command": "exec python3 -m http.server --bind 0.0.0.0 $PORT", "job_type": "service",
+            "port": 8080, "name": "web", "instance_id": node, "health_path": "/"})
+
+    def healthy_services():
+        services = requests.get(registry + "/services", params={"healthy": "true", "name": "web"}, timeout=5).json()
+        return services if len(services) == 2 else None
+    services = wait_for(healthy_services, timeout=30, message="both services to be healthy")
+    assert {(s["node_id"], s["address"]) for s in services} == {
+        ("host-1", lab.agent_addr[0]), ("host-2", lab.agent_addr[1])}
+    for service in services:
+        answer = requests.get(f"http://{service['address']}:{service['port']}/", timeout=5)
+        assert answer.status_code == 200
