@@ -60,6 +60,8 @@ log = logging.getLogger(__name__)
 
 TIMEOUT_MESSAGE = "job timed out"
 STOPPED_MESSAGE = "agent stopped before the job finished"
+FENCED_MESSAGE = ("the agent could not renew its lease with the scheduler for {:.0f}s and stopped the job, "
+                  "so that it does not run twice once the scheduler moves it to another node")
 OOM_MESSAGE = "job killed: out of memory (limit {} MB)"
 SHIM_MESSAGE = ("the agent could not put the job into its cgroup, so the command did not run "
                 "(a problem of node {}, not of the job)")
@@ -68,6 +70,9 @@ NO_RUN_SH_MESSAGE = ("the job has a deploy_url but no command, and the unpacked 
                      "command")
 RUN_SH = "run.sh"
 
+# Lease renewals must not hang for long: a renewal stuck on a slow read is one that
+# cannot be retried before the lease runs out.
+LEASE_TIMEOUT = (3.05, 5.0)
 # How often the work loop looks at its processes (finish, timeout) between polls.
 TICK_SECS = 0.1
 # Bounded effort to deliver the last reports when the agent stops.
@@ -81,6 +86,10 @@ MONITOR_JOIN_SECS = 2.0
 END_TIMEOUT = "timeout"
 END_RECONCILED = "reconciled"  # the scheduler no longer lists it: do not report
 END_STOPPING = "stopping"
+END_FENCED = "fenced"  # the lease lapsed: stopped before the scheduler requeues it
+# Ends that are the node's doing, not the job's: reported with requeue=True, so the
+# scheduler runs the job again without spending its retry budget.
+NODE_SIDE_ENDS = {END_STOPPING: STOPPED_MESSAGE, END_FENCED: FENCED_MESSAGE}
 
 Key = tuple[str, int]  # (job_id, attempt)
 
@@ -208,6 +217,10 @@ class Agent:
         self._stopping = False
         # Set when a job ends so the work loop asks for more work at once.
         self.slot_freed = threading.Event()
+        # The lease with the scheduler: when the last renewal that succeeded was sent
+        # (this agent's monotonic clock) and the period the scheduler gave.
+        self._lease_sent_at: float | None = None
+        self._lease_secs: float | None = None
 
     @property
     def node_id(self) -> str:
@@ -343,6 +356,56 @@ class Agent:
                         self.node_id, exc.message)
             self.register()
 
+    # --- the lease ------------------------------------------------------------------
+
+    def renew_lease_once(self) -> None:
+        """Renew this node's lease with the scheduler (called every heartbeat).
+
+        The renewal counts from when it was sent, not answered: the scheduler
+        records it on arrival, which is later, so the agent's deadline always comes
+        before the one the scheduler requeues by.
+        """
+        self._renew_with(self.scheduler)
+
+    def _renew_with(self, client: SchedulerClient) -> None:
+        sent_at = self._clock()
+        answer = client.renew_lease(self.node_id)
+        self._apply_lease(sent_at, answer)
+
+    def _apply_lease(self, sent_at: float, answer) -> None:
+        lease_secs = answer.get("lease_secs") if isinstance(answer, dict) else None
+        if isinstance(lease_secs, bool) or not isinstance(lease_secs, (int, float)) or lease_secs <= 0:
+            raise ValueError(f"the scheduler answered a lease without a usable lease_secs: {answer!r}")
+        if self.lease_lapsed():
+            log.warning("lease renewed again after %.1fs", sent_at - self._lease_sent_at)
+        self._lease_sent_at, self._lease_secs = sent_at, float(lease_secs)
+
+    def lease_lapsed(self) -> bool:
+        """True when no renewal succeeded for a whole lease period: the scheduler may
+        hand this node's run jobs to another node soon, so they must stop here."""
+        if self._lease_sent_at is None or self._lease_secs is None:
+            return False  # never renewed yet: nothing was handed out under a lease
+        return self._clock() - self._lease_sent_at > self._lease_secs
+
+    def fence_once(self) -> list[Key]:
+        """Stop every run job while the lease is lapsed (self-fencing). Services are
+        not fenced: a cut-off node keeps serving until it can be told otherwise."""
+        if not self.lease_lapsed():
+            return []
+        fenced = []
+        try:
+            holding = list(self._jobs.values())
+        except RuntimeError:  # the work loop changed the dict meanwhile: next tick
+            return []
+        for local in holding:
+            if local.job_type == "run" and local.end_reason is None:
+                self._end(local, END_FENCED)
+                fenced.append(local.key)
+        if fenced:
+            log.error("no lease renewal for %.1fs (lease %.0fs): stopping %d run job(s) so that they do "
+                      "not run twice", self._clock() - self._lease_sent_at, self._lease_secs, len(fenced))
+        return fenced
+
     # --- taking work ----------------------------------------------------------
 
     def plan(self, job: dict) -> Plan:
@@ -373,7 +436,7 @@ class Agent:
         run one attempt. Returns the (job_id, attempt) pairs taken.
         """
         self._require_startup()
-        if self._stopping or self.free_slots() <= 0:
+        if self._stopping or self.free_slots() <= 0 or self.lease_lapsed():
             return []
         taken: list[Key] = []
         for job in self.scheduler.pending_for(self.node_id):
@@ -542,6 +605,7 @@ class Agent:
         the outcome is the reported status, or "killed" for a job the scheduler
         had already ended (not reported).
         """
+        self.fence_once()
         now = self._clock()
         for local in list(self._jobs.values()):
             if local.end_reason is None and local.deadline is not None and now >= local.deadline:
@@ -572,9 +636,11 @@ class Agent:
         self._remove_work_dir(local)
         if local.end_reason == END_RECONCILED:
             return (local.job_id, local.attempt, "killed")
-        if local.end_reason in (END_TIMEOUT, END_STOPPING):
-            message = TIMEOUT_MESSAGE if local.end_reason == END_TIMEOUT else STOPPED_MESSAGE
-            self._enqueue_failed(local.job_id, local.attempt, -1, message)
+        if local.end_reason == END_TIMEOUT:
+            self._enqueue_failed(local.job_id, local.attempt, -1, TIMEOUT_MESSAGE)
+        elif local.end_reason in NODE_SIDE_ENDS:
+            self._enqueue_failed(local.job_id, local.attempt, -1, self._node_side_message(local.end_reason),
+                                 requeue=True)
         else:
             exit_code, message = local.start_error or (-1, "the agent could not start the job")
             self._enqueue_failed(local.job_id, local.attempt, exit_code, message)
@@ -596,9 +662,13 @@ class Agent:
                      local.job_id, local.attempt, result.exit_code)
             return (local.job_id, local.attempt, "killed")
         stderr = result.stderr
-        if local.end_reason in (END_TIMEOUT, END_STOPPING):
-            message = TIMEOUT_MESSAGE if local.end_reason == END_TIMEOUT else STOPPED_MESSAGE
-            status, exit_code, stderr = "failed", -1, _append_line(stderr, message)
+        extra = {}
+        if local.end_reason == END_TIMEOUT:
+            status, exit_code, stderr = "failed", -1, _append_line(stderr, TIMEOUT_MESSAGE)
+        elif local.end_reason in NODE_SIDE_ENDS:
+            status, exit_code = "failed", -1
+            stderr = _append_line(stderr, self._node_side_message(local.end_reason))
+            extra["requeue"] = True
         elif result.exit_code == cgroups.SHIM_FAILED_EXIT and cgroups.SHIM_FAILED_MESSAGE in stderr:
             status, exit_code = "failed", -1
             stderr = _append_line(stderr, SHIM_MESSAGE.format(self.node_id))
@@ -611,8 +681,11 @@ class Agent:
         log.info("job %s attempt %s finished: %s (exit %s%s)", local.job_id, local.attempt, status,
                  exit_code, ", out of memory" if oom else "")
         self._enqueue(local.job_id, local.attempt, status, exit_code=exit_code,
-                      stdout=result.stdout, stderr=stderr, oom_killed=oom, **usage)
+                      stdout=result.stdout, stderr=stderr, oom_killed=oom, **usage, **extra)
         return (local.job_id, local.attempt, status)
+
+    def _node_side_message(self, end_reason: str) -> str:
+        return NODE_SIDE_ENDS[end_reason].format(self._lease_secs or 0)
 
     def _end(self, local: LocalJob, reason: str) -> None:
         """Kill a job's process tree in the background; reap_once reports it after.
@@ -650,10 +723,10 @@ class Agent:
     def _enqueue(self, job_id: str, attempt: int, status: str, **result) -> None:
         self._outbox.append(PendingReport(job_id, attempt, status, result))
 
-    def _enqueue_failed(self, job_id: str, attempt: int, exit_code: int, stderr: str) -> None:
+    def _enqueue_failed(self, job_id: str, attempt: int, exit_code: int, stderr: str, **extra) -> None:
         """A job that ended without a process of its own (it never started)."""
         self._enqueue(job_id, attempt, "failed", exit_code=exit_code, stdout="", stderr=stderr,
-                      oom_killed=False, peak_memory_bytes=None, cpu_seconds=None)
+                      oom_killed=False, peak_memory_bytes=None, cpu_seconds=None, **extra)
 
     def flush_reports(self, force: bool = False) -> int:
         """Send the reports that are due (all of them with force); returns how many
@@ -756,22 +829,28 @@ class Agent:
             stop_event.wait(delay)
         return False
 
-    def heartbeat_loop(self, stop_event: threading.Event) -> None:
-        # Failures are retried sooner than the interval, never later: a late
-        # heartbeat is what gets a healthy node marked unhealthy.
+    def heartbeat_loop(self, stop_event: threading.Event, beat: Callable[[], None] | None = None,
+                       what: str = "heartbeat") -> None:
+        """Call `beat` (the registry heartbeat by default) every heartbeat interval.
+
+        Failures are retried sooner than the interval, never later: a late
+        heartbeat is what gets a healthy node marked unhealthy, and a late lease
+        renewal what makes it stop its jobs.
+        """
+        beat = beat or self.heartbeat_once
         interval = self.settings.heartbeat_interval
         backoff = Backoff(min(0.5, interval), interval)
         while not stop_event.is_set():
             try:
-                self.heartbeat_once()
+                beat()
                 backoff.reset()
                 delay = interval
             except ClientError as exc:
                 delay = backoff.next()
-                log.warning("heartbeat failed: %s; retrying in %.1fs", exc, delay)
+                log.warning("%s failed: %s; retrying in %.1fs", what, exc, delay)
             except Exception:
                 delay = backoff.next()
-                log.exception("heartbeat failed; retrying in %.1fs", delay)
+                log.exception("%s failed; retrying in %.1fs", what, delay)
             stop_event.wait(delay)
 
     def run_forever(self, stop_event: threading.Event, once: bool = False) -> int:
@@ -785,17 +864,35 @@ class Agent:
             self.shutdown()
             return 0
         heartbeat_stop = threading.Event()
-        heartbeats = threading.Thread(target=self.heartbeat_loop, args=(heartbeat_stop,),
-                                      name="heartbeat", daemon=True)
-        heartbeats.start()
+        # Registry heartbeats and scheduler lease renewals on threads of their own,
+        # so that a slow registry never delays a renewal (nor the other way round).
+        lease_client = self.scheduler.clone()
+        lease_client.timeout = LEASE_TIMEOUT
+        beats = [threading.Thread(target=self.heartbeat_loop, args=(heartbeat_stop,),
+                                  name="heartbeat", daemon=True),
+                 threading.Thread(target=self.heartbeat_loop, name="lease", daemon=True,
+                                  args=(heartbeat_stop, lambda: self._renew_with(lease_client), "lease renewal")),
+                 threading.Thread(target=self._fence_loop, args=(heartbeat_stop,), name="fence", daemon=True)]
+        for thread in beats:
+            thread.start()
         try:
             self._work_loop(stop_event, once)
         finally:
             # Heartbeats go on while running jobs are given their grace period.
             undelivered = self.shutdown()
             heartbeat_stop.set()
-            heartbeats.join(timeout=1.0)
+            for thread in beats:
+                thread.join(timeout=1.0)
         return 1 if once and undelivered else 0
+
+    def _fence_loop(self, stop_event: threading.Event) -> None:
+        """Self-fencing on a thread of its own: the work loop can spend seconds in
+        network calls to a scheduler it cannot reach, and the fence must not wait."""
+        while not stop_event.wait(TICK_SECS):
+            try:
+                self.fence_once()
+            except Exception:
+                log.exception("checking the lease failed")
 
     def _only_services_left(self) -> bool:
         return all(self._detachable(local) for local in self._jobs.values())
@@ -865,7 +962,7 @@ class Agent:
         for local in list(self._jobs.values()):
             if not local.prepared.is_set():  # still downloading: it will never be started
                 del self._jobs[local.key]
-                self._enqueue_failed(local.job_id, local.attempt, -1, STOPPED_MESSAGE)
+                self._enqueue_failed(local.job_id, local.attempt, -1, STOPPED_MESSAGE, requeue=True)
         deadline = self._clock() + flush_secs
         while self._outbox and self._clock() < deadline:
             if self.flush_reports(force=True):

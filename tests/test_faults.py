@@ -2,15 +2,17 @@
 with every assertion made from the API (and so the database), not from counters."""
 import concurrent.futures
 import os
+import signal
 import sqlite3
 import subprocess
 import threading
+import time
 
 import pytest
 import requests
 
 from cluster import BIN, Cluster, base_env
-from helpers import wait_for
+from helpers import process_gone, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -153,3 +155,64 @@ def test_a_broken_database_file_stops_the_server_with_a_clear_error(tmp_path, da
     message = result.stderr.strip().splitlines()[-1]
     assert message.startswith("corral-scheduler: error:") and "scheduler.db" in message, result.stderr
     assert sorted(os.listdir(state)) == before  # nothing new was created in its place
+
+
+LOSS = dict(HEARTBEAT_TIMEOUT_SECS=3, NODE_LOST_GRACE_SECS=3)  # T and the grace, small for tests
+
+
+def running_on(cluster, job_id, node_id):
+    job = cluster.job(job_id)
+    return job if job["status"] == "running" and job["node_id"] == node_id else None
+
+
+def test_kill_9_of_an_agent_mid_job_reruns_it_on_the_other_node(tmp_path):
+    cluster = Cluster(tmp_path, **LOSS)
+    try:
+        cluster.start()
+        first = cluster.start_agent("node-1")
+        cluster.wait_nodes_healthy("node-1")
+        job = cluster.submit(command='[ "$CORRAL_NODE_ID" = node-1 ] && sleep 60; echo ran on $CORRAL_NODE_ID')
+        wait_for(lambda: running_on(cluster, job["job_id"], "node-1"), timeout=20, message="the job on node-1")
+        cluster.start_agent("node-2")
+        cluster.wait_nodes_healthy("node-2")
+        first.kill()  # SIGKILL of the agent (its job runs on in its own session)
+        killed_at = time.monotonic()
+        done = cluster.wait_status(job["job_id"], "done", timeout=3 + 3 + 15)
+        assert time.monotonic() - killed_at <= 3 + 3 + 10
+        assert done["node_id"] == "node-2" and done["stdout"] == "ran on node-2\n"
+        assert done["retry_count"] == 0 and done["node_losses"] == 1 and done["attempt"] == 2
+        assert any("node node-1 lost" in e["reason"] for e in cluster.events(job["job_id"]))
+    finally:
+        cluster.stop()
+
+
+def test_a_stopped_agent_past_its_lease_cannot_overwrite_the_newer_result(tmp_path, shared_dir):
+    cluster = Cluster(tmp_path, **LOSS)
+    pid_file = os.path.join(shared_dir, "pid")
+    try:
+        cluster.start()
+        frozen = cluster.start_agent("node-1")
+        cluster.wait_nodes_healthy("node-1")
+        job = cluster.submit(command=f'if [ "$CORRAL_NODE_ID" = node-1 ]; then echo $$ > {pid_file}; '
+                                     f'exec sleep 120; fi; echo newer attempt')
+        wait_for(lambda: running_on(cluster, job["job_id"], "node-1"), timeout=20, message="the job on node-1")
+        stale_pid = int(wait_for(lambda: open(pid_file).read().strip(), timeout=10, message="the pid"))
+        cluster.start_agent("node-2")
+        cluster.wait_nodes_healthy("node-2")
+        frozen.signal(signal.SIGSTOP)
+        try:
+            done = cluster.wait_status(job["job_id"], "done", timeout=30)
+            assert done["node_id"] == "node-2" and done["stdout"] == "newer attempt\n"
+        finally:
+            frozen.signal(signal.SIGCONT)
+        # Woken up, the old agent finds its lease lapsed: it stops the stale copy, and
+        # its report for the old attempt is refused.
+        wait_for(lambda: process_gone(stale_pid), timeout=20, message="the stale process to be gone")
+        wait_for(lambda: "refused the failed report" in frozen.output(), timeout=20,
+                 message="the stale report to be refused")
+        final = cluster.job(job["job_id"])
+        assert final == done
+        transitions = [(e["from"], e["to"]) for e in cluster.events(job["job_id"])]
+        assert transitions.count(("running", "done")) == 1 and ("running", "failed") not in transitions
+    finally:
+        cluster.stop()

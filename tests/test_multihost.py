@@ -91,3 +91,56 @@ def test_jobs_run_on_two_hosts_and_their_services_answer_on_each_hosts_address(l
     for service in services:
         answer = requests.get(f"http://{service['address']}:{service['port']}/", timeout=5)
         assert answer.status_code == 200
+
+
+def test_a_partitioned_node_stops_its_job_before_the_job_runs_elsewhere(lab, shared_dir):
+    lab, procs, dirs = lab
+    cp = netns.CP_ADDR
+    registry, scheduler = f"http://{cp}:9000", f"http://{cp}:9001"
+    loss = dict(HEARTBEAT_TIMEOUT_SECS=3, NODE_LOST_GRACE_SECS=3)
+    start(lab, procs, dirs, "registry", lab.cp,
+          [os.path.join(BIN, "corral-registry"), "--host", cp, "--port", "9000"], **loss)
+    start(lab, procs, dirs, "scheduler", lab.cp,
+          [os.path.join(BIN, "corral-scheduler"), "--host", cp, "--port", "9001"],
+          REGISTRY_URL=registry, NODE_REFRESH_SECS=0.3, DISPATCH_INTERVAL_SECS=0.2, **loss)
+    for url in (registry, scheduler):
+        wait_for(lambda: requests.get(url + "/healthz", timeout=2).ok, timeout=30, message=url)
+
+    def agent(i):
+        start(lab, procs, dirs, f"host-{i + 1}", lab.agent_ns[i], [os.path.join(BIN, "corral-agent")],
+              NODE_ID=f"host-{i + 1}", AGENT_ADDRESS=lab.agent_addr[i], REGISTRY_URL=registry,
+              SCHEDULER_URL=scheduler, POLL_INTERVAL_SECS=0.2, HEARTBEAT_INTERVAL_SECS=0.5,
+              AGENT_KILL_GRACE_SECS=1)
+
+    def job():
+        return requests.get(f"{scheduler}/jobs/job-1", timeout=5).json()
+
+    stamps = os.path.join(shared_dir, "stamps")
+    # Each copy stamps its start, and its end when it finishes or is stopped.
+    command = (f"stamp() {{ echo $1 $CORRAL_NODE_ID $CORRAL_ATTEMPT $(date +%s.%N) >> {stamps}; }}; "
+               f"trap 'stamp end; exit 143' TERM; stamp start; sleep 8 & wait; stamp end")
+    agent(0)
+    requests.post(scheduler + "/jobs", json={"command": command}, timeout=10)
+    wait_for(lambda: job()["status"] == "running", timeout=30, message="the job to run on host-1")
+    agent(1)
+    wait_for(lambda: len(requests.get(registry + "/nodes", params={"status": "healthy"}, timeout=5).json()) == 2,
+             timeout=30, message="host-2 to be healthy")
+    lab.cut(lab.agent_ns[0])
+    try:
+        moved = wait_for(lambda: (lambda j: j if j["node_id"] == "host-2" and j["status"] == "running" else None)(
+            job()), timeout=30, message="the job to be requeued on host-2")
+        assert moved["attempt"] == 2 and moved["node_losses"] == 1
+    finally:
+        lab.heal(lab.agent_ns[0])
+    done = wait_for(lambda: (lambda j: j if j["status"] == "done" else None)(job()), timeout=30,
+                    message="the job to finish on host-2")
+    assert done["node_id"] == "host-2" and done["attempt"] == 2
+    spans = {}
+    for line in open(stamps):
+        what, node, attempt, stamp = line.split()
+        spans.setdefault((node, attempt), {})[what] = float(stamp)
+    first, second = spans[("host-1", "1")], spans[("host-2", "2")]
+    assert set(first) == set(second) == {"start", "end"}, spans
+    assert first["end"] < second["start"], f"two copies ran at once: {spans}"
+    # The healed node's late report for attempt 1 changed nothing.
+    wait_for(lambda: job() == done, timeout=5, message="the result to stay")

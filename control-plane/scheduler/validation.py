@@ -15,7 +15,7 @@ JOB_TYPES = ("run", "service")
 DEPLOY_SCHEMES = ("http", "https", "s3")
 MAX_COMMAND_CHARS = 64 * 1024
 REPORT_FIELDS = ("node_id", "attempt", "status", "exit_code", "stdout", "stderr", "limits_enforced",
-                 "limits", "oom_killed", "peak_memory_bytes", "cpu_seconds")
+                 "limits", "oom_killed", "peak_memory_bytes", "cpu_seconds", "requeue")
 SHA256_RE = re.compile(r"^[0-9a-fA-F]{64}\Z")
 HEALTH_PATH_RE = re.compile(r"^/[\x21-\x7e]{0,1023}\Z")  # printable ASCII, no spaces
 MAX_MEMORY_MB = 1024 * 1024      # 1 TiB
@@ -97,7 +97,10 @@ def status_report(body: dict) -> dict:
         "oom_killed": v.opt_bool(body, "oom_killed"),
         "peak_memory_bytes": v.opt_int(body, "peak_memory_bytes", 0, 1 << 62),
         "cpu_seconds": _seconds(body, "cpu_seconds"),
+        "requeue": bool(v.opt_bool(body, "requeue")),
     }
+    if report["requeue"] and status != "failed":
+        raise BadRequest("'requeue' goes with a 'failed' report")
     if status in ("done", "failed") and report["exit_code"] is None:
         raise BadRequest(f"a {status!r} report needs 'exit_code'")
     if status == "done" and report["exit_code"] != 0:
