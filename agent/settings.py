@@ -15,6 +15,7 @@ import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from corral.shared.errors import SettingError
 from corral.shared.settings import env_bool, env_float, env_int, env_str, state_dir
@@ -129,15 +130,16 @@ class AgentSettings:
         if run_as_root and job_user is not None:
             raise SettingError(f"AGENT_RUN_AS_ROOT=true and AGENT_JOB_USER={job_user} contradict "
                                "each other; set only one")
+        registry_url = _url(env, "REGISTRY_URL", cls.registry_url)
         return cls(
             node_id=node_id,
-            registry_url=_url(env, "REGISTRY_URL", cls.registry_url),
+            registry_url=registry_url,
             scheduler_url=_url(env, "SCHEDULER_URL", cls.scheduler_url),
             poll_interval=_positive_float(env, "POLL_INTERVAL_SECS", 3.0),
             heartbeat_interval=_positive_float(env, "HEARTBEAT_INTERVAL_SECS", 5.0),
             state_dir=state_dir(env),
             slots=env_int(env, "AGENT_SLOTS", os.cpu_count() or 1, minimum=1),
-            address=env_str(env, "AGENT_ADDRESS", "127.0.0.1"),
+            address=env_str(env, "AGENT_ADDRESS", None) or route_address(registry_url),
             labels=parse_labels(env_str(env, "AGENT_LABELS", "") or ""),
             output_tail_bytes=env_int(env, "CORRAL_OUTPUT_TAIL_BYTES", 65536, minimum=0,
                                       maximum=MAX_TAIL_BYTES),
@@ -206,6 +208,19 @@ def _default_limit(env: Mapping[str, str], name: str, default: int, maximum: int
         raise SettingError(f"{name}={value} is more than {max_name}={maximum}; jobs "
                            f"using the default could never run on this node")
     return maximum  # a small node: the design's default does not fit
+
+
+def route_address(url: str) -> str:
+    """This host's address on the route to `url`'s host: what other machines most
+    likely reach it at. Connecting a UDP socket sends nothing; it only picks the
+    route. 127.0.0.1 when that fails (no route, or a name that does not resolve)."""
+    parts = urlsplit(url)
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((parts.hostname or "127.0.0.1", parts.port or 80))
+            return probe.getsockname()[0]
+    except (OSError, UnicodeError, ValueError):
+        return "127.0.0.1"
 
 
 def parse_labels(raw: str) -> dict[str, str]:

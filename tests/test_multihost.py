@@ -53,9 +53,10 @@ def test_jobs_run_on_two_hosts_and_their_services_answer_on_each_hosts_address(l
           REGISTRY_URL=registry, NODE_REFRESH_SECS=0.3, DISPATCH_INTERVAL_SECS=0.2, MAX_JOBS_PER_NODE=2)
     for url in (registry, scheduler):
         wait_for(lambda: requests.get(url + "/healthz", timeout=2).ok, timeout=30, message=url)
-    for i, (ns, addr) in enumerate(zip(lab.agent_ns, lab.agent_addr)):
+    for i, ns in enumerate(lab.agent_ns):
+        # No AGENT_ADDRESS: the agent finds its address on the route to the registry.
         start(lab, procs, dirs, f"host-{i + 1}", ns, [os.path.join(BIN, "corral-agent")],
-              NODE_ID=f"host-{i + 1}", AGENT_ADDRESS=addr, REGISTRY_URL=registry, SCHEDULER_URL=scheduler,
+              NODE_ID=f"host-{i + 1}", REGISTRY_URL=registry, SCHEDULER_URL=scheduler,
               AGENT_SLOTS=2, POLL_INTERVAL_SECS=0.2, HEARTBEAT_INTERVAL_SECS=0.5, AGENT_HEALTH_INTERVAL_SECS=0.5)
 
     def healthy():
