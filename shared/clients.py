@@ -42,7 +42,7 @@ class _Client:
             response = self.session.request(method, url, json=json, params=params,
                                             timeout=timeout or self.timeout)
         except requests.RequestException as exc:
-            raise Unreachable(f"{method} {url}: {exc.__class__.__name__}: {exc}") from None
+            raise Unreachable(f"{method} {url}: {_reason(exc)}") from None
         if response.status_code >= 500:
             raise Unreachable(f"{method} {url}: HTTP {response.status_code}")
         if response.status_code >= 400:
@@ -65,6 +65,20 @@ class _Client:
 
     def healthz(self, timeout: float = 2.0) -> dict:
         return self._call("GET", "/healthz", timeout=timeout)
+
+
+def _reason(exc: requests.RequestException) -> str:
+    """A short reason for a failed call, instead of urllib3's nested repr."""
+    if isinstance(exc, requests.ConnectTimeout):
+        return "timed out connecting"
+    if isinstance(exc, requests.ReadTimeout):
+        return "timed out waiting for the answer"
+    text = str(exc)
+    for known in ("Connection refused", "Name or service not known", "No route to host",
+                  "Network is unreachable", "Connection reset by peer", "Temporary failure in name resolution"):
+        if known in text:
+            return known.lower()
+    return f"{exc.__class__.__name__}: {text[:200]}"
 
 
 def _error_message(response: requests.Response) -> str:
