@@ -466,3 +466,24 @@ def test_idempotent_submission(client):
 def parse_iso(text):
     import datetime
     return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def test_an_attempt_the_node_gave_up_is_requeued_without_spending_retries(client, store, clock):
+    set_nodes(store, clock, "n1")
+    job = submit(client, command="sleep 100", max_retries=0)
+    report(client, job, "running")
+    given_up = report(client, job, "failed", exit_code=-1, stderr="agent stopped", requeue=True).json
+    assert given_up["status"] == "pending" and given_up["retry_count"] == 0 and given_up["node_losses"] == 1
+    assert "gave the attempt up; requeued" in client.get("/jobs/job-1/events").json[-2]["reason"]
+    assert client.post("/jobs/job-1/status", json={"node_id": "n1", "attempt": 2, "status": "running",
+                                                   "requeue": True}).status_code == 400
+
+
+def test_the_lease_answer_lists_the_attempts_running_on_the_node(client, store, clock):
+    set_nodes(store, clock, "n1", "n2")
+    a, b = submit(client, command="a"), submit(client, command="b")
+    report(client, a, "running")
+    answer = client.post("/nodes/n1/lease", json={}).json
+    assert answer == {"node_id": "n1", "lease_secs": 20.0, "running": [{"job_id": a["job_id"], "attempt": 1}]}
+    assert client.post("/nodes/n2/lease").json["running"] == []
+    assert client.post("/nodes/bad%20id/lease").status_code == 400

@@ -11,7 +11,7 @@ from corral.shared.errors import BadRequest
 from corral.shared.http import base_app, query_choice, query_int, read_json_object, serve_openapi
 from corral.shared.states import ALL
 
-from . import loops, openapi, validation
+from . import loops, openapi, sns_outbox, sqs_intake, validation
 from .models import MODELS, database
 from .settings import SchedulerSettings
 from .store import Store
@@ -44,6 +44,14 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     app.extensions["corral.store"] = store
     if start_loops:
         app.extensions["corral.loops"] = loops.start(store, RegistryClient(settings.registry_url))
+        if settings.sqs_url:
+            app.extensions["corral.sqs_intake"] = sqs_intake.start(store)
+        if settings.sns_topic_arn:
+            app.extensions["corral.sns_outbox"] = sns_outbox.start(store)
+
+    @app.get("/stats")
+    def stats():
+        return jsonify(store.stats(clock()))
 
     @app.post("/jobs")
     def submit():

@@ -8,6 +8,9 @@ lease row decides which one does the work. One pass:
 - unplaces pending jobs of nodes that turned unhealthy and places waiting jobs;
 - requeues running jobs of nodes whose agent stopped renewing its lease;
 - fails `run` jobs past JOB_TIMEOUT_SECS (every TIMEOUT_CHECK_SECS).
+
+The SQS intake (sqs_intake.py) and the SNS outbox (sns_outbox.py) are loops
+of their own, each behind its own lease, run with `PacedLoopThread`.
 """
 import atexit
 import logging
@@ -74,19 +77,45 @@ class Background:
         self.store.sync_nodes(nodes, now)
 
 
-def start(store: Store, registry: RegistryClient) -> LoopThread:
-    background = Background(store, registry)
-    loop = LoopThread("scheduler-loops", store.settings.dispatch_interval_secs, background.tick)
+class PacedLoopThread(LoopThread):
+    """A LoopThread whose `tick(now)` returns how many seconds to wait before the next pass.
+
+    0 means "at once" (a long poll paces itself; a full batch means more work).
+    An exception is still logged and backed off (doubling from `interval`).
+    """
+
+    def run(self) -> None:
+        delay = 0.0
+        failures = 0
+        while not self.stop_event.wait(delay):
+            try:
+                delay = max(0.0, float(self.tick(self.clock())))
+                failures = 0
+            except Exception:
+                failures += 1
+                delay = min(self.max_backoff, self.interval * (2 ** failures))
+                log.exception("%s: pass failed (%d in a row); next try in %.1fs", self.name, failures, delay)
+
+
+def run_in_background(store: Store, loop: LoopThread, lease_name: str, holder: str,
+                      join_timeout: float = 5.0) -> LoopThread:
+    """Start `loop`; at a normal exit stop it and give its lease up."""
 
     def hand_over():
         # A worker that exits normally gives the lease up, so a restarted
         # scheduler does not wait out the ttl before its loops run again.
-        loop.stop()
+        loop.stop(join_timeout)
         try:
             with store.db.connection_context():
-                release(store.db, LEASE_NAME, background.holder)
+                release(store.db, lease_name, holder)
         except Exception:
-            log.exception("could not release the %s lease", LEASE_NAME)
+            log.exception("could not release the %s lease", lease_name)
 
     atexit.register(hand_over)
     return loop.start()
+
+
+def start(store: Store, registry: RegistryClient) -> LoopThread:
+    background = Background(store, registry)
+    loop = LoopThread("scheduler-loops", store.settings.dispatch_interval_secs, background.tick)
+    return run_in_background(store, loop, LEASE_NAME, background.holder)

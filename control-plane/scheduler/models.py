@@ -123,6 +123,39 @@ class SchedulerState(BaseModel):
         table_name = "scheduler_state"
 
 
+class Counter(BaseModel):
+    """Running totals shared by every worker (SQS messages received, rejected, ...), read by /stats."""
+
+    name = peewee.CharField(primary_key=True, max_length=64)
+    value = peewee.BigIntegerField(default=0)
+
+    class Meta:
+        table_name = "counter"
+
+
+class OutboxEvent(BaseModel):
+    """A job notification waiting for (or done with) its SNS publish: the transactional outbox.
+
+    Written in the same transaction as the job's final status change, so a
+    notification exists exactly when the status change does; the SNS outbox
+    loop publishes pending rows and marks them published afterwards.
+    """
+
+    id = peewee.AutoField()
+    event_id = peewee.CharField(max_length=128, unique=True)  # stable: job-7:2:done
+    job_id = peewee.IntegerField()
+    status = peewee.CharField(max_length=16)
+    message = JSONField()                                    # the notification, frozen at commit
+    created_at = peewee.DoubleField()
+    published_at = peewee.DoubleField(null=True)
+    publish_attempts = peewee.IntegerField(default=0)
+    last_error = peewee.TextField(null=True)
+
+    class Meta:
+        table_name = "sns_outbox"
+        indexes = ((("published_at", "id"), False),)
+
+
 Lease.bind(database)  # the shared lease table lives in the scheduler's database
 
-MODELS = [Job, JobEvent, Node, NodeLease, SchedulerState, Lease]
+MODELS = [Job, JobEvent, Node, NodeLease, SchedulerState, Counter, OutboxEvent, Lease]

@@ -209,6 +209,55 @@ SCHEMAS = {
             "reason": {"type": "string", "example": "placed on node-7"},
         },
     },
+    "Stats": {
+        "type": "object",
+        "description": "Counts for dashboards and alerts. Counters are totals since the database was created.",
+        "required": ["jobs", "sqs", "sns"],
+        "properties": {
+            "jobs": {"type": "object", "description": "How many jobs are in each status.",
+                     "required": STATUSES,
+                     "properties": {status: {"type": "integer", "minimum": 0} for status in STATUSES}},
+            "sqs": {
+                "type": "object",
+                "description": "The SQS intake (SQS_URL). Messages are counted each time they are received.",
+                "required": ["enabled", "dead_letter_queue", "received", "jobs_created", "duplicates", "rejected",
+                             "dead_lettered", "dropped", "requeued"],
+                "properties": {
+                    "enabled": {"type": "boolean", "description": "SQS_URL is set."},
+                    "dead_letter_queue": {"type": "boolean", "description": "SQS_DLQ_URL is set."},
+                    "received": {"type": "integer", "minimum": 0, "description": "Messages received."},
+                    "jobs_created": {"type": "integer", "minimum": 0, "description": "Jobs created from messages."},
+                    "duplicates": {"type": "integer", "minimum": 0,
+                                   "description": "Messages whose job already existed (a redelivery, or a re-send "
+                                                  "with the same idempotency key)."},
+                    "rejected": {"type": "integer", "minimum": 0,
+                                 "description": "Messages that are not a valid job request."},
+                    "dead_lettered": {"type": "integer", "minimum": 0,
+                                      "description": "Rejected messages moved to SQS_DLQ_URL."},
+                    "dropped": {"type": "integer", "minimum": 0,
+                                "description": "Rejected messages deleted because no SQS_DLQ_URL is set."},
+                    "requeued": {"type": "integer", "minimum": 0,
+                                 "description": "Messages made visible again after a database error."},
+                },
+            },
+            "sns": {
+                "type": "object",
+                "description": "The SNS notification outbox (SNS_TOPIC_ARN).",
+                "required": ["enabled", "pending", "oldest_pending_age_secs", "published", "publish_failures"],
+                "properties": {
+                    "enabled": {"type": "boolean", "description": "SNS_TOPIC_ARN is set."},
+                    "pending": {"type": "integer", "minimum": 0,
+                                "description": "Notifications committed but not yet published."},
+                    "oldest_pending_age_secs": {"type": "number", "nullable": True, "minimum": 0,
+                                                "description": "Age of the oldest pending notification; "
+                                                               "null when none is pending."},
+                    "published": {"type": "integer", "minimum": 0, "description": "Notifications published."},
+                    "publish_failures": {"type": "integer", "minimum": 0,
+                                         "description": "Failed publishes of a notification (each is retried)."},
+                },
+            },
+        },
+    },
 }
 
 RESPONSES = {
@@ -241,6 +290,15 @@ PATHS = {
         "get": {
             "operationId": "getOpenAPI", "tags": ["meta"], "summary": "This document.",
             "responses": {"200": _json({"type": "object"}, "The OpenAPI 3.0.3 document.")},
+        },
+    },
+    "/stats": {
+        "get": {
+            "operationId": "getStats", "tags": ["meta"], "summary": "Job counts, SQS intake and SNS outbox.",
+            "description": "Job counts by status, the SQS intake's counters and the SNS outbox backlog: "
+                           "`sns.pending` growing, or `sns.oldest_pending_age_secs` large, means notifications "
+                           "cannot be published (see docs/sqs-sns.md).",
+            "responses": {"200": _json(_ref("Stats"), "The counts.")},
         },
     },
     "/jobs": {
@@ -373,7 +431,7 @@ DOCUMENT = {
     "tags": [
         {"name": "jobs", "description": "Submitting and reading jobs."},
         {"name": "agents", "description": "What node agents call."},
-        {"name": "meta", "description": "Health and this document."},
+        {"name": "meta", "description": "Health, counts and this document."},
     ],
     "paths": PATHS,
     "components": {"schemas": SCHEMAS, "responses": RESPONSES},

@@ -1,9 +1,11 @@
-"""Scheduler settings, read from the environment (see the README for each)."""
+"""Scheduler settings, read from the environment (see the README for each;
+SQS and SNS in docs/sqs-sns.md)."""
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from corral.shared import settings as s
+from corral.shared.errors import SettingError
 from corral.shared.http import DEFAULT_MAX_BODY_BYTES
 
 from .retry import Backoff
@@ -28,6 +30,24 @@ class SchedulerSettings:
     max_node_losses: int = 3
     output_tail_bytes: int = 64 * 1024
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    # SQS intake and SNS notifications (docs/sqs-sns.md); off while the URL / ARN is unset.
+    sqs_url: str | None = None
+    sqs_dlq_url: str | None = None
+    sns_topic_arn: str | None = None
+    sqs_wait_time_secs: int = 20
+    sqs_visibility_timeout_secs: int = 60
+    sqs_max_receives: int = 5
+    sqs_backoff_cap_secs: float = 60.0
+    sns_publish_batch: int = 10
+    sns_poll_interval_secs: float = 1.0
+    sns_backoff_cap_secs: float = 60.0
+    sns_backlog_warn_secs: float = 300.0
+    sns_retention_secs: float = 7 * 86400.0
+    aws_region: str | None = None            # None: boto3's own chain, or the queue URL / topic ARN
+    sqs_endpoint_url: str | None = None      # None: AWS (or what ~/.aws/config says)
+    sns_endpoint_url: str | None = None
+    aws_connect_timeout_secs: float = 5.0
+    aws_read_timeout_secs: float = 10.0
 
     @property
     def backoff(self) -> Backoff:
@@ -53,4 +73,44 @@ class SchedulerSettings:
             max_node_losses=s.env_int(env, "MAX_NODE_LOSSES", 3, minimum=0, maximum=100),
             output_tail_bytes=s.env_int(env, "CORRAL_OUTPUT_TAIL_BYTES", 64 * 1024, minimum=256),
             max_body_bytes=s.env_int(env, "CORRAL_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, minimum=1024),
+            **aws_settings(env),
         )
+
+
+def aws_settings(env: Mapping[str, str]) -> dict:
+    """The SQS/SNS fields of SchedulerSettings, checked."""
+    sqs_url = _queue_url(env, "SQS_URL")
+    dlq_url = _queue_url(env, "SQS_DLQ_URL")
+    if sqs_url and dlq_url == sqs_url:
+        raise SettingError("SQS_DLQ_URL must be another queue than SQS_URL")
+    topic = s.env_str(env, "SNS_TOPIC_ARN", None)
+    if topic is not None and not (topic.startswith("arn:") and topic.count(":") >= 5):
+        raise SettingError(f"SNS_TOPIC_ARN must be a topic ARN (arn:aws:sns:REGION:ACCOUNT:NAME), got {topic!r}")
+    general_endpoint = s.env_str(env, "AWS_ENDPOINT_URL", None)
+    return dict(
+        sqs_url=sqs_url,
+        sqs_dlq_url=dlq_url,
+        sns_topic_arn=topic,
+        sqs_wait_time_secs=s.env_int(env, "SQS_WAIT_TIME_SECS", 20, minimum=0, maximum=20),
+        sqs_visibility_timeout_secs=s.env_int(env, "SQS_VISIBILITY_TIMEOUT_SECS", 60, minimum=1, maximum=43200),
+        sqs_max_receives=s.env_int(env, "SQS_MAX_RECEIVES", 5, minimum=1, maximum=1000),
+        sqs_backoff_cap_secs=s.env_float(env, "SQS_BACKOFF_CAP_SECS", 60.0, minimum=0.1, maximum=3600.0),
+        sns_publish_batch=s.env_int(env, "SNS_PUBLISH_BATCH", 10, minimum=1, maximum=10),
+        sns_poll_interval_secs=s.env_float(env, "SNS_POLL_INTERVAL_SECS", 1.0, minimum=0.05, maximum=60.0),
+        sns_backoff_cap_secs=s.env_float(env, "SNS_BACKOFF_CAP_SECS", 60.0, minimum=0.1, maximum=3600.0),
+        sns_backlog_warn_secs=s.env_float(env, "SNS_BACKLOG_WARN_SECS", 300.0, minimum=1.0),
+        sns_retention_secs=s.env_float(env, "SNS_RETENTION_SECS", 7 * 86400.0, minimum=0.0),
+        aws_region=s.env_str(env, "AWS_REGION", None) or s.env_str(env, "AWS_DEFAULT_REGION", None),
+        sqs_endpoint_url=s.env_str(env, "AWS_ENDPOINT_URL_SQS", None) or general_endpoint,
+        sns_endpoint_url=s.env_str(env, "AWS_ENDPOINT_URL_SNS", None) or general_endpoint,
+        aws_connect_timeout_secs=s.env_float(env, "CORRAL_AWS_CONNECT_TIMEOUT_SECS", 5.0, minimum=0.1,
+                                             maximum=300.0),
+        aws_read_timeout_secs=s.env_float(env, "CORRAL_AWS_READ_TIMEOUT_SECS", 10.0, minimum=0.1, maximum=300.0),
+    )
+
+
+def _queue_url(env: Mapping[str, str], name: str) -> str | None:
+    url = s.env_str(env, name, None)
+    if url is not None and not url.startswith(("https://", "http://")):
+        raise SettingError(f"{name} must be a queue URL (https://sqs.REGION.amazonaws.com/ACCOUNT/NAME), got {url!r}")
+    return url

@@ -8,20 +8,26 @@ Concurrency: on SQLite every `db.atomic()` is BEGIN IMMEDIATE, so transactions
 that place jobs are serialised by the database lock. On other databases the
 first statement of `dispatch` updates the round-robin row, which takes a row
 lock and serialises placement the same way.
+
+When SNS_TOPIC_ARN is set, `_transition` also writes a notification row to the
+outbox (sns_outbox) for every final status, in the same transaction: the
+notification exists exactly when the status change does (sns_outbox.py
+publishes it).
 """
 import peewee
 from peewee import fn
 
 from corral.shared.errors import BadRequest, Conflict, NotFound
-from corral.shared.states import ACTIVE, JobStatus, after_failure, check_transition
+from corral.shared.states import ACTIVE, ALL, FINAL, JobStatus, after_failure, check_transition
 from corral.shared.timeutil import iso
 
-from . import placement
-from .models import Job, JobEvent, Node, NodeLease, SchedulerState
+from . import placement, sns_outbox
+from .models import Counter, Job, JobEvent, Node, NodeLease, OutboxEvent, SchedulerState
 from .settings import SchedulerSettings
 from .validation import parse_job_id, request_hash
 
 RR_CURSOR = "rr_cursor"
+FINAL_STATUSES = frozenset(s.value for s in FINAL)
 
 
 class Store:
@@ -158,6 +164,8 @@ class Store:
         why = f"exit code {report['exit_code']}" + (", out of memory" if report["oom_killed"] else "")
         if new == "done":
             self._transition(job, "done", now, "exit code 0", finished_at=now, **outcome)
+        elif report["requeue"]:
+            self._node_lost(job, now, f"node {job.node_id} gave the attempt up", outcome)
         elif self._past_timeout(job, now):
             # The agent killed it at the deadline; a timeout is final, as when the
             # watcher below gets there first.
@@ -271,22 +279,28 @@ class Store:
             for job in lost:
                 renewed = NodeLease.get_or_none(NodeLease.node_id == job.node_id)
                 silent = f"{now - renewed.renewed_at:.0f}s" if renewed else "ever"
-                why = f"node {job.node_id} lost (no lease renewal for {silent})"
-                if job.on_node_lost == "fail":
-                    self._transition(job, "failed", now, f"{why}; on_node_lost=fail", finished_at=now,
-                                     exit_code=-1, stderr=f"{why}; the job was not requeued (on_node_lost=fail)")
-                elif job.node_losses >= self.settings.max_node_losses:
-                    self._transition(job, "failed", now, f"{why}; lost its node {job.node_losses + 1} times",
-                                     finished_at=now, exit_code=-1,
-                                     stderr=f"{why}; the job lost its node too often (MAX_NODE_LOSSES)")
-                else:
-                    # Not the job's fault: the retry budget stays as it was.
-                    self._transition(job, "pending", now, f"{why}; requeued", node_id=None, placed_at=None,
-                                     running_at=None, node_losses=job.node_losses + 1)
+                self._node_lost(job, now, f"node {job.node_id} lost (no lease renewal for {silent})")
                 ended.append(job.job_id)
             if ended:
                 self.dispatch(now)
         return ended
+
+    def _node_lost(self, job: Job, now: float, why: str, outcome: dict | None = None) -> None:
+        """The attempt ended through no fault of the job's: run it again elsewhere
+        without spending its retry budget, unless it asked not to (on_node_lost=fail)
+        or has lost its node too often (MAX_NODE_LOSSES)."""
+        result = dict(outcome or {}, exit_code=-1)
+        if job.on_node_lost == "fail":
+            result["stderr"] = _append(result.get("stderr"), f"{why}; not requeued (on_node_lost=fail)")
+            self._transition(job, "failed", now, f"{why}; on_node_lost=fail", finished_at=now, **result)
+        elif job.node_losses >= self.settings.max_node_losses:
+            result["stderr"] = _append(result.get("stderr"), f"{why}; the job lost its node too often "
+                                                             f"(MAX_NODE_LOSSES={self.settings.max_node_losses})")
+            self._transition(job, "failed", now, f"{why}; lost its node {job.node_losses + 1} times",
+                             finished_at=now, **result)
+        else:
+            self._transition(job, "pending", now, f"{why}; requeued", node_id=None, placed_at=None,
+                             running_at=None, node_losses=job.node_losses + 1)
 
     def dispatch(self, now: float) -> int:
         """Place waiting jobs on nodes with free slots. Call inside a transaction."""
@@ -317,6 +331,80 @@ class Store:
                 } for j in placed]).execute()
             SchedulerState.update(value=cursor).where(SchedulerState.key == RR_CURSOR).execute()
             return len(assignments)
+
+    # ---- the SNS outbox, counters, /stats ----------------------------------
+
+    @staticmethod
+    def outbox_pending(limit: int) -> list[OutboxEvent]:
+        """The oldest notifications not yet published."""
+        return list(OutboxEvent.select().where(OutboxEvent.published_at.is_null())
+                    .order_by(OutboxEvent.id).limit(limit))
+
+    def outbox_published(self, ids: list[int], now: float) -> int:
+        """Mark notifications published (after SNS accepted them)."""
+        if not ids:
+            return 0
+        with self.db.atomic():
+            marked = OutboxEvent.update(published_at=now, publish_attempts=OutboxEvent.publish_attempts + 1,
+                                        last_error=None).where(
+                OutboxEvent.id.in_(ids) & OutboxEvent.published_at.is_null()).execute()
+            self.bump(sns_published=marked)
+        return marked
+
+    def outbox_failed(self, errors: dict[int, str]) -> None:
+        """Record a failed publish of each notification (it stays pending)."""
+        if not errors:
+            return
+        with self.db.atomic():
+            for row_id, error in errors.items():
+                OutboxEvent.update(publish_attempts=OutboxEvent.publish_attempts + 1, last_error=error[:1000]).where(
+                    (OutboxEvent.id == row_id) & OutboxEvent.published_at.is_null()).execute()
+            self.bump(sns_publish_failures=len(errors))
+
+    def outbox_purge(self, published_before: float) -> int:
+        """Delete published notifications older than the retention."""
+        with self.db.atomic():
+            return OutboxEvent.delete().where(OutboxEvent.published_at.is_null(False)
+                                              & (OutboxEvent.published_at < published_before)).execute()
+
+    @staticmethod
+    def outbox_backlog(now: float) -> tuple[int, float | None]:
+        """How many notifications wait, and the age in seconds of the oldest (None when none)."""
+        waiting = OutboxEvent.select(fn.COUNT(OutboxEvent.id), fn.MIN(OutboxEvent.created_at)).where(
+            OutboxEvent.published_at.is_null()).tuples().get()
+        count, oldest = waiting
+        return count, (max(0.0, now - oldest) if oldest is not None else None)
+
+    def bump(self, **increments: int) -> None:
+        """Add to named counters (one transaction; nested in the caller's when there is one)."""
+        increments = {name: n for name, n in increments.items() if n}
+        if not increments:
+            return
+        with self.db.atomic():
+            for name, n in increments.items():
+                Counter.insert(name=name, value=0).on_conflict_ignore().execute()
+                Counter.update(value=Counter.value + n).where(Counter.name == name).execute()
+
+    @staticmethod
+    def counters() -> dict[str, int]:
+        return dict(Counter.select(Counter.name, Counter.value).tuples())
+
+    def stats(self, now: float) -> dict:
+        """Job counts by status, SQS intake counters and the SNS outbox backlog (GET /stats)."""
+        by_status = dict(Job.select(Job.status, fn.COUNT(Job.id)).group_by(Job.status).tuples())
+        counters = self.counters()
+        pending, oldest_age = self.outbox_backlog(now)
+        return {
+            "jobs": {status: by_status.get(status, 0) for status in ALL},
+            "sqs": {"enabled": bool(self.settings.sqs_url), "dead_letter_queue": bool(self.settings.sqs_dlq_url),
+                    **{name: counters.get(f"sqs_{name}", 0) for name in
+                       ("received", "jobs_created", "duplicates", "rejected", "dead_lettered", "dropped",
+                        "requeued")}},
+            "sns": {"enabled": bool(self.settings.sns_topic_arn), "pending": pending,
+                    "oldest_pending_age_secs": None if oldest_age is None else round(oldest_age, 3),
+                    "published": counters.get("sns_published", 0),
+                    "publish_failures": counters.get("sns_publish_failures", 0)},
+        }
 
     # ---- helpers -----------------------------------------------------------
 
@@ -360,11 +448,19 @@ class Store:
         if updated != 1:
             raise Conflict(f"{job.job_id} changed while this request ran; try again")
         self._event(job, job.status, new, now, reason)
+        if new in FINAL_STATUSES and self.settings.sns_topic_arn:
+            message = sns_outbox.notification(Job.get_by_id(job.id), reason)
+            OutboxEvent.create(event_id=message["event_id"], job_id=job.id, status=new, message=message,
+                               created_at=now)
 
     @staticmethod
     def _event(job: Job, old: str | None, new: str, now: float, reason: str) -> None:
         JobEvent.create(job=job.id, at=now, from_status=old, to_status=new, attempt=job.attempt,
                         node_id=job.node_id, reason=reason)
+
+
+def _append(text: str | None, line: str) -> str:
+    return f"{text.rstrip()}\n{line}" if text else line
 
 
 def _tail(text: str | None, limit: int) -> str | None:

@@ -1,0 +1,162 @@
+"""SNS notifications of final job states, through a transactional outbox.
+
+`Store._transition` writes a row to `sns_outbox` in the same transaction as a
+job's move to `done`, `failed` (final: retries exhausted, timed out, node lost
+with on_node_lost=fail) or `cancelled`, when SNS_TOPIC_ARN is set. The
+`Publisher` loop, behind its own lease so one process across workers and
+replicas runs it, publishes pending rows oldest first with PublishBatch and
+marks them published only after SNS accepted them.
+
+So an SNS outage or a crash delays notifications and never loses one; a crash
+between a publish and its mark publishes that notification again. Delivery is
+at-least-once, and subscribers deduplicate on `event_id`, which is stable:
+`<job_id>:<attempt>:<status>`.
+
+The pure parts (`notification`, `publish_entry`) are apart from the loop.
+"""
+import json
+import logging
+
+from corral.shared.leader import holder_id, try_acquire
+from corral.shared.timeutil import iso
+
+from . import aws_clients
+from .retry import Backoff
+
+log = logging.getLogger(__name__)
+
+LEASE_NAME = "sns-outbox"
+BACKLOG_CHECK_SECS = 30.0
+
+
+# ---- pure ---------------------------------------------------------------------
+
+def event_id(job_id: str, attempt: int, status: str) -> str:
+    """Stable and unique per final state: an attempt ends in at most one of each status."""
+    return f"{job_id}:{attempt}:{status}"
+
+
+def notification(job, reason: str | None = None) -> dict:
+    """The message published for a job that just reached a final status (`job` as committed)."""
+    return {
+        "event_id": event_id(job.job_id, job.attempt, job.status),
+        "job_id": job.job_id,
+        "name": job.name,
+        "status": job.status,
+        "exit_code": job.exit_code,
+        "node_id": job.node_id,
+        "retry_count": job.retry_count,
+        "attempt": job.attempt,
+        "finished_at": iso(job.finished_at),
+        "reason": reason,
+    }
+
+
+def publish_entry(row_id: int, message: dict, fifo: bool = False) -> dict:
+    """One PublishBatch entry: the JSON message, with `status` and `event_id` attributes to filter on."""
+    entry = {
+        "Id": str(row_id),
+        "Message": json.dumps(message, sort_keys=True, separators=(",", ":")),
+        "MessageAttributes": {
+            "status": {"DataType": "String", "StringValue": message["status"]},
+            "event_id": {"DataType": "String", "StringValue": message["event_id"]},
+        },
+    }
+    if fifo:  # a FIFO topic: one ordered group per job, SNS deduplicates on the event id
+        entry["MessageGroupId"] = message["job_id"]
+        entry["MessageDeduplicationId"] = message["event_id"]
+    return entry
+
+
+# ---- the loop -------------------------------------------------------------------
+
+class Publisher:
+    """One pass of the outbox publisher per `tick(now)`; returns the seconds until the next pass."""
+
+    def __init__(self, store, holder: str | None = None, client_factory=aws_clients.sns_client):
+        self.store = store
+        self.settings = store.settings
+        self.holder = holder or holder_id()
+        self.client_factory = client_factory
+        self.client = None
+        self.fifo = (self.settings.sns_topic_arn or "").endswith(".fifo")
+        # A pass publishes one batch, so it is short next to the lease; renewing
+        # every pass keeps it.
+        self.lease_ttl = max(10.0, 5 * self.settings.sns_poll_interval_secs)
+        self.backoff = Backoff(1.0, 2.0, self.settings.sns_backoff_cap_secs)
+        self.token: int | None = None
+        self.failures = 0
+        self.next_backlog_check = 0.0
+        self.next_purge = 0.0
+
+    def tick(self, now: float) -> float:
+        token = try_acquire(self.store.db, LEASE_NAME, self.holder, self.lease_ttl, now)
+        if token is None:
+            self.token = None
+            return self.lease_ttl / 4
+        if token != self.token:
+            self.token = token
+            log.info("publishing job notifications to %s (lease token %d)", self.settings.sns_topic_arn, token)
+        if now >= self.next_backlog_check:
+            self.next_backlog_check = now + BACKLOG_CHECK_SECS
+            self.check_backlog(now)
+        if now >= self.next_purge:
+            self.next_purge = now + 3600.0
+            purged = self.store.outbox_purge(now - self.settings.sns_retention_secs)
+            if purged:
+                log.info("deleted %d published notifications older than SNS_RETENTION_SECS", purged)
+        return self.publish_batch(now)
+
+    def publish_batch(self, now: float) -> float:
+        """Publish the oldest pending notifications (one PublishBatch call)."""
+        rows = self.store.outbox_pending(self.settings.sns_publish_batch)
+        if not rows:
+            return self.settings.sns_poll_interval_secs
+        entries = [publish_entry(row.id, row.message, self.fifo) for row in rows]
+        try:
+            if self.client is None:
+                self.client = self.client_factory(self.settings)
+            answer = self.client.publish_batch(TopicArn=self.settings.sns_topic_arn,
+                                               PublishBatchRequestEntries=entries)
+        except aws_clients.AWS_ERRORS as exc:
+            text = aws_clients.error_text(exc)
+            self.store.outbox_failed({row.id: text for row in rows})
+            return self.failed(text, len(rows))
+        published = [int(ok["Id"]) for ok in answer.get("Successful", [])]
+        self.store.outbox_published(published, now)
+        refused = {int(bad["Id"]): f"{bad.get('Code')}: {bad.get('Message', '')}" for bad in answer.get("Failed", [])}
+        if refused:
+            self.store.outbox_failed(refused)
+            for row_id, text in refused.items():
+                log.error("SNS refused notification %s (outbox row %d): %s; it stays pending",
+                          next(r.message["event_id"] for r in rows if r.id == row_id), row_id, text)
+            return self.failed(next(iter(refused.values())), len(refused))
+        if self.failures:
+            log.info("SNS publish works again after %d failed tries", self.failures)
+            self.failures = 0
+        return 0.0 if len(rows) == self.settings.sns_publish_batch else self.settings.sns_poll_interval_secs
+
+    def failed(self, text: str, count: int) -> float:
+        self.failures += 1
+        delay = self.backoff.ceiling(self.failures - 1)
+        log.warning("SNS publish to %s failed (%s); %d notifications stay in the outbox; next try in %.1fs",
+                    self.settings.sns_topic_arn, text, count, delay)
+        return delay
+
+    def check_backlog(self, now: float) -> tuple[int, float | None]:
+        """Warn when the oldest waiting notification is older than SNS_BACKLOG_WARN_SECS."""
+        pending, oldest_age = self.store.outbox_backlog(now)
+        if oldest_age is not None and oldest_age >= self.settings.sns_backlog_warn_secs:
+            log.warning("SNS outbox backlog: %d notifications waiting, the oldest for %.0fs "
+                        "(see GET /stats; SNS_TOPIC_ARN=%s)", pending, oldest_age, self.settings.sns_topic_arn)
+        return pending, oldest_age
+
+
+def start(store):
+    """Run the publisher in this process (every gunicorn worker; the lease picks one)."""
+    from .loops import PacedLoopThread, run_in_background
+
+    publisher = Publisher(store)
+    loop = PacedLoopThread("sns-outbox", store.settings.sns_poll_interval_secs, publisher.tick,
+                           max_backoff=store.settings.sns_backoff_cap_secs)
+    return run_in_background(store, loop, LEASE_NAME, publisher.holder)

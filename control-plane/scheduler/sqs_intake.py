@@ -1,0 +1,340 @@
+"""Job requests taken from an SQS queue (SQS_URL), as an alternative to POST /jobs.
+
+One process across gunicorn workers and replicas runs the intake (a lease of
+its own). Each pass long-polls the queue (up to 10 messages), then for each
+message:
+
+- a valid job request is submitted through `Store.submit` with an idempotency
+  key: the message's `idempotency_key` (or `Idempotency-Key`) attribute when
+  it has one, else `sqs:<MessageId>`. A redelivered message (same MessageId)
+  or a producer's re-send with the same key finds the job created first, so a
+  message never makes two jobs. The message is deleted only after that commit.
+- a message that is not a job request (not JSON, not an object, refused by
+  `validation.job_request`, a bad key, a key already used for another request)
+  is sent to SQS_DLQ_URL with attributes saying why, then deleted; without a
+  DLQ it is deleted with an ERROR log line. Either way it is counted.
+- a database error makes the message visible again at once (visibility 0) and
+  the intake backs off; any other error does the same until the message has
+  been received SQS_MAX_RECEIVES times, then it goes the way of a bad request.
+
+SQS errors, throttling and an unreachable endpoint back off (doubling up to
+SQS_BACKOFF_CAP_SECS) and never end the loop. The pure parts (`parse_message`,
+`classify`, `dead_letter_attributes`) are apart from the I/O.
+"""
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import peewee
+
+from corral.shared.errors import BadRequest, CorralError
+from corral.shared.leader import holder_id, try_acquire
+
+from . import aws_clients, validation
+from .retry import Backoff
+
+log = logging.getLogger(__name__)
+
+LEASE_NAME = "sqs-intake"
+KEY_ATTRIBUTES = ("idempotency_key", "Idempotency-Key")
+MAX_MESSAGES = 10           # the most one ReceiveMessage returns
+MAX_ATTRIBUTES = 10         # the most message attributes SQS accepts on one message
+DETAIL_CHARS = 1000
+
+# Why a message never became a job (the `corral_error` attribute in the DLQ).
+NOT_JSON = "not_json"
+NOT_AN_OBJECT = "not_an_object"
+INVALID_JOB_REQUEST = "invalid_job_request"
+INVALID_IDEMPOTENCY_KEY = "invalid_idempotency_key"
+IDEMPOTENCY_CONFLICT = "idempotency_conflict"
+PROCESSING_ERROR = "processing_error"
+
+
+# ---- pure ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Accepted:
+    fields: dict            # the job's columns, as validation.job_request returns them
+    idempotency_key: str
+
+
+@dataclass(frozen=True)
+class Rejected:
+    reason: str             # one of the constants above
+    detail: str             # for a human
+
+
+def parse_message(message: dict) -> Accepted | Rejected:
+    """A received SQS message as a job request, or why it is not one."""
+    try:
+        body = json.loads(message.get("Body") or "")
+    except ValueError as exc:
+        return Rejected(NOT_JSON, f"the body is not valid JSON: {exc}")
+    except RecursionError:
+        return Rejected(NOT_JSON, "the body is nested too deeply")
+    if not isinstance(body, dict):
+        return Rejected(NOT_AN_OBJECT, "the body must be a JSON object: a job request as for POST /jobs")
+    try:
+        fields = validation.job_request(body)
+    except CorralError as exc:
+        return Rejected(INVALID_JOB_REQUEST, exc.message)
+    try:
+        key = client_key(message.get("MessageAttributes") or {})
+    except CorralError as exc:
+        return Rejected(INVALID_IDEMPOTENCY_KEY, exc.message)
+    return Accepted(fields, key or f"sqs:{message['MessageId']}")
+
+
+def client_key(attributes: dict) -> str | None:
+    """The producer's idempotency key from the message attributes, checked like the HTTP header."""
+    for name in KEY_ATTRIBUTES:
+        if name in attributes:
+            attribute = attributes[name]
+            if not str(attribute.get("DataType", "")).startswith("String") or "StringValue" not in attribute:
+                raise BadRequest(f"the {name!r} message attribute must be a String")
+            return validation.idempotency_key(attribute["StringValue"])
+    return None
+
+
+def classify(exc: Exception) -> str:
+    """What to do with a message whose submit raised `exc`: reject, retry or count against it."""
+    if isinstance(exc, CorralError) and 400 <= exc.status < 500:
+        return "reject"        # the request itself is refused: it would be refused every time
+    if isinstance(exc, peewee.DatabaseError) and not isinstance(exc, peewee.IntegrityError):
+        return "retry"         # our database, not the message: try again, never give up on it
+    if isinstance(exc, peewee.InterfaceError):
+        return "retry"
+    return "unexpected"
+
+
+def receive_count(message: dict) -> int:
+    try:
+        return int(message.get("Attributes", {}).get("ApproximateReceiveCount", 1))
+    except (TypeError, ValueError):
+        return 1
+
+
+def dead_letter_attributes(message: dict, rejected: Rejected) -> dict:
+    """The message's own attributes (as many as fit) plus why it was rejected."""
+    ours = {
+        "corral_error": rejected.reason,
+        "corral_error_detail": rejected.detail[:DETAIL_CHARS] or rejected.reason,
+        "corral_source_message_id": message.get("MessageId") or "unknown",
+        "corral_receive_count": str(receive_count(message)),
+    }
+    attributes = {name: {"DataType": "String", "StringValue": value} for name, value in ours.items()}
+    for name, value in (message.get("MessageAttributes") or {}).items():
+        if len(attributes) >= MAX_ATTRIBUTES:
+            break
+        if name not in attributes:
+            attributes[name] = {k: v for k, v in value.items()
+                                if k in ("DataType", "StringValue", "BinaryValue")}
+    return attributes
+
+
+def dead_letter_request(message: dict, rejected: Rejected, fifo: bool = False) -> dict:
+    """The SendMessage arguments (but the queue) for the DLQ: the original body, unchanged, and why."""
+    entry = {"MessageBody": message.get("Body") or "", "MessageAttributes": dead_letter_attributes(message, rejected)}
+    if fifo:  # a FIFO DLQ needs a group; the source MessageId makes a re-send a duplicate
+        entry["MessageGroupId"] = "corral-rejected"
+        entry["MessageDeduplicationId"] = message.get("MessageId") or "unknown"
+    return entry
+
+
+@dataclass
+class Outcome:
+    """What one pass decided for each message of a batch."""
+
+    delete: list = field(default_factory=list)        # committed (or already known): delete
+    reject: list = field(default_factory=list)        # (message, Rejected): DLQ or drop, then delete
+    retry: list = field(default_factory=list)         # make visible again at once
+    created: int = 0
+    duplicates: int = 0
+    database_down: bool = False
+
+
+# ---- the loop -------------------------------------------------------------------
+
+class Intake:
+    """One receive-and-submit pass per `tick(now)`; returns the seconds until the next pass."""
+
+    def __init__(self, store, holder: str | None = None, client_factory=aws_clients.sqs_client,
+                 clock: Callable[[], float] = time.time):
+        self.store = store
+        self.clock = clock  # a receive may wait: jobs are created at the time it returned
+        self.settings = store.settings
+        self.holder = holder or holder_id()
+        self.client_factory = client_factory
+        self.client = None
+        # A pass waits up to SQS_WAIT_TIME_SECS in ReceiveMessage, then submits:
+        # the lease must outlast it comfortably.
+        self.lease_ttl = max(30.0, 2 * (self.settings.sqs_wait_time_secs + self.settings.aws_read_timeout_secs))
+        self.backoff = Backoff(1.0, 2.0, self.settings.sqs_backoff_cap_secs)
+        self.token: int | None = None
+        self.failures = 0
+
+    def tick(self, now: float) -> float:
+        token = try_acquire(self.store.db, LEASE_NAME, self.holder, self.lease_ttl, now)
+        if token is None:
+            self.token = None
+            return min(5.0, self.lease_ttl / 4)
+        if token != self.token:
+            self.token = token
+            log.info("taking job requests from %s (dead-letter queue: %s; lease token %d)",
+                     self.settings.sqs_url, self.settings.sqs_dlq_url or "none", token)
+        try:
+            messages = self.receive()
+            if not messages:
+                return self.succeeded()
+            outcome = self.handle(messages, self.clock())
+            self.count(sqs_received=len(messages), sqs_jobs_created=outcome.created,
+                       sqs_duplicates=outcome.duplicates, sqs_rejected=len(outcome.reject))
+            self.settle(outcome)
+        except aws_clients.AWS_ERRORS as exc:
+            return self.failed(aws_clients.error_text(exc))
+        if outcome.database_down:
+            return self.failed("the database is unavailable")
+        return self.succeeded()
+
+    def receive(self) -> list[dict]:
+        if self.client is None:
+            self.client = self.client_factory(self.settings)
+        answer = self.client.receive_message(
+            QueueUrl=self.settings.sqs_url, MaxNumberOfMessages=MAX_MESSAGES,
+            WaitTimeSeconds=self.settings.sqs_wait_time_secs,
+            VisibilityTimeout=self.settings.sqs_visibility_timeout_secs,
+            MessageSystemAttributeNames=["ApproximateReceiveCount"], MessageAttributeNames=["All"])
+        return answer.get("Messages", [])
+
+    def handle(self, messages: list[dict], now: float) -> Outcome:
+        """Submit each message's job (each commit is its own transaction); decide the rest."""
+        outcome = Outcome()
+        for message in messages:
+            if outcome.database_down:
+                outcome.retry.append(message)
+                continue
+            parsed = parse_message(message)
+            if isinstance(parsed, Rejected):
+                outcome.reject.append((message, parsed))
+                continue
+            try:
+                job, created = self.store.submit(parsed.fields, now, parsed.idempotency_key)
+            except Exception as exc:  # noqa: BLE001 -- classified below; nothing escapes the pass
+                self.submit_failed(message, exc, outcome)
+                continue
+            outcome.delete.append(message)
+            if created:
+                outcome.created += 1
+                log.info("SQS message %s: created %s", message["MessageId"], job.job_id)
+            else:
+                outcome.duplicates += 1
+                log.info("SQS message %s (received %d times): %s already exists for key %r; not created again",
+                         message["MessageId"], receive_count(message), job.job_id, parsed.idempotency_key)
+        return outcome
+
+    def submit_failed(self, message: dict, exc: Exception, outcome: Outcome) -> None:
+        kind = classify(exc)
+        if kind == "reject":
+            reason = IDEMPOTENCY_CONFLICT if exc.status == 409 else INVALID_JOB_REQUEST
+            outcome.reject.append((message, Rejected(reason, exc.message)))
+        elif kind == "retry":
+            log.warning("SQS message %s: database error (%s); it goes back to the queue", message["MessageId"], exc)
+            outcome.database_down = True
+            outcome.retry.append(message)
+        elif receive_count(message) >= self.settings.sqs_max_receives:
+            log.exception("SQS message %s failed on its receive number %d; giving up on it",
+                          message["MessageId"], receive_count(message))
+            outcome.reject.append((message, Rejected(PROCESSING_ERROR, f"{type(exc).__name__}: {exc}")))
+        else:
+            log.exception("SQS message %s failed (receive number %d); it goes back to the queue",
+                          message["MessageId"], receive_count(message))
+            outcome.retry.append(message)
+
+    def settle(self, outcome: Outcome) -> None:
+        """Delete what is committed, dead-letter or drop the rejected, release the retries."""
+        self.delete(outcome.delete)
+        dead_lettered = dropped = 0
+        if outcome.reject and self.settings.sqs_dlq_url:
+            sent = self.dead_letter(outcome.reject)
+            self.delete(sent)
+            dead_lettered = len(sent)
+        elif outcome.reject:
+            for message, rejected in outcome.reject:
+                log.error("SQS message %s is not a job request (%s: %s); deleted (no SQS_DLQ_URL). Body: %r",
+                          message["MessageId"], rejected.reason, rejected.detail, (message.get("Body") or "")[:200])
+            self.delete([message for message, _ in outcome.reject])
+            dropped = len(outcome.reject)
+        if outcome.retry:
+            self.release(outcome.retry)
+        self.count(sqs_dead_lettered=dead_lettered, sqs_dropped=dropped, sqs_requeued=len(outcome.retry))
+
+    def count(self, **counts: int) -> None:
+        try:
+            self.store.bump(**counts)
+        except peewee.PeeweeException as exc:  # only statistics: never worth a redelivery
+            log.warning("could not update the SQS counters: %s", exc)
+
+    def dead_letter(self, rejected: list) -> list[dict]:
+        """Send the rejected messages to the DLQ, one call each (a body may be near the size
+        limit); the ones SQS took, to delete from the source queue."""
+        fifo = self.settings.sqs_dlq_url.endswith(".fifo")
+        sent = []
+        for message, why in rejected:
+            try:
+                self.client.send_message(QueueUrl=self.settings.sqs_dlq_url, **dead_letter_request(message, why, fifo))
+            except aws_clients.ClientError as exc:  # refused (too large, access denied): try again later
+                log.error("could not move SQS message %s (%s: %s) to the dead-letter queue (%s); it stays in "
+                          "the queue", message["MessageId"], why.reason, why.detail, aws_clients.error_text(exc))
+                continue
+            log.warning("SQS message %s is not a job request (%s: %s); moved to the dead-letter queue",
+                        message["MessageId"], why.reason, why.detail)
+            sent.append(message)
+        return sent
+
+    def delete(self, messages: list[dict]) -> None:
+        if not messages:
+            return
+        entries = [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)]
+        answer = self.client.delete_message_batch(QueueUrl=self.settings.sqs_url, Entries=entries)
+        for bad in answer.get("Failed", []):
+            # The job is committed: when the message comes back, its key finds that job.
+            log.warning("could not delete SQS message %s (%s: %s); it will be received again and not "
+                        "create a second job", messages[int(bad["Id"])]["MessageId"], bad.get("Code"),
+                        bad.get("Message"))
+
+    def release(self, messages: list[dict]) -> None:
+        entries = [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": 0}
+                   for i, m in enumerate(messages)]
+        try:
+            answer = self.client.change_message_visibility_batch(QueueUrl=self.settings.sqs_url, Entries=entries)
+        except aws_clients.AWS_ERRORS as exc:
+            log.warning("could not make %d SQS messages visible again (%s); they return after "
+                        "SQS_VISIBILITY_TIMEOUT_SECS", len(messages), aws_clients.error_text(exc))
+            return
+        if answer.get("Failed"):
+            log.warning("could not make %d SQS messages visible again; they return after "
+                        "SQS_VISIBILITY_TIMEOUT_SECS", len(answer["Failed"]))
+
+    def succeeded(self) -> float:
+        if self.failures:
+            log.info("SQS intake works again after %d failed tries", self.failures)
+            self.failures = 0
+        return 0.0  # the long poll paces the loop
+
+    def failed(self, text: str) -> float:
+        self.failures += 1
+        delay = self.backoff.ceiling(self.failures - 1)
+        log.warning("SQS intake from %s failed (%s); next try in %.1fs", self.settings.sqs_url, text, delay)
+        return delay
+
+
+def start(store):
+    """Run the intake in this process (every gunicorn worker; the lease picks one)."""
+    from .loops import PacedLoopThread, run_in_background
+
+    intake = Intake(store)
+    loop = PacedLoopThread("sqs-intake", 1.0, intake.tick, max_backoff=store.settings.sqs_backoff_cap_secs)
+    # The thread may sit in a long poll: do not hold a stopping worker up for it.
+    return run_in_background(store, loop, LEASE_NAME, intake.holder, join_timeout=1.0)
