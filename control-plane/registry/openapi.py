@@ -4,29 +4,16 @@ Keep it true of app.py: tests/test_openapi.py checks every route is listed and
 runs schemathesis against a live server to check every answer against it.
 """
 
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"  # shared.validate.NAME_RE
+from corral.shared.openapi import COMMON_SCHEMAS, NAME_PATTERN, TIMESTAMP, error_responses, meta_paths
+from corral.shared.openapi import error as _error
+from corral.shared.openapi import json_response as _json
+from corral.shared.openapi import nullable_timestamp
+from corral.shared.openapi import path_param as _path_param
+from corral.shared.openapi import query as _query
+from corral.shared.openapi import ref as _ref
+
 KIND_PATTERN = r"^[a-z][a-z0-9-]{0,31}$"  # app.KIND_RE
 NO_NUL_PATTERN = r"^[^\u0000]*$"
-
-
-def _ref(name: str) -> dict:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _json(schema: dict, description: str) -> dict:
-    return {"description": description, "content": {"application/json": {"schema": schema}}}
-
-
-def _error(name: str) -> dict:
-    return {"$ref": f"#/components/responses/{name}"}
-
-
-def _path_param(name: str, description: str, schema: dict) -> dict:
-    return {"name": name, "in": "path", "required": True, "description": description, "schema": schema}
-
-
-def _query(name: str, description: str, schema: dict) -> dict:
-    return {"name": name, "in": "query", "required": False, "description": description, "schema": schema}
 
 
 NODE_ID_PARAM = _path_param("node_id", "The node's id.", {"type": "string", "pattern": NAME_PATTERN})
@@ -34,9 +21,7 @@ SERVICE_JOB_ID_PARAM = _path_param(
     "job_id", "The id of the service job the record belongs to.",
     {"type": "string", "maxLength": 64, "pattern": NAME_PATTERN})
 
-TIMESTAMP = {"type": "string", "format": "date-time",
-             "description": "ISO-8601 UTC, milliseconds (e.g. 2026-11-29T08:00:00.000Z)."}
-NULLABLE_TIMESTAMP = dict(TIMESTAMP, nullable=True)
+NULLABLE_TIMESTAMP = nullable_timestamp()
 
 STRING_MAP = {
     "type": "object",
@@ -45,17 +30,7 @@ STRING_MAP = {
 }
 
 SCHEMAS = {
-    "Error": {
-        "type": "object",
-        "description": "Every error answer.",
-        "required": ["error"],
-        "properties": {"error": {"type": "string", "description": "What was wrong, for a human."}},
-    },
-    "Health": {
-        "type": "object",
-        "required": ["status"],
-        "properties": {"status": {"type": "string", "enum": ["ok"]}},
-    },
+    **COMMON_SCHEMAS,
     "NodeRegistration": {
         "type": "object",
         "description": "What an agent says of its node. Re-registering replaces every field "
@@ -147,12 +122,7 @@ SCHEMAS = {
     },
 }
 
-RESPONSES = {
-    "BadRequest": _json(_ref("Error"), "The request is malformed (bad field, parameter or JSON)."),
-    "NotFound": _json(_ref("Error"), "No such node or service."),
-    "PayloadTooLarge": _json(_ref("Error"), "The body is larger than CORRAL_MAX_BODY_BYTES (default 2 MiB)."),
-    "UnsupportedMediaType": _json(_ref("Error"), "The body is not JSON (Content-Type must be application/json)."),
-}
+RESPONSES = error_responses(not_found="No such node or service.")
 
 
 def _body(schema_name: str, required: bool = True, description: str | None = None) -> dict:
@@ -163,18 +133,7 @@ def _body(schema_name: str, required: bool = True, description: str | None = Non
 
 
 PATHS = {
-    "/healthz": {
-        "get": {
-            "operationId": "healthz", "tags": ["meta"], "summary": "Liveness check.",
-            "responses": {"200": _json(_ref("Health"), "The registry is serving.")},
-        },
-    },
-    "/openapi.json": {
-        "get": {
-            "operationId": "getOpenAPI", "tags": ["meta"], "summary": "This document.",
-            "responses": {"200": _json({"type": "object"}, "The OpenAPI 3.0.3 document.")},
-        },
-    },
+    **meta_paths("registry"),
     "/nodes": {
         "post": {
             "operationId": "registerNode", "tags": ["nodes"], "summary": "Register (or re-register) a node.",

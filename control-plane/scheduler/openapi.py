@@ -5,54 +5,23 @@ tests/test_openapi.py checks every route is listed and runs schemathesis
 against a live server to check every answer against it.
 """
 
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"  # shared.validate.NAME_RE
+from corral.shared.openapi import COMMON_SCHEMAS, NAME_PATTERN, TIMESTAMP, error_responses, meta_paths
+from corral.shared.openapi import error as _error
+from corral.shared.openapi import json_response as _json
+from corral.shared.openapi import nullable_timestamp as _nullable_timestamp
+from corral.shared.openapi import query as _query
+from corral.shared.openapi import ref as _ref
+
 JOB_ID_PATTERN = r"^job-[1-9][0-9]{0,17}$"  # validation.JOB_ID_RE
 STATUSES = ["pending", "running", "done", "failed", "cancelled"]  # shared.states.JobStatus
 JOB_TYPES = ["run", "service"]
 
 
-def _ref(name: str) -> dict:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _json(schema: dict, description: str, headers: dict | None = None) -> dict:
-    response = {"description": description, "content": {"application/json": {"schema": schema}}}
-    if headers:
-        response["headers"] = headers
-    return response
-
-
-def _error(name: str) -> dict:
-    return {"$ref": f"#/components/responses/{name}"}
-
-
-def _query(name: str, description: str, schema: dict) -> dict:
-    return {"name": name, "in": "query", "required": False, "description": description, "schema": schema}
-
-
 JOB_ID_PARAM = {"name": "job_id", "in": "path", "required": True, "description": "A job id such as `job-42`.",
                 "schema": {"type": "string", "pattern": JOB_ID_PATTERN}}
 
-TIMESTAMP = {"type": "string", "format": "date-time",
-             "description": "ISO-8601 UTC, milliseconds (e.g. 2026-11-29T08:00:00.000Z)."}
-
-
-def _nullable_timestamp(description: str) -> dict:
-    return dict(TIMESTAMP, nullable=True, description=description)
-
-
 SCHEMAS = {
-    "Error": {
-        "type": "object",
-        "description": "Every error answer.",
-        "required": ["error"],
-        "properties": {"error": {"type": "string", "description": "What was wrong, for a human."}},
-    },
-    "Health": {
-        "type": "object",
-        "required": ["status"],
-        "properties": {"status": {"type": "string", "enum": ["ok"]}},
-    },
+    **COMMON_SCHEMAS,
     "JobRequest": {
         "type": "object",
         "description": "A job to run. `command` or `deploy_url` (non-null) is required; "
@@ -260,14 +229,11 @@ SCHEMAS = {
     },
 }
 
-RESPONSES = {
-    "BadRequest": _json(_ref("Error"), "The request is malformed (bad field, parameter or JSON)."),
-    "NotFound": _json(_ref("Error"), "No such job."),
-    "Conflict": _json(_ref("Error"), "The report is from another node, for a stale attempt, "
-                                     "or asks for an illegal transition; nothing changed."),
-    "PayloadTooLarge": _json(_ref("Error"), "The body is larger than CORRAL_MAX_BODY_BYTES (default 2 MiB)."),
-    "UnsupportedMediaType": _json(_ref("Error"), "The body is not JSON (Content-Type must be application/json)."),
-}
+RESPONSES = error_responses(
+    not_found="No such job.",
+    conflict="The report is from another node, for a stale attempt, or asks for an illegal transition; "
+             "nothing changed.")
+
 
 LINK_HEADER = {
     "Link": {
@@ -280,18 +246,7 @@ LINK_HEADER = {
 }
 
 PATHS = {
-    "/healthz": {
-        "get": {
-            "operationId": "healthz", "tags": ["meta"], "summary": "Liveness check.",
-            "responses": {"200": _json(_ref("Health"), "The scheduler is serving.")},
-        },
-    },
-    "/openapi.json": {
-        "get": {
-            "operationId": "getOpenAPI", "tags": ["meta"], "summary": "This document.",
-            "responses": {"200": _json({"type": "object"}, "The OpenAPI 3.0.3 document.")},
-        },
-    },
+    **meta_paths("scheduler"),
     "/stats": {
         "get": {
             "operationId": "getStats", "tags": ["meta"], "summary": "Job counts, SQS intake and SNS outbox.",

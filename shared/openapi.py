@@ -1,0 +1,87 @@
+"""Building blocks of the services' OpenAPI 3.0.3 documents (served at /openapi.json).
+
+Each service's openapi.py describes its own routes with these; the parts every
+service shares (errors, /healthz, /openapi.json, timestamps) are defined here once.
+"""
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"  # shared.validate.NAME_RE
+
+TIMESTAMP = {"type": "string", "format": "date-time",
+             "description": "ISO-8601 UTC, milliseconds (e.g. 2026-11-29T08:00:00.000Z)."}
+
+
+def ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def json_response(schema: dict, description: str, headers: dict | None = None) -> dict:
+    response = {"description": description, "content": {"application/json": {"schema": schema}}}
+    if headers:
+        response["headers"] = headers
+    return response
+
+
+def error(name: str) -> dict:
+    """A reference to one of the shared error responses (see error_responses)."""
+    return {"$ref": f"#/components/responses/{name}"}
+
+
+def query(name: str, description: str, schema: dict) -> dict:
+    return {"name": name, "in": "query", "required": False, "description": description, "schema": schema}
+
+
+def path_param(name: str, description: str, schema: dict) -> dict:
+    return {"name": name, "in": "path", "required": True, "description": description, "schema": schema}
+
+
+def nullable_timestamp(description: str | None = None) -> dict:
+    stamp = dict(TIMESTAMP, nullable=True)
+    if description:
+        stamp["description"] = description
+    return stamp
+
+
+COMMON_SCHEMAS = {
+    "Error": {
+        "type": "object",
+        "description": "Every error answer.",
+        "required": ["error"],
+        "properties": {"error": {"type": "string", "description": "What was wrong, for a human."}},
+    },
+    "Health": {
+        "type": "object",
+        "required": ["status"],
+        "properties": {"status": {"type": "string", "enum": ["ok"]}},
+    },
+}
+
+
+def error_responses(not_found: str, conflict: str | None = None) -> dict:
+    responses = {
+        "BadRequest": json_response(ref("Error"), "The request is malformed (bad field, parameter or JSON)."),
+        "NotFound": json_response(ref("Error"), not_found),
+        "PayloadTooLarge": json_response(ref("Error"), "The body is larger than CORRAL_MAX_BODY_BYTES "
+                                                       "(default 2 MiB)."),
+        "UnsupportedMediaType": json_response(ref("Error"), "The body is not JSON (Content-Type must be "
+                                                            "application/json)."),
+    }
+    if conflict:
+        responses["Conflict"] = json_response(ref("Error"), conflict)
+    return responses
+
+
+def meta_paths(service: str) -> dict:
+    return {
+        "/healthz": {
+            "get": {
+                "operationId": "healthz", "tags": ["meta"], "summary": "Liveness check.",
+                "responses": {"200": json_response(ref("Health"), f"The {service} is serving.")},
+            },
+        },
+        "/openapi.json": {
+            "get": {
+                "operationId": "getOpenAPI", "tags": ["meta"], "summary": "This document.",
+                "responses": {"200": json_response({"type": "object"}, "The OpenAPI 3.0.3 document.")},
+            },
+        },
+    }
