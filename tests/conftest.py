@@ -4,7 +4,7 @@ import tempfile
 
 import pytest
 
-from cluster import Cluster
+from cluster import Cluster, world_traversable_dir
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -30,6 +30,17 @@ def cluster(tmp_path, request):
         failed = getattr(request.node, "rep_call", None)
         if failed is not None and failed.failed:
             print(c.logs())
+
+
+@pytest.fixture
+def state_dir():
+    """A state dir under /tmp with 0755 parents: jobs running as `nobody` must reach
+    their work dir by its absolute path, which pytest's tmp_path does not allow."""
+    path = world_traversable_dir("corral-state-")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

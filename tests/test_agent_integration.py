@@ -9,11 +9,9 @@ import io
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import uuid
 import zipfile
@@ -47,16 +45,6 @@ def _requirements():
 @pytest.fixture
 def node():
     return f"int-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-def state_dir():
-    path = tempfile.mkdtemp(prefix="corral-int-test-", dir="/tmp")
-    os.chmod(path, 0o755)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def remove_node_cgroups(node):

@@ -9,7 +9,6 @@ import re
 import shutil
 import signal
 import socket
-import tempfile
 import uuid
 
 import pytest
@@ -90,17 +89,6 @@ class FakeRegistry:
 @pytest.fixture
 def node():
     return f"svc-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-def state_dir():
-    """Under /tmp with 0755 parents: `nobody` must reach its work dir by absolute path."""
-    path = tempfile.mkdtemp(prefix="corral-svc-test-", dir="/tmp")
-    os.chmod(path, 0o755)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
