@@ -183,3 +183,86 @@ def test_an_agent_stops_cleanly_on_sigterm(cluster):
     agent = cluster.start_agent("node-1")
     cluster.wait_nodes_healthy("node-1")
     assert agent.stop(grace=15) == 0
+
+
+def needs_root_cgroups():
+    from corral.agent import cgroups
+    manager = cgroups.detect(root_name="corral-probe", prepare=False)
+    if os.geteuid() != 0 or not manager.enforced:
+        pytest.skip(f"needs root and a writable cgroup hierarchy ({manager.reason})")
+
+
+ESCAPING_TREE = ("setsid sh -c 'trap \"\" TERM; echo $$ >> {pids}; exec sleep 300' & "
+                 "(trap '' TERM; sleep 300 & echo $! >> {pids}; wait) & "
+                 "echo $$ >> {pids}; trap '' TERM; sleep 300 & wait")
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("ending", ["timeout", "cancel"])
+def test_timeout_and_cancel_leave_no_process_behind(tmp_path, shared_dir, ending):
+    needs_root_cgroups()
+    cluster = Cluster(tmp_path, JOB_TIMEOUT_SECS=3 if ending == "timeout" else 3600)
+    pids = pathlib.Path(shared_dir) / "pids"
+    try:
+        cluster.start()
+        cluster.start_agent("node-1")
+        # A setsid grandchild and a double-forked one, all ignoring SIGTERM.
+        job = cluster.submit(command=ESCAPING_TREE.format(pids=pids))
+        recorded = wait_for(lambda: (lambda p: p if len(p) == 3 else None)(
+            [int(x) for x in pids.read_text().split()] if pids.exists() else []), timeout=20,
+            message="the three pids")
+        if ending == "cancel":
+            response = requests.post(f"{cluster.scheduler_url}/jobs/{job['job_id']}/cancel", timeout=10)
+            assert response.status_code == 200 and response.json()["status"] == "cancelled"
+        else:
+            failed = cluster.wait_status(job["job_id"], "failed", timeout=30)
+            assert failed["exit_code"] == -1 and "job timed out" in failed["stderr"]
+        wait_for(lambda: not any(pid_alive(p) for p in recorded), timeout=20,
+                 message="every process of the job to be gone")
+        from corral.agent import cgroups
+        manager = cgroups.detect(root_name="corral-node-1", prepare=False)
+        wait_for(lambda: manager.list_job_cgroups() == [], timeout=10, message="the job's cgroup to be removed")
+    finally:
+        cluster.stop()
+
+
+def test_a_service_is_listed_healthy_turns_unhealthy_and_is_gone_after_cancel(tmp_path, shared_dir):
+    cluster = Cluster(tmp_path)
+    pid_file = pathlib.Path(shared_dir) / "service.pid"
+    try:
+        cluster.start()
+        cluster.start_agent("node-1", AGENT_HEALTH_INTERVAL_SECS=0.3, AGENT_HEALTH_TIMEOUT_SECS=0.5)
+        port = listening_port()
+        job = cluster.submit(command=f"echo $$ > {pid_file}; exec python3 -m http.server --bind 127.0.0.1 $PORT",
+                             job_type="service", port=port, name="web", health_path="/")
+        services = cluster.registry_url + "/services"
+
+        def listed(healthy):
+            found = requests.get(services, params={"name": "web"}, timeout=5).json()
+            return found if found and found[0]["healthy"] is healthy else None
+        (record,) = wait_for(lambda: listed(True), timeout=30, message="the service to be healthy")
+        assert (record["job_id"], record["node_id"], record["port"]) == (job["job_id"], "node-1", port)
+        assert requests.get(f"http://127.0.0.1:{port}/", timeout=5).status_code == 200
+        assert [s["job_id"] for s in requests.get(services, params={"healthy": "true"}, timeout=5).json()] \
+            == [job["job_id"]]
+        pid = int(pid_file.read_text())
+        os.kill(pid, signal.SIGSTOP)  # still accepts connections, answers nothing
+        try:
+            wait_for(lambda: listed(False), timeout=30, message="the service to turn unhealthy")
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        wait_for(lambda: listed(True), timeout=30, message="the service to be healthy again")
+        requests.post(f"{cluster.scheduler_url}/jobs/{job['job_id']}/cancel", timeout=10).raise_for_status()
+        wait_for(lambda: requests.get(services, timeout=5).json() == [], timeout=30,
+                 message="the service record to be removed")
+        wait_for(lambda: not pid_alive(pid), timeout=20, message="the service process to be gone")
+        assert cluster.job(job["job_id"])["status"] == "cancelled"
+    finally:
+        cluster.stop()
+
+
+def listening_port() -> int:
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
