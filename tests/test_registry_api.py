@@ -138,3 +138,16 @@ def test_errors_are_json(client):
     assert client.post("/nodes", data="x").status_code == 415
     assert client.post("/nodes", data="{", content_type="application/json").status_code == 400
     assert client.get("/nodes/nope").json["error"]
+
+
+def test_drain_and_undrain(client, clock):
+    client.post("/nodes", json=NODE)
+    client.post("/nodes", json=dict(NODE, node_id="node-2"))
+    drained = client.post("/nodes/node-1/drain")
+    assert drained.status_code == 200 and drained.json["drained"] is True
+    assert client.post("/nodes", json=NODE).json["drained"] is True   # an agent restart keeps it
+    assert [n["node_id"] for n in client.get("/nodes?drained=true").json] == ["node-1"]
+    assert [n["node_id"] for n in client.get("/nodes?drained=false").json] == ["node-2"]
+    assert client.post("/nodes/node-1/undrain").json["drained"] is False
+    assert client.post("/nodes/ghost/drain").status_code == 404
+    assert client.get("/nodes?drained=maybe").status_code == 400

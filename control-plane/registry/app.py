@@ -76,7 +76,7 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
             "node_id": node.node_id, "address": node.address, "kind": node.kind,
             "slots": node.slots, "cpus": node.cpus, "memory_mb": node.memory_mb,
             "max_memory_mb": node.max_memory_mb, "max_cpu_percent": node.max_cpu_percent,
-            "labels": node.labels or {}, "running": node.running,
+            "labels": node.labels or {}, "running": node.running, "drained": node.drained,
             "status": liveness.status(node.last_heartbeat, now),
             "registered_at": iso(node.registered_at), "last_heartbeat": iso(node.last_heartbeat),
         }
@@ -119,6 +119,7 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
     def list_nodes():
         kind = request.args.get("type") or None
         status = query_choice("status", ("healthy", "unhealthy"))
+        drained = query_choice("drained", ("true", "false"))
         now = clock()
         query = Node.select().order_by(Node.node_id)
         if kind:
@@ -127,6 +128,8 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
             query = query.where(Node.last_heartbeat >= liveness.cutoff(now))
         elif status == "unhealthy":
             query = query.where(Node.last_heartbeat < liveness.cutoff(now))
+        if drained is not None:
+            query = query.where(Node.drained == (drained == "true"))
         return jsonify([node_view(n, now) for n in query])
 
     def get_node(node_id: str) -> Node:
@@ -150,6 +153,21 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
         if not changed:
             raise NotFound(f"no node {node_id!r}; register it first (POST /nodes)")
         return jsonify(node_view(get_node(node_id), now))
+
+    def set_drained(node_id: str, drained: bool):
+        with db.atomic():
+            if not Node.update(drained=drained).where(Node.node_id == node_id).execute():
+                raise NotFound(f"no node {node_id!r}")
+        return jsonify(node_view(get_node(node_id), clock()))
+
+    @app.post("/nodes/<node_id>/drain")
+    def drain(node_id):
+        """No new work goes to the node; what it runs finishes."""
+        return set_drained(node_id, True)
+
+    @app.post("/nodes/<node_id>/undrain")
+    def undrain(node_id):
+        return set_drained(node_id, False)
 
     @app.delete("/nodes/<node_id>")
     def deregister_node(node_id):

@@ -24,6 +24,7 @@ class Node(BaseModel):
     registered_at = peewee.DoubleField()
     last_heartbeat = peewee.DoubleField(index=True)
     running = peewee.IntegerField(null=True)
+    drained = peewee.BooleanField(default=False)  # an operator's choice; survives re-registration
 
     class Meta:
         table_name = "node"

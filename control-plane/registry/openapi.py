@@ -70,7 +70,7 @@ SCHEMAS = {
     "Node": {
         "type": "object",
         "required": ["node_id", "address", "kind", "slots", "cpus", "memory_mb", "max_memory_mb",
-                     "max_cpu_percent", "labels", "running",
+                     "max_cpu_percent", "labels", "running", "drained",
                      "status", "registered_at", "last_heartbeat"],
         "properties": {
             "node_id": {"type": "string"},
@@ -81,6 +81,7 @@ SCHEMAS = {
             "memory_mb": {"type": "integer", "nullable": True},
             "max_memory_mb": {"type": "integer", "nullable": True},
             "max_cpu_percent": {"type": "integer", "nullable": True},
+            "drained": {"type": "boolean", "description": "A drained node gets no new work; it finishes what it runs."},
             "labels": {"type": "object", "additionalProperties": {"type": "string"}},
             "running": {"type": "integer", "nullable": True, "minimum": 0,
                         "description": "Jobs running, as last reported by the node's heartbeat."},
@@ -153,6 +154,8 @@ PATHS = {
                 _query("type", "Only nodes of this kind (e.g. `compute`).", {"type": "string"}),
                 _query("status", "Only healthy or only unhealthy nodes.",
                        {"type": "string", "enum": ["healthy", "unhealthy"]}),
+                _query("drained", "Only drained (`true`) or only undrained (`false`) nodes.",
+                       {"type": "string", "enum": ["true", "false"]}),
             ],
             "responses": {
                 "200": _json({"type": "array", "items": _ref("Node")}, "The matching nodes."),
@@ -184,6 +187,22 @@ PATHS = {
                 "413": _error("PayloadTooLarge"),
                 "415": _error("UnsupportedMediaType"),
             },
+        },
+    },
+    "/nodes/{node_id}/drain": {
+        "parameters": [NODE_ID_PARAM],
+        "post": {
+            "operationId": "drainNode", "tags": ["nodes"], "summary": "Drain a node.",
+            "description": "The scheduler places no new work on a drained node (its pending jobs move to other "
+                           "nodes); the jobs it runs finish. Draining survives the agent's re-registration.",
+            "responses": {"200": _json(_ref("Node"), "The node, drained."), "404": _error("NotFound")},
+        },
+    },
+    "/nodes/{node_id}/undrain": {
+        "parameters": [NODE_ID_PARAM],
+        "post": {
+            "operationId": "undrainNode", "tags": ["nodes"], "summary": "Take a node back into service.",
+            "responses": {"200": _json(_ref("Node"), "The node, no longer drained."), "404": _error("NotFound")},
         },
     },
     "/services": {
