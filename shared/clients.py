@@ -5,9 +5,15 @@ failure so callers can decide: `Unreachable` (connection refused, timeout, 5xx:
 try again later) and `Rejected` (a 4xx: the request itself is wrong or stale,
 retrying the same thing will not help).
 """
+from dataclasses import dataclass
+from urllib.parse import parse_qsl, quote, urlsplit
+
 import requests
 
 DEFAULT_TIMEOUT = (3.05, 10.0)  # (connect, read) seconds
+# A long-poll claim may wait wait_secs before answering: its read timeout is that plus this.
+CLAIM_READ_MARGIN_SECS = 10.0
+LONG_POLL_HEADER = "X-Corral-Long-Poll"
 
 
 class ClientError(Exception):
@@ -15,7 +21,13 @@ class ClientError(Exception):
 
 
 class Unreachable(ClientError):
-    """The peer did not answer usefully: network error, timeout or a 5xx."""
+    """The peer did not answer usefully: network error, timeout or a 5xx.
+    `base_url` and `reason` (e.g. "connection refused") are set for calls made by a client."""
+
+    def __init__(self, message: str, *, base_url: str | None = None, reason: str | None = None):
+        super().__init__(message)
+        self.base_url = base_url
+        self.reason = reason or message
 
 
 class Rejected(ClientError):
@@ -36,24 +48,41 @@ class _Client:
         if token:
             self.session.headers["Authorization"] = f"Bearer {token}"
 
-    def _call(self, method: str, path: str, *, json=None, params=None, timeout=None):
+    def _call(self, method: str, path: str, *, json=None, params=None, timeout=None, headers=None):
+        return self._json(self._request(method, path, json=json, params=params, timeout=timeout, headers=headers))
+
+    def _request(self, method: str, path: str, *, json=None, params=None, timeout=None,
+                 headers=None) -> requests.Response:
+        """The answer of a call that succeeded (2xx-4xx handled as for `_call`), for callers
+        that need its headers."""
         url = self.base_url + path
         try:
-            response = self.session.request(method, url, json=json, params=params,
+            response = self.session.request(method, url, json=json, params=params, headers=headers,
                                             timeout=timeout or self.timeout)
         except requests.RequestException as exc:
-            raise Unreachable(f"{method} {url}: {_reason(exc)}") from None
+            reason = _reason(exc)
+            raise Unreachable(f"{method} {url}: {reason}", base_url=self.base_url, reason=reason) from None
         if response.status_code >= 500:
-            raise Unreachable(f"{method} {url}: HTTP {response.status_code}")
+            reason = f"HTTP {response.status_code}"
+            raise Unreachable(f"{method} {url}: {reason}", base_url=self.base_url, reason=reason)
         if response.status_code >= 400:
             raise Rejected(response.status_code, _error_message(response))
+        return response
+
+    def _json(self, response: requests.Response):
         try:
             return response.json()
         except ValueError:
-            raise Unreachable(f"{method} {url}: the answer is not JSON") from None
+            reason = "the answer is not JSON"
+            raise Unreachable(f"{response.request.method} {response.url}: {reason}",
+                              base_url=self.base_url, reason=reason) from None
 
     def close(self) -> None:
         self.session.close()
+
+    @property
+    def connect_timeout(self) -> float:
+        return self.timeout[0] if isinstance(self.timeout, tuple) else self.timeout
 
     def clone(self):
         """A client for the same server and token with a session of its own, for
@@ -79,6 +108,11 @@ def _reason(exc: requests.RequestException) -> str:
         if known in text:
             return known.lower()
     return f"{exc.__class__.__name__}: {text[:200]}"
+
+
+def _seg(value: str) -> str:
+    """An id as one path segment: a typed "job-1/../x" must not reach another route."""
+    return quote(value, safe="")
 
 
 def _error_message(response: requests.Response) -> str:
@@ -112,16 +146,78 @@ class RegistryClient(_Client):
     def remove_service(self, job_id: str) -> dict:
         return self._call("DELETE", f"/services/{job_id}")
 
+    def drain(self, node_id: str) -> dict:
+        """No new work goes to the node; answers the node (`drained: true`)."""
+        return self._call("POST", f"/nodes/{_seg(node_id)}/drain")
+
+    def undrain(self, node_id: str) -> dict:
+        return self._call("POST", f"/nodes/{_seg(node_id)}/undrain")
+
+
+@dataclass
+class ClaimResult:
+    jobs: list[dict]
+    not_waited: str | None = None  # the X-Corral-Long-Poll header: "busy", "stopping" or "again"
+
 
 class SchedulerClient(_Client):
-    def submit(self, request: dict) -> dict:
-        return self._call("POST", "/jobs", json=request)
+    def submit_batch(self, requests_: list[dict], idempotency_key: str | None = None) -> list[dict]:
+        """Submit up to 1,000 jobs in one transaction (all or nothing); the jobs, in order."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        return self._call("POST", "/jobs/batch", json={"jobs": requests_}, headers=headers)
+
+    def claim(self, node_id: str, max_jobs: int, wait_secs: float, limits_enforced: bool | None = None,
+              default_limits: dict | None = None) -> ClaimResult:
+        """Take up to `max_jobs` jobs placed on `node_id`, waiting up to `wait_secs` for some
+        (a long poll). A Rejected(404 or 405) means the scheduler has no claim API."""
+        body = {"max": max_jobs, "wait_secs": wait_secs}
+        if limits_enforced is not None:
+            body["limits_enforced"] = limits_enforced
+        if default_limits:
+            body["default_limits"] = default_limits
+        timeout = (self.connect_timeout, wait_secs + CLAIM_READ_MARGIN_SECS)
+        response = self._request("POST", f"/nodes/{_seg(node_id)}/claim", json=body, timeout=timeout)
+        jobs = self._json(response)
+        if not isinstance(jobs, list):
+            raise Unreachable(f"POST /nodes/{node_id}/claim: the answer is not a list of jobs",
+                              base_url=self.base_url, reason="the answer is not a list of jobs")
+        return ClaimResult(jobs, response.headers.get(LONG_POLL_HEADER))
+
+    def report_batch(self, reports: list[dict]) -> list[dict]:
+        """Send many status reports (each a report body plus `job_id`); one result per report,
+        in order. ValueError when the answer does not have one."""
+        answer = self._call("POST", "/jobs/reports", json={"reports": reports})
+        results = answer.get("results") if isinstance(answer, dict) else None
+        if not isinstance(results, list) or len(results) != len(reports) \
+                or not all(isinstance(r, dict) and isinstance(r.get("code"), int) for r in results):
+            raise ValueError(f"POST /jobs/reports: an answer without one result per report: {str(answer)[:200]}")
+        return results
+
+    def submit(self, request: dict, idempotency_key: str | None = None) -> dict:
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        return self._call("POST", "/jobs", json=request, headers=headers)
 
     def get_job(self, job_id: str) -> dict:
-        return self._call("GET", f"/jobs/{job_id}")
+        return self._call("GET", f"/jobs/{_seg(job_id)}")
+
+    def job_events(self, job_id: str) -> list[dict]:
+        return self._call("GET", f"/jobs/{_seg(job_id)}/events")
+
+    def cancel(self, job_id: str) -> dict:
+        return self._call("POST", f"/jobs/{_seg(job_id)}/cancel")
+
+    def retry(self, job_id: str) -> dict:
+        return self._call("POST", f"/jobs/{_seg(job_id)}/retry")
 
     def list_jobs(self, **filters) -> list[dict]:
         return self._call("GET", "/jobs", params={k: v for k, v in filters.items() if v is not None})
+
+    def list_jobs_page(self, **filters) -> tuple[list[dict], dict | None]:
+        """One page of GET /jobs, and the query of the next page (from the `Link: rel="next"`
+        header; None on the last page)."""
+        response = self._request("GET", "/jobs", params={k: v for k, v in filters.items() if v is not None})
+        link = response.links.get("next", {}).get("url")
+        return self._json(response), dict(parse_qsl(urlsplit(link).query)) if link else None
 
     def pending_for(self, node_id: str) -> list[dict]:
         """What the agents poll: the pending jobs placed on `node_id`, up to its free slots."""

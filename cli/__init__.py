@@ -1,0 +1,1 @@
+"""The `corral` command line (click + rich); the entry point is `corral.cli.main:main`."""

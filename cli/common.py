@@ -1,0 +1,93 @@
+"""What every `corral` command shares: the clients, the clock, errors and JSON output."""
+import json
+import time
+
+import click
+
+from corral.shared.clients import RegistryClient, Rejected, SchedulerClient, Unreachable
+
+# Seams for the tests: what time it is, and how to wait between polls.
+clock = time.time
+sleep = time.sleep
+
+
+class CliError(click.ClickException):
+    """One line on stderr, `corral: …`, and exit code 1 (or `exit_code`)."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    def show(self, file=None) -> None:
+        click.echo(f"corral: {self.format_message()}", file=file, err=True)
+
+
+def base_url(addr: str) -> str:
+    """`host:port` is taken as `http://host:port`."""
+    addr = addr.strip().rstrip("/")
+    return addr if "://" in addr else "http://" + addr
+
+
+class Env:
+    """What every command gets (`ctx.obj`): the addresses, the clients and the clock."""
+
+    def __init__(self, addr: str, registry_addr: str, token: str | None):
+        self.addr = base_url(addr)
+        self.registry_addr = base_url(registry_addr)
+        self.token = token or None
+        self.subject: str | None = None  # the id a command is about, to prefix its errors
+        self._scheduler = self._registry = None
+
+    @property
+    def scheduler(self) -> SchedulerClient:
+        if self._scheduler is None:
+            self._scheduler = SchedulerClient(self.addr, token=self.token)
+        return self._scheduler
+
+    @property
+    def registry(self) -> RegistryClient:
+        if self._registry is None:
+            self._registry = RegistryClient(self.registry_addr, token=self.token)
+        return self._registry
+
+    def now(self) -> float:
+        return clock()
+
+    def sleep(self, seconds: float) -> None:
+        sleep(seconds)
+
+    def close(self) -> None:
+        for client in (self._scheduler, self._registry):
+            if client is not None:
+                client.close()
+
+    def server_name(self, url: str | None) -> str:
+        if url == self.registry_addr:
+            return "registry"
+        return "scheduler"
+
+    def unreachable(self, exc: Unreachable) -> CliError:
+        url = exc.base_url or self.addr
+        return CliError(f"cannot reach the {self.server_name(url)} at {url}: {exc.reason}")
+
+    def rejected(self, exc: Rejected) -> CliError:
+        message = exc.message
+        if exc.status == 404 and message == "no such resource":
+            message += " (the server may be older than this corral)"
+        if exc.status == 401 or exc.status == 403:
+            message += " (check --token / CORRAL_TOKEN)"
+        return CliError(f"{self.subject}: {message}" if self.subject else message)
+
+
+def echo_json(data) -> None:
+    """Exactly the API's JSON, one document."""
+    click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+def note(message: str) -> None:
+    """A line for the person at the terminal (stderr, so stdout stays the data)."""
+    click.echo(message, err=True)
+
+
+def json_option(help: str = "Print the API's JSON (one document) instead of a table."):
+    return click.option("--json", "as_json", is_flag=True, help=help)

@@ -1,0 +1,393 @@
+"""`corral job …`: submit, list, inspect, follow, cancel and retry jobs (scheduler API)."""
+import shlex
+import sys
+
+import click
+
+from corral.shared.clients import Unreachable
+
+from . import format as fmt
+from .common import CliError, Env, echo_json, json_option, note
+
+POLL_SECS = 0.5  # how often --wait and logs -f ask for the job
+LOST_LIMIT_SECS = 60.0  # how long they keep trying while the scheduler cannot be reached
+STATUSES = ("pending", "running", "done", "failed", "cancelled")
+SIGINT_EXIT = 130
+STATUS_TAIL_LINES = 10  # output lines `job status` shows
+
+
+# ---- pure helpers ---------------------------------------------------------------------------
+
+def overlap(prev: str, cur: str) -> int:
+    """The length of the longest prefix of `cur` that is a suffix of `prev` (KMP, linear)."""
+    if not prev or not cur:
+        return 0
+    if cur.startswith(prev):
+        return len(prev)
+    m = len(cur)
+    fail = [0] * m
+    k = 0
+    for i in range(1, m):
+        while k and cur[i] != cur[k]:
+            k = fail[k - 1]
+        if cur[i] == cur[k]:
+            k += 1
+        fail[i] = k
+    k = 0
+    for ch in prev[-m:]:
+        while k and (k == m or ch != cur[k]):
+            k = fail[k - 1]
+        if ch == cur[k]:
+            k += 1
+    return k
+
+
+def new_output(prev: str, cur: str) -> str:
+    """What of `cur` was not shown yet, when `prev` was the text at the last look.
+
+    The scheduler keeps only the tail of a job's output, so when the output grows past
+    it, the kept text is cut at the front: the part both share is the longest end of
+    `prev` that starts `cur`. (Output that repeats itself exactly can hide new lines
+    from this; nothing better is possible without offsets from the server.)"""
+    return cur[overlap(prev, cur):]
+
+
+def exit_status(job: dict) -> int:
+    """The exit code of `corral job run --wait` for a final job."""
+    status, code = job.get("status"), job.get("exit_code")
+    if status == "done":
+        return 0 if not code or not 0 < code < 256 else code
+    if status == "failed" and isinstance(code, int) and 0 < code < 256:
+        return code
+    return 1
+
+
+def progress(job: dict, now: float) -> str:
+    """One line on where a job stands: `job-7: running on node-1 (attempt 1)`."""
+    status, node = job.get("status"), job.get("node_id")
+    line = f"{job['job_id']}: {status}"
+    details = []
+    if status == "pending":
+        if job.get("retry_count"):
+            details.append(f"retry {job['retry_count']} of {job.get('max_retries', '?')}")
+        after = fmt.parse_time(job.get("next_attempt_at"))
+        if after is not None and after > now:
+            details.append(f"next attempt {fmt.relative(job['next_attempt_at'], now)}")
+        if node:
+            line += f", placed on {node}"
+    elif status == "running":
+        line += f" on {node or '?'}"
+        details.append(f"attempt {job.get('attempt')}")
+    elif status in ("done", "failed"):
+        if job.get("exit_code") is not None:
+            details.append(f"exit code {job['exit_code']}")
+        if job.get("oom_killed"):
+            details.append("out of memory")
+        details.append(f"ran {fmt.job_duration(job, now)}")
+        if node:
+            details.append(f"on {node}")
+    return line + (f" ({', '.join(details)})" if details else "")
+
+
+def job_row(job: dict, now: float) -> list:
+    return [job.get("job_id"), job.get("name"), fmt.status_cell(job.get("status")), job.get("job_type"),
+            job.get("node_id"), job.get("attempt"), job.get("exit_code"),
+            fmt.relative(job.get("created_at"), now), fmt.job_duration(job, now)]
+
+
+JOB_HEADERS = ["ID", "NAME", "STATUS", "TYPE", "NODE", "ATTEMPT", "EXIT", "CREATED", "DURATION"]
+
+
+def size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def job_fields(job: dict, now: float) -> list[tuple[str, object]]:
+    """The job's fields, in the API's order and names, for people (output tails apart)."""
+    pairs = []
+    for key, value in job.items():
+        if key in ("stdout", "stderr"):
+            continue
+        if key == "status":
+            value = fmt.status_cell(value)
+        elif key.endswith("_at") and value:
+            value = f"{fmt.timestamp(value)} ({fmt.relative(value, now)})"
+        elif key == "peak_memory_bytes":
+            value = size(value)
+        elif key == "cpu_seconds" and value is not None:
+            value = f"{value:.2f}s"
+        elif key == "timeout_secs" and value is not None:
+            value = fmt.duration(value)
+        pairs.append((key, value))
+    return pairs
+
+
+def event_row(event: dict) -> list:
+    change = f"{event.get('from') or '-'} → {event.get('to') or '-'}"
+    return [fmt.timestamp(event.get("at")), change, event.get("attempt"), event.get("node_id"), event.get("reason")]
+
+
+EVENT_HEADERS = ["TIME", "CHANGE", "ATTEMPT", "NODE", "REASON"]
+
+
+def last_lines(text: str, count: int) -> str:
+    lines = text.splitlines()
+    return "\n".join(lines[-count:])
+
+
+# ---- I/O helpers ----------------------------------------------------------------------------
+
+def write_output(text: str, err: bool = False) -> None:
+    """A job's output as it is; a missing last newline is added only on a terminal."""
+    if not text:
+        return
+    stream = sys.stderr if err else sys.stdout
+    if not text.endswith("\n") and stream.isatty():
+        text += "\n"
+    click.echo(text, nl=False, err=err)
+
+
+class Poller:
+    """Reads a job again and again; rides out a scheduler that is briefly unreachable."""
+
+    def __init__(self, env: Env, job_id: str, quiet: bool = False):
+        self.env, self.job_id, self.quiet = env, job_id, quiet
+        self.lost_since: float | None = None
+
+    def next(self) -> dict:
+        while True:
+            self.env.sleep(POLL_SECS)
+            try:
+                fresh = self.env.scheduler.get_job(self.job_id)
+            except Unreachable as exc:
+                now = self.env.now()
+                if self.lost_since is None:
+                    self.lost_since = now
+                    if not self.quiet:
+                        note(f"corral: cannot reach the scheduler ({exc.reason}); still trying")
+                elif now - self.lost_since > LOST_LIMIT_SECS:
+                    raise
+                continue
+            if self.lost_since is not None and not self.quiet:
+                note("corral: the scheduler answers again")
+            self.lost_since = None
+            return fresh
+
+
+def shell_command(words: tuple[str, ...]) -> str:
+    """CMD words as one /bin/sh command: quoted and joined; one word is a command line as is."""
+    return words[0] if len(words) == 1 else shlex.join(words)
+
+
+def parse_env(values: tuple[str, ...]) -> dict[str, str]:
+    env_vars = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not K=V", param_hint="'--env'")
+        env_vars[key] = value
+    return env_vars
+
+
+# ---- commands -------------------------------------------------------------------------------
+
+@click.group()
+def job() -> None:
+    """Submit, list, inspect and follow jobs."""
+
+
+@job.command("run", context_settings={"allow_interspersed_args": False})
+@click.option("--type", "job_type", type=click.Choice(["run", "service"]), help="run (default) or service.")
+@click.option("--port", type=int, help="The port a service listens on (it gets PORT).")
+@click.option("--env", "env_vars", multiple=True, metavar="K=V", help="An environment variable (repeatable).")
+@click.option("--deploy-url", metavar="URL", help="http(s):// or s3:// zip unpacked into the work dir.")
+@click.option("--sha256", "deploy_sha256", metavar="HEX", help="The zip's SHA-256, checked before unpacking.")
+@click.option("--node", "instance_id", metavar="NODE", help="Pin the job to this node.")
+@click.option("--name", help="A name (services are registered under it).")
+@click.option("--max-retries", type=int, help="Retries of a failed attempt (default: the scheduler's).")
+@click.option("--memory-mb", type=int, help="Memory limit in MB.")
+@click.option("--cpu-percent", type=int, help="CPU limit, 100 = one CPU.")
+@click.option("--health-path", metavar="PATH", help="A service's HTTP health check path.")
+@click.option("--on-node-lost", type=click.Choice(["requeue", "fail"]), help="What to do when the node is lost.")
+@click.option("--idempotency-key", metavar="KEY", help="Sending the same request with the same key creates one job.")
+@click.option("--wait", is_flag=True, help="Follow the job to its end and exit with its exit code.")
+@json_option("Print the job's JSON (with --wait: the final job's).")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[--] CMD [ARG]...")
+@click.pass_obj
+def run(env: Env, command: tuple[str, ...], env_vars, idempotency_key, wait, as_json, **fields) -> None:
+    """Submit a job.
+
+    The words of CMD are joined with shell quoting (shlex.join) into the job's command,
+    which the node runs with /bin/sh -c; a single word is taken as a whole shell command
+    line, so `corral job run -- 'make test | tee log'` works as typed. Options go before
+    CMD: everything from CMD on is part of the command."""
+    request = {key: value for key, value in fields.items() if value is not None}
+    if command:
+        request["command"] = shell_command(command)
+    if env_vars:
+        request["env_vars"] = parse_env(env_vars)
+    if "command" not in request and "deploy_url" not in request:
+        raise click.UsageError("give a command (after --) or --deploy-url")
+    submitted = env.scheduler.submit(request, idempotency_key=idempotency_key)
+    job_id = submitted["job_id"]
+    env.subject = job_id
+    if not wait:
+        if as_json:
+            echo_json(submitted)
+        else:
+            click.echo(job_id)
+            what = submitted.get("command") or submitted.get("deploy_url")
+            note(f"submitted {job_id} ({submitted.get('job_type')}, {submitted.get('status')}): {what}")
+        return
+    final = follow(env, submitted, quiet=as_json)
+    if as_json:
+        echo_json(final)
+    else:
+        write_output(final.get("stdout") or "")
+        write_output(final.get("stderr") or "", err=True)
+    if final.get("status") == "cancelled":
+        raise CliError(f"{job_id} was cancelled")
+    click.get_current_context().exit(exit_status(final))
+
+
+def follow(env: Env, current: dict, quiet: bool = False) -> dict:
+    """Poll the job until it is final, printing each change of status, attempt or node."""
+    job_id = current["job_id"]
+    poller = Poller(env, job_id, quiet)
+    seen = None
+    try:
+        while True:
+            key = (current.get("status"), current.get("attempt"), current.get("node_id"))
+            if key != seen and not quiet:
+                note(progress(current, env.now()))
+            seen = key
+            if current.get("status") in fmt.FINAL:
+                return current
+            current = poller.next()
+    except KeyboardInterrupt:
+        note(f"\ncorral: stopped following {job_id}; it goes on (`corral job cancel {job_id}` stops it)")
+        click.get_current_context().exit(SIGINT_EXIT)
+
+
+@job.command("list")
+@click.option("--status", type=click.Choice(STATUSES), help="Only jobs in this status.")
+@click.option("--node", "node_id", metavar="NODE", help="Only jobs placed on this node.")
+@click.option("--type", "job_type", type=click.Choice(["run", "service"]), help="Only jobs of this type.")
+@click.option("--limit", type=click.IntRange(1, 1000), help="Jobs per page (default 20; 100 with --all).")
+@click.option("--all", "all_pages", is_flag=True, help="Follow the pages to the oldest job.")
+@json_option()
+@click.pass_obj
+def list_jobs(env: Env, status, node_id, job_type, limit, all_pages, as_json) -> None:
+    """List jobs, newest first."""
+    query = {"order": "desc", "status": status, "node_id": node_id, "job_type": job_type,
+             "limit": limit or (100 if all_pages else 20)}
+    jobs, next_query = env.scheduler.list_jobs_page(**query)
+    while all_pages and next_query:
+        page, following = env.scheduler.list_jobs_page(**next_query)
+        jobs.extend(page)
+        if following == next_query:  # a server that repeats its cursor must not loop us forever
+            break
+        next_query = following
+    if as_json:
+        echo_json(jobs)
+        return
+    if not jobs:
+        note("no jobs")
+        return
+    now = env.now()
+    fmt.emit(fmt.table(JOB_HEADERS, [job_row(j, now) for j in jobs], wide=("NAME",)))
+    if next_query and not all_pages:
+        note(f"(more jobs: --all, or --limit above {query['limit']})")
+
+
+@job.command("status")
+@click.argument("job_id")
+@json_option()
+@click.pass_obj
+def status(env: Env, job_id: str, as_json: bool) -> None:
+    """A job's fields and its history (--json: the job only)."""
+    env.subject = job_id
+    found = env.scheduler.get_job(job_id)
+    if as_json:
+        echo_json(found)
+        return
+    events = env.scheduler.job_events(job_id)
+    now = env.now()
+    fmt.emit(fmt.key_values(job_fields(found, now)))
+    click.echo()
+    if events:
+        fmt.emit(fmt.table(EVENT_HEADERS, [event_row(e) for e in events], wide=("REASON",)))
+    for stream, flag in (("stdout", ""), ("stderr", " --stderr")):
+        text = found.get(stream) or ""
+        if text:
+            click.echo(f"\n{stream} (last lines; `corral job logs {job_id}{flag}` for all kept):")
+            write_output(last_lines(text, STATUS_TAIL_LINES) + "\n")
+
+
+@job.command("events")
+@click.argument("job_id")
+@json_option()
+@click.pass_obj
+def events(env: Env, job_id: str, as_json: bool) -> None:
+    """A job's history: every placement and status change."""
+    env.subject = job_id
+    found = env.scheduler.job_events(job_id)
+    if as_json:
+        echo_json(found)
+        return
+    fmt.emit(fmt.table(EVENT_HEADERS, [event_row(e) for e in found], wide=("REASON",)))
+
+
+@job.command("logs")
+@click.argument("job_id")
+@click.option("-f", "--follow", "follow_output", is_flag=True, help="Keep printing new output until the job ends.")
+@click.option("--stderr", "use_stderr", is_flag=True, help="The job's stderr instead of its stdout.")
+@click.pass_obj
+def logs(env: Env, job_id: str, follow_output: bool, use_stderr: bool) -> None:
+    """Print the kept tail of a job's stdout (or stderr)."""
+    env.subject = job_id
+    stream = "stderr" if use_stderr else "stdout"
+    current = env.scheduler.get_job(job_id)
+    if not follow_output:
+        write_output(current.get(stream) or "")
+        return
+    poller = Poller(env, job_id)
+    shown = ""
+    try:
+        while True:
+            text = current.get(stream) or ""
+            write_output(new_output(shown, text))
+            shown = text
+            if current.get("status") in fmt.FINAL:
+                return
+            current = poller.next()
+    except KeyboardInterrupt:
+        click.get_current_context().exit(SIGINT_EXIT)
+
+
+@job.command("cancel")
+@click.argument("job_id")
+@json_option("Print the API's answer (the job's JSON).")
+@click.pass_obj
+def cancel(env: Env, job_id: str, as_json: bool) -> None:
+    """Cancel a pending or running job."""
+    env.subject = job_id
+    answer = env.scheduler.cancel(job_id)
+    echo_json(answer) if as_json else click.echo(progress(answer, env.now()))
+
+
+@job.command("retry")
+@click.argument("job_id")
+@json_option("Print the API's answer (the job's JSON).")
+@click.pass_obj
+def retry(env: Env, job_id: str, as_json: bool) -> None:
+    """Start a failed job over, with a fresh retry budget."""
+    env.subject = job_id
+    answer = env.scheduler.retry(job_id)
+    echo_json(answer) if as_json else click.echo(progress(answer, env.now()))

@@ -1,0 +1,50 @@
+"""`corral`: the command line for operators. The `corral` group, its global options,
+and the one place where API failures become one line on stderr."""
+import click
+
+from corral.shared.clients import Rejected, Unreachable
+
+from . import jobs, nodes
+from .common import CliError, Env
+
+DEFAULT_ADDR = "http://127.0.0.1:9001"
+DEFAULT_REGISTRY_ADDR = "http://127.0.0.1:9000"
+
+
+class CorralGroup(click.Group):
+    """Turns the clients' failures into one clear line on stderr, never a traceback."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except Unreachable as exc:
+            env = ctx.find_object(Env)
+            raise (env.unreachable(exc) if env else CliError(str(exc))) from None
+        except Rejected as exc:
+            env = ctx.find_object(Env)
+            raise (env.rejected(exc) if env else CliError(exc.message)) from None
+
+
+@click.group(cls=CorralGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--addr", envvar="CORRAL_ADDR", default=DEFAULT_ADDR, show_default=True, metavar="URL",
+              help="The scheduler's address [env CORRAL_ADDR].")
+@click.option("--registry-addr", envvar="CORRAL_REGISTRY_ADDR", default=DEFAULT_REGISTRY_ADDR, show_default=True,
+              metavar="URL", help="The registry's address [env CORRAL_REGISTRY_ADDR].")
+@click.option("--token", envvar="CORRAL_TOKEN", metavar="TOKEN",
+              help="Bearer token sent with every request [env CORRAL_TOKEN].")
+@click.version_option(package_name="corral", prog_name="corral")
+@click.pass_context
+def cli(ctx: click.Context, addr: str, registry_addr: str, token: str | None) -> None:
+    """Submit and follow jobs, look at nodes and services of a Corral cluster."""
+    env = Env(addr, registry_addr, token)
+    ctx.obj = env
+    ctx.call_on_close(env.close)
+
+
+cli.add_command(jobs.job)
+cli.add_command(nodes.node)
+cli.add_command(nodes.service)
+
+
+def main() -> None:
+    cli(prog_name="corral")

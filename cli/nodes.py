@@ -1,0 +1,108 @@
+"""`corral node …` and `corral service …`: what the registry knows."""
+import click
+
+from . import format as fmt
+from .common import Env, echo_json, json_option
+
+
+def node_headers(nodes: list[dict]) -> list[str]:
+    headers = ["ID", "STATUS", "ADDRESS", "SLOTS", "RUNNING", "LABELS", "HEARTBEAT"]
+    if any("drained" in n for n in nodes):  # registries before drain support do not send it
+        headers.append("DRAINED")
+    return headers
+
+
+def node_row(node: dict, now: float, with_drained: bool) -> list:
+    row = [node.get("node_id"), fmt.status_cell(node.get("status")), node.get("address"), node.get("slots"),
+           node.get("running"), node.get("labels"), fmt.relative(node.get("last_heartbeat"), now)]
+    if with_drained:
+        drained = node.get("drained")
+        row.append(fmt.styled("yes", "yellow") if drained else ("no" if drained is False else "-"))
+    return row
+
+
+def service_row(svc: dict, now: float) -> list:
+    healthy = svc.get("healthy")
+    health = "healthy" if healthy else ("unhealthy" if healthy is False else "unknown")
+    return [svc.get("name"), svc.get("job_id"), svc.get("node_id"), svc.get("address"), svc.get("port"),
+            fmt.status_cell(health), fmt.relative(svc.get("checked_at"), now)]
+
+
+SERVICE_HEADERS = ["NAME", "JOB", "NODE", "ADDRESS", "PORT", "HEALTH", "CHECKED"]
+
+
+@click.group()
+def node() -> None:
+    """List nodes; drain and undrain them (registry)."""
+
+
+@node.command("list")
+@click.option("--status", type=click.Choice(["healthy", "unhealthy"]), help="Only nodes in this status.")
+@json_option()
+@click.pass_obj
+def list_nodes(env: Env, status: str | None, as_json: bool) -> None:
+    """The nodes the registry knows, with their health."""
+    nodes = env.registry.list_nodes(status=status)
+    if as_json:
+        echo_json(nodes)
+        return
+    if not nodes:
+        click.echo("no nodes", err=True)
+        return
+    headers = node_headers(nodes)
+    now = env.now()
+    fmt.emit(fmt.table(headers, [node_row(n, now, "DRAINED" in headers) for n in nodes], wide=("LABELS",)))
+
+
+def _set_drained(env: Env, node_id: str, drained: bool, as_json: bool) -> None:
+    env.subject = node_id
+    answer = env.registry.drain(node_id) if drained else env.registry.undrain(node_id)
+    if as_json:
+        echo_json(answer)
+    elif drained:
+        click.echo(f"{node_id}: drained (no new jobs go to it; what it runs finishes)")
+    else:
+        click.echo(f"{node_id}: undrained (it takes jobs again)")
+
+
+@node.command("drain")
+@click.argument("node_id")
+@json_option("Print the API's answer (the node's JSON).")
+@click.pass_obj
+def drain(env: Env, node_id: str, as_json: bool) -> None:
+    """Send no new jobs to a node; the jobs it runs finish."""
+    _set_drained(env, node_id, True, as_json)
+
+
+@node.command("undrain")
+@click.argument("node_id")
+@json_option("Print the API's answer (the node's JSON).")
+@click.pass_obj
+def undrain(env: Env, node_id: str, as_json: bool) -> None:
+    """Let a drained node take jobs again."""
+    _set_drained(env, node_id, False, as_json)
+
+
+@click.group()
+def service() -> None:
+    """List the services recorded in the registry."""
+
+
+@service.command("list")
+@click.option("--healthy", is_flag=True, help="Only services whose last health check passed.")
+@click.option("--name", help="Only services of this name.")
+@click.option("--node", "node_id", metavar="NODE", help="Only services on this node.")
+@json_option()
+@click.pass_obj
+def list_services(env: Env, healthy: bool, name: str | None, node_id: str | None, as_json: bool) -> None:
+    """Services (from service jobs) and their health."""
+    filters = {k: v for k, v in (("healthy", "true" if healthy else None), ("name", name), ("node_id", node_id)) if v}
+    services = env.registry.list_services(**filters)
+    if as_json:
+        echo_json(services)
+        return
+    if not services:
+        click.echo("no services", err=True)
+        return
+    now = env.now()
+    fmt.emit(fmt.table(SERVICE_HEADERS, [service_row(s, now) for s in services]))
