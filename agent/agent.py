@@ -1,18 +1,28 @@
 """The agent's logic: register, heartbeat, take jobs, run them, report how they ended.
 
 Each step is a small one-pass method (startup, register, heartbeat_once, poll_once,
-reap_once, reconcile_once, flush_reports) that tests call directly; run_forever
-only schedules them on two threads. The scheduler's database is the truth about
+claim_once, take_claimed, reap_once, reconcile_once, flush_reports) that tests
+call directly; run_forever only schedules them on threads (work loop, claim,
+heartbeat, lease, fence). The scheduler's database is the truth about
 jobs: the agent keeps in memory only the processes it runs and the reports it has
 not delivered yet, both of which die with it (services excepted: see below).
 
-Taking a job. The `running` report goes first and is the claim; it also says
-which limits the job will get (`limits_enforced`, `limits`). Then a worker thread
-per job prepares it: a fresh work dir, the `deploy_url` zip fetched and unpacked
-into it (artifacts.py), everything chowned to the job user (identity.py), a cgroup
-with the job's limits (cgroups.py); then it starts the process. The job holds its
-slot (it is in `_jobs`) from the claim on, so reconcile never takes it for lost,
-and the work loop never waits for a slow download. A job cancelled or timed out
+Taking a job. With long-poll (AGENT_LONG_POLL_SECS > 0, the default) a claim
+thread keeps one `POST /nodes/{id}/claim` waiting on the scheduler for as many
+jobs as there are free slots; the scheduler answers the moment work is placed
+here, each job already `running` for its attempt (the claim is the same
+transition as a `running` report, with the limits it will get). The claimed jobs
+go to the work loop through a queue (`_claimed`), and a slot that frees wakes the
+claim thread at once. Against a scheduler without the claim API (404/405) the
+agent falls back to polling: it asks `GET /jobs?node_id=..&status=pending` every
+POLL_INTERVAL_SECS and the `running` report goes first and is the claim; it also
+says which limits the job will get (`limits_enforced`, `limits`). Either way, a
+worker thread per job then prepares it: a fresh work dir, the `deploy_url` zip
+fetched and unpacked into it (artifacts.py), everything chowned to the job user
+(identity.py), a cgroup with the job's limits (cgroups.py); then it starts the
+process. The job holds its slot (in `_claimed`, then in `_jobs`) from the claim
+on, so reconcile never takes it for lost, and the work loop never waits for a
+slow download. A job cancelled or timed out
 while it is prepared is not started.
 
 Limits: the job's `memory_mb` / `cpu_percent`, or the node's default for its job
@@ -41,6 +51,7 @@ restart every service.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -75,6 +86,11 @@ RUN_SH = "run.sh"
 LEASE_TIMEOUT = (3.05, 5.0)
 # How often the work loop looks at its processes (finish, timeout) between polls.
 TICK_SECS = 0.1
+# An idle claim thread (no free slot, lease lapsed) looks again at least this often.
+CLAIM_IDLE_SECS = 1.0
+# Reports sent in one POST /jobs/reports: at most this many, and about this many bytes.
+REPORT_BATCH_MAX = 100
+REPORT_BATCH_BYTES = 1024 * 1024
 # Bounded effort to deliver the last reports when the agent stops.
 FLUSH_SECS = 5.0
 # A report refused as too large (413) is sent once more with this much output kept.
@@ -217,6 +233,21 @@ class Agent:
         self._stopping = False
         # Set when a job ends so the work loop asks for more work at once.
         self.slot_freed = threading.Event()
+        # Long-poll claims: jobs the claim thread took, waiting for the work loop to
+        # start them ((key, job) pairs, under _claim_lock, which also covers moving
+        # them into _jobs so that free slots are never counted twice or not at all).
+        self.long_poll = settings.long_poll_secs > 0  # False once the scheduler turned out not to have it
+        self._claim_lock = threading.Lock()
+        self._claimed: list[tuple[Key, dict]] = []
+        self._claim_wake = threading.Event()  # a slot freed: the claim thread asks at once
+        self._work_wake = threading.Event()   # claimed jobs, or a job's output closed: the work loop looks
+        # Claims sent and claims whose answer was handled (queued or failed), and jobs the
+        # scheduler lists here that this agent does not know, with the claims sent by then
+        # (see reconcile_once).
+        self._claims_sent = 0
+        self._claims_done = 0
+        self._suspects: dict[Key, int] = {}
+        self._batch_reports = True  # False once the scheduler turned out not to have POST /jobs/reports
         # The lease with the scheduler: when the last renewal that succeeded was sent
         # (this agent's monotonic clock) and the period the scheduler gave.
         self._lease_sent_at: float | None = None
@@ -230,7 +261,7 @@ class Agent:
         return len(self._jobs)
 
     def free_slots(self) -> int:
-        return max(0, self.settings.slots - len(self._jobs))
+        return max(0, self.settings.slots - len(self._jobs) - len(self._claimed))
 
     def running_keys(self) -> set[Key]:
         return set(self._jobs)
@@ -240,6 +271,11 @@ class Agent:
 
     def pending_reports(self) -> list[PendingReport]:
         return list(self._outbox)
+
+    def claimed_keys(self) -> list[Key]:
+        """Jobs claimed but not started yet (waiting for the work loop)."""
+        with self._claim_lock:
+            return [key for key, _ in self._claimed]
 
     def work_dir(self, job_id: str, attempt: int) -> str:
         return os.path.join(self.settings.work_root, f"{safe_path_part(job_id)}-{attempt}")
@@ -379,6 +415,33 @@ class Agent:
         if self.lease_lapsed():
             log.warning("lease renewed again after %.1fs", sent_at - self._lease_sent_at)
         self._lease_sent_at, self._lease_secs = sent_at, float(lease_secs)
+        self._end_stale(sent_at, answer.get("running"))
+
+    def _end_stale(self, sent_at: float, running) -> list[Key]:
+        """Kill the attempts the lease answer says are no longer running here.
+
+        Only jobs accepted before the renewal was sent count: the scheduler had
+        them running then, so one missing from its list was ended there (moved,
+        cancelled, timed out) and its process here is stale.
+        """
+        if not isinstance(running, list):
+            return []
+        listed = set()
+        for item in running:
+            try:
+                listed.add((str(item["job_id"]), job_attempt(item)))
+            except (KeyError, TypeError, ValueError):
+                return []  # a malformed list proves nothing; reconcile will look again
+        try:
+            holding = list(self._jobs.values())
+        except RuntimeError:  # the work loop changed the dict meanwhile: next renewal
+            return []
+        stale = [local for local in holding
+                 if local.started_at < sent_at and local.key not in listed and local.end_reason is None]
+        for local in stale:
+            log.warning("job %s attempt %s is stale according to the lease answer; killing it", *local.key)
+            self._end(local, END_RECONCILED)
+        return [local.key for local in stale]
 
     def lease_lapsed(self) -> bool:
         """True when no renewal succeeded for a whole lease period: the scheduler may
@@ -472,6 +535,122 @@ class Agent:
             self.flush_reports()  # jobs that could not start are reported at once
         return taken
 
+    def default_limits(self) -> dict:
+        """The limits this node gives jobs that ask for none, per job type (sent with claims)."""
+        return {job_type: dict(zip(("memory_mb", "cpu_percent"), self.settings.default_limits(job_type)))
+                for job_type in ("run", "service")}
+
+    def claim_once(self, client: SchedulerClient | None = None, wait_secs: float = 0.0
+                   ) -> tuple[list[Key], bool]:
+        """One claim for as many jobs as there are free slots, waiting up to wait_secs
+        for work. The jobs are already `running` in the scheduler; they are queued for
+        the work loop (take_claimed). Returns their keys and whether to pause before the
+        next claim (the scheduler could not wait). Raises ClientError; a Rejected 404 or
+        405 means the scheduler has no claim API."""
+        self._require_startup()
+        client = client or self.scheduler
+        if self._stopping or self.lease_lapsed():
+            return [], False
+        with self._claim_lock:
+            free = self.settings.slots - len(self._jobs) - len(self._claimed)
+        if free <= 0:
+            return [], False
+        sequence = self._claims_sent = self._claims_sent + 1
+        started = time.monotonic()
+        keys: list[Key] = []
+        try:
+            result = client.claim(self.node_id, free, wait_secs, limits_enforced=self.cgroups.enforced,
+                                  default_limits=self.default_limits())
+            with self._claim_lock:
+                for job in result.jobs:
+                    try:
+                        key = (str(job["job_id"]), job_attempt(job))
+                    except (KeyError, TypeError, ValueError) as exc:
+                        log.warning("ignoring a malformed claimed job from the scheduler (%s): %r", exc, job)
+                        continue
+                    self._claimed.append((key, job))
+                    keys.append(key)
+        finally:
+            self._claims_done = sequence  # after the jobs are queued: see reconcile_once
+        if keys:
+            self._work_wake.set()
+        if result.not_waited == "again":  # work came while it waited: ask again at once
+            return keys, False
+        pause = result.not_waited is not None or (
+            not keys and wait_secs > 0 and time.monotonic() - started < wait_secs / 2)
+        return keys, pause
+
+    def take_claimed(self) -> list[Key]:
+        """Start preparing the claimed jobs (work loop thread). A job whose older attempt
+        still ends here waits for it; with the lease lapsed a job is given back at once."""
+        taken = []
+        with self._claim_lock:
+            if not self._claimed or self._stopping:
+                return []
+            waiting = []
+            for key, job in self._claimed:
+                if any(local.job_id == key[0] for local in self._jobs.values()):
+                    waiting.append((key, job))
+                elif self.lease_lapsed():
+                    log.warning("job %s attempt %s was claimed but the lease lapsed; giving it back", *key)
+                    self._enqueue_failed(*key, -1, self._node_side_message(END_FENCED), requeue=True)
+                else:
+                    self._accept(job, key[0], key[1], self.plan(job))
+                    taken.append(key)
+            self._claimed = waiting
+        return taken
+
+    def _requeue_claimed(self) -> None:
+        """Stopping: claimed jobs that never started go back to the scheduler (requeued
+        without spending a retry)."""
+        with self._claim_lock:
+            claimed, self._claimed = self._claimed, []
+        for key, _ in claimed:
+            self._enqueue_failed(*key, -1, STOPPED_MESSAGE, requeue=True)
+
+    def _claim_loop(self, stop: threading.Event) -> None:
+        """The claim thread: keep one long-poll claim open while there are free slots.
+        Network failures back off and never end it; a scheduler without the claim API
+        (404/405) turns long-poll off and the work loop polls instead."""
+        client = self.scheduler.clone()
+        backoff = Backoff(1.0, 30.0)
+        wait_secs = self.settings.long_poll_secs
+        try:
+            while not stop.is_set() and not self._stopping:
+                if self.lease_lapsed() or self.free_slots() <= 0:
+                    self._claim_wake.wait(CLAIM_IDLE_SECS)
+                    self._claim_wake.clear()
+                    continue
+                try:
+                    _, pause = self.claim_once(client, wait_secs)
+                    backoff.reset()
+                except Rejected as exc:
+                    if exc.status in (404, 405):
+                        log.warning("the scheduler at %s has no claim API (%s); asking for work every "
+                                    "%.1fs instead", self.settings.scheduler_url, exc, self.settings.poll_interval)
+                        self.long_poll = False
+                        self.slot_freed.set()
+                        self._work_wake.set()
+                        return
+                    delay = backoff.next()
+                    log.warning("the scheduler refused a claim (%s); retrying in %.1fs", exc, delay)
+                    stop.wait(delay)
+                    continue
+                except ClientError as exc:
+                    delay = backoff.next()
+                    log.warning("claiming work failed: %s; retrying in %.1fs", exc, delay)
+                    stop.wait(delay)
+                    continue
+                except Exception:
+                    delay = backoff.next()
+                    log.exception("claiming work failed; retrying in %.1fs", delay)
+                    stop.wait(delay)
+                    continue
+                if pause:  # the scheduler could not wait (busy): ask again after the poll interval
+                    stop.wait(self.settings.poll_interval)
+        finally:
+            client.close()
+
     def _accept(self, job: dict, job_id: str, attempt: int, plan: Plan) -> None:
         if plan.error:
             log.warning("job %s attempt %s cannot run here: %s", job_id, attempt, plan.error)
@@ -530,6 +709,9 @@ class Agent:
                     prefix=cg.shim_prefix(), popen_kwargs=who.popen_kwargs(), cgroup=cg,
                     output_files=local.log_files)
                 local.cgroup = cg
+                if hasattr(local.process, "on_output_closed"):
+                    # The pipes close when the job exits: the work loop looks at once.
+                    local.process.on_output_closed = self._work_wake.set
                 if plan.job_type == "service":
                     self._service_started(local, job, port, cg)
             log.info("job %s attempt %s started (pid %d, %s, limits %s, timeout %s) in %s",
@@ -560,6 +742,7 @@ class Agent:
                 cg.kill()
                 cg.remove()
             local.prepared.set()
+            self._work_wake.set()
 
     def _check_not_ended(self, local: LocalJob) -> None:
         if local.end_reason is not None:
@@ -628,6 +811,7 @@ class Agent:
             ended.append(self._finish(local))
         if ended:
             self.slot_freed.set()
+            self._claim_wake.set()  # long-poll: ask for the next job at once
         self.flush_reports()
         return ended
 
@@ -731,17 +915,20 @@ class Agent:
     def flush_reports(self, force: bool = False) -> int:
         """Send the reports that are due (all of them with force); returns how many
         are still undelivered. Unreachable: kept and retried with backoff.
-        Rejected: the attempt is stale or unknown, nothing to retry; dropped."""
+        Rejected: the attempt is stale or unknown, nothing to retry; dropped.
+        Several due reports go in one POST /jobs/reports (falling back to one call
+        per report when the scheduler does not have it)."""
         now = self._clock()
-        for report in list(self._outbox):
-            if not force and report.next_try > now:
-                continue
+        due = [report for report in self._outbox if force or report.next_try <= now]
+        if len(due) >= 2 and self._batch_reports:
+            due = self._flush_batches(due)
+            if due is None:
+                return len(self._outbox)
+        for report in due:
             try:
                 self._send(report)
             except Unreachable as exc:
-                report.tries += 1
-                delay = report.backoff.next()
-                report.next_try = self._clock() + delay
+                delay = self._retry_later(report)
                 log.warning("could not deliver the %s report of job %s attempt %s (try %d): %s; "
                             "retrying in %.1fs", report.status, report.job_id, report.attempt,
                             report.tries, exc, delay)
@@ -751,6 +938,58 @@ class Agent:
                             "dropping it", report.status, report.job_id, report.attempt, exc)
             self._outbox.remove(report)
         return len(self._outbox)
+
+    def _retry_later(self, report: PendingReport) -> float:
+        report.tries += 1
+        delay = report.backoff.next()
+        report.next_try = self._clock() + delay
+        return delay
+
+    def _flush_batches(self, due: list[PendingReport]) -> list[PendingReport] | None:
+        """Send `due` in batches. Returns the reports still to send one by one, or None
+        when the scheduler could not be reached (they wait for their next try)."""
+        chunks: list[list[tuple[PendingReport, dict]]] = [[]]
+        size = 0
+        for report in due:
+            item = {"job_id": report.job_id, "node_id": self.node_id, "attempt": report.attempt,
+                    "status": report.status, **report.result}
+            length = len(json.dumps(item))
+            if chunks[-1] and (len(chunks[-1]) >= REPORT_BATCH_MAX or size + length > REPORT_BATCH_BYTES):
+                chunks.append([])
+                size = 0
+            chunks[-1].append((report, item))
+            size += length
+        for index, chunk in enumerate(chunks):
+            rest = [report for c in chunks[index:] for report, _ in c]
+            try:
+                results = self.scheduler.report_batch([item for _, item in chunk])
+            except Unreachable as exc:
+                for report, _ in chunk:
+                    delay = self._retry_later(report)
+                log.warning("could not deliver %d reports: %s; retrying in %.1fs", len(chunk), exc, delay)
+                return None
+            except Rejected as exc:
+                if exc.status in (404, 405):
+                    self._batch_reports = False
+                    log.info("the scheduler takes no report batches (%s); sending reports one by one", exc)
+                else:  # too large (413) or not understood: one by one handles each case
+                    log.warning("the scheduler refused a batch of %d reports (%s); sending them one by one",
+                                len(chunk), exc)
+                return rest
+            except ValueError as exc:
+                log.warning("%s; sending the reports one by one", exc)
+                return rest
+            for (report, _), result in zip(chunk, results):
+                code = result["code"]
+                if code == 200 or 400 <= code < 500:
+                    if code != 200:
+                        log.warning("the scheduler refused the %s report of job %s attempt %s (%s: %s); "
+                                    "dropping it", report.status, report.job_id, report.attempt, code,
+                                    result.get("error"))
+                    self._outbox.remove(report)
+                else:
+                    self._retry_later(report)
+        return []
 
     def _send(self, report: PendingReport) -> None:
         try:
@@ -777,38 +1016,60 @@ class Agent:
 
         A local job missing from the scheduler's running list was ended there
         (timed out, moved, cancelled): kill it (a service also leaves the registry),
-        do not report. Only jobs known before the request was sent count, since
-        their `running` report was accepted before it. A job listed as running here
-        that this agent neither runs nor still has a report for was lost (a restart,
-        a claim whose answer never arrived, a service that ended while no agent
-        watched it): it is reported failed so it does not hold the node forever.
+        do not report; a claimed job not started yet is simply dropped. Only jobs
+        known before the request was sent count, since their claim (or `running`
+        report) was accepted before it. A job listed as running here that this agent
+        neither runs nor still has a report for was lost (a restart, a claim whose
+        answer never arrived, a service that ended while no agent watched it): it is
+        reported failed so it does not hold the node forever. With long-poll, a
+        claim may be on its way back while the list is read, so such a job is
+        reported only once every claim sent before the list was read has been
+        handled (a later reconcile, at most one long poll later).
         Returns the keys of the jobs killed.
         """
         self._require_startup()
-        known = set(self._jobs)
+        self.take_claimed()
+        known = set(self._jobs) | set(self.claimed_keys())
         listed: set[Key] = set()
         for job in self.scheduler.running_on(self.node_id):
             try:
                 listed.add((str(job["job_id"]), job_attempt(job)))
             except (KeyError, TypeError, ValueError) as exc:
                 log.warning("ignoring a malformed job from the scheduler (%s): %r", exc, job)
+        claims_sent = self._claims_sent  # read after the list: claims that may be in it
         killed = []
         for key in sorted(known - listed):
             local = self._jobs.get(key)
-            if local is None or local.end_reason is not None:
+            if local is None:
+                self._drop_claimed(key)
+                continue
+            if local.end_reason is not None:
                 continue
             log.warning("job %s attempt %s is no longer running here according to the scheduler; "
                         "killing it", *key)
             self._end(local, END_RECONCILED)
             killed.append(key)
-        unreported = {(r.job_id, r.attempt) for r in self._outbox}
-        for job_id, attempt in sorted(listed - set(self._jobs) - unreported):
+        claims_done = self._claims_done  # before looking at the queue: what was handled is in it
+        unknown = listed - set(self._jobs) - set(self.claimed_keys()) - {(r.job_id, r.attempt)
+                                                                         for r in self._outbox}
+        self._suspects = {key: self._suspects.get(key, claims_sent) for key in unknown}
+        for key in sorted(unknown):
+            if claims_done < self._suspects[key]:
+                continue  # a claim that may have taken it has not been handled yet
+            del self._suspects[key]
             log.warning("job %s attempt %s is running on this node according to the scheduler, "
-                        "but this agent does not run it; reporting it failed", job_id, attempt)
-            self._enqueue_failed(job_id, attempt, -1,
-                                 f"the agent on node {self.node_id} was not running this job "
-                                 "(it restarted or lost track of it)")
+                        "but this agent does not run it; reporting it failed", *key)
+            self._enqueue_failed(*key, -1, f"the agent on node {self.node_id} was not running this job "
+                                           "(it restarted or lost track of it)")
         return killed
+
+    def _drop_claimed(self, key: Key) -> None:
+        with self._claim_lock:
+            before = len(self._claimed)
+            self._claimed = [(k, job) for k, job in self._claimed if k != key]
+            if len(self._claimed) != before:
+                log.info("job %s attempt %s was ended by the scheduler before it started here; "
+                         "not starting it", *key)
 
     # --- loops ------------------------------------------------------------------
 
@@ -855,7 +1116,8 @@ class Agent:
 
     def run_forever(self, stop_event: threading.Event, once: bool = False) -> int:
         """Start up (see startup()), register, then heartbeat on a thread of its own
-        and run the work loop in this thread until stop_event is set (or, with once,
+        and run the work loop in this thread (with long-poll, beside a claim thread:
+        see _claim_loop) until stop_event is set (or, with once,
         until the jobs of one successful poll have ended; services are left running).
         Then stop: see shutdown(). Returns the exit status: 0, or 1 in once mode when
         reports could not be delivered."""
@@ -903,41 +1165,71 @@ class Agent:
         next_reap = next_poll = self._clock()
         poll_ok = True
         polled = False  # once mode: a poll succeeded, take no more work
-        while not stop_event.is_set():
-            if once and polled and self._only_services_left():
-                return
-            now = self._clock()
-            if now >= next_reap:
-                try:
-                    self.reap_once()
-                    reap_backoff.reset()
-                except Exception:
-                    delay = reap_backoff.next()
-                    log.exception("checking jobs failed; retrying in %.1fs", delay)
-                    next_reap = self._clock() + delay
-            # A freed slot means poll now, unless the scheduler is failing (then the
-            # backoff decides).
-            if now >= next_poll or (poll_ok and self.slot_freed.is_set()):
-                self.slot_freed.clear()
-                try:
-                    self.reconcile_once()
-                    if not (once and polled):
-                        self.poll_once()
-                        polled = True
-                    poll_backoff.reset()
-                    poll_ok = True
-                    next_poll = self._clock() + self.settings.poll_interval
-                except Exception as exc:
-                    poll_ok = False
-                    delay = poll_backoff.next()
-                    if isinstance(exc, ClientError):
-                        log.warning("asking the scheduler for work failed: %s; retrying in %.1fs",
-                                    exc, delay)
-                    else:
-                        log.exception("asking the scheduler for work failed; retrying in %.1fs",
-                                      delay)
-                    next_poll = self._clock() + delay
-            stop_event.wait(TICK_SECS)
+        claim_stop = threading.Event()
+        claimer = None
+        if self.long_poll and not once:
+            claimer = threading.Thread(target=self._claim_loop, args=(claim_stop,), name="claim", daemon=True)
+            claimer.start()
+        try:
+            while not stop_event.is_set():
+                if once and polled and self._only_services_left():
+                    return
+                now = self._clock()
+                if now >= next_reap:
+                    try:
+                        self.reap_once()
+                        reap_backoff.reset()
+                    except Exception:
+                        delay = reap_backoff.next()
+                        log.exception("checking jobs failed; retrying in %.1fs", delay)
+                        next_reap = self._clock() + delay
+                self.take_claimed()
+                if claimer is not None and self.long_poll:
+                    # Long-poll: the claim thread takes work; compare with the scheduler
+                    # every poll interval (cancelled, moved, timed-out jobs end here).
+                    if now >= next_poll:
+                        next_poll = self._reconcile_paced(poll_backoff)
+                # A freed slot means poll now, unless the scheduler is failing (then the
+                # backoff decides).
+                elif now >= next_poll or (poll_ok and self.slot_freed.is_set()):
+                    self.slot_freed.clear()
+                    try:
+                        self.reconcile_once()
+                        if not (once and polled):
+                            self.poll_once()
+                            polled = True
+                        poll_backoff.reset()
+                        poll_ok = True
+                        next_poll = self._clock() + self.settings.poll_interval
+                    except Exception as exc:
+                        poll_ok = False
+                        delay = poll_backoff.next()
+                        if isinstance(exc, ClientError):
+                            log.warning("asking the scheduler for work failed: %s; retrying in %.1fs",
+                                        exc, delay)
+                        else:
+                            log.exception("asking the scheduler for work failed; retrying in %.1fs",
+                                          delay)
+                        next_poll = self._clock() + delay
+                self._work_wake.wait(TICK_SECS)
+                self._work_wake.clear()
+        finally:
+            claim_stop.set()
+            self._claim_wake.set()
+
+    def _reconcile_paced(self, backoff: Backoff) -> float:
+        """reconcile_once; when the next one is due."""
+        try:
+            self.reconcile_once()
+            backoff.reset()
+            return self._clock() + self.settings.poll_interval
+        except Exception as exc:
+            delay = backoff.next()
+            if isinstance(exc, ClientError):
+                log.warning("checking jobs with the scheduler failed: %s; retrying in %.1fs", exc, delay)
+            else:
+                log.exception("checking jobs with the scheduler failed; retrying in %.1fs", delay)
+            return self._clock() + delay
 
     def shutdown(self, flush_secs: float = FLUSH_SECS) -> int:
         """Stop taking work and leave the running services to the next agent (their
@@ -945,6 +1237,7 @@ class Agent:
         seconds, kill the rest (reported failed), then try for about flush_secs to
         deliver every report. Returns how many reports are still undelivered."""
         self._stopping = True
+        self._claim_wake.set()
         self.detach_services()
         if self._jobs:
             log.info("stopping: %d job(s) running, waiting up to %.1fs for them",
@@ -963,10 +1256,12 @@ class Agent:
             if not local.prepared.is_set():  # still downloading: it will never be started
                 del self._jobs[local.key]
                 self._enqueue_failed(local.job_id, local.attempt, -1, STOPPED_MESSAGE, requeue=True)
+        self._requeue_claimed()
         deadline = self._clock() + flush_secs
         while self._outbox and self._clock() < deadline:
             if self.flush_reports(force=True):
                 time.sleep(0.2)  # brief pause between tries; bounded by the deadline
+            self._requeue_claimed()  # a long poll that was under way may still have answered
         end = time.monotonic() + flush_secs  # ended services leave the registry, if it answers
         for monitor in self._closing:
             monitor.join(max(0.0, end - time.monotonic()))

@@ -260,6 +260,9 @@ class RunningJob:
         self._stop_reading = threading.Event()
         self._result: RunResult | None = None
         self._result_lock = threading.Lock()
+        # Called (from the reader thread) when the job's output pipes close, which
+        # normally means it exited: lets the agent look at once instead of at its next tick.
+        self.on_output_closed = None
         self._reader = None
         if output_files is None:
             self._reader = threading.Thread(target=self._read_pipes, daemon=True,
@@ -360,6 +363,12 @@ class RunningJob:
             sel.close()
             self._proc.stdout.close()
             self._proc.stderr.close()
+            hook = self.on_output_closed
+            if hook is not None:
+                try:
+                    hook()
+                except Exception:  # a hint only; the agent also looks every tick
+                    pass
 
 
 def group_has_live_member(pgid: int) -> bool:

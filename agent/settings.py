@@ -28,6 +28,8 @@ from .artifacts import Limits as ArtifactLimits
 # stay below that with room for the line the agent may append ("job timed out").
 MAX_TAIL_BYTES = 512 * 1024
 MiB = 1024 * 1024
+# The scheduler lets a claim wait at most 25 s (below gunicorn's graceful_timeout).
+MAX_LONG_POLL_SECS = 25.0
 
 # The design's per-job-type defaults.
 DEFAULT_RUN_MEMORY_MB = 512
@@ -42,6 +44,9 @@ class AgentSettings:
     registry_url: str = "http://127.0.0.1:9000"
     scheduler_url: str = "http://127.0.0.1:9001"
     poll_interval: float = 3.0
+    # Long-poll claims: how long each claim may wait on the scheduler for work; 0 turns
+    # long-poll off (the agent asks every poll_interval, as the original design did).
+    long_poll_secs: float = 20.0
     heartbeat_interval: float = 5.0
     state_dir: str = os.path.abspath("./var")
     slots: int = 1
@@ -136,6 +141,7 @@ class AgentSettings:
             registry_url=registry_url,
             scheduler_url=_url(env, "SCHEDULER_URL", cls.scheduler_url),
             poll_interval=_positive_float(env, "POLL_INTERVAL_SECS", 3.0),
+            long_poll_secs=env_float(env, "AGENT_LONG_POLL_SECS", 20.0, minimum=0, maximum=MAX_LONG_POLL_SECS),
             heartbeat_interval=_positive_float(env, "HEARTBEAT_INTERVAL_SECS", 5.0),
             state_dir=state_dir(env),
             slots=env_int(env, "AGENT_SLOTS", os.cpu_count() or 1, minimum=1),

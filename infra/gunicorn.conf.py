@@ -25,9 +25,13 @@ worker_class = "gthread"
 workers = 2
 
 # Threads per worker: concurrent requests per server = workers x threads. Every
-# agent polls the scheduler and heartbeats to the registry; raise this (or workers)
-# for a few hundred nodes.
-threads = 8
+# agent keeps one long-poll claim waiting on the scheduler, which holds a thread; a
+# worker lets threads - 8 claims wait (LONG_POLL_MAX_WAITERS) and keeps the rest for
+# submits, reads and reports. 2 workers x 128 threads: 240 long-polling agents. For
+# more nodes raise workers or threads so that workers x (threads - 8) >= nodes;
+# agents beyond it ask every POLL_INTERVAL_SECS instead (docs/dispatch.md). Threads
+# are started on demand; a waiting one costs little memory and no CPU.
+threads = 128
 
 # Seconds a worker may go silent before the master kills and replaces it (with
 # gthread this is a hung worker, not a slow request).

@@ -28,7 +28,7 @@ def open_database(url: str, synchronous: str = "NORMAL") -> peewee.Database:
     a SettingError: we never silently start on a new, empty database.
     """
     if url.startswith("sqlite"):
-        path = _sqlite_path(url)
+        path = sqlite_path(url)
         if path != ":memory:":
             _check_sqlite_file(path)
         return connect(url, pragmas={
@@ -40,7 +40,8 @@ def open_database(url: str, synchronous: str = "NORMAL") -> peewee.Database:
     return connect(url)
 
 
-def _sqlite_path(url: str) -> str:
+def sqlite_path(url: str) -> str:
+    """The file of a sqlite:// URL (or ':memory:')."""
     # sqlite:///relative.db, sqlite:////absolute.db, sqlite:///:memory:
     path = url.split("://", 1)[1]
     path = path[1:] if path.startswith("/") else path

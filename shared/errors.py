@@ -15,6 +15,18 @@ class BadRequest(CorralError):
     status = 400
 
 
+class BatchError(BadRequest):
+    """Items of a batch are invalid: `errors` lists {"index": i, "error": "..."}, one per
+    bad item, and nothing of the batch was stored. Answered as 400 with both `error`
+    (a summary) and `errors`."""
+
+    def __init__(self, errors: list[dict]):
+        first = errors[0]
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        super().__init__(f"item {first['index']}: {first['error']}{more}; nothing was stored")
+        self.errors = errors
+
+
 class NotFound(CorralError):
     status = 404
 

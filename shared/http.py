@@ -7,6 +7,7 @@ both services answer bad input the same way.
 import json
 import logging
 
+import peewee
 from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
@@ -18,8 +19,11 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_BODY_BYTES = 2 * 1024 * 1024
 
 
-def error_response(status: int, message: str) -> Response:
-    response = jsonify({"error": message})
+def error_response(status: int, message: str, errors: list | None = None) -> Response:
+    body = {"error": message}
+    if errors:
+        body["errors"] = errors  # a batch: what was wrong with each bad item
+    response = jsonify(body)
     response.status_code = status
     return response
 
@@ -27,7 +31,7 @@ def error_response(status: int, message: str) -> Response:
 def install_error_handlers(app: Flask) -> None:
     @app.errorhandler(CorralError)
     def _corral_error(exc: CorralError):
-        return error_response(exc.status, exc.message)
+        return error_response(exc.status, exc.message, getattr(exc, "errors", None))
 
     @app.errorhandler(HTTPException)
     def _http_error(exc: HTTPException):
@@ -39,6 +43,15 @@ def install_error_handlers(app: Flask) -> None:
         response = error_response(exc.code or 500, message)
         if exc.code == 405 and exc.valid_methods:
             response.headers["Allow"] = ", ".join(exc.valid_methods)
+        return response
+
+    @app.errorhandler(peewee.OperationalError)
+    def _database_busy(exc: peewee.OperationalError):
+        # The write lock stayed taken past the busy timeout (an overloaded SQLite)
+        # or the database went away: the request did nothing, and may be retried.
+        log.warning("database unavailable on %s %s: %s", request.method, request.path, exc)
+        response = error_response(503, "the database is busy or unavailable; nothing was changed, retry shortly")
+        response.headers["Retry-After"] = "1"
         return response
 
     @app.errorhandler(Exception)

@@ -18,16 +18,35 @@ from .errors import CorralError
 # gthread: one thread per in-flight request. Long-running requests (long-poll
 # claims) then hold a thread, not a worker, and the master's heartbeat keeps
 # gunicorn's `timeout` from killing them.
+#
+# Threads: every agent keeps one long-poll claim waiting on the scheduler, and a
+# waiting claim holds one thread. A worker lets `threads - 8` claims wait at once
+# (LONG_POLL_MAX_WAITERS) and keeps 8 threads for submits, reads and reports, so
+# 2 workers x 128 threads serve 240 long-polling agents. Beyond that, add workers
+# or threads (docs/dispatch.md); agents over the limit fall back to asking every
+# POLL_INTERVAL_SECS. gthread starts its threads lazily and a waiting one costs
+# little memory and no CPU, so the default is sized for a few hundred nodes.
 DEFAULTS = {
     "worker_class": "gthread",
     "workers": 2,
-    "threads": 8,
+    "threads": 128,
     "timeout": 60,
     "graceful_timeout": 30,
     "keepalive": 5,
     "control_socket_disable": True,
     "accesslog": None,
 }
+
+
+# The request threads of this process's gunicorn workers (set when the config is
+# loaded, before the fork; None outside gunicorn).
+_worker_threads: int | None = None
+
+
+def worker_threads() -> int:
+    """Requests one worker of this server serves at once: --threads for gthread
+    workers, 1 for any other worker class; DEFAULTS['threads'] outside gunicorn."""
+    return DEFAULTS["threads"] if _worker_threads is None else _worker_threads
 
 
 class _Gunicorn(Application):
@@ -48,6 +67,10 @@ class _Gunicorn(Application):
             self.load_config_from_file(self._config_file)
         for key, value in self._overrides.items():
             self.cfg.set(key, value)
+        global _worker_threads
+        kind = self.cfg.worker_class_str
+        threaded = kind in ("gthread", "ThreadWorker") or str(kind).endswith(".ThreadWorker")
+        _worker_threads = self.cfg.threads if threaded else 1
 
     def load(self):
         return self._loader()
@@ -66,7 +89,7 @@ def run_service(prog: str, default_port: int, prepare: Callable[[], None],
     parser.add_argument("--port", type=int, help=f"port to listen on (default {default_port})")
     parser.add_argument("--bind", help="gunicorn bind string, overrides --host/--port (e.g. unix:/run/x.sock, fd://3)")
     parser.add_argument("--workers", type=int, help="gunicorn worker processes (default 2)")
-    parser.add_argument("--threads", type=int, help="threads per worker (default 8)")
+    parser.add_argument("--threads", type=int, help=f"threads per worker (default {DEFAULTS['threads']})")
     parser.add_argument("--gunicorn-config", help="a gunicorn config file, applied over the defaults")
     parser.add_argument("--access-log", help="where to write the access log ('-' for stdout)")
     args = parser.parse_args(argv)

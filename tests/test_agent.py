@@ -47,7 +47,14 @@ class FakeClock:
 
 
 class FakeScheduler:
-    """Just enough of the scheduler API: pending/running lists and status reports."""
+    """Just enough of the scheduler API: pending/running lists, claims and status reports.
+
+    `claim_api` / `batch_api` False: the claim route / the report batch route answer
+    404, as an older scheduler would. A claim waits (at most FAKE_WAIT_SECS) for a job
+    to be added, as a long poll does.
+    """
+
+    FAKE_WAIT_SECS = 0.5
 
     def __init__(self, api: responses.RequestsMock, node_id: str = NODE):
         self.node_id = node_id
@@ -58,16 +65,27 @@ class FakeScheduler:
         self.refuse: dict[tuple[str, str], int] = {}  # (job_id, status) -> HTTP status
         self.down_for: dict[tuple[str, str], int] = {}  # (job_id, status) -> failures left
         self.on_report = None  # called with (job_id, body) before a report is applied
+        self.claim_api = True
+        self.batch_api = True
+        self.claims: list[dict] = []     # every claim body that arrived
+        self.batches: list[list] = []    # every report batch that arrived
+        self.changed = threading.Condition(threading.RLock())
         api.add_callback(responses.GET, re.compile(re.escape(SCHEDULER) + r"/jobs(\?.*)?$"),
                          callback=self._list)
-        api.add_callback(responses.POST, re.compile(re.escape(SCHEDULER) + r"/jobs/([^/]+)/status$"),
+        api.add_callback(responses.POST, re.compile(re.escape(SCHEDULER) + r"/jobs/reports$"),
+                         callback=self._report_batch)
+        api.add_callback(responses.POST, re.compile(re.escape(SCHEDULER) + r"/jobs/(job-[^/]+)/status$"),
                          callback=self._report)
+        api.add_callback(responses.POST, re.compile(re.escape(SCHEDULER) + r"/nodes/([^/]+)/claim$"),
+                         callback=self._claim)
 
     def add(self, job_id="job-1", command="echo hello", attempt=1, **fields) -> dict:
         job = {"job_id": job_id, "node_id": self.node_id, "command": command, "deploy_url": None,
                "job_type": "run", "env_vars": {}, "status": "pending", "attempt": attempt,
                "retry_count": 0, "timeout_secs": None, **fields}
-        self.pending.append(job)
+        with self.changed:
+            self.pending.append(job)
+            self.changed.notify_all()
         return job
 
     def statuses(self, job_id: str) -> list[str]:
@@ -79,12 +97,29 @@ class FakeScheduler:
     def _list(self, request):
         query = parse_qs(urlsplit(request.url).query)
         assert query["node_id"] == [self.node_id]
-        jobs = self.pending if query["status"] == ["pending"] else self.running
+        with self.changed:
+            jobs = list(self.pending if query["status"] == ["pending"] else self.running)
         return 200, {}, json.dumps(jobs)
+
+    def _claim(self, request):
+        body = json.loads(request.body)
+        self.claims.append(body)
+        if not self.claim_api:
+            return 404, {}, json.dumps({"error": "no such resource"})
+        assert request.url.endswith(f"/nodes/{self.node_id}/claim")
+        with self.changed:
+            self.changed.wait_for(lambda: self.pending, min(body.get("wait_secs", 20), self.FAKE_WAIT_SECS))
+            taken = self.pending[:body["max"]]
+            del self.pending[:len(taken)]
+            claimed = [dict(job, status="running") for job in taken]
+            self.running += claimed
+        return 200, {}, json.dumps(claimed)
 
     def _report(self, request):
         job_id = request.url.rsplit("/", 2)[-2]
-        body = json.loads(request.body)
+        return self._apply(job_id, json.loads(request.body))
+
+    def _apply(self, job_id, body):
         self.attempts.append((job_id, body))
         if self.on_report:
             self.on_report(job_id, body)
@@ -94,14 +129,35 @@ class FakeScheduler:
             return requests.ConnectionError("scheduler is down")
         if key in self.refuse:
             return self.refuse[key], {}, json.dumps({"error": "refused by the test"})
-        self.reports.append((job_id, body))
-        if body["status"] == "running":
-            job = next(j for j in self.pending if j["job_id"] == job_id)
-            self.pending.remove(job)
-            self.running.append(dict(job, status="running"))
-        else:
-            self.running = [j for j in self.running if j["job_id"] != job_id]
+        with self.changed:
+            self.reports.append((job_id, body))
+            if body["status"] == "running":
+                job = next(j for j in self.pending if j["job_id"] == job_id)
+                self.pending.remove(job)
+                self.running.append(dict(job, status="running"))
+            else:
+                self.running = [j for j in self.running if j["job_id"] != job_id]
         return 200, {}, json.dumps({"job_id": job_id, "status": body["status"]})
+
+    def _report_batch(self, request):
+        if not self.batch_api:
+            return 404, {}, json.dumps({"error": "no such resource"})
+        items = json.loads(request.body)["reports"]
+        self.batches.append(items)
+        if any(self.down_for.get((item["job_id"], item["status"]), 0) > 0 for item in items):
+            for item in items:
+                key = (item["job_id"], item["status"])
+                if self.down_for.get(key, 0) > 0:
+                    self.down_for[key] -= 1
+            return requests.ConnectionError("scheduler is down")
+        results = []
+        for index, item in enumerate(items):
+            body = {k: v for k, v in item.items() if k != "job_id"}
+            status, _, answer = self._apply(item["job_id"], body)
+            result = {"index": index, "job_id": item["job_id"], "code": status}
+            result.update({"job_status": body["status"]} if status == 200 else json.loads(answer))
+            results.append(result)
+        return 200, {}, json.dumps({"results": results})
 
 
 class FakeJobCgroup(cgroups.NullJobCgroup):
@@ -723,17 +779,25 @@ def run_in_thread(agent, stop, once=False):
     return thread, outcome
 
 
-def test_run_forever_runs_jobs_and_stops_cleanly(make_agent, scheduler, api):
+@pytest.mark.parametrize("long_poll_secs", [20.0, 0.0], ids=["long-poll", "polling"])
+def test_run_forever_runs_jobs_and_stops_cleanly(make_agent, scheduler, api, long_poll_secs):
     api.add(responses.POST, f"{REGISTRY}/nodes/{NODE}/heartbeat", json={})
-    agent = make_agent(clock=time.monotonic, slots=1)
+    agent = make_agent(clock=time.monotonic, slots=1, long_poll_secs=long_poll_secs)
     scheduler.add(job_id="job-1", command="echo one")
     scheduler.add(job_id="job-2", command="echo two")
     stop = threading.Event()
     thread, outcome = run_in_thread(agent, stop)
+    # A claim is the `running` transition: only a polling agent reports `running` itself.
+    started = [] if long_poll_secs else ["running"]
     try:
         # One slot: job-2 starts right after job-1 frees it.
-        wait_for(lambda: scheduler.statuses("job-2") == ["running", "done"], timeout=10,
+        wait_for(lambda: scheduler.statuses("job-2") == started + ["done"], timeout=10,
                  message="both jobs to be done")
+        if long_poll_secs:
+            assert scheduler.claims and all(claim["max"] == 1 for claim in scheduler.claims)
+            assert {claim["wait_secs"] for claim in scheduler.claims} == {20.0}
+        else:
+            assert scheduler.claims == []
         assert scheduler.final("job-1")["stdout"] == "one\n"
         wait_for(lambda: bodies(api, "/heartbeat"), timeout=5, message="a heartbeat")
 
@@ -772,11 +836,195 @@ def test_loops_survive_an_unreachable_scheduler(make_agent, api):
     try:
         wait_for(lambda: len([c for c in api.calls if "/jobs" in c.request.url]) >= 2, timeout=10,
                  message="the agent to ask the scheduler again")
-        assert thread.is_alive()
+        # The claim thread backs off and tries again; it never dies of a network failure.
+        wait_for(lambda: len([c for c in api.calls if c.request.url.endswith("/claim")]) >= 2, timeout=10,
+                 message="the claim thread to try again")
+        assert thread.is_alive() and any(t.name == "claim" for t in threading.enumerate())
     finally:
         stop.set()
         thread.join(10)
     assert outcome["code"] == 0
+
+
+# --- long-poll claims -------------------------------------------------------------------------
+
+
+def test_a_claimed_job_runs_without_a_running_report(make_agent, scheduler):
+    agent = make_agent(slots=3, cgroup_manager=FakeCgroups())
+    scheduler.add(job_id="job-1", command="echo one")
+    scheduler.add(job_id="job-2", command="echo two", job_type="service", memory_mb=64)
+    keys, pause = agent.claim_once(wait_secs=0)
+    assert keys == [("job-1", 1), ("job-2", 1)] and pause is False
+    (claim,) = scheduler.claims
+    assert claim == {"max": 3, "wait_secs": 0, "limits_enforced": True, "default_limits": {
+        "run": {"memory_mb": 512, "cpu_percent": 100}, "service": {"memory_mb": 1024, "cpu_percent": 200}}}
+    assert agent.free_slots() == 1 and agent.claimed_keys() == keys  # queued, holding their slots
+    assert agent.take_claimed() == keys and agent.claimed_keys() == []
+    wait_for(lambda: ("job-1", 1, "done") in agent.reap_once(), timeout=10, message="job-1 to end")
+    assert scheduler.statuses("job-1") == ["done"]  # the claim was the `running` transition
+    assert scheduler.final("job-1")["stdout"] == "one\n"
+
+
+def test_claims_ask_only_for_free_slots_and_not_while_the_lease_is_lapsed(make_agent, scheduler, clock, api):
+    agent = make_agent(slots=1)
+    scheduler.add(job_id="job-1", command="sleep 60")
+    assert agent.claim_once(wait_secs=0)[0] == [("job-1", 1)]
+    scheduler.add(job_id="job-2")
+    assert agent.claim_once(wait_secs=0) == ([], False)  # no free slot: the scheduler is not asked
+    assert len(scheduler.claims) == 1
+    agent.take_claimed()
+    api.add(responses.POST, f"{SCHEDULER}/nodes/{NODE}/lease", json={"node_id": NODE, "lease_secs": 5})
+    other = make_agent(slots=1)
+    other.renew_lease_once()
+    clock.advance(6)
+    assert other.lease_lapsed() and other.claim_once(wait_secs=0) == ([], False)
+    assert len(scheduler.claims) == 1
+
+
+def test_an_empty_answer_that_did_not_wait_means_pause(make_agent, api):
+    api.add(responses.POST, f"{SCHEDULER}/nodes/{NODE}/claim", json=[],
+            headers={"X-Corral-Long-Poll": "busy"})
+    agent = make_agent()
+    assert agent.claim_once(wait_secs=20) == ([], True)
+    # Without the header, an empty answer long before the deadline is also a reason to pause.
+    api.replace(responses.POST, f"{SCHEDULER}/nodes/{NODE}/claim", json=[])
+    assert agent.claim_once(wait_secs=20) == ([], True)
+    assert agent.claim_once(wait_secs=0) == ([], False)
+    # "again": work came while the claim waited; the next claim (at once) takes it.
+    api.replace(responses.POST, f"{SCHEDULER}/nodes/{NODE}/claim", json=[],
+                headers={"X-Corral-Long-Poll": "again"})
+    assert agent.claim_once(wait_secs=20) == ([], False)
+
+
+def test_long_poll_setting():
+    assert AgentSettings.from_env({"NODE_ID": "n1"}).long_poll_secs == 20.0
+    assert AgentSettings.from_env({"NODE_ID": "n1", "AGENT_LONG_POLL_SECS": "0"}).long_poll_secs == 0.0
+    with pytest.raises(SettingError, match="AGENT_LONG_POLL_SECS must be at most 25"):
+        AgentSettings.from_env({"NODE_ID": "n1", "AGENT_LONG_POLL_SECS": "30"})
+
+
+def test_without_the_claim_api_the_agent_falls_back_to_polling(make_agent, scheduler, api):
+    api.add(responses.POST, f"{REGISTRY}/nodes/{NODE}/heartbeat", json={})
+    scheduler.claim_api = False
+    agent = make_agent(clock=time.monotonic, slots=1)
+    scheduler.add(job_id="job-1", command="echo old scheduler")
+    stop = threading.Event()
+    thread, outcome = run_in_thread(agent, stop)
+    try:
+        wait_for(lambda: scheduler.statuses("job-1") == ["running", "done"], timeout=10,
+                 message="job-1 to run through the polling path")
+        assert len(scheduler.claims) == 1 and agent.long_poll is False
+        scheduler.add(job_id="job-2", command="echo again")
+        wait_for(lambda: scheduler.statuses("job-2") == ["running", "done"], timeout=10,
+                 message="job-2 to run through the polling path")
+        assert len(scheduler.claims) == 1  # asked once, then never again
+    finally:
+        stop.set()
+        thread.join(15)
+    assert outcome["code"] == 0
+
+
+def test_a_newer_attempt_waits_until_the_older_one_ended_here(make_agent, scheduler, tmp_path):
+    agent = make_agent(slots=2)
+    scheduler.add(job_id="job-1", command="trap '' TERM; sleep 60")
+    agent.claim_once(wait_secs=0)
+    agent.take_claimed()
+    wait_for(lambda: agent.local_job("job-1", 1).prepared.is_set(), timeout=5, message="job-1 to start")
+    # The scheduler moved it and placed it here again with attempt 2.
+    scheduler.running.clear()
+    scheduler.add(job_id="job-1", command="echo second", attempt=2)
+    agent.claim_once(wait_secs=0)
+    assert agent.take_claimed() == [] and agent.claimed_keys() == [("job-1", 2)]
+    assert agent.reconcile_once() == [("job-1", 1)]  # attempt 1 is no longer listed: killed
+    wait_for(lambda: ("job-1", 1, "killed") in agent.reap_once(), timeout=10, message="attempt 1 to end")
+    assert agent.take_claimed() == [("job-1", 2)]
+    wait_for(lambda: ("job-1", 2, "done") in agent.reap_once(), timeout=10, message="attempt 2 to end")
+    assert scheduler.final("job-1")["stdout"] == "second\n"
+
+
+def test_reconcile_waits_for_a_claim_on_its_way_before_reporting_a_job_lost(agent, scheduler):
+    # The scheduler lists job-9 here while a claim is still out: its answer may bring it.
+    scheduler.running.append({"job_id": "job-9", "node_id": NODE, "status": "running", "attempt": 3,
+                              "command": "true"})
+    agent._claims_sent = 1  # a claim sent, not answered yet
+    assert agent.reconcile_once() == [] and agent.pending_reports() == []
+    agent._claims_done = 1  # it came back without job-9: the attempt is lost
+    agent.reconcile_once()
+    (report,) = agent.pending_reports()
+    assert (report.job_id, report.attempt, report.status) == ("job-9", 3, "failed")
+
+
+def test_reconcile_drops_a_claimed_job_the_scheduler_ended_before_it_started(make_agent, scheduler):
+    agent = make_agent(slots=2)
+    scheduler.add(job_id="job-1", command="trap '' TERM; sleep 60")
+    agent.claim_once(wait_secs=0)
+    agent.take_claimed()
+    scheduler.running.clear()  # moved: placed here again as attempt 2, which waits for attempt 1
+    scheduler.add(job_id="job-1", command="echo second", attempt=2)
+    agent.claim_once(wait_secs=0)
+    assert agent.take_claimed() == [] and agent.claimed_keys() == [("job-1", 2)]
+    scheduler.running.clear()  # and attempt 2 is cancelled before it could start
+    assert agent.reconcile_once() == [("job-1", 1)]
+    assert agent.claimed_keys() == []
+    wait_for(lambda: ("job-1", 1, "killed") in agent.reap_once(), timeout=10, message="attempt 1 to end")
+    assert agent.take_claimed() == [] and agent.running_count() == 0
+    assert scheduler.reports == []  # nothing reported: the scheduler ended both
+
+
+def test_stopping_gives_claimed_jobs_that_never_started_back(make_agent, scheduler):
+    agent = make_agent(slots=2)
+    scheduler.add(job_id="job-1", command="true")
+    agent.claim_once(wait_secs=0)
+    assert agent.shutdown(flush_secs=2) == 0
+    final = scheduler.final("job-1")
+    assert (final["status"], final["requeue"], final["stderr"]) == ("failed", True, STOPPED_MESSAGE)
+
+
+# --- report batches ----------------------------------------------------------------------------
+
+
+def finished_jobs(agent, scheduler, *commands):
+    for n, command in enumerate(commands, 1):
+        scheduler.add(job_id=f"job-{n}", command=command)
+    agent.claim_once(wait_secs=0)
+    agent.take_claimed()
+    agent.flush_reports = lambda force=False: len(agent.pending_reports())  # hold the reports back
+    try:
+        wait_for(lambda: agent.reap_once() is not None and len(agent.pending_reports()) == len(commands),
+                 timeout=10, message="every job to end")
+    finally:
+        del agent.flush_reports
+
+
+def test_due_reports_go_in_one_batch(make_agent, scheduler):
+    agent = make_agent(slots=3)
+    finished_jobs(agent, scheduler, "echo a", "exit 3", "echo c")
+    scheduler.refuse[("job-2", "failed")] = 409  # a stale one among them
+    assert agent.flush_reports() == 0
+    (batch,) = scheduler.batches
+    assert sorted(item["job_id"] for item in batch) == ["job-1", "job-2", "job-3"]
+    assert all(item["node_id"] == NODE and item["attempt"] == 1 for item in batch)
+    assert scheduler.statuses("job-1") == ["done"] and scheduler.statuses("job-3") == ["done"]
+    assert scheduler.statuses("job-2") == []  # refused, dropped, the others delivered
+
+
+def test_reports_go_one_by_one_when_the_scheduler_has_no_batch_api(make_agent, scheduler):
+    scheduler.batch_api = False
+    agent = make_agent(slots=2)
+    finished_jobs(agent, scheduler, "echo a", "echo b")
+    assert agent.flush_reports() == 0
+    assert scheduler.batches == [] and scheduler.statuses("job-1") == scheduler.statuses("job-2") == ["done"]
+    assert agent._batch_reports is False
+
+
+def test_an_unreachable_batch_keeps_every_report(make_agent, scheduler, clock):
+    agent = make_agent(slots=2)
+    finished_jobs(agent, scheduler, "echo a", "echo b")
+    scheduler.down_for[("job-1", "done")] = 1
+    assert agent.flush_reports() == 2
+    assert all(r.tries == 1 for r in agent.pending_reports())
+    clock.advance(1.01)
+    assert agent.flush_reports() == 0 and len(scheduler.batches) == 2
 
 
 # --- cli ------------------------------------------------------------------------------------

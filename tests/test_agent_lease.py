@@ -75,3 +75,19 @@ def test_a_failed_renewal_does_not_extend_the_lease(make_agent, clock, api):
         pass
     clock.advance(6)
     assert agent.lease_lapsed() is True
+
+
+def test_the_lease_answer_ends_attempts_that_are_no_longer_running_here(make_agent, scheduler, clock, api):
+    agent = make_agent()
+    local = start_job(agent, scheduler, command="exec sleep 30")
+    clock.advance(1)
+    api.add(responses.POST, f"{SCHEDULER}/nodes/{NODE}/lease",
+            json={"node_id": NODE, "lease_secs": 20, "running": [{"job_id": "job-1", "attempt": 1}]})
+    agent.renew_lease_once()
+    assert local.end_reason is None                      # listed: it runs on
+    api.add(responses.POST, f"{SCHEDULER}/nodes/{NODE}/lease",
+            json={"node_id": NODE, "lease_secs": 20, "running": []})
+    agent.renew_lease_once()                             # cancelled or moved meanwhile
+    assert local.end_reason == "reconciled"
+    assert wait_for(agent.reap_once, timeout=10, message="the stale job to end") == [("job-1", 1, "killed")]
+    assert scheduler.statuses("job-1") in (["running"], [])  # killed, not reported

@@ -44,7 +44,9 @@ STATEFUL_EXAMPLES = 40
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    c = Cluster(tmp_path_factory.mktemp("openapi"))
+    # LONG_POLL_MAX_WAITERS=0: claims answer at once (X-Corral-Long-Poll: busy) instead of
+    # waiting up to 25 s each; waiting claims have tests of their own (test_dispatch.py).
+    c = Cluster(tmp_path_factory.mktemp("openapi"), LONG_POLL_MAX_WAITERS=0)
     try:
         c.start()
         yield c
@@ -242,6 +244,9 @@ BODY_OPERATIONS = [
     ("registry", "POST", "/services", {}),
     ("scheduler", "POST", "/jobs", {}),
     ("scheduler", "POST", "/jobs/{job_id}/status", {"job_id": "job-1"}),
+    ("scheduler", "POST", "/jobs/batch", {}),
+    ("scheduler", "POST", "/jobs/reports", {}),
+    ("scheduler", "POST", "/nodes/{node_id}/claim", {"node_id": "n1"}),
 ]
 
 
@@ -295,6 +300,9 @@ MALFORMED = [
     ("registry", "/services", DEEP),
     ("scheduler", "/jobs", '{"command": ' + DEEP + "}"),
     ("scheduler", "/jobs/job-1/status", DEEP),
+    ("scheduler", "/jobs/batch", '{"jobs": ' + DEEP + "}"),
+    ("scheduler", "/jobs/reports", '{"reports": [' + DEEP + "]}"),
+    ("scheduler", "/nodes/n1/claim", '{"max": 1, "default_limits": ' + DEEP + "}"),
     ("scheduler", "/jobs", '{"command": "true", "deploy_url": "http://[/build.zip"}'),
     ("scheduler", "/jobs", '{"command": "true", "deploy_url": "https://[::zz]/build.zip"}'),
     ("scheduler", "/jobs", '{"command": "true", "deploy_url": "https://a\uff03b/build.zip"}'),
@@ -303,6 +311,7 @@ MALFORMED = [
 
 @pytest.mark.parametrize("service,path,body", MALFORMED,
                          ids=["nodes-deep", "heartbeat-deep", "services-deep", "jobs-deep", "status-deep",
+                              "batch-deep", "reports-deep", "claim-deep",
                               "deploy-url-bracket", "deploy-url-bad-ipv6", "deploy-url-nfkc"])
 def test_malformed_body_is_a_bad_request(tmp_path, service, path, body):
     """Inputs the fuzzing is unlikely to build: the answer must still be the documented 400, not a 500."""

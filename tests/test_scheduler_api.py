@@ -487,3 +487,12 @@ def test_the_lease_answer_lists_the_attempts_running_on_the_node(client, store, 
     assert answer == {"node_id": "n1", "lease_secs": 20.0, "running": [{"job_id": a["job_id"], "attempt": 1}]}
     assert client.post("/nodes/n2/lease").json["running"] == []
     assert client.post("/nodes/bad%20id/lease").status_code == 400
+
+
+def test_a_busy_database_is_a_503_not_a_500(client, store, monkeypatch):
+    def locked(*args, **kwargs):
+        raise peewee.OperationalError("database is locked")
+    monkeypatch.setattr(store, "submit", locked)
+    response = client.post("/jobs", json={"command": "true"})
+    assert response.status_code == 503 and response.headers["Retry-After"] == "1"
+    assert "nothing was changed" in response.json["error"]

@@ -6,17 +6,23 @@ from urllib.parse import urlencode
 from flask import Flask, jsonify, request
 
 from corral.shared import db as dbmod
+from corral.shared import server
 from corral.shared.clients import RegistryClient
 from corral.shared.errors import BadRequest
 from corral.shared.http import base_app, query_choice, query_int, read_json_object, serve_openapi
 from corral.shared.states import ALL
 
-from . import loops, openapi, sns_outbox, sqs_intake, validation
+from . import longpoll, loops, openapi, sns_outbox, sqs_intake, validation, wakeup
 from .models import MODELS, database
 from .settings import SchedulerSettings
 from .store import Store
 
 MAX_PAGE = 1000
+# Answer header of a claim that answered [] before its deadline: "busy" (the process's
+# waiting room is full) or "stopping" (the worker is shutting down): ask again after a
+# pause; "again" (work came for the node after the claim had waited a while): ask
+# again at once. See longpoll.py.
+LONG_POLL_HEADER = "X-Corral-Long-Poll"
 
 
 def open_store(settings: SchedulerSettings) -> Store:
@@ -42,7 +48,20 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     dbmod.init_app(app, store.db)
     serve_openapi(app, openapi.DOCUMENT)
     app.extensions["corral.store"] = store
+    max_waiters = settings.long_poll_max_waiters
+    if max_waiters is None:
+        max_waiters = longpoll.default_max_waiters(server.worker_threads())
+
+    def check_nodes(node_ids: set[str]) -> set[str]:
+        with store.db.connection_context():
+            return store.nodes_with_work(node_ids)
+
+    sqlite_path = dbmod.sqlite_path(settings.database_url) if settings.database_url.startswith("sqlite") else None
+    room = longpoll.WaitRoom(wakeup.feed_for(settings.database_url, sqlite_path), max_waiters, check_nodes)
+    store.on_placed = room.poke
+    app.extensions["corral.wait_room"] = room
     if start_loops:
+        room.install_stop_signal()  # under gunicorn: SIGTERM ends every long poll at once
         app.extensions["corral.loops"] = loops.start(store, RegistryClient(settings.registry_url))
         if settings.sqs_url:
             app.extensions["corral.sqs_intake"] = sqs_intake.start(store)
@@ -52,6 +71,31 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     @app.get("/stats")
     def stats():
         return jsonify(store.stats(clock()))
+
+    @app.post("/jobs/batch")
+    def submit_batch():
+        items = validation.job_batch(read_json_object())
+        key = validation.idempotency_key(request.headers.get("Idempotency-Key"))
+        if key is not None and len(key) > 250:
+            raise BadRequest("the Idempotency-Key header of a batch must be at most 250 characters")
+        jobs, created = store.submit_batch(items, clock(), key)
+        return jsonify([store.job_view(j) for j in jobs]), 201 if created else 200
+
+    @app.post("/jobs/reports")
+    def report_batch():
+        items = validation.report_batch(read_json_object())
+        return jsonify({"results": store.report_batch(items, clock())})
+
+    @app.post("/nodes/<node_id>/claim")
+    def claim(node_id):
+        if not validation.NODE_ID_RE.match(node_id):
+            raise BadRequest("the node id must be letters, digits, '.', '_' or '-' (at most 128)")
+        body = validation.claim_request(read_json_object())
+        answer = longpoll.claim(store, room, node_id, body, clock, request.environ.get("gunicorn.socket"))
+        response = jsonify([store.job_view(j) for j in answer.jobs])
+        if answer.outcome in (longpoll.BUSY, longpoll.STOPPING, longpoll.AGAIN):
+            response.headers[LONG_POLL_HEADER] = answer.outcome
+        return response
 
     @app.post("/jobs")
     def submit():

@@ -7,7 +7,10 @@ lease row decides which one does the work. One pass:
   registry cannot be reached the cached list stays, so dispatch goes on;
 - unplaces pending jobs of nodes that turned unhealthy and places waiting jobs;
 - requeues running jobs of nodes whose agent stopped renewing its lease;
-- fails `run` jobs past JOB_TIMEOUT_SECS (every TIMEOUT_CHECK_SECS).
+- fails `run` jobs past JOB_TIMEOUT_SECS (every TIMEOUT_CHECK_SECS);
+- deletes finished jobs older than JOB_RETENTION_SECS with their events, at most
+  JOB_PURGE_BATCH per pass (one short transaction), every PURGE_INTERVAL_SECS
+  or on the next pass while a backlog remains.
 
 The SQS intake (sqs_intake.py) and the SNS outbox (sns_outbox.py) are loops
 of their own, each behind its own lease, run with `PacedLoopThread`.
@@ -23,6 +26,8 @@ from .store import Store
 log = logging.getLogger(__name__)
 
 LEASE_NAME = "scheduler-loops"
+# How often the retention purge looks for old finished jobs when there is no backlog.
+PURGE_INTERVAL_SECS = 60.0
 
 
 class Background:
@@ -35,6 +40,7 @@ class Background:
         self.lease_ttl = max(10.0, 5 * self.settings.dispatch_interval_secs)
         self.next_sync = 0.0
         self.next_timeout_check = 0.0
+        self.next_purge = 0.0
         self.registry_down_since: float | None = None
         self.token: int | None = None
         self.leader_since = 0.0
@@ -61,7 +67,21 @@ class Background:
             self.next_timeout_check = now + self.settings.timeout_check_secs
             for job_id in self.store.fail_timed_out(now):
                 log.warning("%s timed out after %.0fs; failed", job_id, self.settings.job_timeout_secs)
+        self.purge(now)
         return True
+
+    def purge(self, now: float) -> int:
+        """One bounded chunk of the retention purge, when it is due."""
+        retention = self.settings.job_retention_secs
+        if retention <= 0 or now < self.next_purge:
+            return 0
+        batch = self.settings.job_purge_batch
+        purged = self.store.purge_finished(now - retention, batch)
+        # A full chunk means more are waiting: the next pass goes on; else wait a while.
+        self.next_purge = now if purged >= batch else now + PURGE_INTERVAL_SECS
+        if purged:
+            log.info("deleted %d job(s) that finished more than %.0fs ago", purged, retention)
+        return purged
 
     def refresh_nodes(self, now: float) -> None:
         try:

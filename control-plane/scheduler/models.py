@@ -21,7 +21,8 @@ class BaseModel(peewee.Model):
 
 
 class Job(BaseModel):
-    # Never reused: the retention purge (when there is one) keeps the newest row.
+    # Never reused: the retention purge (Store.purge_finished, JOB_RETENTION_SECS) always
+    # keeps the newest row, because SQLite hands out max(id) + 1 without AUTOINCREMENT.
     id = peewee.AutoField()
     command = peewee.TextField(null=True)
     deploy_url = peewee.TextField(null=True)
@@ -62,6 +63,7 @@ class Job(BaseModel):
         indexes = (
             (("status", "node_id"), False),
             (("node_id", "status"), False),
+            (("finished_at",), False),   # the retention purge (created on start in older databases too)
         )
 
     @property

@@ -20,6 +20,30 @@ JOB_TYPES = ["run", "service"]
 JOB_ID_PARAM = {"name": "job_id", "in": "path", "required": True, "description": "A job id such as `job-42`.",
                 "schema": {"type": "string", "pattern": JOB_ID_PATTERN}}
 
+STATUS_REPORT_PROPERTIES = {
+    "node_id": {"type": "string", "pattern": NAME_PATTERN, "description": "The reporting node."},
+    "attempt": {"type": "integer", "minimum": 0, "maximum": 1000000000,
+                "description": "The attempt the report is about (the job's `attempt` when it was claimed)."},
+    "status": {"type": "string", "enum": ["running", "done", "failed"]},
+    "exit_code": {"type": "integer", "nullable": True, "minimum": -255, "maximum": 255},
+    "stdout": {"type": "string", "nullable": True, "maxLength": 524288,
+               "description": "Output tail; the scheduler keeps the last CORRAL_OUTPUT_TAIL_BYTES."},
+    "stderr": {"type": "string", "nullable": True, "maxLength": 524288},
+    "limits_enforced": {"type": "boolean", "nullable": True,
+                        "description": "With `running`: whether the node applies cgroup limits."},
+    "limits": {"allOf": [_ref("Limits")], "nullable": True,
+               "description": "With `running`: the limits the node applies."},
+    "oom_killed": {"type": "boolean", "nullable": True,
+                   "description": "With `failed`: the kernel killed the job at its memory limit."},
+    "peak_memory_bytes": {"type": "integer", "nullable": True, "minimum": 0,
+                          "maximum": 4611686018427387904},
+    "cpu_seconds": {"type": "number", "nullable": True, "minimum": 0, "exclusiveMaximum": True,
+                    "maximum": 1e12},
+    "requeue": {"type": "boolean", "nullable": True,
+                "description": "With `failed`: the node gave the attempt up (its agent stopped, or its lease "
+                               "lapsed); the job is requeued without spending a retry."},
+}
+
 SCHEMAS = {
     **COMMON_SCHEMAS,
     "JobRequest": {
@@ -93,25 +117,87 @@ SCHEMAS = {
             {"required": ["exit_code"],
              "properties": {"status": {"type": "string", "enum": ["failed"]}, "exit_code": {"type": "integer"}}},
         ],
+        "properties": STATUS_REPORT_PROPERTIES,
+    },
+    "JobBatch": {
+        "type": "object",
+        "description": "Up to 1,000 job requests, stored in ONE transaction: all of them or, when any item "
+                       "is invalid, none.",
+        "additionalProperties": False,
+        "required": ["jobs"],
         "properties": {
-            "node_id": {"type": "string", "pattern": NAME_PATTERN, "description": "The reporting node."},
-            "attempt": {"type": "integer", "minimum": 0, "maximum": 1000000000,
-                        "description": "The attempt the report is about (the job's `attempt` when it was claimed)."},
-            "status": {"type": "string", "enum": ["running", "done", "failed"]},
-            "exit_code": {"type": "integer", "nullable": True, "minimum": -255, "maximum": 255},
-            "stdout": {"type": "string", "nullable": True, "maxLength": 524288,
-                       "description": "Output tail; the scheduler keeps the last CORRAL_OUTPUT_TAIL_BYTES."},
-            "stderr": {"type": "string", "nullable": True, "maxLength": 524288},
+            "jobs": {"type": "array", "minItems": 1, "maxItems": 1000, "items": _ref("JobRequest"),
+                     "description": "Each item is a POST /jobs body."},
+        },
+    },
+    "BatchError": {
+        "type": "object",
+        "description": "A batch with invalid items: `errors` names each one by its index; nothing was stored.",
+        "required": ["error"],
+        "properties": {
+            "error": {"type": "string", "description": "A summary, for a human."},
+            "errors": {"type": "array", "items": {
+                "type": "object", "required": ["index", "error"],
+                "properties": {"index": {"type": "integer", "minimum": 0},
+                               "error": {"type": "string"}}}},
+        },
+    },
+    "BatchReport": {
+        "type": "object",
+        "description": "One item of a report batch: a POST /jobs/{job_id}/status body plus the job's id.",
+        "additionalProperties": False,
+        "required": ["job_id", "node_id", "attempt", "status"],
+        "properties": {
+            "job_id": {"type": "string", "pattern": JOB_ID_PATTERN},
+            **{name: schema for name, schema in STATUS_REPORT_PROPERTIES.items()},
+        },
+    },
+    "ReportBatch": {
+        "type": "object",
+        "description": "Up to 1,000 status reports (agents). Each is applied on its own: a refused one "
+                       "changes nothing and does not stop the others.",
+        "additionalProperties": False,
+        "required": ["reports"],
+        "properties": {
+            "reports": {"type": "array", "minItems": 1, "maxItems": 1000, "items": _ref("BatchReport")},
+        },
+    },
+    "ReportResults": {
+        "type": "object",
+        "required": ["results"],
+        "properties": {
+            "results": {"type": "array", "description": "One result per report, in the order sent.", "items": {
+                "type": "object", "required": ["index", "job_id", "code"],
+                "properties": {
+                    "index": {"type": "integer", "minimum": 0},
+                    "job_id": {"type": "string", "description": "As sent (empty when it was missing)."},
+                    "code": {"type": "integer", "enum": [200, 400, 404, 409],
+                             "description": "What POST /jobs/{job_id}/status would have answered."},
+                    "job_status": {"type": "string", "enum": STATUSES,
+                                   "description": "With code 200: the job's status after the report."},
+                    "attempt": {"type": "integer", "minimum": 0, "description": "With code 200."},
+                    "error": {"type": "string", "description": "With any other code: why it was refused."},
+                }}},
+        },
+    },
+    "ClaimRequest": {
+        "type": "object",
+        "description": "What an agent asks for: up to `max` jobs, waiting up to `wait_secs` for work.",
+        "additionalProperties": False,
+        "required": ["max"],
+        "properties": {
+            "max": {"type": "integer", "minimum": 1, "maximum": 1000,
+                    "description": "The most jobs to take (the agent's free slots); the scheduler never gives "
+                                   "more than the node's free slots either."},
+            "wait_secs": {"type": "number", "nullable": True, "minimum": 0, "maximum": 25, "default": 20,
+                          "description": "How long to wait when nothing is claimable; 0 answers at once."},
             "limits_enforced": {"type": "boolean", "nullable": True,
-                                "description": "With `running`: whether the node applies cgroup limits."},
-            "limits": {"allOf": [_ref("Limits")], "nullable": True,
-                       "description": "With `running`: the limits the node applies."},
-            "oom_killed": {"type": "boolean", "nullable": True,
-                           "description": "With `failed`: the kernel killed the job at its memory limit."},
-            "peak_memory_bytes": {"type": "integer", "nullable": True, "minimum": 0,
-                                  "maximum": 4611686018427387904},
-            "cpu_seconds": {"type": "number", "nullable": True, "minimum": 0, "exclusiveMaximum": True,
-                            "maximum": 1e12},
+                                "description": "Whether the node applies cgroup limits (recorded on each job)."},
+            "default_limits": {
+                "type": "object", "nullable": True, "additionalProperties": False,
+                "description": "The node's limits for jobs that ask for none, per job type.",
+                "properties": {"run": {"allOf": [_ref("Limits")], "nullable": True},
+                               "service": {"allOf": [_ref("Limits")], "nullable": True}}},
         },
     },
     "Job": {
@@ -316,6 +402,82 @@ PATHS = {
                           "409": _error("Conflict")},
         },
     },
+    "/jobs/batch": {
+        "post": {
+            "operationId": "submitJobs", "tags": ["jobs"], "summary": "Submit up to 1,000 jobs at once.",
+            "description": "Every item is checked as POST /jobs checks one, and all are stored in ONE "
+                           "transaction: when any item is invalid the answer is 400 with an `errors` entry "
+                           "(its index and what is wrong) per bad item, and nothing is stored. On success "
+                           "the answer is 201 with the jobs in request order, placed as far as nodes have "
+                           "room. With an `Idempotency-Key`, item i is stored under `KEY:i`: sending the "
+                           "same batch again answers 200 with the same jobs.",
+            "parameters": [{"name": "Idempotency-Key", "in": "header", "required": False,
+                            "description": "A client-chosen key for the whole batch (1-250 printable ASCII "
+                                           "characters, no spaces).",
+                            "schema": {"type": "string", "pattern": r"^[\x21-\x7e]{1,250}$"}}],
+            "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("JobBatch")}}},
+            "responses": {
+                "201": _json({"type": "array", "items": _ref("Job")}, "The new jobs, in request order."),
+                "200": _json({"type": "array", "items": _ref("Job")},
+                             "A repeat of an earlier batch with the same Idempotency-Key: those jobs."),
+                "400": _json(_ref("BatchError"), "The body or an item is invalid; nothing was stored."),
+                "409": _error("Conflict"),
+                "413": _error("PayloadTooLarge"),
+                "415": _error("UnsupportedMediaType"),
+            },
+        },
+    },
+    "/jobs/reports": {
+        "post": {
+            "operationId": "reportStatuses", "tags": ["agents"], "summary": "Report on many attempts at once (agents).",
+            "description": "Each item is applied as POST /jobs/{job_id}/status would apply it, on its own: a "
+                           "refused report (stale attempt, other node, illegal move, invalid item) changes "
+                           "nothing and does not stop the others. The answer has one result per item. A 400 "
+                           "answer is about the body as a whole (not an object, no `reports` array, more "
+                           "than 1,000 items).",
+            "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("ReportBatch")}}},
+            "responses": {
+                "200": _json(_ref("ReportResults"), "What happened to each report."),
+                "400": _error("BadRequest"),
+                "413": _error("PayloadTooLarge"),
+                "415": _error("UnsupportedMediaType"),
+            },
+        },
+    },
+    "/nodes/{node_id}/claim": {
+        "parameters": [{"name": "node_id", "in": "path", "required": True, "description": "The agent's node id.",
+                        "schema": {"type": "string", "pattern": NAME_PATTERN}}],
+        "post": {
+            "operationId": "claimJobs", "tags": ["agents"], "summary": "Take jobs placed on a node (agents).",
+            "description": "Atomically takes up to `max` pending jobs placed on the node (never more than its "
+                           "free slots): each becomes `running` for its current attempt, exactly as a "
+                           "`running` status report would make it, and goes to this claim only. When "
+                           "nothing is claimable the request waits up to `wait_secs` and answers as soon as "
+                           "work for the node exists, or `[]` at the deadline. A claim also renews the "
+                           "node's lease. A claim that could not wait (the server's long-poll capacity, "
+                           "LONG_POLL_MAX_WAITERS, is in use, or it is stopping) answers at once with the "
+                           "`X-Corral-Long-Poll` header; ask again after a pause. Work that comes after the "
+                           "claim has waited 1 s is not handed to it (the request is no proof the agent is "
+                           "still alive): it answers `[]` with `X-Corral-Long-Poll: again`; ask again at once.",
+            "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("ClaimRequest")}}},
+            "responses": {
+                "200": _json({"type": "array", "items": _ref("Job")},
+                             "The claimed jobs (status `running`, with their attempt), possibly none.",
+                             headers={"X-Corral-Long-Poll": {
+                                 "description": "Present when an empty answer came before the deadline: "
+                                                "`busy` (too many claims wait in this server process) or "
+                                                "`stopping` (ask again after a pause), or `again` (work "
+                                                "came after the claim had waited a while: ask again at once "
+                                                "to take it).",
+                                 "required": False,
+                                 "schema": {"type": "string", "enum": ["busy", "stopping", "again"]}}}),
+                "400": _error("BadRequest"),
+                "404": _error("NotFound"),
+                "413": _error("PayloadTooLarge"),
+                "415": _error("UnsupportedMediaType"),
+            },
+        },
+    },
     "/nodes/{node_id}/lease": {
         "parameters": [{"name": "node_id", "in": "path", "required": True, "description": "The agent's node id.",
                         "schema": {"type": "string", "pattern": NAME_PATTERN}}],
@@ -380,7 +542,7 @@ DOCUMENT = {
     "info": {
         "title": "Corral scheduler",
         "version": "0.1.0",
-        "description": "Submit shell jobs and follow them; agents poll for work and report on it. "
+        "description": "Submit shell jobs and follow them; agents claim work (long-poll) and report on it. "
                        "Every error is JSON `{\"error\": \"...\"}`.",
     },
     "tags": [

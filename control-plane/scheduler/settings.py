@@ -30,6 +30,13 @@ class SchedulerSettings:
     max_node_losses: int = 3
     output_tail_bytes: int = 64 * 1024
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    # Long-poll claims (docs/dispatch.md): claims waiting at once per server process;
+    # None: the worker's threads minus 8 (longpoll.default_max_waiters).
+    long_poll_max_waiters: int | None = None
+    # Finished jobs older than this are deleted with their events (0: kept forever),
+    # at most job_purge_batch per background pass.
+    job_retention_secs: float = 7 * 86400.0
+    job_purge_batch: int = 500
     # SQS intake and SNS notifications (docs/sqs-sns.md); off while the URL / ARN is unset.
     sqs_url: str | None = None
     sqs_dlq_url: str | None = None
@@ -73,6 +80,9 @@ class SchedulerSettings:
             max_node_losses=s.env_int(env, "MAX_NODE_LOSSES", 3, minimum=0, maximum=100),
             output_tail_bytes=s.env_int(env, "CORRAL_OUTPUT_TAIL_BYTES", 64 * 1024, minimum=256),
             max_body_bytes=s.env_int(env, "CORRAL_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, minimum=1024),
+            long_poll_max_waiters=_optional_int(env, "LONG_POLL_MAX_WAITERS", minimum=0, maximum=100_000),
+            job_retention_secs=s.env_float(env, "JOB_RETENTION_SECS", 7 * 86400.0, minimum=0.0),
+            job_purge_batch=s.env_int(env, "JOB_PURGE_BATCH", 500, minimum=1, maximum=100_000),
             **aws_settings(env),
         )
 
@@ -107,6 +117,12 @@ def aws_settings(env: Mapping[str, str]) -> dict:
                                              maximum=300.0),
         aws_read_timeout_secs=s.env_float(env, "CORRAL_AWS_READ_TIMEOUT_SECS", 10.0, minimum=0.1, maximum=300.0),
     )
+
+
+def _optional_int(env: Mapping[str, str], name: str, minimum: int, maximum: int) -> int | None:
+    if s.env_str(env, name, None) is None:
+        return None
+    return s.env_int(env, name, 0, minimum=minimum, maximum=maximum)
 
 
 def _queue_url(env: Mapping[str, str], name: str) -> str | None:

@@ -14,10 +14,13 @@ outbox (sns_outbox) for every final status, in the same transaction: the
 notification exists exactly when the status change does (sns_outbox.py
 publishes it).
 """
+import logging
+from collections.abc import Callable
+
 import peewee
 from peewee import fn
 
-from corral.shared.errors import BadRequest, Conflict, NotFound
+from corral.shared.errors import BadRequest, BatchError, Conflict, CorralError, NotFound
 from corral.shared.states import ACTIVE, ALL, FINAL, JobStatus, after_failure, check_transition
 from corral.shared.timeutil import iso
 
@@ -26,14 +29,24 @@ from .models import Counter, Job, JobEvent, Node, NodeLease, OutboxEvent, Schedu
 from .settings import SchedulerSettings
 from .validation import parse_job_id, request_hash
 
+log = logging.getLogger(__name__)
+
 RR_CURSOR = "rr_cursor"
 FINAL_STATUSES = frozenset(s.value for s in FINAL)
+# The design's default limits per job type, for a claim whose agent sent no defaults of its own.
+DESIGN_LIMITS = {"run": {"memory_mb": 512, "cpu_percent": 100},
+                 "service": {"memory_mb": 1024, "cpu_percent": 200}}
+# Rows per INSERT of a batch (well under every database's limit of bound parameters).
+INSERT_CHUNK = 500
 
 
 class Store:
     def __init__(self, db: peewee.Database, settings: SchedulerSettings):
         self.db = db
         self.settings = settings
+        # Called after a commit that placed jobs, with the ids of their nodes
+        # (longpoll.WaitRoom.poke: waiting claims of those nodes wake at once).
+        self.on_placed: Callable[[set[str]], None] | None = None
 
     # ---- views -------------------------------------------------------------
 
@@ -96,6 +109,25 @@ class Store:
             return []
         return self.list_jobs(node_id=node_id, status="pending", limit=free)
 
+    def nodes_with_work(self, node_ids: set[str]) -> set[str]:
+        """Which of these nodes have something to claim: pending jobs placed on them and
+        a free slot (for the waiting claims of a process: one grouped count, and the
+        node rows of those that have pending jobs)."""
+        if not node_ids:
+            return set()
+        pending: dict[str, int] = {}
+        running: dict[str, int] = {}
+        for node_id, status, count in (Job.select(Job.node_id, Job.status, fn.COUNT(Job.id))
+                                       .where(Job.node_id.in_(sorted(node_ids))
+                                              & Job.status.in_(["pending", "running"]))
+                                       .group_by(Job.node_id, Job.status).tuples()):
+            (pending if status == "pending" else running)[node_id] = count
+        if not pending:
+            return set()
+        capacity = {n.node_id: self._capacity(n) for n in Node.select().where(Node.node_id.in_(sorted(pending)))}
+        return {node_id for node_id in pending
+                if running.get(node_id, 0) < capacity.get(node_id, self.settings.max_jobs_per_node)}
+
     # ---- writes ------------------------------------------------------------
 
     def submit(self, fields: dict, now: float, idempotency_key: str | None = None) -> tuple[Job, bool]:
@@ -134,8 +166,74 @@ class Store:
             raise Conflict(f"the Idempotency-Key {key!r} was used for {existing.job_id} with a different request")
         return existing
 
-    def report(self, job_id: str, report: dict, now: float) -> Job:
-        """Apply an agent's report; refuses other nodes, stale attempts and illegal moves."""
+    def submit_batch(self, items: list[dict], now: float, idempotency_key: str | None = None
+                     ) -> tuple[list[Job], bool]:
+        """Create many pending jobs (validated requests) in ONE transaction, then place them.
+
+        All or nothing: an item whose limits no node allows raises BatchError and
+        nothing is stored. With an idempotency key, item i gets the key `KEY:i`, so
+        sending the same batch again returns the same jobs (and False) instead of
+        creating them twice. Returns the jobs in request order.
+        """
+        try:
+            return self._submit_batch(items, now, idempotency_key)
+        except peewee.IntegrityError:
+            # The same batch committed first on another connection (databases without a
+            # single write lock): answer as if this one came second.
+            if idempotency_key is None:
+                raise
+            return self._submit_batch(items, now, idempotency_key)
+
+    def _submit_batch(self, items: list[dict], now: float, idempotency_key: str | None
+                      ) -> tuple[list[Job], bool]:
+        keys = [f"{idempotency_key}:{i}" if idempotency_key else None for i in range(len(items))]
+        digests = [request_hash(fields) if idempotency_key else None for fields in items]
+        with self.db.atomic():
+            known = list(Node.select().where(Node.kind == "compute"))
+            errors = []
+            for index, fields in enumerate(items):
+                try:
+                    self._check_limits(fields, known)
+                except BadRequest as exc:
+                    errors.append({"index": index, "error": exc.message})
+            if errors:
+                raise BatchError(errors)
+            existing: dict[int, Job] = {}
+            if idempotency_key:
+                for index, (key, digest) in enumerate(zip(keys, digests)):
+                    try:
+                        job = self._by_key(key, digest)
+                    except Conflict as exc:
+                        raise Conflict(f"item {index}: {exc.message}") from None
+                    if job is not None:
+                        existing[index] = job
+            new = [i for i in range(len(items)) if i not in existing]
+            rows = [dict(items[i], max_retries=self.settings.max_job_retries if items[i].get("max_retries") is None
+                         else items[i]["max_retries"], created_at=now, idempotency_key=keys[i],
+                         request_hash=digests[i]) for i in new]
+            ids: list[int] = []
+            for start in range(0, len(rows), INSERT_CHUNK):
+                inserted = Job.insert_many(rows[start:start + INSERT_CHUNK]).returning(Job.id).tuples().execute()
+                # Ids are assigned in the order of the rows; sorting undoes any order RETURNING used.
+                ids += sorted(row[0] for row in inserted)
+            for start in range(0, len(ids), INSERT_CHUNK):
+                JobEvent.insert_many([{"job": job_id, "at": now, "from_status": None, "to_status": "pending",
+                                       "attempt": 0, "node_id": None, "reason": "submitted"}
+                                      for job_id in ids[start:start + INSERT_CHUNK]]).execute()
+            if ids:
+                self.dispatch(now)
+            order = dict(zip(new, ids))
+            order.update({index: job.id for index, job in existing.items()})
+        by_id = {}
+        wanted = [order[i] for i in range(len(items))]
+        for start in range(0, len(wanted), INSERT_CHUNK):
+            chunk = wanted[start:start + INSERT_CHUNK]
+            by_id.update({job.id: job for job in Job.select().where(Job.id.in_(chunk))})
+        return [by_id[job_id] for job_id in wanted], bool(ids)
+
+    def report(self, job_id: str, report: dict, now: float, dispatch: bool = True) -> Job:
+        """Apply an agent's report; refuses other nodes, stale attempts and illegal moves.
+        `dispatch=False` leaves placing jobs into a freed slot to the caller (batches)."""
         with self.db.atomic():
             job = self.get(job_id)
             if job.node_id != report["node_id"]:
@@ -152,10 +250,93 @@ class Store:
             elif job.status != "running":
                 raise Conflict(f"{job.job_id} is {job.status}, not running; the {new!r} report is refused")
             else:
-                self._finish(job, new, report, now)
+                self._finish(job, new, report, now, dispatch)
         return Job.get_by_id(job.id)
 
-    def _finish(self, job: Job, new: str, report: dict, now: float) -> None:
+    def report_batch(self, items: list[tuple[str, dict | CorralError]], now: float) -> list[dict]:
+        """Apply many reports, each on its own: a refused one changes nothing and does
+        not stop the others. `items` are (job_id, validated report or the error that
+        made it invalid). One transaction (a savepoint per report), one dispatch.
+        Returns one result per item: {"index", "job_id", "code", and "job_status" and
+        "attempt" (200) or "error" (anything else)}."""
+        results = []
+        with self.db.atomic():
+            for index, (job_id, body) in enumerate(items):
+                if isinstance(body, CorralError):
+                    results.append({"index": index, "job_id": job_id, "code": body.status, "error": body.message})
+                    continue
+                try:
+                    job = self.report(job_id, body, now, dispatch=False)
+                except CorralError as exc:
+                    results.append({"index": index, "job_id": job_id, "code": exc.status, "error": exc.message})
+                    continue
+                results.append({"index": index, "job_id": job.job_id, "code": 200, "job_status": job.status,
+                                "attempt": job.attempt})
+            if any(r["code"] == 200 for r in results):
+                self.dispatch(now)
+        return results
+
+    def claim(self, node_id: str, request: dict, now: float) -> list[Job]:
+        """Take up to request['max'] pending jobs placed on `node_id`: each becomes
+        `running` for its current attempt, exactly as a `running` report would make
+        it (running_at, an event, limits_enforced and limits). Also renews the
+        node's lease. Never more than the node's free slots.
+
+        A job goes to exactly one claim: the update is conditional on status,
+        node and attempt, and its row count is checked. On SQLite the whole claim
+        runs under the write lock; on PostgreSQL the select skips rows another
+        claim has locked (FOR UPDATE SKIP LOCKED).
+        """
+        with self.db.atomic():
+            self._touch_lease(node_id, now)
+            node = Node.get_or_none(Node.node_id == node_id)
+            capacity = self._capacity(node) if node else self.settings.max_jobs_per_node
+            running = Job.select().where((Job.node_id == node_id) & (Job.status == "running")).count()
+            free = min(request["max"], capacity - running)
+            if free <= 0:
+                return []
+            if node is not None and node.status == "healthy" and node.kind == "compute":
+                placed = Job.select().where((Job.node_id == node_id) & (Job.status == "pending")).count()
+                if running + placed < capacity and self._unplaced_due(now):
+                    self.dispatch(now)  # a slot is free here and work waits unplaced
+            query = (Job.select().where((Job.status == "pending") & (Job.node_id == node_id))
+                     .order_by(Job.id).limit(free))
+            if getattr(self.db, "for_update", False):
+                query = query.for_update(skip_locked=True)
+            claimed = []
+            for job in list(query):
+                limits = _claim_limits(job, request)
+                updated = Job.update(status="running", running_at=now, limits_enforced=request["limits_enforced"],
+                                     limits=limits).where(
+                    (Job.id == job.id) & (Job.status == "pending") & (Job.node_id == node_id)
+                    & (Job.attempt == job.attempt)).execute()
+                if updated == 1:
+                    claimed.append(job)
+            if not claimed:
+                return []
+            JobEvent.insert_many([{"job": job.id, "at": now, "from_status": "pending", "to_status": "running",
+                                   "attempt": job.attempt, "node_id": node_id, "reason": "claimed by the node"}
+                                  for job in claimed]).execute()
+            return list(Job.select().where(Job.id.in_([job.id for job in claimed])).order_by(Job.id))
+
+    def purge_finished(self, finished_before: float, limit: int) -> int:
+        """Delete up to `limit` finished jobs (done, failed, cancelled) that finished
+        before `finished_before`, with their events; one short transaction. The
+        newest job row is always kept, so that job ids are never handed out again."""
+        with self.db.atomic():
+            newest = Job.select(fn.MAX(Job.id)).scalar()
+            if newest is None:
+                return 0
+            ids = [job_id for (job_id,) in Job.select(Job.id).where(
+                Job.finished_at.is_null(False) & (Job.finished_at < finished_before)
+                & Job.status.in_(sorted(FINAL_STATUSES)) & (Job.id < newest))
+                .order_by(Job.finished_at).limit(limit).tuples()]
+            if not ids:
+                return 0
+            JobEvent.delete().where(JobEvent.job.in_(ids)).execute()
+            return Job.delete().where(Job.id.in_(ids)).execute()
+
+    def _finish(self, job: Job, new: str, report: dict, now: float, dispatch: bool = True) -> None:
         tail = self.settings.output_tail_bytes
         outcome = {"exit_code": report["exit_code"],
                    "stdout": _tail(report["stdout"], tail), "stderr": _tail(report["stderr"], tail),
@@ -178,7 +359,8 @@ class Store:
         else:
             self._transition(job, "failed", now, f"{why}; no retries left",
                              finished_at=now, **outcome)
-        self.dispatch(now)  # a slot is free
+        if dispatch:
+            self.dispatch(now)  # a slot is free
 
     def _past_timeout(self, job: Job, now: float) -> bool:
         return (job.job_type == "run" and job.running_at is not None
@@ -254,8 +436,7 @@ class Store:
         not listed is stale (moved, cancelled, timed out) and gets killed.
         """
         with self.db.atomic():
-            if NodeLease.update(renewed_at=now).where(NodeLease.node_id == node_id).execute() == 0:
-                NodeLease.insert(node_id=node_id, renewed_at=now).on_conflict_replace().execute()
+            self._touch_lease(node_id, now)
         return list(Job.select(Job.id, Job.attempt).where((Job.node_id == node_id) & (Job.status == "running")))
 
     def requeue_lost(self, now: float, watching_since: float) -> list[str]:
@@ -324,6 +505,7 @@ class Store:
                 Job.update(node_id=node_id, attempt=Job.attempt + 1, placed_at=now, next_attempt_at=None).where(
                     (Job.id == job_id) & (Job.status == "pending") & Job.node_id.is_null()).execute()
             if assignments:
+                self._after_commit_placed({node_id for _, node_id in assignments})
                 placed = Job.select().where(Job.id.in_([job_id for job_id, _ in assignments]))
                 JobEvent.insert_many([{
                     "job": j.id, "at": now, "from_status": "pending", "to_status": "pending",
@@ -419,14 +601,38 @@ class Store:
         return [placement.NodeSlots(n.node_id, self._capacity(n) - held.get(n.node_id, 0),
                                     n.max_memory_mb, n.max_cpu_percent) for n in nodes]
 
-    def _check_limits(self, fields: dict) -> None:
-        """Refuse limits no known node allows (a pinned job: its node), while nodes are known."""
+    @staticmethod
+    def _touch_lease(node_id: str, now: float) -> None:
+        if NodeLease.update(renewed_at=now).where(NodeLease.node_id == node_id).execute() == 0:
+            NodeLease.insert(node_id=node_id, renewed_at=now).on_conflict_replace().execute()
+
+    @staticmethod
+    def _unplaced_due(now: float) -> bool:
+        return Job.select(Job.id).where(
+            (Job.status == "pending") & Job.node_id.is_null()
+            & (Job.next_attempt_at.is_null() | (Job.next_attempt_at <= now))).exists()
+
+    def _after_commit_placed(self, node_ids: set[str]) -> None:
+        hook = self.on_placed
+        if hook is None:
+            return
+
+        def notify():
+            try:
+                hook(node_ids)
+            except Exception:  # after the commit: the request must not fail for it
+                log.exception("waking the claims of %s failed", sorted(node_ids))
+
+        self.db.after_commit(notify)
+
+    def _check_limits(self, fields: dict, known: list[Node] | None = None) -> None:
+        """Refuse limits no known node allows (a pinned job: its node), while nodes are known.
+        `known`: the compute nodes, when the caller already read them."""
         if fields.get("memory_mb") is None and fields.get("cpu_percent") is None:
             return
-        query = Node.select().where(Node.kind == "compute")
-        if fields.get("instance_id"):
-            query = query.where(Node.node_id == fields["instance_id"])
-        nodes = list(query)
+        if known is None:
+            known = list(Node.select().where(Node.kind == "compute"))
+        nodes = [n for n in known if not fields.get("instance_id") or n.node_id == fields["instance_id"]]
         job = placement.Unplaced(0, fields.get("instance_id"), fields.get("memory_mb"), fields.get("cpu_percent"))
         if nodes and not any(placement.fits(job, placement.NodeSlots(n.node_id, 1, n.max_memory_mb,
                                                                      n.max_cpu_percent)) for n in nodes):
@@ -457,6 +663,17 @@ class Store:
     def _event(job: Job, old: str | None, new: str, now: float, reason: str) -> None:
         JobEvent.create(job=job.id, at=now, from_status=old, to_status=new, attempt=job.attempt,
                         node_id=job.node_id, reason=reason)
+
+
+def _claim_limits(job: Job, request: dict) -> dict | None:
+    """The limits a claimed job gets: its own request, else the node's default for its
+    type (the design's defaults when the agent sent none); None when not enforced."""
+    if not request.get("limits_enforced"):
+        return None
+    defaults = (request.get("default_limits") or {}).get(job.job_type) or DESIGN_LIMITS.get(
+        job.job_type, DESIGN_LIMITS["run"])
+    return {"memory_mb": job.memory_mb if job.memory_mb is not None else defaults["memory_mb"],
+            "cpu_percent": job.cpu_percent if job.cpu_percent is not None else defaults["cpu_percent"]}
 
 
 def _append(text: str | None, line: str) -> str:

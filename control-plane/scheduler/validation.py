@@ -5,7 +5,7 @@ import re
 from urllib.parse import urlsplit
 
 from corral.shared import validate as v
-from corral.shared.errors import BadRequest
+from corral.shared.errors import BadRequest, BatchError, CorralError
 
 JOB_FIELDS = ("command", "deploy_url", "deploy_sha256", "job_type", "port", "env_vars", "instance_id",
               "name", "memory_mb", "cpu_percent", "health_path", "max_retries", "on_node_lost")
@@ -22,6 +22,12 @@ MAX_MEMORY_MB = 1024 * 1024      # 1 TiB
 MAX_CPU_PERCENT = 100_000        # 1,000 CPUs
 REPORTABLE = ("running", "done", "failed")
 MAX_OUTPUT_CHARS = 512 * 1024
+# Batches (POST /jobs/batch, POST /jobs/reports) and claims (POST /nodes/{id}/claim).
+MAX_BATCH = 1000
+MAX_CLAIM = 1000
+MAX_WAIT_SECS = 25.0
+DEFAULT_WAIT_SECS = 20.0
+CLAIM_FIELDS = ("max", "wait_secs", "limits_enforced", "default_limits")
 
 
 def job_request(body: dict) -> dict:
@@ -65,6 +71,73 @@ def job_request(body: dict) -> dict:
     return fields
 
 
+def job_batch(body: dict) -> list[dict]:
+    """The job requests of a POST /jobs/batch body `{"jobs": [...]}`, each checked as
+    POST /jobs checks one. Any bad item: BatchError listing every bad item."""
+    items = _batch_items(body, "jobs")
+    fields, errors = [], []
+    for index, item in enumerate(items):
+        try:
+            if not isinstance(item, dict):
+                raise BadRequest("a job request must be a JSON object")
+            fields.append(job_request(item))
+        except BadRequest as exc:
+            errors.append({"index": index, "error": exc.message})
+    if errors:
+        raise BatchError(errors)
+    return fields
+
+
+def report_batch(body: dict) -> list[tuple[str, dict | CorralError]]:
+    """The reports of a POST /jobs/reports body `{"reports": [...]}`: each item is a
+    POST /jobs/{id}/status body plus its `job_id`. A bad item does not spoil the
+    others: it comes back as (job_id or "", the BadRequest) and is answered on its own."""
+    items = _batch_items(body, "reports")
+    checked: list[tuple[str, dict | CorralError]] = []
+    for item in items:
+        job_id = ""
+        try:
+            if not isinstance(item, dict):
+                raise BadRequest("a report must be a JSON object")
+            job_id = v.req_str(item, "job_id", pattern=JOB_ID_RE, what="a job id such as job-42")
+            checked.append((job_id, status_report({k: val for k, val in item.items() if k != "job_id"})))
+        except BadRequest as exc:
+            checked.append((job_id, exc))
+    return checked
+
+
+def _batch_items(body: dict, name: str) -> list:
+    v.reject_unknown(body, (name,))
+    items = body.get(name)
+    if not isinstance(items, list):
+        raise BadRequest(f"{name!r} must be a JSON array")
+    if not 1 <= len(items) <= MAX_BATCH:
+        raise BadRequest(f"{name!r} must hold 1 to {MAX_BATCH} items, not {len(items)}")
+    return items
+
+
+def claim_request(body: dict) -> dict:
+    """A POST /nodes/{node_id}/claim body: how many jobs, how long to wait, the node's limits."""
+    v.reject_unknown(body, CLAIM_FIELDS)
+    wait = body.get("wait_secs")
+    if wait is None:
+        wait = DEFAULT_WAIT_SECS
+    elif isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait <= MAX_WAIT_SECS:
+        raise BadRequest(f"'wait_secs' must be a number of seconds from 0 to {MAX_WAIT_SECS:g}")
+    defaults = body.get("default_limits")
+    if defaults is not None:
+        if not isinstance(defaults, dict):
+            raise BadRequest("'default_limits' must be an object with 'run' and 'service' limits")
+        v.reject_unknown(defaults, JOB_TYPES)
+        defaults = {job_type: _limits(defaults, job_type) for job_type in JOB_TYPES if defaults.get(job_type)}
+    return {
+        "max": v.req_int(body, "max", 1, MAX_CLAIM),
+        "wait_secs": float(wait),
+        "limits_enforced": v.opt_bool(body, "limits_enforced"),
+        "default_limits": defaults or {},
+    }
+
+
 def check_deploy_url(url: str) -> None:
     try:
         parts = urlsplit(url)
@@ -93,7 +166,7 @@ def status_report(body: dict) -> dict:
         "stdout": _output(body, "stdout"),
         "stderr": _output(body, "stderr"),
         "limits_enforced": v.opt_bool(body, "limits_enforced"),
-        "limits": _limits(body),
+        "limits": _limits(body, "limits"),
         "oom_killed": v.opt_bool(body, "oom_killed"),
         "peak_memory_bytes": v.opt_int(body, "peak_memory_bytes", 0, 1 << 62),
         "cpu_seconds": _seconds(body, "cpu_seconds"),
@@ -108,12 +181,12 @@ def status_report(body: dict) -> dict:
     return report
 
 
-def _limits(body: dict) -> dict | None:
-    value = body.get("limits")
+def _limits(body: dict, name: str = "limits") -> dict | None:
+    value = body.get(name)
     if value is None:
         return None
     if not isinstance(value, dict):
-        raise BadRequest("'limits' must be an object with memory_mb and cpu_percent")
+        raise BadRequest(f"{name!r} must be an object with memory_mb and cpu_percent")
     v.reject_unknown(value, ("memory_mb", "cpu_percent"))
     return {"memory_mb": v.req_int(value, "memory_mb", 1, MAX_MEMORY_MB),
             "cpu_percent": v.req_int(value, "cpu_percent", 1, MAX_CPU_PERCENT)}

@@ -1,0 +1,247 @@
+"""Long-poll claims (`POST /nodes/{node_id}/claim`): the waiting room of one server process.
+
+A claim first tries at once (Store.claim: one short write transaction). When
+nothing is claimable and the agent asked to wait, the request thread enters the
+process's `WaitRoom` and sleeps WITHOUT a database connection until it is poked:
+
+- by a commit in this process that placed a job on its node: `Store.dispatch`
+  registers an after-commit callback that calls `poke(node_ids)`;
+- by the process's change feed (wakeup.py), which reports every commit anywhere
+  (another worker, another replica, the background loop). On the feed's thread,
+  ONE grouped query ("which of the waiting nodes have pending jobs placed on
+  them?") answers for every waiter of the process, and only the waiters of those
+  nodes are poked. 200 waiting agents cost one query per change (at most 20 a
+  second with the SQLite watcher), and a waiter whose node got nothing is not
+  even woken: lease renewals and reports elsewhere cost it nothing.
+
+A poked waiter runs its claim, if the request is still fresh: a request that has
+waited longer than FRESH_SECS is no proof that its agent is still alive (a host
+that died or a network partition leaves the TCP connection looking open), so it
+answers `[]` with `X-Corral-Long-Poll: again` instead, and the agent asks again
+at once: one more round trip, and work is only ever handed to an agent that
+spoke within the last FRESH_SECS, as with the `running` report of a polling
+agent. Work placed on a silent node thus stays pending there and moves to a
+healthy node as soon as the node turns unhealthy, as it always did.
+
+A waiter also wakes once a second (CHECK_CLIENT_SECS)
+to answer early when the client went away (the agent stopped: nothing is claimed
+for a connection nobody reads) or the worker is stopping (SIGTERM: every waiter
+answers at once, so a restart never waits out a long poll); and at its deadline
+answers `[]`.
+
+At most `max_waiters` claims wait at once in a process (LONG_POLL_MAX_WAITERS);
+a claim beyond that answers at once, possibly `[]`, with the header
+`X-Corral-Long-Poll: busy`, so that submits, reads and reports always find a
+free gunicorn thread. The agent then asks again after POLL_INTERVAL_SECS.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import select
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from .wakeup import ChangeFeed
+
+log = logging.getLogger(__name__)
+
+# A waiter looks at its client connection and the stop flag at least this often.
+CHECK_CLIENT_SECS = 1.0
+# A waiting claim takes work only this long after its request arrived (proof of life);
+# later it answers "again" and the agent asks again at once.
+FRESH_SECS = 1.0
+# Threads of each worker kept free of long polls when LONG_POLL_MAX_WAITERS is not set.
+RESERVED_THREADS = 8
+
+# Why a claim answered (the X-Corral-Long-Poll header carries "busy", "stopping", "again").
+CLAIMED = "claimed"
+NO_WAIT = "no-wait"        # wait_secs was 0
+BUSY = "busy"              # the waiting room was full: answered at once
+STOPPING = "stopping"      # the worker is shutting down
+AGAIN = "again"            # work came after FRESH_SECS: ask again (at once) to take it
+TIMED_OUT = "timed-out"    # waited the whole wait_secs
+GONE = "gone"              # the client closed its connection
+
+
+def default_max_waiters(threads: int) -> int:
+    """Waiting claims allowed per process when LONG_POLL_MAX_WAITERS is unset:
+    the worker's threads minus RESERVED_THREADS (at most half of them)."""
+    return max(0, threads - min(RESERVED_THREADS, max(1, threads // 2)))
+
+
+class Waiter:
+    __slots__ = ("node_id", "event", "poked")
+
+    def __init__(self, node_id: str):
+        self.node_id = node_id
+        self.event = threading.Event()
+        self.poked = False  # set and taken under the room's lock
+
+
+class WaitRoom:
+    def __init__(self, feed: ChangeFeed, max_waiters: int,
+                 check: Callable[[set[str]], set[str]]):
+        """`check(node_ids)` answers which of those nodes have claimable work (one query)."""
+        self.feed = feed
+        self.max_waiters = max_waiters
+        self._check = check
+        self._lock = threading.Lock()
+        self._by_node: dict[str, set[Waiter]] = {}
+        self._count = 0
+        self.closed = False
+        self.refused = 0  # claims answered at once because the room was full
+        self.checks = 0   # grouped queries run for the waiters
+        feed.add_listener(self._on_change)
+
+    @property
+    def waiting(self) -> int:
+        return self._count
+
+    def enter(self, node_id: str) -> Waiter | None:
+        """A place in the room, or None when it is full (or closed)."""
+        self.feed.ensure_started()
+        with self._lock:
+            if self.closed or self._count >= self.max_waiters:
+                self.refused += 1
+                return None
+            waiter = Waiter(node_id)
+            self._by_node.setdefault(node_id, set()).add(waiter)
+            self._count += 1
+            return waiter
+
+    def leave(self, waiter: Waiter) -> None:
+        with self._lock:
+            waiters = self._by_node.get(waiter.node_id)
+            if waiters is not None and waiter in waiters:
+                waiters.discard(waiter)
+                self._count -= 1
+                if not waiters:
+                    del self._by_node[waiter.node_id]
+
+    def take_poke(self, waiter: Waiter) -> bool:
+        """Whether the waiter was poked since it last looked (and reset that)."""
+        with self._lock:
+            poked, waiter.poked = waiter.poked, False
+            return poked
+
+    def poke(self, node_ids: Iterable[str]) -> None:
+        """Work was committed for these nodes: wake their waiters, which claim at once."""
+        with self._lock:
+            for node_id in node_ids:
+                for waiter in self._by_node.get(node_id, ()):
+                    waiter.poked = True
+                    waiter.event.set()
+
+    def close(self) -> None:
+        """The worker is stopping: every waiter answers now, no new one waits."""
+        self.closed = True
+        with self._lock:
+            for waiters in self._by_node.values():
+                for waiter in waiters:
+                    waiter.event.set()
+
+    def _on_change(self) -> None:
+        """On the feed's thread, after a commit somewhere: one query for all waiting nodes.
+
+        Snapshotting the nodes after the change was seen is enough: a waiter that
+        entered later made its own first claim after the change, or its change
+        is seen again on the feed's next look."""
+        with self._lock:
+            nodes = set(self._by_node)
+        if not nodes:
+            return
+        self.checks += 1
+        try:
+            ready = self._check(nodes)
+        except Exception:
+            log.exception("checking %d waiting node(s) for work failed; letting each of them look", len(nodes))
+            ready = nodes
+        if ready:
+            self.poke(ready)
+
+    def install_stop_signal(self) -> None:
+        """Chain SIGTERM (gunicorn's graceful stop of a worker) to close(), so that
+        waiting claims answer at once instead of holding the worker's shutdown."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        previous = signal.getsignal(signal.SIGTERM)
+
+        def on_term(signum, frame):
+            self.close()
+            if callable(previous):
+                previous(signum, frame)
+            elif previous == signal.SIG_DFL:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        try:
+            signal.signal(signal.SIGTERM, on_term)
+            signal.siginterrupt(signal.SIGTERM, False)  # as gunicorn sets it: requests are not disturbed
+        except ValueError:  # not the main thread of the main interpreter
+            pass
+
+
+@dataclass
+class ClaimAnswer:
+    jobs: list
+    outcome: str
+
+
+def client_gone(sock) -> bool:
+    """Whether the client closed the connection a request came on (gunicorn's socket)."""
+    if sock is None:
+        return False
+    try:
+        poller = select.poll()
+        poller.register(sock, select.POLLIN | select.POLLHUP | select.POLLERR)
+        if not poller.poll(0):
+            return False
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except (OSError, ValueError, TypeError):  # TLS sockets take no flags: assume it is there
+        return False
+
+
+def claim(store, room: WaitRoom, node_id: str, request: dict, clock: Callable[[], float],
+          sock=None) -> ClaimAnswer:
+    """Claim now; when nothing is claimable, wait up to request['wait_secs'] for work."""
+    wait_secs = request["wait_secs"]
+    arrived = time.monotonic()
+    deadline = arrived + wait_secs
+    waiter = room.enter(node_id) if wait_secs > 0 else None
+    try:
+        jobs = store.claim(node_id, request, clock())
+        if jobs:
+            return ClaimAnswer(jobs, CLAIMED)
+        if wait_secs <= 0:
+            return ClaimAnswer([], NO_WAIT)
+        if waiter is None:
+            return ClaimAnswer([], STOPPING if room.closed else BUSY)
+        store.db.close()  # no connection is held while waiting
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            waiter.event.wait(min(remaining, CHECK_CLIENT_SECS))
+            waiter.event.clear()
+            if room.closed:
+                return ClaimAnswer([], STOPPING)
+            if client_gone(sock):
+                return ClaimAnswer([], GONE)
+            if room.take_poke(waiter):
+                if time.monotonic() - arrived > FRESH_SECS:
+                    return ClaimAnswer([], AGAIN)  # the agent's next claim (at once) takes it
+                with store.db.connection_context():
+                    jobs = store.claim(node_id, request, clock())
+                if jobs:
+                    return ClaimAnswer(jobs, CLAIMED)
+        return ClaimAnswer([], TIMED_OUT)
+    finally:
+        if waiter is not None:
+            room.leave(waiter)

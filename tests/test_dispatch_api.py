@@ -1,0 +1,461 @@
+"""Fast dispatch, in process: claims, batches, the change feed, the waiting room and
+the retention purge, through Flask's test client and the store on a real SQLite file,
+with a fake clock. The same features against real gunicorn: test_dispatch.py."""
+import sqlite3
+import threading
+import time
+
+import pytest
+
+from corral.scheduler import longpoll, wakeup
+from corral.scheduler.app import create_app, open_store
+from corral.scheduler.loops import PURGE_INTERVAL_SECS, Background
+from corral.scheduler.models import MODELS, Job, JobEvent, NodeLease
+from corral.scheduler.settings import SchedulerSettings
+from corral.shared.errors import SettingError
+from helpers import wait_for
+
+T0 = 1_800_000_000.0
+
+
+class Clock:
+    def __init__(self, now=T0):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+def make_app(tmp_path, clock, **overrides):
+    overrides.setdefault("retry_base_secs", 0.0)
+    settings = SchedulerSettings(database_url=f"sqlite:///{tmp_path}/scheduler.db", **overrides)
+    return create_app(settings, clock=clock)
+
+
+@pytest.fixture
+def app(tmp_path, clock):
+    return make_app(tmp_path, clock, max_jobs_per_node=4)
+
+
+@pytest.fixture
+def client(app):
+    return app.test_client()
+
+
+@pytest.fixture
+def store(app):
+    return app.extensions["corral.store"]
+
+
+def set_nodes(store, clock, *node_ids, slots=4):
+    store.sync_nodes([{"node_id": n, "address": "127.0.0.1", "kind": "compute", "slots": slots,
+                       "status": "healthy"} for n in node_ids], clock())
+
+
+def claim(client, node_id, **body):
+    body.setdefault("max", 10)
+    body.setdefault("wait_secs", 0)
+    response = client.post(f"/nodes/{node_id}/claim", json=body)
+    assert response.status_code == 200, response.json
+    return response.json
+
+
+def submit_batch(client, jobs, **kwargs):
+    return client.post("/jobs/batch", json={"jobs": jobs}, **kwargs)
+
+
+# ---- claims ---------------------------------------------------------------------------
+
+def test_a_claim_is_the_running_transition_of_the_current_attempt(client, store, clock):
+    set_nodes(store, clock, "n1", "n2")
+    submit_batch(client, [{"command": "a"}, {"command": "b", "memory_mb": 256}, {"command": "c"},
+                          {"command": "s", "job_type": "service"}])
+    clock.now += 5
+    defaults = {"run": {"memory_mb": 300, "cpu_percent": 50}, "service": {"memory_mb": 900, "cpu_percent": 150}}
+    jobs = claim(client, "n1", limits_enforced=True, default_limits=defaults)
+    assert [j["job_id"] for j in jobs] == ["job-1", "job-3"]   # round-robin put job-2 and job-4 on n2
+    assert all(j["status"] == "running" and j["attempt"] == 1 and j["node_id"] == "n1" for j in jobs)
+    assert jobs[0]["running_at"] == "2027-01-15T08:00:05.000Z"
+    assert jobs[0]["limits_enforced"] is True and jobs[0]["limits"] == {"memory_mb": 300, "cpu_percent": 50}
+    others = {j["job_id"]: j for j in claim(client, "n2", limits_enforced=True, default_limits=defaults)}
+    assert others["job-2"]["limits"] == {"memory_mb": 256, "cpu_percent": 50}     # its own request first
+    assert others["job-4"]["limits"] == {"memory_mb": 900, "cpu_percent": 150}    # the service default
+    events = client.get("/jobs/job-1/events").json
+    assert [(e["from"], e["to"], e["attempt"], e["node_id"]) for e in events][-1] == ("pending", "running", 1, "n1")
+    assert events[-1]["reason"] == "claimed by the node"
+    # Claimed once: nothing more for anyone, and the old-style report is a harmless repeat.
+    assert claim(client, "n1") == [] and claim(client, "n2") == []
+    repeat = client.post("/jobs/job-1/status", json={"node_id": "n1", "attempt": 1, "status": "running"})
+    assert repeat.status_code == 200 and len(client.get("/jobs/job-1/events").json) == len(events)
+    done = client.post("/jobs/job-1/status", json={"node_id": "n1", "attempt": 1, "status": "done", "exit_code": 0})
+    assert done.json["status"] == "done"
+
+
+def test_without_limits_enforced_no_limits_are_recorded(client, store, clock):
+    set_nodes(store, clock, "n1")
+    client.post("/jobs", json={"command": "x"})
+    (job,) = claim(client, "n1", limits_enforced=False)
+    assert job["limits_enforced"] is False and job["limits"] is None
+    client.post("/jobs", json={"command": "y"})
+    (job,) = claim(client, "n1", limits_enforced=True)   # no defaults sent: the design's
+    assert job["limits"] == {"memory_mb": 512, "cpu_percent": 100}
+
+
+def test_a_claim_never_exceeds_max_nor_the_nodes_free_slots(tmp_path, clock):
+    app = make_app(tmp_path, clock, max_jobs_per_node=3)
+    client, store = app.test_client(), app.extensions["corral.store"]
+    set_nodes(store, clock, "n1", slots=8)
+    submit_batch(client, [{"command": str(i)} for i in range(6)])
+    assert [j["job_id"] for j in claim(client, "n1", max=2)] == ["job-1", "job-2"]
+    assert [j["job_id"] for j in claim(client, "n1", max=5)] == ["job-3"]   # 3 running: the node is full
+    assert claim(client, "n1") == []
+    client.post("/jobs/reports", json={"reports": [{"job_id": "job-1", "node_id": "n1", "attempt": 1,
+                                                    "status": "done", "exit_code": 0}]})
+    assert [j["job_id"] for j in claim(client, "n1")] == ["job-4"]
+
+
+def test_a_claim_renews_the_lease_and_places_waiting_work_first(client, store, clock):
+    set_nodes(store, clock, "n1", slots=1)
+    client.post("/jobs", json={"command": "first"})
+    client.post("/jobs", json={"command": "second"})   # waits: n1 has one slot
+    claim(client, "n1")
+    assert NodeLease.get_by_id("n1").renewed_at == clock.now
+    clock.now += 3
+    # Free the slot without a dispatch (as when a retry's backoff just expired).
+    Job.update(status="done", finished_at=clock.now).where(Job.id == 1).execute()
+    (job,) = claim(client, "n1")
+    assert job["job_id"] == "job-2" and NodeLease.get_by_id("n1").renewed_at == clock.now
+
+
+def test_claims_from_other_nodes_and_stale_placements_take_nothing(client, store, clock):
+    set_nodes(store, clock, "n1", "n2")
+    client.post("/jobs", json={"command": "x", "instance_id": "n1"})
+    assert claim(client, "n2") == [] and claim(client, "nobody") == []
+    assert client.get("/jobs/job-1").json["status"] == "pending"
+
+
+@pytest.mark.parametrize("body, message", [
+    ({}, "'max' is required"),
+    ({"max": 0}, "'max' must be between 1 and 1000"),
+    ({"max": 1001}, "'max' must be between 1 and 1000"),
+    ({"max": 1, "wait_secs": 26}, "'wait_secs' must be a number of seconds from 0 to 25"),
+    ({"max": 1, "wait_secs": -1}, "'wait_secs'"),
+    ({"max": 1, "wait_secs": True}, "'wait_secs'"),
+    ({"max": 1, "limits_enforced": "yes"}, "'limits_enforced' must be true or false"),
+    ({"max": 1, "default_limits": {"batch": {}}}, "unknown field 'batch'"),
+    ({"max": 1, "default_limits": {"run": {"memory_mb": 1}}}, "'cpu_percent' is required"),
+    ({"max": 1, "surprise": 1}, "unknown field 'surprise'"),
+])
+def test_bad_claims_are_400(client, body, message):
+    response = client.post("/nodes/n1/claim", json=body)
+    assert response.status_code == 400 and message in response.json["error"], response.json
+    assert client.post("/nodes/bad%20id/claim", json={"max": 1}).status_code == 400
+
+
+def test_a_claim_that_waits_answers_when_work_is_placed_on_its_node(client, store, clock):
+    set_nodes(store, clock, "n1", "n2")
+    answers = {}
+
+    def wait(node_id):
+        started = time.monotonic()
+        own = client.application.test_client()
+        while True:
+            response = own.post(f"/nodes/{node_id}/claim", json={"max": 1, "wait_secs": 20})
+            if response.headers.get("X-Corral-Long-Poll") != "again":  # asked again at once, as agents do
+                break
+        answers[node_id] = (response.json, time.monotonic() - started)
+
+    threads = [threading.Thread(target=wait, args=(n,)) for n in ("n1", "n2")]
+    for thread in threads:
+        thread.start()
+    room = client.application.extensions["corral.wait_room"]
+    wait_for(lambda: room.waiting == 2, timeout=10, message="both claims to wait")
+    client.post("/jobs", json={"command": "x", "instance_id": "n2"})
+    threads[1].join(10)
+    jobs, elapsed = answers["n2"]
+    assert [j["job_id"] for j in jobs] == ["job-1"] and elapsed < 10
+    assert "n1" not in answers and room.waiting == 1   # the other node's claim still waits
+    client.post("/jobs", json={"command": "y", "instance_id": "n1"})
+    threads[0].join(10)
+    assert [j["job_id"] for j in answers["n1"][0]] == ["job-2"]
+    room.feed.stop()
+
+
+def test_work_for_a_claim_that_waited_a_while_is_taken_by_the_next_claim(client, store, clock, monkeypatch):
+    monkeypatch.setattr(longpoll, "FRESH_SECS", 0.0)   # every waiting claim is "old"
+    set_nodes(store, clock, "n1")
+    room = client.application.extensions["corral.wait_room"]
+    answer = {}
+    thread = threading.Thread(target=lambda: answer.update(r=client.application.test_client().post(
+        "/nodes/n1/claim", json={"max": 1, "wait_secs": 20})))
+    thread.start()
+    wait_for(lambda: room.waiting == 1, timeout=10, message="the claim to wait")
+    client.post("/jobs", json={"command": "x"})
+    thread.join(10)
+    # The request may be no proof of life any more: nothing is claimed, ask again.
+    assert answer["r"].json == [] and answer["r"].headers["X-Corral-Long-Poll"] == "again"
+    assert client.get("/jobs/job-1").json["status"] == "pending"
+    assert [j["job_id"] for j in claim(client, "n1", wait_secs=20)] == ["job-1"]
+    room.feed.stop()
+
+
+def test_a_full_waiting_room_answers_at_once(tmp_path, clock):
+    app = make_app(tmp_path, clock, long_poll_max_waiters=0)
+    response = app.test_client().post("/nodes/n1/claim", json={"max": 1, "wait_secs": 20})
+    assert response.status_code == 200 and response.json == []
+    assert response.headers["X-Corral-Long-Poll"] == "busy"
+    quiet = app.test_client().post("/nodes/n1/claim", json={"max": 1, "wait_secs": 0})
+    assert "X-Corral-Long-Poll" not in quiet.headers
+
+
+def test_default_waiters_leave_threads_for_other_requests():
+    assert longpoll.default_max_waiters(128) == 120
+    assert longpoll.default_max_waiters(64) == 56
+    assert longpoll.default_max_waiters(8) == 4
+    assert longpoll.default_max_waiters(1) == 0
+
+
+# ---- the change feed and the waiting room ----------------------------------------------------
+
+def test_the_sqlite_feed_sees_commits_of_other_connections(tmp_path):
+    path = str(tmp_path / "feed.db")
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("PRAGMA journal_mode=wal")
+    writer.execute("CREATE TABLE t (x)")
+    feed = wakeup.SqliteDataVersionFeed(path, interval=0.01)
+    try:
+        feed.ensure_started()
+        seen = feed.wait_for_change(0, 5)   # the first read counts as a change
+        assert feed.wait_for_change(seen, 0.2) == seen   # nothing committed: no change
+        writer.execute("INSERT INTO t VALUES (1)")
+        assert feed.wait_for_change(seen, 5) > seen
+    finally:
+        feed.stop()
+        writer.close()
+
+
+def test_the_fallback_feed_ticks():
+    feed = wakeup.IntervalFeed(interval=0.01)
+    try:
+        assert feed.wait_for_change(0, 5) > 0
+    finally:
+        feed.stop()
+    assert isinstance(wakeup.feed_for("postgres://u@h/db", None), wakeup.IntervalFeed)
+    assert isinstance(wakeup.feed_for("sqlite:///x.db", "x.db"), wakeup.SqliteDataVersionFeed)
+
+
+class ManualFeed(wakeup.ChangeFeed):
+    def __init__(self):
+        super().__init__(interval=1.0)
+
+    def ensure_started(self):
+        pass
+
+
+def test_the_room_pokes_one_node_and_checks_once_per_change_for_all():
+    checks = []
+    work = {"n2"}
+
+    def check(nodes):
+        checks.append(set(nodes))
+        return nodes & work
+
+    feed = ManualFeed()
+    room = longpoll.WaitRoom(feed, max_waiters=3, check=check)
+    a, b, c = room.enter("n1"), room.enter("n2"), room.enter("n3")
+    assert room.enter("n4") is None and room.refused == 1   # full
+    room.poke({"n1"})   # a local commit placed a job on n1
+    assert a.event.is_set() and room.take_poke(a) and not b.event.is_set() and not c.event.is_set()
+    a.event.clear()
+    feed.changed()      # a commit somewhere: one query for every waiting node
+    assert checks == [{"n1", "n2", "n3"}]
+    assert b.event.is_set() and room.take_poke(b)
+    assert not a.event.is_set() and not c.event.is_set()   # nothing for them: not even woken
+    room.leave(b)
+    assert room.waiting == 2 and room.enter("n4") is not None
+    room.leave(a), room.leave(c)
+    feed.changed()
+    assert len(checks) == 2 and checks[-1] == {"n4"}
+    room.close()
+    assert room.closed and room.enter("n5") is None
+
+
+def test_a_failing_check_lets_every_waiter_look(caplog):
+    def check(nodes):
+        raise RuntimeError("database is locked")
+
+    feed = ManualFeed()
+    room = longpoll.WaitRoom(feed, max_waiters=2, check=check)
+    a, b = room.enter("n1"), room.enter("n2")
+    feed.changed()
+    assert room.take_poke(a) and room.take_poke(b) and "checking 2 waiting node(s)" in caplog.text
+
+
+# ---- batches -----------------------------------------------------------------------------------
+
+def test_a_batch_of_1000_jobs_is_stored_in_one_call(client, store, clock):
+    set_nodes(store, clock, "n1", "n2")
+    response = submit_batch(client, [{"command": f"echo {i}", "env_vars": {"N": str(i)}} for i in range(1000)])
+    assert response.status_code == 201
+    jobs = response.json
+    assert len(jobs) == 1000 and [j["job_id"] for j in jobs] == [f"job-{i}" for i in range(1, 1001)]
+    assert [j["command"] for j in jobs[:3]] == ["echo 0", "echo 1", "echo 2"] and jobs[999]["env_vars"] == {"N": "999"}
+    assert [j["node_id"] for j in jobs[:10]] == ["n1", "n2"] * 4 + [None, None]   # placed as far as there is room
+    assert Job.select().count() == 1000 and JobEvent.select().where(JobEvent.reason == "submitted").count() == 1000
+
+
+def test_one_invalid_item_stores_nothing(client):
+    jobs = [{"command": "true"} for _ in range(1000)]
+    jobs[417] = {"command": "true", "port": 0}
+    jobs[998] = "echo not an object"
+    response = submit_batch(client, jobs)
+    assert response.status_code == 400
+    assert response.json["errors"] == [{"index": 417, "error": "'port' must be between 1 and 65535"},
+                                       {"index": 998, "error": "a job request must be a JSON object"}]
+    assert response.json["error"].startswith("item 417: ")
+    assert client.get("/jobs").json == [] and Job.select().count() == 0
+
+
+@pytest.mark.parametrize("body", [{}, {"jobs": []}, {"jobs": {"command": "x"}}, {"jobs": [{"command": "x"}] * 1001},
+                                  {"jobs": [{"command": "x"}], "extra": 1}])
+def test_bad_batch_bodies_are_400(client, body):
+    response = client.post("/jobs/batch", json=body)
+    assert response.status_code == 400 and response.json["error"]
+    assert Job.select().count() == 0
+
+
+def test_a_batch_over_a_nodes_limits_stores_nothing(client, store, clock):
+    store.sync_nodes([{"node_id": "n1", "address": "a", "kind": "compute", "slots": 4, "status": "healthy",
+                       "max_memory_mb": 1024, "max_cpu_percent": 200}], clock())
+    response = submit_batch(client, [{"command": "ok"}, {"command": "big", "memory_mb": 4096}])
+    assert response.status_code == 400 and response.json["errors"][0]["index"] == 1
+    assert Job.select().count() == 0
+
+
+def test_a_batch_with_an_idempotency_key_is_stored_once(client):
+    jobs = [{"command": "a"}, {"command": "b"}]
+    first = submit_batch(client, jobs, headers={"Idempotency-Key": "nightly-1"})
+    again = submit_batch(client, jobs, headers={"Idempotency-Key": "nightly-1"})
+    assert first.status_code == 201 and again.status_code == 200
+    assert [j["job_id"] for j in again.json] == [j["job_id"] for j in first.json] == ["job-1", "job-2"]
+    other = submit_batch(client, [{"command": "a"}, {"command": "c"}], headers={"Idempotency-Key": "nightly-1"})
+    assert other.status_code == 409 and "item 1" in other.json["error"]
+    assert Job.select().count() == 2
+
+
+def test_batched_reports_apply_each_on_its_own(client, store, clock):
+    set_nodes(store, clock, "n1")
+    submit_batch(client, [{"command": str(i)} for i in range(4)])
+    claim(client, "n1")
+    reports = [
+        {"job_id": "job-1", "node_id": "n1", "attempt": 1, "status": "done", "exit_code": 0, "stdout": "one"},
+        {"job_id": "job-2", "node_id": "n1", "attempt": 9, "status": "done", "exit_code": 0},   # stale
+        {"job_id": "job-3", "node_id": "n1", "attempt": 1, "status": "failed", "exit_code": 2},
+        {"job_id": "job-4", "node_id": "n2", "attempt": 1, "status": "done", "exit_code": 0},   # other node
+        {"job_id": "job-77", "node_id": "n1", "attempt": 1, "status": "done", "exit_code": 0},  # unknown
+        {"job_id": "job-4", "node_id": "n1", "attempt": 1, "status": "done"},                   # invalid
+    ]
+    response = client.post("/jobs/reports", json={"reports": reports})
+    assert response.status_code == 200
+    results = response.json["results"]
+    assert [(r["index"], r["job_id"], r["code"]) for r in results] == [
+        (0, "job-1", 200), (1, "job-2", 409), (2, "job-3", 200), (3, "job-4", 409), (4, "job-77", 404),
+        (5, "job-4", 400)]
+    assert results[0]["job_status"] == "done" and results[2]["job_status"] == "pending"   # retried
+    assert "stale" in results[1]["error"] and "'exit_code'" in results[5]["error"]
+    assert client.get("/jobs/job-1").json["stdout"] == "one"
+    assert client.get("/jobs/job-2").json["status"] == "running"   # refused: unchanged
+    assert client.get("/jobs/job-4").json["status"] == "running"
+    assert client.get("/jobs/job-3").json["attempt"] == 2          # placed again in the freed slot
+    assert client.post("/jobs/reports", json={"reports": []}).status_code == 400
+
+
+# ---- retention -----------------------------------------------------------------------------------
+
+@pytest.fixture
+def plain_store(tmp_path):
+    settings = SchedulerSettings(database_url=f"sqlite:///{tmp_path}/s.db", job_retention_secs=1000,
+                                 job_purge_batch=2, retry_base_secs=0.0)
+    store = open_store(settings)
+    store.db.create_tables(MODELS)
+    return store
+
+
+class NoRegistry:
+    def list_nodes(self, kind=None, status=None):
+        return [{"node_id": "n1", "address": "a", "kind": "compute", "slots": 10, "status": "healthy"}]
+
+
+def finish(store, job_id, status, now):
+    job = store.get(job_id)
+    if status == "cancelled":
+        return store.cancel(job_id, now)
+    store.report(job_id, {"node_id": job.node_id, "attempt": job.attempt, "status": "running",
+                          "limits_enforced": None, "limits": None}, now)
+    return store.report(job_id, {"node_id": job.node_id, "attempt": job.attempt, "status": status,
+                                 "exit_code": 0 if status == "done" else 1, "stdout": "", "stderr": "",
+                                 "oom_killed": None, "peak_memory_bytes": None, "cpu_seconds": None,
+                                 "requeue": False}, now)
+
+
+def test_old_finished_jobs_are_purged_in_chunks_with_their_events(plain_store):
+    store = plain_store
+    background = Background(store, NoRegistry(), "me")
+    background.tick(T0)   # nodes known
+    ids = [store.submit({"command": str(i), "max_retries": 0}, T0)[0].job_id for i in range(8)]
+    for job_id, status in zip(ids[:4], ("done", "failed", "cancelled", "done")):
+        finish(store, job_id, status, T0 + 10)           # old, once the clock moves on
+    finish(store, ids[4], "done", T0 + 900)               # recent
+    store.report(ids[5], {"node_id": "n1", "attempt": 1, "status": "running", "limits_enforced": None,
+                          "limits": None}, T0 + 10)       # running since long ago: active, kept
+    finish(store, ids[7], "done", T0 + 10)                # old, but the newest row: kept
+    now = T0 + 1500
+    before = JobEvent.select().count()
+    assert background.purge(now) == 2                     # one chunk per pass
+    assert background.next_purge == now                   # a full chunk: more to do next pass
+    store.renew_lease("n1", now)                          # (n1 is alive: job-6 stays running)
+    background.tick(now + 1)                              # the leader's pass runs the next chunk
+    assert background.purge(now + 2) == 0 and background.next_purge == now + 2 + PURGE_INTERVAL_SECS
+    left = {job.job_id: job.status for job in Job.select()}
+    assert set(left) == {ids[4], ids[5], ids[6], ids[7]}
+    assert left[ids[5]] == "running" and left[ids[6]] == "pending"
+    assert JobEvent.select().where(JobEvent.job.not_in([int(j[4:]) for j in left])).count() == 0
+    assert JobEvent.select().count() < before
+    # Ids are never handed out again: the next job gets a new one.
+    assert store.submit({"command": "new"}, now)[0].id == 9
+
+
+def test_retention_zero_keeps_everything(tmp_path):
+    settings = SchedulerSettings(database_url=f"sqlite:///{tmp_path}/s.db", job_retention_secs=0)
+    store = open_store(settings)
+    store.db.create_tables(MODELS)
+    job, _ = store.submit({"command": "x"}, T0)
+    store.cancel(job.job_id, T0)
+    store.submit({"command": "y"}, T0)
+    assert Background(store, NoRegistry(), "me").purge(T0 + 10**9) == 0 and Job.select().count() == 2
+    assert SchedulerSettings.from_env({"JOB_RETENTION_SECS": "0"}).job_retention_secs == 0
+    defaults = SchedulerSettings.from_env({})
+    assert (defaults.job_retention_secs, defaults.job_purge_batch, defaults.long_poll_max_waiters) == \
+        (7 * 86400, 500, None)
+    assert SchedulerSettings.from_env({"LONG_POLL_MAX_WAITERS": "0"}).long_poll_max_waiters == 0
+    with pytest.raises(SettingError, match="JOB_PURGE_BATCH must be at least 1"):
+        SchedulerSettings.from_env({"JOB_PURGE_BATCH": "0"})
+
+
+def test_the_waiters_check_counts_only_nodes_with_a_free_slot(tmp_path, clock):
+    app = make_app(tmp_path, clock, max_jobs_per_node=2)
+    client, store = app.test_client(), app.extensions["corral.store"]
+    set_nodes(store, clock, "n1", "n2", slots=2)
+    submit_batch(client, [{"command": str(i)} for i in range(4)])
+    assert store.nodes_with_work({"n1", "n2", "n3"}) == {"n1", "n2"}
+    claim(client, "n1", max=1)
+    assert store.nodes_with_work({"n1", "n2"}) == {"n1", "n2"}
+    # n2 shrinks to one slot while a job runs there: its pending job is not claimable.
+    claim(client, "n2", max=1)
+    set_nodes(store, clock, "n1", "n2", slots=1)
+    assert store.nodes_with_work({"n1", "n2"}) == set()
