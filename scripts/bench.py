@@ -1,0 +1,739 @@
+#!/usr/bin/env python3
+"""Benchmarks of a local Corral cluster (`make bench`).
+
+Starts the registry and the scheduler under gunicorn and real agents (as
+`make run` does, with all state in a temporary directory), runs each scenario
+and prints one JSON line per scenario on stdout, after a first
+{"scenario": "meta", ...} line with the machine, the date and the command.
+Progress goes to stderr. Everything listens on and talks to 127.0.0.1 only.
+
+Scenarios (see docs/benchmarks.md for what each measures and why):
+
+  submit_single     POST /jobs from 8 concurrent clients into a cluster without agents
+  submit_batch      the same jobs through POST /jobs/batch, 500 per request
+  dispatch_latency  idle cluster, 2 agents: submit -> the job's first instruction
+  throughput        2,000 `true` jobs over 2 agents x 4 slots, first submit -> last done
+  baseline          the original design's mode (polling every 3 s, 1 slot) on 100 jobs
+  cpu_bound         CPU-bound jobs at 1, 2, 4 slots per agent; no node may be lost
+  memory            peak and current RSS of the scheduler, registry and agents after throughput
+
+With --repeat N (default 3) every scenario runs N times, interleaved round by
+round so that ratios compare runs made minutes apart, not a quarter of an hour;
+the line shows the medians and each run. A scenario whose API is missing (no
+POST /jobs/batch yet) prints {"skipped": "<reason>"}.
+
+With --scheduler-url (and --registry-url) the scenarios that need no control
+of the cluster (submit_single, submit_batch) run against a running scheduler;
+their jobs are pinned to a node that does not exist and cancelled afterwards.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import resource
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, replace
+
+import requests
+
+import benchlib as bl
+
+SCENARIOS = ("submit_single", "submit_batch", "dispatch_latency", "throughput", "baseline", "cpu_bound", "memory")
+
+
+@dataclass(frozen=True)
+class Config:
+    repeat: int = 3
+    submit_jobs: int = 2000
+    submit_clients: int = 8
+    submit_secs: float = 60.0
+    batch_size: int = 500
+    latency_jobs: int = 200
+    latency_secs: float = 90.0        # a polling agent takes ~1.5 s a job: stop at this bound
+    latency_job_timeout: float = 15.0
+    throughput_jobs: int = 2000
+    throughput_secs: float = 240.0
+    throughput_slots: int = 4
+    agents: int = 2
+    baseline_jobs: int = 100
+    baseline_secs: float = 240.0
+    baseline_poll_secs: float = 3.0
+    baseline_latency_jobs: int = 12   # ~3 s each (pause + latency) when polling every 3 s
+    cpu_jobs: int = 120               # per setting: 200 would be 100 CPU-s x 3 settings per round
+    cpu_job_secs: float = 0.5
+    cpu_slots: tuple = (1, 2, 4)
+    cpu_secs: float = 180.0
+    warmup_jobs: int = 4
+
+
+FULL = Config()
+QUICK = Config(repeat=1, submit_jobs=100, batch_size=50, latency_jobs=5, latency_secs=20.0,
+               throughput_jobs=40, throughput_secs=60.0, baseline_jobs=6, baseline_secs=60.0, baseline_latency_jobs=2,
+               cpu_jobs=6, cpu_secs=60.0, warmup_jobs=2)
+
+
+class Skip(Exception):
+    """This scenario cannot run here; the message says why."""
+
+
+# ---- submitting -----------------------------------------------------------------
+
+
+def submit_concurrently(url: str, request: dict, total: int, clients: int, time_limit: float) -> dict:
+    """POST /jobs `total` times from `clients` threads (a requests.Session each), or
+    until `time_limit`. Returns counts, elapsed wall time and per-request latencies."""
+    lock = threading.Lock()
+    state = {"next": 0, "ok": 0, "errors": 0, "last_error": None}
+    latencies: list[float] = []
+    job_ids: list[str] = []
+    start = time.monotonic()
+    deadline = start + time_limit
+
+    def client():
+        session = requests.Session()
+        try:
+            while True:
+                with lock:
+                    if state["next"] >= total or time.monotonic() > deadline:
+                        return
+                    state["next"] += 1
+                t0 = time.perf_counter()
+                try:
+                    r = session.post(url + "/jobs", json=request, timeout=30)
+                    ok = r.status_code == 201
+                    error = None if ok else f"{r.status_code} {r.text[:200]}"
+                except requests.RequestException as exc:
+                    ok, error = False, f"{exc.__class__.__name__}: {exc}"
+                took = time.perf_counter() - t0
+                with lock:
+                    if ok:
+                        state["ok"] += 1
+                        latencies.append(took)
+                        job_ids.append(r.json()["job_id"])
+                    else:
+                        state["errors"] += 1
+                        state["last_error"] = error
+        finally:
+            session.close()
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(time_limit + 60)
+    elapsed = time.monotonic() - start
+    return {"ok": state["ok"], "errors": state["errors"], "last_error": state["last_error"],
+            "elapsed": elapsed, "latencies": latencies, "job_ids": job_ids}
+
+
+def submit_batches(url: str, batcher: bl.BatchSubmitter, request: dict, total: int, size: int,
+                   time_limit: float) -> dict:
+    session = requests.Session()
+    start = time.monotonic()
+    ok, latencies, job_ids = 0, [], []
+    try:
+        while ok < total and time.monotonic() - start < time_limit:
+            n = min(size, total - ok)
+            t0 = time.perf_counter()
+            jobs = batcher.submit(session, url, [request] * n)
+            latencies.append(time.perf_counter() - t0)
+            ok += len(jobs)
+            job_ids += [j["job_id"] for j in jobs]
+    finally:
+        session.close()
+    return {"ok": ok, "elapsed": time.monotonic() - start, "latencies": latencies, "job_ids": job_ids}
+
+
+def submit_all(url: str, batcher: bl.BatchSubmitter, request: dict, total: int, cfg: Config) -> str:
+    """Submit `total` jobs as fast as possible: batches if the scheduler has them."""
+    if batcher.available:
+        result = submit_batches(url, batcher, request, total, cfg.batch_size, cfg.submit_secs * 4)
+        how = f"POST /jobs/batch x{cfg.batch_size}"
+    else:
+        result = submit_concurrently(url, request, total, cfg.submit_clients, cfg.submit_secs * 4)
+        how = f"POST /jobs from {cfg.submit_clients} clients"
+    if result["ok"] != total:
+        raise RuntimeError(f"submitted {result['ok']} of {total} jobs ({how}): {result.get('last_error')}")
+    return how
+
+
+def wait_idle(url: str, time_limit: float) -> bool:
+    """Wait until the scheduler has no pending or running job (or time runs out).
+    Used on clusters that only run the bench's own jobs."""
+    deadline = time.monotonic() + time_limit
+    while time.monotonic() < deadline:
+        if bl.active_count(url) == 0:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+# ---- the bench ------------------------------------------------------------------
+
+
+class Bench:
+    def __init__(self, args, cfg: Config):
+        self.args = args
+        self.cfg = cfg
+        self.local = args.scheduler_url is None
+        self.selected = [s for s in SCENARIOS if s in args.scenarios]
+        self.runs: dict[str, list[dict]] = {s: [] for s in self.selected}
+        self.skipped: dict[str, str] = {}
+        self.settings: dict[str, dict] = {}
+        self.log_dir = bl.make_log_dir("corral-bench-logs-")
+        self.failures = 0
+        self.features: dict = {}
+        self.batcher: bl.BatchSubmitter | None = None
+        self.cpu_command: str | None = None
+        self.cpu_calibration: dict = {}
+        self.marker = uuid.uuid4().hex[:8]
+        self.started = bl.started_now()
+
+    # -- helpers --
+
+    def want(self, scenario: str) -> bool:
+        return scenario in self.selected and scenario not in self.skipped
+
+    def record(self, scenario: str, fn, *args) -> dict | None:
+        """Run one scenario once; a Skip marks it skipped, any other error is recorded."""
+        if not self.want(scenario):
+            return None
+        bl.log(f"{scenario}: run {len(self.runs[scenario]) + 1}/{self.cfg.repeat}")
+        try:
+            result = fn(*args)
+        except Skip as exc:
+            self.skipped[scenario] = str(exc)
+            bl.log(f"{scenario}: skipped: {exc}")
+            return None
+        except Exception as exc:  # a failed run is reported, the others still run
+            self.failures += 1
+            bl.log(f"{scenario}: failed: {exc.__class__.__name__}: {exc}")
+            result = {"error": f"{exc.__class__.__name__}: {exc}"}
+        self.runs[scenario].append(result)
+        bl.log(f"{scenario}: " + ", ".join(f"{k}={v}" for k, v in result.items()
+                                           if bl.is_number(v) or k == "error"))
+        return result
+
+    def cluster(self, name: str, agents: int = 0, slots: int = 1, agent_env: dict | None = None,
+                **scheduler_env) -> bl.BenchCluster:
+        folder = os.path.join(self.log_dir, f"{name}-{len(os.listdir(self.log_dir))}")
+        os.makedirs(folder)
+        c = bl.BenchCluster(folder, **scheduler_env)
+        try:
+            c.start()
+            for i in range(agents):
+                c.start_agent(f"node-{i + 1}", slots=slots, **(agent_env or {}))
+            if agents:
+                c.wait_nodes_healthy(*[f"node-{i + 1}" for i in range(agents)], timeout=60)
+        except BaseException:
+            c.stop()
+            raise
+        self.detect(c.scheduler_url)
+        return c
+
+    def detect(self, url: str) -> None:
+        if self.features:
+            return
+        claim, why = bl.claim_route(url, probe=self.local)
+        self.features = {"claim_route": claim, "claim_route_detail": why,
+                         "agent_long_poll": self.local and bl.agent_long_poll_supported(),
+                         "batch_route": None}
+        self.batcher = bl.BatchSubmitter()
+
+    def probe_batch(self, url: str, request: dict) -> None:
+        if self.batcher.available is None:
+            with requests.Session() as s:
+                self.batcher.probe(s, url, request)
+            self.features["batch_route"] = self.batcher.available
+            self.features["batch_route_detail"] = self.batcher.reason
+            bl.log(f"POST /jobs/batch: {self.batcher.reason}")
+
+    def agent_mode(self, env: dict) -> str:
+        if self.features.get("claim_route") and self.features.get("agent_long_poll") \
+                and str(env.get("AGENT_LONG_POLL_SECS", "")) != "0":
+            secs = env.get("AGENT_LONG_POLL_SECS", bl.agent_default("long_poll_secs"))
+            return f"long-poll (AGENT_LONG_POLL_SECS={secs:g})"
+        return f"polling every {env.get('POLL_INTERVAL_SECS')} s (and at once when a slot frees)"
+
+    def warmup(self, c: bl.BenchCluster, n: int) -> None:
+        """A few jobs through the whole path: the scheduler has then fetched the node
+        list and every code path is imported and warm."""
+        for _ in range(n):
+            c.submit(command="true")
+        if not wait_idle(c.scheduler_url, 60):
+            raise RuntimeError("warm-up jobs did not finish within 60 s")
+
+    # -- scenarios --
+
+    def run(self) -> int:
+        extra = {"mode": "quick" if self.args.quick else "full", "repeat": self.cfg.repeat,
+                 "target": "local cluster" if self.local else {"scheduler_url": self.args.scheduler_url,
+                                                                "registry_url": self.args.registry_url},
+                 "scenarios": self.selected}
+        try:
+            for r in range(self.cfg.repeat):
+                bl.log(f"=== round {r + 1}/{self.cfg.repeat}")
+                self.guarded(self.round_submit, "submit_single", "submit_batch")
+                if self.local:
+                    self.guarded(self.round_agents, "dispatch_latency", "throughput", "memory")
+                    self.guarded(self.round_baseline, "baseline")
+                    self.guarded(self.round_cpu_bound, "cpu_bound")
+                else:
+                    for s in ("dispatch_latency", "throughput", "baseline", "cpu_bound", "memory"):
+                        if s in self.selected:
+                            self.skipped[s] = "needs a local cluster (--scheduler-url targets a running one)"
+        finally:
+            self.report(extra)
+            if self.failures or self.args.keep_logs:
+                bl.log(f"server and agent logs kept in {self.log_dir}")
+            else:
+                shutil.rmtree(self.log_dir, ignore_errors=True)
+        return 1 if self.failures else 0
+
+    def guarded(self, round_fn, *scenarios: str) -> None:
+        """Run one round of a group of scenarios; when its cluster cannot even be
+        set up, record the error for each scenario of the group still to run."""
+        before = {name: len(self.runs[name]) for name in scenarios if name in self.runs}
+        try:
+            round_fn()
+        except Exception as exc:
+            self.failures += 1
+            bl.log(f"{', '.join(scenarios)}: failed: {exc.__class__.__name__}: {exc}")
+            for name, count in before.items():
+                if self.want(name) and len(self.runs[name]) == count:
+                    self.runs[name].append({"error": f"{exc.__class__.__name__}: {exc}"})
+
+    def round_submit(self) -> None:
+        if not (self.want("submit_single") or self.want("submit_batch")):
+            return
+        if self.local:
+            c = self.cluster("submit")
+            url, request = c.scheduler_url, {"command": "true"}
+            where = "local cluster without agents: jobs stay pending, unplaced"
+        else:
+            c, url = None, self.args.scheduler_url.rstrip("/")
+            self.detect(url)
+            request = {"command": "true", "instance_id": f"bench-no-such-node-{self.marker}"}
+            where = f"running scheduler; jobs pinned to {request['instance_id']} (no such node) and cancelled after"
+        first = bl.last_job_number(url)
+        try:
+            self.probe_batch(url, request)
+            single = self.record("submit_single", self.submit_single, url, request, where)
+            self.record("submit_batch", self.submit_batch, url, request, where, single)
+        finally:
+            if c is not None:
+                c.stop()
+            else:
+                self.cancel_after(url, first)
+
+    def submit_single(self, url: str, request: dict, where: str) -> dict:
+        cfg = self.cfg
+        res = submit_concurrently(url, request, cfg.submit_jobs, cfg.submit_clients, cfg.submit_secs)
+        if res["ok"] == 0:
+            raise RuntimeError(f"no job was accepted: {res['last_error']}")
+        lat = res["latencies"]
+        self.settings["submit_single"] = {"clients": cfg.submit_clients, "jobs": cfg.submit_jobs,
+                                          "time_limit_secs": cfg.submit_secs, "cluster": where,
+                                          "request": request}
+        return {"jobs_per_sec": round(res["ok"] / res["elapsed"], 1), "jobs": res["ok"], "errors": res["errors"],
+                "elapsed_secs": round(res["elapsed"], 3), "request_p50_ms": bl.ms(bl.percentile(lat, 50)),
+                "request_p99_ms": bl.ms(bl.percentile(lat, 99))}
+
+    def submit_batch(self, url: str, request: dict, where: str, single: dict | None) -> dict:
+        if not self.batcher.available:
+            raise Skip(self.batcher.reason)
+        cfg = self.cfg
+        res = submit_batches(url, self.batcher, request, cfg.submit_jobs, cfg.batch_size, cfg.submit_secs)
+        self.settings["submit_batch"] = {"clients": 1, "batch_size": cfg.batch_size, "jobs": cfg.submit_jobs,
+                                         "cluster": where, "body": self.batcher.reason}
+        rate = round(res["ok"] / res["elapsed"], 1)
+        out = {"jobs_per_sec": rate, "jobs": res["ok"], "elapsed_secs": round(res["elapsed"], 3),
+               "request_p50_ms": bl.ms(bl.percentile(res["latencies"], 50)),
+               "request_max_ms": bl.ms(max(res["latencies"]))}
+        if single and bl.is_number(single.get("jobs_per_sec")):
+            out["ratio_to_submit_single"] = bl.ratio(rate, single["jobs_per_sec"])
+        return out
+
+    def cancel_after(self, url: str, first: int) -> None:
+        """Cancel what the bench submitted to a running scheduler (external mode)."""
+        mine = [j for j in bl.jobs_after(url, first)
+                if j.get("instance_id") == f"bench-no-such-node-{self.marker}" and j["status"] == "pending"]
+        bl.log(f"cancelling the {len(mine)} jobs submitted to {url}")
+        with requests.Session() as s:
+            for j in mine:
+                s.post(f"{url}/jobs/{j['job_id']}/cancel", timeout=10)
+
+    def round_agents(self) -> None:
+        if not any(self.want(s) for s in ("dispatch_latency", "throughput", "memory")):
+            return
+        cfg = self.cfg
+        c = self.cluster("agents", agents=cfg.agents, slots=cfg.throughput_slots,
+                         MAX_JOBS_PER_NODE=cfg.throughput_slots)
+        try:
+            self.probe_batch(c.scheduler_url, {"command": "true"})
+            self.warmup(c, cfg.warmup_jobs)
+            self.record("dispatch_latency", self.dispatch_latency, c)
+            ran = self.record("throughput", self.throughput, c)
+            if ran is None or "error" in ran:
+                if self.want("memory") and "throughput" not in self.skipped:
+                    self.runs["memory"].append({"error": "the throughput run failed"})
+            else:
+                self.record("memory", self.memory, c)
+        finally:
+            c.stop()
+
+    def dispatch_latency(self, c: bl.BenchCluster) -> dict:
+        cfg = self.cfg
+        out = self.measure_dispatch(c, cfg.latency_jobs, cfg.latency_secs)
+        env = c.agent_env["node-1"]
+        self.settings["dispatch_latency"] = {
+            "agents": cfg.agents, "slots": cfg.throughput_slots, "agent_mode": self.agent_mode(env),
+            "measured": "submit (client clock, before POST) -> `date +%s.%N` written by the job",
+            "one_at_a_time": True, "job_limit": cfg.latency_jobs, "time_limit_secs": cfg.latency_secs}
+        return dict(out, agent_mode=self.agent_mode(env))
+
+    def measure_dispatch(self, c: bl.BenchCluster, jobs: int, time_limit: float, gap: float = 0.0) -> dict:
+        """Submit jobs one at a time, each after the previous one started; the latency
+        is submit -> the job's first instruction (it writes `date +%s.%N` to a file).
+
+        With `gap`, wait a random 0..gap s before each submit: a polling agent polls
+        again right after its job ends, so back-to-back submits would always land
+        just after a poll and wait the whole interval instead of half on average."""
+        pause = random.Random(1234)
+        folder = bl.shared_dir("corral-bench-stamps-")
+        latencies, submit_rtts, missed = [], [], 0
+        start = time.monotonic()
+        try:
+            with requests.Session() as s:
+                for _ in range(jobs):
+                    if time.monotonic() - start > time_limit:
+                        break
+                    if gap:
+                        time.sleep(pause.uniform(0, gap))
+                    stamp = f"{folder}/$CORRAL_JOB_ID"
+                    command = f"date +%s.%N > {stamp}.tmp && mv {stamp}.tmp {stamp}"
+                    t0 = time.time()
+                    r = s.post(c.scheduler_url + "/jobs", json={"command": command}, timeout=30)
+                    submit_rtts.append(time.time() - t0)
+                    if r.status_code != 201:
+                        raise RuntimeError(f"POST /jobs: {r.status_code} {r.text[:200]}")
+                    path = os.path.join(folder, r.json()["job_id"])
+                    deadline = time.monotonic() + self.cfg.latency_job_timeout
+                    while not os.path.exists(path) and time.monotonic() < deadline:
+                        time.sleep(0.002)
+                    try:
+                        with open(path) as f:
+                            latencies.append(float(f.read()) - t0)
+                    except (OSError, ValueError):
+                        missed += 1
+            # Leave the cluster idle for what comes next.
+            wait_idle(c.scheduler_url, 30)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        if not latencies:
+            raise RuntimeError("no job started")
+        return {"jobs": len(latencies), "missed": missed,
+                "p50_ms": bl.ms(bl.percentile(latencies, 50)), "p99_ms": bl.ms(bl.percentile(latencies, 99)),
+                "max_ms": bl.ms(max(latencies)), "mean_ms": bl.ms(sum(latencies) / len(latencies)),
+                "submit_rtt_p50_ms": bl.ms(bl.percentile(submit_rtts, 50))}
+
+    def run_jobs(self, c: bl.BenchCluster, command: str, total: int, time_limit: float) -> dict:
+        """Submit `total` jobs up front, wait for all to finish, and measure from the
+        API's timestamps: first submit -> last finished_at, and per job."""
+        url = c.scheduler_url
+        before = bl.last_job_number(url)
+        agents = [n for n in c.procs if n not in ("registry", "scheduler")]
+        sched_cpu = bl.CpuMeter(lambda: c.pids("scheduler"))
+        machine_cpu = bl.MachineCpuMeter()
+        agent_cpu0 = bl.cpu_seconds([c.procs[a].pid for a in agents])
+        t0 = time.time()
+        how = submit_all(url, self.batcher, {"command": command}, total, self.cfg)
+        submitted = time.time()
+        complete = wait_idle(url, time_limit)
+        sched_pct = sched_cpu.percent()
+        machine_pct = machine_cpu.percent()
+        sched_secs = bl.cpu_seconds(sched_cpu.pids) - sched_cpu.start_cpu
+        agent_secs = bl.cpu_seconds([c.procs[a].pid for a in agents]) - agent_cpu0
+        jobs = bl.jobs_after(url, before)
+        done = [j for j in jobs if j["status"] == "done"]
+        finished = [j for j in jobs if j["status"] in bl.FINAL]
+        if not finished:
+            raise RuntimeError(f"none of the {total} jobs finished within {time_limit:.0f} s")
+        end = max(bl.epoch(j["finished_at"]) for j in finished)
+        per_job = [bl.epoch(j["finished_at"]) - bl.epoch(j["created_at"]) for j in done]
+        to_start = [bl.epoch(j["running_at"]) - bl.epoch(j["created_at"]) for j in done if j["running_at"]]
+        not_done = [{"job_id": j["job_id"], "status": j["status"], "exit_code": j["exit_code"],
+                     "stderr": (j.get("stderr") or "")[-300:]} for j in jobs if j["status"] != "done"][:3]
+        return {"jobs": total, "done": len(done), "failed": len(jobs) - len(done), "complete": complete,
+                **({"not_done_examples": not_done} if not_done else {}),
+                "jobs_per_sec": round(len(finished) / (end - t0), 2), "elapsed_secs": round(end - t0, 2),
+                "submit_secs": round(submitted - t0, 2),
+                "latency_p50_ms": bl.ms(bl.percentile(per_job, 50)),
+                "latency_p99_ms": bl.ms(bl.percentile(per_job, 99)),
+                "to_running_p50_ms": bl.ms(bl.percentile(to_start, 50)),
+                "to_running_p99_ms": bl.ms(bl.percentile(to_start, 99)),
+                "scheduler_cpu_pct": sched_pct, "machine_cpu_busy_pct": machine_pct,
+                "scheduler_cpu_ms_per_job": round(1000 * sched_secs / total, 2),
+                "agent_cpu_ms_per_job": round(1000 * agent_secs / total, 2),
+                "submitted_with": how, "_jobs": jobs}
+
+    def throughput(self, c: bl.BenchCluster) -> dict:
+        cfg = self.cfg
+        out = self.run_jobs(c, "true", cfg.throughput_jobs, cfg.throughput_secs)
+        out.pop("_jobs")
+        env = c.agent_env["node-1"]
+        self.settings["throughput"] = {"agents": cfg.agents, "AGENT_SLOTS": cfg.throughput_slots,
+                                       "MAX_JOBS_PER_NODE": cfg.throughput_slots, "command": "true",
+                                       "agent_mode": self.agent_mode(env), "time_limit_secs": cfg.throughput_secs,
+                                       "latency": "created_at -> finished_at from the API (ms precision)"}
+        out["agent_mode"] = self.agent_mode(env)
+        return out
+
+    def memory(self, c: bl.BenchCluster) -> dict:
+        out = {}
+        for server in ("scheduler", "registry"):
+            master, *workers = c.pids(server)
+            m = bl.memory_kb(master)
+            out[f"{server}_master_hwm_mb"] = round(m.get("VmHWM", 0) / 1024, 1)
+            out[f"{server}_master_rss_mb"] = round(m.get("VmRSS", 0) / 1024, 1)
+            ws = [bl.memory_kb(w) for w in workers]
+            out[f"{server}_workers"] = len(ws)
+            out[f"{server}_worker_hwm_mb_max"] = round(max((w.get("VmHWM", 0) for w in ws), default=0) / 1024, 1)
+            out[f"{server}_worker_rss_mb_sum"] = round(sum(w.get("VmRSS", 0) for w in ws) / 1024, 1)
+        agents = [bl.memory_kb(c.procs[n].pid) for n in c.procs if n not in ("registry", "scheduler")]
+        out["agent_hwm_mb_max"] = round(max(a.get("VmHWM", 0) for a in agents) / 1024, 1)
+        out["agent_rss_mb_max"] = round(max(a.get("VmRSS", 0) for a in agents) / 1024, 1)
+        self.settings["memory"] = {"when": "right after the throughput run, on its cluster",
+                                   "source": "/proc/<pid>/status VmHWM (peak RSS) and VmRSS"}
+        return out
+
+    def round_baseline(self) -> None:
+        if not self.want("baseline"):
+            return
+        cfg = self.cfg
+        env = {"AGENT_LONG_POLL_SECS": 0, "POLL_INTERVAL_SECS": cfg.baseline_poll_secs}
+        c = self.cluster("baseline", agents=cfg.agents, slots=1, agent_env=env, MAX_JOBS_PER_NODE=1)
+        try:
+            self.probe_batch(c.scheduler_url, {"command": "true"})
+            self.warmup(c, cfg.warmup_jobs)
+            self.record("baseline", self.baseline, c, env)
+        finally:
+            c.stop()
+
+    def baseline(self, c: bl.BenchCluster, env: dict) -> dict:
+        cfg = self.cfg
+        out = self.run_jobs(c, "true", cfg.baseline_jobs, cfg.baseline_secs)
+        out.pop("_jobs")
+        # Dispatch latency in this mode too, measured as dispatch_latency measures it.
+        latency = self.measure_dispatch(c, cfg.baseline_latency_jobs, cfg.latency_secs, gap=cfg.baseline_poll_secs)
+        out.update({f"dispatch_{k}": v for k, v in latency.items() if k in ("jobs", "p50_ms", "p99_ms", "max_ms")})
+        lp = self.runs.get("dispatch_latency", [])
+        if lp and bl.is_number(lp[-1].get("p50_ms")):
+            out["dispatch_p50_ratio_to_dispatch_latency"] = bl.ratio(out["dispatch_p50_ms"], lp[-1]["p50_ms"])
+        self.settings["baseline"] = {"agents": cfg.agents, "AGENT_SLOTS": 1, "MAX_JOBS_PER_NODE": 1,
+                                     "AGENT_LONG_POLL_SECS": 0, "POLL_INTERVAL_SECS": cfg.baseline_poll_secs,
+                                     "command": "true", "agent_mode": self.agent_mode(c.agent_env["node-1"]),
+                                     "dispatch_jobs": f"{cfg.baseline_latency_jobs}, one at a time after the "
+                                                      f"throughput run, as in dispatch_latency, each after a random "
+                                                      f"0-{cfg.baseline_poll_secs:g} s pause (a random poll phase)"}
+        # The same round's throughput run, for a ratio of runs made minutes apart.
+        runs = self.runs.get("throughput", [])
+        if runs and len(runs) == len(self.runs["baseline"]) + 1:
+            out["ratio_throughput_to_baseline"] = bl.ratio(runs[-1].get("jobs_per_sec"), out["jobs_per_sec"])
+        return out
+
+    def round_cpu_bound(self) -> None:
+        if not self.want("cpu_bound"):
+            return
+        if self.args.quick and not self.args.with_cpu_bound:
+            self.skipped["cpu_bound"] = "--quick (add --with-cpu-bound to run it)"
+            return
+        cfg = self.cfg
+        if self.cpu_command is None:
+            self.calibrate()
+        result: dict = {}
+        try:
+            for slots in cfg.cpu_slots:
+                c = self.cluster(f"cpu-{slots}", agents=cfg.agents, slots=slots,
+                                 MAX_JOBS_PER_NODE=max(cfg.cpu_slots))
+                try:
+                    self.probe_batch(c.scheduler_url, {"command": "true"})
+                    self.warmup(c, 2)
+                    result.update(self.cpu_bound(c, slots))
+                finally:
+                    c.stop()
+        except Exception as exc:
+            result = {"error": f"{exc.__class__.__name__}: {exc}"}
+            self.failures += 1
+        base = result.get(f"slots_{cfg.cpu_slots[0]}_jobs_per_sec")
+        for slots in cfg.cpu_slots[1:]:
+            result[f"slots_{slots}_speedup"] = bl.ratio(result.get(f"slots_{slots}_jobs_per_sec"), base)
+        losses = sum(result.get(k, 0) for k in result if k.endswith(("_node_losses", "_lost_events",
+                                                                        "_unhealthy_seen")))
+        result["false_node_losses"] = losses
+        result["no_false_node_loss"] = losses == 0 and "error" not in result
+        if losses:  # the assertion of this scenario: saturated CPUs must not look like a lost node
+            self.failures += 1
+            bl.log(f"cpu_bound: FAILED: {losses} node losses or unhealthy sightings while the CPUs were busy")
+        self.runs["cpu_bound"].append(result)
+        bl.log("cpu_bound: " + ", ".join(f"{k}={v}" for k, v in result.items()))
+        self.settings["cpu_bound"] = {
+            "agents": cfg.agents, "jobs_per_setting": cfg.cpu_jobs, "slots": list(cfg.cpu_slots),
+            "MAX_JOBS_PER_NODE": max(cfg.cpu_slots), "HEARTBEAT_TIMEOUT_SECS": 20, "HEARTBEAT_INTERVAL_SECS": 5,
+            "job": f"{self.cpu_command[:60]}... (chained SHA-256, no sleeps)", **self.cpu_calibration,
+            "note": (f"{cfg.cpu_jobs} jobs per setting instead of 200, to keep the whole run bounded "
+                     f"({cfg.cpu_jobs * cfg.cpu_job_secs:.0f} CPU-s per setting)"),
+            "checked": "no job event mentions a lost or unhealthy node, node_losses == 0 for every job, "
+                       "and the registry never showed a node unhealthy (polled every 0.5 s)"}
+
+    def calibrate(self) -> None:
+        """Iterations of chained SHA-256 that take cpu_job_secs of CPU here."""
+        python = self.args.job_python
+        code = "import hashlib;h=b'x';[h:=hashlib.sha256(h).digest() for _ in range({n})]"
+        n, rate = 200_000, None
+        for _ in range(3):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            subprocess.run([python, "-c", code.format(n=n)], check=True)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            used = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+            rate = max(rate or 0, n / used)  # the fastest run: the least disturbed by neighbours
+        n = int(rate * self.cfg.cpu_job_secs)
+        self.cpu_command = f"{python} -c \"{code.format(n=n)}\""
+        self.cpu_calibration = {"sha256_iterations": n, "python": python,
+                                "calibrated_cpu_secs_per_job": self.cfg.cpu_job_secs}
+        bl.log(f"cpu_bound: {n} SHA-256 iterations take about {self.cfg.cpu_job_secs} s of CPU here")
+
+    def cpu_bound(self, c: bl.BenchCluster, slots: int) -> dict:
+        cfg = self.cfg
+        seen = {"unhealthy": 0, "max_age": 0.0}
+        stop = threading.Event()
+
+        def watch():  # the registry's view while the CPUs are saturated
+            with requests.Session() as s:
+                while not stop.wait(0.5):
+                    try:
+                        nodes = s.get(c.registry_url + "/nodes", timeout=5).json()
+                    except (requests.RequestException, ValueError):
+                        continue
+                    now = time.time()
+                    for n in nodes:
+                        seen["unhealthy"] += n["status"] != "healthy"
+                        seen["max_age"] = max(seen["max_age"], now - (bl.epoch(n["last_heartbeat"]) or now))
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            out = self.run_jobs(c, self.cpu_command, cfg.cpu_jobs, cfg.cpu_secs)
+        finally:
+            stop.set()
+            watcher.join(5)
+        jobs = out.pop("_jobs")
+        lost_events = 0
+        with requests.Session() as s:
+            for j in jobs:
+                events = s.get(f"{c.scheduler_url}/jobs/{j['job_id']}/events", timeout=10).json()
+                lost_events += sum(1 for e in events
+                                   if "lost" in (e["reason"] or "") or "not healthy" in (e["reason"] or ""))
+        cpu = [j["cpu_seconds"] for j in jobs if bl.is_number(j.get("cpu_seconds"))]
+        nproc = len(os.sched_getaffinity(0))
+        mean_cpu = sum(cpu) / len(cpu) if cpu else cfg.cpu_job_secs
+        p = f"slots_{slots}_"
+        return {p + "jobs_per_sec": out["jobs_per_sec"], p + "done": out["done"], p + "failed": out["failed"],
+                p + "elapsed_secs": out["elapsed_secs"], p + "latency_p50_ms": out["latency_p50_ms"],
+                p + "job_cpu_secs_mean": round(mean_cpu, 3),
+                # Share of the machine's CPUs spent in the jobs themselves.
+                p + "cpu_efficiency": round(out["jobs_per_sec"] * mean_cpu / nproc, 3),
+                p + "node_losses": sum(j.get("node_losses") or 0 for j in jobs),
+                p + "lost_events": lost_events, p + "unhealthy_seen": seen["unhealthy"],
+                p + "max_heartbeat_age_secs": round(seen["max_age"], 2)}
+
+    # -- output --
+
+    def report(self, extra: dict) -> None:
+        bl.emit(bl.meta(dict(extra, features=self.features, loadavg_at_end=bl.loadavg()), self.started))
+        for scenario in self.selected:
+            line: dict = {"scenario": scenario}
+            runs = self.runs[scenario]
+            good = [r for r in runs if "error" not in r]
+            if scenario in self.skipped and not good:
+                line["skipped"] = self.skipped[scenario]
+            elif not runs:
+                line["skipped"] = "not run (interrupted)"
+            elif not good:
+                line["error"] = runs[-1]["error"]
+                line["runs"] = runs
+            else:
+                line.update(bl.medians(good))
+                line["repeat"] = len(good)
+                if len(good) < len(runs):
+                    line["failed_runs"] = len(runs) - len(good)
+                self.add_ratios(scenario, line)
+                line["settings"] = self.settings.get(scenario, {})
+                line["runs"] = runs
+            bl.emit(line)
+
+    def add_ratios(self, scenario: str, line: dict) -> None:
+        """Ratios of medians, beside the median of the per-round ratios."""
+        def median_of(name, field="jobs_per_sec"):
+            good = [r[field] for r in self.runs.get(name, []) if bl.is_number(r.get(field))]
+            return statistics.median(good) if good else None
+        if scenario == "submit_batch":
+            line["ratio_of_medians_to_submit_single"] = bl.ratio(line.get("jobs_per_sec"), median_of("submit_single"))
+        if scenario == "baseline":
+            line["ratio_of_medians_throughput_to_baseline"] = bl.ratio(median_of("throughput"),
+                                                                       line.get("jobs_per_sec"))
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a small smoke run: few jobs, one repeat, no cpu_bound")
+    parser.add_argument("--repeat", type=int, help="runs of each scenario (default 3; --quick: 1)")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS),
+                        help=f"comma-separated subset of {','.join(SCENARIOS)}")
+    parser.add_argument("--skip", default="", help="comma-separated scenarios to leave out")
+    parser.add_argument("--with-cpu-bound", action="store_true", help="run cpu_bound even with --quick")
+    parser.add_argument("--scheduler-url", help="measure a running scheduler instead (submit scenarios only)")
+    parser.add_argument("--registry-url", help="its registry (recorded in the output)")
+    parser.add_argument("--job-python", default="/usr/bin/python3" if os.path.exists("/usr/bin/python3") else "python3",
+                        help="interpreter the cpu_bound jobs run (must be usable by the job user)")
+    parser.add_argument("--keep-logs", action="store_true", help="keep the servers' and agents' logs")
+    args = parser.parse_args(argv)
+    wanted = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    unknown = [s for s in [*wanted, *skip] if s not in SCENARIOS]
+    if unknown:
+        parser.error(f"unknown scenario(s): {', '.join(unknown)}")
+    args.scenarios = [s for s in wanted if s not in skip]
+    if args.scheduler_url:
+        for name in ("scheduler_url", "registry_url"):
+            value = getattr(args, name)
+            if value and not value.startswith(("http://127.", "http://localhost")):
+                parser.error(f"--{name.replace('_', '-')} must be on this machine (http://127.0.0.1:PORT)")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    cfg = QUICK if args.quick else FULL
+    if args.repeat:
+        cfg = replace(cfg, repeat=max(1, args.repeat))
+    if args.scheduler_url is None and not os.access(os.path.join(bl.BIN, "corral-scheduler"), os.X_OK):
+        print("bench: run this with the project's virtualenv (.venv/bin/python scripts/bench.py, or make bench)",
+              file=sys.stderr)
+        return 2
+    # SIGTERM unwinds like Ctrl-C: every cluster is stopped in its `finally`.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    return Bench(args, cfg).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

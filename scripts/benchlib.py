@@ -1,0 +1,433 @@
+"""What scripts/bench.py and scripts/simulate_fleet.py share: a local cluster with
+production timings, API feature probes, /proc readings, statistics and output.
+
+The cluster is tests/cluster.py's `Cluster` (real gunicorn servers on sockets
+bound here and passed as fd://N, real agents, teardown by process group), with
+the production defaults of the README instead of the tests' short timings, and
+extra gunicorn flags (`--threads`) per server. Process trees and /proc/<pid>/stat
+parsing come from scripts/run_local.py.
+
+Everything listens on and talks to 127.0.0.1 only.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import platform
+import shlex
+import signal
+import statistics
+import sys
+import tempfile
+import time
+
+import requests
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+from cluster import BIN, Cluster, Proc, base_env, listening_socket  # noqa: E402  (tests/cluster.py)
+from helpers import wait_for  # noqa: E402  (tests/helpers.py)
+from run_local import _proc_stat, descendants  # noqa: E402  (scripts/run_local.py)
+
+# The README's defaults, stated explicitly: tests/cluster.py shortens them for tests.
+PRODUCTION_SCHEDULER_ENV = {"TIMEOUT_CHECK_SECS": 10, "NODE_REFRESH_SECS": 2, "DISPATCH_INTERVAL_SECS": 1,
+                            "HEARTBEAT_TIMEOUT_SECS": 20, "RETRY_BASE_SECS": 2}
+PRODUCTION_AGENT_ENV = {"POLL_INTERVAL_SECS": 3, "HEARTBEAT_INTERVAL_SECS": 5}
+# Not measured; only shortens teardown.
+AGENT_STOP_ENV = {"AGENT_STOP_GRACE_SECS": 2, "AGENT_KILL_GRACE_SECS": 1}
+
+FINAL = ("done", "failed", "cancelled")
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def log(message: str) -> None:
+    """Progress goes to stderr; stdout carries only the JSON lines."""
+    sys.stderr.write(f"[{time.strftime('%H:%M:%S')}] {message}\n")
+    sys.stderr.flush()
+
+
+def emit(record: dict) -> None:
+    sys.stdout.write(json.dumps(record, sort_keys=False) + "\n")
+    sys.stdout.flush()
+
+
+# ---- the cluster --------------------------------------------------------------
+
+
+class BenchCluster(Cluster):
+    """tests/cluster.py's Cluster with production timings, per-server gunicorn flags
+    and agents started with the README's defaults unless told otherwise."""
+
+    def __init__(self, log_dir: str, server_flags: dict[str, list[str]] | None = None, **scheduler_env):
+        super().__init__(log_dir, **dict(PRODUCTION_SCHEDULER_ENV, **scheduler_env))
+        self.server_flags = server_flags or {}
+        self.agent_env: dict[str, dict] = {}
+
+    def _serve(self, name: str, script: str, env: dict, port: int | None, workers: int = 2) -> int:
+        # Cluster._serve with the extra flags of this server (a fresh port every time).
+        sock = listening_socket()
+        port = sock.getsockname()[1]
+        argv = [os.path.join(BIN, script), "--bind", f"fd://{sock.fileno()}", "--workers", str(workers),
+                *self.server_flags.get(name, [])]
+        self.procs[name] = Proc(name, argv, env, os.path.join(self.dir, f"{name}.log"), pass_fds=(sock.fileno(),))
+        sock.close()
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: requests.get(url + "/healthz", timeout=2).ok, timeout=60,
+                 message=f"{name} to answer on {url}")
+        return port
+
+    def start_agent(self, node_id: str, slots: int = 1, **env) -> Proc:
+        settings = dict(PRODUCTION_AGENT_ENV, **AGENT_STOP_ENV)
+        settings.update(env)
+        full = base_env(self.state_dir, NODE_ID=node_id, REGISTRY_URL=self.registry_url,
+                        SCHEDULER_URL=self.scheduler_url, AGENT_SLOTS=slots, **settings)
+        proc = Proc(node_id, [os.path.join(BIN, "corral-agent")], full, os.path.join(self.dir, f"{node_id}.log"))
+        self.procs[node_id] = proc
+        self.agent_env[node_id] = dict(settings, AGENT_SLOTS=slots)
+        return proc
+
+    def stop(self) -> None:
+        """Cluster.stop, quicker: every agent gets its SIGTERM at once (each drains on
+        its own), and the scheduler does not wait out long-polls still in flight."""
+        for name, proc in self.procs.items():
+            if name not in ("registry", "scheduler") and proc.alive():
+                try:
+                    os.kill(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        for name, proc in self.procs.items():
+            if name not in ("registry", "scheduler"):
+                proc.stop()
+        self.stop_server_fast("scheduler")
+        super().stop()
+
+    def stop_server_fast(self, name: str, grace: float = 3.0) -> None:
+        """Stop one server without waiting gunicorn's graceful_timeout for long-polls in flight."""
+        if name in self.procs:
+            self.procs[name].stop(grace=grace)
+
+    def pids(self, name: str) -> list[int]:
+        """The process and, for a gunicorn master, its workers (an agent's jobs excluded)."""
+        proc = self.procs[name]
+        if not proc.alive():
+            return []
+        if name in ("registry", "scheduler"):
+            return [proc.pid, *descendants(proc.pid)]
+        return [proc.pid]
+
+
+def make_log_dir(prefix: str) -> str:
+    return tempfile.mkdtemp(prefix=prefix)
+
+
+def shared_dir(prefix: str) -> str:
+    """A directory jobs (running as `nobody` under a root agent) can write to."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    os.chmod(path, 0o1777)
+    return path
+
+
+# ---- what the scheduler offers --------------------------------------------------
+
+
+def openapi_paths(scheduler_url: str) -> set[str]:
+    try:
+        return set(requests.get(scheduler_url + "/openapi.json", timeout=10).json().get("paths", {}))
+    except (requests.RequestException, ValueError, AttributeError):
+        return set()
+
+
+def claim_route(scheduler_url: str, probe: bool = True) -> tuple[bool, str]:
+    """Is `POST /nodes/{id}/claim` (the long-poll claim) served? (answer, why).
+    Without `probe` only /openapi.json is read (a probe claim renews a lease for a
+    node that does not exist: fine in a throwaway cluster, not in someone else's)."""
+    if any(p.endswith("/claim") for p in openapi_paths(scheduler_url)):
+        return True, "listed in /openapi.json"
+    if not probe:
+        return False, "not listed in /openapi.json"
+    try:
+        r = requests.post(scheduler_url + "/nodes/bench-probe-node/claim", json={"max": 1, "wait_secs": 0},
+                          timeout=10)
+    except requests.RequestException as exc:
+        return False, f"probe failed: {exc.__class__.__name__}"
+    if r.status_code == 405 or (r.status_code == 404 and _error(r) in ("no such resource", "")):
+        return False, f"POST /nodes/{{id}}/claim answered {r.status_code}: not in this scheduler yet"
+    return True, f"probe answered {r.status_code}"
+
+
+def agent_long_poll_supported() -> bool:
+    """Does the installed agent know AGENT_LONG_POLL_SECS (else it only polls)?"""
+    import corral.agent as agent_pkg
+    folder = os.path.dirname(agent_pkg.__file__)
+    for name in os.listdir(folder):
+        if name.endswith(".py"):
+            with open(os.path.join(folder, name), encoding="utf-8", errors="replace") as f:
+                if "AGENT_LONG_POLL_SECS" in f.read():
+                    return True
+    return False
+
+
+def agent_default(name: str):
+    """A default of the installed agent's settings (None when it has no such setting)."""
+    from corral.agent.settings import AgentSettings
+    return getattr(AgentSettings, name, None)
+
+
+def _error(response: requests.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return ""
+    return body.get("error", "") if isinstance(body, dict) else ""
+
+
+class BatchSubmitter:
+    """POST /jobs/batch, with whichever body the scheduler takes: a JSON array,
+    else {"jobs": [...]}. `available` is None until probed, then True/False."""
+
+    def __init__(self):
+        self.available: bool | None = None
+        self.reason = ""
+        self.wrap = False
+
+    def probe(self, session: requests.Session, scheduler_url: str, request: dict) -> bool:
+        """Submit one job through the batch route to learn whether and how it works."""
+        for wrap in (False, True):
+            body = {"jobs": [request]} if wrap else [request]
+            r = session.post(scheduler_url + "/jobs/batch", json=body, timeout=30)
+            if r.status_code in (404, 405):
+                self.available = False
+                self.reason = f"POST /jobs/batch answered {r.status_code}: not in this scheduler yet"
+                return False
+            if r.status_code in (200, 201):
+                self.available, self.wrap = True, wrap
+                self.reason = "body: {\"jobs\": [...]}" if wrap else "body: JSON array"
+                return True
+        self.available = False
+        self.reason = f"POST /jobs/batch refused both body forms: {r.status_code} {_error(r) or r.text[:200]}"
+        return False
+
+    def submit(self, session: requests.Session, scheduler_url: str, requests_: list[dict]) -> list[dict]:
+        body = {"jobs": requests_} if self.wrap else requests_
+        r = session.post(scheduler_url + "/jobs/batch", json=body, timeout=120)
+        if r.status_code not in (200, 201):
+            raise RuntimeError(f"POST /jobs/batch: {r.status_code} {r.text[:300]}")
+        jobs = r.json()
+        if isinstance(jobs, dict):
+            jobs = jobs.get("jobs", [])
+        return jobs
+
+
+def last_job_number(scheduler_url: str) -> int:
+    jobs = requests.get(scheduler_url + "/jobs", params={"order": "desc", "limit": 1}, timeout=10).json()
+    return int(jobs[0]["job_id"].split("-")[1]) if jobs else 0
+
+
+def jobs_after(scheduler_url: str, number: int, session: requests.Session | None = None) -> list[dict]:
+    """Every job with a number above `number`, oldest first (keyset pages of 1,000)."""
+    http = session or requests
+    found: list[dict] = []
+    after = f"job-{number}" if number else None
+    while True:
+        params = {"limit": 1000, **({"after": after} if after else {})}
+        page = http.get(scheduler_url + "/jobs", params=params, timeout=30).json()
+        found += page
+        if len(page) < 1000:
+            return found
+        after = page[-1]["job_id"]
+
+
+def active_count(scheduler_url: str) -> int:
+    """Jobs pending or running (GET /stats)."""
+    counts = requests.get(scheduler_url + "/stats", timeout=10).json()["jobs"]
+    return counts.get("pending", 0) + counts.get("running", 0)
+
+
+def epoch(iso_time: str | None) -> float | None:
+    if not iso_time:
+        return None
+    return datetime.datetime.fromisoformat(iso_time.replace("Z", "+00:00")).timestamp()
+
+
+# ---- /proc ----------------------------------------------------------------------
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """utime + stime of these processes (their own threads, not their children)."""
+    total = 0
+    for pid in pids:
+        fields = _proc_stat(pid)
+        if fields and len(fields) > 12:
+            total += int(fields[11]) + int(fields[12])
+    return total / CLK_TCK
+
+
+def memory_kb(pid: int) -> dict[str, int]:
+    """VmHWM (peak RSS) and VmRSS of a process, in kB."""
+    found = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("VmHWM", "VmRSS"):
+                    found[key] = int(value.split()[0])
+    except OSError:
+        pass
+    return found
+
+
+class CpuMeter:
+    """CPU used by a set of processes over a window, as % of one core. The pid list
+    is taken at start and again at the end (a worker that died in between is lost)."""
+
+    def __init__(self, pid_source):
+        self.pid_source = pid_source
+        self.pids = pid_source()
+        self.start_cpu = cpu_seconds(self.pids)
+        self.start = time.monotonic()
+
+    def percent(self) -> float:
+        elapsed = time.monotonic() - self.start
+        used = cpu_seconds(self.pids) - self.start_cpu
+        return round(100.0 * used / elapsed, 2) if elapsed > 0 else 0.0
+
+
+class MachineCpuMeter:
+    """How busy the whole machine was over a window, as % of ALL its CPUs (/proc/stat)."""
+
+    def __init__(self):
+        self.start = self._read()
+
+    @staticmethod
+    def _read() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            values = [int(x) for x in f.readline().split()[1:]]
+        idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+        return sum(values[:8]) - idle, sum(values[:8])
+
+    def percent(self) -> float:
+        busy, total = self._read()
+        d_total = total - self.start[1]
+        return round(100.0 * (busy - self.start[0]) / d_total, 1) if d_total > 0 else 0.0
+
+
+class SelfCpuMeter:
+    def __init__(self):
+        t = os.times()
+        self.start_cpu, self.start = t.user + t.system, time.monotonic()
+
+    def percent(self) -> float:
+        t = os.times()
+        elapsed = time.monotonic() - self.start
+        return round(100.0 * (t.user + t.system - self.start_cpu) / elapsed, 2) if elapsed > 0 else 0.0
+
+
+# ---- the machine --------------------------------------------------------------
+
+
+def machine() -> dict:
+    model = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem_kb = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    mem_kb = int(line.split()[1])
+    except OSError:
+        pass
+    load = loadavg()
+    return {"nproc": len(os.sched_getaffinity(0)), "ram_gib": round(mem_kb / 1048576, 1) if mem_kb else None,
+            "cpu_model": model, "kernel": platform.release(), "python": platform.python_version(),
+            "loadavg_at_start": load}
+
+
+def loadavg() -> list[float] | None:
+    try:
+        with open("/proc/loadavg") as f:
+            return [float(x) for x in f.read().split()[:3]]
+    except OSError:
+        return None
+
+
+def git_head() -> str | None:
+    """The commit measured, read from .git without running git."""
+    try:
+        with open(os.path.join(ROOT, ".git", "HEAD")) as f:
+            head = f.read().strip()
+        if head.startswith("ref: "):
+            ref = head[5:]
+            path = os.path.join(ROOT, ".git", ref)
+            if os.path.exists(path):
+                with open(path) as f:
+                    return f.read().strip()
+            with open(os.path.join(ROOT, ".git", "packed-refs")) as f:
+                for line in f:
+                    if line.rstrip().endswith(" " + ref):
+                        return line.split()[0]
+            return None
+        return head
+    except OSError:
+        return None
+
+
+def meta(extra: dict | None = None, started: dict | None = None) -> dict:
+    """The first line of every output. `started` is what started_now() said when the
+    run began (when the line is printed at the end of the run)."""
+    started = started or started_now()
+    return {"scenario": "meta", "date": started["date"],
+            "command": " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
+            "git_head": git_head(), "machine": started["machine"], **(extra or {})}
+
+
+def started_now() -> dict:
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "machine": machine()}
+
+
+# ---- statistics -----------------------------------------------------------------
+
+
+def percentile(values: list[float], p: float) -> float | None:
+    """Nearest-rank percentile (p in 0..100); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(p / 100.0 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000.0, 2)
+
+
+def is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def medians(runs: list[dict]) -> dict:
+    """Field by field, in the first run's order: the median of numeric fields over
+    the runs that have them, the first run's value for the rest."""
+    merged: dict = {}
+    for run in runs:
+        for key, value in run.items():
+            if key in merged:
+                continue
+            values = [r[key] for r in runs if is_number(r.get(key))]
+            merged[key] = round(statistics.median(values), 3) if is_number(value) else value
+    return merged
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 2) if is_number(a) and is_number(b) and b else None
