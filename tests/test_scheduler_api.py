@@ -496,3 +496,19 @@ def test_a_busy_database_is_a_503_not_a_500(client, store, monkeypatch):
     response = client.post("/jobs", json={"command": "true"})
     assert response.status_code == 503 and response.headers["Retry-After"] == "1"
     assert "nothing was changed" in response.json["error"]
+
+
+def test_a_drained_node_gets_no_new_work_and_keeps_what_it_runs(client, store, clock):
+    nodes = [{"node_id": n, "address": "a", "kind": "compute", "slots": 4, "status": "healthy"} for n in ("n1", "n2")]
+    store.sync_nodes(nodes, clock())
+    running, waiting = submit(client, command="a"), submit(client, command="b", instance_id="n1")
+    report(client, running, "running")
+    nodes[0]["drained"] = True
+    store.sync_nodes(nodes, clock())
+    assert client.get(f"/jobs/{running['job_id']}").json["status"] == "running"   # finishes there
+    assert client.get(f"/jobs/{waiting['job_id']}").json["node_id"] is None       # pinned: waits
+    assert "n1 is drained" in client.get(f"/jobs/{waiting['job_id']}/events").json[-1]["reason"]
+    assert {submit(client)["node_id"] for _ in range(3)} == {"n2"}
+    nodes[0]["drained"] = False
+    store.sync_nodes(nodes, clock())
+    assert client.get(f"/jobs/{waiting['job_id']}").json["node_id"] == "n1"

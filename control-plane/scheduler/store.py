@@ -413,19 +413,21 @@ class Store:
             if nodes:
                 Node.insert_many([{
                     "node_id": n["node_id"], "address": n.get("address") or "", "kind": n.get("kind") or "compute",
-                    "slots": int(n.get("slots") or 1), "status": n.get("status") or "unhealthy", "synced_at": now,
+                    "slots": int(n.get("slots") or 1), "status": _placement_status(n), "synced_at": now,
                     "max_memory_mb": n.get("max_memory_mb"), "max_cpu_percent": n.get("max_cpu_percent"),
                 } for n in nodes]).execute()
             self.release_lost(now)
             self.dispatch(now)
 
     def release_lost(self, now: float) -> int:
-        """Unplace pending jobs whose node is unhealthy or gone, so they go elsewhere."""
+        """Unplace pending jobs whose node is unhealthy, drained or gone, so they go elsewhere."""
         healthy = Node.select(Node.node_id).where((Node.status == "healthy") & (Node.kind == "compute"))
         stranded = list(Job.select().where((Job.status == "pending") & Job.node_id.is_null(False)
                                            & Job.node_id.not_in(healthy)))
+        states = dict(Node.select(Node.node_id, Node.status).tuples())
         for job in stranded:
-            self._event(job, "pending", "pending", now, f"node {job.node_id} is not healthy; unplaced")
+            why = states.get(job.node_id, "gone from the registry")
+            self._event(job, "pending", "pending", now, f"node {job.node_id} is {why}; unplaced")
             Job.update(node_id=None, placed_at=None).where(Job.id == job.id).execute()
         return len(stranded)
 
@@ -674,6 +676,13 @@ def _claim_limits(job: Job, request: dict) -> dict | None:
         job.job_type, DESIGN_LIMITS["run"])
     return {"memory_mb": job.memory_mb if job.memory_mb is not None else defaults["memory_mb"],
             "cpu_percent": job.cpu_percent if job.cpu_percent is not None else defaults["cpu_percent"]}
+
+
+def _placement_status(node: dict) -> str:
+    """How the scheduler sees a registry node: a drained node takes no new work
+    (what it runs finishes), so for placement it is not `healthy`."""
+    status = node.get("status") or "unhealthy"
+    return "drained" if status == "healthy" and node.get("drained") else status
 
 
 def _append(text: str | None, line: str) -> str:
