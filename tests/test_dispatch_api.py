@@ -8,7 +8,7 @@ import time
 import pytest
 
 from corral.scheduler import longpoll, wakeup
-from corral.scheduler.app import create_app, open_store
+from corral.scheduler.app import open_store
 from corral.scheduler.loops import PURGE_INTERVAL_SECS, Background
 from corral.scheduler.models import MODELS, Job, JobEvent, NodeLease
 from corral.scheduler.settings import SchedulerSettings
@@ -18,43 +18,8 @@ from helpers import wait_for
 T0 = 1_800_000_000.0
 
 
-class Clock:
-    def __init__(self, now=T0):
-        self.now = now
-
-    def __call__(self):
-        return self.now
-
-
-@pytest.fixture
-def clock():
-    return Clock()
-
-
-def make_app(tmp_path, clock, **overrides):
-    overrides.setdefault("retry_base_secs", 0.0)
-    settings = SchedulerSettings(database_url=f"sqlite:///{tmp_path}/scheduler.db", **overrides)
-    return create_app(settings, clock=clock)
-
-
-@pytest.fixture
-def app(tmp_path, clock):
-    return make_app(tmp_path, clock, max_jobs_per_node=4)
-
-
-@pytest.fixture
-def client(app):
-    return app.test_client()
-
-
-@pytest.fixture
-def store(app):
-    return app.extensions["corral.store"]
-
-
-def set_nodes(store, clock, *node_ids, slots=4):
-    store.sync_nodes([{"node_id": n, "address": "127.0.0.1", "kind": "compute", "slots": slots,
-                       "status": "healthy"} for n in node_ids], clock())
+# The app, client, store and clock fixtures of the API tests, and their helpers.
+from test_scheduler_api import Clock, app, client, clock, make_app, set_nodes, store  # noqa: E402,F401
 
 
 def claim(client, node_id, **body):
