@@ -110,6 +110,23 @@ def serve_openapi(app: Flask, document: dict) -> None:
         return jsonify(document)
 
 
+def serve_readiness(app: Flask, check) -> None:
+    """GET /readyz: 200 when `check()` (a dict of what was checked) passes; 503 with
+    the reason when it raises. /healthz only says the process is up."""
+
+    @app.get("/readyz")
+    def readyz():
+        checks: dict = {}
+        try:
+            check(checks)
+        except Exception as exc:  # any failed check means "do not send traffic here"
+            response = jsonify({"status": "not ready", "error": str(exc) or exc.__class__.__name__,
+                                "checks": checks})
+            response.status_code = 503
+            return response
+        return jsonify({"status": "ready", "checks": checks})
+
+
 def base_app(name: str, max_body_bytes: int) -> Flask:
     app = Flask(name)
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes

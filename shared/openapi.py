@@ -48,6 +48,15 @@ COMMON_SCHEMAS = {
         "required": ["error"],
         "properties": {"error": {"type": "string", "description": "What was wrong, for a human."}},
     },
+    "Readiness": {
+        "type": "object",
+        "required": ["status", "checks"],
+        "properties": {
+            "status": {"type": "string", "enum": ["ready", "not ready"]},
+            "error": {"type": "string", "description": "Why it is not ready."},
+            "checks": {"type": "object", "description": "What was checked, and what it found."},
+        },
+    },
     "Health": {
         "type": "object",
         "required": ["status"],
@@ -76,6 +85,17 @@ def meta_paths(service: str) -> dict:
             "get": {
                 "operationId": "healthz", "tags": ["meta"], "summary": "Liveness check.",
                 "responses": {"200": json_response(ref("Health"), f"The {service} is serving.")},
+            },
+        },
+        "/readyz": {
+            "get": {
+                "operationId": "readyz", "tags": ["meta"], "summary": "Readiness check.",
+                "description": "200 when the database answers (the scheduler also needs a node list refreshed "
+                               "within three NODE_REFRESH_SECS, or a registry that answers); 503 otherwise.",
+                "responses": {
+                    "200": json_response(ref("Readiness"), f"The {service} can serve."),
+                    "503": json_response(ref("Readiness"), f"The {service} cannot serve; `error` says why."),
+                },
             },
         },
         "/openapi.json": {

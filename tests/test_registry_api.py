@@ -151,3 +151,8 @@ def test_drain_and_undrain(client, clock):
     assert client.post("/nodes/node-1/undrain").json["drained"] is False
     assert client.post("/nodes/ghost/drain").status_code == 404
     assert client.get("/nodes?drained=maybe").status_code == 400
+
+
+def test_readiness(client):
+    ready = client.get("/readyz")
+    assert ready.status_code == 200 and ready.json == {"status": "ready", "checks": {"database": "ok"}}

@@ -512,3 +512,16 @@ def test_a_drained_node_gets_no_new_work_and_keeps_what_it_runs(client, store, c
     nodes[0]["drained"] = False
     store.sync_nodes(nodes, clock())
     assert client.get(f"/jobs/{waiting['job_id']}").json["node_id"] == "n1"
+
+
+def test_readiness_needs_the_database_and_a_fresh_node_list_or_the_registry(tmp_path, clock):
+    app = make_app(tmp_path, clock, registry_url="http://127.0.0.1:1", node_refresh_secs=2)
+    client, store = app.test_client(), app.extensions["corral.store"]
+    assert client.get("/healthz").status_code == 200
+    stale = client.get("/readyz")          # no node list yet and the registry does not answer
+    assert stale.status_code == 503 and stale.json["status"] == "not ready" and stale.json["error"]
+    set_nodes(store, clock, "n1")
+    ready = client.get("/readyz")
+    assert ready.status_code == 200 and ready.json["checks"]["database"] == "ok"
+    clock.now += 7                          # more than three refresh periods old
+    assert client.get("/readyz").status_code == 503

@@ -10,7 +10,7 @@ from peewee import fn
 from corral.shared import db as dbmod
 from corral.shared import validate as v
 from corral.shared.errors import NotFound
-from corral.shared.http import base_app, query_choice, read_json_object, serve_openapi
+from corral.shared.http import base_app, query_choice, read_json_object, serve_openapi, serve_readiness
 from corral.shared.timeutil import iso
 
 from . import openapi
@@ -70,6 +70,12 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
     app = base_app(__name__, settings.max_body_bytes)
     dbmod.init_app(app, db)
     serve_openapi(app, openapi.DOCUMENT)
+
+    def ready(checks: dict) -> None:
+        db.execute_sql("SELECT 1")
+        checks["database"] = "ok"
+
+    serve_readiness(app, ready)
 
     def node_view(node: Node, now: float) -> dict:
         return {

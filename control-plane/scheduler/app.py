@@ -4,16 +4,18 @@ from collections.abc import Callable
 from urllib.parse import urlencode
 
 from flask import Flask, jsonify, request
+from peewee import fn
 
 from corral.shared import db as dbmod
 from corral.shared import server
 from corral.shared.clients import RegistryClient
 from corral.shared.errors import BadRequest
-from corral.shared.http import base_app, query_choice, query_int, read_json_object, serve_openapi
+from corral.shared.http import (base_app, query_choice, query_int, read_json_object, serve_openapi,
+                                serve_readiness)
 from corral.shared.states import ALL
 
 from . import longpoll, loops, openapi, sns_outbox, sqs_intake, validation, wakeup
-from .models import MODELS, database
+from .models import MODELS, Node, database
 from .settings import SchedulerSettings
 from .store import Store
 
@@ -47,6 +49,21 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     app = base_app(__name__, settings.max_body_bytes)
     dbmod.init_app(app, store.db)
     serve_openapi(app, openapi.DOCUMENT)
+    readiness_registry = RegistryClient(settings.registry_url, timeout=(1.0, 1.0))
+
+    def ready(checks: dict) -> None:
+        """Ready: the database answers, and placement has nodes to go by — a fresh
+        node list (refreshed within three refresh periods) or a registry that answers."""
+        newest = Node.select(fn.MAX(Node.synced_at)).scalar()
+        checks["database"] = "ok"
+        age = None if newest is None else clock() - newest
+        checks["node_list_age_secs"] = None if age is None else round(age, 1)
+        if age is not None and age <= 3 * settings.node_refresh_secs:
+            return
+        readiness_registry.healthz(timeout=1.0)
+        checks["registry"] = "ok"
+
+    serve_readiness(app, ready)
     app.extensions["corral.store"] = store
     max_waiters = settings.long_poll_max_waiters
     if max_waiters is None:
