@@ -1,8 +1,10 @@
 import os
+import re
 import shutil
 import tempfile
 
 import pytest
+import responses
 
 from cluster import Cluster, world_traversable_dir
 
@@ -56,3 +58,12 @@ def shared_dir():
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def api():
+    """The `responses` mock of the control plane's HTTP API; real servers on 127.0.0.1
+    (artifact servers, services under test) pass through."""
+    with responses.RequestsMock(assert_all_requests_are_fired=False) as mock:
+        mock.add_passthru(re.compile(r"http://127\.0\.0\.1:\d+/"))
+        yield mock

@@ -92,13 +92,6 @@ def node():
 
 
 @pytest.fixture
-def api():
-    with responses.RequestsMock(assert_all_requests_are_fired=False) as mock:
-        mock.add_passthru(re.compile(r"http://127\.0\.0\.1:\d+/"))
-        yield mock
-
-
-@pytest.fixture
 def scheduler(api, node):
     return FakeScheduler(api, node)
 

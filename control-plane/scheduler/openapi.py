@@ -9,6 +9,7 @@ from corral.shared.openapi import COMMON_SCHEMAS, NAME_PATTERN, TIMESTAMP, error
 from corral.shared.openapi import error as _error
 from corral.shared.openapi import json_response as _json
 from corral.shared.openapi import nullable_timestamp as _nullable_timestamp
+from corral.shared.openapi import path_param as _path_param
 from corral.shared.openapi import query as _query
 from corral.shared.openapi import ref as _ref
 
@@ -17,6 +18,7 @@ STATUSES = ["pending", "running", "done", "failed", "cancelled"]  # shared.state
 JOB_TYPES = ["run", "service"]
 
 
+NODE_ID_PARAM = _path_param("node_id", "The agent's node id.", {"type": "string", "pattern": NAME_PATTERN})
 JOB_ID_PARAM = {"name": "job_id", "in": "path", "required": True, "description": "A job id such as `job-42`.",
                 "schema": {"type": "string", "pattern": JOB_ID_PATTERN}}
 
@@ -445,8 +447,7 @@ PATHS = {
         },
     },
     "/nodes/{node_id}/claim": {
-        "parameters": [{"name": "node_id", "in": "path", "required": True, "description": "The agent's node id.",
-                        "schema": {"type": "string", "pattern": NAME_PATTERN}}],
+        "parameters": [NODE_ID_PARAM],
         "post": {
             "operationId": "claimJobs", "tags": ["agents"], "summary": "Take jobs placed on a node (agents).",
             "description": "Atomically takes up to `max` pending jobs placed on the node (never more than its "
@@ -479,8 +480,7 @@ PATHS = {
         },
     },
     "/nodes/{node_id}/lease": {
-        "parameters": [{"name": "node_id", "in": "path", "required": True, "description": "The agent's node id.",
-                        "schema": {"type": "string", "pattern": NAME_PATTERN}}],
+        "parameters": [NODE_ID_PARAM],
         "post": {
             "operationId": "renewLease", "tags": ["agents"], "summary": "Renew a node's lease (agents).",
             "description": "Agents call this every heartbeat. An agent that cannot renew for `lease_secs` stops "
