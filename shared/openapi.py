@@ -98,6 +98,16 @@ def meta_paths(service: str) -> dict:
                 },
             },
         },
+        "/metrics": {
+            "get": {
+                "operationId": "metrics", "tags": ["meta"], "summary": "Prometheus metrics.",
+                "description": "Counters and histograms summed over all gunicorn workers, and gauges read from "
+                               "the database at scrape time, in the Prometheus text format (README: Metrics). "
+                               "Open without a token, like /healthz.",
+                "responses": {"200": {"description": f"The {service}'s metrics.",
+                                      "content": {"text/plain": {"schema": {"type": "string"}}}}},
+            },
+        },
         "/openapi.json": {
             "get": {
                 "operationId": "getOpenAPI", "tags": ["meta"], "summary": "This document.",

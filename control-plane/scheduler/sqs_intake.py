@@ -32,7 +32,7 @@ import peewee
 from corral.shared.errors import BadRequest, CorralError
 from corral.shared.leader import holder_id, try_acquire
 
-from . import aws_clients, validation
+from . import aws_clients, metrics, validation
 from .retry import Backoff
 
 log = logging.getLogger(__name__)
@@ -271,6 +271,7 @@ class Intake:
         self.count(sqs_dead_lettered=dead_lettered, sqs_dropped=dropped, sqs_requeued=len(outcome.retry))
 
     def count(self, **counts: int) -> None:
+        metrics.sqs_counted(counts)  # Prometheus first: it needs no database
         try:
             self.store.bump(**counts)
         except peewee.PeeweeException as exc:  # only statistics: never worth a redelivery
