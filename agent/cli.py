@@ -104,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         stop.set()
 
     previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-    registry = RegistryClient(settings.registry_url, token=settings.token)
-    scheduler = SchedulerClient(settings.scheduler_url, token=settings.token)
+    registry = client_for(RegistryClient, settings.registry_url, settings)
+    scheduler = client_for(SchedulerClient, settings.scheduler_url, settings)
     try:
         agent = Agent(settings, registry, scheduler)
         try:
@@ -122,6 +122,12 @@ def main(argv: list[str] | None = None) -> int:
         scheduler.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def client_for(client_class, url: str, settings: AgentSettings):
+    """A client of the registry or scheduler that carries the agent's token, names its
+    node (X-Corral-Node) and trusts AGENT_CA_BUNDLE when set."""
+    return client_class(url, token=settings.token, node_id=settings.node_id, verify=settings.ca_bundle or True)
 
 
 def check(settings: AgentSettings) -> dict:
@@ -143,7 +149,7 @@ def check(settings: AgentSettings) -> dict:
     servers = {}
     for name, client_class, url in (("registry", RegistryClient, settings.registry_url),
                                     ("scheduler", SchedulerClient, settings.scheduler_url)):
-        client = client_class(url, token=settings.token)
+        client = client_for(client_class, url, settings)
         try:
             client.healthz(timeout=CHECK_TIMEOUT_SECS)
             servers[name] = {"url": url, "ok": True, "error": None}

@@ -31,23 +31,24 @@ def base_url(addr: str) -> str:
 class Env:
     """What every command gets (`ctx.obj`): the addresses, the clients and the clock."""
 
-    def __init__(self, addr: str, registry_addr: str, token: str | None):
+    def __init__(self, addr: str, registry_addr: str, token: str | None, ca_bundle: str | None = None):
         self.addr = base_url(addr)
         self.registry_addr = base_url(registry_addr)
         self.token = token or None
+        self.verify = ca_bundle or True  # requests' `verify`: a CA bundle, or the system's CAs
         self.subject: str | None = None  # the id a command is about, to prefix its errors
         self._scheduler = self._registry = None
 
     @property
     def scheduler(self) -> SchedulerClient:
         if self._scheduler is None:
-            self._scheduler = SchedulerClient(self.addr, token=self.token)
+            self._scheduler = SchedulerClient(self.addr, token=self.token, verify=self.verify)
         return self._scheduler
 
     @property
     def registry(self) -> RegistryClient:
         if self._registry is None:
-            self._registry = RegistryClient(self.registry_addr, token=self.token)
+            self._registry = RegistryClient(self.registry_addr, token=self.token, verify=self.verify)
         return self._registry
 
     def now(self) -> float:

@@ -32,11 +32,14 @@ class CorralGroup(click.Group):
               metavar="URL", help="The registry's address [env CORRAL_REGISTRY_ADDR].")
 @click.option("--token", envvar="CORRAL_TOKEN", metavar="TOKEN",
               help="Bearer token sent with every request [env CORRAL_TOKEN].")
+@click.option("--ca-bundle", envvar="CORRAL_CA_BUNDLE", metavar="FILE",
+              type=click.Path(exists=True, dir_okay=False, readable=True),
+              help="CA certificates that verify https:// servers (default: the system's) [env CORRAL_CA_BUNDLE].")
 @click.version_option(package_name="corral", prog_name="corral")
 @click.pass_context
-def cli(ctx: click.Context, addr: str, registry_addr: str, token: str | None) -> None:
+def cli(ctx: click.Context, addr: str, registry_addr: str, token: str | None, ca_bundle: str | None) -> None:
     """Submit and follow jobs, look at nodes and services of a Corral cluster."""
-    env = Env(addr, registry_addr, token)
+    env = Env(addr, registry_addr, token, ca_bundle=ca_bundle)
     ctx.obj = env
     ctx.call_on_close(env.close)
 

@@ -52,6 +52,12 @@ accesslog = None
 # Error and server log: stderr, which is the journal under systemd.
 errorlog = "-"
 
+# TLS (README "Security"): serve https:// with this certificate and key, readable by
+# the `corral` user. Both servers read this file; --certfile/--keyfile in
+# CORRAL_SERVER_FLAGS set them per server instead.
+# certfile = "/etc/corral/tls/server.pem"
+# keyfile = "/etc/corral/tls/server.key"
+
 # gunicorn's control socket (for `gunicornc`, gunicorn >= 25.1) is not used by Corral.
 # Its default path is in the home directory, which the units make read-only.
 control_socket_disable = True

@@ -27,6 +27,12 @@ class BatchError(BadRequest):
         self.errors = errors
 
 
+class Forbidden(CorralError):
+    """The caller's token is valid but not for this: the other role, or another node."""
+
+    status = 403
+
+
 class NotFound(CorralError):
     status = 404
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from gunicorn.app.base import Application
 
+from . import auth, metrics
 from .errors import CorralError
 
 # gthread: one thread per in-flight request. Long-running requests (long-poll
@@ -67,6 +68,7 @@ class _Gunicorn(Application):
             self.load_config_from_file(self._config_file)
         for key, value in self._overrides.items():
             self.cfg.set(key, value)
+        metrics.install_gunicorn_hooks(self.cfg)
         global _worker_threads
         kind = self.cfg.worker_class_str
         threaded = kind in ("gthread", "ThreadWorker") or str(kind).endswith(".ThreadWorker")
@@ -92,12 +94,26 @@ def run_service(prog: str, default_port: int, prepare: Callable[[], None],
     parser.add_argument("--threads", type=int, help=f"threads per worker (default {DEFAULTS['threads']})")
     parser.add_argument("--gunicorn-config", help="a gunicorn config file, applied over the defaults")
     parser.add_argument("--access-log", help="where to write the access log ('-' for stdout)")
+    parser.add_argument("--certfile", help="TLS certificate (PEM; with --keyfile): serve https://")
+    parser.add_argument("--keyfile", help="TLS private key (PEM) of --certfile")
+    parser.add_argument("--insecure", action="store_true",
+                        help="allow non-loopback addresses without CORRAL_API_TOKEN/CORRAL_AGENT_TOKEN "
+                             "(CORRAL_INSECURE=1)")
     args = parser.parse_args(argv)
     setup_logging()
     if args.port is not None and not 0 < args.port < 65536:
         parser.error("--port must be between 1 and 65535")
+    if bool(args.certfile) != bool(args.keyfile):
+        parser.error("--certfile and --keyfile go together")
+    for path in (args.certfile, args.keyfile):
+        if path and not (os.path.isfile(path) and os.access(path, os.R_OK)):
+            parser.error(f"cannot read {path}")
     try:
         prepare()
+        metrics.prepare_multiprocess_dir(prog)  # before any worker forks (shared/metrics.py)
+        # Without any token, only loopback is safe to serve (shared/auth.py).
+        open_to_all = not auth.server_tokens(os.environ).any
+        insecure = args.insecure or auth.insecure_allowed(os.environ)
     except CorralError as exc:
         print(f"{prog}: error: {exc.message}", file=sys.stderr)
         sys.exit(2)
@@ -113,4 +129,12 @@ def run_service(prog: str, default_port: int, prepare: Callable[[], None],
         overrides["threads"] = args.threads
     if args.access_log:
         overrides["accesslog"] = args.access_log
-    _Gunicorn(loader, defaults, overrides, args.gunicorn_config).run()
+    if args.certfile:
+        overrides.update(certfile=args.certfile, keyfile=args.keyfile)
+    application = _Gunicorn(loader, defaults, overrides, args.gunicorn_config)
+    # Checked on the binds gunicorn will really use (flags, config file and defaults merged).
+    refusal = auth.bind_refusal(application.cfg.bind) if open_to_all and not insecure else None
+    if refusal:
+        print(f"{prog}: error: {refusal}", file=sys.stderr)
+        sys.exit(2)
+    application.run()

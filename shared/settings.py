@@ -68,6 +68,17 @@ def env_choice(env: Mapping[str, str], name: str, default: str, choices: tuple[s
     return raw.upper()
 
 
+def env_file(env: Mapping[str, str], name: str) -> str | None:
+    """The absolute path of a readable file (a CA bundle, say), or None when unset."""
+    raw = env_str(env, name, None)
+    if raw is None:
+        return None
+    path = os.path.abspath(raw)
+    if not os.path.isfile(path) or not os.access(path, os.R_OK):
+        raise SettingError(f"{name} must be a readable file, got {raw!r}")
+    return path
+
+
 def _check_range(name, value, minimum, maximum):
     if minimum is not None and value < minimum:
         raise SettingError(f"{name} must be at least {minimum}, got {value}")

@@ -13,6 +13,11 @@ from helpers import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
 
+# The servers listen on the lab's bridge, not loopback, so they need a token (else they
+# refuse to start). The agents' token is set: the agents authenticate over the network
+# and name their node; the operator routes this test calls stay open (no CORRAL_API_TOKEN).
+AGENT_TOKEN = {"CORRAL_AGENT_TOKEN": "multihost-agent-token-4f1d2c"}
+
 
 @pytest.fixture
 def lab(tmp_path):
@@ -36,7 +41,7 @@ def lab(tmp_path):
 
 def start(lab, procs, dirs, name, ns, argv, **env):
     tmp_path, state_root = dirs
-    full = base_env(os.path.join(state_root, name), **env)
+    full = base_env(os.path.join(state_root, name), **AGENT_TOKEN, **env)
     proc = Proc(name, netns.Lab.exec_argv(ns, argv), full, str(tmp_path / f"{name}.log"))
     procs.append(proc)
     return proc

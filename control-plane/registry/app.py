@@ -7,13 +7,15 @@ from dataclasses import dataclass
 from flask import Flask, jsonify, request
 from peewee import fn
 
+from corral.shared import auth
 from corral.shared import db as dbmod
 from corral.shared import validate as v
 from corral.shared.errors import NotFound
 from corral.shared.http import base_app, query_choice, read_json_object, serve_openapi, serve_readiness
+from corral.shared.metrics import serve_metrics
 from corral.shared.timeutil import iso
 
-from . import openapi
+from . import metrics, openapi
 from .models import MODELS, Node, Service, database
 from .settings import RegistrySettings
 
@@ -21,6 +23,22 @@ NODE_FIELDS = ("node_id", "address", "kind", "slots", "cpus", "memory_mb", "max_
                "labels")
 SERVICE_FIELDS = ("job_id", "name", "node_id", "address", "port", "healthy")
 KIND_RE = re.compile(r"^[a-z][a-z0-9-]{0,31}\Z")
+
+# Who may call each route (shared/auth.py); a route missing here is operator-only.
+# Agents register, heartbeat and record services for their own node; operators drain
+# and forget nodes; both read.
+ACCESS = {
+    "register_node": auth.AGENT,
+    "heartbeat": auth.AGENT,
+    "register_service": auth.AGENT,
+    "remove_service": auth.EITHER,  # an agent only its own node's (checked in the route)
+    "list_nodes": auth.EITHER,
+    "read_node": auth.EITHER,
+    "list_services": auth.EITHER,
+    "drain": auth.OPERATOR,
+    "undrain": auth.OPERATOR,
+    "deregister_node": auth.OPERATOR,
+}
 
 
 @dataclass(frozen=True)
@@ -58,6 +76,7 @@ def create_schema(settings: RegistrySettings) -> None:
     db = open_store(settings)
     with db.connection_context():
         db.create_tables(MODELS)
+    dbmod.close_idle(db)  # the master forks the workers next
 
 
 def create_app(settings: RegistrySettings | None = None, clock: Callable[[], float] = time.time) -> Flask:
@@ -68,6 +87,7 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
         last_up = Node.select(fn.MAX(Node.last_heartbeat)).scalar()
     liveness = Liveness(settings.heartbeat_timeout_secs, clock(), last_up)
     app = base_app(__name__, settings.max_body_bytes)
+    auth.install(app, settings.tokens, ACCESS)
     dbmod.init_app(app, db)
     serve_openapi(app, openapi.DOCUMENT)
 
@@ -76,6 +96,7 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
         checks["database"] = "ok"
 
     serve_readiness(app, ready)
+    serve_metrics(app, metrics.FAMILIES, lambda: metrics.scrape(liveness.cutoff(clock())))
 
     def node_view(node: Node, now: float) -> dict:
         return {
@@ -119,6 +140,7 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
                 # Re-registration (an agent restart) updates what the node says of itself.
                 Node.update(last_heartbeat=now, **fields).where(Node.node_id == node_id).execute()
             node = Node.get_by_id(node_id)
+        metrics.registered(is_new)  # after the commit
         return jsonify(node_view(node, now)), 201 if is_new else 200
 
     @app.get("/nodes")
@@ -158,6 +180,7 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
             changed = Node.update(last_heartbeat=now, running=running).where(Node.node_id == node_id).execute()
         if not changed:
             raise NotFound(f"no node {node_id!r}; register it first (POST /nodes)")
+        metrics.heartbeat()
         return jsonify(node_view(get_node(node_id), now))
 
     def set_drained(node_id: str, drained: bool):
@@ -224,6 +247,7 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
         svc = Service.get_or_none(Service.job_id == job_id)
         if svc is None:
             raise NotFound(f"no service for job {job_id!r}")
+        auth.check_own_node(svc.node_id)
         with db.atomic():
             svc.delete_instance()
         return jsonify(service_view(svc))

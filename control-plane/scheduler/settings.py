@@ -5,6 +5,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from corral.shared import settings as s
+from corral.shared.auth import Tokens, server_tokens
 from corral.shared.errors import SettingError
 from corral.shared.http import DEFAULT_MAX_BODY_BYTES
 
@@ -16,6 +17,11 @@ class SchedulerSettings:
     database_url: str
     sqlite_synchronous: str = "NORMAL"
     registry_url: str = "http://127.0.0.1:9000"
+    # CA bundle that verifies an https:// REGISTRY_URL; None: the system's CAs.
+    registry_ca_bundle: str | None = None
+    # CORRAL_API_TOKEN, CORRAL_AGENT_TOKEN (shared/auth.py); unset: open. The scheduler
+    # reads the registry's node list with CORRAL_API_TOKEN (give both servers the same).
+    tokens: Tokens = Tokens()
     max_jobs_per_node: int = 1
     max_job_retries: int = 1
     retry_base_secs: float = 2.0
@@ -66,6 +72,8 @@ class SchedulerSettings:
             database_url=s.database_url(env, "scheduler.db"),
             sqlite_synchronous=s.sqlite_synchronous(env),
             registry_url=s.env_str(env, "REGISTRY_URL", "http://127.0.0.1:9000"),
+            registry_ca_bundle=s.env_file(env, "REGISTRY_CA_BUNDLE"),
+            tokens=server_tokens(env),
             max_jobs_per_node=s.env_int(env, "MAX_JOBS_PER_NODE", 1, minimum=1, maximum=10_000),
             max_job_retries=s.env_int(env, "MAX_JOB_RETRIES", 1, minimum=0, maximum=20),
             retry_base_secs=s.env_float(env, "RETRY_BASE_SECS", 2.0, minimum=0.0, maximum=86400.0),
