@@ -27,13 +27,17 @@ from dataclasses import dataclass
 
 SHELL = "/bin/sh"
 
-# The agent's own credentials must not leak into the jobs it runs: a job that could
-# read CORRAL_AGENT_TOKEN could forge status reports for other jobs.
-SCRUBBED_ENV = ("CORRAL_AGENT_TOKEN", "CORRAL_API_TOKEN")
-
 _READ_CHUNK = 64 * 1024
 # How long result() waits for the pipes to drain after the job's processes are gone.
 _DRAIN_SECS = 2.0
+
+
+def is_secret_env(name: str) -> bool:
+    """A variable of the agent's environment that jobs must not inherit: the agent's
+    own credentials (a job that could read CORRAL_AGENT_TOKEN could forge status
+    reports for other jobs) and any other CORRAL_*TOKEN (CORRAL_API_TOKEN, the CLI's
+    CORRAL_TOKEN)."""
+    return name.startswith("CORRAL_") and name.endswith("TOKEN")
 
 
 class StartError(Exception):
@@ -58,8 +62,11 @@ class TailBuffer:
         self.limit = max(0, limit)
         self._buf = bytearray()
         self.truncated = False
+        # Bytes ever written: live output compares it to tell new output from none.
+        self.written = 0
 
     def write(self, data: bytes) -> None:
+        self.written += len(data)
         if self.limit == 0:
             self.truncated = self.truncated or bool(data)
             return
@@ -71,8 +78,13 @@ class TailBuffer:
             del self._buf[:excess]
 
     def text(self) -> str:
+        # Live output reads this while the reader thread writes: bytes() is one
+        # snapshot, which may hold one chunk more than the limit until write() trims.
         data = bytes(self._buf)
-        if self.truncated:
+        cut = self.truncated or len(data) > self.limit
+        if len(data) > self.limit:
+            data = data[-self.limit:] if self.limit else b""
+        if cut:
             # The cut may have split a UTF-8 sequence; drop its continuation bytes
             # rather than start the tail with a replacement character.
             skip = 0
@@ -87,7 +99,7 @@ def build_environment(job: Mapping, extra: Mapping[str, str],
     """os.environ (minus the agent's secrets), then the job's env_vars, then
     CORRAL_JOB_ID and the agent's `extra` variables, which a job cannot override."""
     env = {k: v for k, v in (os.environ if base is None else base).items()
-           if k not in SCRUBBED_ENV}
+           if not is_secret_env(k)}
     for key, value in (job.get("env_vars") or {}).items():
         env[str(key)] = "" if value is None else str(value)
     env["CORRAL_JOB_ID"] = str(job["job_id"])
@@ -223,6 +235,20 @@ def read_tail(path: str, tail_bytes: int) -> str:
     return tail.text()
 
 
+def file_versions(paths: Sequence[str]) -> tuple:
+    """Per output file, something that changes when it is written to: (size, mtime),
+    or None while it is empty or missing (a job that wrote nothing)."""
+    versions = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            versions.append(None)
+            continue
+        versions.append((st.st_size, st.st_mtime_ns) if st.st_size else None)
+    return tuple(versions)
+
+
 TRUNCATED_MARK = "[corral: log truncated after {} bytes]\n"
 
 
@@ -272,6 +298,19 @@ class RunningJob:
     def poll(self) -> int | None:
         """The exit code of the job's main process, or None while it runs."""
         return self._proc.poll()
+
+    def output_versions(self) -> tuple:
+        """(stdout, stderr): each changes whenever the job writes to it, None while it
+        wrote nothing. Cheap (no copy) for pipes: live output calls it every interval."""
+        if self._reader is None:
+            return file_versions(self.output_files)
+        return (self._stdout.written or None, self._stderr.written or None)
+
+    def output_tails(self) -> tuple[str, str]:
+        """The tails of stdout and stderr so far, while the job runs (live output)."""
+        if self._reader is None:
+            return tuple(read_tail(path, self._tail_bytes) for path in self.output_files)
+        return self._stdout.text(), self._stderr.text()
 
     def kill(self, grace: float) -> None:
         """SIGTERM the whole process group, SIGKILL whatever is left after `grace`

@@ -347,6 +347,13 @@ class AdoptedProcess:
             self._code = -1
         return self._code
 
+    def output_versions(self) -> tuple:
+        """As runner.RunningJob.output_versions (live output)."""
+        return runner.file_versions(self.output_files)
+
+    def output_tails(self) -> tuple[str, str]:
+        return tuple(runner.read_tail(path, self._tail_bytes) for path in self.output_files)
+
     def kill(self, grace: float) -> None:
         """SIGTERM the service's group and cgroup, SIGKILL what is left after `grace`."""
         self._signal(signal.SIGTERM)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from corral.shared.errors import SettingError
-from corral.shared.settings import env_bool, env_float, env_int, env_str, state_dir
+from corral.shared.settings import env_bool, env_file, env_float, env_int, env_str, state_dir
 from corral.shared.validate import NAME_RE
 
 from .artifacts import Limits as ArtifactLimits
@@ -53,9 +53,13 @@ class AgentSettings:
     address: str = "127.0.0.1"
     labels: dict[str, str] = field(default_factory=dict)
     output_tail_bytes: int = 65536
+    # Live output: how often the tails of running jobs' new output go to the scheduler; 0: never.
+    output_interval: float = 2.0
     stop_grace: float = 10.0
     keep_work_dirs: bool = False
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)  # never logged
+    # CA bundle that verifies https:// REGISTRY_URL and SCHEDULER_URL; None: the system's CAs.
+    ca_bundle: str | None = None
     kill_grace: float = 5.0
     # Who jobs run as (identity.resolve): None means `nobody` when the agent is root.
     job_user: str | None = None
@@ -149,9 +153,11 @@ class AgentSettings:
             labels=parse_labels(env_str(env, "AGENT_LABELS", "") or ""),
             output_tail_bytes=env_int(env, "CORRAL_OUTPUT_TAIL_BYTES", 65536, minimum=0,
                                       maximum=MAX_TAIL_BYTES),
+            output_interval=env_float(env, "AGENT_OUTPUT_INTERVAL_SECS", 2.0, minimum=0),
             stop_grace=env_float(env, "AGENT_STOP_GRACE_SECS", 10.0, minimum=0),
             keep_work_dirs=env_bool(env, "CORRAL_KEEP_WORK_DIRS", False),
             token=env_str(env, "CORRAL_AGENT_TOKEN", None),
+            ca_bundle=env_file(env, "AGENT_CA_BUNDLE"),
             kill_grace=env_float(env, "AGENT_KILL_GRACE_SECS", 5.0, minimum=0),
             job_user=job_user,
             run_as_root=run_as_root,

@@ -350,7 +350,11 @@ def events(env: Env, job_id: str, as_json: bool) -> None:
 @click.option("--stderr", "use_stderr", is_flag=True, help="The job's stderr instead of its stdout.")
 @click.pass_obj
 def logs(env: Env, job_id: str, follow_output: bool, use_stderr: bool) -> None:
-    """Print the kept tail of a job's stdout (or stderr)."""
+    """Print the kept tail of a job's stdout (or stderr).
+
+    While the job runs, the tail is what its node sent last (live output, every few
+    seconds); with -f, new output is printed as it comes, and the end is the final
+    report's tail. Each attempt's output starts afresh (a retry runs the job again)."""
     env.subject = job_id
     stream = "stderr" if use_stderr else "stdout"
     current = env.scheduler.get_job(job_id)
@@ -358,11 +362,17 @@ def logs(env: Env, job_id: str, follow_output: bool, use_stderr: bool) -> None:
         write_output(current.get(stream) or "")
         return
     poller = Poller(env, job_id)
-    shown = ""
+    shown, attempt, printed = "", current.get("attempt"), False
     try:
         while True:
+            if current.get("attempt") != attempt:
+                attempt, shown = current.get("attempt"), ""  # its output does not continue the last one's
+                if printed:
+                    note(f"corral: {job_id}: attempt {attempt}")
             text = current.get(stream) or ""
-            write_output(new_output(shown, text))
+            fresh = new_output(shown, text)
+            write_output(fresh)
+            printed = printed or bool(fresh)
             shown = text
             if current.get("status") in fmt.FINAL:
                 return

@@ -1,5 +1,7 @@
 """Test helpers: wait on conditions with a deadline instead of sleeping."""
+import threading
 import time
+from http.server import ThreadingHTTPServer
 
 
 def wait_for(predicate, timeout=10.0, interval=0.05, message="condition"):
@@ -29,3 +31,12 @@ def process_gone(pid: int) -> bool:
         return True
     # The state letter follows the parenthesised command name, which may hold spaces.
     return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+def serve_in_thread(handler_class):
+    """A ThreadingHTTPServer on 127.0.0.1 (a free port) serving `handler_class` on a
+    daemon thread; the caller calls shutdown() and server_close()."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler_class)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server

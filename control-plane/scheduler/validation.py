@@ -28,6 +28,7 @@ MAX_CLAIM = 1000
 MAX_WAIT_SECS = 25.0
 DEFAULT_WAIT_SECS = 20.0
 CLAIM_FIELDS = ("max", "wait_secs", "limits_enforced", "default_limits")
+OUTPUT_FIELDS = ("job_id", "node_id", "attempt", "stdout", "stderr")
 
 
 def job_request(body: dict) -> dict:
@@ -88,19 +89,50 @@ def job_batch(body: dict) -> list[dict]:
     return fields
 
 
-def report_batch(body: dict) -> list[tuple[str, dict | CorralError]]:
-    """The reports of a POST /jobs/reports body `{"reports": [...]}`: each item is a
-    POST /jobs/{id}/status body plus its `job_id`. A bad item does not spoil the
-    others: it comes back as (job_id or "", the BadRequest) and is answered on its own."""
-    items = _batch_items(body, "reports")
+def report_batch(body: dict) -> tuple[list[tuple[str, dict | CorralError]], tuple[str, dict] | None]:
+    """The reports of a POST /jobs/reports body `{"reports": [...], "claim": {...}}`:
+    each item is a POST /jobs/{id}/status body plus its `job_id`. A bad item does not
+    spoil the others: it comes back as (job_id or "", the BadRequest) and is answered
+    on its own. The optional `claim` (a claim body plus `node_id`, never waiting) asks
+    for the node's next jobs in the same call; it comes back as (node_id, claim)."""
+    claim = body.get("claim")
+    items = _job_items({k: val for k, val in body.items() if k != "claim"}, "reports", "a report",
+                       lambda item: status_report({k: val for k, val in item.items() if k != "job_id"}))
+    if claim is None:
+        return items, None
+    if not isinstance(claim, dict):
+        raise BadRequest("'claim' must be an object: node_id, max, limits_enforced, default_limits")
+    node_id = v.req_str(claim, "node_id", pattern=v.NAME_RE, what="a node id")
+    request = claim_request({k: val for k, val in claim.items() if k not in ("node_id", "wait_secs")})
+    request["wait_secs"] = 0.0  # a claim riding on reports answers at once
+    return items, (node_id, request)
+
+
+def output_batch(body: dict) -> list[tuple[str, dict | CorralError]]:
+    """The items of a POST /jobs/output body `{"outputs": [...]}` (live output): each
+    `job_id`, `node_id`, `attempt` and `stdout` and/or `stderr` (absent or null: left
+    as stored). As with reports, a bad item comes back as (job_id or "", the BadRequest)."""
+    return _job_items(body, "outputs", "a live output item", _output_item)
+
+
+def _output_item(item: dict) -> dict:
+    v.reject_unknown(item, OUTPUT_FIELDS)
+    return {"node_id": v.req_str(item, "node_id", pattern=v.NAME_RE, what="a node id"),
+            "attempt": v.req_int(item, "attempt", 0, 1_000_000_000),
+            "stdout": _output(item, "stdout"), "stderr": _output(item, "stderr")}
+
+
+def _job_items(body: dict, name: str, what: str, check) -> list[tuple[str, dict | CorralError]]:
+    """The items of a batch about jobs, each with its `job_id`, checked one by one with
+    `check`: a bad item is (job_id or "", its BadRequest) and does not spoil the others."""
     checked: list[tuple[str, dict | CorralError]] = []
-    for item in items:
+    for item in _batch_items(body, name):
         job_id = ""
         try:
             if not isinstance(item, dict):
-                raise BadRequest("a report must be a JSON object")
+                raise BadRequest(f"{what} must be a JSON object")
             job_id = v.req_str(item, "job_id", pattern=JOB_ID_RE, what="a job id such as job-42")
-            checked.append((job_id, status_report({k: val for k, val in item.items() if k != "job_id"})))
+            checked.append((job_id, check(item)))
         except BadRequest as exc:
             checked.append((job_id, exc))
     return checked

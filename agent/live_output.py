@@ -1,0 +1,137 @@
+"""Live output: while jobs run, the tails of their output go to the scheduler.
+
+Every AGENT_OUTPUT_INTERVAL_SECS a thread of its own looks at the jobs this agent
+holds and sends, in one `POST /jobs/output`, the current tail of each stream that
+CHANGED since it was last sent; a job that wrote nothing new costs one comparison
+and no request, and a pass with nothing new sends nothing. What is sent is the
+same bounded tail the final report carries (CORRAL_OUTPUT_TAIL_BYTES of each
+stream), never the whole history. The scheduler stores it for the current attempt
+of a job still `running` on this node only, so a late update can never overwrite
+a final report's output; the final report remains the source of the complete
+stored tail.
+
+Nothing here is on the path of starting or finishing a job: the thread reads
+what the work loop and the output reader threads already keep (runner's tail
+buffers, a service's log files). Its memory (what was sent last) is pruned to
+the jobs still held at every pass.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterable
+
+from corral.shared.clients import ClientError, Rejected, SchedulerClient
+
+log = logging.getLogger(__name__)
+
+# About this many bytes of JSON per request: with the default tails, dozens of jobs
+# fit in one, well under the scheduler's CORRAL_MAX_BODY_BYTES.
+BATCH_BYTES = 1024 * 1024
+BATCH_MAX = 500  # items per request (the scheduler takes up to 1,000)
+# The longest pause between tries while the scheduler cannot be reached.
+BACKOFF_CAP_SECS = 30.0
+STREAMS = ("stdout", "stderr")
+
+
+class NotSupported(Exception):
+    """The scheduler has no POST /jobs/output (404/405)."""
+
+
+class LiveOutput:
+    """Sends running jobs' new output. `jobs` returns the agent's LocalJob objects
+    (a snapshot); `client` is this thread's own SchedulerClient."""
+
+    def __init__(self, node_id: str, jobs: Callable[[], Iterable], client: SchedulerClient, interval: float):
+        self.node_id = node_id
+        self.jobs = jobs
+        self.client = client
+        self.interval = interval
+        # (job_id, attempt) -> the (stdout, stderr) versions last delivered.
+        self._sent: dict[tuple[str, int], tuple] = {}
+
+    def send_once(self) -> int:
+        """One pass: send what changed. Returns how many jobs' updates were sent.
+        Raises NotSupported, or ClientError when the scheduler cannot be reached
+        (nothing is marked sent then: the next pass sends the newest tails)."""
+        changed = []  # (key, versions, item)
+        held = set()
+        for local in self.jobs():
+            process = local.process
+            if not local.prepared.is_set() or process is None or local.end_reason is not None:
+                continue
+            held.add(local.key)
+            versions = process.output_versions()
+            last = self._sent.get(local.key, (None, None))
+            if versions == last:
+                continue
+            if process.poll() is not None:
+                continue  # it ended: its report carries the output
+            tails = process.output_tails()
+            item = {"job_id": local.job_id, "node_id": self.node_id, "attempt": local.attempt}
+            for name, version, before, text in zip(STREAMS, versions, last, tails):
+                if version != before:
+                    item[name] = text
+            changed.append((local.key, versions, item))
+        self._sent = {key: versions for key, versions in self._sent.items() if key in held}
+        for chunk in _chunks(changed):
+            self._deliver(chunk)
+        return len(changed)
+
+    def _deliver(self, chunk: list[tuple]) -> None:
+        try:
+            results = self.client.send_output([item for _, _, item in chunk])
+        except Rejected as exc:
+            if exc.status in (404, 405):
+                raise NotSupported(str(exc)) from None
+            # The same tails would be refused again (400, 413): skip them, send newer ones.
+            log.warning("the scheduler refused live output of %d job(s): %s", len(chunk), exc)
+            results = []
+        except ValueError as exc:  # an answer without one result per item
+            log.warning("%s", exc)
+            results = []
+        for (key, versions, _), result in zip(chunk, results):
+            if result.get("code") not in (200, 409):  # 409: the attempt ended; not an error
+                log.warning("the scheduler refused live output of job %s attempt %s (%s: %s)",
+                            *key, result.get("code"), result.get("error"))
+        # Refused or not, these versions were answered: only newer output goes next time.
+        for key, versions, _ in chunk:
+            self._sent[key] = versions
+
+    def run(self, stop: threading.Event) -> None:
+        """Send every interval until `stop`; failures are logged and retried later
+        (doubling the pause up to BACKOFF_CAP_SECS); a scheduler without the route
+        ends the thread."""
+        delay = self.interval
+        try:
+            while not stop.wait(delay):
+                try:
+                    self.send_once()
+                    delay = self.interval
+                except NotSupported as exc:
+                    log.warning("the scheduler at %s takes no live output (%s); jobs' output shows when "
+                                "they end", self.client.base_url, exc)
+                    return
+                except ClientError as exc:
+                    delay = min(max(BACKOFF_CAP_SECS, self.interval), delay * 2)
+                    log.warning("sending live output failed: %s; retrying in %.1fs", exc, delay)
+                except Exception:
+                    delay = min(max(BACKOFF_CAP_SECS, self.interval), delay * 2)
+                    log.exception("sending live output failed; retrying in %.1fs", delay)
+        finally:
+            self.client.close()
+
+
+def _chunks(changed: list[tuple]) -> list[list[tuple]]:
+    """The changed jobs in requests of about BATCH_BYTES (usually one)."""
+    chunks: list[list[tuple]] = [[]] if changed else []
+    size = 0
+    for entry in changed:
+        length = len(json.dumps(entry[2]))
+        if chunks[-1] and (size + length > BATCH_BYTES or len(chunks[-1]) >= BATCH_MAX):
+            chunks.append([])
+            size = 0
+        chunks[-1].append(entry)
+        size += length
+    return chunks
