@@ -5,6 +5,7 @@ Servers get a socket bound to 127.0.0.1:0 by the test and passed down as
 `--bind fd://N`, so there is no race for a free port. Every process runs in its
 own session and is ended by process group (TERM, then KILL) at teardown.
 """
+import contextlib
 import json
 import os
 import shutil
@@ -179,9 +180,11 @@ class Cluster:
     # ---- agents --------------------------------------------------------------
 
     def start_agent(self, node_id: str, slots: int = 1, **env) -> Proc:
-        full = base_env(self.state_dir, NODE_ID=node_id, REGISTRY_URL=self.registry_url,
-                        SCHEDULER_URL=self.scheduler_url, AGENT_SLOTS=slots, POLL_INTERVAL_SECS=0.2,
-                        HEARTBEAT_INTERVAL_SECS=0.5, AGENT_STOP_GRACE_SECS=2, AGENT_KILL_GRACE_SECS=1, **env)
+        """`env` adds to the agent's environment or overrides it (SCHEDULER_URL too)."""
+        full = base_env(self.state_dir, **{
+            "NODE_ID": node_id, "REGISTRY_URL": self.registry_url, "SCHEDULER_URL": self.scheduler_url,
+            "AGENT_SLOTS": slots, "POLL_INTERVAL_SECS": 0.2, "HEARTBEAT_INTERVAL_SECS": 0.5,
+            "AGENT_STOP_GRACE_SECS": 2, "AGENT_KILL_GRACE_SECS": 1, **env})
         proc = Proc(node_id, [os.path.join(BIN, "corral-agent")], full, os.path.join(self.dir, f"{node_id}.log"))
         self.procs[node_id] = proc
         return proc
@@ -225,3 +228,19 @@ class Cluster:
 
     def logs(self) -> str:
         return "\n".join(f"===== {name} =====\n{p.output()[-6000:]}" for name, p in self.procs.items())
+
+
+@contextlib.contextmanager
+def one_node_cluster(state_dir, node_id: str, slots: int = 1, on_exit=None, **scheduler_env):
+    """A started cluster with one healthy agent `node_id`; stopped on exit. `on_exit(cluster)`
+    runs first (for instance to print the logs of a failed test)."""
+    cluster = Cluster(state_dir, **scheduler_env)
+    try:
+        cluster.start()
+        cluster.start_agent(node_id, slots=slots)
+        cluster.wait_nodes_healthy(node_id)
+        yield cluster
+    finally:
+        if on_exit is not None:
+            on_exit(cluster)
+        cluster.stop()

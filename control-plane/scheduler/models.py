@@ -95,6 +95,9 @@ class Node(BaseModel):
     max_memory_mb = peewee.IntegerField(null=True)   # the largest limits a job may ask for there
     max_cpu_percent = peewee.IntegerField(null=True)
     status = peewee.CharField(max_length=16)
+    drained = peewee.BooleanField(default=False)      # the registry's flag (status is then `drained`
+                                                      # while the node is healthy), shown by GET /nodes
+    last_heartbeat = peewee.DoubleField(null=True)   # as the registry last saw it
     synced_at = peewee.DoubleField()
 
     class Meta:
@@ -156,6 +159,15 @@ class OutboxEvent(BaseModel):
     class Meta:
         table_name = "sns_outbox"
         indexes = ((("published_at", "id"), False),)
+
+
+def upgrade_node_table(db: peewee.Database) -> None:
+    """Drop a `node` table that lacks a column of today's Node, so create_tables makes it
+    anew. It is only a copy of the registry's list, refilled on the next refresh."""
+    if db.table_exists(Node._meta.table_name):
+        have = {column.name for column in db.get_columns(Node._meta.table_name)}
+        if not {field.column_name for field in Node._meta.sorted_fields} <= have:
+            db.drop_tables([Node])
 
 
 Lease.bind(database)  # the shared lease table lives in the scheduler's database

@@ -1,0 +1,347 @@
+// The Corral dashboard: plain JavaScript, no build step, no dependencies.
+//
+// Everything shown comes from the scheduler's JSON API, polled every POLL_MS
+// (each poll starts when the previous one has finished). Routes live in the URL
+// hash: "#/" (with filters, "#/?status=failed&node_id=n1") and "#/jobs/job-12".
+// Data is written with textContent only, never as HTML.
+"use strict";
+
+(function () {
+  const POLL_MS = 1500;
+  const RETRY_MS = 3000;          // after a failed poll
+  const TOKEN_KEY = "corral.operatorToken";
+  const STATUSES = ["pending", "running", "done", "failed", "cancelled"];
+  const JOB_TYPES = ["run", "service"];
+  const PAGE = 100;               // newest jobs shown on the overview
+  // The API lives beside /ui (the directory it is in), also behind a path prefix.
+  const API_ROOT = new URL(".", window.location.href);
+
+  const $ = (id) => document.getElementById(id);
+
+  class AuthNeeded extends Error {}
+
+  // ---- the API ---------------------------------------------------------------
+
+  let waitingForToken = false;
+
+  async function api(path, method = "GET") {
+    const headers = {Accept: "application/json"};
+    const token = sessionStorage.getItem(TOKEN_KEY);
+    if (token) headers.Authorization = "Bearer " + token;  // a header, never the URL
+    const response = await fetch(new URL(path, API_ROOT), {method, headers, cache: "no-store"});
+    if (response.status === 401) {
+      if (token) sessionStorage.removeItem(TOKEN_KEY);
+      askForToken(token ? "That token was refused." : "");
+      throw new AuthNeeded("the operator token is needed");
+    }
+    const text = await response.text();
+    let body = null;
+    try {
+      body = text ? JSON.parse(text) : null;
+    } catch (err) {
+      body = null;
+    }
+    if (!response.ok) {
+      throw new Error((body && body.error) || `${method} ${path}: ${response.status} ${response.statusText}`);
+    }
+    return body;
+  }
+
+  function askForToken(message) {
+    waitingForToken = true;
+    $("token-error").textContent = message;
+    $("token-form").hidden = false;
+    $("forget-token").hidden = true;
+    setLive(false, "waiting for the operator token");
+    $("token-input").focus();
+  }
+
+  $("token-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const token = $("token-input").value.trim();
+    if (!token) return;
+    sessionStorage.setItem(TOKEN_KEY, token);
+    $("token-input").value = "";
+    $("token-form").hidden = true;
+    waitingForToken = false;
+    poll();
+  });
+
+  $("forget-token").addEventListener("click", () => {
+    sessionStorage.removeItem(TOKEN_KEY);
+    poll();
+  });
+
+  // ---- small helpers -------------------------------------------------------------
+
+  function el(tag, text, className) {
+    const node = document.createElement(tag);
+    if (text !== undefined && text !== null) node.textContent = String(text);
+    if (className) node.className = className;
+    return node;
+  }
+
+  function link(href, text) {
+    const a = el("a", text);
+    a.href = href;
+    return a;
+  }
+
+  function badge(status) {
+    return el("span", status, "status " + status);
+  }
+
+  function row(cells) {
+    const tr = document.createElement("tr");
+    for (const cell of cells) {
+      const td = document.createElement("td");
+      if (cell instanceof Node) td.appendChild(cell);
+      else td.textContent = cell === null || cell === undefined ? "—" : String(cell);
+      tr.appendChild(td);
+    }
+    return tr;
+  }
+
+  function ago(iso) {
+    if (!iso) return "—";
+    const secs = Math.round((Date.now() - Date.parse(iso)) / 1000);
+    const abs = Math.abs(secs);
+    const text = abs < 60 ? `${abs}s` : abs < 3600 ? `${Math.floor(abs / 60)}m`
+      : abs < 86400 ? `${Math.floor(abs / 3600)}h` : `${Math.floor(abs / 86400)}d`;
+    return secs >= 0 ? `${text} ago` : `in ${text}`;
+  }
+
+  function timeCell(iso) {
+    const span = el("span", ago(iso));
+    if (iso) span.title = iso;
+    return span;
+  }
+
+  function setLive(ok, message) {
+    const live = $("live");
+    live.classList.toggle("down", !ok);
+    live.textContent = ok ? `live · updated ${new Date().toLocaleTimeString()}` : message;
+    $("forget-token").hidden = !sessionStorage.getItem(TOKEN_KEY) || waitingForToken;
+  }
+
+  function showError(message) {
+    $("error").hidden = !message;
+    $("error").textContent = message || "";
+  }
+
+  // Replace a select's options only when they change, so an open list is not reset.
+  function setOptions(select, options, value) {
+    const key = JSON.stringify(options);
+    if (select.dataset.key !== key) {
+      select.replaceChildren(...options.map(([optionValue, label]) => {
+        const option = el("option", label);
+        option.value = optionValue;
+        return option;
+      }));
+      select.dataset.key = key;
+    }
+    select.value = value;
+  }
+
+  // ---- routes --------------------------------------------------------------------
+
+  function route() {
+    const hash = window.location.hash.replace(/^#/, "") || "/";
+    const job = hash.match(/^\/jobs\/(job-[0-9]+)$/);
+    if (job) return {page: "job", jobId: job[1]};
+    const query = hash.includes("?") ? hash.slice(hash.indexOf("?") + 1) : "";
+    const params = new URLSearchParams(query);
+    return {
+      page: "overview",
+      filters: {status: params.get("status") || "", node_id: params.get("node_id") || "",
+                job_type: params.get("job_type") || ""},
+    };
+  }
+
+  function overviewHash(filters) {
+    const params = new URLSearchParams();
+    for (const [name, value] of Object.entries(filters)) if (value) params.set(name, value);
+    const query = params.toString();
+    return query ? "#/?" + query : "#/";
+  }
+
+  // ---- the overview: counts, nodes, jobs ------------------------------------------
+
+  async function loadOverview(filters) {
+    // Newest first. `order=desc` also keeps node + pending filters off the agents' poll,
+    // which answers only as many jobs as the node has free slots.
+    const params = new URLSearchParams({order: "desc", limit: String(PAGE)});
+    for (const [name, value] of Object.entries(filters)) if (value) params.set(name, value);
+    const [stats, nodes, jobs] = await Promise.all([api("stats"), api("nodes"), api("jobs?" + params)]);
+    return {stats, nodes, jobs};
+  }
+
+  function drawOverview(filters, {stats, nodes, jobs}) {
+    $("overview").hidden = false;
+    $("job-page").hidden = true;
+
+    const counts = $("counts");
+    const total = STATUSES.reduce((sum, status) => sum + (stats.jobs[status] || 0), 0);
+    counts.replaceChildren(...[["", "all", total], ...STATUSES.map((s) => [s, s, stats.jobs[s] || 0])]
+      .map(([status, label, count]) => {
+        const tile = link(overviewHash({...filters, status}), "");
+        tile.id = "count-" + label;
+        tile.className = filters.status === status ? "active" : "";
+        tile.append(el("span", count, "count"), el("span", label, status ? "status " + status : ""));
+        return tile;
+      }));
+
+    $("nodes").tBodies[0].replaceChildren(...nodes.map((node) => {
+      const tr = row([link(overviewHash({...filters, node_id: node.node_id}), node.node_id), badge(node.status),
+                      node.drained ? badge("drained") : "no", `${node.slots_used} / ${node.capacity}`,
+                      timeCell(node.last_heartbeat), node.address]);
+      tr.dataset.nodeId = node.node_id;
+      return tr;
+    }));
+    $("nodes-empty").hidden = nodes.length > 0;
+
+    setOptions($("filter-status"), [["", "any"], ...STATUSES.map((s) => [s, s])], filters.status);
+    const nodeIds = nodes.map((node) => node.node_id);
+    if (filters.node_id && !nodeIds.includes(filters.node_id)) nodeIds.push(filters.node_id);
+    setOptions($("filter-node"), [["", "any"], ...nodeIds.map((id) => [id, id])], filters.node_id);
+    setOptions($("filter-type"), [["", "any"], ...JOB_TYPES.map((t) => [t, t])], filters.job_type);
+
+    $("jobs").tBodies[0].replaceChildren(...jobs.map((job) => {
+      const tr = row([link("#/jobs/" + job.job_id, job.job_id), badge(job.status), job.job_type, job.node_id,
+                      job.command || job.deploy_url, job.attempt, job.exit_code, timeCell(job.created_at)]);
+      tr.dataset.jobId = job.job_id;
+      tr.dataset.status = job.status;
+      tr.cells[4].className = "command";
+      tr.cells[4].title = job.command || job.deploy_url || "";
+      return tr;
+    }));
+    $("jobs-empty").hidden = jobs.length > 0;
+    $("jobs-note").textContent = jobs.length === PAGE ? `the newest ${PAGE} shown` : "";
+  }
+
+  for (const [id, name] of [["filter-status", "status"], ["filter-node", "node_id"], ["filter-type", "job_type"]]) {
+    $(id).addEventListener("change", (event) => {
+      const filters = route().filters || {};
+      window.location.hash = overviewHash({...filters, [name]: event.target.value});
+    });
+  }
+
+  // ---- the job page ----------------------------------------------------------------
+
+  const JOB_FIELDS = [
+    "job_id", "name", "status", "job_type", "node_id", "instance_id", "command", "deploy_url", "deploy_sha256",
+    "port", "health_path", "env_vars", "attempt", "retry_count", "max_retries", "next_attempt_at", "on_node_lost",
+    "node_losses", "exit_code", "memory_mb", "cpu_percent", "limits_enforced", "limits", "oom_killed",
+    "peak_memory_bytes", "cpu_seconds", "timeout_secs", "created_at", "placed_at", "running_at", "finished_at",
+  ];
+
+  async function loadJob(jobId) {
+    const [job, events] = await Promise.all([api("jobs/" + jobId), api("jobs/" + jobId + "/events")]);
+    return {job, events};
+  }
+
+  function fieldText(value) {
+    if (value === null || value === undefined) return "—";
+    if (typeof value === "object") return JSON.stringify(value);
+    return String(value);
+  }
+
+  // Keep an output pane scrolled to the end while it is there, so growing output stays in view.
+  function setOutput(pre, text) {
+    if (pre.textContent === text) return;
+    const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+    pre.textContent = text;
+    if (atEnd) pre.scrollTop = pre.scrollHeight;
+  }
+
+  function drawJob({job, events}) {
+    $("overview").hidden = true;
+    $("job-page").hidden = false;
+    $("job-title").textContent = job.job_id;
+    const status = $("job-status");
+    status.textContent = job.status;
+    status.className = "status " + job.status;
+    document.title = `${job.job_id} (${job.status}) · Corral`;
+
+    const cancel = $("cancel-job");
+    const retry = $("retry-job");
+    cancel.dataset.jobId = retry.dataset.jobId = job.job_id;
+    cancel.disabled = !["pending", "running"].includes(job.status) || cancel.dataset.busy === "1";
+    retry.disabled = job.status !== "failed" || retry.dataset.busy === "1";
+
+    $("job-fields").replaceChildren(...JOB_FIELDS.flatMap((name) => {
+      const dd = el("dd", fieldText(job[name]));
+      dd.id = "field-" + name;
+      return [el("dt", name), dd];
+    }));
+    setOutput($("job-stdout"), job.stdout || "");
+    setOutput($("job-stderr"), job.stderr || "");
+    $("job-events").tBodies[0].replaceChildren(...events.map((event) => row([
+      timeCell(event.at), event.from, event.to, event.attempt, event.node_id, event.reason])));
+  }
+
+  async function act(button, verb) {
+    const jobId = button.dataset.jobId;
+    if (!jobId) return;
+    button.dataset.busy = "1";
+    button.disabled = true;
+    $("action-result").textContent = "";
+    try {
+      const job = await api(`jobs/${jobId}/${verb}`, "POST");
+      $("action-result").textContent = `${verb}: ${job.job_id} is ${job.status}`;
+    } catch (err) {
+      if (!(err instanceof AuthNeeded)) $("action-result").textContent = `${verb} failed: ${err.message}`;
+    } finally {
+      delete button.dataset.busy;
+    }
+    poll();
+  }
+
+  $("cancel-job").addEventListener("click", (event) => act(event.currentTarget, "cancel"));
+  $("retry-job").addEventListener("click", (event) => act(event.currentTarget, "retry"));
+
+  // ---- the poll loop -----------------------------------------------------------------
+
+  let timer = null;
+  let generation = 0;   // a newer poll (a route change) makes an older one's answer stale
+
+  async function poll() {
+    clearTimeout(timer);
+    const mine = ++generation;
+    if (waitingForToken) return;  // the token form starts the next poll
+    let delay = POLL_MS;
+    if (document.visibilityState !== "hidden") {
+      const current = route();
+      try {
+        if (current.page === "job") {
+          const data = await loadJob(current.jobId);
+          if (mine !== generation) return;
+          drawJob(data);
+        } else {
+          const data = await loadOverview(current.filters);
+          if (mine !== generation) return;
+          drawOverview(current.filters, data);
+        }
+        showError("");
+        setLive(true);
+      } catch (err) {
+        if (mine !== generation) return;
+        if (err instanceof AuthNeeded) return;
+        showError(err.message);
+        setLive(false, "not updating: " + err.message);
+        delay = RETRY_MS;
+      }
+    }
+    if (mine === generation) timer = setTimeout(poll, delay);
+  }
+
+  window.addEventListener("hashchange", () => {
+    $("action-result").textContent = "";
+    $("overview").hidden = $("job-page").hidden = true;  // until the new page's data is in
+    poll();
+  });
+  document.addEventListener("visibilitychange", () => {
+    if (document.visibilityState === "visible") poll();
+  });
+  poll();
+})();

@@ -1,0 +1,48 @@
+"""The dashboard at /ui: one page of plain HTML, JavaScript and CSS from static/.
+
+There is no build step: the files are served as they are. The page holds no
+data; its script reads the JSON API (/stats, /nodes, /jobs, ...) from the
+same origin, polling every 1.5 s, so every worker serves it alike. When an API
+call answers 401 the page asks for the operator token, keeps it in the tab's
+sessionStorage and sends it as `Authorization: Bearer ...`; it never puts a
+token into a URL. The job page is a hash route (/ui#/jobs/job-12) of the same
+shell.
+"""
+import os
+
+from flask import Blueprint, Response, send_from_directory
+
+STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
+
+# route → (file in static/, media type). Fixed names, so the routes can be listed in
+# the OpenAPI document, and the media type does not depend on the host's mime table.
+ASSETS = {
+    "/ui": ("index.html", "text/html"),
+    "/ui/dashboard.js": ("dashboard.js", "text/javascript"),
+    "/ui/dashboard.css": ("dashboard.css", "text/css"),
+}
+
+# The page loads only its own files and talks only to its own origin; it may not be
+# framed (its buttons cancel jobs).
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; "
+                               "base-uri 'none'; form-action 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+}
+
+blueprint = Blueprint("ui", __name__)
+
+
+def _serve(filename: str, mimetype: str):
+    def view() -> Response:
+        response = send_from_directory(STATIC_DIR, filename, mimetype=mimetype)
+        response.headers.update(SECURITY_HEADERS)
+        return response
+    return view
+
+
+for _rule, (_filename, _mimetype) in ASSETS.items():
+    blueprint.add_url_rule(_rule, endpoint=_filename.replace(".", "_"), view_func=_serve(_filename, _mimetype),
+                           methods=["GET"])

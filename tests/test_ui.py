@@ -1,0 +1,366 @@
+"""The dashboard at /ui, end to end in a real browser.
+
+Headless Chromium from Debian's packages (`chromium`, `chromium-driver`; .ci/run
+installs them) is driven by Selenium against a real cluster (gunicorn registry
+and scheduler, a real agent). Selenium is pointed at /usr/bin/chromium and
+/usr/bin/chromedriver explicitly, and its Selenium Manager (which downloads
+browsers and drivers) is made to fail if anything calls it. Every wait is a
+WebDriverWait or wait_for deadline on a condition.
+
+Screenshots go to the test's tmp dir and, when CORRAL_SCREENSHOT_DIR is set,
+there as well (ui-<test>.png).
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+import requests
+
+from cluster import Cluster, one_node_cluster
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+NODE = "ui-node-1"
+WAIT_SECS = 30
+OPERATOR_TOKEN = "ui-operator-token-0123456789"
+AGENT_TOKEN = "ui-agent-token-0123456789"
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STATIC_FILES = ("index.html", "dashboard.js", "dashboard.css")
+
+
+def _missing_browser() -> str | None:
+    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not os.access(path, os.X_OK)]
+    if missing:
+        return (f"{' and '.join(missing)} missing: apt-get install --no-install-recommends "
+                f"chromium chromium-driver")
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium is not installed (pip install -e '.[test]')"
+    return None
+
+
+needs_browser = pytest.mark.skipif(_missing_browser() is not None, reason=_missing_browser() or "")
+
+
+# ---- the static files ship with the package ----------------------------------------
+
+def test_a_normal_install_serves_the_dashboard(tmp_path):
+    """setup.cfg's package_data puts static/ into the package as built for a wheel
+    (build_py is that step), and the built package serves the page from there."""
+    build = tmp_path / "build"
+    subprocess.run([sys.executable, "-c", "import setuptools; setuptools.setup()", "-q", "build_py",
+                    "-d", str(build)], cwd=REPO, check=True, capture_output=True, timeout=120)
+    for name in STATIC_FILES:
+        assert (build / "corral" / "scheduler" / "static" / name).is_file(), f"{name} is not in the package"
+    script = (
+        "import sys, corral.scheduler\n"
+        "from corral.scheduler.app import create_app\n"
+        "from corral.scheduler.settings import SchedulerSettings\n"
+        "assert corral.scheduler.__file__.startswith(sys.argv[1]), corral.scheduler.__file__\n"
+        "client = create_app(SchedulerSettings(database_url='sqlite:///' + sys.argv[2])).test_client()\n"
+        "for path in ('/ui', '/ui/dashboard.js', '/ui/dashboard.css'):\n"
+        "    response = client.get(path)\n"
+        "    assert response.status_code == 200 and response.data, (path, response.status_code)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CORRAL_", "DATABASE_URL"))}
+    env["PYTHONPATH"] = str(build)
+    subprocess.run([sys.executable, "-c", script, str(build), str(tmp_path / "s.db")], cwd=str(tmp_path),
+                   env=env, check=True, timeout=60)
+
+
+def test_the_shell_is_static_and_locked_down(tmp_path):
+    from corral.scheduler.app import create_app
+    from corral.scheduler.settings import SchedulerSettings
+    client = create_app(SchedulerSettings(database_url=f"sqlite:///{tmp_path}/s.db")).test_client()
+    page = client.get("/ui")
+    assert page.status_code == 200 and page.mimetype == "text/html"
+    assert "frame-ancestors 'none'" in page.headers["Content-Security-Policy"]
+    assert client.get("/ui/dashboard.js").mimetype == "text/javascript"
+    assert client.get("/ui/dashboard.css").mimetype == "text/css"
+    # Nothing is fetched from elsewhere: no build step, no CDN.
+    for name in STATIC_FILES:
+        text = client.get("/ui" if name == "index.html" else f"/ui/{name}").get_data(as_text=True)
+        assert "http://" not in text and "https://" not in text, name
+
+
+# ---- GET /nodes, the dashboard's node list ------------------------------------------
+
+def test_nodes_show_health_drain_slots_used_and_last_heartbeat(tmp_path):
+    from corral.scheduler.app import create_app
+    from corral.scheduler.settings import SchedulerSettings
+    now = 1_800_000_000.0
+    app = create_app(SchedulerSettings(database_url=f"sqlite:///{tmp_path}/s.db", max_jobs_per_node=2),
+                     clock=lambda: now)
+    client, store = app.test_client(), app.extensions["corral.store"]
+    beat = "2027-01-15T08:00:00.250Z"
+    store.sync_nodes([
+        {"node_id": "ui-a", "address": "10.0.0.1", "kind": "compute", "slots": 4, "status": "healthy",
+         "drained": False, "last_heartbeat": beat},
+        {"node_id": "ui-b", "address": "10.0.0.2", "kind": "compute", "slots": 1, "status": "healthy",
+         "drained": True, "last_heartbeat": beat},
+        {"node_id": "ui-c", "address": "10.0.0.3", "kind": "compute", "slots": 1, "status": "unhealthy",
+         "drained": True, "last_heartbeat": "not a time"},
+    ], now)
+    assert client.post("/jobs", json={"command": "true"}).json["node_id"] == "ui-a"  # the only one taking work
+    nodes = client.get("/nodes").json
+    assert [n["node_id"] for n in nodes] == ["ui-a", "ui-b", "ui-c"]
+    a, b, c = nodes
+    assert (a["status"], a["drained"], a["slots"], a["capacity"], a["slots_used"]) == ("healthy", False, 4, 2, 1)
+    assert a["last_heartbeat"] == beat and a["address"] == "10.0.0.1"
+    assert (b["status"], b["drained"], b["slots_used"]) == ("healthy", True, 0)
+    assert (c["status"], c["drained"], c["last_heartbeat"]) == ("unhealthy", True, None)
+
+
+def test_a_node_table_from_before_the_dashboard_is_made_anew(tmp_path):
+    """The node table is a copy of the registry's list: one without today's columns is
+    dropped and created again at start, and the next refresh fills it."""
+    import sqlite3
+
+    from corral.scheduler.app import create_schema, open_store
+    from corral.scheduler.settings import SchedulerSettings
+    path = tmp_path / "s.db"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE node (node_id VARCHAR(128) PRIMARY KEY, address VARCHAR(255), kind VARCHAR(32), "
+                   "slots INTEGER, max_memory_mb INTEGER, max_cpu_percent INTEGER, status VARCHAR(16), "
+                   "synced_at REAL)")
+        db.execute("INSERT INTO node VALUES ('ui-old', 'a', 'compute', 1, NULL, NULL, 'healthy', 1.0)")
+    settings = SchedulerSettings(database_url=f"sqlite:///{path}")
+    create_schema(settings)
+    store = open_store(settings)
+    with store.db.connection_context():
+        assert {"drained", "last_heartbeat"} <= {c.name for c in store.db.get_columns("node")}
+        store.sync_nodes([{"node_id": "ui-new", "address": "a", "kind": "compute", "slots": 1,
+                           "status": "healthy", "drained": True}], 2.0)
+        assert [(n["node_id"], n["drained"]) for n in store.node_views()] == [("ui-new", True)]
+
+
+# ---- the browser ---------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ui_cluster(tmp_path_factory):
+    with one_node_cluster(tmp_path_factory.mktemp("ui"), NODE, slots=2) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def browser(monkeypatch_module):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common import driver_finder
+
+    def no_selenium_manager(*args, **kwargs):
+        raise AssertionError("Selenium Manager must not run: it would download a browser or driver")
+
+    # Service(executable_path=...) already skips it; this makes sure nothing else calls it.
+    monkeypatch_module.setattr(driver_finder.SeleniumManager, "binary_paths", no_selenium_manager)
+    profile = tempfile.mkdtemp(prefix="corral-ui-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                 "--window-size=1280,1000", f"--user-data-dir={profile}", "--no-first-run",
+                 "--disable-background-networking", "--disable-extensions"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+def wait(driver, condition, message: str, timeout: float = WAIT_SECS):
+    from selenium.webdriver.support.ui import WebDriverWait
+    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(condition, message=message)
+
+
+def css(driver, selector: str):
+    from selenium.webdriver.common.by import By
+    found = driver.find_elements(By.CSS_SELECTOR, selector)
+    return found[0] if found else None
+
+
+def read(driver, selector: str, what):
+    """`what(element)` for the first element `selector` finds; None when there is none."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    element = css(driver, selector)
+    try:
+        return what(element) if element is not None else None
+    except StaleElementReferenceException:  # the page redrew it between find and read
+        return None
+
+
+def text_of(driver, selector: str) -> str | None:
+    return read(driver, selector, lambda element: element.text)
+
+
+def attribute_of(driver, selector: str, name: str) -> str | None:
+    return read(driver, selector, lambda element: element.get_attribute(name))
+
+
+def mark_page(driver) -> None:
+    """A value that lives as long as the page: gone after any reload."""
+    driver.execute_script("window.corralTestMark = 'still here';")
+
+
+def page_not_reloaded(driver) -> bool:
+    return driver.execute_script("return window.corralTestMark") == "still here"
+
+
+def screenshot(driver, tmp_path, name: str) -> str:
+    path = str(tmp_path / f"ui-{name}.png")
+    assert driver.save_screenshot(path), "the screenshot was not saved"
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    target = os.environ.get("CORRAL_SCREENSHOT_DIR")
+    if target:
+        os.makedirs(target, exist_ok=True)
+        shutil.copy(path, os.path.join(target, os.path.basename(path)))
+    return path
+
+
+def open_ui(driver, cluster, fragment: str = "#/") -> None:
+    driver.get(f"{cluster.scheduler_url}/ui{fragment}")
+    wait(driver, lambda d: text_of(d, "#live") and text_of(d, "#live").startswith("live"),
+         "the dashboard to load its data")
+
+
+@pytest.mark.e2e
+@needs_browser
+def test_the_page_shows_counts_and_the_node(browser, ui_cluster, tmp_path):
+    open_ui(browser, ui_cluster)
+    wait(browser, lambda d: text_of(d, f'#nodes tr[data-node-id="{NODE}"] .status') == "healthy",
+         f"{NODE} to be listed healthy")
+    node_row = text_of(browser, f'#nodes tr[data-node-id="{NODE}"]')
+    assert "0 / 1" in node_row or "1 / 1" in node_row, node_row  # slots used / MAX_JOBS_PER_NODE (1)
+    assert "ago" in node_row  # its last heartbeat
+    for status in ("all", "pending", "running", "done", "failed", "cancelled"):
+        assert css(browser, f"#count-{status} .count") is not None, status
+    assert browser.find_element("id", "token-form").is_displayed() is False
+    screenshot(browser, tmp_path, "overview")
+
+
+@pytest.mark.e2e
+@needs_browser
+def test_a_submitted_job_appears_and_turns_done_without_a_reload(browser, ui_cluster, tmp_path):
+    open_ui(browser, ui_cluster)
+    done_before = int(text_of(browser, "#count-done .count"))
+    mark_page(browser)
+    job = ui_cluster.submit(command="echo hello from the dashboard test", instance_id=NODE)
+    row = f'#jobs tr[data-job-id="{job["job_id"]}"]'
+    wait(browser, lambda d: css(d, row) is not None, f"{job['job_id']} to appear")
+    wait(browser, lambda d: attribute_of(d, row, "data-status") == "done", f"{job['job_id']} to turn done")
+    assert text_of(browser, f"{row} .status") == "done"
+    wait(browser, lambda d: int(text_of(d, "#count-done .count") or -1) > done_before, "the done count to grow")
+    assert page_not_reloaded(browser)
+    assert ui_cluster.job(job["job_id"])["status"] == "done"
+
+    # Its page: fields, events and output.
+    browser.find_element("css selector", f"{row} a").click()
+    wait(browser, lambda d: text_of(d, "#job-title") == job["job_id"], "the job page")
+    wait(browser, lambda d: "hello from the dashboard test" in (text_of(d, "#job-stdout") or ""), "its output")
+    assert text_of(browser, "#field-exit_code") == "0"
+    assert len(browser.find_elements("css selector", "#job-events tbody tr")) >= 3  # submitted, placed, ...
+    assert page_not_reloaded(browser)
+    screenshot(browser, tmp_path, "job-done")
+
+
+@pytest.mark.e2e
+@needs_browser
+def test_filters_narrow_the_job_list(browser, ui_cluster):
+    failed = ui_cluster.submit(command="exit 4", max_retries=0, instance_id=NODE)
+    ui_cluster.wait_status(failed["job_id"], "failed", timeout=WAIT_SECS)
+    done = ui_cluster.submit(command="true", instance_id=NODE)
+    ui_cluster.wait_status(done["job_id"], "done", timeout=WAIT_SECS)
+    open_ui(browser, ui_cluster)
+    mark_page(browser)
+    from selenium.webdriver.support.ui import Select
+    Select(browser.find_element("id", "filter-status")).select_by_value("failed")
+    wait(browser, lambda d: css(d, f'#jobs tr[data-job-id="{failed["job_id"]}"]') is not None
+         and css(d, f'#jobs tr[data-job-id="{done["job_id"]}"]') is None, "only failed jobs to be listed")
+    statuses = {row.get_attribute("data-status") for row in browser.find_elements("css selector", "#jobs tbody tr")}
+    assert statuses == {"failed"}
+    assert "status=failed" in browser.current_url
+    Select(browser.find_element("id", "filter-type")).select_by_value("service")
+    wait(browser, lambda d: text_of(d, "#jobs-empty") == "No jobs match.", "no service jobs to be listed")
+    assert page_not_reloaded(browser)
+
+
+@pytest.mark.e2e
+@needs_browser
+def test_cancelling_a_running_job_from_its_page(browser, ui_cluster, tmp_path):
+    job = ui_cluster.submit(command="echo started, now waiting; sleep 60", instance_id=NODE)
+    open_ui(browser, ui_cluster, f"#/jobs/{job['job_id']}")
+    mark_page(browser)
+    wait(browser, lambda d: text_of(d, "#job-status") == "running", f"{job['job_id']} to run")
+    # Live output: the agent sends the tail while the job runs, and the page follows it.
+    wait(browser, lambda d: "started, now waiting" in (text_of(d, "#job-stdout") or ""), "its output so far")
+    assert text_of(browser, "#job-status") == "running"
+    button = browser.find_element("id", "cancel-job")
+    wait(browser, lambda d: button.is_enabled(), "the cancel button to be enabled")
+    assert not browser.find_element("id", "retry-job").is_enabled()
+    button.click()
+    wait(browser, lambda d: text_of(d, "#job-status") == "cancelled", "the page to show cancelled")
+    assert ui_cluster.job(job["job_id"])["status"] == "cancelled"
+    wait(browser, lambda d: not d.find_element("id", "cancel-job").is_enabled(), "cancel to be disabled")
+    assert "cancelled" in text_of(browser, "#job-events tbody")
+    assert page_not_reloaded(browser)
+    screenshot(browser, tmp_path, "job-cancelled")
+
+
+@pytest.mark.e2e
+@needs_browser
+def test_retrying_a_failed_job_from_its_page(browser, ui_cluster, shared_dir):
+    once = os.path.join(shared_dir, "failed-once")
+    job = ui_cluster.submit(command=f"if [ -e {once} ]; then echo second try; else touch {once}; exit 3; fi",
+                            max_retries=0, instance_id=NODE)
+    ui_cluster.wait_status(job["job_id"], "failed", timeout=WAIT_SECS)
+    open_ui(browser, ui_cluster, f"#/jobs/{job['job_id']}")
+    wait(browser, lambda d: text_of(d, "#job-status") == "failed", "the page to show failed")
+    assert text_of(browser, "#field-exit_code") == "3"
+    mark_page(browser)
+    button = browser.find_element("id", "retry-job")
+    wait(browser, lambda d: button.is_enabled(), "the retry button to be enabled")
+    button.click()
+    wait(browser, lambda d: text_of(d, "#job-status") == "done", "the retried job to turn done")
+    assert "second try" in text_of(browser, "#job-stdout")
+    assert ui_cluster.job(job["job_id"])["status"] == "done"
+    assert page_not_reloaded(browser)
+
+
+# ---- with an operator token ------------------------------------------------------------
+
+@pytest.mark.e2e
+@needs_browser
+def test_the_page_asks_for_the_operator_token_and_sends_it_as_a_header(browser, tmp_path):
+    tokens = {"CORRAL_API_TOKEN": OPERATOR_TOKEN, "CORRAL_AGENT_TOKEN": AGENT_TOKEN}
+    c = Cluster(tmp_path, **tokens)
+    try:
+        c.start_registry(**tokens)
+        c.start_scheduler()
+        assert requests.get(c.scheduler_url + "/stats", timeout=10).status_code == 401
+        browser.get(f"{c.scheduler_url}/ui#/")
+        wait(browser, lambda d: d.find_element("id", "token-form").is_displayed(), "the token form")
+        browser.find_element("id", "token-input").send_keys("not-the-token-at-all")
+        browser.find_element("css selector", "#token-form button[type=submit]").click()
+        wait(browser, lambda d: text_of(d, "#token-error") == "That token was refused.", "a refused token")
+        browser.find_element("id", "token-input").send_keys(OPERATOR_TOKEN)
+        browser.find_element("css selector", "#token-form button[type=submit]").click()
+        wait(browser, lambda d: (text_of(d, "#live") or "").startswith("live"), "the data with the token")
+        assert not browser.find_element("id", "token-form").is_displayed()
+        assert css(browser, "#count-all .count") is not None
+        assert OPERATOR_TOKEN not in browser.current_url
+        assert browser.execute_script("return sessionStorage.getItem('corral.operatorToken')") == OPERATOR_TOKEN
+        assert browser.execute_script("return localStorage.length") == 0
+    finally:
+        browser.execute_script("sessionStorage.clear()")
+        c.stop()
