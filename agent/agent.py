@@ -3,7 +3,7 @@
 Each step is a small one-pass method (startup, register, heartbeat_once, poll_once,
 claim_once, take_claimed, reap_once, reconcile_once, flush_reports) that tests
 call directly; run_forever only schedules them on threads (work loop, claim,
-heartbeat, lease, fence). The scheduler's database is the truth about
+heartbeat, lease, fence, and live output: see live_output.py). The scheduler's database is the truth about
 jobs: the agent keeps in memory only the processes it runs and the reports it has
 not delivered yet, both of which die with it (services excepted: see below).
 
@@ -12,8 +12,10 @@ thread keeps one `POST /nodes/{id}/claim` waiting on the scheduler for as many
 jobs as there are free slots; the scheduler answers the moment work is placed
 here, each job already `running` for its attempt (the claim is the same
 transition as a `running` report, with the limits it will get). The claimed jobs
-go to the work loop through a queue (`_claimed`), and a slot that frees wakes the
-claim thread at once. Against a scheduler without the claim API (404/405) the
+go to the work loop through a queue (`_claimed`). When jobs end, their reports
+(POST /jobs/reports) carry a claim for the slots they freed, so a busy node gets
+its next jobs with the answer to its reports, in one round trip; the claim thread
+is woken at once only for slots still free after that. Against a scheduler without the claim API (404/405) the
 agent falls back to polling: it asks `GET /jobs?node_id=..&status=pending` every
 POLL_INTERVAL_SECS and the `running` report goes first and is the claim; it also
 says which limits the job will get (`limits_enforced`, `limits`). Either way, a
@@ -64,7 +66,7 @@ from dataclasses import dataclass, field
 
 from corral.shared.clients import ClientError, Rejected, RegistryClient, SchedulerClient, Unreachable
 
-from . import artifacts, cgroups, identity, runner, services
+from . import artifacts, cgroups, identity, live_output, runner, services
 from .settings import AgentSettings, safe_path_part, total_memory_mb
 
 log = logging.getLogger(__name__)
@@ -237,6 +239,8 @@ class Agent:
         # start them ((key, job) pairs, under _claim_lock, which also covers moving
         # them into _jobs so that free slots are never counted twice or not at all).
         self.long_poll = settings.long_poll_secs > 0  # False once the scheduler turned out not to have it
+        self._claiming = False      # the claim thread runs (long-poll)
+        self._claims_ride = True    # reports may carry a claim (False once a scheduler refused one)
         self._claim_lock = threading.Lock()
         self._claimed: list[tuple[Key, dict]] = []
         self._claim_wake = threading.Event()  # a slot freed: the claim thread asks at once
@@ -265,6 +269,13 @@ class Agent:
 
     def running_keys(self) -> set[Key]:
         return set(self._jobs)
+
+    def held_jobs(self) -> list[LocalJob]:
+        """The jobs this agent holds, for threads other than the work loop (live output)."""
+        try:
+            return list(self._jobs.values())
+        except RuntimeError:  # the work loop changed the dict meanwhile: the caller looks again later
+            return []
 
     def local_job(self, job_id: str, attempt: int) -> LocalJob | None:
         return self._jobs.get((job_id, attempt))
@@ -561,24 +572,43 @@ class Agent:
         try:
             result = client.claim(self.node_id, free, wait_secs, limits_enforced=self.cgroups.enforced,
                                   default_limits=self.default_limits())
-            with self._claim_lock:
-                for job in result.jobs:
-                    try:
-                        key = (str(job["job_id"]), job_attempt(job))
-                    except (KeyError, TypeError, ValueError) as exc:
-                        log.warning("ignoring a malformed claimed job from the scheduler (%s): %r", exc, job)
-                        continue
-                    self._claimed.append((key, job))
-                    keys.append(key)
+            keys = self._queue_claimed(result.jobs)
         finally:
             self._claims_done = sequence  # after the jobs are queued: see reconcile_once
-        if keys:
-            self._work_wake.set()
         if result.not_waited == "again":  # work came while it waited: ask again at once
             return keys, False
         pause = result.not_waited is not None or (
             not keys and wait_secs > 0 and time.monotonic() - started < wait_secs / 2)
         return keys, pause
+
+    def _queue_claimed(self, jobs: list) -> list[Key]:
+        """Queue claimed jobs (already `running` in the scheduler) for the work loop."""
+        keys = []
+        with self._claim_lock:
+            for job in jobs:
+                try:
+                    key = (str(job["job_id"]), job_attempt(job))
+                except (KeyError, TypeError, ValueError) as exc:
+                    log.warning("ignoring a malformed claimed job from the scheduler (%s): %r", exc, job)
+                    continue
+                self._claimed.append((key, job))
+                keys.append(key)
+        if keys:
+            self._work_wake.set()
+        return keys
+
+    def _claim_with_reports(self) -> dict | None:
+        """The claim to send with reports (POST /jobs/reports `claim`) for the slots free
+        now, or None: the claim thread takes work otherwise (long-poll only)."""
+        if not (self._claiming and self.long_poll and self._claims_ride) or self._stopping \
+                or self.lease_lapsed():
+            return None
+        with self._claim_lock:
+            free = self.settings.slots - len(self._jobs) - len(self._claimed)
+        if free <= 0:
+            return None
+        return {"node_id": self.node_id, "max": free, "limits_enforced": self.cgroups.enforced,
+                "default_limits": self.default_limits()}
 
     def take_claimed(self) -> list[Key]:
         """Start preparing the claimed jobs (work loop thread). A job whose older attempt
@@ -695,7 +725,7 @@ class Agent:
             port = _port(job)
             if port is not None:
                 extra["PORT"] = str(port)
-            base = {**{k: v for k, v in os.environ.items() if k not in runner.SCRUBBED_ENV},
+            base = {**{k: v for k, v in os.environ.items() if not runner.is_secret_env(k)},
                     **who.env(local.workdir)}
             env = runner.build_environment(job, extra, base=base)
             if plan.job_type == "service":
@@ -811,8 +841,12 @@ class Agent:
             ended.append(self._finish(local))
         if ended:
             self.slot_freed.set()
-            self._claim_wake.set()  # long-poll: ask for the next job at once
-        self.flush_reports()
+        # With long-poll, the reports of the jobs that ended ask for the next jobs too
+        # (one round trip instead of a report and a claim); the claim thread asks at
+        # once only for the slots still free after that.
+        self.flush_reports(claim=bool(ended))
+        if ended and self.free_slots() > 0:
+            self._claim_wake.set()
         return ended
 
     def _finish_unstarted(self, local: LocalJob) -> tuple[str, int, str]:
@@ -912,16 +946,18 @@ class Agent:
         self._enqueue(job_id, attempt, "failed", exit_code=exit_code, stdout="", stderr=stderr,
                       oom_killed=False, peak_memory_bytes=None, cpu_seconds=None, **extra)
 
-    def flush_reports(self, force: bool = False) -> int:
+    def flush_reports(self, force: bool = False, claim: bool = False) -> int:
         """Send the reports that are due (all of them with force); returns how many
         are still undelivered. Unreachable: kept and retried with backoff.
         Rejected: the attempt is stale or unknown, nothing to retry; dropped.
         Several due reports go in one POST /jobs/reports (falling back to one call
-        per report when the scheduler does not have it)."""
+        per report when the scheduler does not have it). With `claim`, the batch also
+        claims jobs for the free slots (see _claim_with_reports)."""
         now = self._clock()
         due = [report for report in self._outbox if force or report.next_try <= now]
-        if len(due) >= 2 and self._batch_reports:
-            due = self._flush_batches(due)
+        riding = self._claim_with_reports() if claim and due and self._batch_reports else None
+        if self._batch_reports and (len(due) >= 2 or riding is not None):
+            due = self._flush_batches(due, riding)
             if due is None:
                 return len(self._outbox)
         for report in due:
@@ -945,9 +981,10 @@ class Agent:
         report.next_try = self._clock() + delay
         return delay
 
-    def _flush_batches(self, due: list[PendingReport]) -> list[PendingReport] | None:
-        """Send `due` in batches. Returns the reports still to send one by one, or None
-        when the scheduler could not be reached (they wait for their next try)."""
+    def _flush_batches(self, due: list[PendingReport], claim: dict | None = None) -> list[PendingReport] | None:
+        """Send `due` in batches (the first one carrying `claim`). Returns the reports
+        still to send one by one, or None when the scheduler could not be reached (they
+        wait for their next try)."""
         chunks: list[list[tuple[PendingReport, dict]]] = [[]]
         size = 0
         for report in due:
@@ -962,7 +999,9 @@ class Agent:
         for index, chunk in enumerate(chunks):
             rest = [report for c in chunks[index:] for report, _ in c]
             try:
-                results = self.scheduler.report_batch([item for _, item in chunk])
+                results, claimed = self.scheduler.report_and_claim([item for _, item in chunk],
+                                                                   claim if index == 0 else None)
+                self._queue_claimed(claimed)
             except Unreachable as exc:
                 for report, _ in chunk:
                     delay = self._retry_later(report)
@@ -975,6 +1014,8 @@ class Agent:
                 else:  # too large (413) or not understood: one by one handles each case
                     log.warning("the scheduler refused a batch of %d reports (%s); sending them one by one",
                                 len(chunk), exc)
+                    if claim is not None and index == 0 and exc.status == 400:
+                        self._claims_ride = False  # a scheduler that takes no claim with reports
                 return rest
             except ValueError as exc:
                 log.warning("%s; sending the reports one by one", exc)
@@ -1135,6 +1176,10 @@ class Agent:
                  threading.Thread(target=self.heartbeat_loop, name="lease", daemon=True,
                                   args=(heartbeat_stop, lambda: self._renew_with(lease_client), "lease renewal")),
                  threading.Thread(target=self._fence_loop, args=(heartbeat_stop,), name="fence", daemon=True)]
+        if self.settings.output_interval > 0:
+            sender = live_output.LiveOutput(self.node_id, self.held_jobs, self.scheduler.clone(),
+                                            self.settings.output_interval)
+            beats.append(threading.Thread(target=sender.run, args=(heartbeat_stop,), name="output", daemon=True))
         for thread in beats:
             thread.start()
         try:
@@ -1170,6 +1215,7 @@ class Agent:
         if self.long_poll and not once:
             claimer = threading.Thread(target=self._claim_loop, args=(claim_stop,), name="claim", daemon=True)
             claimer.start()
+            self._claiming = True
         try:
             while not stop_event.is_set():
                 if once and polled and self._only_services_left():
@@ -1214,6 +1260,7 @@ class Agent:
                 self._work_wake.wait(TICK_SECS)
                 self._work_wake.clear()
         finally:
+            self._claiming = False
             claim_stop.set()
             self._claim_wake.set()
 

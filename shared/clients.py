@@ -14,6 +14,8 @@ DEFAULT_TIMEOUT = (3.05, 10.0)  # (connect, read) seconds
 # A long-poll claim may wait wait_secs before answering: its read timeout is that plus this.
 CLAIM_READ_MARGIN_SECS = 10.0
 LONG_POLL_HEADER = "X-Corral-Long-Poll"
+# The node an agent speaks for (shared/auth.py): the servers refuse an agent request about another node.
+NODE_HEADER = "X-Corral-Node"
 
 
 class ClientError(Exception):
@@ -40,13 +42,26 @@ class Rejected(ClientError):
 
 
 class _Client:
+    """`token`: sent as `Authorization: Bearer`; `node_id`: the agent's node, sent as
+    X-Corral-Node; `verify`: True (the system's CAs), or a CA bundle file for https://."""
+
     def __init__(self, base_url: str, token: str | None = None, timeout=DEFAULT_TIMEOUT,
-                 session: requests.Session | None = None):
+                 session: requests.Session | None = None, node_id: str | None = None,
+                 verify: bool | str = True):
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.session = session or requests.Session()
+        # The environment's proxy and CA settings are read once, here: requests would
+        # otherwise scan os.environ on every call (a quarter of an agent's CPU per job
+        # in a profile), and could replace our Authorization header from a .netrc.
+        from_env = self.session.merge_environment_settings(self.base_url, {}, None, None, None)
+        self.session.trust_env = False
+        self.proxies = from_env["proxies"]
+        self.verify = from_env["verify"] if verify is True else verify
         if token:
             self.session.headers["Authorization"] = f"Bearer {token}"
+        if node_id:
+            self.session.headers[NODE_HEADER] = node_id
 
     def _call(self, method: str, path: str, *, json=None, params=None, timeout=None, headers=None):
         return self._json(self._request(method, path, json=json, params=params, timeout=timeout, headers=headers))
@@ -58,7 +73,8 @@ class _Client:
         url = self.base_url + path
         try:
             response = self.session.request(method, url, json=json, params=params, headers=headers,
-                                            timeout=timeout or self.timeout)
+                                            timeout=timeout or self.timeout, verify=self.verify,
+                                            proxies=self.proxies)
         except requests.RequestException as exc:
             reason = _reason(exc)
             raise Unreachable(f"{method} {url}: {reason}", base_url=self.base_url, reason=reason) from None
@@ -87,9 +103,10 @@ class _Client:
     def clone(self):
         """A client for the same server and token with a session of its own, for
         another thread (a requests.Session is not meant to be shared by threads)."""
-        copy = type(self)(self.base_url, timeout=self.timeout)
-        if "Authorization" in self.session.headers:
-            copy.session.headers["Authorization"] = self.session.headers["Authorization"]
+        copy = type(self)(self.base_url, timeout=self.timeout, verify=self.verify)
+        for name in ("Authorization", NODE_HEADER):
+            if name in self.session.headers:
+                copy.session.headers[name] = self.session.headers[name]
         return copy
 
     def healthz(self, timeout: float = 2.0) -> dict:
@@ -103,6 +120,10 @@ def _reason(exc: requests.RequestException) -> str:
     if isinstance(exc, requests.ReadTimeout):
         return "timed out waiting for the answer"
     text = str(exc)
+    if isinstance(exc, requests.exceptions.SSLError):
+        if "CERTIFICATE_VERIFY_FAILED" in text:
+            return "the server's TLS certificate is not trusted (give its CA bundle)"
+        return f"TLS error: {text[:200]}"
     for known in ("Connection refused", "Name or service not known", "No route to host",
                   "Network is unreachable", "Connection reset by peer", "Temporary failure in name resolution"):
         if known in text:
@@ -123,6 +144,15 @@ def _error_message(response: requests.Response) -> str:
     if isinstance(body, dict) and isinstance(body.get("error"), str):
         return body["error"]
     return str(body)[:200]
+
+
+def _one_result_each(answer, count: int, route: str, what: str) -> list[dict]:
+    """The `results` of a batch answer, checked: one object with an integer `code` per item sent."""
+    results = answer.get("results") if isinstance(answer, dict) else None
+    if not isinstance(results, list) or len(results) != count \
+            or not all(isinstance(r, dict) and isinstance(r.get("code"), int) for r in results):
+        raise ValueError(f"{route}: an answer without one result per {what}: {str(answer)[:200]}")
+    return results
 
 
 class RegistryClient(_Client):
@@ -186,12 +216,30 @@ class SchedulerClient(_Client):
     def report_batch(self, reports: list[dict]) -> list[dict]:
         """Send many status reports (each a report body plus `job_id`); one result per report,
         in order. ValueError when the answer does not have one."""
-        answer = self._call("POST", "/jobs/reports", json={"reports": reports})
-        results = answer.get("results") if isinstance(answer, dict) else None
-        if not isinstance(results, list) or len(results) != len(reports) \
-                or not all(isinstance(r, dict) and isinstance(r.get("code"), int) for r in results):
-            raise ValueError(f"POST /jobs/reports: an answer without one result per report: {str(answer)[:200]}")
-        return results
+        return self.report_and_claim(reports, None)[0]
+
+    def report_and_claim(self, reports: list[dict], claim: dict | None) -> tuple[list[dict], list[dict]]:
+        """report_batch, with a claim riding on it (`claim`: node_id, max, limits_enforced,
+        default_limits): the node's next jobs come back with the results, already running."""
+        body = {"reports": reports}
+        if claim is not None:
+            body["claim"] = claim
+        answer = self._call("POST", "/jobs/reports", json=body)
+        results = _one_result_each(answer, len(reports), "POST /jobs/reports", "report")
+        claimed = answer.get("claimed") if claim is not None else None
+        if claimed is None:
+            claimed = []
+        elif not isinstance(claimed, list):
+            raise ValueError("POST /jobs/reports: 'claimed' is not a list of jobs")
+        return results, claimed
+
+    def send_output(self, items: list[dict]) -> list[dict]:
+        """Live output: the current tails of running jobs (`job_id`, `node_id`, `attempt`,
+        and `stdout` and/or `stderr`); one result per item, in order (`code` 200: stored,
+        409: the attempt is no longer running there). ValueError when the answer does not
+        have one result per item; a Rejected(404 or 405) means the scheduler has no such route."""
+        answer = self._call("POST", "/jobs/output", json={"outputs": items})
+        return _one_result_each(answer, len(items), "POST /jobs/output", "item")
 
     def submit(self, request: dict, idempotency_key: str | None = None) -> dict:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None

@@ -5,6 +5,11 @@ peewee's `atomic()` starts is `BEGIN IMMEDIATE`: a deferred transaction that
 reads and then writes fails with `database is locked` under concurrent writers
 instead of waiting for the lock. Queries stay dialect-neutral so PostgreSQL can
 be used through the same `DATABASE_URL`.
+
+SQLite connections are pooled per process (playhouse.pool): a request takes an
+open connection and gives it back at teardown. Opening one per request cost
+more than the request's own queries (the pragmas, and SQLite parsing the
+schema and starting with an empty page cache on every new connection).
 """
 import json
 import logging
@@ -13,12 +18,20 @@ import sqlite3
 
 import peewee
 from playhouse.db_url import connect
+from playhouse.pool import MaxConnectionsExceeded, PooledSqliteDatabase
 
 from .errors import SettingError
 
 log = logging.getLogger(__name__)
 
 BUSY_TIMEOUT_SECS = 10
+# Open SQLite connections one process keeps at most. Waiting long-poll claims give
+# theirs back, so this bounds the requests that touch the database at once; a
+# request beyond it waits up to BUSY_TIMEOUT_SECS for one (fairly, unlike SQLite's
+# busy handler), then answers 503.
+POOL_MAX_CONNECTIONS = 32
+
+__all__ = ["MaxConnectionsExceeded", "open_database", "close_idle", "sqlite_path", "init_app", "JSONField"]
 
 
 def open_database(url: str, synchronous: str = "NORMAL") -> peewee.Database:
@@ -31,13 +44,30 @@ def open_database(url: str, synchronous: str = "NORMAL") -> peewee.Database:
         path = sqlite_path(url)
         if path != ":memory:":
             _check_sqlite_file(path)
-        return connect(url, pragmas={
+        pragmas = {
             "journal_mode": "wal",
             "synchronous": synchronous,
             "foreign_keys": 1,
             "cache_size": -16000,
-        }, timeout=BUSY_TIMEOUT_SECS, lock_type="IMMEDIATE")
+            "busy_timeout": BUSY_TIMEOUT_SECS * 1000,
+        }
+        if path == ":memory:":  # every connection would be a database of its own
+            return connect(url, pragmas=pragmas, timeout=BUSY_TIMEOUT_SECS, lock_type="IMMEDIATE")
+        # `timeout` is the pool's wait for a free connection; SQLite's busy timeout
+        # is the pragma. A pooled connection serves one thread at a time, but not
+        # always the thread that opened it.
+        return PooledSqliteDatabase(path, max_connections=POOL_MAX_CONNECTIONS, timeout=BUSY_TIMEOUT_SECS,
+                                    pragmas=pragmas, lock_type="IMMEDIATE", check_same_thread=False)
     return connect(url)
+
+
+def close_idle(db: peewee.Database) -> None:
+    """Close this thread's connection and every pooled one. Call before forking:
+    a SQLite connection must never be used, or closed, by a forked child."""
+    if not db.is_closed():
+        db.close()
+    if hasattr(db, "close_all"):
+        db.close_all()
 
 
 def sqlite_path(url: str) -> str:

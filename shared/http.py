@@ -9,6 +9,7 @@ import logging
 
 import peewee
 from flask import Flask, Response, jsonify, request
+from playhouse.pool import MaxConnectionsExceeded
 from werkzeug.exceptions import HTTPException
 
 from .errors import BadRequest, CorralError
@@ -46,7 +47,8 @@ def install_error_handlers(app: Flask) -> None:
         return response
 
     @app.errorhandler(peewee.OperationalError)
-    def _database_busy(exc: peewee.OperationalError):
+    @app.errorhandler(MaxConnectionsExceeded)
+    def _database_busy(exc: Exception):
         # The write lock stayed taken past the busy timeout (an overloaded SQLite)
         # or the database went away: the request did nothing, and may be retried.
         log.warning("database unavailable on %s %s: %s", request.method, request.path, exc)

@@ -68,6 +68,7 @@ class FakeScheduler:
         self.claim_api = True
         self.batch_api = True
         self.claims: list[dict] = []     # every claim body that arrived
+        self.riding_claims: list[dict] = []  # claims that came with reports (POST /jobs/reports)
         self.batches: list[list] = []    # every report batch that arrived
         self.changed = threading.Condition(threading.RLock())
         api.add_callback(responses.GET, re.compile(re.escape(SCHEDULER) + r"/jobs(\?.*)?$"),
@@ -142,8 +143,12 @@ class FakeScheduler:
     def _report_batch(self, request):
         if not self.batch_api:
             return 404, {}, json.dumps({"error": "no such resource"})
-        items = json.loads(request.body)["reports"]
+        body = json.loads(request.body)
+        items = body["reports"]
         self.batches.append(items)
+        claim = body.get("claim")
+        if claim is not None:
+            self.riding_claims.append(claim)
         if any(self.down_for.get((item["job_id"], item["status"]), 0) > 0 for item in items):
             for item in items:
                 key = (item["job_id"], item["status"])
@@ -157,7 +162,14 @@ class FakeScheduler:
             result = {"index": index, "job_id": item["job_id"], "code": status}
             result.update({"job_status": body["status"]} if status == 200 else json.loads(answer))
             results.append(result)
-        return 200, {}, json.dumps({"results": results})
+        if claim is None:
+            return 200, {}, json.dumps({"results": results})
+        with self.changed:  # the claim riding on the reports: taken after them, never waits
+            taken = self.pending[:claim["max"]]
+            del self.pending[:len(taken)]
+            claimed = [dict(job, status="running") for job in taken]
+            self.running += claimed
+        return 200, {}, json.dumps({"results": results, "claimed": claimed})
 
 
 class FakeJobCgroup(cgroups.NullJobCgroup):
@@ -865,6 +877,42 @@ def test_a_claimed_job_runs_without_a_running_report(make_agent, scheduler):
     assert scheduler.final("job-1")["stdout"] == "one\n"
 
 
+def test_reports_of_ended_jobs_carry_the_claim_for_the_next_ones(make_agent, scheduler):
+    agent = make_agent(slots=2, cgroup_manager=FakeCgroups())
+    agent._claiming = True  # as while the claim thread runs (long-poll)
+    scheduler.add(job_id="job-1", command="echo one")
+    scheduler.add(job_id="job-2", command="echo two")
+    assert agent.claim_once(wait_secs=0)[0] == [("job-1", 1), ("job-2", 1)]
+    agent.take_claimed()
+    scheduler.add(job_id="job-3", command="echo three")
+    wait_for(lambda: all(local.prepared.is_set() and local.process is not None
+                         and local.process.poll() is not None for local in agent._jobs.values()),
+             timeout=10, message="both jobs to exit")
+    assert len(agent.reap_once()) == 2 and not agent._jobs
+    # One round trip: the reports of job-1 and job-2 and a claim for the 2 slots they freed.
+    assert len(scheduler.claims) == 1 and scheduler.riding_claims == [{
+        "node_id": NODE, "max": 2, "limits_enforced": True, "default_limits": agent.default_limits()}]
+    assert scheduler.statuses("job-1") == scheduler.statuses("job-2") == ["done"]
+    assert agent.claimed_keys() == [("job-3", 1)]  # queued for the work loop, holding a slot
+    assert agent._claim_wake.is_set()  # one slot is still free: the claim thread asks for it
+    agent._claim_wake.clear()
+    agent.take_claimed()
+    wait_for(lambda: ("job-3", 1, "done") in agent.reap_once(), timeout=10, message="job-3 to end")
+    assert scheduler.statuses("job-3") == ["done"]
+
+
+def test_no_claim_rides_without_the_claim_thread_or_when_stopping(make_agent, scheduler):
+    agent = make_agent(slots=1, cgroup_manager=FakeCgroups())
+    scheduler.add(job_id="job-1", command="true")
+    agent.claim_once(wait_secs=0)
+    agent.take_claimed()
+    scheduler.add(job_id="job-2")
+    wait_for(lambda: agent.reap_once(), timeout=10, message="job-1 to end")
+    assert scheduler.riding_claims == [] and scheduler.statuses("job-1") == ["done"]  # polling agent
+    agent._claiming, agent._stopping = True, True
+    assert agent._claim_with_reports() is None
+
+
 def test_claims_ask_only_for_free_slots_and_not_while_the_lease_is_lapsed(make_agent, scheduler, clock, api):
     agent = make_agent(slots=1)
     scheduler.add(job_id="job-1", command="sleep 60")
@@ -988,7 +1036,7 @@ def finished_jobs(agent, scheduler, *commands):
         scheduler.add(job_id=f"job-{n}", command=command)
     agent.claim_once(wait_secs=0)
     agent.take_claimed()
-    agent.flush_reports = lambda force=False: len(agent.pending_reports())  # hold the reports back
+    agent.flush_reports = lambda force=False, claim=False: len(agent.pending_reports())  # hold the reports back
     try:
         wait_for(lambda: agent.reap_once() is not None and len(agent.pending_reports()) == len(commands),
                  timeout=10, message="every job to end")

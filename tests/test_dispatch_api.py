@@ -340,6 +340,36 @@ def test_batched_reports_apply_each_on_its_own(client, store, clock):
     assert client.post("/jobs/reports", json={"reports": []}).status_code == 400
 
 
+def test_a_claim_riding_on_reports_takes_the_freed_slots(client, store, clock):
+    set_nodes(store, clock, "n1", slots=2)
+    submit_batch(client, [{"command": str(i)} for i in range(5)])
+    assert [j["job_id"] for j in claim(client, "n1")] == ["job-1", "job-2"]  # the node is full
+    done = [{"job_id": "job-1", "node_id": "n1", "attempt": 1, "status": "done", "exit_code": 0}]
+    answer = client.post("/jobs/reports", json={"reports": done, "claim": {
+        "node_id": "n1", "max": 5, "wait_secs": 20, "limits_enforced": False}}).json
+    assert [r["code"] for r in answer["results"]] == [200]
+    # One slot freed: exactly one job, placed and claimed in the same transaction.
+    (taken,) = answer["claimed"]
+    assert taken["job_id"] == "job-3" and taken["status"] == "running" and taken["node_id"] == "n1"
+    assert [e["to"] for e in client.get("/jobs/job-3/events").json] == ["pending", "pending", "running"]
+    # A refused report frees nothing; the claim then finds the node full.
+    stale = [{"job_id": "job-2", "node_id": "n1", "attempt": 7, "status": "done", "exit_code": 0}]
+    answer = client.post("/jobs/reports", json={"reports": stale, "claim": {"node_id": "n1", "max": 1}}).json
+    assert answer["results"][0]["code"] == 409 and answer["claimed"] == []
+    assert "claimed" not in client.post("/jobs/reports", json={"reports": stale}).json
+
+
+@pytest.mark.parametrize("claim_body", ["n1", {"max": 1}, {"node_id": "n1"}, {"node_id": "n1", "max": 0},
+                                        {"node_id": "n1", "max": 1, "extra": 1}])
+def test_a_bad_riding_claim_is_400_and_applies_no_report(client, store, clock, claim_body):
+    set_nodes(store, clock, "n1")
+    submit_batch(client, [{"command": "x"}])
+    claim(client, "n1")
+    done = [{"job_id": "job-1", "node_id": "n1", "attempt": 1, "status": "done", "exit_code": 0}]
+    assert client.post("/jobs/reports", json={"reports": done, "claim": claim_body}).status_code == 400
+    assert client.get("/jobs/job-1").json["status"] == "running"
+
+
 # ---- retention -----------------------------------------------------------------------------------
 
 @pytest.fixture

@@ -6,16 +6,17 @@ from urllib.parse import urlencode
 from flask import Flask, jsonify, request
 from peewee import fn
 
+from corral.shared import auth, server
 from corral.shared import db as dbmod
-from corral.shared import server
+from corral.shared.metrics import serve_metrics
 from corral.shared.clients import RegistryClient
 from corral.shared.errors import BadRequest
 from corral.shared.http import (base_app, query_choice, query_int, read_json_object, serve_openapi,
                                 serve_readiness)
 from corral.shared.states import ALL
 
-from . import longpoll, loops, openapi, sns_outbox, sqs_intake, validation, wakeup
-from .models import MODELS, Node, database
+from . import longpoll, loops, metrics, openapi, sns_outbox, sqs_intake, ui, validation, wakeup
+from .models import MODELS, Node, database, upgrade_node_table
 from .settings import SchedulerSettings
 from .store import Store
 
@@ -25,6 +26,25 @@ MAX_PAGE = 1000
 # pause; "again" (work came for the node after the claim had waited a while): ask
 # again at once. See longpoll.py.
 LONG_POLL_HEADER = "X-Corral-Long-Poll"
+
+# Who may call each route (shared/auth.py); a route missing here is operator-only.
+# Agents: claims, leases, reports and the old poll, each for their own node only.
+ACCESS = {
+    "stats": auth.OPERATOR,
+    "list_nodes": auth.EITHER,
+    "submit": auth.OPERATOR,
+    "submit_batch": auth.OPERATOR,
+    "list_jobs": auth.EITHER_OWN_NODE,
+    "read_job": auth.OPERATOR,
+    "job_events": auth.OPERATOR,
+    "cancel": auth.OPERATOR,
+    "retry": auth.OPERATOR,
+    "claim": auth.AGENT,
+    "renew_lease": auth.AGENT,
+    "report": auth.AGENT,
+    "report_batch": auth.AGENT,
+    "live_output": auth.AGENT,
+}
 
 
 def open_store(settings: SchedulerSettings) -> Store:
@@ -36,7 +56,15 @@ def open_store(settings: SchedulerSettings) -> Store:
 def create_schema(settings: SchedulerSettings) -> None:
     store = open_store(settings)
     with store.db.connection_context():
+        upgrade_node_table(store.db)
         store.db.create_tables(MODELS)
+    dbmod.close_idle(store.db)  # the master forks the workers next
+
+
+def registry_client(settings: SchedulerSettings, **kwargs) -> RegistryClient:
+    """The scheduler's client of the registry: it reads the node list with the operators' token."""
+    return RegistryClient(settings.registry_url, token=settings.tokens.operator,
+                          verify=settings.registry_ca_bundle or True, **kwargs)
 
 
 def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], float] = time.time,
@@ -47,9 +75,11 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     with store.db.connection_context():
         store.db.create_tables(MODELS)
     app = base_app(__name__, settings.max_body_bytes)
+    auth.install(app, settings.tokens, ACCESS)
     dbmod.init_app(app, store.db)
     serve_openapi(app, openapi.DOCUMENT)
-    readiness_registry = RegistryClient(settings.registry_url, timeout=(1.0, 1.0))
+    app.register_blueprint(ui.blueprint)  # the dashboard at /ui
+    readiness_registry = registry_client(settings, timeout=(1.0, 1.0))
 
     def ready(checks: dict) -> None:
         """Ready: the database answers, and placement has nodes to go by — a fresh
@@ -64,14 +94,26 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
         checks["registry"] = "ok"
 
     serve_readiness(app, ready)
+    serve_metrics(app, metrics.FAMILIES, lambda: metrics.scrape(store, clock))
     app.extensions["corral.store"] = store
     max_waiters = settings.long_poll_max_waiters
     if max_waiters is None:
         max_waiters = longpoll.default_max_waiters(server.worker_threads())
 
+    seen_mark: list = [object()]  # the placement mark of the last look (none yet)
+
     def check_nodes(node_ids: set[str]) -> set[str]:
+        """On the change feed's thread: which waiting nodes have work. Most commits
+        (lease renewals, reports, submits that placed nothing) placed no job, and
+        cost one read of the placement mark instead of the grouped query. The mark
+        is read first, so the query sees every placement the mark stands for."""
         with store.db.connection_context():
-            return store.nodes_with_work(node_ids)
+            mark = store.placement_mark()
+            if mark == seen_mark[0]:
+                return set()
+            ready = store.nodes_with_work(node_ids)
+            seen_mark[0] = mark
+            return ready
 
     sqlite_path = dbmod.sqlite_path(settings.database_url) if settings.database_url.startswith("sqlite") else None
     room = longpoll.WaitRoom(wakeup.feed_for(settings.database_url, sqlite_path), max_waiters, check_nodes)
@@ -79,7 +121,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     app.extensions["corral.wait_room"] = room
     if start_loops:
         room.install_stop_signal()  # under gunicorn: SIGTERM ends every long poll at once
-        app.extensions["corral.loops"] = loops.start(store, RegistryClient(settings.registry_url))
+        app.extensions["corral.loops"] = loops.start(store, registry_client(settings))
         if settings.sqs_url:
             app.extensions["corral.sqs_intake"] = sqs_intake.start(store)
         if settings.sns_topic_arn:
@@ -88,6 +130,10 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     @app.get("/stats")
     def stats():
         return jsonify(store.stats(clock()))
+
+    @app.get("/nodes")
+    def list_nodes():
+        return jsonify(store.node_views())
 
     @app.post("/jobs/batch")
     def submit_batch():
@@ -100,8 +146,17 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
 
     @app.post("/jobs/reports")
     def report_batch():
-        items = validation.report_batch(read_json_object())
-        return jsonify({"results": store.report_batch(items, clock())})
+        items, claim = validation.report_batch(read_json_object())
+        results, claimed = store.report_batch(items, clock(), claim)
+        answer = {"results": results}
+        if claim is not None:
+            answer["claimed"] = [store.job_view(j) for j in claimed]
+        return jsonify(answer)
+
+    @app.post("/jobs/output")
+    def live_output():
+        items = validation.output_batch(read_json_object())
+        return jsonify({"results": store.store_output(items)})
 
     @app.post("/nodes/<node_id>/claim")
     def claim(node_id):
@@ -119,6 +174,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
         fields = validation.job_request(read_json_object())
         key = validation.idempotency_key(request.headers.get("Idempotency-Key"))
         job, created = store.submit(fields, clock(), key)
+        metrics.submitted(store.db, "api", int(created))  # committed: store.submit has returned
         return jsonify(store.job_view(job)), 201 if created else 200
 
     @app.get("/jobs")

@@ -22,6 +22,30 @@ NODE_ID_PARAM = _path_param("node_id", "The agent's node id.", {"type": "string"
 JOB_ID_PARAM = {"name": "job_id", "in": "path", "required": True, "description": "A job id such as `job-42`.",
                 "schema": {"type": "string", "pattern": JOB_ID_PATTERN}}
 
+def _batch_results(what: str, code_description: str, claimed_jobs: None | bool = False, **with_200) -> dict:
+    """The answer of a batch of agents' items: one result per item, in order (and, for
+    reports, the jobs a `claim` riding on them took: pass claimed_jobs=None)."""
+    claimed = {} if claimed_jobs is False else {"claimed": {
+        "type": "array", "items": _ref("Job"),
+        "description": "Only when the request had a `claim`: the jobs it took, now `running` on the node."}}
+    return {
+        "type": "object",
+        "required": ["results"],
+        "properties": {
+            **claimed,
+            "results": {"type": "array", "description": f"One result per {what}, in the order sent.", "items": {
+                "type": "object", "required": ["index", "job_id", "code"],
+                "properties": {
+                    "index": {"type": "integer", "minimum": 0},
+                    "job_id": {"type": "string", "description": "As sent (empty when it was missing)."},
+                    "code": {"type": "integer", "enum": [200, 400, 404, 409], "description": code_description},
+                    **with_200,
+                    "error": {"type": "string", "description": "With any other code: why it was refused."},
+                }}},
+        },
+    }
+
+
 STATUS_REPORT_PROPERTIES = {
     "node_id": {"type": "string", "pattern": NAME_PATTERN, "description": "The reporting node."},
     "attempt": {"type": "integer", "minimum": 0, "maximum": 1000000000,
@@ -45,6 +69,22 @@ STATUS_REPORT_PROPERTIES = {
                 "description": "With `failed`: the node gave the attempt up (its agent stopped, or its lease "
                                "lapsed); the job is requeued without spending a retry."},
 }
+
+CLAIM_PROPERTIES = {
+    "max": {"type": "integer", "minimum": 1, "maximum": 1000,
+            "description": "The most jobs to take (the agent's free slots); the scheduler never gives "
+                           "more than the node's free slots either."},
+    "wait_secs": {"type": "number", "nullable": True, "minimum": 0, "maximum": 25, "default": 20,
+                  "description": "How long to wait when nothing is claimable; 0 answers at once."},
+    "limits_enforced": {"type": "boolean", "nullable": True,
+                        "description": "Whether the node applies cgroup limits (recorded on each job)."},
+    "default_limits": {
+        "type": "object", "nullable": True, "additionalProperties": False,
+        "description": "The node's limits for jobs that ask for none, per job type.",
+        "properties": {"run": {"allOf": [_ref("Limits")], "nullable": True},
+                       "service": {"allOf": [_ref("Limits")], "nullable": True}}},
+}
+
 
 SCHEMAS = {
     **COMMON_SCHEMAS,
@@ -162,45 +202,52 @@ SCHEMAS = {
         "required": ["reports"],
         "properties": {
             "reports": {"type": "array", "minItems": 1, "maxItems": 1000, "items": _ref("BatchReport")},
+            "claim": {
+                "type": "object", "nullable": True, "additionalProperties": False, "required": ["node_id", "max"],
+                "description": "Also claim the node's next jobs, after the reports freed their slots, in the "
+                               "same transaction (as POST /nodes/{node_id}/claim with wait_secs 0; a wait_secs "
+                               "given is ignored). The jobs come back in `claimed`.",
+                "properties": {"node_id": STATUS_REPORT_PROPERTIES["node_id"],
+                                              **CLAIM_PROPERTIES}},
         },
     },
-    "ReportResults": {
+    "ReportResults": _batch_results(
+        "report", "What POST /jobs/{job_id}/status would have answered.",
+        job_status={"type": "string", "enum": STATUSES,
+                    "description": "With code 200: the job's status after the report."},
+        attempt={"type": "integer", "minimum": 0, "description": "With code 200."},
+        claimed_jobs=None),
+    "OutputBatch": {
         "type": "object",
-        "required": ["results"],
+        "description": "Live output (agents): the current tails of running jobs' output, up to 1,000 items. "
+                       "Each is applied on its own: a refused one changes nothing and does not stop the others.",
+        "additionalProperties": False,
+        "required": ["outputs"],
         "properties": {
-            "results": {"type": "array", "description": "One result per report, in the order sent.", "items": {
-                "type": "object", "required": ["index", "job_id", "code"],
+            "outputs": {"type": "array", "minItems": 1, "maxItems": 1000, "items": {
+                "type": "object",
+                "description": "The tail of one attempt's output so far. A stream left out (or null) stays as "
+                               "stored.",
+                "additionalProperties": False,
+                "required": ["job_id", "node_id", "attempt"],
                 "properties": {
-                    "index": {"type": "integer", "minimum": 0},
-                    "job_id": {"type": "string", "description": "As sent (empty when it was missing)."},
-                    "code": {"type": "integer", "enum": [200, 400, 404, 409],
-                             "description": "What POST /jobs/{job_id}/status would have answered."},
-                    "job_status": {"type": "string", "enum": STATUSES,
-                                   "description": "With code 200: the job's status after the report."},
-                    "attempt": {"type": "integer", "minimum": 0, "description": "With code 200."},
-                    "error": {"type": "string", "description": "With any other code: why it was refused."},
+                    "job_id": {"type": "string", "pattern": JOB_ID_PATTERN},
+                    "node_id": STATUS_REPORT_PROPERTIES["node_id"],
+                    "attempt": STATUS_REPORT_PROPERTIES["attempt"],
+                    "stdout": STATUS_REPORT_PROPERTIES["stdout"],
+                    "stderr": STATUS_REPORT_PROPERTIES["stderr"],
                 }}},
         },
     },
+    "OutputResults": _batch_results(
+        "item", "200: stored; 400: the item is invalid; 404: no such job; 409: the job is not running on that "
+                "node for that attempt (another node, a stale attempt, or it already ended)."),
     "ClaimRequest": {
         "type": "object",
         "description": "What an agent asks for: up to `max` jobs, waiting up to `wait_secs` for work.",
         "additionalProperties": False,
         "required": ["max"],
-        "properties": {
-            "max": {"type": "integer", "minimum": 1, "maximum": 1000,
-                    "description": "The most jobs to take (the agent's free slots); the scheduler never gives "
-                                   "more than the node's free slots either."},
-            "wait_secs": {"type": "number", "nullable": True, "minimum": 0, "maximum": 25, "default": 20,
-                          "description": "How long to wait when nothing is claimable; 0 answers at once."},
-            "limits_enforced": {"type": "boolean", "nullable": True,
-                                "description": "Whether the node applies cgroup limits (recorded on each job)."},
-            "default_limits": {
-                "type": "object", "nullable": True, "additionalProperties": False,
-                "description": "The node's limits for jobs that ask for none, per job type.",
-                "properties": {"run": {"allOf": [_ref("Limits")], "nullable": True},
-                               "service": {"allOf": [_ref("Limits")], "nullable": True}}},
-        },
+        "properties": CLAIM_PROPERTIES,
     },
     "Job": {
         "type": "object",
@@ -264,6 +311,30 @@ SCHEMAS = {
             "attempt": {"type": "integer", "minimum": 0},
             "node_id": {"type": "string", "nullable": True},
             "reason": {"type": "string", "example": "placed on node-7"},
+        },
+    },
+    "SchedulerNode": {
+        "type": "object",
+        "description": "A node as the scheduler sees it: its copy of the registry's node list (refreshed every "
+                       "NODE_REFRESH_SECS) and the slots the node's jobs hold.",
+        "required": ["node_id", "address", "kind", "status", "drained", "slots", "capacity", "slots_used",
+                     "max_memory_mb", "max_cpu_percent", "last_heartbeat", "synced_at"],
+        "properties": {
+            "node_id": {"type": "string"},
+            "address": {"type": "string"},
+            "kind": {"type": "string", "example": "compute"},
+            "status": {"type": "string", "enum": ["healthy", "unhealthy"],
+                       "description": "Health as of the last refresh of the node list."},
+            "drained": {"type": "boolean", "description": "A drained node gets no new work."},
+            "slots": {"type": "integer", "minimum": 0, "description": "The slots the agent advertises."},
+            "capacity": {"type": "integer", "minimum": 0,
+                         "description": "Jobs the node may hold at once: min(MAX_JOBS_PER_NODE, slots)."},
+            "slots_used": {"type": "integer", "minimum": 0,
+                           "description": "Its jobs that hold a slot: placed and pending, or running."},
+            "max_memory_mb": {"type": "integer", "nullable": True},
+            "max_cpu_percent": {"type": "integer", "nullable": True},
+            "last_heartbeat": _nullable_timestamp("The node's last heartbeat, as the registry last reported it."),
+            "synced_at": TIMESTAMP,
         },
     },
     "Stats": {
@@ -344,6 +415,23 @@ PATHS = {
             "responses": {"200": _json(_ref("Stats"), "The counts.")},
         },
     },
+    "/nodes": {
+        "get": {
+            "operationId": "listNodes", "tags": ["meta"], "summary": "The nodes the scheduler places on.",
+            "description": "The scheduler's copy of the registry's node list with the slots each node's jobs "
+                           "hold, by node id. The registry's GET /nodes has the full records.",
+            "responses": {"200": _json({"type": "array", "items": _ref("SchedulerNode")}, "The nodes.")},
+        },
+    },
+    **{path: {"get": {
+        "operationId": operation, "tags": ["dashboard"], "summary": summary,
+        "description": "The dashboard is one static page; its script reads this API.",
+        "responses": {"200": {"description": summary, "content": {media_type: {"schema": {"type": "string"}}}}},
+    }} for path, operation, summary, media_type in [
+        ("/ui", "getDashboard", "The dashboard (HTML).", "text/html"),
+        ("/ui/dashboard.js", "getDashboardScript", "The dashboard's script.", "text/javascript"),
+        ("/ui/dashboard.css", "getDashboardStyle", "The dashboard's style sheet.", "text/css"),
+    ]},
     "/jobs": {
         "post": {
             "operationId": "submitJob", "tags": ["jobs"], "summary": "Submit a job.",
@@ -440,6 +528,27 @@ PATHS = {
             "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("ReportBatch")}}},
             "responses": {
                 "200": _json(_ref("ReportResults"), "What happened to each report."),
+                "400": _error("BadRequest"),
+                "413": _error("PayloadTooLarge"),
+                "415": _error("UnsupportedMediaType"),
+            },
+        },
+    },
+    "/jobs/output": {
+        "post": {
+            "operationId": "sendLiveOutput", "tags": ["agents"],
+            "summary": "Store the output of running jobs so far (agents).",
+            "description": "Agents send the tails of running jobs' stdout and stderr (every "
+                           "AGENT_OUTPUT_INTERVAL_SECS, only what changed), so that GET /jobs/{job_id} shows "
+                           "the output of a job while it runs. Each item is fenced as a status report is: it "
+                           "must come from the node the job is placed on, for its current attempt, and the job "
+                           "must still be `running`; anything else is refused for that item (409) and changes "
+                           "nothing, so a late update never overwrites a final report's output. The stored "
+                           "text is cut to the last CORRAL_OUTPUT_TAIL_BYTES. No job event is recorded. A 400 "
+                           "answer is about the body as a whole.",
+            "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("OutputBatch")}}},
+            "responses": {
+                "200": _json(_ref("OutputResults"), "What happened to each item."),
                 "400": _error("BadRequest"),
                 "413": _error("PayloadTooLarge"),
                 "415": _error("UnsupportedMediaType"),
@@ -549,6 +658,7 @@ DOCUMENT = {
         {"name": "jobs", "description": "Submitting and reading jobs."},
         {"name": "agents", "description": "What node agents call."},
         {"name": "meta", "description": "Health, counts and this document."},
+        {"name": "dashboard", "description": "The web dashboard at /ui."},
     ],
     "paths": PATHS,
     "components": {"schemas": SCHEMAS, "responses": RESPONSES},

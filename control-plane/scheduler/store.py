@@ -15,6 +15,7 @@ notification exists exactly when the status change does (sns_outbox.py
 publishes it).
 """
 import logging
+import os
 from collections.abc import Callable
 
 import peewee
@@ -22,9 +23,10 @@ from peewee import fn
 
 from corral.shared.errors import BadRequest, BatchError, Conflict, CorralError, NotFound
 from corral.shared.states import ACTIVE, ALL, FINAL, JobStatus, after_failure, check_transition
-from corral.shared.timeutil import iso
+from corral.shared.statements import Statements, param
+from corral.shared.timeutil import epoch, iso
 
-from . import placement, sns_outbox
+from . import metrics, placement, sns_outbox
 from .models import Counter, Job, JobEvent, Node, NodeLease, OutboxEvent, SchedulerState
 from .settings import SchedulerSettings
 from .validation import parse_job_id, request_hash
@@ -32,18 +34,30 @@ from .validation import parse_job_id, request_hash
 log = logging.getLogger(__name__)
 
 RR_CURSOR = "rr_cursor"
+# Changes (to a new random value) in every transaction that places jobs: waiting
+# claims need a look at the database only after a placement, not after every commit.
+PLACEMENT_MARK = "placement_mark"
 FINAL_STATUSES = frozenset(s.value for s in FINAL)
 # The design's default limits per job type, for a claim whose agent sent no defaults of its own.
 DESIGN_LIMITS = {"run": {"memory_mb": 512, "cpu_percent": 100},
                  "service": {"memory_mb": 1024, "cpu_percent": 200}}
+# A job's stdout/stderr belong to its current attempt (live output fills them while it
+# runs): a job that goes back to pending for another attempt starts without any.
+NO_OUTPUT = {"stdout": None, "stderr": None}
 # Rows per INSERT of a batch (well under every database's limit of bound parameters).
 INSERT_CHUNK = 500
+# Rows per compiled multi-row INSERT of jobs (about 30 parameters each).
+JOB_INSERT_ROWS = 100
 
 
 class Store:
     def __init__(self, db: peewee.Database, settings: SchedulerSettings):
         self.db = db
         self.settings = settings
+        # SQLite: every write transaction holds the one database lock (BEGIN IMMEDIATE).
+        self._single_writer = isinstance(db, peewee.SqliteDatabase)
+        # The statements of a job's trip (place, claim, report), compiled once: see shared/statements.py.
+        self._sql = Statements()
         # Called after a commit that placed jobs, with the ids of their nodes
         # (longpoll.WaitRoom.poke: waiting claims of those nodes wake at once).
         self.on_placed: Callable[[set[str]], None] | None = None
@@ -77,7 +91,9 @@ class Store:
 
     def get(self, job_id: str) -> Job:
         number = parse_job_id(job_id)
-        job = Job.get_or_none(Job.id == number) if number else None
+        found = self._sql.select(Job, "job by id", lambda: Job.select().where(Job.id == param("id")),
+                                 id=number) if number else None
+        job = found[0] if found else None
         if job is None:
             raise NotFound(f"no job {job_id!r}")
         return job
@@ -108,6 +124,11 @@ class Store:
         if free <= 0:
             return []
         return self.list_jobs(node_id=node_id, status="pending", limit=free)
+
+    @staticmethod
+    def placement_mark() -> str | None:
+        """A value that changes whenever jobs are placed (None before the first placement)."""
+        return SchedulerState.select(SchedulerState.value).where(SchedulerState.key == PLACEMENT_MARK).scalar()
 
     def nodes_with_work(self, node_ids: set[str]) -> set[str]:
         """Which of these nodes have something to claim: pending jobs placed on them and
@@ -145,9 +166,10 @@ class Store:
                 if existing is not None:
                     return existing, False
                 self._check_limits(fields)
-                job = Job.create(created_at=now, idempotency_key=idempotency_key, request_hash=digest, **columns)
+                job = self._insert_jobs([dict(columns, created_at=now, idempotency_key=idempotency_key,
+                                              request_hash=digest)])[0]
                 self._event(job, None, "pending", now, "submitted")
-                self.dispatch(now)
+                placed = self.dispatch(now)
         except peewee.IntegrityError:
             # Another request with the same key committed first (databases without
             # a single write lock): answer as if this one came second.
@@ -155,7 +177,27 @@ class Store:
             if existing is None:
                 raise
             return existing, False
-        return Job.get_by_id(job.id), True
+        # Read back only when placement may have changed the row just written.
+        return (Job.get_by_id(job.id) if placed else job), True
+
+    def _insert_jobs(self, rows: list[dict]) -> list[Job]:
+        """Insert jobs (dicts of Job fields; defaults fill the rest) in the order given;
+        returns them as Job instances with their new ids, without reading them back."""
+        jobs = [Job(**row) for row in rows]
+        fields = [f for f in Job._meta.sorted_fields if f is not Job._meta.primary_key]
+        ids: list[int] = []
+        for start in range(0, len(jobs), JOB_INSERT_ROWS):
+            chunk = jobs[start:start + JOB_INSERT_ROWS]
+            values = {f"{f.name}{i}": f.db_value(job.__data__.get(f.name)) for i, job in enumerate(chunk)
+                      for f in fields}
+            inserted = self._sql.rows(self.db, ("insert jobs", len(chunk)), lambda: Job.insert_many(
+                [{f.name: param(f"{f.name}{i}") for f in fields} for i in range(len(chunk))]).returning(Job.id),
+                **values)
+            # Ids are assigned in the order of the rows; sorting undoes any order RETURNING used.
+            ids += sorted(row[0] for row in inserted)
+        for job, job_id in zip(jobs, ids):
+            job.id = job_id
+        return jobs
 
     @staticmethod
     def _by_key(key: str | None, digest: str | None) -> Job | None:
@@ -211,19 +253,18 @@ class Store:
             rows = [dict(items[i], max_retries=self.settings.max_job_retries if items[i].get("max_retries") is None
                          else items[i]["max_retries"], created_at=now, idempotency_key=keys[i],
                          request_hash=digests[i]) for i in new]
-            ids: list[int] = []
-            for start in range(0, len(rows), INSERT_CHUNK):
-                inserted = Job.insert_many(rows[start:start + INSERT_CHUNK]).returning(Job.id).tuples().execute()
-                # Ids are assigned in the order of the rows; sorting undoes any order RETURNING used.
-                ids += sorted(row[0] for row in inserted)
-            for start in range(0, len(ids), INSERT_CHUNK):
-                JobEvent.insert_many([{"job": job_id, "at": now, "from_status": None, "to_status": "pending",
-                                       "attempt": 0, "node_id": None, "reason": "submitted"}
-                                      for job_id in ids[start:start + INSERT_CHUNK]]).execute()
-            if ids:
-                self.dispatch(now)
+            created = self._insert_jobs(rows)
+            ids = [job.id for job in created]
+            self._events([{"job": job_id, "at": now, "old": None, "new": "pending", "attempt": 0, "node_id": None,
+                           "reason": "submitted"} for job_id in ids])
+            metrics.submitted(self.db, "batch", len(ids))
+            placed = self.dispatch(now) if ids else 0
             order = dict(zip(new, ids))
             order.update({index: job.id for index, job in existing.items()})
+        if not placed:  # the rows are as written: no need to read them back
+            by_index = dict(zip(new, created))
+            by_index.update(existing)
+            return [by_index[i] for i in range(len(items))], bool(ids)
         by_id = {}
         wanted = [order[i] for i in range(len(items))]
         for start in range(0, len(wanted), INSERT_CHUNK):
@@ -236,11 +277,7 @@ class Store:
         `dispatch=False` leaves placing jobs into a freed slot to the caller (batches)."""
         with self.db.atomic():
             job = self.get(job_id)
-            if job.node_id != report["node_id"]:
-                raise Conflict(f"{job.job_id} is not placed on {report['node_id']!r}")
-            if job.attempt != report["attempt"]:
-                raise Conflict(f"attempt {report['attempt']} of {job.job_id} is stale; "
-                               f"the current attempt is {job.attempt}")
+            _check_attempt(job, report)
             new = report["status"]
             if job.status == new and new == "running":
                 return job  # the agent repeated a report whose answer it lost
@@ -251,14 +288,19 @@ class Store:
                 raise Conflict(f"{job.job_id} is {job.status}, not running; the {new!r} report is refused")
             else:
                 self._finish(job, new, report, now, dispatch)
-        return Job.get_by_id(job.id)
+                if job.status == "pending":  # requeued: placement may have moved it since
+                    return Job.get_by_id(job.id)
+        return job  # as _transition left it: the row as committed
 
-    def report_batch(self, items: list[tuple[str, dict | CorralError]], now: float) -> list[dict]:
+    def report_batch(self, items: list[tuple[str, dict | CorralError]], now: float,
+                     claim: tuple[str, dict] | None = None) -> tuple[list[dict], list[Job]]:
         """Apply many reports, each on its own: a refused one changes nothing and does
         not stop the others. `items` are (job_id, validated report or the error that
         made it invalid). One transaction (a savepoint per report), one dispatch.
         Returns one result per item: {"index", "job_id", "code", and "job_status" and
-        "attempt" (200) or "error" (anything else)}."""
+        "attempt" (200) or "error" (anything else)}; and the jobs claimed by `claim`
+        (node_id, claim request), taken in the same transaction after the reports freed
+        their slots: an agent's next work comes with the answer to its reports."""
         results = []
         with self.db.atomic():
             for index, (job_id, body) in enumerate(items):
@@ -274,6 +316,42 @@ class Store:
                                 "attempt": job.attempt})
             if any(r["code"] == 200 for r in results):
                 self.dispatch(now)
+            claimed = self.claim(claim[0], claim[1], now) if claim is not None else []
+        return results, claimed
+
+    def store_output(self, items: list[tuple[str, dict | CorralError]]) -> list[dict]:
+        """Live output (POST /jobs/output): the tails agents send while attempts run,
+        each item on its own, in one transaction. Fenced as reports are (the job's
+        node, its current attempt) and only while the job is `running`, so a late
+        update never overwrites a final report's output. Not a status change: no
+        event. Returns one result per item: {"index", "job_id", "code", and "error"
+        unless the code is 200}."""
+        tail = self.settings.output_tail_bytes
+        wanted = sorted({parse_job_id(job_id) for job_id, body in items if not isinstance(body, CorralError)})
+        results = []
+        with self.db.atomic():
+            jobs = {job.id: job for job in Job.select(Job.id, Job.node_id, Job.attempt, Job.status)
+                    .where(Job.id.in_(wanted))} if wanted else {}
+            for index, (job_id, body) in enumerate(items):
+                try:
+                    if isinstance(body, CorralError):
+                        raise body
+                    job = jobs.get(parse_job_id(job_id))
+                    if job is None:
+                        raise NotFound(f"no job {job_id!r}")
+                    _check_attempt(job, body)
+                    if job.status != "running":
+                        raise Conflict(f"{job.job_id} is {job.status}, not running; its live output is refused")
+                    changes = {name: _tail(body[name], tail) for name in ("stdout", "stderr")
+                               if body[name] is not None}
+                    if changes and Job.update(**changes).where(
+                            (Job.id == job.id) & (Job.status == "running") & (Job.attempt == job.attempt)
+                            & (Job.node_id == job.node_id)).execute() != 1:
+                        raise Conflict(f"{job.job_id} changed while this request ran; its live output is refused")
+                except CorralError as exc:
+                    results.append({"index": index, "job_id": job_id, "code": exc.status, "error": exc.message})
+                    continue
+                results.append({"index": index, "job_id": job_id, "code": 200})
         return results
 
     def claim(self, node_id: str, request: dict, now: float) -> list[Job]:
@@ -289,35 +367,48 @@ class Store:
         """
         with self.db.atomic():
             self._touch_lease(node_id, now)
-            node = Node.get_or_none(Node.node_id == node_id)
-            capacity = self._capacity(node) if node else self.settings.max_jobs_per_node
-            running = Job.select().where((Job.node_id == node_id) & (Job.status == "running")).count()
+            nodes = self._sql.rows(self.db, "claiming node", lambda: Node.select(
+                Node.slots, Node.status, Node.kind).where(Node.node_id == param("node_id")), node_id=node_id)
+            slots, status, kind = nodes[0] if nodes else (None, None, None)
+            capacity = min(self.settings.max_jobs_per_node, slots if slots is not None
+                           else self.settings.max_jobs_per_node)
+            counts = dict(self._sql.rows(self.db, "node job counts", lambda: Job.select(
+                Job.status, fn.COUNT(Job.id)).where((Job.node_id == param("node_id"))
+                                                    & Job.status.in_(["pending", "running"])).group_by(Job.status),
+                node_id=node_id))
+            running, placed = counts.get("running", 0), counts.get("pending", 0)
             free = min(request["max"], capacity - running)
             if free <= 0:
                 return []
-            if node is not None and node.status == "healthy" and node.kind == "compute":
-                placed = Job.select().where((Job.node_id == node_id) & (Job.status == "pending")).count()
+            if status == "healthy" and kind == "compute":
                 if running + placed < capacity and self._unplaced_due(now):
                     self.dispatch(now)  # a slot is free here and work waits unplaced
-            query = (Job.select().where((Job.status == "pending") & (Job.node_id == node_id))
-                     .order_by(Job.id).limit(free))
-            if getattr(self.db, "for_update", False):
-                query = query.for_update(skip_locked=True)
+
+            def placed_here():
+                query = (Job.select().where((Job.status == "pending") & (Job.node_id == param("node_id")))
+                         .order_by(Job.id).limit(param("limit")))
+                return query.for_update(skip_locked=True) if getattr(self.db, "for_update", False) else query
+
             claimed = []
-            for job in list(query):
+            for job in self._sql.select(Job, "placed here", placed_here, node_id=node_id, limit=free):
                 limits = _claim_limits(job, request)
-                updated = Job.update(status="running", running_at=now, limits_enforced=request["limits_enforced"],
-                                     limits=limits).where(
-                    (Job.id == job.id) & (Job.status == "pending") & (Job.node_id == node_id)
-                    & (Job.attempt == job.attempt)).execute()
+                updated = self._sql.execute(self.db, "claim", lambda: Job.update(
+                    status="running", running_at=param("now"), limits_enforced=param("enforced"),
+                    limits=param("limits")).where(
+                    (Job.id == param("id")) & (Job.status == "pending") & (Job.node_id == param("node_id"))
+                    & (Job.attempt == param("attempt"))),
+                    now=now, enforced=bool(request["limits_enforced"]), limits=Job.limits.db_value(limits),
+                    id=job.id, node_id=node_id, attempt=job.attempt).rowcount
                 if updated == 1:
+                    job.status, job.running_at = "running", now
+                    job.limits_enforced, job.limits = request["limits_enforced"], limits
                     claimed.append(job)
             if not claimed:
                 return []
-            JobEvent.insert_many([{"job": job.id, "at": now, "from_status": "pending", "to_status": "running",
-                                   "attempt": job.attempt, "node_id": node_id, "reason": "claimed by the node"}
-                                  for job in claimed]).execute()
-            return list(Job.select().where(Job.id.in_([job.id for job in claimed])).order_by(Job.id))
+            self._events([{"job": job.id, "at": now, "old": "pending", "new": "running", "attempt": job.attempt,
+                           "node_id": node_id, "reason": "claimed by the node"} for job in claimed])
+            metrics.started(self.db, claimed, now)
+            return claimed  # the rows as just updated (no read back)
 
     def purge_finished(self, finished_before: float, limit: int) -> int:
         """Delete up to `limit` finished jobs (done, failed, cancelled) that finished
@@ -351,11 +442,13 @@ class Store:
             # The agent killed it at the deadline; a timeout is final, as when the
             # watcher below gets there first.
             self._transition(job, "failed", now, "timed out", finished_at=now, **outcome)
+            metrics.timed_out(self.db)
         elif after_failure(job.retry_count, job.max_retries) is JobStatus.PENDING:
             delay = self.settings.backoff.delay(job.retry_count)
             reason = f"attempt {job.attempt} failed ({why}); retrying in {delay:.1f}s"
             self._transition(job, "pending", now, reason, retry_count=job.retry_count + 1,
-                             node_id=None, running_at=None, placed_at=None, next_attempt_at=now + delay)
+                             node_id=None, running_at=None, placed_at=None, next_attempt_at=now + delay,
+                             **NO_OUTPUT)
         else:
             self._transition(job, "failed", now, f"{why}; no retries left",
                              finished_at=now, **outcome)
@@ -401,6 +494,7 @@ class Store:
             for job in overdue:
                 self._transition(job, "failed", now, "timed out", finished_at=now, exit_code=-1,
                                  stderr="job timed out")
+                metrics.timed_out(self.db)
                 ended.append(job.job_id)
             if ended:
                 self.dispatch(now)
@@ -415,6 +509,7 @@ class Store:
                     "node_id": n["node_id"], "address": n.get("address") or "", "kind": n.get("kind") or "compute",
                     "slots": int(n.get("slots") or 1), "status": _placement_status(n), "synced_at": now,
                     "max_memory_mb": n.get("max_memory_mb"), "max_cpu_percent": n.get("max_cpu_percent"),
+                    "drained": bool(n.get("drained")), "last_heartbeat": epoch(n.get("last_heartbeat")),
                 } for n in nodes]).execute()
             self.release_lost(now)
             self.dispatch(now)
@@ -439,7 +534,8 @@ class Store:
         """
         with self.db.atomic():
             self._touch_lease(node_id, now)
-        return list(Job.select(Job.id, Job.attempt).where((Job.node_id == node_id) & (Job.status == "running")))
+        return self._sql.select(Job, "running on node", lambda: Job.select(Job.id, Job.attempt).where(
+            (Job.node_id == param("node_id")) & (Job.status == "running")), node_id=node_id)
 
     def requeue_lost(self, now: float, watching_since: float) -> list[str]:
         """Requeue (or fail, per `on_node_lost`) running jobs of nodes whose lease lapsed.
@@ -483,38 +579,66 @@ class Store:
                              finished_at=now, **result)
         else:
             self._transition(job, "pending", now, f"{why}; requeued", node_id=None, placed_at=None,
-                             running_at=None, node_losses=job.node_losses + 1)
+                             running_at=None, node_losses=job.node_losses + 1, **NO_OUTPUT)
 
     def dispatch(self, now: float) -> int:
         """Place waiting jobs on nodes with free slots. Call inside a transaction."""
         with self.db.atomic():
-            cursor = self._lock_cursor()
+            # Most calls find no free slot (a busy cluster, or none yet): answer that
+            # before locking the cursor. Where several transactions can place at once
+            # (not SQLite), the slots are counted again under the cursor's row lock.
             slots = self._free_slots()
+            if sum(s.free for s in slots) <= 0:
+                return 0
+            cursor, cursor_stored = self._lock_cursor()
+            if not self._single_writer:
+                slots = self._free_slots()
             total_free = sum(s.free for s in slots)
             if total_free <= 0:
                 return 0
-            unplaced = Job.select(Job.id, Job.instance_id, Job.memory_mb, Job.cpu_percent).where(
-                (Job.status == "pending") & Job.node_id.is_null()
-                & (Job.next_attempt_at.is_null() | (Job.next_attempt_at <= now)))
-            open_nodes = [s.node_id for s in slots if s.free > 0]
-            candidates = list(unplaced.where(Job.instance_id.is_null()).order_by(Job.id).limit(total_free))
-            candidates += list(unplaced.where(Job.instance_id.in_(open_nodes)).order_by(Job.id).limit(total_free))
-            candidates.sort(key=lambda j: j.id)
+            def unplaced(pinned):
+                return Job.select(Job.id, Job.attempt, Job.instance_id, Job.memory_mb, Job.cpu_percent).where(
+                    (Job.status == "pending") & Job.node_id.is_null()
+                    & (Job.next_attempt_at.is_null() | (Job.next_attempt_at <= param("now"))) & pinned
+                ).order_by(Job.id).limit(param("limit"))
+
+            open_nodes = sorted(s.node_id for s in slots if s.free > 0)
+            candidates = self._sql.rows(self.db, "unplaced", lambda: unplaced(Job.instance_id.is_null()),
+                                        now=now, limit=total_free)
+            candidates += self._sql.rows(
+                self.db, ("unplaced on", len(open_nodes)),
+                lambda: unplaced(Job.instance_id.in_([param(f"n{i}") for i in range(len(open_nodes))])),
+                now=now, limit=total_free, **{f"n{i}": node_id for i, node_id in enumerate(open_nodes)})
+            candidates.sort()
             assignments, cursor = placement.plan(
-                [placement.Unplaced(j.id, j.instance_id, j.memory_mb, j.cpu_percent) for j in candidates],
+                [placement.Unplaced(job_id, pin, memory, cpu) for job_id, _, pin, memory, cpu in candidates],
                 slots, cursor)
+            attempts = {row[0]: row[1] for row in candidates}
+            placed = []
             for job_id, node_id in assignments:
-                Job.update(node_id=node_id, attempt=Job.attempt + 1, placed_at=now, next_attempt_at=None).where(
-                    (Job.id == job_id) & (Job.status == "pending") & Job.node_id.is_null()).execute()
-            if assignments:
-                self._after_commit_placed({node_id for _, node_id in assignments})
-                placed = Job.select().where(Job.id.in_([job_id for job_id, _ in assignments]))
-                JobEvent.insert_many([{
-                    "job": j.id, "at": now, "from_status": "pending", "to_status": "pending",
-                    "attempt": j.attempt, "node_id": j.node_id, "reason": f"placed on {j.node_id}",
-                } for j in placed]).execute()
-            SchedulerState.update(value=cursor).where(SchedulerState.key == RR_CURSOR).execute()
-            return len(assignments)
+                if self._sql.execute(self.db, "place", lambda: Job.update(
+                        node_id=param("node_id"), attempt=Job.attempt + 1, placed_at=param("now"),
+                        next_attempt_at=None).where(
+                        (Job.id == param("id")) & (Job.status == "pending") & Job.node_id.is_null()),
+                        node_id=node_id, now=now, id=job_id).rowcount == 1:
+                    placed.append((job_id, node_id))
+            if placed:
+                self._after_commit_placed({node_id for _, node_id in placed})
+                self._set_state(PLACEMENT_MARK, os.urandom(8).hex())
+                self._events([{"job": job_id, "at": now, "old": "pending", "new": "pending",
+                               "attempt": attempts[job_id] + 1, "node_id": node_id,
+                               "reason": f"placed on {node_id}"} for job_id, node_id in placed])
+            if cursor_stored:
+                self._sql.execute(self.db, "cursor", lambda: SchedulerState.update(value=param("value")).where(
+                    SchedulerState.key == RR_CURSOR), value=cursor)
+            else:
+                self._set_state(RR_CURSOR, cursor)
+            return len(placed)
+
+    def _set_state(self, key: str, value: str | None) -> None:
+        self._sql.execute(self.db, "set state", lambda: SchedulerState.insert(
+            key=param("key"), value=param("value")).on_conflict(
+            conflict_target=[SchedulerState.key], preserve=[SchedulerState.value]), key=key, value=value)
 
     # ---- the SNS outbox, counters, /stats ----------------------------------
 
@@ -533,6 +657,7 @@ class Store:
                                         last_error=None).where(
                 OutboxEvent.id.in_(ids) & OutboxEvent.published_at.is_null()).execute()
             self.bump(sns_published=marked)
+            metrics.sns_published(self.db, marked)
         return marked
 
     def outbox_failed(self, errors: dict[int, str]) -> None:
@@ -544,6 +669,7 @@ class Store:
                 OutboxEvent.update(publish_attempts=OutboxEvent.publish_attempts + 1, last_error=error[:1000]).where(
                     (OutboxEvent.id == row_id) & OutboxEvent.published_at.is_null()).execute()
             self.bump(sns_publish_failures=len(errors))
+            metrics.sns_failed(self.db, len(errors))
 
     def outbox_purge(self, published_before: float) -> int:
         """Delete published notifications older than the retention."""
@@ -590,29 +716,47 @@ class Store:
                     "publish_failures": counters.get("sns_publish_failures", 0)},
         }
 
+    def node_views(self) -> list[dict]:
+        """The cached node list as GET /nodes shows it, with the slots each one's jobs hold."""
+        held = self._held_slots()
+        return [{
+            "node_id": n.node_id, "address": n.address, "kind": n.kind,
+            # Placement counts a healthy drained node as `drained`; here health and drain are apart.
+            "status": "healthy" if n.status in ("healthy", "drained") else "unhealthy", "drained": bool(n.drained),
+            "slots": n.slots, "capacity": self._capacity(n), "slots_used": held.get(n.node_id, 0),
+            "max_memory_mb": n.max_memory_mb, "max_cpu_percent": n.max_cpu_percent,
+            "last_heartbeat": iso(n.last_heartbeat), "synced_at": iso(n.synced_at),
+        } for n in Node.select().order_by(Node.node_id)]
+
     # ---- helpers -----------------------------------------------------------
 
     def _capacity(self, node: Node) -> int:
         return min(self.settings.max_jobs_per_node, node.slots)
 
     def _free_slots(self) -> list[placement.NodeSlots]:
-        nodes = list(Node.select().where((Node.status == "healthy") & (Node.kind == "compute")))
-        held = dict(Job.select(Job.node_id, fn.COUNT(Job.id))
-                    .where(Job.status.in_(ACTIVE) & Job.node_id.is_null(False))
-                    .group_by(Job.node_id).tuples())
-        return [placement.NodeSlots(n.node_id, self._capacity(n) - held.get(n.node_id, 0),
-                                    n.max_memory_mb, n.max_cpu_percent) for n in nodes]
+        nodes = self._sql.rows(self.db, "open nodes", lambda: Node.select(
+            Node.node_id, Node.slots, Node.max_memory_mb, Node.max_cpu_percent).where(
+            (Node.status == "healthy") & (Node.kind == "compute")))
+        held = self._held_slots()
+        return [placement.NodeSlots(node_id, min(self.settings.max_jobs_per_node, slots) - held.get(node_id, 0),
+                                    max_memory, max_cpu) for node_id, slots, max_memory, max_cpu in nodes]
 
-    @staticmethod
-    def _touch_lease(node_id: str, now: float) -> None:
-        if NodeLease.update(renewed_at=now).where(NodeLease.node_id == node_id).execute() == 0:
+    def _held_slots(self) -> dict[str, int]:
+        """Node id → its jobs that hold a slot (placed and pending, or running)."""
+        return dict(self._sql.rows(self.db, "held slots", lambda: Job.select(Job.node_id, fn.COUNT(Job.id))
+                                   .where(Job.status.in_(ACTIVE) & Job.node_id.is_null(False))
+                                   .group_by(Job.node_id)))
+
+    def _touch_lease(self, node_id: str, now: float) -> None:
+        if self._sql.execute(self.db, "touch lease", lambda: NodeLease.update(
+                renewed_at=param("now")).where(NodeLease.node_id == param("node_id")),
+                now=now, node_id=node_id).rowcount == 0:
             NodeLease.insert(node_id=node_id, renewed_at=now).on_conflict_replace().execute()
 
-    @staticmethod
-    def _unplaced_due(now: float) -> bool:
-        return Job.select(Job.id).where(
+    def _unplaced_due(self, now: float) -> bool:
+        return bool(self._sql.rows(self.db, "unplaced due", lambda: Job.select(Job.id).where(
             (Job.status == "pending") & Job.node_id.is_null()
-            & (Job.next_attempt_at.is_null() | (Job.next_attempt_at <= now))).exists()
+            & (Job.next_attempt_at.is_null() | (Job.next_attempt_at <= param("now")))).limit(1), now=now))
 
     def _after_commit_placed(self, node_ids: set[str]) -> None:
         hook = self.on_placed
@@ -643,28 +787,59 @@ class Store:
             raise BadRequest(f"no node allows memory_mb={job.memory_mb}, cpu_percent={job.cpu_percent} "
                              f"({largest})")
 
-    def _lock_cursor(self) -> str | None:
-        SchedulerState.insert(key=RR_CURSOR, value=None).on_conflict_ignore().execute()
-        # A no-op write first: on PostgreSQL it row-locks the cursor for this transaction.
-        SchedulerState.update(value=SchedulerState.value).where(SchedulerState.key == RR_CURSOR).execute()
-        return SchedulerState.get_by_id(RR_CURSOR).value
+    def _lock_cursor(self) -> tuple[str | None, bool]:
+        """The round-robin cursor, locked for this transaction, and whether its row
+        exists. SQLite's write lock already serialises placement; elsewhere the row
+        is created if missing and a no-op write row-locks it."""
+        if not self._single_writer:
+            SchedulerState.insert(key=RR_CURSOR, value=None).on_conflict_ignore().execute()
+            SchedulerState.update(value=SchedulerState.value).where(SchedulerState.key == RR_CURSOR).execute()
+        rows = self._sql.rows(self.db, "cursor value", lambda: SchedulerState.select(SchedulerState.value).where(
+            SchedulerState.key == RR_CURSOR))
+        return (rows[0][0], True) if rows else (None, False)
 
     def _transition(self, job: Job, new: str, now: float, reason: str, **changes) -> None:
         check_transition(job.status, new)
-        updated = Job.update(status=new, **changes).where(
-            (Job.id == job.id) & (Job.status == job.status) & (Job.attempt == job.attempt)).execute()
+        names = tuple(sorted(changes))
+        fields = Job._meta.fields
+        updated = self._sql.execute(self.db, ("transition", names), lambda: Job.update(
+            status=param("new"), **{name: param(name) for name in names}).where(
+            (Job.id == param("id")) & (Job.status == param("old")) & (Job.attempt == param("attempt"))),
+            new=new, id=job.id, old=job.status, attempt=job.attempt,
+            **{name: fields[name].db_value(value) for name, value in changes.items()}).rowcount
         if updated != 1:
             raise Conflict(f"{job.job_id} changed while this request ran; try again")
         self._event(job, job.status, new, now, reason)
+        metrics.moved(self.db, job, new, now, changes)  # before the instance takes the new values
+        # The instance now says what the row says, so callers need not read it back.
+        for name, value in changes.items():
+            if not isinstance(value, peewee.Node):
+                setattr(job, name, value)
+        job.status = new
         if new in FINAL_STATUSES and self.settings.sns_topic_arn:
             message = sns_outbox.notification(Job.get_by_id(job.id), reason)
             OutboxEvent.create(event_id=message["event_id"], job_id=job.id, status=new, message=message,
                                created_at=now)
 
-    @staticmethod
-    def _event(job: Job, old: str | None, new: str, now: float, reason: str) -> None:
-        JobEvent.create(job=job.id, at=now, from_status=old, to_status=new, attempt=job.attempt,
-                        node_id=job.node_id, reason=reason)
+    def _event(self, job: Job, old: str | None, new: str, now: float, reason: str) -> None:
+        self._events([{"job": job.id, "at": now, "old": old, "new": new, "attempt": job.attempt,
+                       "node_id": job.node_id, "reason": reason}])
+
+    def _events(self, rows: list[dict]) -> None:
+        """Record events: dicts of job (its row id), at, old, new, attempt, node_id, reason."""
+        self._sql.execute_many(self.db, "event", lambda: JobEvent.insert(
+            job=param("job"), at=param("at"), from_status=param("old"), to_status=param("new"),
+            attempt=param("attempt"), node_id=param("node_id"), reason=param("reason")), rows)
+
+
+def _check_attempt(job: Job, sent: dict) -> None:
+    """What an agent sends about a job (a report, live output) must come from the node
+    the job is placed on and be about its current attempt."""
+    if job.node_id != sent["node_id"]:
+        raise Conflict(f"{job.job_id} is not placed on {sent['node_id']!r}")
+    if job.attempt != sent["attempt"]:
+        raise Conflict(f"attempt {sent['attempt']} of {job.job_id} is stale; "
+                       f"the current attempt is {job.attempt}")
 
 
 def _claim_limits(job: Job, request: dict) -> dict | None:
