@@ -16,6 +16,9 @@ Scenarios (see docs/benchmarks.md for what each measures and why):
   baseline          the original design's mode (polling every 3 s, 1 slot) on 100 jobs
   cpu_bound         CPU-bound jobs at 1, 2, 4 slots per agent; no node may be lost
   memory            peak and current RSS of the scheduler, registry and agents after throughput
+  node_floor        no scheduler: how fast this machine starts `true` jobs the way an agent
+                    does (cgroup, shim, privilege drop, sh), from 4 threads: the ceiling of
+                    `throughput`
 
 With --repeat N (default 3) every scenario runs N times, interleaved round by
 round so that ratios compare runs made minutes apart, not a quarter of an hour;
@@ -46,7 +49,8 @@ import requests
 
 import benchlib as bl
 
-SCENARIOS = ("submit_single", "submit_batch", "dispatch_latency", "throughput", "baseline", "cpu_bound", "memory")
+SCENARIOS = ("submit_single", "submit_batch", "dispatch_latency", "throughput", "baseline", "cpu_bound", "memory",
+             "node_floor")
 
 
 @dataclass(frozen=True)
@@ -72,16 +76,65 @@ class Config:
     cpu_slots: tuple = (1, 2, 4)
     cpu_secs: float = 180.0
     warmup_jobs: int = 4
+    floor_jobs: int = 800
+    floor_threads: int = 4
 
 
 FULL = Config()
 QUICK = Config(repeat=1, submit_jobs=100, batch_size=50, latency_jobs=5, latency_secs=20.0,
                throughput_jobs=40, throughput_secs=60.0, baseline_jobs=6, baseline_secs=60.0, baseline_latency_jobs=2,
-               cpu_jobs=6, cpu_secs=60.0, warmup_jobs=2)
+               cpu_jobs=6, cpu_secs=60.0, warmup_jobs=2, floor_jobs=40)
 
 
 class Skip(Exception):
     """This scenario cannot run here; the message says why."""
+
+
+def node_floor(cfg: Config) -> dict:
+    """Start `cfg.floor_jobs` `true` jobs exactly as an agent does (agent/cgroups.py,
+    identity.py, runner.py: a cgroup with the default limits, the joining shim, the
+    privilege drop, /bin/sh -c), `cfg.floor_threads` at a time, with no scheduler, no
+    HTTP and no agent loop. Jobs/s and CPU per job, of this process and of the jobs'
+    processes (kernel time included): what `throughput` can never exceed here."""
+    from corral.agent import cgroups, identity, runner
+    manager = cgroups.detect(root_name=f"corral-bench-floor-{os.getpid()}")
+    if not manager.enforced:
+        raise Skip(f"needs cgroups like a real agent: {manager.reason}")
+    who = identity.resolve()
+    env = {"PATH": "/usr/bin:/bin"}
+
+    def one(i: int) -> None:
+        cg = manager.create(f"floor-{i}", 512, 100)
+        try:
+            runner.start({"command": "true"}, "/", env, 65536, prefix=cg.shim_prefix(),
+                         popen_kwargs=who.popen_kwargs(), cgroup=cg).result()
+        finally:
+            cg.kill()
+            cg.remove()
+
+    def worker(k: int) -> None:
+        for i in range(k, cfg.floor_jobs, cfg.floor_threads):
+            one(i)
+
+    own0, children0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.monotonic()
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(cfg.floor_threads)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        manager.cleanup()
+    elapsed = time.monotonic() - started
+    own1, children1 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+
+    def ms_per_job(before, after):
+        return round((after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / cfg.floor_jobs * 1000, 3)
+    return {"jobs_per_sec": round(cfg.floor_jobs / elapsed, 1), "jobs": cfg.floor_jobs,
+            "threads": cfg.floor_threads, "starter_cpu_ms_per_job": ms_per_job(own0, own1),
+            "job_processes_cpu_ms_per_job": ms_per_job(children0, children1),
+            "cgroups": manager.mode, "job_user": str(who.popen_kwargs().get("user", "this user"))}
 
 
 # ---- submitting -----------------------------------------------------------------
@@ -286,8 +339,9 @@ class Bench:
                     self.guarded(self.round_agents, "dispatch_latency", "throughput", "memory")
                     self.guarded(self.round_baseline, "baseline")
                     self.guarded(self.round_cpu_bound, "cpu_bound")
+                    self.record("node_floor", node_floor, self.cfg)
                 else:
-                    for s in ("dispatch_latency", "throughput", "baseline", "cpu_bound", "memory"):
+                    for s in ("dispatch_latency", "throughput", "baseline", "cpu_bound", "memory", "node_floor"):
                         if s in self.selected:
                             self.skipped[s] = "needs a local cluster (--scheduler-url targets a running one)"
         finally:

@@ -23,10 +23,11 @@ BENCH_NUMBERS = {
     "throughput": ["jobs_per_sec", "latency_p50_ms", "latency_p99_ms"],
     "baseline": ["jobs_per_sec", "ratio_throughput_to_baseline"],
     "memory": ["scheduler_master_hwm_mb", "scheduler_worker_hwm_mb_max", "agent_hwm_mb_max", "agent_rss_mb_max"],
+    "node_floor": ["jobs_per_sec", "starter_cpu_ms_per_job", "job_processes_cpu_ms_per_job"],
 }
 # Scenarios that may say "skipped" in a quick run: cpu_bound always, submit_batch
-# on a scheduler without POST /jobs/batch.
-MAY_SKIP = {"cpu_bound", "submit_batch"}
+# on a scheduler without POST /jobs/batch, node_floor without root (no cgroups).
+MAY_SKIP = {"cpu_bound", "submit_batch", "node_floor"}
 FLEET_NUMBERS = ["idle_scheduler_cpu_pct", "stream_scheduler_cpu_pct", "idle_registry_cpu_pct",
                  "dispatch_p50_ms", "dispatch_p99_ms", "stream_rate_achieved"]
 

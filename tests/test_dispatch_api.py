@@ -1,7 +1,11 @@
 """Fast dispatch, in process: claims, batches, the change feed, the waiting room and
 the retention purge, through Flask's test client and the store on a real SQLite file,
 with a fake clock. The same features against real gunicorn: test_dispatch.py."""
+import os
+import socket
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 
@@ -202,6 +206,41 @@ def test_the_sqlite_feed_sees_commits_of_other_connections(tmp_path):
     finally:
         feed.stop()
         writer.close()
+
+
+RING_FROM_ANOTHER_PROCESS = """
+import sqlite3, sys
+from corral.scheduler import wakeup
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("INSERT INTO t VALUES (1)")
+conn.close()
+wakeup.Doorbells(sys.argv[1] + "-wake").ring()
+"""
+
+
+def test_a_commit_in_another_process_rings_the_watchers_doorbell(tmp_path):
+    path = str(tmp_path / "feed.db")
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("PRAGMA journal_mode=wal")
+    writer.execute("CREATE TABLE t (x)")
+    writer.close()
+    feed = wakeup.SqliteDataVersionFeed(path, interval=30.0)  # only the doorbell can wake it in time
+    try:
+        feed.ensure_started()
+        seen = feed.wait_for_change(0, 5)   # the first read counts as a change
+        wait_for(lambda: os.path.exists(os.path.join(path + "-wake", f"{os.getpid()}.sock")), timeout=5,
+                 message="the watcher's doorbell")
+        subprocess.run([sys.executable, "-c", RING_FROM_ANOTHER_PROCESS, path], check=True, timeout=30)
+        assert feed.wait_for_change(seen, 10) > seen
+    finally:
+        feed.stop(timeout=1)
+    # A doorbell nobody listens to any more is removed by the next ring.
+    stale = os.path.join(path + "-wake", "999999999.sock")
+    bell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    bell.bind(stale)
+    bell.close()
+    wakeup.Doorbells(path + "-wake").ring()
+    assert not os.path.exists(stale)
 
 
 def test_the_fallback_feed_ticks():

@@ -116,8 +116,16 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
             return ready
 
     sqlite_path = dbmod.sqlite_path(settings.database_url) if settings.database_url.startswith("sqlite") else None
-    room = longpoll.WaitRoom(wakeup.feed_for(settings.database_url, sqlite_path), max_waiters, check_nodes)
-    store.on_placed = room.poke
+    feed = wakeup.feed_for(settings.database_url, sqlite_path)
+    room = longpoll.WaitRoom(feed, max_waiters, check_nodes)
+
+    def placed(node_ids: set[str]) -> None:
+        """After a commit that placed jobs: this process's waiters of those nodes claim
+        now, and the other processes' watchers look now."""
+        room.poke(node_ids)
+        feed.ring()
+
+    store.on_placed = placed
     app.extensions["corral.wait_room"] = room
     if start_loops:
         room.install_stop_signal()  # under gunicorn: SIGTERM ends every long poll at once

@@ -125,10 +125,11 @@ class Store:
             return []
         return self.list_jobs(node_id=node_id, status="pending", limit=free)
 
-    @staticmethod
-    def placement_mark() -> str | None:
+    def placement_mark(self) -> str | None:
         """A value that changes whenever jobs are placed (None before the first placement)."""
-        return SchedulerState.select(SchedulerState.value).where(SchedulerState.key == PLACEMENT_MARK).scalar()
+        rows = self._sql.rows(self.db, "placement mark", lambda: SchedulerState.select(SchedulerState.value).where(
+            SchedulerState.key == PLACEMENT_MARK))
+        return rows[0][0] if rows else None
 
     def nodes_with_work(self, node_ids: set[str]) -> set[str]:
         """Which of these nodes have something to claim: pending jobs placed on them and
@@ -502,15 +503,17 @@ class Store:
 
     def sync_nodes(self, nodes: list[dict], now: float) -> None:
         """Replace the cached node list with the registry's, then move work off lost nodes."""
+        rows = [{
+            "node_id": n["node_id"], "address": n.get("address") or "", "kind": n.get("kind") or "compute",
+            "slots": int(n.get("slots") or 1), "status": _placement_status(n), "synced_at": now,
+            "max_memory_mb": n.get("max_memory_mb"), "max_cpu_percent": n.get("max_cpu_percent"),
+            "drained": bool(n.get("drained")), "last_heartbeat": epoch(n.get("last_heartbeat")),
+        } for n in nodes]
         with self.db.atomic():
             Node.delete().execute()
-            if nodes:
-                Node.insert_many([{
-                    "node_id": n["node_id"], "address": n.get("address") or "", "kind": n.get("kind") or "compute",
-                    "slots": int(n.get("slots") or 1), "status": _placement_status(n), "synced_at": now,
-                    "max_memory_mb": n.get("max_memory_mb"), "max_cpu_percent": n.get("max_cpu_percent"),
-                    "drained": bool(n.get("drained")), "last_heartbeat": epoch(n.get("last_heartbeat")),
-                } for n in nodes]).execute()
+            # Every NODE_REFRESH_SECS for every node: one compiled statement, run per row.
+            self._sql.execute_many(self.db, "node row", lambda: Node.insert(
+                **{name: param(name) for name in rows[0]}), rows)
             self.release_lost(now)
             self.dispatch(now)
 
@@ -737,6 +740,8 @@ class Store:
         nodes = self._sql.rows(self.db, "open nodes", lambda: Node.select(
             Node.node_id, Node.slots, Node.max_memory_mb, Node.max_cpu_percent).where(
             (Node.status == "healthy") & (Node.kind == "compute")))
+        if not nodes:
+            return []
         held = self._held_slots()
         return [placement.NodeSlots(node_id, min(self.settings.max_jobs_per_node, slots) - held.get(node_id, 0),
                                     max_memory, max_cpu) for node_id, slots, max_memory, max_cpu in nodes]
