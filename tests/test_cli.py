@@ -521,3 +521,78 @@ def test_client_additions(mock):
     client.submit({"command": "true"})
     assert "Idempotency-Key" not in mock.calls[-1].request.headers
     assert mock.calls[-1].request.headers["Authorization"] == "Bearer t"
+
+
+# ---- every command through click's runner against a real, token-protected cluster -----------
+
+OPERATOR = "cli-test-operator-token-0123456789"
+AGENT = "cli-test-agent-token-9876543210"
+
+
+@pytest.mark.e2e
+def test_every_command_against_a_real_scheduler_with_tokens(tmp_path, monkeypatch):
+    import time
+
+    from cluster import Cluster
+    from helpers import wait_for
+    monkeypatch.setattr(common, "clock", time.time)   # real time: the jobs really run
+    monkeypatch.setattr(common, "sleep", time.sleep)
+    tokens = {"CORRAL_API_TOKEN": OPERATOR, "CORRAL_AGENT_TOKEN": AGENT}
+    c = Cluster(tmp_path)
+    try:
+        c.start_registry(**tokens)
+        c.start_scheduler(**tokens)
+        c.start_agent("cli-node", slots=2, CORRAL_AGENT_TOKEN=AGENT)
+
+        def run(*args, token=OPERATOR):
+            env = {"CORRAL_ADDR": c.scheduler_url, "CORRAL_REGISTRY_ADDR": c.registry_url, "CORRAL_TOKEN": token,
+                   "FORCE_COLOR": None, "NO_COLOR": None, "TTY_COMPATIBLE": None}
+            return CliRunner().invoke(cli, list(args), env=env, prog_name="corral")
+
+        def as_json(*args):
+            args = list(args)
+            at = args.index("--") if "--" in args else len(args)  # options go before the command
+            result = run(*args[:at], "--json", *args[at:])
+            assert result.exit_code == 0, result.output
+            return json.loads(result.stdout)
+
+        wait_for(lambda: any(n["node_id"] == "cli-node" and n["status"] == "healthy" for n in as_json("node", "list")),
+                 timeout=30, message="the node to be healthy")
+        assert "token is not valid" in one_line_error(run("job", "list", token="not-the-token"))
+        done = run("job", "run", "--wait", "--env", "WHO=cli", "--", "sh", "-c", "echo hello $WHO")
+        assert done.exit_code == 0 and done.stdout == "hello cli\n", done.output
+        assert run("job", "run", "--wait", "--max-retries", "0", "--", "sh", "-c", "exit 4").exit_code == 4
+        listed = as_json("job", "list")
+        assert [(j["job_id"], j["status"]) for j in listed] == [("job-2", "failed"), ("job-1", "done")]
+        assert [j["job_id"] for j in as_json("job", "list", "--status", "failed")] == ["job-2"]
+        status = as_json("job", "status", "job-1")
+        assert (status["node_id"], status["exit_code"], status["env_vars"]) == ("cli-node", 0, {"WHO": "cli"})
+        assert run("job", "logs", "job-1").stdout == "hello cli\n"
+        table = run("job", "status", "job-2")
+        assert table.exit_code == 0 and "failed" in table.stdout and "exit code 4" in table.stdout
+        # retry the failed one (it fails again: a fresh attempt), cancel a long one
+        assert as_json("job", "retry", "job-2")["status"] in ("pending", "running")  # a waiting claim is quick
+        wait_for(lambda: as_json("job", "status", "job-2")["status"] == "failed", timeout=30,
+                 message="the retried job to fail again")
+        assert as_json("job", "status", "job-2")["attempt"] == 2
+        long = as_json("job", "run", "--", "sleep", "60")
+        wait_for(lambda: run("job", "list", "--json", "--status", "running").stdout.count(long["job_id"]) == 1,
+                 timeout=30, message="the long job to run")
+        assert run("job", "cancel", long["job_id"]).exit_code == 0
+        wait_for(lambda: long["job_id"] in run("job", "list", "--json", "--status", "cancelled").stdout,
+                 timeout=30, message="the job to be cancelled")
+        # drain: no new work for the node; undrain: work again
+        assert run("node", "drain", "cli-node").exit_code == 0
+        assert any(n["node_id"] == "cli-node" and n["drained"] for n in as_json("node", "list"))
+        operator = {"Authorization": f"Bearer {OPERATOR}"}
+        wait_for(lambda: all(n["drained"] for n in requests.get(c.scheduler_url + "/nodes", headers=operator,
+                                                                timeout=5).json()),
+                 timeout=30, message="the scheduler to see the drain")
+        parked = as_json("job", "run", "--", "true")
+        assert as_json("job", "status", parked["job_id"])["node_id"] is None  # nowhere to go while drained
+        assert run("node", "undrain", "cli-node").exit_code == 0
+        wait_for(lambda: as_json("job", "status", parked["job_id"])["status"] == "done", timeout=30,
+                 message="the parked job to run once the node is undrained")
+        assert as_json("service", "list") == []
+    finally:
+        c.stop()
