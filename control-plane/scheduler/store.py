@@ -756,7 +756,8 @@ class Store:
         if self._sql.execute(self.db, "touch lease", lambda: NodeLease.update(
                 renewed_at=param("now")).where(NodeLease.node_id == param("node_id")),
                 now=now, node_id=node_id).rowcount == 0:
-            NodeLease.insert(node_id=node_id, renewed_at=now).on_conflict_replace().execute()
+            NodeLease.insert(node_id=node_id, renewed_at=now).on_conflict(
+                conflict_target=[NodeLease.node_id], preserve=[NodeLease.renewed_at]).execute()
 
     def _unplaced_due(self, now: float) -> bool:
         return bool(self._sql.rows(self.db, "unplaced due", lambda: Job.select(Job.id).where(
