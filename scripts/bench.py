@@ -95,7 +95,12 @@ def node_floor(cfg: Config) -> dict:
     identity.py, runner.py: a cgroup with the default limits, the joining shim, the
     privilege drop, /bin/sh -c), `cfg.floor_threads` at a time, with no scheduler, no
     HTTP and no agent loop. Jobs/s and CPU per job, of this process and of the jobs'
-    processes (kernel time included): what `throughput` can never exceed here."""
+    processes (kernel time included): what `throughput` can never exceed here.
+
+    Two variants say what would move that ceiling (the agent does neither today):
+    `reused_cgroup_*` keeps one cgroup per thread (slot) instead of making and
+    removing one per job, and `reused_cgroup_no_drop_*` also runs the job as this
+    user (no `setpriv` exec)."""
     from corral.agent import cgroups, identity, runner
     manager = cgroups.detect(root_name=f"corral-bench-floor-{os.getpid()}")
     if not manager.enforced:
@@ -103,37 +108,54 @@ def node_floor(cfg: Config) -> dict:
     who = identity.resolve()
     env = {"PATH": "/usr/bin:/bin"}
 
-    def one(i: int) -> None:
+    def start(cg, identity_kwargs) -> None:
+        runner.start({"command": "true"}, "/", env, 65536, prefix=cg.shim_prefix(),
+                     popen_kwargs=identity_kwargs, cgroup=cg).result()
+
+    def fresh(slot: int, i: int) -> None:
         cg = manager.create(f"floor-{i}", 512, 100)
         try:
-            runner.start({"command": "true"}, "/", env, 65536, prefix=cg.shim_prefix(),
-                         popen_kwargs=who.popen_kwargs(), cgroup=cg).result()
+            start(cg, who.popen_kwargs())
         finally:
             cg.kill()
             cg.remove()
 
-    def worker(k: int) -> None:
-        for i in range(k, cfg.floor_jobs, cfg.floor_threads):
-            one(i)
-
-    own0, children0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.monotonic()
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(cfg.floor_threads)]
-    try:
+    def measure(one) -> tuple[float, float, float]:
+        def worker(k: int) -> None:
+            for i in range(k, cfg.floor_jobs, cfg.floor_threads):
+                one(k, i)
+        own0, children0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        started = time.monotonic()
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(cfg.floor_threads)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-    finally:
-        manager.cleanup()
-    elapsed = time.monotonic() - started
-    own1, children1 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        elapsed = time.monotonic() - started
+        own1, children1 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
 
-    def ms_per_job(before, after):
-        return round((after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / cfg.floor_jobs * 1000, 3)
-    return {"jobs_per_sec": round(cfg.floor_jobs / elapsed, 1), "jobs": cfg.floor_jobs,
-            "threads": cfg.floor_threads, "starter_cpu_ms_per_job": ms_per_job(own0, own1),
-            "job_processes_cpu_ms_per_job": ms_per_job(children0, children1),
+        def ms_per_job(before, after):
+            return round((after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+                         / cfg.floor_jobs * 1000, 3)
+        return round(cfg.floor_jobs / elapsed, 1), ms_per_job(own0, own1), ms_per_job(children0, children1)
+
+    slots = []
+    try:
+        rate, own, children = measure(fresh)
+        slots = [manager.create(f"floor-slot-{k}", 512, 100) for k in range(cfg.floor_threads)]
+        reused = measure(lambda k, i: start(slots[k], who.popen_kwargs()))
+        no_drop = measure(lambda k, i: start(slots[k], {}))
+    finally:
+        for cg in slots:
+            cg.kill()
+            cg.remove()
+        manager.cleanup()
+    return {"jobs_per_sec": rate, "jobs": cfg.floor_jobs, "threads": cfg.floor_threads,
+            "starter_cpu_ms_per_job": own, "job_processes_cpu_ms_per_job": children,
+            "reused_cgroup_jobs_per_sec": reused[0], "reused_cgroup_starter_cpu_ms_per_job": reused[1],
+            "reused_cgroup_job_processes_cpu_ms_per_job": reused[2],
+            "reused_cgroup_no_drop_jobs_per_sec": no_drop[0],
+            "reused_cgroup_no_drop_job_processes_cpu_ms_per_job": no_drop[2],
             "cgroups": manager.mode, "job_user": str(who.popen_kwargs().get("user", "this user"))}
 
 
