@@ -252,6 +252,9 @@ class Agent:
         self._claims_done = 0
         self._suspects: dict[Key, int] = {}
         self._batch_reports = True  # False once the scheduler turned out not to have POST /jobs/reports
+        # Set by the lease thread when the scheduler lists attempts running here that this
+        # agent does not hold: the next reconcile must look even if the agent is idle.
+        self._unknown_listed = False
         # The lease with the scheduler: when the last renewal that succeeded was sent
         # (this agent's monotonic clock) and the period the scheduler gave.
         self._lease_sent_at: float | None = None
@@ -447,6 +450,8 @@ class Agent:
             holding = list(self._jobs.values())
         except RuntimeError:  # the work loop changed the dict meanwhile: next renewal
             return []
+        if listed - {local.key for local in holding} - set(self.claimed_keys()):
+            self._unknown_listed = True
         stale = [local for local in holding
                  if local.started_at < sent_at and local.key not in listed and local.end_reason is None]
         for local in stale:
@@ -1265,9 +1270,16 @@ class Agent:
             self._claim_wake.set()
 
     def _reconcile_paced(self, backoff: Backoff) -> float:
-        """reconcile_once; when the next one is due."""
+        """reconcile_once; when the next one is due. An idle agent (no job held or
+        claimed) skips it unless its last lease answer listed attempts it does not
+        hold: that answer (every heartbeat) already says what runs here, and an idle
+        agent has nothing to kill, so a fleet of idle agents sends no reconcile
+        requests (one every POLL_INTERVAL_SECS per agent otherwise)."""
+        if not self._jobs and not self.claimed_keys() and not self._unknown_listed:
+            return self._clock() + self.settings.poll_interval
         try:
             self.reconcile_once()
+            self._unknown_listed = False  # (a renewal meanwhile that lists one again sets it again)
             backoff.reset()
             return self._clock() + self.settings.poll_interval
         except Exception as exc:

@@ -23,7 +23,7 @@ import responses
 from corral.agent import agent as agent_module
 from corral.agent import cgroups, identity, runner
 from corral.agent.agent import (NO_RUN_SH_MESSAGE, STOPPED_MESSAGE, TIMEOUT_MESSAGE, Agent,
-                                AgentStartError)
+                                AgentStartError, Backoff)
 from corral.agent.cli import main
 from corral.agent.settings import AgentSettings
 from corral.shared.clients import Rejected, RegistryClient, SchedulerClient
@@ -843,6 +843,7 @@ def test_loops_survive_an_unreachable_scheduler(make_agent, api):
     api.add(responses.GET, re.compile(re.escape(SCHEDULER) + r"/jobs.*"),
             body=requests.ConnectionError("down"))
     agent = make_agent(clock=time.monotonic)
+    agent._unknown_listed = True  # as if a lease answer listed a job it does not know: it must reconcile
     stop = threading.Event()
     thread, outcome = run_in_thread(agent, stop)
     try:
@@ -911,6 +912,22 @@ def test_no_claim_rides_without_the_claim_thread_or_when_stopping(make_agent, sc
     assert scheduler.riding_claims == [] and scheduler.statuses("job-1") == ["done"]  # polling agent
     agent._claiming, agent._stopping = True, True
     assert agent._claim_with_reports() is None
+
+
+def test_an_idle_agent_reconciles_only_when_its_lease_lists_an_attempt_it_does_not_hold(make_agent, scheduler,
+                                                                                         api, clock):
+    agent = make_agent()
+    lists = lambda: len([c for c in api.calls if c.request.method == "GET" and "/jobs" in c.request.url])  # noqa: E731
+    agent._reconcile_paced(Backoff())
+    assert lists() == 0  # idle, nothing unknown: no request
+    # A lease answer lists job-9 running here (a claim whose answer was lost): look now.
+    scheduler.running.append({"job_id": "job-9", "node_id": NODE, "attempt": 1, "status": "running"})
+    agent._apply_lease(clock(), {"lease_secs": 20, "running": [{"job_id": "job-9", "attempt": 1}]})
+    agent._reconcile_paced(Backoff())
+    assert lists() == 1 and not agent._unknown_listed
+    assert [(r.job_id, r.status) for r in agent.pending_reports()] == [("job-9", "failed")]  # lost here
+    agent._reconcile_paced(Backoff())
+    assert lists() == 1  # idle again: no request
 
 
 def test_claims_ask_only_for_free_slots_and_not_while_the_lease_is_lapsed(make_agent, scheduler, clock, api):
