@@ -190,10 +190,15 @@ class Cluster:
         return proc
 
     def wait_nodes_healthy(self, *node_ids: str, timeout: float = 20.0) -> None:
+        """Healthy in the registry, and in the scheduler's own copy of the node list
+        (refreshed every NODE_REFRESH_SECS), which is what placement goes by."""
         def ready():
             nodes = requests.get(self.registry_url + "/nodes", params={"status": "healthy"}, timeout=5).json()
             return set(node_ids) <= {n["node_id"] for n in nodes}
         wait_for(ready, timeout=timeout, message=f"nodes {node_ids} to be healthy")
+        if "scheduler" in self.procs and self.procs["scheduler"].alive():
+            wait_scheduler_sees_healthy(self.scheduler_url, node_ids, timeout,
+                                        self.scheduler_env.get("CORRAL_API_TOKEN"))
 
     # ---- jobs ----------------------------------------------------------------
 
@@ -228,6 +233,16 @@ class Cluster:
 
     def logs(self) -> str:
         return "\n".join(f"===== {name} =====\n{p.output()[-6000:]}" for name, p in self.procs.items())
+
+
+def wait_scheduler_sees_healthy(scheduler_url: str, node_ids, timeout: float = 20.0, token: str | None = None) -> None:
+    """Until the scheduler's node list (GET /nodes) has these nodes healthy."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    def ready():
+        nodes = requests.get(scheduler_url + "/nodes", headers=headers, timeout=5).json()
+        return set(node_ids) <= {n["node_id"] for n in nodes if n["status"] == "healthy"}
+    wait_for(ready, timeout=timeout, message=f"the scheduler to see nodes {tuple(node_ids)} healthy")
 
 
 @contextlib.contextmanager

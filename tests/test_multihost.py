@@ -8,7 +8,7 @@ import requests
 import shutil
 
 import netns
-from cluster import BIN, Proc, base_env, kill_leftover_jobs, world_traversable_dir
+from cluster import BIN, Proc, base_env, kill_leftover_jobs, wait_scheduler_sees_healthy, world_traversable_dir
 from helpers import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
@@ -70,6 +70,7 @@ def test_jobs_run_on_two_hosts_and_their_services_answer_on_each_hosts_address(l
     addresses = wait_for(lambda: (lambda h: h if len(h) == 2 else None)(healthy()), timeout=30,
                          message="both hosts to register")
     assert addresses == {"host-1": lab.agent_addr[0], "host-2": lab.agent_addr[1]}
+    wait_scheduler_sees_healthy(scheduler, ("host-1", "host-2"), timeout=30)
 
     # One-shot jobs land on both hosts and each sees its own network.
     jobs = [requests.post(scheduler + "/jobs", json={"command": "ip -4 -o addr show dev eth0"}, timeout=10).json()

@@ -26,7 +26,7 @@ import requests
 from moto.server import ThreadedMotoServer
 
 from aws import CLIENT_KWARGS, REGION, moto_endpoint, set_aws_env  # noqa: F401  (fixture)
-from cluster import Cluster
+from cluster import Cluster, wait_scheduler_sees_healthy
 from corral.scheduler import aws_clients, sns_outbox, sqs_intake
 from corral.scheduler.app import create_app, open_store
 from corral.scheduler.models import MODELS, Job, OutboxEvent
@@ -507,6 +507,8 @@ def test_an_unreachable_topic_keeps_rows_pending_backs_off_and_warns(aws, tmp_pa
 def test_fifty_queued_job_requests_all_run_and_the_queue_ends_empty(aws, clusters):
     queue = aws.queue("jobs")
     cluster = clusters(agents=("node-1", "node-2"), slots=4, SQS_URL=queue, MAX_JOBS_PER_NODE=4)
+    # Both nodes in the scheduler's own node list first: 50 `echo` jobs take one node well under a second.
+    wait_scheduler_sees_healthy(cluster.scheduler_url, ("node-1", "node-2"), timeout=30)
     for start in range(0, 50, 10):
         aws.sqs.send_message_batch(QueueUrl=queue, Entries=[
             {"Id": str(n), "MessageBody": json.dumps({"command": f"echo {n}", "name": f"sqs-{n}"})}
