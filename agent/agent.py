@@ -321,15 +321,7 @@ class Agent:
             os.makedirs(d, exist_ok=True)
         adopted = self._adopt_services()
         keep = {self._jobs[key].cgroup.name for key in adopted if self._jobs[key].cgroup}
-        for name in self.cgroups.list_job_cgroups():
-            if name in keep:
-                continue
-            leftover = self.cgroups.adopt(name)
-            if leftover is not None:
-                log.warning("removing job cgroup %s left over by an earlier agent (pids %s)", name,
-                            leftover.pids() or "none")
-                leftover.kill()
-                leftover.remove()
+        self.cgroups.remove_job_cgroups(keep, why="left over by an earlier agent")
         if not s.keep_work_dirs:
             self._remove_leftover_files(adopted)
         self._started = True

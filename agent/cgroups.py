@@ -427,10 +427,27 @@ class Manager:
     def list_job_cgroups(self) -> list[str]:
         """Names of the job cgroups present (v1: as seen in the memory hierarchy)."""
         root = self.roots.get("memory") or self.roots.get("unified")
+        if root is None:  # no hierarchy (os.scandir(None) would list the working directory)
+            return []
         try:
             return sorted(e.name for e in os.scandir(root) if e.is_dir(follow_symlinks=False))
-        except (OSError, TypeError):
+        except OSError:
             return []
+
+    def remove_job_cgroups(self, keep: frozenset[str] | set[str] = frozenset(), why: str | None = None) -> list[str]:
+        """Kill the processes of every job cgroup here but those named in `keep`, and
+        remove the cgroups; the names removed. With `why`, each is logged as a warning."""
+        removed = []
+        for name in self.list_job_cgroups():
+            group = None if name in keep else self.adopt(name)
+            if group is None:
+                continue
+            if why:
+                log.warning("removing job cgroup %s %s (pids %s)", name, why, group.pids() or "none")
+            group.kill()
+            group.remove()
+            removed.append(name)
+        return removed
 
     def cleanup(self) -> bool:
         """Remove the (empty) `root_name` directories; False if job cgroups remain."""

@@ -79,12 +79,7 @@ def kill_leftover_jobs(node_id: str, state_dir: str) -> None:
     from corral.agent import cgroups, services
     from corral.agent.settings import safe_path_part
 
-    manager = cgroups.detect(root_name="corral-" + safe_path_part(node_id), prepare=False)
-    for name in manager.list_job_cgroups():
-        group = manager.adopt(name)
-        if group is not None:
-            group.kill()
-            group.remove()
+    cgroups.detect(root_name="corral-" + safe_path_part(node_id), prepare=False).remove_job_cgroups()
     state_root = os.path.join(state_dir, "agent-" + safe_path_part(node_id), "services")
     for path in services.state_files(state_root):
         try:

@@ -40,3 +40,16 @@ def serve_in_thread(handler_class):
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
+
+
+def stop_held_jobs(agents) -> None:
+    """End every job the given Agent objects hold (services included), so that no job
+    process outlives a test that drove agents in-process."""
+    for agent in agents:
+        for key in agent.running_keys():
+            local = agent.local_job(*key)
+            local.prepared.wait(10)
+            if local.monitor is not None:
+                local.monitor.stop(remove=False)
+            if local.process is not None:
+                local.process.kill(0)

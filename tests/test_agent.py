@@ -28,7 +28,7 @@ from corral.agent.cli import main
 from corral.agent.settings import AgentSettings
 from corral.shared.clients import Rejected, RegistryClient, SchedulerClient
 from corral.shared.errors import SettingError
-from helpers import process_gone, wait_for
+from helpers import process_gone, stop_held_jobs, wait_for
 
 REGISTRY = "http://registry.test"
 SCHEDULER = "http://scheduler.test"
@@ -247,14 +247,7 @@ def make_agent(tmp_path, api, clock):
         return agent
 
     yield make
-    for agent in agents:  # no job process outlives its test
-        for key in agent.running_keys():
-            local = agent.local_job(*key)
-            local.prepared.wait(10)
-            if local.monitor is not None:
-                local.monitor.stop(remove=False)
-            if local.process is not None:
-                local.process.kill(0)
+    stop_held_jobs(agents)  # no job process outlives its test
 
 
 @pytest.fixture

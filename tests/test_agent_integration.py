@@ -49,11 +49,7 @@ def node():
 
 def remove_node_cgroups(node):
     manager = cgroups.detect(root_name=f"corral-{node}")
-    for name in manager.list_job_cgroups():
-        cg = manager.adopt(name)
-        if cg is not None:
-            cg.kill()
-            cg.remove()
+    manager.remove_job_cgroups()
     assert manager.cleanup(), f"could not remove {manager.roots}"
 
 

@@ -18,7 +18,7 @@ from corral.agent import cgroups, services
 from corral.agent.agent import Agent
 from corral.agent.settings import AgentSettings
 from corral.shared.clients import RegistryClient, SchedulerClient
-from helpers import process_gone, wait_for
+from helpers import process_gone, stop_held_jobs, wait_for
 from test_agent import REGISTRY, SCHEDULER, FakeScheduler
 
 pytestmark = pytest.mark.root
@@ -117,20 +117,9 @@ def make_agent(state_dir, node, scheduler, registry):
 
     yield make
     # Nothing outlives the test: every job (services included) and this node's cgroups.
-    for agent in agents:
-        for key in agent.running_keys():
-            local = agent.local_job(*key)
-            local.prepared.wait(10)
-            if local.monitor is not None:
-                local.monitor.stop(remove=False)
-            if local.process is not None:
-                local.process.kill(0)
+    stop_held_jobs(agents)
     manager = cgroups.detect(root_name=f"corral-{node}")
-    for name in manager.list_job_cgroups():
-        cg = manager.adopt(name)
-        if cg is not None:
-            cg.kill()
-            cg.remove()
+    manager.remove_job_cgroups()
     assert manager.cleanup(), f"could not remove {manager.roots}"
 
 

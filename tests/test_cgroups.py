@@ -32,11 +32,7 @@ def manager():
     try:
         yield m
     finally:
-        for name in m.list_job_cgroups():
-            cg = m.adopt(name)
-            if cg is not None:
-                cg.kill()
-                cg.remove()
+        m.remove_job_cgroups()
         assert m.cleanup(), f"could not remove {m.roots}"
         assert not any(os.path.exists(d) for d in m.roots.values())
 
@@ -442,3 +438,10 @@ def test_leftover_cgroup_is_replaced_and_adopt_finds_it(manager, workroot):
         if cg is not None:
             cg.kill()
             assert cg.remove()
+
+
+def test_without_a_hierarchy_there_are_no_job_cgroups(tmp_path, monkeypatch):
+    (tmp_path / "not-a-cgroup").mkdir()
+    monkeypatch.chdir(tmp_path)  # os.scandir(None) would list this directory
+    manager = cgroups.NoCgroups("not root", "corral-none")
+    assert manager.list_job_cgroups() == [] and manager.remove_job_cgroups() == []
