@@ -118,7 +118,7 @@ class Store:
     def pending_for_agent(self, node_id: str, limit: int) -> list[Job]:
         """The pending jobs placed on `node_id`, at most its free slots (what agents poll)."""
         node = Node.get_or_none(Node.node_id == node_id)
-        capacity = self._capacity(node) if node else self.settings.max_jobs_per_node
+        capacity = self._capacity(node.slots if node else None)
         running = Job.select().where((Job.node_id == node_id) & (Job.status == "running")).count()
         free = min(limit, capacity - running)
         if free <= 0:
@@ -146,9 +146,9 @@ class Store:
             (pending if status == "pending" else running)[node_id] = count
         if not pending:
             return set()
-        capacity = {n.node_id: self._capacity(n) for n in Node.select().where(Node.node_id.in_(sorted(pending)))}
+        capacity = {n.node_id: self._capacity(n.slots) for n in Node.select().where(Node.node_id.in_(sorted(pending)))}
         return {node_id for node_id in pending
-                if running.get(node_id, 0) < capacity.get(node_id, self.settings.max_jobs_per_node)}
+                if running.get(node_id, 0) < capacity.get(node_id, self._capacity(None))}
 
     # ---- writes ------------------------------------------------------------
 
@@ -371,8 +371,7 @@ class Store:
             nodes = self._sql.rows(self.db, "claiming node", lambda: Node.select(
                 Node.slots, Node.status, Node.kind).where(Node.node_id == param("node_id")), node_id=node_id)
             slots, status, kind = nodes[0] if nodes else (None, None, None)
-            capacity = min(self.settings.max_jobs_per_node, slots if slots is not None
-                           else self.settings.max_jobs_per_node)
+            capacity = self._capacity(slots)
             counts = dict(self._sql.rows(self.db, "node job counts", lambda: Job.select(
                 Job.status, fn.COUNT(Job.id)).where((Job.node_id == param("node_id"))
                                                     & Job.status.in_(["pending", "running"])).group_by(Job.status),
@@ -591,14 +590,15 @@ class Store:
             # before locking the cursor. Where several transactions can place at once
             # (not SQLite), the slots are counted again under the cursor's row lock.
             slots = self._free_slots()
-            if sum(s.free for s in slots) <= 0:
+            total_free = sum(s.free for s in slots)
+            if total_free <= 0:
                 return 0
             cursor, cursor_stored = self._lock_cursor()
             if not self._single_writer:
                 slots = self._free_slots()
-            total_free = sum(s.free for s in slots)
-            if total_free <= 0:
-                return 0
+                total_free = sum(s.free for s in slots)
+                if total_free <= 0:
+                    return 0
             def unplaced(pinned):
                 return Job.select(Job.id, Job.attempt, Job.instance_id, Job.memory_mb, Job.cpu_percent).where(
                     (Job.status == "pending") & Job.node_id.is_null()
@@ -726,15 +726,18 @@ class Store:
             "node_id": n.node_id, "address": n.address, "kind": n.kind,
             # Placement counts a healthy drained node as `drained`; here health and drain are apart.
             "status": "healthy" if n.status in ("healthy", "drained") else "unhealthy", "drained": bool(n.drained),
-            "slots": n.slots, "capacity": self._capacity(n), "slots_used": held.get(n.node_id, 0),
+            "slots": n.slots, "capacity": self._capacity(n.slots), "slots_used": held.get(n.node_id, 0),
             "max_memory_mb": n.max_memory_mb, "max_cpu_percent": n.max_cpu_percent,
             "last_heartbeat": iso(n.last_heartbeat), "synced_at": iso(n.synced_at),
         } for n in Node.select().order_by(Node.node_id)]
 
     # ---- helpers -----------------------------------------------------------
 
-    def _capacity(self, node: Node) -> int:
-        return min(self.settings.max_jobs_per_node, node.slots)
+    def _capacity(self, slots: int | None) -> int:
+        """How many jobs a node may hold: MAX_JOBS_PER_NODE, or fewer when its agent
+        advertises fewer slots (None: a node the scheduler does not know)."""
+        limit = self.settings.max_jobs_per_node
+        return limit if slots is None else min(limit, slots)
 
     def _free_slots(self) -> list[placement.NodeSlots]:
         nodes = self._sql.rows(self.db, "open nodes", lambda: Node.select(
@@ -743,7 +746,7 @@ class Store:
         if not nodes:
             return []
         held = self._held_slots()
-        return [placement.NodeSlots(node_id, min(self.settings.max_jobs_per_node, slots) - held.get(node_id, 0),
+        return [placement.NodeSlots(node_id, self._capacity(slots) - held.get(node_id, 0),
                                     max_memory, max_cpu) for node_id, slots, max_memory, max_cpu in nodes]
 
     def _held_slots(self) -> dict[str, int]:
@@ -823,7 +826,7 @@ class Store:
                 setattr(job, name, value)
         job.status = new
         if new in FINAL_STATUSES and self.settings.sns_topic_arn:
-            message = sns_outbox.notification(Job.get_by_id(job.id), reason)
+            message = sns_outbox.notification(job, reason)
             OutboxEvent.create(event_id=message["event_id"], job_id=job.id, status=new, message=message,
                                created_at=now)
 
