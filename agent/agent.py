@@ -268,7 +268,10 @@ class Agent:
         return len(self._jobs)
 
     def free_slots(self) -> int:
-        return max(0, self.settings.slots - len(self._jobs) - len(self._claimed))
+        """Slots neither running a job nor holding a claimed one (under the claim lock,
+        which also covers moving a job from claimed to running)."""
+        with self._claim_lock:
+            return max(0, self.settings.slots - len(self._jobs) - len(self._claimed))
 
     def running_keys(self) -> set[Key]:
         return set(self._jobs)
@@ -559,13 +562,11 @@ class Agent:
         client = client or self.scheduler
         if self._stopping or self.lease_lapsed():
             return [], False
-        with self._claim_lock:
-            free = self.settings.slots - len(self._jobs) - len(self._claimed)
+        free = self.free_slots()
         if free <= 0:
             return [], False
         sequence = self._claims_sent = self._claims_sent + 1
         started = time.monotonic()
-        keys: list[Key] = []
         try:
             result = client.claim(self.node_id, free, wait_secs, limits_enforced=self.cgroups.enforced,
                                   default_limits=self.default_limits())
@@ -600,8 +601,7 @@ class Agent:
         if not (self._claiming and self.long_poll and self._claims_ride) or self._stopping \
                 or self.lease_lapsed():
             return None
-        with self._claim_lock:
-            free = self.settings.slots - len(self._jobs) - len(self._claimed)
+        free = self.free_slots()
         if free <= 0:
             return None
         return {"node_id": self.node_id, "max": free, "limits_enforced": self.cgroups.enforced,
