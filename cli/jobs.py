@@ -322,7 +322,7 @@ def status(env: Env, job_id: str, as_json: bool) -> None:
     fmt.emit(fmt.key_values(job_fields(found, now)))
     click.echo()
     if events:
-        fmt.emit(fmt.table(EVENT_HEADERS, [event_row(e) for e in events], wide=("REASON",)))
+        emit_events(events)
     for stream, flag in (("stdout", ""), ("stderr", " --stderr")):
         text = found.get(stream) or ""
         if text:
@@ -341,7 +341,12 @@ def events(env: Env, job_id: str, as_json: bool) -> None:
     if as_json:
         echo_json(found)
         return
-    fmt.emit(fmt.table(EVENT_HEADERS, [event_row(e) for e in found], wide=("REASON",)))
+    emit_events(found)
+
+
+def emit_events(events: list[dict]) -> None:
+    """A job's events as a table (`job status`, `job events`)."""
+    fmt.emit(fmt.table(EVENT_HEADERS, [event_row(e) for e in events], wide=("REASON",)))
 
 
 @job.command("logs")

@@ -29,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
-from cluster import BIN, Cluster, Proc, base_env, listening_socket  # noqa: E402  (tests/cluster.py)
+from cluster import BIN, Cluster, Proc, base_env  # noqa: E402  (tests/cluster.py)
 from helpers import wait_for  # noqa: E402  (tests/helpers.py)
 from run_local import _proc_stat, descendants  # noqa: E402  (scripts/run_local.py)
 
@@ -62,23 +62,15 @@ class BenchCluster(Cluster):
     """tests/cluster.py's Cluster with production timings, per-server gunicorn flags
     and agents started with the README's defaults unless told otherwise."""
 
+    serve_timeout = 60.0
+
     def __init__(self, log_dir: str, server_flags: dict[str, list[str]] | None = None, **scheduler_env):
         super().__init__(log_dir, **dict(PRODUCTION_SCHEDULER_ENV, **scheduler_env))
-        self.server_flags = server_flags or {}
+        self.extra_flags = server_flags or {}
         self.agent_env: dict[str, dict] = {}
 
-    def _serve(self, name: str, script: str, env: dict, port: int | None, workers: int = 2) -> int:
-        # Cluster._serve with the extra flags of this server (a fresh port every time).
-        sock = listening_socket()
-        port = sock.getsockname()[1]
-        argv = [os.path.join(BIN, script), "--bind", f"fd://{sock.fileno()}", "--workers", str(workers),
-                *self.server_flags.get(name, [])]
-        self.procs[name] = Proc(name, argv, env, os.path.join(self.dir, f"{name}.log"), pass_fds=(sock.fileno(),))
-        sock.close()
-        url = f"http://127.0.0.1:{port}"
-        wait_for(lambda: requests.get(url + "/healthz", timeout=2).ok, timeout=60,
-                 message=f"{name} to answer on {url}")
-        return port
+    def server_flags(self, name: str) -> list[str]:
+        return self.extra_flags.get(name, [])
 
     def start_agent(self, node_id: str, slots: int = 1, **env) -> Proc:
         settings = dict(PRODUCTION_AGENT_ENV, **AGENT_STOP_ENV)

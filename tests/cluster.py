@@ -140,13 +140,20 @@ class Cluster:
             sock = wait_for(lambda: bound_socket(port), timeout=10,
                             message=f"port {port} to be free again (the old workers to exit)")
         port = sock.getsockname()[1]
-        argv = [os.path.join(BIN, script), "--bind", f"fd://{sock.fileno()}", "--workers", str(workers)]
+        argv = [os.path.join(BIN, script), "--bind", f"fd://{sock.fileno()}", "--workers", str(workers),
+                *self.server_flags(name)]
         self.procs[name] = Proc(name, argv, env, os.path.join(self.dir, f"{name}.log"), pass_fds=(sock.fileno(),))
         sock.close()
         url = f"http://127.0.0.1:{port}"
-        wait_for(lambda: requests.get(url + "/healthz", timeout=2).ok, timeout=30,
+        wait_for(lambda: requests.get(url + "/healthz", timeout=2).ok, timeout=self.serve_timeout,
                  message=f"{name} to answer on {url}")
         return port
+
+    # Subclasses (scripts/benchlib.py) add gunicorn flags per server and wait longer.
+    serve_timeout = 30.0
+
+    def server_flags(self, name: str) -> list[str]:
+        return []
 
     def start_registry(self, **env) -> str:
         full = base_env(self.state_dir, HEARTBEAT_TIMEOUT_SECS=self.scheduler_env["HEARTBEAT_TIMEOUT_SECS"], **env)
