@@ -30,7 +30,6 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 from cluster import BIN, Cluster, Proc, base_env  # noqa: E402  (tests/cluster.py)
-from helpers import wait_for  # noqa: E402  (tests/helpers.py)
 from run_local import _proc_stat, descendants  # noqa: E402  (scripts/run_local.py)
 
 # The README's defaults, stated explicitly: tests/cluster.py shortens them for tests.
