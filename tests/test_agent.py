@@ -46,6 +46,16 @@ class FakeClock:
         self.now += secs
 
 
+def move_reported(pending: list[dict], running: list[dict], job_id: str, status: str) -> list[dict]:
+    """A fake scheduler's lists after a report: `running` moves the job from `pending`
+    (changed in place) to running; any other status ends it. Returns the running list."""
+    if status == "running":
+        job = next(j for j in pending if j["job_id"] == job_id)
+        pending.remove(job)
+        return [*running, dict(job, status="running")]
+    return [j for j in running if j["job_id"] != job_id]
+
+
 class FakeScheduler:
     """Just enough of the scheduler API: pending/running lists, claims and status reports.
 
@@ -110,11 +120,16 @@ class FakeScheduler:
         assert request.url.endswith(f"/nodes/{self.node_id}/claim")
         with self.changed:
             self.changed.wait_for(lambda: self.pending, min(body.get("wait_secs", 20), self.FAKE_WAIT_SECS))
-            taken = self.pending[:body["max"]]
-            del self.pending[:len(taken)]
-            claimed = [dict(job, status="running") for job in taken]
-            self.running += claimed
+            claimed = self._take(body["max"])
         return 200, {}, json.dumps(claimed)
+
+    def _take(self, count: int) -> list[dict]:
+        """Claim up to `count` pending jobs (they become running); call holding `changed`."""
+        taken = self.pending[:count]
+        del self.pending[:len(taken)]
+        claimed = [dict(job, status="running") for job in taken]
+        self.running += claimed
+        return claimed
 
     def _report(self, request):
         job_id = request.url.rsplit("/", 2)[-2]
@@ -132,12 +147,7 @@ class FakeScheduler:
             return self.refuse[key], {}, json.dumps({"error": "refused by the test"})
         with self.changed:
             self.reports.append((job_id, body))
-            if body["status"] == "running":
-                job = next(j for j in self.pending if j["job_id"] == job_id)
-                self.pending.remove(job)
-                self.running.append(dict(job, status="running"))
-            else:
-                self.running = [j for j in self.running if j["job_id"] != job_id]
+            self.running = move_reported(self.pending, self.running, job_id, body["status"])
         return 200, {}, json.dumps({"job_id": job_id, "status": body["status"]})
 
     def _report_batch(self, request):
@@ -165,10 +175,7 @@ class FakeScheduler:
         if claim is None:
             return 200, {}, json.dumps({"results": results})
         with self.changed:  # the claim riding on the reports: taken after them, never waits
-            taken = self.pending[:claim["max"]]
-            del self.pending[:len(taken)]
-            claimed = [dict(job, status="running") for job in taken]
-            self.running += claimed
+            claimed = self._take(claim["max"])
         return 200, {}, json.dumps({"results": results, "claimed": claimed})
 
 

@@ -27,7 +27,7 @@ from corral.agent.agent import Agent
 from corral.agent.settings import AgentSettings
 from corral.shared.clients import RegistryClient, SchedulerClient
 from helpers import process_gone, wait_for
-from test_agent import REGISTRY, SCHEDULER, FakeScheduler
+from test_agent import REGISTRY, SCHEDULER, FakeScheduler, move_reported
 from test_agent_services import PYTHON3, FakeRegistry, _skip_reason, free_port, http_server
 
 pytestmark = pytest.mark.root
@@ -195,12 +195,7 @@ class ControlPlane:
                     if match:
                         job_id = match.group(1)
                         plane.reports.append((job_id, body))
-                        if body["status"] == "running":
-                            job = next(j for j in plane.pending if j["job_id"] == job_id)
-                            plane.pending.remove(job)
-                            plane.running.append(dict(job, status="running"))
-                        else:
-                            plane.running = [j for j in plane.running if j["job_id"] != job_id]
+                        plane.running = move_reported(plane.pending, plane.running, job_id, body["status"])
                         return self._answer(200, body)
                 self._answer(404, {"error": "not here"})
 
