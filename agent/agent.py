@@ -53,7 +53,6 @@ restart every service.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -64,7 +63,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from corral.shared.clients import ClientError, Rejected, RegistryClient, SchedulerClient, Unreachable
+from corral.shared.clients import (ClientError, Rejected, RegistryClient, SchedulerClient, Unreachable,
+                                  split_batches)
 
 from . import artifacts, cgroups, identity, live_output, runner, services
 from .settings import AgentSettings, safe_path_part, total_memory_mb
@@ -982,17 +982,9 @@ class Agent:
         """Send `due` in batches (the first one carrying `claim`). Returns the reports
         still to send one by one, or None when the scheduler could not be reached (they
         wait for their next try)."""
-        chunks: list[list[tuple[PendingReport, dict]]] = [[]]
-        size = 0
-        for report in due:
-            item = {"job_id": report.job_id, "node_id": self.node_id, "attempt": report.attempt,
-                    "status": report.status, **report.result}
-            length = len(json.dumps(item))
-            if chunks[-1] and (len(chunks[-1]) >= REPORT_BATCH_MAX or size + length > REPORT_BATCH_BYTES):
-                chunks.append([])
-                size = 0
-            chunks[-1].append((report, item))
-            size += length
+        items = [(report, {"job_id": report.job_id, "node_id": self.node_id, "attempt": report.attempt,
+                           "status": report.status, **report.result}) for report in due]
+        chunks = split_batches(items, lambda entry: entry[1], REPORT_BATCH_MAX, REPORT_BATCH_BYTES)
         for index, chunk in enumerate(chunks):
             rest = [report for c in chunks[index:] for report, _ in c]
             try:

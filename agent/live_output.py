@@ -17,12 +17,11 @@ the jobs still held at every pass.
 """
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable, Iterable
 
-from corral.shared.clients import ClientError, Rejected, SchedulerClient
+from corral.shared.clients import ClientError, Rejected, SchedulerClient, split_batches
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +74,7 @@ class LiveOutput:
                     item[name] = text
             changed.append((local.key, versions, item))
         self._sent = {key: versions for key, versions in self._sent.items() if key in held}
-        for chunk in _chunks(changed):
+        for chunk in split_batches(changed, lambda entry: entry[2], BATCH_MAX, BATCH_BYTES):  # usually one
             self._deliver(chunk)
         return len(changed)
 
@@ -123,15 +122,3 @@ class LiveOutput:
             self.client.close()
 
 
-def _chunks(changed: list[tuple]) -> list[list[tuple]]:
-    """The changed jobs in requests of about BATCH_BYTES (usually one)."""
-    chunks: list[list[tuple]] = [[]] if changed else []
-    size = 0
-    for entry in changed:
-        length = len(json.dumps(entry[2]))
-        if chunks[-1] and (size + length > BATCH_BYTES or len(chunks[-1]) >= BATCH_MAX):
-            chunks.append([])
-            size = 0
-        chunks[-1].append(entry)
-        size += length
-    return chunks

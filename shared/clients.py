@@ -5,6 +5,8 @@ failure so callers can decide: `Unreachable` (connection refused, timeout, 5xx:
 try again later) and `Rejected` (a 4xx: the request itself is wrong or stale,
 retrying the same thing will not help).
 """
+import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, quote, urlsplit
 
@@ -144,6 +146,22 @@ def _error_message(response: requests.Response) -> str:
     if isinstance(body, dict) and isinstance(body.get("error"), str):
         return body["error"]
     return str(body)[:200]
+
+
+def split_batches(entries: list, item_of: Callable[[object], dict], max_items: int, max_bytes: int) -> list[list]:
+    """`entries` in order, cut into batches of at most `max_items` whose items
+    (`item_of(entry)`, the JSON objects sent) add up to about `max_bytes` at most; an
+    item larger than that goes alone. No batch when there are no entries."""
+    batches: list[list] = []
+    size = 0
+    for entry in entries:
+        length = len(json.dumps(item_of(entry)))
+        if not batches or len(batches[-1]) >= max_items or size + length > max_bytes:
+            batches.append([])
+            size = 0
+        batches[-1].append(entry)
+        size += length
+    return batches
 
 
 def _one_result_each(answer, count: int, route: str, what: str) -> list[dict]:

@@ -1,9 +1,11 @@
 """The HTTP clients, against the `responses` mock of requests."""
+import json
+
 import pytest
 import requests
 import responses
 
-from corral.shared.clients import RegistryClient, Rejected, SchedulerClient, Unreachable
+from corral.shared.clients import RegistryClient, Rejected, SchedulerClient, Unreachable, split_batches
 
 REG = "http://registry.test"
 SCHED = "http://scheduler.test"
@@ -69,3 +71,13 @@ def test_every_call_has_a_timeout(monkeypatch):
     with pytest.raises(Unreachable):
         SchedulerClient(SCHED).get_job("job-1")
     assert seen["timeout"] is not None
+
+
+def test_batches_are_cut_by_count_and_by_size():
+    items = [{"n": n, "pad": "x" * 40} for n in range(7)]
+    assert split_batches([], lambda e: e, 3, 10_000) == []
+    assert [[e["n"] for e in b] for b in split_batches(items, lambda e: e, 3, 10_000)] == [[0, 1, 2], [3, 4, 5], [6]]
+    one = len(json.dumps(items[0]))
+    assert [[e["n"] for e in b] for b in split_batches(items, lambda e: e, 100, 2 * one)] == [
+        [0, 1], [2, 3], [4, 5], [6]]
+    assert [len(b) for b in split_batches(items[:2], lambda e: e, 100, 1)] == [1, 1]  # too large: alone
