@@ -13,7 +13,6 @@ as the column would (`field.db_value`) where that matters (JSON fields).
 """
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Hashable
 
 import peewee
@@ -42,17 +41,16 @@ class Statements:
     """A per-database cache of compiled statements, keyed by what the caller names."""
 
     def __init__(self):
+        # Threads may race to compile the same statement: both get the same SQL, and
+        # a dict assignment is atomic, so no lock is needed.
         self._compiled: dict[Hashable, tuple[str, list]] = {}
-        self._lock = threading.Lock()
 
     def _get(self, key: Hashable, build: Callable[[], peewee.Query]) -> tuple[str, list]:
         compiled = self._compiled.get(key)
         if compiled is None:
             sql, params = build().sql()
             slots = [p.name if isinstance(p, _Marker) else _Constant(p) for p in params]
-            compiled = (sql, slots)
-            with self._lock:
-                self._compiled[key] = compiled
+            compiled = self._compiled[key] = (sql, slots)
         return compiled
 
     @staticmethod
