@@ -63,6 +63,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from corral.shared.backoff import Backoff
 from corral.shared.clients import (ClientError, Rejected, RegistryClient, SchedulerClient, Unreachable,
                                   split_batches)
 
@@ -132,23 +133,6 @@ def job_attempt(job: dict) -> int:
 def cgroup_name(job_id: str, attempt: int) -> str:
     """A job's cgroup directory name: ASCII letters, digits, '.', '_', '-' only."""
     return re.sub(r"[^A-Za-z0-9._-]", "_", safe_path_part(job_id))[:180] + f"-{attempt}"
-
-
-class Backoff:
-    """Delays that double after each failure, up to `cap`; reset() after a success."""
-
-    def __init__(self, initial: float = 0.5, cap: float = 30.0):
-        self.initial = min(initial, cap)
-        self.cap = cap
-        self._next = self.initial
-
-    def next(self) -> float:
-        delay = self._next
-        self._next = min(self.cap, self._next * 2)
-        return delay
-
-    def reset(self) -> None:
-        self._next = self.initial
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 
+from corral.shared.backoff import Backoff
 from corral.shared.clients import ClientError, Rejected, SchedulerClient, split_batches
 
 log = logging.getLogger(__name__)
@@ -102,21 +103,23 @@ class LiveOutput:
         """Send every interval until `stop`; failures are logged and retried later
         (doubling the pause up to BACKOFF_CAP_SECS); a scheduler without the route
         ends the thread."""
+        backoff = Backoff(2 * self.interval, max(BACKOFF_CAP_SECS, self.interval))
         delay = self.interval
         try:
             while not stop.wait(delay):
                 try:
                     self.send_once()
+                    backoff.reset()
                     delay = self.interval
                 except NotSupported as exc:
                     log.warning("the scheduler at %s takes no live output (%s); jobs' output shows when "
                                 "they end", self.client.base_url, exc)
                     return
                 except ClientError as exc:
-                    delay = min(max(BACKOFF_CAP_SECS, self.interval), delay * 2)
+                    delay = backoff.next()
                     log.warning("sending live output failed: %s; retrying in %.1fs", exc, delay)
                 except Exception:
-                    delay = min(max(BACKOFF_CAP_SECS, self.interval), delay * 2)
+                    delay = backoff.next()
                     log.exception("sending live output failed; retrying in %.1fs", delay)
         finally:
             self.client.close()
