@@ -32,6 +32,8 @@ their jobs are pinned to a node that does not exist and cancelled afterwards.
 from __future__ import annotations
 
 import argparse
+import http.client as http_client
+import json
 import os
 import random
 import resource
@@ -163,8 +165,9 @@ def node_floor(cfg: Config) -> dict:
 
 
 def submit_concurrently(url: str, request: dict, total: int, clients: int, time_limit: float) -> dict:
-    """POST /jobs `total` times from `clients` threads (a requests.Session each), or
-    until `time_limit`. Returns counts, elapsed wall time and per-request latencies."""
+    """POST /jobs `total` times from `clients` threads (a keep-alive connection each,
+    bl.LightClient), or until `time_limit`. Returns counts, elapsed wall time and
+    per-request latencies."""
     lock = threading.Lock()
     state = {"next": 0, "ok": 0, "errors": 0, "last_error": None}
     latencies: list[float] = []
@@ -173,7 +176,7 @@ def submit_concurrently(url: str, request: dict, total: int, clients: int, time_
     deadline = start + time_limit
 
     def client():
-        session = requests.Session()
+        http = bl.LightClient(url)
         try:
             while True:
                 with lock:
@@ -182,22 +185,22 @@ def submit_concurrently(url: str, request: dict, total: int, clients: int, time_
                     state["next"] += 1
                 t0 = time.perf_counter()
                 try:
-                    r = session.post(url + "/jobs", json=request, timeout=30)
-                    ok = r.status_code == 201
-                    error = None if ok else f"{r.status_code} {r.text[:200]}"
-                except requests.RequestException as exc:
+                    status, body = http.post_json("/jobs", request)
+                    ok = status == 201
+                    error = None if ok else f"{status} {body[:200]!r}"
+                except (OSError, http_client.HTTPException) as exc:
                     ok, error = False, f"{exc.__class__.__name__}: {exc}"
                 took = time.perf_counter() - t0
                 with lock:
                     if ok:
                         state["ok"] += 1
                         latencies.append(took)
-                        job_ids.append(r.json()["job_id"])
+                        job_ids.append(json.loads(body)["job_id"])
                     else:
                         state["errors"] += 1
                         state["last_error"] = error
         finally:
-            session.close()
+            http.close()
 
     threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
     for t in threads:
@@ -402,7 +405,7 @@ class Bench:
         first = bl.last_job_number(url)
         try:
             self.probe_batch(url, request)
-            single = self.record("submit_single", self.submit_single, url, request, where)
+            single = self.record("submit_single", self.submit_single, url, request, where, c)
             self.record("submit_batch", self.submit_batch, url, request, where, single)
         finally:
             if c is not None:
@@ -410,18 +413,25 @@ class Bench:
             else:
                 self.cancel_after(url, first)
 
-    def submit_single(self, url: str, request: dict, where: str) -> dict:
+    def submit_single(self, url: str, request: dict, where: str, c: bl.BenchCluster | None) -> dict:
         cfg = self.cfg
+        pids = c.pids("scheduler") if c is not None else []
+        server_before, client_before = bl.cpu_seconds(pids), time.process_time()
         res = submit_concurrently(url, request, cfg.submit_jobs, cfg.submit_clients, cfg.submit_secs)
         if res["ok"] == 0:
             raise RuntimeError(f"no job was accepted: {res['last_error']}")
         lat = res["latencies"]
         self.settings["submit_single"] = {"clients": cfg.submit_clients, "jobs": cfg.submit_jobs,
                                           "time_limit_secs": cfg.submit_secs, "cluster": where,
-                                          "request": request}
-        return {"jobs_per_sec": round(res["ok"] / res["elapsed"], 1), "jobs": res["ok"], "errors": res["errors"],
-                "elapsed_secs": round(res["elapsed"], 3), "request_p50_ms": bl.ms(bl.percentile(lat, 50)),
-                "request_p99_ms": bl.ms(bl.percentile(lat, 99))}
+                                          "request": request, "client": "http.client, one keep-alive connection each"}
+        out = {"jobs_per_sec": round(res["ok"] / res["elapsed"], 1), "jobs": res["ok"], "errors": res["errors"],
+               "elapsed_secs": round(res["elapsed"], 3), "request_p50_ms": bl.ms(bl.percentile(lat, 50)),
+               "request_p99_ms": bl.ms(bl.percentile(lat, 99)),
+               # CPU per accepted job: the clients run on the same machine as the scheduler.
+               "client_cpu_ms_per_job": round(1000 * (time.process_time() - client_before) / res["ok"], 3)}
+        if pids:
+            out["scheduler_cpu_ms_per_job"] = round(1000 * (bl.cpu_seconds(pids) - server_before) / res["ok"], 3)
+        return out
 
     def submit_batch(self, url: str, request: dict, where: str, single: dict | None) -> dict:
         if not self.batcher.available:

