@@ -91,6 +91,12 @@ LEASE_TIMEOUT = (3.05, 5.0)
 TICK_SECS = 0.1
 # An idle claim thread (no free slot, lease lapsed) looks again at least this often.
 CLAIM_IDLE_SECS = 1.0
+# An agent that holds no job needs no lease: a claim that hands it jobs renews the
+# lease on the scheduler, and the agent counts it from when it sent the claim. It
+# renews this seldom only to learn from the answer of attempts the scheduler
+# believes run here (a claim whose answer was lost), which it then reconciles.
+# 500 idle agents renewing every 5 s cost the scheduler 11% of a core.
+IDLE_RENEW_SECS = 60.0
 # Reports sent in one POST /jobs/reports: at most this many, and about this many bytes.
 REPORT_BATCH_MAX = 100
 REPORT_BATCH_BYTES = 1024 * 1024
@@ -240,9 +246,12 @@ class Agent:
         # agent does not hold: the next reconcile must look even if the agent is idle.
         self._unknown_listed = False
         # The lease with the scheduler: when the last renewal that succeeded was sent
-        # (this agent's monotonic clock) and the period the scheduler gave.
+        # (this agent's monotonic clock; a claim that handed out jobs counts too) and
+        # the period the scheduler gave; when the lease thread last tried to renew.
         self._lease_sent_at: float | None = None
         self._lease_secs: float | None = None
+        self._lease_lock = threading.Lock()
+        self._renew_tried_at: float | None = None
 
     @property
     def node_id(self) -> str:
@@ -388,13 +397,31 @@ class Agent:
     # --- the lease ------------------------------------------------------------------
 
     def renew_lease_once(self) -> None:
-        """Renew this node's lease with the scheduler (called every heartbeat).
+        """Renew this node's lease with the scheduler.
 
         The renewal counts from when it was sent, not answered: the scheduler
         records it on arrival, which is later, so the agent's deadline always comes
         before the one the scheduler requeues by.
         """
         self._renew_with(self.scheduler)
+
+    def holds_work(self) -> bool:
+        """Whether this agent holds jobs (running, starting or claimed)."""
+        return bool(self._jobs) or bool(self._claimed)
+
+    def lease_due(self) -> bool:
+        """Whether the lease thread renews at this beat: every heartbeat while the agent
+        holds work (or takes work by polling, where no claim renews the lease), else
+        once every IDLE_RENEW_SECS."""
+        if self.holds_work() or not self.long_poll or self._renew_tried_at is None:
+            return True
+        return self._clock() - self._renew_tried_at >= IDLE_RENEW_SECS
+
+    def _renew_if_due(self, client: SchedulerClient) -> None:
+        """The lease thread's beat (see lease_due)."""
+        if self.lease_due():
+            self._renew_tried_at = self._clock()
+            self._renew_with(client)
 
     def _renew_with(self, client: SchedulerClient) -> None:
         sent_at = self._clock()
@@ -405,10 +432,19 @@ class Agent:
         lease_secs = answer.get("lease_secs") if isinstance(answer, dict) else None
         if isinstance(lease_secs, bool) or not isinstance(lease_secs, (int, float)) or lease_secs <= 0:
             raise ValueError(f"the scheduler answered a lease without a usable lease_secs: {answer!r}")
-        if self.lease_lapsed():
+        if self.lease_lapsed() and self.holds_work():
             log.warning("lease renewed again after %.1fs", sent_at - self._lease_sent_at)
-        self._lease_sent_at, self._lease_secs = sent_at, float(lease_secs)
+        self._lease_secs = float(lease_secs)
+        self._lease_evidence(sent_at)
         self._end_stale(sent_at, answer.get("running"))
+
+    def _lease_evidence(self, sent_at: float) -> None:
+        """A request sent at `sent_at` renewed the lease (a renewal, or a claim that
+        handed out jobs); keep the latest such time, whichever thread got its answer
+        first."""
+        with self._lease_lock:
+            if self._lease_sent_at is None or sent_at > self._lease_sent_at:
+                self._lease_sent_at = sent_at
 
     def _end_stale(self, sent_at: float, running) -> list[Key]:
         """Kill the attempts the lease answer says are no longer running here.
@@ -444,6 +480,12 @@ class Agent:
         if self._lease_sent_at is None or self._lease_secs is None:
             return False  # never renewed yet: nothing was handed out under a lease
         return self._clock() - self._lease_sent_at > self._lease_secs
+
+    def claims_blocked(self) -> bool:
+        """No claims while the lease is lapsed with jobs held (they are being fenced).
+        An idle agent may claim whatever its lease: a claim that hands it jobs
+        renews the lease on the scheduler, counted here from when it was sent."""
+        return self.lease_lapsed() and self.holds_work()
 
     def fence_once(self) -> list[Key]:
         """Stop every run job while the lease is lapsed (self-fencing). Services are
@@ -544,17 +586,21 @@ class Agent:
         405 means the scheduler has no claim API."""
         self._require_startup()
         client = client or self.scheduler
-        if self._stopping or self.lease_lapsed():
+        if self._stopping or self.claims_blocked():
             return [], False
         free = self.free_slots()
         if free <= 0:
             return [], False
         sequence = self._claims_sent = self._claims_sent + 1
         started = time.monotonic()
+        sent_at = self._clock()
         try:
             result = client.claim(self.node_id, free, wait_secs, limits_enforced=self.cgroups.enforced,
                                   default_limits=self.default_limits())
-            keys = self._queue_claimed(result.jobs)
+            keys = self._queue_claimed(result.jobs, sent_at)
+        except Unreachable:
+            self._claim_answer_lost()
+            raise
         finally:
             self._claims_done = sequence  # after the jobs are queued: see reconcile_once
         if result.not_waited == "again":  # work came while it waited: ask again at once
@@ -563,8 +609,17 @@ class Agent:
             not keys and wait_secs > 0 and time.monotonic() - started < wait_secs / 2)
         return keys, pause
 
-    def _queue_claimed(self, jobs: list) -> list[Key]:
-        """Queue claimed jobs (already `running` in the scheduler) for the work loop."""
+    def _claim_answer_lost(self) -> None:
+        """A claim got no answer: it may have handed out jobs all the same. Renew at the
+        lease thread's next beat, whose answer lists them (see _end_stale), instead of
+        up to IDLE_RENEW_SECS later."""
+        self._renew_tried_at = None
+
+    def _queue_claimed(self, jobs: list, sent_at: float) -> list[Key]:
+        """Queue claimed jobs (already `running` in the scheduler) for the work loop.
+        The claim, sent at `sent_at`, renewed the lease when it handed out jobs."""
+        if jobs:
+            self._lease_evidence(sent_at)
         keys = []
         with self._claim_lock:
             for job in jobs:
@@ -583,7 +638,7 @@ class Agent:
         """The claim to send with reports (POST /jobs/reports `claim`) for the slots free
         now, or None: the claim thread takes work otherwise (long-poll only)."""
         if not (self._claiming and self.long_poll and self._claims_ride) or self._stopping \
-                or self.lease_lapsed():
+                or self.claims_blocked():
             return None
         free = self.free_slots()
         if free <= 0:
@@ -628,7 +683,7 @@ class Agent:
         wait_secs = self.settings.long_poll_secs
         try:
             while not stop.is_set() and not self._stopping:
-                if self.lease_lapsed() or self.free_slots() <= 0:
+                if self.claims_blocked() or self.free_slots() <= 0:
                     self._claim_wake.wait(CLAIM_IDLE_SECS)
                     self._claim_wake.clear()
                     continue
@@ -972,10 +1027,13 @@ class Agent:
         for index, chunk in enumerate(chunks):
             rest = [report for c in chunks[index:] for report, _ in c]
             try:
+                sent_at = self._clock()
                 results, claimed = self.scheduler.report_and_claim([item for _, item in chunk],
                                                                    claim if index == 0 else None)
-                self._queue_claimed(claimed)
+                self._queue_claimed(claimed, sent_at)
             except Unreachable as exc:
+                if claim is not None and index == 0:
+                    self._claim_answer_lost()
                 for report, _ in chunk:
                     delay = self._retry_later(report)
                 log.warning("could not deliver %d reports: %s; retrying in %.1fs", len(chunk), exc, delay)
@@ -1147,7 +1205,7 @@ class Agent:
         beats = [threading.Thread(target=self.heartbeat_loop, args=(heartbeat_stop,),
                                   name="heartbeat", daemon=True),
                  threading.Thread(target=self.heartbeat_loop, name="lease", daemon=True,
-                                  args=(heartbeat_stop, lambda: self._renew_with(lease_client), "lease renewal")),
+                                  args=(heartbeat_stop, lambda: self._renew_if_due(lease_client), "lease renewal")),
                  threading.Thread(target=self._fence_loop, args=(heartbeat_stop,), name="fence", daemon=True)]
         if self.settings.output_interval > 0:
             sender = live_output.LiveOutput(self.node_id, self.held_jobs, self.scheduler.clone(),
@@ -1240,9 +1298,10 @@ class Agent:
     def _reconcile_paced(self, backoff: Backoff) -> float:
         """reconcile_once; when the next one is due. An idle agent (no job held or
         claimed) skips it unless its last lease answer listed attempts it does not
-        hold: that answer (every heartbeat) already says what runs here, and an idle
-        agent has nothing to kill, so a fleet of idle agents sends no reconcile
-        requests (one every POLL_INTERVAL_SECS per agent otherwise)."""
+        hold: that answer (once a minute when idle, and soon after a claim that got
+        no answer) already says what runs here, and an idle agent has nothing to
+        kill, so a fleet of idle agents sends no reconcile requests (one every
+        POLL_INTERVAL_SECS per agent otherwise)."""
         if not self._jobs and not self.claimed_keys() and not self._unknown_listed:
             return self._clock() + self.settings.poll_interval
         try:

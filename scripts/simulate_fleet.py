@@ -4,8 +4,10 @@
 For each fleet size (--sizes 50,200,500) this starts a registry and a scheduler
 under gunicorn (temporary state, 127.0.0.1 only) and runs that many simulated
 agents in this one process: threads and requests, no extra dependency. Each
-simulated agent registers, heartbeats to the registry and renews its lease with
-the scheduler every HEARTBEAT_INTERVAL_SECS (5 s, spread over the interval),
+simulated agent registers, heartbeats to the registry every
+HEARTBEAT_INTERVAL_SECS (5 s, spread over the interval), renews its lease with
+the scheduler as the agent does (every heartbeat while it holds a job, else once
+a minute; --idle-renew-secs 0 renews every heartbeat, as agents did before),
 and takes work: with the long-poll claim (`POST /nodes/{id}/claim`, max 1, wait
 20 s, answering its X-Corral-Long-Poll header as the agent does) when the
 scheduler has it, else the original way (`GET /jobs?node_id=…&status=pending`
@@ -58,7 +60,7 @@ LONG_POLL_HEADER = "X-Corral-Long-Poll"
 
 @dataclass(frozen=True)
 class Config:
-    idle_secs: float = 30.0
+    idle_secs: float = 60.0      # a whole IDLE_RENEW_SECS: every idle agent renews once in it
     stream_secs: float = 30.0
     rate: float = 20.0
     settle_secs: float = 5.0
@@ -67,6 +69,7 @@ class Config:
     long_poll_secs: float = 20.0
     poll_interval: float = 3.0
     heartbeat_interval: float = 5.0
+    idle_renew_secs: float | None = None  # None: the agent's own (IDLE_RENEW_SECS); 0: every heartbeat
     job_secs: float = 0.0
     workers: int = 2
     threads: int | None = None      # None: agents + 32 per worker
@@ -98,6 +101,11 @@ class Fleet:
         self.last_error: str | None = None
         self.registered = threading.Semaphore(0)
         self.threads: list[threading.Thread] = []
+        # As the agent does: renew the lease every heartbeat while holding a job (or
+        # when polling: no claim renews it), else every idle_renew_secs.
+        self.idle_renew_secs = idle_renew_secs(cfg) if long_poll else 0.0
+        self.holding: set[str] = set()         # nodes with a job claimed and not yet reported
+        self.renewed_at: dict[str, float] = {}
 
     # -- bookkeeping --
 
@@ -178,7 +186,8 @@ class Fleet:
                 self._register(registry, node_id)
             elif r is not None and r.status_code != 200:
                 self.error("heartbeat", f"{r.status_code} {r.text[:100]}")
-            self._renew(scheduler, node_id)
+            if node_id in self.holding or time.monotonic() - self.renewed_at[node_id] >= self.idle_renew_secs:
+                self._renew(scheduler, node_id)
             heapq.heappush(due, (when + interval, node_id))
         registry.close()
         scheduler.close()
@@ -191,6 +200,7 @@ class Fleet:
             self.error("register", f"{r.status_code} {r.text[:100]}")
 
     def _renew(self, session: requests.Session, node_id: str) -> None:
+        self.renewed_at[node_id] = time.monotonic()
         r = self.http(session, "POST", f"{self.scheduler_url}/nodes/{node_id}/lease", "lease", json={}, timeout=10)
         if r is not None and r.status_code != 200:
             self.error("lease", f"{r.status_code} {r.text[:100]}")
@@ -228,7 +238,11 @@ class Fleet:
         for job in jobs:
             with self.lock:
                 self.claimed_at.setdefault(job["job_id"], now)
-            self._run(session, node_id, job)
+            self.holding.add(node_id)
+            try:
+                self._run(session, node_id, job)
+            finally:
+                self.holding.discard(node_id)
         # As the agent does (agent.claim_once): "again" (work came after the claim had
         # waited a while) asks again at once; "busy" (the waiting room was full),
         # "stopping", or an empty answer well before the wait was over, after
@@ -327,6 +341,18 @@ class Fleet:
         self.stop.set()
 
 
+def idle_renew_secs(cfg: Config) -> float:
+    """How often an idle simulated agent renews its lease: --idle-renew-secs, else the
+    agent's own IDLE_RENEW_SECS (every heartbeat for an agent that has none)."""
+    if cfg.idle_renew_secs is not None:
+        return cfg.idle_renew_secs
+    try:
+        from corral.agent.agent import IDLE_RENEW_SECS
+    except ImportError:
+        return 0.0
+    return IDLE_RENEW_SECS
+
+
 class Skip(Exception):
     """The mode asked for is not available in this scheduler."""
 
@@ -402,7 +428,10 @@ def one_size(size: int, mode: str, cfg: Config, log_root: str) -> dict:
         settings = {"scheduler_workers": cfg.workers, "scheduler_threads": threads, "worker_class": "gthread",
                     "claim": f"POST /nodes/{{id}}/claim max=1 wait_secs={cfg.long_poll_secs:g}" if long_poll
                     else f"GET /jobs?node_id=…&status=pending every {cfg.poll_interval:g} s + running report",
-                    "claim_route_detail": why, "heartbeat_and_lease_every_secs": cfg.heartbeat_interval,
+                    "claim_route_detail": why, "heartbeat_every_secs": cfg.heartbeat_interval,
+                    "lease_renewal": (f"every {cfg.heartbeat_interval:g} s while holding a job, else every "
+                                      f"{fleet.idle_renew_secs:g} s" if fleet.idle_renew_secs
+                                      else f"every {cfg.heartbeat_interval:g} s"),
                     "agent_slots": 1, "job_secs": cfg.job_secs,
                     "scheduler_env": dict(bl.PRODUCTION_SCHEDULER_ENV, MAX_JOBS_PER_NODE=1)}
         return {"result": result, "settings": settings}
@@ -474,9 +503,12 @@ def parse_args(argv=None):
                              "either one, or both one after the other (a line each)")
     parser.add_argument("--repeat", type=int, help="runs per size, medians reported (default 1)")
     parser.add_argument("--rate", type=float, help="jobs per second in the stream (default 20)")
-    parser.add_argument("--idle-secs", type=float, help="idle window (default 30)")
+    parser.add_argument("--idle-secs", type=float, help="idle window (default 60: one idle lease renewal per agent)")
     parser.add_argument("--stream-secs", type=float, help="stream window (default 30)")
     parser.add_argument("--job-secs", type=float, help="how long a simulated job 'runs' (default 0)")
+    parser.add_argument("--idle-renew-secs", type=float,
+                        help="how often an idle agent renews its lease (default: the agent's own, 60 s; "
+                             "0: every heartbeat, as agents before it did)")
     parser.add_argument("--workers", type=int, help="scheduler gunicorn workers (default 2)")
     parser.add_argument("--threads", type=int, help="scheduler gunicorn threads per worker (default agents + 32)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the servers' logs")
@@ -495,7 +527,7 @@ def main(argv=None) -> int:
     cfg = QUICK if args.quick else FULL
     overrides = {"repeat": args.repeat, "rate": args.rate, "idle_secs": args.idle_secs,
                  "stream_secs": args.stream_secs, "job_secs": args.job_secs, "workers": args.workers,
-                 "threads": args.threads}
+                 "threads": args.threads, "idle_renew_secs": args.idle_renew_secs}
     cfg = replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
     if not os.access(os.path.join(bl.BIN, "corral-scheduler"), os.X_OK):
         print("simulate_fleet: run this with the project's virtualenv (.venv/bin/python scripts/simulate_fleet.py)",

@@ -930,7 +930,8 @@ def test_an_idle_agent_reconciles_only_when_its_lease_lists_an_attempt_it_does_n
     assert lists() == 1  # idle again: no request
 
 
-def test_claims_ask_only_for_free_slots_and_not_while_the_lease_is_lapsed(make_agent, scheduler, clock, api):
+def test_claims_ask_only_for_free_slots_and_not_while_jobs_are_held_under_a_lapsed_lease(
+        make_agent, scheduler, clock, api):
     agent = make_agent(slots=1)
     scheduler.add(job_id="job-1", command="sleep 60")
     assert agent.claim_once(wait_secs=0)[0] == [("job-1", 1)]
@@ -939,11 +940,60 @@ def test_claims_ask_only_for_free_slots_and_not_while_the_lease_is_lapsed(make_a
     assert len(scheduler.claims) == 1
     agent.take_claimed()
     api.add(responses.POST, f"{SCHEDULER}/nodes/{NODE}/lease", json={"node_id": NODE, "lease_secs": 5})
-    other = make_agent(slots=1)
-    other.renew_lease_once()
+    busy = make_agent(slots=2)
+    busy.renew_lease_once()
+    assert busy.claim_once(wait_secs=0)[0] == [("job-2", 1)]
+    busy.take_claimed()
+    scheduler.add(job_id="job-3", command="sleep 60")
     clock.advance(6)
-    assert other.lease_lapsed() and other.claim_once(wait_secs=0) == ([], False)
-    assert len(scheduler.claims) == 1
+    # It holds a job under a lapsed lease (being fenced): no more work.
+    assert busy.lease_lapsed() and busy.claim_once(wait_secs=0) == ([], False)
+    assert len(scheduler.claims) == 2
+
+
+def test_an_idle_agent_claims_whatever_its_lease_and_the_claim_renews_it(make_agent, scheduler, clock, api):
+    api.add(responses.POST, f"{SCHEDULER}/nodes/{NODE}/lease", json={"node_id": NODE, "lease_secs": 5})
+    agent = make_agent(slots=1)
+    agent.renew_lease_once()
+    clock.advance(60)
+    assert agent.lease_lapsed() and not agent.claims_blocked()  # nothing held: nothing to fence
+    scheduler.add(job_id="job-1", command="sleep 60")
+    assert agent.claim_once(wait_secs=0)[0] == [("job-1", 1)]
+    # The claim that handed the job out renewed the lease (counted from when it was sent),
+    # so the job starts instead of being given back.
+    assert not agent.lease_lapsed()
+    assert agent.take_claimed() == [("job-1", 1)]
+    clock.advance(6)
+    assert agent.lease_lapsed() and agent.claims_blocked()
+
+
+def test_an_idle_agent_renews_once_a_minute_and_a_busy_one_every_beat(make_agent, scheduler, clock, api):
+    renewals = api.add(responses.POST, f"{SCHEDULER}/nodes/{NODE}/lease",
+                       json={"node_id": NODE, "lease_secs": 20, "running": []})
+    agent = make_agent(slots=1)
+    agent.long_poll = True
+    beats = []
+    for _ in range(24):                 # two minutes of 5 s beats, idle
+        agent._renew_if_due(agent.scheduler)
+        beats.append(renewals.call_count)
+        clock.advance(5)
+    assert renewals.call_count == 2     # at the start, and a minute later
+    scheduler.add(job_id="job-1", command="sleep 60")
+    agent.claim_once(wait_secs=0)
+    agent.take_claimed()
+    before = renewals.call_count
+    for _ in range(3):                  # holding a job: every beat
+        agent._renew_if_due(agent.scheduler)
+        clock.advance(5)
+    assert renewals.call_count == before + 3
+    # Polling agents (no claims to renew their lease) renew every beat, idle or not.
+    poller = make_agent(slots=1)
+    poller.long_poll = False
+    before = renewals.call_count
+    for _ in range(3):
+        poller._renew_if_due(poller.scheduler)
+        clock.advance(5)
+    assert renewals.call_count == before + 3
 
 
 def test_an_empty_answer_that_did_not_wait_means_pause(make_agent, api):

@@ -101,6 +101,26 @@ def test_a_claim_renews_the_lease_and_places_waiting_work_first(client, store, c
     assert job["job_id"] == "job-2" and NodeLease.get_by_id("n1").renewed_at == clock.now
 
 
+def test_a_claim_that_takes_nothing_writes_nothing_and_a_lost_answer_is_requeued(client, store, clock):
+    set_nodes(store, clock, "n1", slots=1)
+    versions = sqlite3.connect(store.db.database)
+    before = versions.execute("PRAGMA data_version").fetchone()[0]
+    assert claim(client, "n1") == []
+    # No write at all: no lease for an idle node, and nothing for the watchers to see.
+    assert NodeLease.get_or_none(NodeLease.node_id == "n1") is None
+    assert versions.execute("PRAGMA data_version").fetchone()[0] == before
+    versions.close()
+    client.post("/jobs", json={"command": "x"})
+    taken_at = clock.now
+    (job,) = claim(client, "n1")          # say this answer never reaches the agent
+    clock.now += 10
+    assert claim(client, "n1") == []      # later empty claims do not keep the lease alive
+    settings = store.settings
+    clock.now = taken_at + settings.heartbeat_timeout_secs + settings.node_lost_grace_secs + 1
+    assert store.requeue_lost(clock.now, watching_since=taken_at - 100) == [job["job_id"]]
+    assert client.get(f"/jobs/{job['job_id']}").json["status"] == "pending"
+
+
 def test_claims_from_other_nodes_and_stale_placements_take_nothing(client, store, clock):
     set_nodes(store, clock, "n1", "n2")
     client.post("/jobs", json={"command": "x", "instance_id": "n1"})

@@ -358,16 +358,24 @@ class Store:
     def claim(self, node_id: str, request: dict, now: float) -> list[Job]:
         """Take up to request['max'] pending jobs placed on `node_id`: each becomes
         `running` for its current attempt, exactly as a `running` report would make
-        it (running_at, an event, limits_enforced and limits). Also renews the
-        node's lease. Never more than the node's free slots.
+        it (running_at, an event, limits_enforced and limits). Never more than the
+        node's free slots.
+
+        A claim that takes jobs renews the node's lease in the same transaction (the
+        agent counts that renewal from when it sent the claim). One that takes
+        nothing writes nothing: an idle agent holds no lease, and nothing is written
+        for the claims 500 idle agents keep waiting. Were jobs running there all the
+        same (a claim whose answer was lost on the way), they are requeued as for a
+        lost node once the lease is older than the lease period plus the grace.
 
         A job goes to exactly one claim: the update is conditional on status,
         node and attempt, and its row count is checked. On SQLite the whole claim
         runs under the write lock; on PostgreSQL the select skips rows another
         claim has locked (FOR UPDATE SKIP LOCKED).
         """
+        if not self._may_claim(node_id, now):
+            return []  # nothing placed here and nothing to place: no write transaction
         with self.db.atomic():
-            self._touch_lease(node_id, now)
             nodes = self._sql.rows(self.db, "claiming node", lambda: Node.select(
                 Node.slots, Node.status, Node.kind).where(Node.node_id == param("node_id")), node_id=node_id)
             slots, status, kind = nodes[0] if nodes else (None, None, None)
@@ -405,6 +413,7 @@ class Store:
                     claimed.append(job)
             if not claimed:
                 return []
+            self._touch_lease(node_id, now)
             self._events([{"job": job.id, "at": now, "old": "pending", "new": "running", "attempt": job.attempt,
                            "node_id": node_id, "reason": "claimed by the node"} for job in claimed])
             metrics.started(self.db, claimed, now)
@@ -761,6 +770,14 @@ class Store:
                 now=now, node_id=node_id).rowcount == 0:
             NodeLease.insert(node_id=node_id, renewed_at=now).on_conflict(
                 conflict_target=[NodeLease.node_id], preserve=[NodeLease.renewed_at]).execute()
+
+    def _may_claim(self, node_id: str, now: float) -> bool:
+        """Whether a claim of this node may take something: jobs are placed on it, or
+        work waits unplaced (the claim may place it here). Two reads, no lock; a job
+        placed just after wakes the waiting claim, which looks again."""
+        placed = self._sql.rows(self.db, "placed on node", lambda: Job.select(Job.id).where(
+            (Job.status == "pending") & (Job.node_id == param("node_id"))).limit(1), node_id=node_id)
+        return bool(placed) or self._unplaced_due(now)
 
     def _unplaced_due(self, now: float) -> bool:
         return bool(self._sql.rows(self.db, "unplaced due", lambda: Job.select(Job.id).where(
