@@ -1302,7 +1302,7 @@ class Agent:
         no answer) already says what runs here, and an idle agent has nothing to
         kill, so a fleet of idle agents sends no reconcile requests (one every
         POLL_INTERVAL_SECS per agent otherwise)."""
-        if not self._jobs and not self.claimed_keys() and not self._unknown_listed:
+        if not self.holds_work() and not self._unknown_listed:
             return self._clock() + self.settings.poll_interval
         try:
             self.reconcile_once()

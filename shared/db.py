@@ -92,10 +92,9 @@ class QueuedWritersSqlite(PooledSqliteDatabase):
     8 clients: p99 ~240 ms, PYTHON-NOTES §1 calls the handler unfair). Here the
     threads of a process queue on a lock, and one of them at a time asks for the
     flock, again and again while another process holds it (see FLOCK_RETRY_SECS).
-    Waiting is bounded
-    like the busy handler's: after `lock_timeout` (BUSY_TIMEOUT_SECS) it fails with
-    `database is locked` (the servers answer 503). The lock is released at COMMIT
-    or ROLLBACK; the kernel releases it when a process dies. When the lock file
+    Waiting is bounded like the busy handler's: after `lock_timeout`
+    (BUSY_TIMEOUT_SECS) it fails with `database is locked` (the servers answer
+    503). The lock is released at COMMIT or ROLLBACK; the kernel releases it when a process dies. When the lock file
     cannot be opened, writers fall back to the busy handler (logged once). Writes
     outside atomic() (autocommit) always go through the busy handler.
     """

@@ -564,7 +564,8 @@ PATHS = {
                            "`running` status report would make it, and goes to this claim only. When "
                            "nothing is claimable the request waits up to `wait_secs` and answers as soon as "
                            "work for the node exists, or `[]` at the deadline. A claim that takes jobs "
-                           "also renews the node's lease (one that takes nothing writes nothing). A claim that could not wait (the server's long-poll capacity, "
+                           "also renews the node's lease (one that takes nothing writes nothing). A claim "
+                           "that could not wait (the server's long-poll capacity, "
                            "LONG_POLL_MAX_WAITERS, is in use, or it is stopping) answers at once with the "
                            "`X-Corral-Long-Poll` header; ask again after a pause. Work that comes after the "
                            "claim has waited 1 s is not handed to it (the request is no proof the agent is "
@@ -594,8 +595,7 @@ PATHS = {
             "operationId": "renewLease", "tags": ["agents"], "summary": "Renew a node's lease (agents).",
             "description": "Agents call this every heartbeat while they hold jobs (a claim that takes jobs "
                            "renews the lease too; idle agents renew once a minute for the list below). An agent "
-                           "that cannot renew for `lease_secs` stops "
-                           "its run jobs; the scheduler requeues them NODE_LOST_GRACE_SECS later. The answer "
+                           "that cannot renew for `lease_secs` stops its run jobs; the scheduler requeues them NODE_LOST_GRACE_SECS later. The answer "
                            "lists the attempts the scheduler has running on the node: an attempt the agent runs "
                            "that is not listed is stale and the agent ends it.",
             "responses": {
