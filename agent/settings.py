@@ -11,6 +11,7 @@ SettingError.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 from collections.abc import Mapping
@@ -106,8 +107,12 @@ class AgentSettings:
 
     @property
     def cgroup_root_name(self) -> str:
-        """This node's own directory in each cgroup hierarchy (agents may share a host)."""
-        return "corral-" + safe_path_part(self.node_id)
+        """This node's own directory in each cgroup hierarchy. Agents may share a host
+        (a test cluster beside a real one, two local clusters): the name carries a
+        short digest of the agent's state dir, so two agents of the same node id but
+        different state dirs never clean up each other's job cgroups."""
+        digest = hashlib.sha256(os.path.abspath(self.agent_dir).encode()).hexdigest()[:8]
+        return f"corral-{safe_path_part(self.node_id)[:160]}-{digest}"
 
     @property
     def artifact_limits(self) -> ArtifactLimits:

@@ -77,10 +77,11 @@ def world_traversable_dir(prefix: str) -> str:
 def kill_leftover_jobs(node_id: str, state_dir: str) -> None:
     """End what an agent left running (its services): by cgroup, else by process group."""
     from corral.agent import cgroups, services
-    from corral.agent.settings import safe_path_part
+    from corral.agent.settings import AgentSettings
 
-    cgroups.detect(root_name="corral-" + safe_path_part(node_id), prepare=False).remove_job_cgroups()
-    state_root = os.path.join(state_dir, "agent-" + safe_path_part(node_id), "services")
+    settings = AgentSettings(node_id=node_id, state_dir=state_dir)
+    cgroups.detect(root_name=settings.cgroup_root_name, prepare=False).remove_job_cgroups()
+    state_root = settings.service_state_root
     for path in services.state_files(state_root):
         try:
             with open(path) as f:

@@ -1225,7 +1225,10 @@ def test_new_settings_defaults():
     assert s.service_cpu_percent == min(200, s.max_cpu_percent)
     assert (s.health_interval, s.health_timeout) == (5.0, 2.0)
     assert s.service_log_max_bytes == 64 * 1024 * 1024
-    assert s.cgroup_root_name == "corral-n1"
+    assert re.fullmatch(r"corral-n1-[0-9a-f]{8}", s.cgroup_root_name)
+    # Two agents of one node id with different state dirs get different cgroup roots.
+    other = AgentSettings.from_env({"NODE_ID": "n1", "CORRAL_STATE_DIR": "/srv/elsewhere"})
+    assert other.cgroup_root_name != s.cgroup_root_name
     limits = s.artifact_limits
     assert (limits.max_download_bytes, limits.max_unpacked_bytes) == (512 << 20, 2048 << 20)
     assert (limits.max_entries, limits.max_ratio) == (10_000, 100)

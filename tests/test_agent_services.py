@@ -118,7 +118,7 @@ def make_agent(state_dir, node, scheduler, registry):
     yield make
     # Nothing outlives the test: every job (services included) and this node's cgroups.
     stop_held_jobs(agents)
-    manager = cgroups.detect(root_name=f"corral-{node}")
+    manager = cgroups.detect(root_name=AgentSettings(node_id=node, state_dir=state_dir).cgroup_root_name)
     manager.remove_job_cgroups()
     assert manager.cleanup(), f"could not remove {manager.roots}"
 
@@ -243,7 +243,7 @@ def test_a_new_agent_re_adopts_a_running_service(make_agent, scheduler, registry
     assert os.path.exists(state_file)
 
     # A stray job cgroup of this node (a crashed agent's run job) is cleaned at start-up.
-    manager = cgroups.detect(root_name=f"corral-{node}")
+    manager = cgroups.detect(root_name=first.settings.cgroup_root_name)
     stray = manager.create("job-stray-1", 64, 100)
     checks_before = len(registry.upserts)
 

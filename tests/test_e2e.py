@@ -220,7 +220,9 @@ def test_timeout_and_cancel_leave_no_process_behind(tmp_path, shared_dir, ending
         wait_for(lambda: not any(pid_alive(p) for p in recorded), timeout=20,
                  message="every process of the job to be gone")
         from corral.agent import cgroups
-        manager = cgroups.detect(root_name="corral-node-1", prepare=False)
+        from corral.agent.settings import AgentSettings
+        root_name = AgentSettings(node_id="node-1", state_dir=cluster.state_dir).cgroup_root_name
+        manager = cgroups.detect(root_name=root_name, prepare=False)
         wait_for(lambda: manager.list_job_cgroups() == [], timeout=10, message="the job's cgroup to be removed")
     finally:
         cluster.stop()
