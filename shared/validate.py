@@ -10,6 +10,19 @@ from .errors import BadRequest
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}\Z")
+# Variables a job may not set: they make the dynamic loader run code of the job's
+# choosing inside every program started with them. Nothing privileged runs with a
+# job's environment, so this is defence in depth; LD_LIBRARY_PATH stays allowed
+# (CUDA and conda jobs need it). Refused at submit and again by the agent.
+FORBIDDEN_ENV_VARS = ("LD_PRELOAD", "LD_AUDIT")
+
+
+def forbidden_env_var(names: Iterable[str]) -> str | None:
+    """The first name in `names` a job may not set (FORBIDDEN_ENV_VARS), or None."""
+    for name in names:
+        if name in FORBIDDEN_ENV_VARS:
+            return name
+    return None
 
 
 def reject_unknown(body: dict, allowed: Iterable[str]) -> None:

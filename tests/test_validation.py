@@ -1,7 +1,8 @@
 import pytest
 
+from corral.scheduler import validation
 from corral.scheduler.validation import job_request, parse_job_id, status_report
-from corral.shared.errors import BadRequest
+from corral.shared.errors import BadRequest, BatchError
 from corral.shared.states import InvalidTransition, JobStatus, after_failure, check_transition
 
 
@@ -129,3 +130,18 @@ def test_report_results():
     for extra in ({"cpu_seconds": -1}, {"cpu_seconds": True}, {"limits": {"memory_mb": 1}}, {"oom_killed": "yes"}):
         with pytest.raises(BadRequest):
             status_report({"node_id": "n", "attempt": 1, "status": "running", **extra})
+
+
+@pytest.mark.parametrize("name", ["LD_PRELOAD", "LD_AUDIT"])
+def test_env_vars_that_make_the_loader_run_job_code_are_refused_by_name(name):
+    with pytest.raises(BadRequest) as caught:
+        validation.job_request({"command": "true", "env_vars": {"A": "1", name: "./evil.so"}})
+    assert name in caught.value.message
+    with pytest.raises(BatchError) as caught:
+        validation.job_batch({"jobs": [{"command": "true"}, {"command": "true", "env_vars": {name: "x"}}]})
+    assert caught.value.errors[0]["index"] == 1 and name in caught.value.errors[0]["error"]
+
+
+def test_ld_library_path_stays_allowed():
+    fields = validation.job_request({"command": "true", "env_vars": {"LD_LIBRARY_PATH": "/opt/cuda/lib64"}})
+    assert fields["env_vars"] == {"LD_LIBRARY_PATH": "/opt/cuda/lib64"}

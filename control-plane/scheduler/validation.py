@@ -61,6 +61,10 @@ def job_request(body: dict) -> dict:
         "max_retries": v.opt_int(body, "max_retries", 0, MAX_RETRIES),
         "on_node_lost": v.opt_str(body, "on_node_lost", max_len=16) or "requeue",
     }
+    refused = v.forbidden_env_var(fields["env_vars"])
+    if refused is not None:
+        raise BadRequest(f"'env_vars' may not set {refused}: it would make the dynamic loader run "
+                         f"code of the job's choosing in every program the job starts")
     if fields["on_node_lost"] not in ON_NODE_LOST:
         raise BadRequest(f"'on_node_lost' must be one of {', '.join(ON_NODE_LOST)}")
     if fields["deploy_sha256"] is not None:
