@@ -125,9 +125,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def client_for(client_class, url: str, settings: AgentSettings):
-    """A client of the registry or scheduler that carries the agent's token, names its
-    node (X-Corral-Node) and trusts AGENT_CA_BUNDLE when set."""
-    return client_class(url, token=settings.token, node_id=settings.node_id, verify=settings.ca_bundle or True)
+    """A client of the registry or scheduler that carries this node's credential
+    (CORRAL_NODE_TOKEN) and trusts AGENT_CA_BUNDLE when set."""
+    return client_class(url, token=settings.token, verify=settings.ca_bundle or True)
 
 
 def check(settings: AgentSettings) -> dict:

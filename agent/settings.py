@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from corral.shared.credentials import token_node
 from corral.shared.errors import SettingError
 from corral.shared.settings import env_bool, env_file, env_float, env_int, env_str, state_dir
 from corral.shared.validate import NAME_RE
@@ -58,7 +59,7 @@ class AgentSettings:
     output_interval: float = 2.0
     stop_grace: float = 10.0
     keep_work_dirs: bool = False
-    token: str | None = field(default=None, repr=False)  # never logged
+    token: str | None = field(default=None, repr=False)  # CORRAL_NODE_TOKEN; never logged
     # CA bundle that verifies https:// REGISTRY_URL and SCHEDULER_URL; None: the system's CAs.
     ca_bundle: str | None = None
     kill_grace: float = 5.0
@@ -161,7 +162,7 @@ class AgentSettings:
             output_interval=env_float(env, "AGENT_OUTPUT_INTERVAL_SECS", 2.0, minimum=0),
             stop_grace=env_float(env, "AGENT_STOP_GRACE_SECS", 10.0, minimum=0),
             keep_work_dirs=env_bool(env, "CORRAL_KEEP_WORK_DIRS", False),
-            token=env_str(env, "CORRAL_AGENT_TOKEN", None),
+            token=node_credential(env, node_id),
             ca_bundle=env_file(env, "AGENT_CA_BUNDLE"),
             kill_grace=env_float(env, "AGENT_KILL_GRACE_SECS", 5.0, minimum=0),
             job_user=job_user,
@@ -180,6 +181,26 @@ class AgentSettings:
             artifact_timeout=env_float(env, "AGENT_ARTIFACT_TIMEOUT_SECS", 1800.0, minimum=0) or None,
             **_limits(env),
         )
+
+
+def node_credential(env: Mapping[str, str], node_id: str) -> str | None:
+    """CORRAL_NODE_TOKEN: this node's credential (shared/credentials.py), checked to be
+    one for NODE_ID. The cluster's agent secret itself must not be on a node: whoever
+    holds it can act as every node."""
+    if env_str(env, "CORRAL_AGENT_TOKEN", None) is not None:
+        raise SettingError("CORRAL_AGENT_TOKEN is the cluster's agent secret and belongs on the registry and "
+                           "the scheduler only; give this agent its node credential in CORRAL_NODE_TOKEN "
+                           "(`corral-scheduler node-token NODE` prints it)")
+    token = env_str(env, "CORRAL_NODE_TOKEN", None)
+    if token is None:
+        return None
+    named = token_node(token)
+    if named is None:
+        raise SettingError("CORRAL_NODE_TOKEN is not a node credential (NODE.HEX, as `corral-scheduler "
+                           "node-token NODE` prints it)")
+    if named != node_id:
+        raise SettingError(f"CORRAL_NODE_TOKEN is the credential of node {named!r}, but NODE_ID is {node_id!r}")
+    return token
 
 
 def total_memory_mb() -> int | None:

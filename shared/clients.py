@@ -16,8 +16,8 @@ DEFAULT_TIMEOUT = (3.05, 10.0)  # (connect, read) seconds
 # A long-poll claim may wait wait_secs before answering: its read timeout is that plus this.
 CLAIM_READ_MARGIN_SECS = 10.0
 LONG_POLL_HEADER = "X-Corral-Long-Poll"
-# The node an agent speaks for (shared/auth.py): the servers refuse an agent request about another node.
-NODE_HEADER = "X-Corral-Node"
+# State-changing requests carry this content type even without a body (shared/guards.py).
+JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 class ClientError(Exception):
@@ -44,12 +44,11 @@ class Rejected(ClientError):
 
 
 class _Client:
-    """`token`: sent as `Authorization: Bearer`; `node_id`: the agent's node, sent as
-    X-Corral-Node; `verify`: True (the system's CAs), or a CA bundle file for https://."""
+    """`token`: sent as `Authorization: Bearer` (an operator's token, or a node's
+    credential); `verify`: True (the system's CAs), or a CA bundle file for https://."""
 
     def __init__(self, base_url: str, token: str | None = None, timeout=DEFAULT_TIMEOUT,
-                 session: requests.Session | None = None, node_id: str | None = None,
-                 verify: bool | str = True):
+                 session: requests.Session | None = None, verify: bool | str = True):
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.session = session or requests.Session()
@@ -62,8 +61,6 @@ class _Client:
         self.verify = from_env["verify"] if verify is True else verify
         if token:
             self.session.headers["Authorization"] = f"Bearer {token}"
-        if node_id:
-            self.session.headers[NODE_HEADER] = node_id
 
     def _call(self, method: str, path: str, *, json=None, params=None, timeout=None, headers=None):
         return self._json(self._request(method, path, json=json, params=params, timeout=timeout, headers=headers))
@@ -73,6 +70,8 @@ class _Client:
         """The answer of a call that succeeded (2xx-4xx handled as for `_call`), for callers
         that need its headers."""
         url = self.base_url + path
+        if json is None and method not in ("GET", "HEAD"):
+            headers = {**JSON_HEADERS, **(headers or {})}
         try:
             response = self.session.request(method, url, json=json, params=params, headers=headers,
                                             timeout=timeout or self.timeout, verify=self.verify,
@@ -106,9 +105,8 @@ class _Client:
         """A client for the same server and token with a session of its own, for
         another thread (a requests.Session is not meant to be shared by threads)."""
         copy = type(self)(self.base_url, timeout=self.timeout, verify=self.verify)
-        for name in ("Authorization", NODE_HEADER):
-            if name in self.session.headers:
-                copy.session.headers[name] = self.session.headers[name]
+        if "Authorization" in self.session.headers:
+            copy.session.headers["Authorization"] = self.session.headers["Authorization"]
         return copy
 
     def healthz(self, timeout: float = 2.0) -> dict:

@@ -130,7 +130,7 @@ def serve_readiness(app: Flask, check) -> None:
 
 
 def base_app(name: str, max_body_bytes: int) -> Flask:
-    app = Flask(name)
+    app = Flask(name, static_folder=None)  # the dashboard serves its own files (scheduler ui.py)
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
     app.json.sort_keys = False
     install_error_handlers(app)

@@ -6,15 +6,19 @@ before any worker forks, so a bad setting is one clear line and exit code 2,
 not a worker that fails to boot over and over.
 """
 import argparse
+import ipaddress
 import logging
 import os
+import socket
 import sys
 from collections.abc import Callable
 
 from gunicorn.app.base import Application
 
 from . import auth, metrics
+from .credentials import server_credentials
 from .errors import CorralError
+from .validate import NAME_RE
 
 # gthread: one thread per in-flight request. Long-running requests (long-poll
 # claims) then hold a thread, not a worker, and the master's heartbeat keeps
@@ -42,6 +46,46 @@ DEFAULTS = {
 # The request threads of this process's gunicorn workers (set when the config is
 # loaded, before the fork; None outside gunicorn).
 _worker_threads: int | None = None
+# Whether every TCP address this server listens on is loopback (set by run_service
+# before the fork; False outside it). Such a server checks the Host header
+# (shared/guards.py).
+_loopback_only = False
+
+
+def loopback_only() -> bool:
+    return _loopback_only
+
+
+def binds_loopback_only(binds: list[str]) -> bool:
+    """True when the binds hold at least one TCP address and all of them are loopback
+    (an fd:// socket is looked up; unix sockets are not reached by browsers)."""
+    hosts = []
+    for bind in binds:
+        if bind.startswith("unix:"):
+            continue
+        if bind.startswith("fd://"):
+            try:
+                sock = socket.socket(fileno=int(bind[len("fd://"):]))
+            except (OSError, ValueError):
+                return False
+            try:
+                if sock.family == socket.AF_UNIX:
+                    continue
+                hosts.append(sock.getsockname()[0])
+            finally:
+                sock.detach()  # the socket belongs to gunicorn
+            continue
+        hosts.append(auth.bind_host(bind))
+    if not hosts:
+        return False
+    for host in hosts:
+        try:
+            if not ipaddress.ip_address(host).is_loopback:
+                return False
+        except ValueError:
+            if not auth.resolves_to_loopback(host):
+                return False
+    return True
 
 
 def worker_threads() -> int:
@@ -84,9 +128,35 @@ def setup_logging() -> None:
                         format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s")
 
 
+def node_token_command(prog: str, argv: list[str]) -> int:
+    """`PROG node-token NODE`: print NODE's credential (CORRAL_NODE_TOKEN for its agent),
+    derived from CORRAL_AGENT_TOKEN in this environment. Returns the exit status."""
+    parser = argparse.ArgumentParser(
+        prog=f"{prog} node-token",
+        description="Print a node's credential (give it to that node's agent as CORRAL_NODE_TOKEN), "
+                    "derived from the cluster's agent secret CORRAL_AGENT_TOKEN.")
+    parser.add_argument("node_id", help="the node's NODE_ID")
+    args = parser.parse_args(argv)
+    if not NAME_RE.match(args.node_id):
+        print(f"{prog}: error: a node id is 1-128 letters, digits, '.', '_' or '-', starting with a "
+              f"letter or digit", file=sys.stderr)
+        return 2
+    try:
+        credentials = server_credentials(os.environ)
+        print(credentials.node_token(args.node_id))
+    except CorralError as exc:
+        print(f"{prog}: error: {exc.message}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def run_service(prog: str, default_port: int, prepare: Callable[[], None],
                 loader: Callable, argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog=prog, description=f"Run the Corral {prog.split('-')[-1]} under gunicorn.")
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["node-token"]:
+        sys.exit(node_token_command(prog, argv[1:]))
+    parser = argparse.ArgumentParser(prog=prog, description=f"Run the Corral {prog.split('-')[-1]} under gunicorn. "
+                                     f"`{prog} node-token NODE` prints a node's credential.")
     parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help=f"port to listen on (default {default_port})")
     parser.add_argument("--bind", help="gunicorn bind string, overrides --host/--port (e.g. unix:/run/x.sock, fd://3)")
@@ -108,11 +178,15 @@ def run_service(prog: str, default_port: int, prepare: Callable[[], None],
     for path in (args.certfile, args.keyfile):
         if path and not (os.path.isfile(path) and os.access(path, os.R_OK)):
             parser.error(f"cannot read {path}")
+    # Everything this server creates (its database and journal, the writers' lock, the
+    # doorbell sockets, metrics files) is for its own user only: jobs may run on this
+    # host (a local cluster, a small install) and must not read the database.
+    os.umask(0o077)
     try:
         prepare()
         metrics.prepare_multiprocess_dir(prog)  # before any worker forks (shared/metrics.py)
         # Without any token, only loopback is safe to serve (shared/auth.py).
-        open_to_all = not auth.server_tokens(os.environ).any
+        open_to_all = not server_credentials(os.environ).enabled
         insecure = args.insecure or auth.insecure_allowed(os.environ)
     except CorralError as exc:
         print(f"{prog}: error: {exc.message}", file=sys.stderr)
@@ -137,4 +211,6 @@ def run_service(prog: str, default_port: int, prepare: Callable[[], None],
     if refusal:
         print(f"{prog}: error: {refusal}", file=sys.stderr)
         sys.exit(2)
+    global _loopback_only
+    _loopback_only = binds_loopback_only(list(application.cfg.bind))
     application.run()

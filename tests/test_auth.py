@@ -1,11 +1,13 @@
-"""Access control (shared/auth.py): bearer tokens for operators and agents, agents kept
-to their own node, no open server on a non-loopback address, tokens kept out of logs,
-jobs and records, and TLS with a CA bundle."""
+"""Access control (shared/auth.py, shared/credentials.py): deny by default, node
+identities derived from the agent secret, every route of both services against every
+credential, no open server on a non-loopback address, tokens kept out of logs, jobs
+and records, and TLS with a CA bundle."""
 import datetime
 import ipaddress
 import os
 import socket
 import subprocess
+import time
 
 import pytest
 import requests
@@ -14,183 +16,181 @@ from click.testing import CliRunner
 from cluster import BIN, Cluster, Proc, base_env, listening_socket
 from helpers import wait_for
 
+from corral.agent.settings import AgentSettings
 from corral.cli.main import cli
-from corral.registry.app import ACCESS as REGISTRY_ACCESS
 from corral.registry.app import create_app as create_registry
 from corral.registry.settings import RegistrySettings
-from corral.scheduler.app import ACCESS as SCHEDULER_ACCESS
 from corral.scheduler.app import create_app as create_scheduler
 from corral.scheduler.settings import SchedulerSettings
-from corral.shared import auth
+from corral.shared import credentials as cred
 from corral.shared.errors import SettingError
 
 OPERATOR_TOKEN = "auth-test-operator-7c1e9f2a5b"
-AGENT_TOKEN = "auth-test-agent-3d8b6e0f4c"
+AGENT_SECRET = "auth-test-agent-secret-3d8b6e0f4c"
 WRONG_TOKEN = "auth-test-wrong-0000000000"
 NODE = "auth-n1"
 OTHER_NODE = "auth-n2"
-TOKENS = auth.Tokens(OPERATOR_TOKEN, AGENT_TOKEN)
-TOKEN_ENV = {"CORRAL_API_TOKEN": OPERATOR_TOKEN, "CORRAL_AGENT_TOKEN": AGENT_TOKEN}
+NODE_TOKEN = cred.node_token(AGENT_SECRET, NODE)
+OTHER_NODE_TOKEN = cred.node_token(AGENT_SECRET, OTHER_NODE)
+CREDENTIALS = cred.Credentials(OPERATOR_TOKEN, AGENT_SECRET)
+TOKEN_ENV = {"CORRAL_API_TOKEN": OPERATOR_TOKEN, "CORRAL_AGENT_TOKEN": AGENT_SECRET}
+GRANT = CREDENTIALS.service_grant("job-1", 1, NODE)
 
 
-def bearer(token: str | None, node: str | None = None) -> dict:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    if node:
-        headers[auth.NODE_HEADER] = node
-    return headers
+def bearer(token: str | None) -> dict:
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 AS_OPERATOR = bearer(OPERATOR_TOKEN)
-AS_AGENT = bearer(AGENT_TOKEN, NODE)
+AS_NODE = bearer(NODE_TOKEN)
+AS_OTHER_NODE = bearer(OTHER_NODE_TOKEN)
 
+# Every credential a client may present. The invalid ones: nothing, a random string,
+# NODE's id with a made-up MAC, NODE's credential under another secret, a credential
+# with a node id that is not one, the operator token with a byte changed, bytes no
+# token has.
+PRESENTED = {
+    "none": None,
+    "wrong": WRONG_TOKEN,
+    "forged node": f"{NODE}.{'0' * 64}",
+    "another secret": cred.node_token("some-other-cluster-secret-123", NODE),
+    "bad node id": "../" + NODE_TOKEN,
+    "near operator": OPERATOR_TOKEN[:-1] + "x",
+    "binary": "\udcff\udcfe-not-a-token-at-all",
+    "operator": OPERATOR_TOKEN,
+    "node": NODE_TOKEN,
+    "other node": OTHER_NODE_TOKEN,
+}
+VALID = ("operator", "node", "other node")
 
-# ---- the rules, through each service's Flask app --------------------------------------
-
-def make_registry(directory):
-    app = create_registry(RegistrySettings(database_url=f"sqlite:///{directory}/registry.db", tokens=TOKENS))
-    client = app.test_client()
-    assert client.post("/nodes", json={"node_id": NODE, "address": "10.0.0.1"}, headers=AS_AGENT).status_code == 201
-    assert client.post("/services", headers=AS_AGENT, json={
-        "job_id": "job-1", "name": "web", "node_id": NODE, "address": "10.0.0.1", "port": 8080}).status_code == 201
-    return client
-
-
-def make_scheduler(directory):
-    settings = SchedulerSettings(database_url=f"sqlite:///{directory}/scheduler.db", tokens=TOKENS)
-    client = create_scheduler(settings).test_client()
-    assert client.post("/jobs", json={"command": "true"}, headers=AS_OPERATOR).status_code == 201
-    return client
-
-
-MAKE = {"registry": make_registry, "scheduler": make_scheduler}
-
-
-@pytest.fixture
-def registry(tmp_path):
-    return make_registry(tmp_path)
-
-
-@pytest.fixture
-def scheduler(tmp_path):
-    return make_scheduler(tmp_path)
-
-
+# Every route of both services: one request about NODE's work, and who may make it.
+# open: anyone; operator: operators only; node: NODE's own agent only; both: operators
+# and every node; both-own: operators, and NODE's agent only (the request is about NODE).
 REPORT = {"node_id": NODE, "attempt": 1, "status": "running"}
-
-# (method, path, body, the status the right role gets): the route ran, past the check.
-SCHEDULER_CASES = {
-    "operator": [
-        ("POST", "/jobs", {"command": "true"}, 201),
-        ("POST", "/jobs/batch", {"jobs": [{"command": "true"}]}, 201),
-        ("GET", "/jobs/job-1", None, 200),
-        ("GET", "/jobs/job-1/events", None, 200),
-        ("POST", "/jobs/job-1/cancel", None, 200),
-        ("POST", "/jobs/job-1/retry", None, 409),  # only failed jobs: the route said so
-        ("GET", "/stats", None, 200),
-    ],
-    "agent": [
-        ("POST", f"/nodes/{NODE}/claim", {"max": 1, "wait_secs": 0}, 200),
-        ("POST", f"/nodes/{NODE}/lease", {}, 200),
-        ("POST", "/jobs/job-1/status", REPORT, 409),  # not placed on the node: the store said so
-        ("POST", "/jobs/reports", {"reports": [dict(REPORT, job_id="job-1")]}, 200),
-        ("POST", "/jobs/output", {"outputs": [{"job_id": "job-1", "node_id": NODE, "attempt": 1,
-                                               "stdout": "x"}]}, 200),
-    ],
-    "either": [
-        ("GET", f"/jobs?node_id={NODE}&status=pending", None, 200),
-    ],
+SCHEDULER_ROUTES = {
+    "healthz": ("GET", "/healthz", None, "open"),
+    "readyz": ("GET", "/readyz", None, "open"),
+    "metrics": ("GET", "/metrics", None, "open"),
+    "openapi": ("GET", "/openapi.json", None, "open"),
+    "ui.index_html": ("GET", "/ui", None, "open"),
+    "ui.dashboard_js": ("GET", "/ui/dashboard.js", None, "open"),
+    "ui.dashboard_css": ("GET", "/ui/dashboard.css", None, "open"),
+    "stats": ("GET", "/stats", None, "operator"),
+    "list_nodes": ("GET", "/nodes", None, "operator"),
+    "submit": ("POST", "/jobs", {"command": "true"}, "operator"),
+    "submit_batch": ("POST", "/jobs/batch", {"jobs": [{"command": "true"}]}, "operator"),
+    "list_jobs": ("GET", f"/jobs?node_id={NODE}&status=running", None, "both-own"),
+    "read_job": ("GET", "/jobs/job-1", None, "operator"),
+    "job_events": ("GET", "/jobs/job-1/events", None, "operator"),
+    "cancel": ("POST", "/jobs/job-2/cancel", None, "operator"),
+    "retry": ("POST", "/jobs/job-2/retry", None, "operator"),
+    "claim": ("POST", f"/nodes/{NODE}/claim", {"max": 1, "wait_secs": 0}, "node"),
+    "renew_lease": ("POST", f"/nodes/{NODE}/lease", {}, "node"),
+    "report": ("POST", "/jobs/job-1/status", REPORT, "node"),
+    "report_batch": ("POST", "/jobs/reports", {"reports": [dict(REPORT, job_id="job-1")]}, "node"),
+    "live_output": ("POST", "/jobs/output", {"outputs": [{"job_id": "job-1", "node_id": NODE, "attempt": 1,
+                                                          "stdout": "x"}]}, "node"),
 }
-REGISTRY_CASES = {
-    "operator": [
-        ("POST", f"/nodes/{NODE}/drain", None, 200),
-        ("POST", f"/nodes/{NODE}/undrain", None, 200),
-        ("DELETE", f"/nodes/{NODE}", None, 200),
-    ],
-    "agent": [
-        ("POST", "/nodes", {"node_id": NODE, "address": "10.0.0.1"}, 200),
-        ("POST", f"/nodes/{NODE}/heartbeat", {"running": 0}, 200),
-        ("POST", "/services", {"job_id": "job-2", "name": "web", "node_id": NODE, "address": "10.0.0.1",
-                               "port": 8081}, 201),
-    ],
-    "either": [
-        ("GET", "/nodes", None, 200),
-        ("GET", f"/nodes/{NODE}", None, 200),
-        ("GET", "/services", None, 200),
-        ("DELETE", "/services/job-1", None, 200),
-    ],
+SERVICE = {"job_id": "job-1", "name": "web", "node_id": NODE, "address": "10.0.0.1", "port": 8080,
+           "attempt": 1, "grant": GRANT}
+REGISTRY_ROUTES = {
+    "healthz": ("GET", "/healthz", None, "open"),
+    "readyz": ("GET", "/readyz", None, "open"),
+    "metrics": ("GET", "/metrics", None, "open"),
+    "openapi": ("GET", "/openapi.json", None, "open"),
+    "register_node": ("POST", "/nodes", {"node_id": NODE, "address": "10.0.0.1"}, "node"),
+    "heartbeat": ("POST", f"/nodes/{NODE}/heartbeat", {"running": 0}, "node"),
+    "list_nodes": ("GET", "/nodes", None, "both"),
+    "read_node": ("GET", f"/nodes/{NODE}", None, "both"),
+    "drain": ("POST", f"/nodes/{NODE}/drain", None, "operator"),
+    "undrain": ("POST", f"/nodes/{NODE}/undrain", None, "operator"),
+    "deregister_node": ("DELETE", f"/nodes/{NODE}", None, "operator"),
+    "register_service": ("POST", "/services", SERVICE, "node"),
+    "list_services": ("GET", "/services", None, "both"),
+    "remove_service": ("DELETE", "/services/job-1", None, "both-own"),
 }
-ROLE_HEADERS = {"operator": AS_OPERATOR, "agent": AS_AGENT}
+ROUTES = {"scheduler": SCHEDULER_ROUTES, "registry": REGISTRY_ROUTES}
 
 
-def cases(service: str, table: dict) -> list:
-    return [pytest.param(service, role, *case, id=f"{service}-{role}-{case[0]} {case[1]}")
-            for role, items in table.items() for case in items]
+def allowed(who: str, presented: str) -> bool:
+    return (who == "open" or presented == "operator" and who != "node"
+            or presented == "node" and who in ("node", "both", "both-own")
+            or presented == "other node" and who == "both")
 
 
-ALL_CASES = cases("scheduler", SCHEDULER_CASES) + cases("registry", REGISTRY_CASES)
+def seed_registry(client) -> None:
+    assert client.post("/nodes", json={"node_id": NODE, "address": "10.0.0.1"}, headers=AS_NODE).status_code == 201
+    assert client.post("/services", json=SERVICE, headers=AS_NODE).status_code == 201
+
+
+def seed_scheduler(client) -> None:
+    for _ in range(2):
+        assert client.post("/jobs", json={"command": "true"}, headers=AS_OPERATOR).status_code == 201
+
+
+def make(service: str, directory, credentials=CREDENTIALS):
+    if service == "registry":
+        app = create_registry(RegistrySettings(database_url=f"sqlite:///{directory}/registry.db",
+                                               credentials=credentials))
+    else:
+        app = create_scheduler(SchedulerSettings(database_url=f"sqlite:///{directory}/scheduler.db",
+                                                 credentials=credentials))
+    client = app.test_client()
+    {"registry": seed_registry, "scheduler": seed_scheduler}[service](client)
+    return client
 
 
 def call(client, method, path, body, headers):
-    return client.open(path, method=method, json=body, headers=headers)
-
-
-@pytest.mark.parametrize("service, role, method, path, body, ok", ALL_CASES)
-def test_a_missing_token_is_401(request, service, role, method, path, body, ok):
-    client = request.getfixturevalue(service)
-    response = call(client, method, path, body, {auth.NODE_HEADER: NODE})
-    assert response.status_code == 401, response.json
-    assert response.headers["WWW-Authenticate"].startswith("Bearer")
-    assert "error" in response.json
-
-
-@pytest.mark.parametrize("service, role, method, path, body, ok", ALL_CASES)
-def test_a_wrong_token_is_401(request, service, role, method, path, body, ok):
-    client = request.getfixturevalue(service)
-    response = call(client, method, path, body, bearer(WRONG_TOKEN, NODE))
-    assert response.status_code == 401, response.json
-    assert response.headers["WWW-Authenticate"].startswith("Bearer")
-    assert WRONG_TOKEN not in response.get_data(as_text=True)
-
-
-@pytest.mark.parametrize("service, role, method, path, body, ok",
-                         [c for c in ALL_CASES if c.values[1] != "either"])
-def test_the_other_roles_token_is_403(request, service, role, method, path, body, ok):
-    client = request.getfixturevalue(service)
-    other = "agent" if role == "operator" else "operator"
-    response = call(client, method, path, body, ROLE_HEADERS[other])
-    assert response.status_code == 403, response.json
-    assert f"an {other} token may not do this" in response.json["error"]
-
-
-@pytest.mark.parametrize("service, role, method, path, body, ok", ALL_CASES)
-def test_the_right_role_gets_through(tmp_path, service, role, method, path, body, ok):
-    for name in (("operator", "agent") if role == "either" else (role,)):
-        os.mkdir(tmp_path / name)
-        client = MAKE[service](tmp_path / name)  # each role on a fresh server: a DELETE works once
-        response = call(client, method, path, body, ROLE_HEADERS[name])
-        assert response.status_code == ok, (name, response.json)
+    # State-changing requests say they are JSON even without a body (shared/guards.py).
+    kwargs = {"json": body} if body is not None else (
+        {"content_type": "application/json"} if method != "GET" else {})
+    return client.open(path, method=method, headers=headers, **kwargs)
 
 
 @pytest.mark.parametrize("service", ["scheduler", "registry"])
-@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/openapi.json"])
-def test_health_readiness_and_the_document_stay_open(request, service, path):
-    client = request.getfixturevalue(service)
-    response = client.get(path)
-    # /readyz of the scheduler may say "not ready" (no registry here): it answered, unchecked.
-    assert response.status_code in ((200, 503) if path == "/readyz" else (200,)), response.json
+def test_the_route_table_of_this_test_covers_every_route(tmp_path, service):
+    app = make(service, tmp_path, cred.Credentials()).application
+    endpoints = {rule.endpoint for rule in app.url_map.iter_rules()}
+    assert endpoints == set(ROUTES[service]), "a route was added or removed: say here who may call it"
 
 
-@pytest.mark.parametrize("service, access", [("scheduler", SCHEDULER_ACCESS), ("registry", REGISTRY_ACCESS)])
-def test_every_route_has_an_access_class(request, service, access):
-    app = request.getfixturevalue(service).application
-    unlisted = sorted(rule.endpoint for rule in app.url_map.iter_rules()
-                      if rule.endpoint not in access and rule.endpoint != "static"
-                      and not (rule.rule in auth.OPEN_PATHS or rule.rule.startswith(auth.OPEN_PREFIXES)))
-    assert not unlisted, f"add {unlisted} to the ACCESS table of the {service} (unlisted: operator-only)"
+@pytest.mark.parametrize("service", ["scheduler", "registry"])
+def test_every_route_against_every_credential_with_tokens(tmp_path, service):
+    """Deny by default: 401 for no or an invalid credential, 403 for a valid one of a
+    role the route does not allow or of another node, through for the rest."""
+    client = make(service, tmp_path)
+    failures = []
+    for endpoint, (method, path, body, who) in ROUTES[service].items():
+        # The refused callers first: a DELETE that gets through removes what the next would hit.
+        for name, token in sorted(PRESENTED.items(), key=lambda item: allowed(who, item[0])):
+            response = call(client, method, path, body, bearer(token))
+            if allowed(who, name):
+                ok = response.status_code not in (401, 403)
+            elif name in VALID:
+                ok = response.status_code == 403 and "error" in response.json
+            else:
+                ok = (response.status_code == 401 and response.headers["WWW-Authenticate"].startswith("Bearer")
+                      and "error" in response.json)
+            if not ok:
+                failures.append((endpoint, name, response.status_code, response.get_data(as_text=True)[:200]))
+            for secret in (OPERATOR_TOKEN, AGENT_SECRET, WRONG_TOKEN):
+                assert secret not in response.get_data(as_text=True)
+    assert not failures, "\n".join(map(str, failures))
 
 
-# ---- agents and their own node -------------------------------------------------------------
+@pytest.mark.parametrize("service", ["scheduler", "registry"])
+def test_without_tokens_every_route_answers_every_caller(tmp_path, service):
+    """The tokenless local mode (loopback only): no credential is checked at all."""
+    client = make(service, tmp_path, cred.Credentials())
+    for endpoint, (method, path, body, _) in ROUTES[service].items():
+        for name, token in PRESENTED.items():
+            response = call(client, method, path, body, bearer(token))
+            assert response.status_code not in (401, 403), (endpoint, name, response.json)
 
+
+# A node's credential names its node, whatever the request says: each of these is
+# NODE's credential acting for OTHER_NODE (path, query, body, batch item, riding claim,
+# a record of another node).
 OTHER_NODE_CASES = [
     ("scheduler", "POST", f"/nodes/{OTHER_NODE}/claim", {"max": 1, "wait_secs": 0}),
     ("scheduler", "POST", f"/nodes/{OTHER_NODE}/lease", {}),
@@ -205,75 +205,131 @@ OTHER_NODE_CASES = [
     ("scheduler", "GET", f"/jobs?node_id={NODE}&node_id={OTHER_NODE}", None),
     ("registry", "POST", "/nodes", {"node_id": OTHER_NODE, "address": "10.0.0.2"}),
     ("registry", "POST", f"/nodes/{OTHER_NODE}/heartbeat", {}),
-    ("registry", "POST", "/services", {"job_id": "job-3", "name": "web", "node_id": OTHER_NODE,
-                                       "address": "10.0.0.2", "port": 8080}),
+    ("registry", "POST", "/services", dict(SERVICE, job_id="job-3", node_id=OTHER_NODE,
+                                           grant=CREDENTIALS.service_grant("job-3", 1, OTHER_NODE))),
 ]
 
 
 @pytest.mark.parametrize("service, method, path, body", OTHER_NODE_CASES,
                          ids=[f"{c[0]}-{c[1]} {c[2]}" for c in OTHER_NODE_CASES])
-def test_an_agent_naming_another_node_is_403(request, service, method, path, body):
-    client = request.getfixturevalue(service)
-    response = call(client, method, path, body, AS_AGENT)
-    assert response.status_code == 403, response.json
-    assert OTHER_NODE in response.json["error"]
-    # An operator is not bound to a node.
-    if service == "scheduler" and method == "GET":
+def test_a_node_cannot_act_for_another_node(tmp_path, service, method, path, body):
+    client = make(service, tmp_path)
+    for header in ({}, {"X-Corral-Node": OTHER_NODE}):  # a header naming the other node changes nothing
+        response = call(client, method, path, body, dict(AS_NODE, **header))
+        assert response.status_code == 403, response.json
+        assert OTHER_NODE in response.json["error"]
+    if service == "scheduler" and method == "GET":  # an operator is bound to no node
         assert call(client, method, path, body, AS_OPERATOR).status_code == 200
 
 
-def test_an_agent_may_not_list_every_nodes_jobs_or_read_one(scheduler):
-    for path in ("/jobs", "/jobs?status=running", "/jobs/job-1"):
-        assert scheduler.get(path, headers=AS_AGENT).status_code == 403, path
+def test_a_node_reads_only_its_own_work(tmp_path):
+    client = make("scheduler", tmp_path)
+    for path in ("/jobs", "/jobs?status=running", "/jobs/job-1", "/jobs/job-1/events", "/stats", "/nodes"):
+        assert client.get(path, headers=AS_NODE).status_code == 403, path
+    assert client.get(f"/jobs?node_id={NODE}", headers=AS_NODE).status_code == 200
 
 
-def test_an_agent_must_name_its_node(scheduler, registry):
-    no_node = bearer(AGENT_TOKEN)
-    assert scheduler.post(f"/nodes/{NODE}/lease", json={}, headers=no_node).status_code == 403
-    answer = registry.post(f"/nodes/{NODE}/heartbeat", json={}, headers=no_node)
-    assert answer.status_code == 403 and auth.NODE_HEADER in answer.json["error"]
-
-
-def test_an_agent_removes_only_its_own_nodes_services(registry):
-    as_other = bearer(AGENT_TOKEN, OTHER_NODE)
+def test_a_node_records_services_of_its_own_jobs_only(tmp_path):
+    """The registry takes a node's service record only with the scheduler's grant for
+    that job's attempt on that node; another node's record is neither replaced nor
+    removed, but for a newer attempt (the job moved)."""
+    registry = make("registry", tmp_path)
+    as_other = AS_OTHER_NODE
     registry.post("/nodes", json={"node_id": OTHER_NODE, "address": "10.0.0.2"}, headers=as_other)
-    registry.post("/services", headers=as_other, json={
-        "job_id": "job-9", "name": "db", "node_id": OTHER_NODE, "address": "10.0.0.2", "port": 5432})
-    assert registry.delete("/services/job-9", headers=AS_AGENT).status_code == 403
-    assert {s["job_id"] for s in registry.get("/services", headers=AS_OPERATOR).json} == {"job-1", "job-9"}
-    assert registry.delete("/services/job-9", headers=as_other).status_code == 200
+    mine = dict(SERVICE, job_id="job-9", node_id=OTHER_NODE, address="10.0.0.2",
+                grant=CREDENTIALS.service_grant("job-9", 1, OTHER_NODE))
+    assert registry.post("/services", json=mine, headers=as_other).status_code == 201
+    # NODE overwrites or removes OTHER_NODE's record: refused, even naming itself in the record.
+    takeover = dict(mine, node_id=NODE, address="10.6.6.6")
+    for grant in (None, "0" * 64, CREDENTIALS.service_grant("job-9", 1, OTHER_NODE),
+                  CREDENTIALS.service_grant("job-1", 1, NODE)):
+        answer = registry.post("/services", json=dict(takeover, grant=grant), headers=AS_NODE)
+        assert answer.status_code in (400, 403), answer.json
+    # The same attempt granted to NODE (which the scheduler never hands out) does not replace it either.
+    same = dict(takeover, grant=CREDENTIALS.service_grant("job-9", 1, NODE))
+    assert registry.post("/services", json=same, headers=AS_NODE).status_code == 409
+    assert registry.delete("/services/job-9", headers=AS_NODE, content_type="application/json").status_code == 403
+    listed = {s["job_id"]: s for s in registry.get("/services", headers=AS_OPERATOR).json}
+    assert (listed["job-9"]["node_id"], listed["job-9"]["address"]) == (OTHER_NODE, "10.0.0.2")
+    # The job moved to NODE (attempt 2): its record follows, and the stale attempt cannot take it back.
+    moved = dict(takeover, attempt=2, grant=CREDENTIALS.service_grant("job-9", 2, NODE))
+    assert registry.post("/services", json=moved, headers=AS_NODE).status_code == 200
+    assert registry.post("/services", json=mine, headers=as_other).status_code == 409
+    assert registry.delete("/services/job-9", headers=as_other, content_type="application/json").status_code == 403
+    assert registry.delete("/services/job-9", headers=AS_NODE, content_type="application/json").status_code == 200
 
 
-# ---- settings ------------------------------------------------------------------------------
+def test_the_scheduler_hands_a_service_grant_to_the_node_only(tmp_path):
+    client = make("scheduler", tmp_path)
+    for job_id in ("job-1", "job-2"):  # the seeded jobs: out of the way (one slot per node)
+        call(client, "POST", f"/jobs/{job_id}/cancel", None, AS_OPERATOR)
+    store = client.application.extensions["corral.store"]
+    store.sync_nodes([{"node_id": NODE, "kind": "compute", "slots": 4, "status": "healthy",
+                       "address": "10.0.0.1"}], time.time())
+    client.post("/jobs", json={"job_type": "service", "command": "sleep 60", "port": 8080}, headers=AS_OPERATOR)
+    claimed = client.post(f"/nodes/{NODE}/claim", json={"max": 4, "wait_secs": 0}, headers=AS_NODE).json
+    service = [j for j in claimed if j["job_type"] == "service"]
+    assert service and service[0]["service_grant"] == CREDENTIALS.service_grant(
+        service[0]["job_id"], service[0]["attempt"], NODE)
+    shown = client.get(f"/jobs/{service[0]['job_id']}", headers=AS_OPERATOR).json
+    assert "service_grant" not in shown
 
-def test_without_tokens_every_route_is_open(tmp_path):
-    client = create_registry(RegistrySettings(database_url=f"sqlite:///{tmp_path}/r.db")).test_client()
-    assert client.post("/nodes", json={"node_id": NODE, "address": "10.0.0.1"}).status_code == 201
-    assert client.post(f"/nodes/{NODE}/drain").status_code == 200
+
+# ---- credentials and settings ---------------------------------------------------------------
+
+def test_a_node_credential_is_the_node_id_and_an_hmac_of_it():
+    import hashlib
+    import hmac
+    mac = hmac.new(AGENT_SECRET.encode(), NODE.encode(), hashlib.sha256).hexdigest()
+    assert NODE_TOKEN == f"{NODE}.{mac}"
+    assert CREDENTIALS.identify(NODE_TOKEN) == cred.Caller("agent", NODE)
+    assert CREDENTIALS.identify(OPERATOR_TOKEN) == cred.Caller("operator")
+    for name, token in PRESENTED.items():
+        if name not in VALID and token is not None:
+            assert CREDENTIALS.identify(token) is None, name
+    assert OPERATOR_TOKEN not in repr(CREDENTIALS) and AGENT_SECRET not in repr(CREDENTIALS)
 
 
-def test_with_one_token_only_that_roles_routes_are_checked(tmp_path):
-    only_agents = auth.Tokens(agent=AGENT_TOKEN)
-    client = create_registry(RegistrySettings(database_url=f"sqlite:///{tmp_path}/r.db", tokens=only_agents)
-                             ).test_client()
-    assert client.post("/nodes", json={"node_id": NODE, "address": "10.0.0.1"}).status_code == 401
-    assert client.post("/nodes", json={"node_id": NODE, "address": "10.0.0.1"}, headers=AS_AGENT).status_code == 201
-    assert client.post(f"/nodes/{NODE}/drain").status_code == 200
-    assert client.get("/nodes").status_code == 200
+def test_the_previous_secret_keeps_credentials_valid_during_a_rotation():
+    new_secret = "auth-test-rotated-secret-9a9a9a9a"
+    rotating = cred.Credentials(OPERATOR_TOKEN, new_secret, AGENT_SECRET)
+    assert rotating.identify(NODE_TOKEN) == cred.Caller("agent", NODE)  # issued under the old secret
+    assert rotating.node_token(NODE) == cred.node_token(new_secret, NODE)
+    assert rotating.identify(rotating.node_token(NODE)) == cred.Caller("agent", NODE)
+    assert rotating.grant_valid(GRANT, "job-1", 1, NODE)
+    done = cred.Credentials(OPERATOR_TOKEN, new_secret)
+    assert done.identify(NODE_TOKEN) is None and not done.grant_valid(GRANT, "job-1", 1, NODE)
 
 
 @pytest.mark.parametrize("env, message", [
-    ({"CORRAL_API_TOKEN": "short"}, "CORRAL_API_TOKEN must be at least 16 characters"),
-    ({"CORRAL_AGENT_TOKEN": "has a space in it, long enough"}, "CORRAL_AGENT_TOKEN may hold only printable"),
+    ({"CORRAL_API_TOKEN": OPERATOR_TOKEN}, "CORRAL_API_TOKEN is set but CORRAL_AGENT_TOKEN is not"),
+    ({"CORRAL_AGENT_TOKEN": AGENT_SECRET}, "CORRAL_AGENT_TOKEN is set but CORRAL_API_TOKEN is not"),
+    ({"CORRAL_AGENT_TOKEN_PREVIOUS": AGENT_SECRET, "CORRAL_API_TOKEN": OPERATOR_TOKEN},
+     "CORRAL_API_TOKEN is set but CORRAL_AGENT_TOKEN is not"),
+    ({"CORRAL_API_TOKEN": "short", "CORRAL_AGENT_TOKEN": AGENT_SECRET}, "CORRAL_API_TOKEN must be at least 16"),
+    ({"CORRAL_API_TOKEN": OPERATOR_TOKEN, "CORRAL_AGENT_TOKEN": "has a space in it, long enough"},
+     "CORRAL_AGENT_TOKEN may hold only printable"),
     ({"CORRAL_API_TOKEN": OPERATOR_TOKEN, "CORRAL_AGENT_TOKEN": OPERATOR_TOKEN}, "must differ"),
+    ({**TOKEN_ENV, "CORRAL_AGENT_TOKEN_PREVIOUS": OPERATOR_TOKEN}, "must differ"),
 ])
-def test_bad_tokens_are_a_clear_error_that_does_not_show_them(env, message):
+def test_a_configuration_that_would_leave_a_role_open_is_a_clear_error(env, message):
     with pytest.raises(SettingError) as caught:
-        auth.server_tokens(env)
+        cred.server_credentials(env)
     assert message in caught.value.message
     for value in env.values():
         assert value not in caught.value.message
-    assert OPERATOR_TOKEN not in repr(auth.server_tokens(TOKEN_ENV))
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"CORRAL_AGENT_TOKEN": AGENT_SECRET}, "belongs on the registry and the scheduler only"),
+    ({"CORRAL_NODE_TOKEN": OTHER_NODE_TOKEN}, f"the credential of node {OTHER_NODE!r}, but NODE_ID is {NODE!r}"),
+    ({"CORRAL_NODE_TOKEN": AGENT_SECRET}, "is not a node credential"),
+])
+def test_an_agent_holds_its_own_node_credential_and_nothing_else(env, message):
+    with pytest.raises(SettingError) as caught:
+        AgentSettings.from_env({"NODE_ID": NODE, **env})
+    assert message in caught.value.message and AGENT_SECRET not in caught.value.message
+    assert AgentSettings.from_env({"NODE_ID": NODE, "CORRAL_NODE_TOKEN": NODE_TOKEN}).token == NODE_TOKEN
 
 
 @pytest.mark.parametrize("bind, local", [
@@ -283,13 +339,14 @@ def test_bad_tokens_are_a_clear_error_that_does_not_show_them(env, message):
     ("tcp://0.0.0.0:9000", False), ("no-such-host.invalid:9000", False),
 ])
 def test_only_loopback_binds_are_served_without_tokens(bind, local):
+    from corral.shared import auth
     refusal = auth.bind_refusal(["127.0.0.1:1", bind])
     assert (refusal is None) is local, refusal
     if not local:
         assert bind in refusal and "--insecure" in refusal
 
 
-# ---- the console scripts: non-loopback addresses ---------------------------------------------
+# ---- the console scripts -----------------------------------------------------------------------
 
 def _free_port() -> int:
     with socket.socket() as sock:
@@ -319,11 +376,38 @@ def test_a_server_without_tokens_refuses_a_non_loopback_address(tmp_path, script
                                 timeout=60)
         assert result.returncode == 2, result.stderr
         lines = [line for line in result.stderr.splitlines() if "error" in line]
-        assert lines == [f"{script}: error: refusing to listen on 0.0.0.0:{port} without CORRAL_API_TOKEN or "
-                         "CORRAL_AGENT_TOKEN: anyone who reaches it could submit jobs that run as the agents' "
-                         "job user; set the tokens (README: Security), or pass --insecure (CORRAL_INSECURE=1)"], \
+        assert lines == [f"{script}: error: refusing to listen on 0.0.0.0:{port} without CORRAL_API_TOKEN and "
+                         "CORRAL_AGENT_TOKEN: anyone who reaches it could submit jobs that run on every node; "
+                         "set the tokens (README: Security), or pass --insecure (CORRAL_INSECURE=1)"], \
             result.stderr
 
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("script", ["corral-registry", "corral-scheduler"])
+@pytest.mark.parametrize("present, missing", [("CORRAL_API_TOKEN", "CORRAL_AGENT_TOKEN"),
+                                              ("CORRAL_AGENT_TOKEN", "CORRAL_API_TOKEN")])
+def test_a_server_with_one_token_only_refuses_to_start(tmp_path, script, present, missing):
+    env = base_env(str(tmp_path / "state"), **{present: TOKEN_ENV[present]})
+    result = subprocess.run([os.path.join(BIN, script), "--port", str(_free_port())], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"{script}: error: {present} is set but {missing} is not"), lines
+    assert TOKEN_ENV[present] not in result.stderr
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("script", ["corral-registry", "corral-scheduler"])
+def test_node_token_prints_the_credential_a_node_is_accepted_with(tmp_path, script):
+    env = base_env(str(tmp_path / "state"), **TOKEN_ENV)
+    result = subprocess.run([os.path.join(BIN, script), "node-token", NODE], env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout == NODE_TOKEN + "\n", result.stderr
+    assert CREDENTIALS.identify(result.stdout.strip()) == cred.Caller("agent", NODE)
+    for argv, env_used in ((["node-token", "../etc"], env), (["node-token", NODE], base_env(str(tmp_path)))):
+        refused = subprocess.run([os.path.join(BIN, script), *argv], env=env_used, capture_output=True,
+                                 text=True, timeout=60)
+        assert refused.returncode == 2 and refused.stdout == "" and "error" in refused.stderr, refused
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("how", ["--insecure", "CORRAL_INSECURE=1", "tokens"])
@@ -345,7 +429,7 @@ def test_insecure_or_a_token_lets_a_server_listen_on_every_interface(tmp_path, h
 @pytest.mark.e2e
 def test_tokens_never_reach_jobs_logs_or_records(tmp_path):
     cli_token = "auth-test-cli-token-5e5e5e5e5e"
-    secrets = (OPERATOR_TOKEN, AGENT_TOKEN, WRONG_TOKEN, cli_token)
+    secrets = (OPERATOR_TOKEN, AGENT_SECRET, NODE_TOKEN, WRONG_TOKEN, cli_token)
     c = Cluster(tmp_path)
     api = requests.Session()
     api.headers.update(AS_OPERATOR)
@@ -354,11 +438,11 @@ def test_tokens_never_reach_jobs_logs_or_records(tmp_path):
         c.start_registry(**debug)
         c.start_scheduler(**debug)
         # The agent's environment also holds another CORRAL_*TOKEN, which jobs must not see either.
-        c.start_agent(NODE, CORRAL_AGENT_TOKEN=AGENT_TOKEN, CORRAL_TOKEN=cli_token, CORRAL_LOG_LEVEL="DEBUG")
+        c.start_agent(NODE, CORRAL_NODE_TOKEN=NODE_TOKEN, CORRAL_TOKEN=cli_token, CORRAL_LOG_LEVEL="DEBUG")
         wait_for(lambda: NODE in {n["node_id"] for n in api.get(c.registry_url + "/nodes", timeout=5).json()
                                   if n["status"] == "healthy"}, timeout=30, message="the node to be healthy")
         # An agent with a wrong token is refused, and says so without the token.
-        c.start_agent(OTHER_NODE, CORRAL_AGENT_TOKEN=WRONG_TOKEN)
+        c.start_agent(OTHER_NODE, CORRAL_NODE_TOKEN=f"{OTHER_NODE}.{'0' * 64}")
         wait_for(lambda: "not valid" in c.procs[OTHER_NODE].output(), timeout=30,
                  message="the agent with a wrong token to be refused")
         assert requests.post(c.scheduler_url + "/jobs", json={"command": "env"}, timeout=5).status_code == 401
@@ -366,7 +450,7 @@ def test_tokens_never_reach_jobs_logs_or_records(tmp_path):
         done = wait_for(lambda: (lambda j: j if j["status"] in ("done", "failed") else None)(
             api.get(f"{c.scheduler_url}/jobs/{job['job_id']}", timeout=5).json()), timeout=30,
             message="the job to finish")
-        assert done["status"] == "done" and "end-of-env" in done["stdout"], done
+        assert done["status"] == "done" and "end-of-env" in done["stdout"], (done["stderr"], done["exit_code"])
         assert f"CORRAL_NODE_ID={NODE}" in done["stdout"]  # it is the agent's environment
         assert "TOKEN" not in done["stdout"], done["stdout"]
         events = api.get(f"{c.scheduler_url}/jobs/{job['job_id']}/events", timeout=5).text
@@ -457,7 +541,7 @@ def test_a_job_runs_end_to_end_over_tls_with_a_ca_bundle(tmp_path, state_dir):
         with pytest.raises(requests.exceptions.SSLError):
             requests.get(scheduler + "/healthz", timeout=5)  # the system's CAs do not know ours
         agent_env = dict(NODE_ID=NODE, REGISTRY_URL=registry, SCHEDULER_URL=scheduler, POLL_INTERVAL_SECS=0.2,
-                         HEARTBEAT_INTERVAL_SECS=0.5, CORRAL_AGENT_TOKEN=AGENT_TOKEN)
+                         HEARTBEAT_INTERVAL_SECS=0.5, CORRAL_NODE_TOKEN=NODE_TOKEN)
         # Without the bundle the agent refuses the certificate.
         check = subprocess.run([os.path.join(BIN, "corral-agent"), "--check"], capture_output=True, text=True,
                                env=base_env(state_dir, **agent_env), timeout=60)
@@ -485,4 +569,4 @@ def test_a_job_runs_end_to_end_over_tls_with_a_ca_bundle(tmp_path, state_dir):
         for proc in reversed(procs):
             proc.stop()
         logs = "\n".join(p.output() for p in procs)
-    assert OPERATOR_TOKEN not in logs and AGENT_TOKEN not in logs
+    assert OPERATOR_TOKEN not in logs and AGENT_SECRET not in logs and NODE_TOKEN not in logs

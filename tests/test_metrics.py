@@ -289,7 +289,7 @@ def test_metrics_count_only_what_was_committed(tmp_path):
         store.cancel(job["job_id"], 1_800_000_001.0)
         raise Abort
     assert local("corral_jobs_finished_total", status="cancelled") == cancelled
-    assert client.post(f"/jobs/{job['job_id']}/cancel").status_code == 200
+    assert client.post(f"/jobs/{job['job_id']}/cancel", json={}).status_code == 200
     assert local("corral_jobs_finished_total", status="cancelled") == cancelled + 1
 
     # Outside gunicorn, /metrics serves this process's counters and the database gauges.

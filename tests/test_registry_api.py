@@ -65,7 +65,7 @@ def test_register_heartbeat_and_turn_unhealthy(client, clock):
     assert client.get("/nodes/node-1").json["status"] == "healthy"
     clock.now += 10
     assert client.get("/nodes/node-1").json["status"] == "unhealthy"
-    assert client.post("/nodes/node-1/heartbeat").json["status"] == "healthy"
+    assert client.post("/nodes/node-1/heartbeat", json={}).json["status"] == "healthy"
 
 
 def test_reregistration_updates_the_node(client):
@@ -81,7 +81,7 @@ def test_list_filters_by_type_and_status(client, clock):
     client.post("/nodes", json=dict(NODE, node_id="node-2"))
     client.post("/nodes", json=dict(NODE, node_id="lb-1", kind="gateway"))
     clock.now += 30
-    client.post("/nodes/node-2/heartbeat")
+    client.post("/nodes/node-2/heartbeat", json={})
     ids = lambda q: [n["node_id"] for n in client.get("/nodes" + q).json]  # noqa: E731
     assert ids("") == ["lb-1", "node-1", "node-2"]
     assert ids("?type=compute") == ["node-1", "node-2"]
@@ -97,7 +97,7 @@ def test_heartbeat_of_an_unknown_node_is_404(client):
 
 def test_deregister(client):
     client.post("/nodes", json=NODE)
-    assert client.delete("/nodes/node-1").status_code == 200
+    assert client.delete("/nodes/node-1", json={}).status_code == 200
     assert client.get("/nodes/node-1").status_code == 404
 
 
@@ -118,6 +118,7 @@ def test_bad_registrations_are_refused(client, body):
 
 
 def test_services(client, clock):
+    client.post("/nodes", json=NODE)
     svc = {"job_id": "job-7", "name": "web", "node_id": "node-1", "address": "10.0.0.5", "port": 8080}
     assert client.post("/services", json=svc).status_code == 201
     assert client.post("/services", json=dict(svc, name="api", job_id="job-8", healthy=True)).status_code == 201
@@ -127,11 +128,30 @@ def test_services(client, clock):
     assert names("?healthy=true") == ["job-8"]
     assert names("?healthy=false") == ["job-7"]
     assert names("?name=web") == ["job-7"]
-    assert client.delete("/services/job-7").status_code == 200
-    assert client.delete("/services/job-7").status_code == 404
+    assert client.delete("/services/job-7", json={}).status_code == 200
+    assert client.delete("/services/job-7", json={}).status_code == 404
     assert names("") == ["job-8"]
     bad = client.post("/services", json=dict(svc, port=0))
     assert bad.status_code == 400 and "port" in bad.json["error"]
+
+
+def test_a_service_of_a_lost_or_unknown_node_is_not_listed_healthy(client, clock):
+    client.post("/nodes", json=NODE)
+    client.post("/nodes", json=dict(NODE, node_id="node-2"))
+    for job_id, node_id in (("job-1", "node-1"), ("job-2", "node-2"), ("job-3", "node-gone")):
+        client.post("/services", json={"job_id": job_id, "name": "web", "node_id": node_id,
+                                       "address": "10.0.0.5", "port": 8080, "healthy": True})
+    healthy = lambda: [s["job_id"] for s in client.get("/services?healthy=true").json]  # noqa: E731
+    assert healthy() == ["job-1", "job-2"]  # node-gone is not registered
+    clock.now += 15
+    client.post("/nodes/node-2/heartbeat", json={})
+    clock.now += 10  # node-1 is silent past the timeout; its service's last check said healthy
+    assert healthy() == ["job-2"]
+    listed = {s["job_id"]: s for s in client.get("/services").json}
+    assert (listed["job-1"]["healthy"], listed["job-1"]["node_healthy"]) == (False, False)
+    assert [s["job_id"] for s in client.get("/services?healthy=false").json] == ["job-1", "job-3"]
+    assert client.post("/nodes/node-1/heartbeat", json={}).status_code == 200
+    assert healthy() == ["job-1", "job-2"]
 
 
 def test_errors_are_json(client):
@@ -143,13 +163,13 @@ def test_errors_are_json(client):
 def test_drain_and_undrain(client, clock):
     client.post("/nodes", json=NODE)
     client.post("/nodes", json=dict(NODE, node_id="node-2"))
-    drained = client.post("/nodes/node-1/drain")
+    drained = client.post("/nodes/node-1/drain", json={})
     assert drained.status_code == 200 and drained.json["drained"] is True
     assert client.post("/nodes", json=NODE).json["drained"] is True   # an agent restart keeps it
     assert [n["node_id"] for n in client.get("/nodes?drained=true").json] == ["node-1"]
     assert [n["node_id"] for n in client.get("/nodes?drained=false").json] == ["node-2"]
-    assert client.post("/nodes/node-1/undrain").json["drained"] is False
-    assert client.post("/nodes/ghost/drain").status_code == 404
+    assert client.post("/nodes/node-1/undrain", json={}).json["drained"] is False
+    assert client.post("/nodes/ghost/drain", json={}).status_code == 404
     assert client.get("/nodes?drained=maybe").status_code == 400
 
 

@@ -379,11 +379,11 @@ def test_cancel(client, store, clock):
     set_nodes(store, clock, "n1", slots=1)
     running, waiting = submit(client, command="sleep 100"), submit(client, command="sleep 100")
     report(client, running, "running")
-    cancelled = client.post("/jobs/job-2/cancel")
+    cancelled = client.post("/jobs/job-2/cancel", json={})
     assert cancelled.status_code == 200 and cancelled.json["status"] == "cancelled"
     assert cancelled.json["finished_at"]
-    assert client.post("/jobs/job-2/cancel").status_code == 200           # again: a no-op
-    stopped = client.post("/jobs/job-1/cancel").json
+    assert client.post("/jobs/job-2/cancel", json={}).status_code == 200           # again: a no-op
+    stopped = client.post("/jobs/job-1/cancel", json={}).json
     assert stopped["status"] == "cancelled"
     # The agent no longer sees it as running (it kills it) and its late report is refused.
     assert client.get("/jobs?node_id=n1&status=running").json == []
@@ -391,9 +391,9 @@ def test_cancel(client, store, clock):
     submit(client, command="true")
     done = run_to(client, "job-3", "done").json
     assert done["status"] == "done"
-    refused = client.post("/jobs/job-3/cancel")
+    refused = client.post("/jobs/job-3/cancel", json={})
     assert refused.status_code == 409 and "already done" in refused.json["error"]
-    assert client.post("/jobs/job-99/cancel").status_code == 404
+    assert client.post("/jobs/job-99/cancel", json={}).status_code == 404
     reasons = [e["reason"] for e in client.get("/jobs/job-1/events").json]
     assert reasons[-1] == "cancelled by request"
 
@@ -441,13 +441,13 @@ def test_an_operator_retries_a_failed_job_with_a_fresh_budget(client, store, clo
     set_nodes(store, clock, "n1")
     submit(client, command="false", max_retries=0)
     run_to(client, "job-1", "failed", exit_code=2)
-    again = client.post("/jobs/job-1/retry")
+    again = client.post("/jobs/job-1/retry", json={})
     assert again.status_code == 200
     job = again.json
     assert job["status"] == "pending" and job["retry_count"] == 0 and job["exit_code"] is None
     assert job["node_id"] == "n1" and job["attempt"] == 2 and job["stdout"] is None
-    assert client.post("/jobs/job-1/retry").status_code == 409      # pending now
-    assert client.post("/jobs/job-9/retry").status_code == 404
+    assert client.post("/jobs/job-1/retry", json={}).status_code == 409      # pending now
+    assert client.post("/jobs/job-9/retry", json={}).status_code == 404
     assert client.get("/jobs/job-1/events").json[-2]["reason"] == "retried by request"
 
 
@@ -485,8 +485,8 @@ def test_the_lease_answer_lists_the_attempts_running_on_the_node(client, store, 
     report(client, a, "running")
     answer = client.post("/nodes/n1/lease", json={}).json
     assert answer == {"node_id": "n1", "lease_secs": 20.0, "running": [{"job_id": a["job_id"], "attempt": 1}]}
-    assert client.post("/nodes/n2/lease").json["running"] == []
-    assert client.post("/nodes/bad%20id/lease").status_code == 400
+    assert client.post("/nodes/n2/lease", json={}).json["running"] == []
+    assert client.post("/nodes/bad%20id/lease", json={}).status_code == 400
 
 
 def test_a_busy_database_is_a_503_not_a_500(client, store, monkeypatch):

@@ -390,7 +390,7 @@ def test_stats_endpoint_counts_jobs_and_the_outbox(tmp_path):
     client = app.test_client()
     for _ in range(2):
         client.post("/jobs", json={"command": "true"})
-    client.post("/jobs/job-1/cancel")
+    client.post("/jobs/job-1/cancel", json={})
     body = client.get("/stats").json
     assert body["jobs"] == {"pending": 1, "running": 0, "done": 0, "failed": 0, "cancelled": 1}
     assert body["sns"] == {"enabled": True, "pending": 1, "oldest_pending_age_secs": 0.0, "published": 0,

@@ -10,7 +10,7 @@ def test_minimal_request_gets_defaults():
     assert job_request({"command": "echo hi"}) == {
         "command": "echo hi", "deploy_url": None, "deploy_sha256": None, "job_type": "run", "port": None,
         "env_vars": {}, "instance_id": None, "name": None, "memory_mb": None, "cpu_percent": None,
-        "health_path": None, "max_retries": None, "on_node_lost": "requeue"}
+        "max_processes": None, "health_path": None, "max_retries": None, "on_node_lost": "requeue"}
 
 
 def test_full_request():

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from flask import Flask, jsonify, request
 from peewee import fn
 
-from corral.shared import auth
+from corral.shared import auth, guards, server
 from corral.shared import db as dbmod
 from corral.shared import validate as v
-from corral.shared.errors import NotFound
+from corral.shared.errors import Conflict, Forbidden, NotFound
 from corral.shared.http import base_app, query_choice, read_json_object, serve_openapi, serve_readiness
 from corral.shared.metrics import serve_metrics
 from corral.shared.timeutil import iso
@@ -21,17 +21,18 @@ from .settings import RegistrySettings
 
 NODE_FIELDS = ("node_id", "address", "kind", "slots", "cpus", "memory_mb", "max_memory_mb", "max_cpu_percent",
                "labels")
-SERVICE_FIELDS = ("job_id", "name", "node_id", "address", "port", "healthy")
+SERVICE_FIELDS = ("job_id", "name", "node_id", "address", "port", "healthy", "attempt", "grant")
 KIND_RE = re.compile(r"^[a-z][a-z0-9-]{0,31}\Z")
 
 # Who may call each route (shared/auth.py); a route missing here is operator-only.
-# Agents register, heartbeat and record services for their own node; operators drain
-# and forget nodes; both read.
+# Agents register, heartbeat and record services for the node of their credential
+# only (services of their own jobs: the scheduler's grant); operators drain and
+# forget nodes; both read.
 ACCESS = {
-    "register_node": auth.AGENT,
-    "heartbeat": auth.AGENT,
-    "register_service": auth.AGENT,
-    "remove_service": auth.EITHER,  # an agent only its own node's (checked in the route)
+    "register_node": auth.agent(auth.NODE_IN_BODY),
+    "heartbeat": auth.agent(auth.NODE_IN_PATH),
+    "register_service": auth.agent(auth.NODE_IN_BODY),
+    "remove_service": auth.either(auth.NODE_IN_RECORD),
     "list_nodes": auth.EITHER,
     "read_node": auth.EITHER,
     "list_services": auth.EITHER,
@@ -75,6 +76,7 @@ def open_store(settings: RegistrySettings):
 def create_schema(settings: RegistrySettings) -> None:
     db = open_store(settings)
     with db.connection_context():
+        dbmod.add_missing_columns(db, Service)
         db.create_tables(MODELS)
     dbmod.close_idle(db)  # the master forks the workers next
 
@@ -87,7 +89,7 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
         last_up = Node.select(fn.MAX(Node.last_heartbeat)).scalar()
     liveness = Liveness(settings.heartbeat_timeout_secs, clock(), last_up)
     app = base_app(__name__, settings.max_body_bytes)
-    auth.install(app, settings.tokens, ACCESS)
+    guards.install(app, settings.credentials, ACCESS, settings.allowed_hosts, server.loopback_only())
     dbmod.init_app(app, db)
     serve_openapi(app, openapi.DOCUMENT)
 
@@ -108,12 +110,23 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
             "registered_at": iso(node.registered_at), "last_heartbeat": iso(node.last_heartbeat),
         }
 
-    def service_view(svc: Service) -> dict:
+    def healthy_node_ids(now: float):
+        return Node.select(Node.node_id).where(Node.last_heartbeat >= liveness.cutoff(now))
+
+    def service_view(svc: Service, node_healthy: bool) -> dict:
+        """A service is healthy when its check passes and its node is healthy: a lost
+        node's services are not served to load balancers, whatever they said last."""
         return {
             "job_id": svc.job_id, "name": svc.name, "node_id": svc.node_id, "address": svc.address,
-            "port": svc.port, "healthy": svc.healthy, "checked_at": iso(svc.checked_at),
+            "port": svc.port, "attempt": svc.attempt,
+            "healthy": svc.healthy if node_healthy or svc.healthy is None else False,
+            "node_healthy": node_healthy, "checked_at": iso(svc.checked_at),
             "registered_at": iso(svc.registered_at),
         }
+
+    def one_service_view(svc: Service) -> dict:
+        node = Node.get_or_none(Node.node_id == svc.node_id)
+        return service_view(svc, node is not None and liveness.status(node.last_heartbeat, clock()) == "healthy")
 
     @app.post("/nodes")
     def register_node():
@@ -131,6 +144,7 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
         }
         node_id = v.req_str(body, "node_id", pattern=v.NAME_RE,
                             what="letters, digits, '.', '_' or '-' (at most 128)")
+        auth.require_node(node_id)
         now = clock()
         with db.atomic():
             is_new = Node.get_or_none(Node.node_id == node_id) is None
@@ -216,40 +230,65 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
             "address": v.req_str(body, "address", max_len=255),
             "port": v.req_int(body, "port", 1, 65535),
             "healthy": v.opt_bool(body, "healthy"),
+            "attempt": v.opt_int(body, "attempt", 0, 1_000_000_000),
         }
+        grant = v.opt_str(body, "grant", max_len=128)
+        auth.require_node(fields["node_id"])
+        by_node = auth.calling_node() is not None
+        if by_node and (fields["attempt"] is None or grant is None or not settings.credentials.grant_valid(
+                grant, job_id, fields["attempt"], fields["node_id"])):
+            raise Forbidden(f"a node may record services of its own jobs only; {job_id} attempt "
+                            f"{fields['attempt']} is not one the scheduler handed to node {fields['node_id']!r} "
+                            f"(send the job's attempt and the service_grant that came with it)")
         now = clock()
         if fields["healthy"] is not None:
             fields["checked_at"] = now
         with db.atomic():
-            is_new = Service.get_or_none(Service.job_id == job_id) is None
-            if is_new:
-                Service.create(job_id=job_id, registered_at=now, **fields)
-            else:
+            existing = Service.get_or_none(Service.job_id == job_id)
+            if existing is not None:
+                _check_replace(existing, fields, by_node)
                 Service.update(**fields).where(Service.job_id == job_id).execute()
+            else:
+                Service.create(job_id=job_id, registered_at=now, **fields)
             svc = Service.get_by_id(job_id)
-        return jsonify(service_view(svc)), 201 if is_new else 200
+        return jsonify(one_service_view(svc)), 200 if existing is not None else 201
+
+    def _check_replace(existing: Service, fields: dict, by_node: bool) -> None:
+        """An older attempt never replaces a newer one's record; a node replaces another
+        node's record only for a newer attempt (the job moved there)."""
+        old, new = existing.attempt, fields["attempt"]
+        if old is not None and new is not None and new < old:
+            raise Conflict(f"the service of {existing.job_id} is recorded for attempt {old}; "
+                           f"attempt {new} is stale")
+        if by_node and existing.node_id != fields["node_id"] and (old is None or new <= old):
+            raise Conflict(f"the service of {existing.job_id} belongs to node {existing.node_id!r} "
+                           f"(attempt {old}); only a newer attempt replaces it")
 
     @app.get("/services")
     def list_services():
+        now = clock()
+        healthy_nodes = {row.node_id for row in healthy_node_ids(now)}
         query = Service.select().order_by(Service.name, Service.job_id)
         healthy = query_choice("healthy", ("true", "false"))
         if healthy == "true":
-            query = query.where(Service.healthy == True)  # noqa: E712 (peewee expression)
+            query = query.where((Service.healthy == True)  # noqa: E712 (peewee expression)
+                                & Service.node_id.in_(healthy_node_ids(now)))
         elif healthy == "false":
-            query = query.where((Service.healthy == False) | Service.healthy.is_null())  # noqa: E712
+            query = query.where((Service.healthy == False) | Service.healthy.is_null()  # noqa: E712
+                                | Service.node_id.not_in(healthy_node_ids(now)))
         for name in ("name", "node_id"):
             if request.args.get(name):
                 query = query.where(getattr(Service, name) == request.args[name])
-        return jsonify([service_view(s) for s in query])
+        return jsonify([service_view(s, s.node_id in healthy_nodes) for s in query])
 
     @app.delete("/services/<job_id>")
     def remove_service(job_id):
         svc = Service.get_or_none(Service.job_id == job_id)
         if svc is None:
             raise NotFound(f"no service for job {job_id!r}")
-        auth.check_own_node(svc.node_id)
+        auth.require_node(svc.node_id)
         with db.atomic():
             svc.delete_instance()
-        return jsonify(service_view(svc))
+        return jsonify(one_service_view(svc))
 
     return app

@@ -36,6 +36,9 @@ class Service(BaseModel):
     node_id = peewee.CharField(max_length=128, index=True)
     address = peewee.CharField(max_length=255)
     port = peewee.IntegerField()
+    # The job's attempt the record belongs to (null: recorded without tokens, or by an
+    # older agent); a record of a newer attempt on another node replaces it.
+    attempt = peewee.IntegerField(null=True)
     healthy = peewee.BooleanField(null=True)
     checked_at = peewee.DoubleField(null=True)
     registered_at = peewee.DoubleField()

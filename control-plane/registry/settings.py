@@ -4,7 +4,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from corral.shared import settings as s
-from corral.shared.auth import Tokens, server_tokens
+from corral.shared.credentials import Credentials, server_credentials
+from corral.shared.guards import allowed_hosts
 from corral.shared.http import DEFAULT_MAX_BODY_BYTES
 
 
@@ -14,7 +15,10 @@ class RegistrySettings:
     sqlite_synchronous: str = "NORMAL"
     heartbeat_timeout_secs: float = 20.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    tokens: Tokens = Tokens()  # CORRAL_API_TOKEN, CORRAL_AGENT_TOKEN (shared/auth.py); unset: open
+    # CORRAL_API_TOKEN, CORRAL_AGENT_TOKEN (shared/credentials.py); unset: open, loopback only.
+    credentials: Credentials = Credentials()
+    # CORRAL_ALLOWED_HOSTS: Host names a loopback-only server accepts besides loopback ones.
+    allowed_hosts: frozenset[str] = frozenset()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "RegistrySettings":
@@ -23,5 +27,6 @@ class RegistrySettings:
             sqlite_synchronous=s.sqlite_synchronous(env),
             heartbeat_timeout_secs=s.env_float(env, "HEARTBEAT_TIMEOUT_SECS", 20.0, minimum=0.1),
             max_body_bytes=s.env_int(env, "CORRAL_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, minimum=1024),
-            tokens=server_tokens(env),
+            credentials=server_credentials(env),
+            allowed_hosts=allowed_hosts(env),
         )

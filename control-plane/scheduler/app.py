@@ -6,7 +6,7 @@ from urllib.parse import urlencode
 from flask import Flask, jsonify, request
 from peewee import fn
 
-from corral.shared import auth, server
+from corral.shared import auth, guards, server
 from corral.shared import db as dbmod
 from corral.shared.metrics import serve_metrics
 from corral.shared.clients import RegistryClient
@@ -15,8 +15,8 @@ from corral.shared.http import (base_app, query_choice, query_int, read_json_obj
                                 serve_readiness)
 from corral.shared.states import ALL
 
-from . import longpoll, loops, metrics, openapi, sns_outbox, sqs_intake, ui, validation, wakeup
-from .models import MODELS, Node, database, upgrade_node_table
+from . import longpoll, loops, metrics, openapi, pages, sns_outbox, sqs_intake, ui, validation, wakeup
+from .models import MODELS, Job, Node, database, upgrade_node_table
 from .settings import SchedulerSettings
 from .store import Store
 
@@ -28,22 +28,23 @@ MAX_PAGE = 1000
 LONG_POLL_HEADER = "X-Corral-Long-Poll"
 
 # Who may call each route (shared/auth.py); a route missing here is operator-only.
-# Agents: claims, leases, reports and the old poll, each for their own node only.
+# Agents: claims, leases, reports, live output and the original design's poll, each
+# for the node of their credential only.
 ACCESS = {
     "stats": auth.OPERATOR,
-    "list_nodes": auth.EITHER,
+    "list_nodes": auth.OPERATOR,
     "submit": auth.OPERATOR,
     "submit_batch": auth.OPERATOR,
-    "list_jobs": auth.EITHER_OWN_NODE,
+    "list_jobs": auth.either(auth.NODE_IN_QUERY),
     "read_job": auth.OPERATOR,
     "job_events": auth.OPERATOR,
     "cancel": auth.OPERATOR,
     "retry": auth.OPERATOR,
-    "claim": auth.AGENT,
-    "renew_lease": auth.AGENT,
-    "report": auth.AGENT,
-    "report_batch": auth.AGENT,
-    "live_output": auth.AGENT,
+    "claim": auth.agent(auth.NODE_IN_PATH),
+    "renew_lease": auth.agent(auth.NODE_IN_PATH),
+    "report": auth.agent(auth.NODE_IN_BODY),
+    "report_batch": auth.agent(auth.NODE_IN_BODY),
+    "live_output": auth.agent(auth.NODE_IN_BODY),
 }
 
 
@@ -57,13 +58,14 @@ def create_schema(settings: SchedulerSettings) -> None:
     store = open_store(settings)
     with store.db.connection_context():
         upgrade_node_table(store.db)
+        dbmod.add_missing_columns(store.db, Job)
         store.db.create_tables(MODELS)
     dbmod.close_idle(store.db)  # the master forks the workers next
 
 
 def registry_client(settings: SchedulerSettings, **kwargs) -> RegistryClient:
     """The scheduler's client of the registry: it reads the node list with the operators' token."""
-    return RegistryClient(settings.registry_url, token=settings.tokens.operator,
+    return RegistryClient(settings.registry_url, token=settings.credentials.operator,
                           verify=settings.registry_ca_bundle or True, **kwargs)
 
 
@@ -75,7 +77,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     with store.db.connection_context():
         store.db.create_tables(MODELS)
     app = base_app(__name__, settings.max_body_bytes)
-    auth.install(app, settings.tokens, ACCESS)
+    guards.install(app, settings.credentials, ACCESS, settings.allowed_hosts, server.loopback_only())
     dbmod.init_app(app, store.db)
     serve_openapi(app, openapi.DOCUMENT)
     app.register_blueprint(ui.blueprint)  # the dashboard at /ui
@@ -152,18 +154,38 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
         jobs, created = store.submit_batch(items, clock(), key)
         return jsonify([store.job_view(j) for j in jobs]), 201 if created else 200
 
+    def agent_view(job) -> dict:
+        """A job as its node's agent gets it: with the grant that lets the node record the
+        job's service in the registry (shared/credentials.py; none without tokens)."""
+        view = store.job_view(job)
+        if job.job_type == "service" and job.node_id is not None:
+            grant = settings.credentials.service_grant(job.job_id, job.attempt, job.node_id)
+            if grant is not None:
+                view["service_grant"] = grant
+        return view
+
+    def require_items_node(items) -> None:
+        """Every item of an agent's batch must be about the agent's own node."""
+        for _, item in items:
+            if isinstance(item, dict):
+                auth.require_node(item["node_id"])
+
     @app.post("/jobs/reports")
     def report_batch():
         items, claim = validation.report_batch(read_json_object())
+        require_items_node(items)
+        if claim is not None:
+            auth.require_node(claim[0])
         results, claimed = store.report_batch(items, clock(), claim)
         answer = {"results": results}
         if claim is not None:
-            answer["claimed"] = [store.job_view(j) for j in claimed]
+            answer["claimed"] = [agent_view(j) for j in claimed]
         return jsonify(answer)
 
     @app.post("/jobs/output")
     def live_output():
         items = validation.output_batch(read_json_object())
+        require_items_node(items)
         return jsonify({"results": store.store_output(items)})
 
     @app.post("/nodes/<node_id>/claim")
@@ -172,7 +194,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
             raise BadRequest("the node id must be letters, digits, '.', '_' or '-' (at most 128)")
         body = validation.claim_request(read_json_object())
         answer = longpoll.claim(store, room, node_id, body, clock, request.environ.get("gunicorn.socket"))
-        response = jsonify([store.job_view(j) for j in answer.jobs])
+        response = jsonify([agent_view(j) for j in answer.jobs])
         if answer.outcome in (longpoll.BUSY, longpoll.STOPPING, longpoll.AGAIN):
             response.headers[LONG_POLL_HEADER] = answer.outcome
         return response
@@ -198,14 +220,17 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
             if after is None:
                 raise BadRequest("query parameter 'after' must be a job id such as job-42")
         if node_id and status == "pending" and job_type is None and after is None and not newest_first:
-            jobs = store.pending_for_agent(node_id, limit)  # the agents' poll
+            jobs = store.pending_for_agent(node_id, limit)  # the agents' poll: at most its free slots
         else:
-            jobs = store.list_jobs(node_id=node_id, status=status, job_type=job_type, after=after,
+            jobs = store.iter_jobs(node_id=node_id, status=status, job_type=job_type, after=after,
                                    limit=limit, newest_first=newest_first)
-        response = jsonify([store.job_view(j) for j in jobs])
-        if len(jobs) == limit:
+        view = agent_view if auth.calling_node() is not None else store.job_view
+        page = pages.cut(((j.job_id, app.json.dumps(view(j)).encode()) for j in jobs), limit,
+                         settings.page_max_bytes)
+        response = app.response_class(page.body(), mimetype="application/json")
+        if page.next_after is not None:
             args = request.args.to_dict()
-            args["after"] = jobs[-1].job_id
+            args["after"] = page.next_after
             response.headers["Link"] = f'<{request.path}?{urlencode(args)}>; rel="next"'
         return response
 
@@ -236,6 +261,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     @app.post("/jobs/<job_id>/status")
     def report(job_id):
         body = validation.status_report(read_json_object())
+        auth.require_node(body["node_id"])
         return jsonify(store.job_view(store.report(job_id, body, clock())))
 
     return app

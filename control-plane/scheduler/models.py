@@ -33,6 +33,7 @@ class Job(BaseModel):
     name = peewee.CharField(max_length=128, null=True)
     memory_mb = peewee.IntegerField(null=True)      # requested; null: the node's default
     cpu_percent = peewee.IntegerField(null=True)    # requested; null: the node's default
+    max_processes = peewee.IntegerField(null=True)  # requested pids limit; null: the node's default
     deploy_sha256 = peewee.CharField(max_length=64, null=True)
     health_path = peewee.CharField(max_length=1024, null=True)
     node_id = peewee.CharField(max_length=128, null=True)
@@ -50,6 +51,7 @@ class Job(BaseModel):
     stderr = peewee.TextField(null=True)
     limits_enforced = peewee.BooleanField(null=True)  # as the node reported when it started
     limits = JSONField(null=True)                     # the limits the node applied
+    private_tmp = peewee.BooleanField(null=True)      # the node gave it its own /tmp (a mount namespace)
     oom_killed = peewee.BooleanField(null=True)
     peak_memory_bytes = peewee.BigIntegerField(null=True)
     cpu_seconds = peewee.DoubleField(null=True)

@@ -5,7 +5,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from corral.shared import settings as s
-from corral.shared.auth import Tokens, server_tokens
+from corral.shared.credentials import Credentials, server_credentials
+from corral.shared.guards import allowed_hosts
 from corral.shared.errors import SettingError
 from corral.shared.http import DEFAULT_MAX_BODY_BYTES
 
@@ -19,9 +20,12 @@ class SchedulerSettings:
     registry_url: str = "http://127.0.0.1:9000"
     # CA bundle that verifies an https:// REGISTRY_URL; None: the system's CAs.
     registry_ca_bundle: str | None = None
-    # CORRAL_API_TOKEN, CORRAL_AGENT_TOKEN (shared/auth.py); unset: open. The scheduler
-    # reads the registry's node list with CORRAL_API_TOKEN (give both servers the same).
-    tokens: Tokens = Tokens()
+    # CORRAL_API_TOKEN, CORRAL_AGENT_TOKEN (shared/credentials.py); unset: open, loopback
+    # only. The scheduler reads the registry's node list with CORRAL_API_TOKEN, and
+    # both servers derive node credentials from CORRAL_AGENT_TOKEN: give both the same.
+    credentials: Credentials = Credentials()
+    # CORRAL_ALLOWED_HOSTS: Host names a loopback-only server accepts besides loopback ones.
+    allowed_hosts: frozenset[str] = frozenset()
     max_jobs_per_node: int = 1
     max_job_retries: int = 1
     retry_base_secs: float = 2.0
@@ -36,6 +40,9 @@ class SchedulerSettings:
     max_node_losses: int = 3
     output_tail_bytes: int = 64 * 1024
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    # A page of GET /jobs stops at about this many bytes of JSON (always one job at
+    # least), so one request cannot make a worker hold hundreds of megabytes.
+    page_max_bytes: int = 8 * 1024 * 1024
     # Long-poll claims (docs/dispatch.md): claims waiting at once per server process;
     # None: the worker's threads minus 8 (longpoll.default_max_waiters).
     long_poll_max_waiters: int | None = None
@@ -73,7 +80,8 @@ class SchedulerSettings:
             sqlite_synchronous=s.sqlite_synchronous(env),
             registry_url=s.env_str(env, "REGISTRY_URL", "http://127.0.0.1:9000"),
             registry_ca_bundle=s.env_file(env, "REGISTRY_CA_BUNDLE"),
-            tokens=server_tokens(env),
+            credentials=server_credentials(env),
+            allowed_hosts=allowed_hosts(env),
             max_jobs_per_node=s.env_int(env, "MAX_JOBS_PER_NODE", 1, minimum=1, maximum=10_000),
             max_job_retries=s.env_int(env, "MAX_JOB_RETRIES", 1, minimum=0, maximum=20),
             retry_base_secs=s.env_float(env, "RETRY_BASE_SECS", 2.0, minimum=0.0, maximum=86400.0),
@@ -88,6 +96,7 @@ class SchedulerSettings:
             max_node_losses=s.env_int(env, "MAX_NODE_LOSSES", 3, minimum=0, maximum=100),
             output_tail_bytes=s.env_int(env, "CORRAL_OUTPUT_TAIL_BYTES", 64 * 1024, minimum=256),
             max_body_bytes=s.env_int(env, "CORRAL_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, minimum=1024),
+            page_max_bytes=s.env_int(env, "CORRAL_PAGE_MAX_BYTES", 8 * 1024 * 1024, minimum=4096),
             long_poll_max_waiters=_optional_int(env, "LONG_POLL_MAX_WAITERS", minimum=0, maximum=100_000),
             job_retention_secs=s.env_float(env, "JOB_RETENTION_SECS", 7 * 86400.0, minimum=0.0),
             job_purge_batch=s.env_int(env, "JOB_PURGE_BATCH", 500, minimum=1, maximum=100_000),

@@ -70,13 +70,14 @@ class Store:
             "command": job.command, "deploy_url": job.deploy_url, "deploy_sha256": job.deploy_sha256,
             "job_type": job.job_type, "port": job.port, "health_path": job.health_path,
             "env_vars": job.env_vars or {}, "memory_mb": job.memory_mb, "cpu_percent": job.cpu_percent,
+            "max_processes": job.max_processes,
             "status": job.status, "attempt": job.attempt, "retry_count": job.retry_count,
             "max_retries": job.max_retries, "next_attempt_at": iso(job.next_attempt_at),
             "on_node_lost": job.on_node_lost, "node_losses": job.node_losses,
             "exit_code": job.exit_code,
             "stdout": job.stdout, "stderr": job.stderr, "oom_killed": job.oom_killed,
             "peak_memory_bytes": job.peak_memory_bytes, "cpu_seconds": job.cpu_seconds,
-            "limits_enforced": job.limits_enforced, "limits": job.limits,
+            "limits_enforced": job.limits_enforced, "limits": job.limits, "private_tmp": job.private_tmp,
             "timeout_secs": self.settings.job_timeout_secs if job.job_type == "run" else None,
             "created_at": iso(job.created_at), "placed_at": iso(job.placed_at),
             "running_at": iso(job.running_at), "finished_at": iso(job.finished_at),
@@ -104,6 +105,13 @@ class Store:
 
     def list_jobs(self, *, node_id=None, status=None, job_type=None, after: int | None = None,
                   limit: int = 100, newest_first: bool = False) -> list[Job]:
+        return list(self.iter_jobs(node_id=node_id, status=status, job_type=job_type, after=after,
+                                   limit=limit, newest_first=newest_first))
+
+    def iter_jobs(self, *, node_id=None, status=None, job_type=None, after: int | None = None,
+                  limit: int = 100, newest_first: bool = False):
+        """The jobs of a list, read one row at a time (a page of large jobs is never all in
+        memory at once; pages.cut decides where it ends)."""
         query = Job.select()
         if node_id is not None:
             query = query.where(Job.node_id == node_id)
@@ -113,7 +121,7 @@ class Store:
             query = query.where(Job.job_type == job_type)
         if after is not None:
             query = query.where(Job.id < after if newest_first else Job.id > after)
-        return list(query.order_by(Job.id.desc() if newest_first else Job.id).limit(limit))
+        return query.order_by(Job.id.desc() if newest_first else Job.id).limit(limit).iterator()
 
     def pending_for_agent(self, node_id: str, limit: int) -> list[Job]:
         """The pending jobs placed on `node_id`, at most its free slots (what agents poll)."""
@@ -284,7 +292,8 @@ class Store:
                 return job  # the agent repeated a report whose answer it lost
             if new == "running":
                 self._transition(job, "running", now, "started on the node", running_at=now,
-                                 limits_enforced=report["limits_enforced"], limits=report["limits"])
+                                 limits_enforced=report["limits_enforced"], limits=report["limits"],
+                                 private_tmp=report.get("private_tmp"))
             elif job.status != "running":
                 raise Conflict(f"{job.job_id} is {job.status}, not running; the {new!r} report is refused")
             else:
@@ -358,7 +367,7 @@ class Store:
     def claim(self, node_id: str, request: dict, now: float) -> list[Job]:
         """Take up to request['max'] pending jobs placed on `node_id`: each becomes
         `running` for its current attempt, exactly as a `running` report would make
-        it (running_at, an event, limits_enforced and limits). Never more than the
+        it (running_at, an event, limits_enforced, limits, private_tmp). Never more than the
         node's free slots.
 
         A claim that takes jobs renews the node's lease in the same transaction (the
@@ -402,14 +411,15 @@ class Store:
                 limits = _claim_limits(job, request)
                 updated = self._sql.execute(self.db, "claim", lambda: Job.update(
                     status="running", running_at=param("now"), limits_enforced=param("enforced"),
-                    limits=param("limits")).where(
+                    limits=param("limits"), private_tmp=param("private_tmp")).where(
                     (Job.id == param("id")) & (Job.status == "pending") & (Job.node_id == param("node_id"))
                     & (Job.attempt == param("attempt"))),
                     now=now, enforced=bool(request["limits_enforced"]), limits=Job.limits.db_value(limits),
-                    id=job.id, node_id=node_id, attempt=job.attempt).rowcount
+                    private_tmp=request.get("private_tmp"), id=job.id, node_id=node_id, attempt=job.attempt).rowcount
                 if updated == 1:
                     job.status, job.running_at = "running", now
                     job.limits_enforced, job.limits = request["limits_enforced"], limits
+                    job.private_tmp = request.get("private_tmp")
                     claimed.append(job)
             if not claimed:
                 return []
@@ -875,8 +885,12 @@ def _claim_limits(job: Job, request: dict) -> dict | None:
         return None
     defaults = (request.get("default_limits") or {}).get(job.job_type) or DESIGN_LIMITS.get(
         job.job_type, DESIGN_LIMITS["run"])
-    return {"memory_mb": job.memory_mb if job.memory_mb is not None else defaults["memory_mb"],
-            "cpu_percent": job.cpu_percent if job.cpu_percent is not None else defaults["cpu_percent"]}
+    limits = {"memory_mb": job.memory_mb if job.memory_mb is not None else defaults["memory_mb"],
+              "cpu_percent": job.cpu_percent if job.cpu_percent is not None else defaults["cpu_percent"]}
+    processes = job.max_processes if job.max_processes is not None else defaults.get("max_processes")
+    if processes is not None:  # an agent that sets no pids limit sends no default
+        limits["max_processes"] = processes
+    return limits
 
 
 def _placement_status(node: dict) -> str:

@@ -8,18 +8,20 @@ from corral.shared import validate as v
 from corral.shared.errors import BadRequest, BatchError, CorralError
 
 JOB_FIELDS = ("command", "deploy_url", "deploy_sha256", "job_type", "port", "env_vars", "instance_id",
-              "name", "memory_mb", "cpu_percent", "health_path", "max_retries", "on_node_lost")
+              "name", "memory_mb", "cpu_percent", "max_processes", "health_path", "max_retries",
+              "on_node_lost")
 ON_NODE_LOST = ("requeue", "fail")
 MAX_RETRIES = 20
 JOB_TYPES = ("run", "service")
 DEPLOY_SCHEMES = ("http", "https", "s3")
 MAX_COMMAND_CHARS = 64 * 1024
 REPORT_FIELDS = ("node_id", "attempt", "status", "exit_code", "stdout", "stderr", "limits_enforced",
-                 "limits", "oom_killed", "peak_memory_bytes", "cpu_seconds", "requeue")
+                 "limits", "private_tmp", "oom_killed", "peak_memory_bytes", "cpu_seconds", "requeue")
 SHA256_RE = re.compile(r"^[0-9a-fA-F]{64}\Z")
 HEALTH_PATH_RE = re.compile(r"^/[\x21-\x7e]{0,1023}\Z")  # printable ASCII, no spaces
 MAX_MEMORY_MB = 1024 * 1024      # 1 TiB
 MAX_CPU_PERCENT = 100_000        # 1,000 CPUs
+MAX_PROCESSES = 4_194_304        # Linux's largest pid_max
 REPORTABLE = ("running", "done", "failed")
 MAX_OUTPUT_CHARS = 512 * 1024
 # Batches (POST /jobs/batch, POST /jobs/reports) and claims (POST /nodes/{id}/claim).
@@ -27,7 +29,7 @@ MAX_BATCH = 1000
 MAX_CLAIM = 1000
 MAX_WAIT_SECS = 25.0
 DEFAULT_WAIT_SECS = 20.0
-CLAIM_FIELDS = ("max", "wait_secs", "limits_enforced", "default_limits")
+CLAIM_FIELDS = ("max", "wait_secs", "limits_enforced", "private_tmp", "default_limits")
 OUTPUT_FIELDS = ("job_id", "node_id", "attempt", "stdout", "stderr")
 
 
@@ -56,6 +58,7 @@ def job_request(body: dict) -> dict:
         "name": v.opt_str(body, "name", pattern=v.NAME_RE, what="letters, digits, '.', '_' or '-' (at most 128)"),
         "memory_mb": v.opt_int(body, "memory_mb", 4, MAX_MEMORY_MB),
         "cpu_percent": v.opt_int(body, "cpu_percent", 1, MAX_CPU_PERCENT),
+        "max_processes": v.opt_int(body, "max_processes", 1, MAX_PROCESSES),
         "health_path": v.opt_str(body, "health_path", pattern=HEALTH_PATH_RE,
                                  what="a URL path starting with '/' (printable ASCII, no spaces)"),
         "max_retries": v.opt_int(body, "max_retries", 0, MAX_RETRIES),
@@ -105,7 +108,7 @@ def report_batch(body: dict) -> tuple[list[tuple[str, dict | CorralError]], tupl
     if claim is None:
         return items, None
     if not isinstance(claim, dict):
-        raise BadRequest("'claim' must be an object: node_id, max, limits_enforced, default_limits")
+        raise BadRequest("'claim' must be an object: node_id, max, limits_enforced, private_tmp, default_limits")
     node_id = v.req_str(claim, "node_id", pattern=v.NAME_RE, what="a node id")
     request = claim_request({k: val for k, val in claim.items() if k not in ("node_id", "wait_secs")})
     request["wait_secs"] = 0.0  # a claim riding on reports answers at once
@@ -170,6 +173,7 @@ def claim_request(body: dict) -> dict:
         "max": v.req_int(body, "max", 1, MAX_CLAIM),
         "wait_secs": float(wait),
         "limits_enforced": v.opt_bool(body, "limits_enforced"),
+        "private_tmp": v.opt_bool(body, "private_tmp"),
         "default_limits": defaults or {},
     }
 
@@ -203,6 +207,7 @@ def status_report(body: dict) -> dict:
         "stderr": _output(body, "stderr"),
         "limits_enforced": v.opt_bool(body, "limits_enforced"),
         "limits": _limits(body, "limits"),
+        "private_tmp": v.opt_bool(body, "private_tmp"),
         "oom_killed": v.opt_bool(body, "oom_killed"),
         "peak_memory_bytes": v.opt_int(body, "peak_memory_bytes", 0, 1 << 62),
         "cpu_seconds": _seconds(body, "cpu_seconds"),
@@ -222,10 +227,14 @@ def _limits(body: dict, name: str = "limits") -> dict | None:
     if value is None:
         return None
     if not isinstance(value, dict):
-        raise BadRequest(f"{name!r} must be an object with memory_mb and cpu_percent")
-    v.reject_unknown(value, ("memory_mb", "cpu_percent"))
-    return {"memory_mb": v.req_int(value, "memory_mb", 1, MAX_MEMORY_MB),
-            "cpu_percent": v.req_int(value, "cpu_percent", 1, MAX_CPU_PERCENT)}
+        raise BadRequest(f"{name!r} must be an object with memory_mb, cpu_percent and max_processes")
+    v.reject_unknown(value, ("memory_mb", "cpu_percent", "max_processes"))
+    limits = {"memory_mb": v.req_int(value, "memory_mb", 1, MAX_MEMORY_MB),
+              "cpu_percent": v.req_int(value, "cpu_percent", 1, MAX_CPU_PERCENT)}
+    processes = v.opt_int(value, "max_processes", 1, MAX_PROCESSES)
+    if processes is not None:  # agents that set no pids limit send none
+        limits["max_processes"] = processes
+    return limits
 
 
 def _seconds(body: dict, name: str) -> float | None:

@@ -28,6 +28,9 @@
     const headers = {Accept: "application/json"};
     const token = sessionStorage.getItem(TOKEN_KEY);
     if (token) headers.Authorization = "Bearer " + token;  // a header, never the URL
+    // The server takes state-changing requests only with this header (no other site
+    // can send it), a body-less cancel or retry too.
+    if (method !== "GET") headers["Content-Type"] = "application/json";
     const response = await fetch(new URL(path, API_ROOT), {method, headers, cache: "no-store"});
     if (response.status === 401) {
       if (token) sessionStorage.removeItem(TOKEN_KEY);

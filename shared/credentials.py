@@ -1,0 +1,159 @@
+"""Who may speak to the registry and the scheduler: the operators' token, and node
+credentials derived from the cluster's agent secret.
+
+Two configurations only: no token at all (both services then listen on loopback
+only), or both `CORRAL_API_TOKEN` (the operators' bearer token) and
+`CORRAL_AGENT_TOKEN` (the cluster's agent secret, held by the servers only). With
+exactly one of them set, the services refuse to start: a role without a
+credential would otherwise be open.
+
+A node proves who it is with a credential derived from the agent secret:
+
+    <node_id>.<hex HMAC-SHA256(secret, node_id)>
+
+given to its agent as `CORRAL_NODE_TOKEN` and sent as its bearer token. Any
+replica of either service verifies it from the secret alone (no stored state)
+and takes the node id from it, so a node can neither act for nor read the work of
+another node, whatever its request says. `CORRAL_AGENT_TOKEN_PREVIOUS` keeps
+credentials of the previous secret valid while a rotation is under way. The same
+derivation by hand: `printf %s NODE | openssl dgst -sha256 -hmac "$SECRET"`.
+
+A service grant is the scheduler's word that one attempt of a job was handed to
+one node: HMAC-SHA256(secret, "corral-service\\n<job>\\n<attempt>\\n<node>"). The
+scheduler gives it with the job; the registry accepts a node's service record
+only with it, so a node can record services of its own jobs only.
+
+Secrets and tokens are compared in constant time and never appear in a repr, a
+log line or an error message. Nothing here imports Flask: the agent and the
+console scripts use it too.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .errors import SettingError
+from .settings import env_str
+from .validate import NAME_RE
+
+OPERATOR_ROLE = "operator"
+AGENT_ROLE = "agent"
+MIN_SECRET_CHARS = 16
+_MAC_RE = re.compile(r"^[0-9a-f]{64}\Z")
+
+
+def node_token(secret: str, node_id: str) -> str:
+    """The credential of `node_id` under the agent secret `secret`."""
+    return f"{node_id}.{_mac(secret, node_id)}"
+
+
+def token_node(token: str) -> str | None:
+    """The node id a credential claims to be for (its form only, nothing verified)."""
+    node_id, dot, mac = token.rpartition(".")
+    if not dot or not NAME_RE.match(node_id) or not _MAC_RE.match(mac):
+        return None
+    return node_id
+
+
+def _mac(secret: str, message: str) -> str:
+    return hmac.new(secret.encode(), message.encode(), hashlib.sha256).hexdigest()
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who a valid credential belongs to: an operator, or the agent of `node_id`."""
+
+    role: str
+    node_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """The servers' credentials. All None: the tokenless local mode (everything open,
+    loopback only). Otherwise `operator` and `agent_secret` are both set."""
+
+    operator: str | None = field(default=None, repr=False)
+    agent_secret: str | None = field(default=None, repr=False)
+    previous_secret: str | None = field(default=None, repr=False)
+
+    @property
+    def enabled(self) -> bool:
+        return self.operator is not None
+
+    def _secrets(self) -> tuple[str, ...]:
+        return tuple(s for s in (self.agent_secret, self.previous_secret) if s is not None)
+
+    def identify(self, presented: str) -> Caller | None:
+        """The caller a bearer token stands for, or None when it is not valid."""
+        given = presented.encode("utf-8", "surrogateescape")
+        operator = self.operator is not None and hmac.compare_digest(given, self.operator.encode())
+        node_id = token_node(presented) if given.isascii() else None
+        node = False
+        if node_id is not None:
+            mac = presented.rpartition(".")[2]
+            # Every secret is tried, so timing does not tell which one nearly matched.
+            for secret in self._secrets():
+                node = hmac.compare_digest(mac, _mac(secret, node_id)) or node
+        if operator:
+            return Caller(OPERATOR_ROLE)
+        if node:
+            return Caller(AGENT_ROLE, node_id)
+        return None
+
+    def node_token(self, node_id: str) -> str:
+        """A node's credential under the current secret (`node-token` commands)."""
+        if self.agent_secret is None:
+            raise SettingError("CORRAL_AGENT_TOKEN is not set: there is no secret to derive node credentials from")
+        return node_token(self.agent_secret, node_id)
+
+    def service_grant(self, job_id: str, attempt: int, node_id: str) -> str | None:
+        """The grant for a service record of this attempt on this node (None without tokens)."""
+        if self.agent_secret is None:
+            return None
+        return _mac(self.agent_secret, _grant_message(job_id, attempt, node_id))
+
+    def grant_valid(self, grant: str, job_id: str, attempt: int, node_id: str) -> bool:
+        message = _grant_message(job_id, attempt, node_id)
+        valid = False
+        for secret in self._secrets():
+            valid = hmac.compare_digest(grant.encode("utf-8", "surrogateescape"),
+                                        _mac(secret, message).encode()) or valid
+        return valid
+
+
+def _grant_message(job_id: str, attempt: int, node_id: str) -> str:
+    return f"corral-service\n{job_id}\n{attempt}\n{node_id}"
+
+
+def server_credentials(env: Mapping[str, str]) -> Credentials:
+    """CORRAL_API_TOKEN, CORRAL_AGENT_TOKEN and CORRAL_AGENT_TOKEN_PREVIOUS, checked.
+    Raises SettingError (never showing a value) for a configuration that would leave
+    a role open or let one credential stand for another."""
+    operator = _secret(env, "CORRAL_API_TOKEN")
+    agent = _secret(env, "CORRAL_AGENT_TOKEN")
+    previous = _secret(env, "CORRAL_AGENT_TOKEN_PREVIOUS")
+    if operator is not None and agent is None:
+        raise SettingError("CORRAL_API_TOKEN is set but CORRAL_AGENT_TOKEN is not: set both (the agents' "
+                           "routes would be open to anyone) or neither (loopback only)")
+    if agent is not None and operator is None:
+        raise SettingError("CORRAL_AGENT_TOKEN is set but CORRAL_API_TOKEN is not: set both (the operators' "
+                           "routes would be open to anyone) or neither (loopback only)")
+    if previous is not None and agent is None:
+        raise SettingError("CORRAL_AGENT_TOKEN_PREVIOUS needs CORRAL_AGENT_TOKEN (the current secret)")
+    if operator is not None and operator in (agent, previous):
+        raise SettingError("CORRAL_API_TOKEN and the agent secret (CORRAL_AGENT_TOKEN, _PREVIOUS) must differ")
+    return Credentials(operator, agent, previous)
+
+
+def _secret(env: Mapping[str, str], name: str) -> str | None:
+    value = env_str(env, name, None)
+    if value is None:
+        return None
+    if len(value) < MIN_SECRET_CHARS:
+        raise SettingError(f"{name} must be at least {MIN_SECRET_CHARS} characters (e.g. `openssl rand -hex 32`)")
+    if not all("!" <= c <= "~" for c in value):
+        raise SettingError(f"{name} may hold only printable ASCII characters without spaces")
+    return value

@@ -1,0 +1,94 @@
+"""The checks every request of the registry and the scheduler passes before its route
+runs, in this order:
+
+1. **Host** (DNS rebinding). A server that listens on loopback only is reached
+   by browsers on this machine too: a web page whose name an attacker points at
+   127.0.0.1 could then talk to it as if it were the page's own site. So such a
+   server refuses (400) a `Host` that is not a loopback name or address
+   (`localhost`, `*.localhost`, `127.0.0.0/8`, `::1`) or one of the names in
+   `CORRAL_ALLOWED_HOSTS` (the names a proxy in front uses). A request without
+   `Host` (HTTP/1.0 tools) comes from no browser and passes.
+2. **Access** (shared/auth.py): credentials and roles.
+3. **Content type** (cross-site requests). A state-changing request (POST, PUT,
+   PATCH, DELETE) must say `Content-Type: application/json`, a body-less cancel,
+   retry or drain included (415 otherwise). A cross-site HTML form cannot send
+   that header, and a cross-site script cannot send it without the browser
+   asking the server first (CORS preflight), which Corral never allows; so no
+   other site can change anything through a user's browser, even on a tokenless
+   local cluster.
+
+All three answer JSON errors and run before the database connection is opened.
+"""
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable, Iterable, Mapping
+
+from flask import Flask, request
+
+from .auth import Access, access_check
+from .credentials import Credentials
+from .errors import BadRequest
+from .http import UnsupportedMediaType
+from .settings import env_str
+
+STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def allowed_hosts(env: Mapping[str, str]) -> frozenset[str]:
+    """CORRAL_ALLOWED_HOSTS: comma-separated host names (no ports), lower-cased."""
+    raw = env_str(env, "CORRAL_ALLOWED_HOSTS", "") or ""
+    return frozenset(name.strip().lower().rstrip(".") for name in raw.split(",") if name.strip())
+
+
+def host_name(header: str) -> str:
+    """The host of a Host header, without port or brackets, lower-cased."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:].partition("]")[0]
+    if header.count(":") > 1:  # a bare IPv6 address (not a valid Host, but harmless to read)
+        return header
+    return header.partition(":")[0].rstrip(".")
+
+
+def is_loopback_name(host: str) -> bool:
+    if host == "localhost" or host.endswith(".localhost"):
+        return True  # RFC 6761: such names always resolve to loopback
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def host_check(allowed: Iterable[str]) -> Callable[[], None]:
+    allowed = frozenset(allowed)
+
+    def check() -> None:
+        header = request.headers.get("Host")
+        if header is None:
+            return
+        host = host_name(header)
+        if not (is_loopback_name(host) or host in allowed):
+            raise BadRequest(f"the Host header {header[:100]!r} is not a name of this server, which listens on "
+                             f"loopback only; a proxy in front must pass a loopback Host or a name listed in "
+                             f"CORRAL_ALLOWED_HOSTS")
+
+    return check
+
+
+def json_content_type() -> None:
+    if request.url_rule is None:
+        return  # no such route or method: answered 404/405 on its own
+    if request.method in STATE_CHANGING and request.mimetype != "application/json":
+        raise UnsupportedMediaType(
+            f"a {request.method} needs Content-Type: application/json, even without a body (a browser "
+            f"cannot send that header across sites, so no other web site can make this request)")
+
+
+def install(app: Flask, credentials: Credentials, access: Mapping[str, Access],
+            hosts: Iterable[str], check_host: bool) -> None:
+    """Put the checks in front of every other before-request function of `app`.
+    `check_host`: the server listens on loopback only (shared/server.py)."""
+    checks: list[Callable] = [host_check(hosts)] if check_host else []
+    checks += [access_check(credentials, access), json_content_type]
+    app.before_request_funcs.setdefault(None, [])[:0] = checks
