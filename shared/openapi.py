@@ -10,6 +10,16 @@ TIMESTAMP = {"type": "string", "format": "date-time",
              "description": "ISO-8601 UTC, milliseconds (e.g. 2026-11-29T08:00:00.000Z)."}
 
 
+# With tokens (README: Security) every route but /healthz, /readyz, /metrics, /openapi.json
+# and the dashboard's files takes a bearer token: the operator token, or a node's
+# credential (`<node_id>.<hex HMAC>`) for the agents' routes. Without tokens (a server
+# on loopback only) none is checked: hence the empty alternative.
+SECURITY_SCHEMES = {"bearer": {"type": "http", "scheme": "bearer",
+                               "description": "CORRAL_API_TOKEN (operators) or a node's CORRAL_NODE_TOKEN "
+                                              "(agents, for their own node only)."}}
+SECURITY = [{"bearer": []}, {}]
+
+
 def ref(name: str) -> dict:
     return {"$ref": f"#/components/schemas/{name}"}
 
@@ -71,12 +81,29 @@ def error_responses(not_found: str, conflict: str | None = None) -> dict:
         "NotFound": json_response(ref("Error"), not_found),
         "PayloadTooLarge": json_response(ref("Error"), "The body is larger than CORRAL_MAX_BODY_BYTES "
                                                        "(default 2 MiB)."),
-        "UnsupportedMediaType": json_response(ref("Error"), "The body is not JSON (Content-Type must be "
-                                                            "application/json)."),
+        "UnsupportedMediaType": json_response(ref("Error"), "Content-Type is not application/json (which every "
+                                                            "POST, PUT, PATCH and DELETE must say, with or "
+                                                            "without a body)."),
     }
     if conflict:
         responses["Conflict"] = json_response(ref("Error"), conflict)
     return responses
+
+
+def json_content_type_everywhere(paths: dict) -> dict:
+    """Every state-changing operation takes `Content-Type: application/json` only, a
+    body-less one too (shared/guards.py): give those an optional empty JSON body and
+    document the 415 on all of them. Returns `paths`."""
+    for operations in paths.values():
+        for method, operation in operations.items():
+            if method not in ("post", "put", "patch", "delete"):
+                continue
+            operation.setdefault("requestBody", {
+                "required": False,
+                "description": "None needed; the request must still say Content-Type: application/json.",
+                "content": {"application/json": {"schema": {"type": "object"}}}})
+            operation["responses"].setdefault("415", error("UnsupportedMediaType"))
+    return paths
 
 
 def meta_paths(service: str) -> dict:

@@ -535,6 +535,8 @@ def test_every_command_against_a_real_scheduler_with_tokens(tmp_path, monkeypatc
 
     from cluster import Cluster
     from helpers import wait_for
+
+    from corral.shared.credentials import node_token
     monkeypatch.setattr(common, "clock", time.time)   # real time: the jobs really run
     monkeypatch.setattr(common, "sleep", time.sleep)
     tokens = {"CORRAL_API_TOKEN": OPERATOR, "CORRAL_AGENT_TOKEN": AGENT}
@@ -542,7 +544,7 @@ def test_every_command_against_a_real_scheduler_with_tokens(tmp_path, monkeypatc
     try:
         c.start_registry(**tokens)
         c.start_scheduler(**tokens)
-        c.start_agent("cli-node", slots=2, CORRAL_AGENT_TOKEN=AGENT)
+        c.start_agent("cli-node", slots=2, CORRAL_NODE_TOKEN=node_token(AGENT, "cli-node"))
 
         def run(*args, token=OPERATOR):
             env = {"CORRAL_ADDR": c.scheduler_url, "CORRAL_REGISTRY_ADDR": c.registry_url, "CORRAL_TOKEN": token,

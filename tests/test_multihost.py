@@ -11,12 +11,18 @@ import netns
 from cluster import BIN, Proc, base_env, kill_leftover_jobs, wait_scheduler_sees_healthy, world_traversable_dir
 from helpers import wait_for
 
+from corral.shared.credentials import node_token
+
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
 
-# The servers listen on the lab's bridge, not loopback, so they need a token (else they
-# refuse to start). The agents' token is set: the agents authenticate over the network
-# and name their node; the operator routes this test calls stay open (no CORRAL_API_TOKEN).
-AGENT_TOKEN = {"CORRAL_AGENT_TOKEN": "multihost-agent-token-4f1d2c"}
+# The servers listen on the lab's bridge, not loopback, so they need the tokens (else
+# they refuse to start): the test calls the operator routes with the operator token, and
+# each agent proves its node with its own credential, derived from the agent secret.
+OPERATOR_TOKEN = "multihost-operator-token-7a2b9c"
+AGENT_SECRET = "multihost-agent-secret-4f1d2c"
+SERVER_TOKENS = {"CORRAL_API_TOKEN": OPERATOR_TOKEN, "CORRAL_AGENT_TOKEN": AGENT_SECRET}
+api = requests.Session()
+api.headers["Authorization"] = f"Bearer {OPERATOR_TOKEN}"
 
 
 @pytest.fixture
@@ -41,7 +47,11 @@ def lab(tmp_path):
 
 def start(lab, procs, dirs, name, ns, argv, **env):
     tmp_path, state_root = dirs
-    full = base_env(os.path.join(state_root, name), **AGENT_TOKEN, **env)
+    if "NODE_ID" in env:
+        env["CORRAL_NODE_TOKEN"] = node_token(AGENT_SECRET, env["NODE_ID"])
+    else:
+        env.update(SERVER_TOKENS)
+    full = base_env(os.path.join(state_root, name), **env)
     proc = Proc(name, netns.Lab.exec_argv(ns, argv), full, str(tmp_path / f"{name}.log"))
     procs.append(proc)
     return proc
@@ -65,18 +75,18 @@ def test_jobs_run_on_two_hosts_and_their_services_answer_on_each_hosts_address(l
               AGENT_SLOTS=2, POLL_INTERVAL_SECS=0.2, HEARTBEAT_INTERVAL_SECS=0.5, AGENT_HEALTH_INTERVAL_SECS=0.5)
 
     def healthy():
-        nodes = requests.get(registry + "/nodes", params={"status": "healthy"}, timeout=5).json()
+        nodes = api.get(registry + "/nodes", params={"status": "healthy"}, timeout=5).json()
         return {n["node_id"]: n["address"] for n in nodes}
     addresses = wait_for(lambda: (lambda h: h if len(h) == 2 else None)(healthy()), timeout=30,
                          message="both hosts to register")
     assert addresses == {"host-1": lab.agent_addr[0], "host-2": lab.agent_addr[1]}
-    wait_scheduler_sees_healthy(scheduler, ("host-1", "host-2"), timeout=30)
+    wait_scheduler_sees_healthy(scheduler, ("host-1", "host-2"), timeout=30, token=OPERATOR_TOKEN)
 
     # One-shot jobs land on both hosts and each sees its own network.
-    jobs = [requests.post(scheduler + "/jobs", json={"command": "ip -4 -o addr show dev eth0"}, timeout=10).json()
+    jobs = [api.post(scheduler + "/jobs", json={"command": "ip -4 -o addr show dev eth0"}, timeout=10).json()
             for _ in range(4)]
     finished = [wait_for(lambda j=j: (lambda r: r if r["status"] in ("done", "failed") else None)(
-        requests.get(f"{scheduler}/jobs/{j['job_id']}", timeout=5).json()), timeout=30, message=j["job_id"])
+        api.get(f"{scheduler}/jobs/{j['job_id']}", timeout=5).json()), timeout=30, message=j["job_id"])
         for j in jobs]
     assert all(j["status"] == "done" for j in finished), finished
     assert {j["node_id"] for j in finished} == {"host-1", "host-2"}
@@ -85,12 +95,12 @@ def test_jobs_run_on_two_hosts_and_their_services_answer_on_each_hosts_address(l
 
     # A service on each host answers on that host's address, as the registry lists it.
     for node in ("host-1", "host-2"):
-        requests.post(scheduler + "/jobs", timeout=10, json={
+        api.post(scheduler + "/jobs", timeout=10, json={
             "command": "exec python3 -m http.server --bind 0.0.0.0 $PORT", "job_type": "service",
             "port": 8080, "name": "web", "instance_id": node, "health_path": "/"})
 
     def healthy_services():
-        services = requests.get(registry + "/services", params={"healthy": "true", "name": "web"}, timeout=5).json()
+        services = api.get(registry + "/services", params={"healthy": "true", "name": "web"}, timeout=5).json()
         return services if len(services) == 2 else None
     services = wait_for(healthy_services, timeout=30, message="both services to be healthy")
     assert {(s["node_id"], s["address"]) for s in services} == {
@@ -120,17 +130,17 @@ def test_a_partitioned_node_stops_its_job_before_the_job_runs_elsewhere(lab, sha
               AGENT_KILL_GRACE_SECS=1)
 
     def job():
-        return requests.get(f"{scheduler}/jobs/job-1", timeout=5).json()
+        return api.get(f"{scheduler}/jobs/job-1", timeout=5).json()
 
     stamps = os.path.join(shared_dir, "stamps")
     # Each copy stamps its start, and its end when it finishes or is stopped.
     command = (f"stamp() {{ echo $1 $CORRAL_NODE_ID $CORRAL_ATTEMPT $(date +%s.%N) >> {stamps}; }}; "
                f"trap 'stamp end; exit 143' TERM; stamp start; sleep 8 & wait; stamp end")
     agent(0)
-    requests.post(scheduler + "/jobs", json={"command": command}, timeout=10)
+    api.post(scheduler + "/jobs", json={"command": command}, timeout=10)
     wait_for(lambda: job()["status"] == "running", timeout=30, message="the job to run on host-1")
     agent(1)
-    wait_for(lambda: len(requests.get(registry + "/nodes", params={"status": "healthy"}, timeout=5).json()) == 2,
+    wait_for(lambda: len(api.get(registry + "/nodes", params={"status": "healthy"}, timeout=5).json()) == 2,
              timeout=30, message="host-2 to be healthy")
     lab.cut(lab.agent_ns[0])
     try:

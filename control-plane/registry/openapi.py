@@ -4,6 +4,7 @@ Keep it true of app.py: tests/test_openapi.py checks every route is listed and
 runs schemathesis against a live server to check every answer against it.
 """
 
+from corral.shared.openapi import SECURITY, SECURITY_SCHEMES, json_content_type_everywhere
 from corral.shared.openapi import COMMON_SCHEMAS, NAME_PATTERN, TIMESTAMP, error_responses, meta_paths
 from corral.shared.openapi import error as _error
 from corral.shared.openapi import json_response as _json
@@ -105,25 +106,37 @@ SCHEMAS = {
             "port": {"type": "integer", "minimum": 1, "maximum": 65535},
             "healthy": {"type": "boolean", "nullable": True,
                         "description": "Result of the last health check; null or omitted when unknown."},
+            "attempt": {"type": "integer", "nullable": True, "minimum": 0, "maximum": 1000000000,
+                        "description": "The job's attempt the service belongs to; an older attempt never "
+                                       "replaces a newer one's record."},
+            "grant": {"type": "string", "nullable": True, "maxLength": 128,
+                      "description": "With tokens, required of a node: the job's `service_grant` from the "
+                                     "scheduler, which proves this attempt was handed to this node."},
         },
     },
     "Service": {
         "type": "object",
-        "required": ["job_id", "name", "node_id", "address", "port", "healthy", "checked_at", "registered_at"],
+        "required": ["job_id", "name", "node_id", "address", "port", "attempt", "healthy", "node_healthy",
+                     "checked_at", "registered_at"],
         "properties": {
             "job_id": {"type": "string"},
             "name": {"type": "string"},
             "node_id": {"type": "string"},
             "address": {"type": "string"},
             "port": {"type": "integer", "minimum": 1, "maximum": 65535},
-            "healthy": {"type": "boolean", "nullable": True},
+            "attempt": {"type": "integer", "nullable": True},
+            "healthy": {"type": "boolean", "nullable": True,
+                        "description": "The last check passed and the node is healthy; false while the node "
+                                       "is unhealthy or unknown, whatever the last check said."},
+            "node_healthy": {"type": "boolean", "description": "Whether the service's node is healthy."},
             "checked_at": dict(NULLABLE_TIMESTAMP, description="When `healthy` was last reported."),
             "registered_at": TIMESTAMP,
         },
     },
 }
 
-RESPONSES = error_responses(not_found="No such node or service.")
+RESPONSES = error_responses(not_found="No such node or service.",
+                            conflict="A service record of a newer attempt, or of another node, is in the way.")
 
 
 def _body(schema_name: str, required: bool = True, description: str | None = None) -> dict:
@@ -208,10 +221,15 @@ PATHS = {
     "/services": {
         "post": {
             "operationId": "registerService", "tags": ["services"], "summary": "Record a running service job.",
+            "description": "With tokens, a node records services of its own jobs only: it sends the job's attempt "
+                           "and the `service_grant` the scheduler gave it with the job. A record of another node "
+                           "is replaced only for a newer attempt (the job moved); an older attempt never replaces "
+                           "a newer one's record (409).",
             "requestBody": _body("ServiceRegistration"),
             "responses": {
                 "201": _json(_ref("Service"), "A new service record."),
                 "200": _json(_ref("Service"), "The job's record existed and was replaced."),
+                "409": _error("Conflict"),
                 "400": _error("BadRequest"),
                 "413": _error("PayloadTooLarge"),
                 "415": _error("UnsupportedMediaType"),
@@ -222,8 +240,9 @@ PATHS = {
             "summary": "List services, ordered by name then job_id (what a load balancer reads).",
             "description": "An empty parameter counts as not given.",
             "parameters": [
-                _query("healthy", "`true`: only services whose last check passed; "
-                                  "`false`: failed or never checked.",
+                _query("healthy", "`true`: only services whose last check passed, on a healthy node; "
+                                  "`false`: the others (failed, never checked, or their node is unhealthy "
+                                  "or unknown).",
                        {"type": "string", "enum": ["true", "false"]}),
                 _query("name", "Only services with this name.", {"type": "string"}),
                 _query("node_id", "Only services on this node.", {"type": "string"}),
@@ -257,6 +276,7 @@ DOCUMENT = {
         {"name": "services", "description": "Running service jobs, for load balancers."},
         {"name": "meta", "description": "Health and this document."},
     ],
-    "paths": PATHS,
-    "components": {"schemas": SCHEMAS, "responses": RESPONSES},
+    "paths": json_content_type_everywhere(PATHS),
+    "components": {"schemas": SCHEMAS, "responses": RESPONSES, "securitySchemes": SECURITY_SCHEMES},
+    "security": SECURITY,
 }

@@ -5,6 +5,7 @@ tests/test_openapi.py checks every route is listed and runs schemathesis
 against a live server to check every answer against it.
 """
 
+from corral.shared.openapi import SECURITY, SECURITY_SCHEMES, json_content_type_everywhere
 from corral.shared.openapi import COMMON_SCHEMAS, NAME_PATTERN, TIMESTAMP, error_responses, meta_paths
 from corral.shared.openapi import error as _error
 from corral.shared.openapi import json_response as _json
@@ -59,6 +60,9 @@ STATUS_REPORT_PROPERTIES = {
                         "description": "With `running`: whether the node applies cgroup limits."},
     "limits": {"allOf": [_ref("Limits")], "nullable": True,
                "description": "With `running`: the limits the node applies."},
+    "private_tmp": {"type": "boolean", "nullable": True,
+                    "description": "With `running`: whether the job gets its own /tmp, /var/tmp and /dev/shm "
+                                   "(a private mount namespace)."},
     "oom_killed": {"type": "boolean", "nullable": True,
                    "description": "With `failed`: the kernel killed the job at its memory limit."},
     "peak_memory_bytes": {"type": "integer", "nullable": True, "minimum": 0,
@@ -78,6 +82,8 @@ CLAIM_PROPERTIES = {
                   "description": "How long to wait when nothing is claimable; 0 answers at once."},
     "limits_enforced": {"type": "boolean", "nullable": True,
                         "description": "Whether the node applies cgroup limits (recorded on each job)."},
+    "private_tmp": {"type": "boolean", "nullable": True,
+                    "description": "Whether the node gives each job its own /tmp (recorded on each job)."},
     "default_limits": {
         "type": "object", "nullable": True, "additionalProperties": False,
         "description": "The node's limits for jobs that ask for none, per job type.",
@@ -127,6 +133,9 @@ SCHEMAS = {
             "cpu_percent": {"type": "integer", "nullable": True, "minimum": 1, "maximum": 100000,
                             "description": "CPU limit in percent of one CPU; default 100 for `run`, 200 for "
                                            "`service`."},
+            "max_processes": {"type": "integer", "nullable": True, "minimum": 1, "maximum": 4194304,
+                              "description": "The most processes (and threads) the job may have at once; "
+                                             "default the node's AGENT_JOB_MAX_PROCESSES (1,024)."},
             "on_node_lost": {"type": "string", "nullable": True, "enum": ["requeue", "fail", None],
                              "default": "requeue",
                              "description": "When the job's node is lost while it runs: run it again elsewhere "
@@ -143,7 +152,8 @@ SCHEMAS = {
         "additionalProperties": False,
         "required": ["memory_mb", "cpu_percent"],
         "properties": {"memory_mb": {"type": "integer", "minimum": 1, "maximum": 1048576},
-                       "cpu_percent": {"type": "integer", "minimum": 1, "maximum": 100000}},
+                       "cpu_percent": {"type": "integer", "minimum": 1, "maximum": 100000},
+                       "max_processes": {"type": "integer", "minimum": 1, "maximum": 4194304}},
     },
     "StatusReport": {
         "type": "object",
@@ -252,8 +262,9 @@ SCHEMAS = {
     "Job": {
         "type": "object",
         "required": ["job_id", "name", "node_id", "instance_id", "command", "deploy_url", "deploy_sha256",
-                     "job_type", "port", "health_path", "env_vars", "memory_mb", "cpu_percent", "oom_killed",
-                     "peak_memory_bytes", "cpu_seconds", "limits_enforced", "limits", "next_attempt_at", "on_node_lost", "node_losses",
+                     "job_type", "port", "health_path", "env_vars", "memory_mb", "cpu_percent", "max_processes",
+                     "oom_killed", "peak_memory_bytes", "cpu_seconds", "limits_enforced", "limits", "private_tmp",
+                     "next_attempt_at", "on_node_lost", "node_losses",
                      "status", "attempt", "retry_count", "max_retries", "exit_code", "stdout", "stderr",
                      "timeout_secs", "created_at", "placed_at", "running_at", "finished_at"],
         "properties": {
@@ -267,7 +278,16 @@ SCHEMAS = {
             "cpu_percent": {"type": "integer", "nullable": True, "description": "Requested; null: the node's default."},
             "limits_enforced": {"type": "boolean", "nullable": True,
                                 "description": "False when the node could not apply cgroup limits."},
+            "max_processes": {"type": "integer", "nullable": True,
+                              "description": "Requested; null: the node's default."},
             "limits": {"allOf": [_ref("Limits")], "nullable": True, "description": "The limits the node applied."},
+            "private_tmp": {"type": "boolean", "nullable": True,
+                            "description": "Whether the node gave the job its own /tmp, /var/tmp and /dev/shm; "
+                                           "false: TMPDIR points into its work dir."},
+            "service_grant": {"type": "string", "pattern": "^[0-9a-f]{64}$",
+                              "description": "Only in what a node's agent gets for a service job placed on it "
+                                             "(with tokens): the proof the registry asks for to record the "
+                                             "job's service (POST /services `grant`)."},
             "oom_killed": {"type": "boolean", "nullable": True},
             "peak_memory_bytes": {"type": "integer", "nullable": True},
             "cpu_seconds": {"type": "number", "nullable": True},
@@ -662,6 +682,7 @@ DOCUMENT = {
         {"name": "meta", "description": "Health, counts and this document."},
         {"name": "dashboard", "description": "The web dashboard at /ui."},
     ],
-    "paths": PATHS,
-    "components": {"schemas": SCHEMAS, "responses": RESPONSES},
+    "paths": json_content_type_everywhere(PATHS),
+    "components": {"schemas": SCHEMAS, "responses": RESPONSES, "securitySchemes": SECURITY_SCHEMES},
+    "security": SECURITY,
 }
