@@ -244,6 +244,13 @@ def test_what_is_not_a_job_request_is_rejected_with_a_reason(body, attributes, r
     assert rejected.reason == reason and rejected.detail
 
 
+@pytest.mark.parametrize("name", ["LD_PRELOAD", "LD_AUDIT"])
+def test_a_message_setting_a_loader_variable_is_rejected_naming_it(name):
+    rejected = sqs_intake.parse_message(message({"command": "true", "env_vars": {name: "/tmp/x.so"}}))
+    assert isinstance(rejected, sqs_intake.Rejected)
+    assert rejected.reason == sqs_intake.INVALID_JOB_REQUEST and name in rejected.detail
+
+
 def test_submit_errors_are_classified():
     import peewee
     assert sqs_intake.classify(BadRequest("no node allows memory_mb=9999")) == "reject"
