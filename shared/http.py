@@ -4,20 +4,26 @@ Every error leaves as JSON `{"error": "..."}` with the right status, and the
 request-body checks (415 not JSON, 400 malformed, 413 too large) live here so
 both services answer bad input the same way.
 """
-import json
 import logging
 
 import peewee
 from flask import Flask, Response, jsonify, request
+from gunicorn.http.errors import NoMoreData, ParseException
 from playhouse.pool import MaxConnectionsExceeded
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import ClientDisconnected, HTTPException, RequestEntityTooLarge
 
+from . import json_body
 from .errors import BadRequest, CorralError
 
 log = logging.getLogger(__name__)
 
 # Room for a status report carrying two full output tails (validation.MAX_OUTPUT_CHARS).
 DEFAULT_MAX_BODY_BYTES = 2 * 1024 * 1024
+
+# Reading a body the client framed wrongly: gunicorn's parser raises ParseException
+# subclasses for a malformed chunked body (bad chunk size, missing terminator) and
+# NoMoreData when it ends early, which werkzeug turns into ClientDisconnected.
+BODY_READ_ERRORS = (ParseException, NoMoreData, ClientDisconnected)
 
 
 def error_response(status: int, message: str, errors: list | None = None) -> Response:
@@ -46,6 +52,13 @@ def install_error_handlers(app: Flask) -> None:
             response.headers["Allow"] = ", ".join(exc.valid_methods)
         return response
 
+    @app.errorhandler(ParseException)
+    @app.errorhandler(NoMoreData)
+    @app.errorhandler(ClientDisconnected)
+    def _unreadable_body(exc: Exception):
+        # Where a body is read outside read_json_object (get_json, get_data in a route).
+        return error_response(400, body_read_message(exc))
+
     @app.errorhandler(peewee.OperationalError)
     @app.errorhandler(MaxConnectionsExceeded)
     def _database_busy(exc: Exception):
@@ -66,18 +79,39 @@ def read_json_object() -> dict:
     """The request body as a JSON object, or a BadRequest / 415 / 413."""
     if not request.is_json:
         raise UnsupportedMediaType("the body must be JSON (Content-Type: application/json)")
-    raw = request.get_data(cache=True)  # raises 413 past MAX_CONTENT_LENGTH
+    raw = request_body()
     if not raw.strip():
         raise BadRequest("the request body is empty; a JSON object is required")
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"the body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise BadRequest("the body is nested too deeply") from None
+        body = json_body.decode(raw)
+    except json_body.JSONBodyError as exc:
+        raise BadRequest(str(exc)) from None
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
     return body
+
+
+def request_body() -> bytes:
+    """The raw body (read once, then cached): 413 past MAX_CONTENT_LENGTH, sized or
+    chunked, and a BadRequest when the client's chunked framing is broken."""
+    try:
+        raw = request.get_data(cache=True)  # 413 when Content-Length is past the limit
+        limit = request.max_content_length
+        # A chunked body (no Content-Length) is cut at the limit without an error
+        # (werkzeug's LimitedStream): whether more was sent decides between "exactly
+        # the limit" and 413. The server's own stream says so without reading past it.
+        if (limit is not None and request.content_length is None and len(raw) >= limit
+                and request.environ["wsgi.input"].read(1)):
+            raise RequestEntityTooLarge()
+    except BODY_READ_ERRORS as exc:
+        raise BadRequest(body_read_message(exc)) from None
+    return raw
+
+
+def body_read_message(exc: Exception) -> str:
+    if isinstance(exc, ParseException):
+        return f"the chunked request body is malformed: {exc}"
+    return "the request body ended before it was complete"
 
 
 class UnsupportedMediaType(CorralError):
@@ -131,6 +165,9 @@ def serve_readiness(app: Flask, check) -> None:
 
 def base_app(name: str, max_body_bytes: int) -> Flask:
     app = Flask(name, static_folder=None)  # the dashboard serves its own files (scheduler ui.py)
+    # A path with an empty segment (`/jobs//events`, or `%2f` as an id) is a JSON 404,
+    # not werkzeug's HTML redirect to the path with the slashes merged.
+    app.url_map.merge_slashes = False
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
     app.json.sort_keys = False
     install_error_handlers(app)

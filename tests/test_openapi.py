@@ -4,7 +4,9 @@
   route added without documentation fails here.
 - Schemathesis fuzzes each live service (gunicorn, real SQLite) from its own
   /openapi.json and checks every answer against the document: no 5xx, only
-  documented status codes, content types, headers and bodies.
+  documented status codes, content types, headers and bodies. Some of the
+  strings it draws are swapped for text with lone surrogates and control
+  characters, which it never draws itself.
 
 The registry and the scheduler run as one cluster, so nodes that the registry
 fuzzing registers are synced by the scheduler and jobs get placed on them.
@@ -18,6 +20,7 @@ import hypothesis.errors
 import pytest
 import requests
 import schemathesis
+from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
@@ -27,6 +30,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+import hostile
 from cluster import Cluster
 from corral.registry import openapi as registry_openapi
 from corral.scheduler import openapi as scheduler_openapi
@@ -56,7 +60,53 @@ def live(tmp_path_factory):
 
 def load_schema(base_url: str):
     config = schemathesis.Config.from_dict({"base-url": base_url, "request-timeout": 15})
-    return schemathesis.openapi.from_url(base_url + "/openapi.json", config=config, timeout=10)
+    schema = schemathesis.openapi.from_url(base_url + "/openapi.json", config=config, timeout=10)
+    add_hostile_strings(schema)
+    return schema
+
+
+# ---- strings schemathesis does not draw ----------------------------------------
+#
+# Schemathesis draws strings from characters its codec (UTF-8) can encode: never a
+# lone surrogate, and control characters only as often as any other. Hooks scoped to
+# each schema swap some of the strings it drew, in the positive and negative cases of
+# the fuzzing and the stateful runs alike, for text of any character: in bodies lone
+# surrogates too (the JSON encoder sends them as `\ud800` escapes), in query strings
+# and path parameters what UTF-8 can encode (a URL cannot carry a lone surrogate). The
+# few characters that matter most are drawn far more often than among all of Unicode.
+
+BODY_TEXT = hostile.any_text()
+URL_TEXT = hostile.any_text(surrogates=False)
+SEGMENT_TEXT = hostile.any_text(surrogates=False, min_size=1)  # "" would take a segment out of the path
+
+
+def swapping_strings(value, text: st.SearchStrategy, keys: bool) -> st.SearchStrategy:
+    """`value` with each string in it (object keys too if `keys`) kept or swapped for a draw of `text`."""
+    if isinstance(value, str):
+        return st.just(value) | text
+    if isinstance(value, dict):
+        pairs = [st.tuples(swapping_strings(key, text, False) if keys else st.just(key),
+                           swapping_strings(item, text, keys)) for key, item in value.items()]
+        return st.tuples(*pairs).map(dict)
+    if isinstance(value, list):
+        return st.tuples(*(swapping_strings(item, text, keys) for item in value)).map(list)
+    return st.just(value)
+
+
+def add_hostile_strings(schema) -> None:
+    """Register the swapping hooks on `schema` only (not on schemathesis' global dispatcher)."""
+
+    @schema.hook
+    def flatmap_body(context, body):
+        return swapping_strings(body, BODY_TEXT, keys=True)
+
+    @schema.hook
+    def flatmap_query(context, query):
+        return swapping_strings(query, URL_TEXT, keys=False)
+
+    @schema.hook
+    def flatmap_path_parameters(context, path_parameters):
+        return swapping_strings(path_parameters, SEGMENT_TEXT, keys=False)
 
 
 @pytest.fixture(scope="module")

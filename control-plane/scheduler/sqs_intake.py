@@ -21,7 +21,6 @@ SQS errors, throttling and an unreachable endpoint back off (doubling up to
 SQS_BACKOFF_CAP_SECS) and never end the loop. The pure parts (`parse_message`,
 `classify`, `dead_letter_attributes`) are apart from the I/O.
 """
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from dataclasses import dataclass, field
 
 import peewee
 
+from corral.shared import json_body
 from corral.shared.errors import BadRequest, CorralError
 from corral.shared.leader import holder_id, try_acquire
 
@@ -69,11 +69,9 @@ class Rejected:
 def parse_message(message: dict) -> Accepted | Rejected:
     """A received SQS message as a job request, or why it is not one."""
     try:
-        body = json.loads(message.get("Body") or "")
-    except ValueError as exc:
-        return Rejected(NOT_JSON, f"the body is not valid JSON: {exc}")
-    except RecursionError:
-        return Rejected(NOT_JSON, "the body is nested too deeply")
+        body = json_body.decode(message.get("Body") or "")  # as strictly as POST /jobs
+    except json_body.JSONBodyError as exc:
+        return Rejected(NOT_JSON, str(exc))
     if not isinstance(body, dict):
         return Rejected(NOT_AN_OBJECT, "the body must be a JSON object: a job request as for POST /jobs")
     try:

@@ -1,0 +1,152 @@
+"""What the tests that play the attacker share: both services on real SQLite files
+with a little data in them, a valid body for each route that reads one, a snapshot
+of everything stored, text of any character, and the rule every answer to hostile
+input must follow.
+
+The rule: never a 5xx; any other answer but a 2xx (no redirect either) is JSON
+`{"error": "<a string>"}` and changed nothing in the database; a 2xx (the input
+was valid after all) may change it.
+"""
+import sqlite3
+from copy import deepcopy
+from dataclasses import dataclass
+
+from flask import Flask
+from hypothesis import strategies as st
+from werkzeug.test import TestResponse
+
+from corral.registry.app import create_app as create_registry
+from corral.registry.settings import RegistrySettings
+from corral.scheduler.app import create_app as create_scheduler
+from corral.scheduler.settings import SchedulerSettings
+
+NOW = 1_800_000_000.0
+# What Hypothesis draws rarely among all of Unicode, and hostile clients send often.
+LONE_SURROGATES = ["\ud800", "\udfff", "a\udc00b", "x\udbff", "\udc00\ud800"]
+ODD_TEXT = ["\x00", "a\x01b", "\x1b[2J", "\x7f", "\r\n", "\u2028", "\ufeff", "\U0001F600", ""]
+
+# A valid body for each route that reads one, by service and endpoint (the seed data
+# makes them meaningful): the tests make them hostile one part at a time.
+VALID_BODIES = {
+    ("registry", "register_node"): {"node_id": "node-2", "address": "10.0.0.2", "kind": "gpu", "slots": 2,
+                                    "cpus": 4, "memory_mb": 1024, "labels": {"zone": "b"}},
+    ("registry", "heartbeat"): {"running": 1},
+    ("registry", "register_service"): {"job_id": "job-2", "name": "web", "node_id": "node-1",
+                                       "address": "10.0.0.1", "port": 8081, "healthy": True},
+    ("scheduler", "submit"): {"command": "echo hi", "env_vars": {"A": "b"}, "name": "n", "memory_mb": 64,
+                              "max_retries": 2},
+    ("scheduler", "submit_batch"): {"jobs": [{"command": "true", "env_vars": {"A": "b"}}]},
+    ("scheduler", "report"): {"node_id": "node-1", "attempt": 1, "status": "running"},
+    ("scheduler", "report_batch"): {"reports": [{"job_id": "job-1", "node_id": "node-1", "attempt": 1,
+                                                 "status": "running", "cpu_seconds": 0.5}],
+                                    "claim": {"node_id": "node-1", "max": 1}},
+    ("scheduler", "live_output"): {"outputs": [{"job_id": "job-1", "node_id": "node-1", "attempt": 1,
+                                                "stdout": "out"}]},
+    ("scheduler", "claim"): {"max": 1, "wait_secs": 0, "default_limits": {"run": {"memory_mb": 64,
+                                                                                   "cpu_percent": 50}}},
+}
+
+
+@dataclass
+class Service:
+    name: str
+    app: Flask
+    db_path: str
+
+    @property
+    def client(self):
+        return self.app.test_client()
+
+    def stored(self) -> dict[str, list[str]]:
+        """Every row of every table, in a stable order: what 'changed nothing' compares."""
+        conn = sqlite3.connect(self.db_path)
+        try:
+            tables = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+            return {table: sorted(repr(row) for row in conn.execute(f'SELECT * FROM "{table}"'))
+                    for table in tables}
+        finally:
+            conn.close()
+
+
+def registry(tmp_path) -> Service:
+    """A registry (no tokens) knowing node-1 and the service of job-1."""
+    db_path = f"{tmp_path}/registry.db"
+    app = create_registry(RegistrySettings(database_url=f"sqlite:///{db_path}"), clock=lambda: NOW)
+    client = app.test_client()
+    node = {"node_id": "node-1", "address": "10.0.0.1", "slots": 2, "labels": {"zone": "a"}}
+    assert client.post("/nodes", json=node).status_code == 201
+    service = {"job_id": "job-1", "name": "web", "node_id": "node-1", "address": "10.0.0.1", "port": 8080}
+    assert client.post("/services", json=service).status_code == 201
+    return Service("registry", app, db_path)
+
+
+def scheduler(tmp_path) -> Service:
+    """A scheduler (no tokens, no background loops) with a healthy node-1 (so /readyz
+    answers without asking a registry), job-1 running there and job-2 pending. Claims
+    answer at once (no waiting room), whatever wait they ask for."""
+    db_path = f"{tmp_path}/scheduler.db"
+    settings = SchedulerSettings(database_url=f"sqlite:///{db_path}", long_poll_max_waiters=0)
+    app = create_scheduler(settings, clock=lambda: NOW)
+    app.extensions["corral.store"].sync_nodes(
+        [{"node_id": "node-1", "address": "10.0.0.1", "kind": "compute", "slots": 1, "status": "healthy"}], NOW)
+    client = app.test_client()
+    for command in ("sleep 1000", "true"):
+        assert client.post("/jobs", json={"command": command}).status_code == 201
+    claimed = client.post("/nodes/node-1/claim", json={"max": 1, "wait_secs": 0}).json
+    assert [job["job_id"] for job in claimed] == ["job-1"]
+    running = {"node_id": "node-1", "attempt": claimed[0]["attempt"], "status": "running"}
+    assert client.post("/jobs/job-1/status", json=running).status_code == 200
+    return Service("scheduler", app, db_path)
+
+
+def problem(response: TestResponse, method: str, before: dict, after: dict) -> str | None:
+    """What is wrong with this answer to hostile input, or None."""
+    status = response.status_code
+    if status >= 500:
+        return f"answered {status}: {response.get_data()[:300]!r}"
+    if status < 300 or method == "HEAD":
+        return None
+    body = response.get_json(silent=True)
+    if not (isinstance(body, dict) and isinstance(body.get("error"), str) and body["error"]):
+        return f"answered {status} without a JSON error: {response.get_data()[:300]!r}"
+    if after != before:
+        changed = sorted(table for table in after if after[table] != before.get(table))
+        return f"answered {status} ({body['error'][:200]}) but changed the tables {changed}"
+    return None
+
+
+def positions(node, path: tuple = ()):
+    """("value", path) of every scalar in `node` and ("key", path, key) of every key."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield ("key", path, key)
+            yield from positions(value, path + (key,))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from positions(value, path + (index,))
+    else:
+        yield ("value", path)
+
+
+def replace_at(body, position: tuple, new):
+    """A copy of `body` with the value, or the key, at `position` replaced by `new`."""
+    copy = deepcopy(body)
+    kind, path, *key = position
+    target = copy
+    for step in path[:-1] if kind == "value" else path:
+        target = target[step]
+    if kind == "value":
+        target[path[-1]] = new
+    else:
+        target[new] = target.pop(key[0])
+    return copy
+
+
+def any_text(surrogates: bool = True, min_size: int = 0) -> st.SearchStrategy[str]:
+    """Text of any character (lone surrogates only if `surrogates`: JSON can carry
+    them as escapes, a URL cannot), or one of the few that matter most."""
+    if surrogates:
+        anything = st.text(st.characters(exclude_categories=()), min_size=min_size, max_size=10)
+        return st.one_of(anything, st.sampled_from(LONE_SURROGATES), st.sampled_from(ODD_TEXT))
+    anything = st.text(st.characters(exclude_categories=["Cs"]), min_size=min_size, max_size=10)
+    return anything | st.sampled_from([text for text in ODD_TEXT if len(text) >= min_size])
