@@ -212,7 +212,7 @@ def test_timeout_and_cancel_leave_no_process_behind(tmp_path, shared_dir, ending
             [int(x) for x in pids.read_text().split()] if pids.exists() else []), timeout=20,
             message="the three pids")
         if ending == "cancel":
-            response = requests.post(f"{cluster.scheduler_url}/jobs/{job['job_id']}/cancel", timeout=10)
+            response = requests.post(f"{cluster.scheduler_url}/jobs/{job['job_id']}/cancel", json={}, timeout=10)
             assert response.status_code == 200 and response.json()["status"] == "cancelled"
         else:
             failed = cluster.wait_status(job["job_id"], "failed", timeout=30)
@@ -254,7 +254,7 @@ def test_a_service_is_listed_healthy_turns_unhealthy_and_is_gone_after_cancel(tm
         finally:
             os.kill(pid, signal.SIGCONT)
         wait_for(lambda: listed(True), timeout=30, message="the service to be healthy again")
-        requests.post(f"{cluster.scheduler_url}/jobs/{job['job_id']}/cancel", timeout=10).raise_for_status()
+        requests.post(f"{cluster.scheduler_url}/jobs/{job['job_id']}/cancel", json={}, timeout=10).raise_for_status()
         wait_for(lambda: requests.get(services, timeout=5).json() == [], timeout=30,
                  message="the service record to be removed")
         wait_for(lambda: not pid_alive(pid), timeout=20, message="the service process to be gone")

@@ -121,7 +121,7 @@ def send_output(live, *items) -> list[dict]:
 
 
 def cancel(live, job_id: str) -> None:
-    requests.post(f"{live.scheduler_url}/jobs/{job_id}/cancel", timeout=10).raise_for_status()
+    requests.post(f"{live.scheduler_url}/jobs/{job_id}/cancel", json={}, timeout=10).raise_for_status()
 
 
 def lines(prefix: str, count: int) -> str:

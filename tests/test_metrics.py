@@ -133,7 +133,7 @@ def test_metrics_count_what_happened_across_workers(metrics_cluster):
     assert out["status"] == "failed" and "timed out" in (out["stderr"] or ""), out
     assert c.job(retried)["retry_count"] == 1
     for job_id in parked:
-        assert requests.post(f"{c.scheduler_url}/jobs/{job_id}/cancel", timeout=10).json()["status"] == "cancelled"
+        assert requests.post(f"{c.scheduler_url}/jobs/{job_id}/cancel", json={}, timeout=10).json()["status"] == "cancelled"
 
     finished = {"done": len(done) + 1, "failed": 2, "cancelled": len(parked)}
     expected = {
@@ -239,7 +239,7 @@ def test_metrics_count_sqs_intake_and_sns_outbox(aws_env, tmp_path):
         jobs = requests.get(c.scheduler_url + "/jobs", timeout=10).json()
         assert len(jobs) == 3
         for job in jobs:
-            requests.post(f"{c.scheduler_url}/jobs/{job['job_id']}/cancel", timeout=10).raise_for_status()
+            requests.post(f"{c.scheduler_url}/jobs/{job['job_id']}/cancel", json={}, timeout=10).raise_for_status()
 
         def published():
             samples = scrape(c.scheduler_url)

@@ -600,7 +600,7 @@ def test_one_notification_per_final_state(aws, clusters):
     cancelled = cluster.submit(command="sleep 60")
     cluster.wait_status(cancelled["job_id"], "running")
     for job in (waiting, cancelled):
-        requests.post(f"{cluster.scheduler_url}/jobs/{job['job_id']}/cancel", timeout=10).raise_for_status()
+        requests.post(f"{cluster.scheduler_url}/jobs/{job['job_id']}/cancel", json={}, timeout=10).raise_for_status()
     final = {job["job_id"]: cluster.wait_status(job["job_id"], "done", "failed", "cancelled", timeout=30)
              for job in (done, failed, waiting, cancelled)}
     got = collect(aws, events, 4, timeout=20)
