@@ -26,7 +26,14 @@ DEFAULT_MAX_BODY_BYTES = 2 * 1024 * 1024
 BODY_READ_ERRORS = (ParseException, NoMoreData, ClientDisconnected)
 
 
+# Messages often quote what the client sent (an id, a value): a 100 KB id must not
+# come back as a 100 KB error.
+MAX_ERROR_CHARS = 1000
+
+
 def error_response(status: int, message: str, errors: list | None = None) -> Response:
+    if len(message) > MAX_ERROR_CHARS:
+        message = message[:MAX_ERROR_CHARS] + "…"
     body = {"error": message}
     if errors:
         body["errors"] = errors  # a batch: what was wrong with each bad item

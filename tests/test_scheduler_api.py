@@ -525,3 +525,8 @@ def test_readiness_needs_the_database_and_a_fresh_node_list_or_the_registry(tmp_
     assert ready.status_code == 200 and ready.json["checks"]["database"] == "ok"
     clock.now += 7                          # more than three refresh periods old
     assert client.get("/readyz").status_code == 503
+
+
+def test_an_error_quoting_a_huge_id_stays_small(client):
+    response = client.get("/jobs/job-" + "9" * 100_000)
+    assert response.status_code in (400, 404) and len(response.json["error"]) <= 1001
