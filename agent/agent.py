@@ -18,18 +18,21 @@ its next jobs with the answer to its reports, in one round trip; the claim threa
 is woken at once only for slots still free after that. Against a scheduler without the claim API (404/405) the
 agent falls back to polling: it asks `GET /jobs?node_id=..&status=pending` every
 POLL_INTERVAL_SECS and the `running` report goes first and is the claim; it also
-says which limits the job will get (`limits_enforced`, `limits`). Either way, a
-worker thread per job then prepares it: a fresh work dir, the `deploy_url` zip
-fetched and unpacked into it (artifacts.py), everything chowned to the job user
-(identity.py), a cgroup with the job's limits (cgroups.py); then it starts the
-process. The job holds its slot (in `_claimed`, then in `_jobs`) from the claim
+says which limits the job will get (`limits_enforced`, `limits`, `private_tmp`).
+Either way, a worker thread per job then prepares it: a fresh work dir (0700), the
+`deploy_url` zip fetched and unpacked into it (artifacts.py), a uid of the job's own
+(identity.py) that gets everything in it, a cgroup with the job's limits
+(cgroups.py), its environment from an allowlist (jobenv.py); then it starts the
+process through launch.py's chain: private /tmp, cgroup, privilege drop, and only
+then the job's environment. The job holds its slot (in `_claimed`, then in `_jobs`) from the claim
 on, so reconcile never takes it for lost, and the work loop never waits for a
 slow download. A job cancelled or timed out
 while it is prepared is not started.
 
-Limits: the job's `memory_mb` / `cpu_percent`, or the node's default for its job
-type; asking for more than AGENT_MAX_MEMORY_MB / AGENT_MAX_CPU_PERCENT fails the
-job. Without usable cgroups (not root, no writable hierarchy) jobs run without
+Limits: the job's `memory_mb` / `cpu_percent` / `max_processes`, or the node's
+default (per job type; AGENT_JOB_MAX_PROCESSES); asking for more than
+AGENT_MAX_MEMORY_MB / AGENT_MAX_CPU_PERCENT / AGENT_MAX_PROCESSES fails the job. A job
+whose env_vars set LD_PRELOAD or LD_AUDIT fails without anything started. Without usable cgroups (not root, no writable hierarchy) jobs run without
 limits, `limits_enforced` is false, and AGENT_REQUIRE_CGROUPS=true makes the agent
 refuse to start instead.
 
@@ -41,8 +44,9 @@ the bit). A job with both runs its command in the unpacked tree.
 Finishing: the report carries `oom_killed` (the job died of SIGKILL and its
 cgroup's OOM counter went up; stderr then ends with "job killed: out of memory
 (limit N MB)"), `peak_memory_bytes` and `cpu_seconds` from the cgroup (null when
-unknown). The cgroup is always removed; the work dir of a finished job (and the
-log files of a finished service) unless CORRAL_KEEP_WORK_DIRS.
+unknown). The cgroup is always removed and the job's uid given back; the work dir
+of a finished job (and the log files of a finished service) unless
+CORRAL_KEEP_WORK_DIRS.
 
 Services (services.py) run detached, are recorded in the registry and
 health-checked, and are stopped only when they exit or the scheduler cancels them.
@@ -67,7 +71,7 @@ from corral.shared.backoff import Backoff
 from corral.shared.clients import (ClientError, Rejected, RegistryClient, SchedulerClient, Unreachable,
                                   split_batches)
 
-from . import artifacts, cgroups, identity, live_output, runner, services
+from . import artifacts, cgroups, identity, jobenv, launch, live_output, runner, services, uids
 from .settings import AgentSettings, safe_path_part, total_memory_mb
 
 log = logging.getLogger(__name__)
@@ -77,12 +81,17 @@ STOPPED_MESSAGE = "agent stopped before the job finished"
 FENCED_MESSAGE = ("the agent could not renew its lease with the scheduler for {:.0f}s and stopped the job, "
                   "so that it does not run twice once the scheduler moves it to another node")
 OOM_MESSAGE = "job killed: out of memory (limit {} MB)"
-SHIM_MESSAGE = ("the agent could not put the job into its cgroup, so the command did not run "
-                "(a problem of node {}, not of the job)")
+SETUP_MESSAGE = ("the agent could not set the job up (its cgroup, private /tmp or environment), so the "
+                 "command did not run (a problem of node {}, not of the job)")
 NO_RUN_SH_MESSAGE = ("the job has a deploy_url but no command, and the unpacked archive has no "
                      "run.sh at its top level to run; add run.sh to the zip or give the job a "
                      "command")
 RUN_SH = "run.sh"
+# Jobs' temporary files without a private /tmp: TMPDIR, in the work dir.
+TMPDIR_NAME = ".tmp"
+# The directories of the agent: its dir and `work` may be traversed (a job reaches its
+# own work dir by its absolute path) but not listed; logs and service state are its own.
+DIR_MODES = {"agent_dir": 0o711, "work_root": 0o711, "log_root": 0o700, "service_state_root": 0o700}
 
 # Lease renewals must not hang for long: a renewal stuck on a slow read is one that
 # cannot be retried before the lease runs out.
@@ -148,11 +157,13 @@ class Plan:
     job_type: str
     memory_mb: int
     cpu_percent: int
+    max_processes: int
     error: str | None = None
 
     @property
     def limits(self) -> dict:
-        return {"memory_mb": self.memory_mb, "cpu_percent": self.cpu_percent}
+        return {"memory_mb": self.memory_mb, "cpu_percent": self.cpu_percent,
+                "max_processes": self.max_processes}
 
 
 @dataclass
@@ -175,6 +186,8 @@ class LocalJob:
     monitor: services.ServiceMonitor | None = None
     state_path: str | None = None  # services: the file the next agent re-adopts from
     log_files: tuple[str, str] | None = None  # services: stdout and stderr files
+    uid: int | None = None  # the uid it runs as (services: recorded in their state file)
+    user_key: str | None = None  # set while it holds an identity from the agent's JobUsers
     adopted: bool = False
     prepared: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -205,16 +218,23 @@ class Agent:
                  scheduler: SchedulerClient, clock: Callable[[], float] = time.monotonic,
                  start_job: Callable[..., runner.RunningJob] = runner.start,
                  cgroup_manager: cgroups.Manager | None = None,
-                 job_identity: identity.Identity | None = None):
-        """`cgroup_manager` and `job_identity` default to what startup() detects
-        (cgroups.detect, identity.resolve from the settings)."""
+                 job_identity: identity.Identity | identity.JobUsers | None = None,
+                 private_tmp: bool | None = None):
+        """`cgroup_manager`, `job_identity` (one Identity for every job, or a policy)
+        and `private_tmp` default to what startup() detects (cgroups.detect,
+        identity.job_users from the settings, launch.private_tmp_problem)."""
         self.settings = settings
         self.registry = registry
         self.scheduler = scheduler
         self._clock = clock
         self._start_job = start_job  # the runner seam
         self.cgroups = cgroup_manager
-        self.identity = job_identity
+        self.users = (identity.JobUsers(job_identity, "fixed") if isinstance(job_identity, identity.Identity)
+                      else job_identity)
+        self.private_tmp = private_tmp
+        self.private_tmp_reason = ""
+        self._fstab = os.path.join(settings.agent_dir, launch.FSTAB_NAME)
+        self._agent_env: dict[str, str] = {}  # what jobs get of the agent's environment
         self._started = False
         # Only the work loop thread adds and removes entries of these two; the
         # heartbeat thread reads len(), preparation threads change their own LocalJob.
@@ -309,19 +329,50 @@ class Agent:
                                   f"enforced: {self.cgroups.reason}")
         else:
             log.warning("jobs run WITHOUT memory and cpu limits: %s", self.cgroups.reason)
-        if self.identity is None:
-            self.identity = identity.resolve(run_as_root=s.run_as_root, user=s.job_user)
-        log.info("jobs run as %s (uid %d)%s", self.identity.name, self.identity.uid,
-                 f": {self.identity.note}" if self.identity.note else "")
-        for d in (s.work_root, s.log_root, s.service_state_root):
-            os.makedirs(d, exist_ok=True)
+        self._make_dirs()
+        if self.users is None:
+            self.users = identity.job_users(s.run_as_root, s.job_user, s.uid_range, s.uid_pool_path,
+                                            kill_leftovers=not self.cgroups.enforced)
+        if self.users.mode == "per-job":
+            log.info("jobs run as a uid of their own from %d-%d", *s.uid_range)
+        else:
+            who = self.users.identity
+            log.info("jobs run as %s (uid %d)%s", who.name, who.uid, f": {who.note}" if who.note else "")
+        runner.tools()  # the launch programs, looked up once
+        self._detect_private_tmp()
+        self._agent_env = jobenv.from_agent(os.environ, s.job_env_passthrough)
         adopted = self._adopt_services()
         keep = {self._jobs[key].cgroup.name for key in adopted if self._jobs[key].cgroup}
         self.cgroups.remove_job_cgroups(keep, why="left over by an earlier agent")
+        for key, uid in self.users.forget_others(self._jobs[key].user_key for key in adopted):
+            log.info("uid %d of job %s (left by an earlier agent) is free again", uid, key)
         if not s.keep_work_dirs:
             self._remove_leftover_files(adopted)
         self._started = True
         return adopted
+
+    def _make_dirs(self) -> None:
+        """The agent's directories with their modes (DIR_MODES), also when an older agent
+        made them with others."""
+        for attr, mode in DIR_MODES.items():
+            path = getattr(self.settings, attr)
+            os.makedirs(path, mode=mode, exist_ok=True)
+            os.chmod(path, mode)
+
+    def _detect_private_tmp(self) -> None:
+        s = self.settings
+        if self.private_tmp is not False and s.private_tmp:
+            launch.write_fstab(self._fstab)
+        if self.private_tmp is None:
+            problem = "AGENT_PRIVATE_TMP is false" if not s.private_tmp else \
+                launch.private_tmp_problem(runner.tools(), s.work_root, self._fstab)
+            self.private_tmp = problem is None
+            self.private_tmp_reason = problem or ""
+        if self.private_tmp:
+            log.info("jobs get a private /tmp, /var/tmp and /dev/shm")
+        else:
+            log.warning("jobs share /tmp with the node (TMPDIR points into their work dir): %s",
+                        self.private_tmp_reason or "turned off")
 
     def _remove_leftover_files(self, adopted: list[Key]) -> None:
         """Work dirs and service logs an earlier agent left behind (it was killed, or
@@ -348,11 +399,17 @@ class Agent:
         for found in services.adoptable(self.settings.service_state_root, self.cgroups,
                                         self.settings.output_tail_bytes, self.settings.kill_grace):
             state = found.state
+            key = services.file_stem(state.job_id, state.attempt)
+            held = self.users.hold(key, state.uid)
+            if not held and state.uid is not None:
+                log.warning("service job %s attempt %s runs as uid %d, which this agent cannot hold for it "
+                            "(outside AGENT_UID_RANGE, or held by another job); it keeps running",
+                            state.job_id, state.attempt, state.uid)
             local = LocalJob(state.job_id, state.attempt, "service", state.workdir, self._clock(),
                              None, process=found.process, cgroup=found.process.cgroup,
                              memory_mb=found.process.cgroup.limits["memory_mb"],
                              state_path=found.path, log_files=(state.stdout, state.stderr),
-                             adopted=True)
+                             uid=state.uid, user_key=key if held else None, adopted=True)
             local.monitor = self._monitor(state.job_id, state.name, state.port, state.health_path,
                                           local.log_files, check_first=True)
             local.prepared.set()
@@ -515,7 +572,9 @@ class Agent:
         values, error = [], None
         for name, default, maximum, setting in (
                 ("memory_mb", defaults[0], self.settings.max_memory_mb, "AGENT_MAX_MEMORY_MB"),
-                ("cpu_percent", defaults[1], self.settings.max_cpu_percent, "AGENT_MAX_CPU_PERCENT")):
+                ("cpu_percent", defaults[1], self.settings.max_cpu_percent, "AGENT_MAX_CPU_PERCENT"),
+                ("max_processes", self.settings.job_max_processes, self.settings.max_processes,
+                 "AGENT_MAX_PROCESSES")):
             value = job.get(name)
             if value is None:
                 value = default
@@ -526,7 +585,7 @@ class Agent:
                 error = error or (f"job asks for {name}={value} but this node allows at most "
                                   f"{maximum} ({setting})")
             values.append(value)
-        return Plan(job_type, values[0], values[1], error)
+        return Plan(job_type, *values, error)
 
     def poll_once(self) -> list[Key]:
         """Ask for pending jobs placed on this node and take as many as fit.
@@ -555,7 +614,8 @@ class Agent:
             try:
                 self.scheduler.report(job_id, self.node_id, attempt, "running",
                                       limits_enforced=enforced,
-                                      limits=plan.limits if enforced else None)
+                                      limits=self.applied_limits(plan.limits) if enforced else None,
+                                      private_tmp=bool(self.private_tmp))
             except Rejected as exc:
                 log.info("job %s attempt %s is not ours to start (%s); skipping it",
                          job_id, attempt, exc)
@@ -574,8 +634,14 @@ class Agent:
 
     def default_limits(self) -> dict:
         """The limits this node gives jobs that ask for none, per job type (sent with claims)."""
-        return {job_type: dict(zip(("memory_mb", "cpu_percent"), self.settings.default_limits(job_type)))
+        return {job_type: self.applied_limits(dict(zip(("memory_mb", "cpu_percent"),
+                                                       self.settings.default_limits(job_type)),
+                                                   max_processes=self.settings.job_max_processes))
                 for job_type in ("run", "service")}
+
+    def applied_limits(self, limits: dict) -> dict:
+        """`limits` as this node applies them: no max_processes without a pids controller."""
+        return limits if self.cgroups.limits_processes else dict(limits, max_processes=None)
 
     def claim_once(self, client: SchedulerClient | None = None, wait_secs: float = 0.0
                    ) -> tuple[list[Key], bool]:
@@ -596,7 +662,7 @@ class Agent:
         sent_at = self._clock()
         try:
             result = client.claim(self.node_id, free, wait_secs, limits_enforced=self.cgroups.enforced,
-                                  default_limits=self.default_limits())
+                                  default_limits=self.default_limits(), private_tmp=bool(self.private_tmp))
             keys = self._queue_claimed(result.jobs, sent_at)
         except Unreachable:
             self._claim_answer_lost()
@@ -644,7 +710,7 @@ class Agent:
         if free <= 0:
             return None
         return {"node_id": self.node_id, "max": free, "limits_enforced": self.cgroups.enforced,
-                "default_limits": self.default_limits()}
+                "private_tmp": bool(self.private_tmp), "default_limits": self.default_limits()}
 
     def take_claimed(self) -> list[Key]:
         """Start preparing the claimed jobs (work loop thread). A job whose older attempt
@@ -737,11 +803,13 @@ class Agent:
                          name=f"prepare-{job_id}-{attempt}").start()
 
     def _prepare(self, local: LocalJob, job: dict, plan: Plan) -> None:
-        """On a worker thread: work dir, artifact, ownership, cgroup, then the process.
-        Sets local.process, or local.start_error, or neither (aborted); then prepared."""
-        s, who = self.settings, self.identity
+        """On a worker thread: environment, work dir, artifact, uid and ownership, cgroup,
+        then the process. Sets local.process, or local.start_error, or neither (aborted);
+        then prepared."""
+        s = self.settings
         cg = None
         try:
+            job_env = jobenv.job_vars(job)  # a forbidden variable fails the job before anything
             _fresh_dir(local.workdir)
             command = job.get("command")
             if job.get("deploy_url"):
@@ -753,17 +821,22 @@ class Agent:
                          artifacts.display_url(job["deploy_url"]))
                 if not (isinstance(command, str) and command.strip()):
                     command = _run_sh_command(local.workdir)
-            identity.prepare_workdir(local.workdir, who)
             self._check_not_ended(local)
+            key = services.file_stem(local.job_id, local.attempt)
+            who = self.users.acquire(key, local.workdir)
+            local.user_key, local.uid = key, who.uid
+            own = who.env(local.workdir)
+            if not self.private_tmp:
+                own["TMPDIR"] = _tmp_dir(local.workdir)
+            identity.prepare_workdir(local.workdir, who)
             cg = self.cgroups.create(cgroup_name(local.job_id, local.attempt), plan.memory_mb,
-                                     plan.cpu_percent)
-            extra = {"CORRAL_NODE_ID": self.node_id, "CORRAL_ATTEMPT": str(local.attempt)}
+                                     plan.cpu_percent, plan.max_processes)
+            fixed = {"CORRAL_JOB_ID": local.job_id, "CORRAL_NODE_ID": self.node_id,
+                     "CORRAL_ATTEMPT": str(local.attempt)}
             port = _port(job)
             if port is not None:
-                extra["PORT"] = str(port)
-            base = {**{k: v for k, v in os.environ.items() if not runner.is_secret_env(k)},
-                    **who.env(local.workdir)}
-            env = runner.build_environment(job, extra, base=base)
+                fixed["PORT"] = str(port)
+            env = jobenv.build({"env_vars": job_env}, self._agent_env, own, fixed)
             if plan.job_type == "service":
                 local.log_files = services.log_paths(s.log_root, local.job_id, local.attempt)
             with local.lock:
@@ -772,8 +845,8 @@ class Agent:
                 self._check_not_ended(local)
                 local.process = self._start_job(
                     dict(job, command=command), local.workdir, env, s.output_tail_bytes,
-                    prefix=cg.shim_prefix(), popen_kwargs=who.popen_kwargs(), cgroup=cg,
-                    output_files=local.log_files)
+                    cgroup=cg, user=who.launch_user(), output_files=local.log_files,
+                    private_tmp=launch.PrivateTmp(self._fstab, plan.memory_mb) if self.private_tmp else None)
                 local.cgroup = cg
                 if hasattr(local.process, "on_output_closed"):
                     # The pipes close when the job exits: the work loop looks at once.
@@ -794,7 +867,8 @@ class Agent:
         except runner.StartError as exc:
             log.warning("job %s attempt %s could not start: %s", local.job_id, local.attempt, exc)
             local.start_error = (exc.exit_code, f"the agent could not start the job: {exc}")
-        except _JobError as exc:
+        except (_JobError, jobenv.JobEnvError, uids.UidsExhausted) as exc:
+            log.warning("job %s attempt %s cannot run: %s", local.job_id, local.attempt, exc)
             local.start_error = (-1, str(exc))
         except OSError as exc:  # the work dir, chown, cgroup creation (CgroupError)
             log.warning("job %s attempt %s could not be prepared: %s", local.job_id,
@@ -823,7 +897,7 @@ class Agent:
         try:
             services.ServiceState(local.job_id, local.attempt, local.process.pid, start_time or 0,
                                   cg.name, port, name, job.get("health_path"), local.workdir,
-                                  *local.log_files).write(local.state_path)
+                                  *local.log_files, uid=local.uid).write(local.state_path)
         except OSError as exc:
             log.warning("could not write the state file of service job %s: %s; a restarted agent "
                         "will not re-adopt it", local.job_id, exc)
@@ -887,6 +961,7 @@ class Agent:
 
     def _finish_unstarted(self, local: LocalJob) -> tuple[str, int, str]:
         del self._jobs[local.key]
+        self._release_user(local)
         self._remove_work_dir(local)
         if local.end_reason == END_RECONCILED:
             return (local.job_id, local.attempt, "killed")
@@ -908,6 +983,7 @@ class Agent:
         if cg is not None:
             cg.remove()
         del self._jobs[local.key]
+        self._release_user(local)
         self._close_monitor(local)
         services.remove_file(local.state_path)
         self._remove_work_dir(local)
@@ -923,9 +999,9 @@ class Agent:
             status, exit_code = "failed", -1
             stderr = _append_line(stderr, self._node_side_message(local.end_reason))
             extra["requeue"] = True
-        elif result.exit_code == cgroups.SHIM_FAILED_EXIT and cgroups.SHIM_FAILED_MESSAGE in stderr:
+        elif launch.setup_failed(result.exit_code, stderr):
             status, exit_code = "failed", -1
-            stderr = _append_line(stderr, SHIM_MESSAGE.format(self.node_id))
+            stderr = _append_line(stderr, SETUP_MESSAGE.format(self.node_id))
         else:
             status = "done" if result.exit_code == 0 else "failed"
             exit_code = result.exit_code
@@ -937,6 +1013,12 @@ class Agent:
         self._enqueue(local.job_id, local.attempt, status, exit_code=exit_code,
                       stdout=result.stdout, stderr=stderr, oom_killed=oom, **usage, **extra)
         return (local.job_id, local.attempt, status)
+
+    def _release_user(self, local: LocalJob) -> None:
+        """Give the job's uid back; its processes are gone (result() or kill() ended them)."""
+        if local.user_key is not None:
+            self.users.release(local.user_key)
+            local.user_key = None
 
     def _node_side_message(self, end_reason: str) -> str:
         return NODE_SIDE_ENDS[end_reason].format(self._lease_secs or 0)
@@ -967,6 +1049,8 @@ class Agent:
 
     def _remove_work_dir(self, local: LocalJob) -> None:
         if self.settings.keep_work_dirs:
+            if self.users.mode == "per-job" and os.path.isdir(local.workdir):
+                identity.disown_workdir(local.workdir)
             return
         shutil.rmtree(local.workdir, ignore_errors=True)
         for path in local.log_files or ():
@@ -1419,10 +1503,24 @@ def _port(job: dict) -> int | None:
 
 
 def _fresh_dir(path: str) -> None:
-    """An empty work dir: leftovers of an earlier agent's run of the same attempt go."""
+    """An empty work dir, private from the start (0700): leftovers of an earlier agent's
+    run of the same attempt go."""
     if os.path.lexists(path):
         shutil.rmtree(path)
-    os.makedirs(path)
+    os.makedirs(path, mode=0o700)
+    os.chmod(path, 0o700)  # whatever the umask
+
+
+def _tmp_dir(workdir: str) -> str:
+    """TMPDIR of a job without a private /tmp: a directory in its work dir (prepare_workdir
+    then gives it to the job). One a deploy zip brought is used when it is a directory."""
+    path = os.path.join(workdir, TMPDIR_NAME)
+    if not os.path.lexists(path):
+        os.mkdir(path, 0o700)
+    elif not stat.S_ISDIR(os.lstat(path).st_mode):
+        raise _JobError(f"the job's work dir holds {TMPDIR_NAME}, which is not a directory; the agent "
+                        "makes it the job's TMPDIR (this node gives jobs no private /tmp)")
+    return path
 
 
 def _append_line(text: str, line: str) -> str:

@@ -1,15 +1,17 @@
-"""Per-job cgroups: memory and CPU limits, OOM detection, usage, and killing a
-whole process tree (double forks and setsid included). cgroup v2 and v1 are
-detected from /proc/self/cgroup and /proc/self/mountinfo; no third-party library.
+"""Per-job cgroups: memory, CPU and process-count limits, OOM detection, usage, and
+killing a whole process tree (double forks and setsid included). cgroup v2 and v1
+are detected from /proc/self/cgroup and /proc/self/mountinfo; no third-party library.
 
 Job cgroups nest under the agent's OWN cgroup of each hierarchy, so whatever
 contains the agent (a systemd unit with Delegate=yes, a container) still bounds
 them: `<mount>/<own path>/<root_name>/<job name>`.
 
-A job joins its cgroup before its first instruction through a shell shim (no
-preexec_fn, which is unsafe with threads): the shim writes its own pid into each
-`cgroup.procs`, then execs the command. `JobCgroup.shim_prefix()` is that argv
-prefix; runner.command_argv() puts it in front of the job's shell.
+A job joins its cgroup before its first instruction: the first stage of its launch
+(launch.py) writes its own pid into each of `JobCgroup.paths()`' `cgroup.procs`,
+then execs the next stage. The pids controller (v1 hierarchy or v2 controller) is
+used when present: `pids.max` bounds the job's processes and threads, so a fork bomb
+stays inside its job; without it, `limits_processes` is False and jobs have no such
+bound.
 
 `detect()` never raises for an environment problem: it returns `NoCgroups` with
 a human `reason` and `enforced = False`, and jobs then run without limits.
@@ -26,17 +28,9 @@ from collections.abc import Iterable
 
 log = logging.getLogger(__name__)
 
-# Exit code and stderr line of a job that could not join its cgroup.
-SHIM_FAILED_EXIT = 125
-SHIM_FAILED_MESSAGE = "corral-shim: the job could not join its cgroup"
-SHIM = ('for p in "$@"; do [ "$p" = -- ] && break; '
-        'echo $$ > "$p/cgroup.procs" || { echo "' + SHIM_FAILED_MESSAGE + ' $p" >&2; '
-        'exit ' + str(SHIM_FAILED_EXIT) + '; }; shift; done; shift; exec "$@"')
-SHIM_NAME = "corral-shim"
-
 CFS_PERIOD_US = 100_000
 AGENT_LEAF = "agent"  # v2: the leaf the agent moves itself into
-V1_CONTROLLERS = ("memory", "cpu", "cpuacct", "freezer")
+V1_CONTROLLERS = ("memory", "cpu", "cpuacct", "freezer", "pids")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}$")  # one path component
 _MIB = 1024 * 1024
 _UNLIMITED_V1 = 1 << 62  # memory.limit_in_bytes values above this mean "no limit"
@@ -144,8 +138,9 @@ def _own_dir(mount_root: str, mount_point: str, own_path: str) -> str | None:
     return os.path.join(mount_point, rel) if rel else mount_point
 
 
-def _validate_limits(memory_mb, cpu_percent) -> None:
-    for label, value in (("memory_mb", memory_mb), ("cpu_percent", cpu_percent)):
+def _validate_limits(memory_mb, cpu_percent, max_processes=None) -> None:
+    for label, value in (("memory_mb", memory_mb), ("cpu_percent", cpu_percent),
+                         ("max_processes", max_processes)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
             raise ValueError(f"{label} must be a positive whole number or None, got {value!r}")
 
@@ -166,25 +161,22 @@ class JobCgroup:
     mode = "none"
 
     def __init__(self, name: str, dirs: dict[str, str], memory_mb: int | None,
-                 cpu_percent: int | None):
+                 cpu_percent: int | None, max_processes: int | None = None):
         self.name = name
         self.dirs = dirs  # controller ("unified" on v2) -> directory
-        self._limits = {"memory_mb": memory_mb, "cpu_percent": cpu_percent}
+        self._limits = {"memory_mb": memory_mb, "cpu_percent": cpu_percent,
+                        "max_processes": max_processes}
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} {self.paths()}>"
 
     @property
     def limits(self) -> dict:
-        """{"memory_mb": int | None, "cpu_percent": int | None} (None: not limited)."""
+        """{"memory_mb", "cpu_percent", "max_processes"}: ints, None where not limited."""
         return dict(self._limits)
 
     def paths(self) -> list[str]:
         return _unique(self.dirs.values())
-
-    def shim_prefix(self) -> list[str]:
-        """argv prefix that joins this cgroup, then execs what follows `--`."""
-        return ["/bin/sh", "-c", SHIM, SHIM_NAME, *self.paths(), "--"]
 
     def pids(self) -> list[int]:
         return sorted({pid for d in self.paths() for pid in _procs(d)})
@@ -246,13 +238,11 @@ class JobCgroup:
 
 
 class NullJobCgroup(JobCgroup):
-    """What NoCgroups hands out: no limits, no shim, nothing to kill or remove."""
+    """What NoCgroups hands out: no limits, nothing to join, kill or remove."""
 
-    def __init__(self, name: str, memory_mb: int | None = None, cpu_percent: int | None = None):
-        super().__init__(name, {}, memory_mb, cpu_percent)
-
-    def shim_prefix(self) -> list[str]:
-        return []
+    def __init__(self, name: str, memory_mb: int | None = None, cpu_percent: int | None = None,
+                 max_processes: int | None = None):
+        super().__init__(name, {}, memory_mb, cpu_percent, max_processes)
 
     def kill(self, timeout: float = 5.0) -> bool:
         return True
@@ -368,6 +358,8 @@ class V1JobCgroup(JobCgroup):
 class Manager:
     mode = "none"
     enforced = False
+    # Whether job cgroups get a pids.max (the pids controller is there).
+    limits_processes = False
 
     def __init__(self, reason: str = "", root_name: str = "corral"):
         self.reason = reason
@@ -377,42 +369,47 @@ class Manager:
 
     def describe(self) -> dict:
         return {"mode": self.mode, "enforced": self.enforced, "reason": self.reason,
-                "controllers": list(self.controllers), "dirs": dict(self.roots)}
+                "controllers": list(self.controllers), "dirs": dict(self.roots),
+                "limits_processes": self.limits_processes}
 
     def _check_name(self, name: str) -> None:
         if not isinstance(name, str) or not _NAME_RE.match(name):
             raise ValueError(f"bad cgroup name {name!r}: letters, digits, '.', '_', '-'")
 
-    def _job(self, name: str, dirs: dict[str, str], memory_mb, cpu_percent) -> JobCgroup:
+    def _job(self, name: str, dirs: dict[str, str], memory_mb, cpu_percent, max_processes) -> JobCgroup:
         raise NotImplementedError
 
     def _job_dirs(self, name: str) -> dict[str, str]:
         return {ctrl: os.path.join(root, name) for ctrl, root in self.roots.items()}
 
-    def create(self, name: str, memory_mb: int | None, cpu_percent: int | None) -> JobCgroup:
-        """A fresh cgroup `name` with these limits (None: unlimited). A leftover of the
-        same name is killed and removed first. Raises CgroupError (an OSError)."""
+    def create(self, name: str, memory_mb: int | None, cpu_percent: int | None,
+               max_processes: int | None = None) -> JobCgroup:
+        """A fresh cgroup `name` with these limits (None: unlimited; `max_processes` only
+        where limits_processes). A leftover of the same name is killed and removed
+        first. Raises CgroupError (an OSError)."""
         self._check_name(name)
-        _validate_limits(memory_mb, cpu_percent)
+        _validate_limits(memory_mb, cpu_percent, max_processes)
+        if not self.limits_processes:
+            max_processes = None
         dirs = self._job_dirs(name)
         if any(os.path.isdir(d) for d in dirs.values()):
             log.warning("cgroup %s is left over from an earlier run; killing and removing it", name)
-            leftover = self._job(name, {c: d for c, d in dirs.items() if os.path.isdir(d)}, None, None)
+            leftover = self._job(name, {c: d for c, d in dirs.items() if os.path.isdir(d)}, None, None, None)
             leftover.kill()
             if not leftover.remove():
                 raise CgroupError(f"a leftover cgroup {name} could not be removed")
-        job = self._job(name, dirs, memory_mb, cpu_percent)
+        job = self._job(name, dirs, memory_mb, cpu_percent, max_processes)
         try:
             self._ensure_roots()
             for d in job.paths():
                 os.mkdir(d)
-            self._configure(job, memory_mb, cpu_percent)
+            self._configure(job, memory_mb, cpu_percent, max_processes)
         except OSError as exc:
             job.remove(0.5)
             raise CgroupError(f"cannot set up cgroup {name}: {exc}") from exc
         return job
 
-    def _configure(self, job: JobCgroup, memory_mb, cpu_percent) -> None:
+    def _configure(self, job: JobCgroup, memory_mb, cpu_percent, max_processes) -> None:
         raise NotImplementedError
 
     def _ensure_roots(self) -> None:
@@ -466,10 +463,11 @@ class Manager:
 class NoCgroups(Manager):
     """Jobs run without limits: not root, no writable hierarchy, controllers missing."""
 
-    def create(self, name: str, memory_mb: int | None, cpu_percent: int | None) -> JobCgroup:
+    def create(self, name: str, memory_mb: int | None, cpu_percent: int | None,
+               max_processes: int | None = None) -> JobCgroup:
         self._check_name(name)
-        _validate_limits(memory_mb, cpu_percent)
-        return NullJobCgroup(name, memory_mb, cpu_percent)
+        _validate_limits(memory_mb, cpu_percent, max_processes)
+        return NullJobCgroup(name, memory_mb, cpu_percent, None)
 
 
 class V1Manager(Manager):
@@ -480,22 +478,25 @@ class V1Manager(Manager):
         super().__init__("", root_name)
         self.roots = roots
         self.controllers = [c for c in V1_CONTROLLERS if c in roots]
+        self.limits_processes = "pids" in roots
         own_memory = os.path.dirname(roots["memory"])
         self.swap_limited = os.path.exists(os.path.join(own_memory, "memory.memsw.limit_in_bytes"))
-        self.reason = ("cgroup v1: memory and cpu limits"
+        self.reason = ("cgroup v1: " + ("memory, cpu and process-count" if "pids" in roots else "memory and cpu")
+                       + " limits"
                        + (", swap included" if self.swap_limited else
                           " (no memory.memsw: swap accounting is off, jobs may swap)")
                        + ("" if "freezer" in roots else "; no freezer: kill without freezing")
-                       + ("" if "cpuacct" in roots else "; no cpuacct: cpu usage unknown"))
+                       + ("" if "cpuacct" in roots else "; no cpuacct: cpu usage unknown")
+                       + ("" if "pids" in roots else "; no pids hierarchy: process counts unlimited"))
 
     def describe(self) -> dict:
         return {**super().describe(), "swap_limited": self.swap_limited,
                 "kill": "freezer + SIGKILL" if "freezer" in self.roots else "SIGKILL loop"}
 
-    def _job(self, name, dirs, memory_mb, cpu_percent) -> JobCgroup:
-        return V1JobCgroup(name, dirs, memory_mb, cpu_percent)
+    def _job(self, name, dirs, memory_mb, cpu_percent, max_processes) -> JobCgroup:
+        return V1JobCgroup(name, dirs, memory_mb, cpu_percent, max_processes)
 
-    def _configure(self, job: JobCgroup, memory_mb, cpu_percent) -> None:
+    def _configure(self, job: JobCgroup, memory_mb, cpu_percent, max_processes) -> None:
         mem = job.dirs["memory"]
         limit = str(memory_mb * _MIB) if memory_mb else "-1"
         # memory first: memory.limit_in_bytes may never exceed memsw.
@@ -507,6 +508,8 @@ class V1Manager(Manager):
         _write(os.path.join(cpu, "cpu.cfs_period_us"), str(CFS_PERIOD_US))
         _write(os.path.join(cpu, "cpu.cfs_quota_us"),
                str(cpu_percent * CFS_PERIOD_US // 100) if cpu_percent else "-1")
+        if "pids" in job.dirs:
+            _write(os.path.join(job.dirs["pids"], "pids.max"), str(max_processes) if max_processes else "max")
 
     def adopt(self, name: str) -> JobCgroup | None:
         self._check_name(name)
@@ -518,17 +521,21 @@ class V1Manager(Manager):
         quota = _int(_read(os.path.join(dirs["cpu"], "cpu.cfs_quota_us"))) if "cpu" in dirs else None
         period = _int(_read(os.path.join(dirs["cpu"], "cpu.cfs_period_us"))) if "cpu" in dirs else None
         cpu_percent = quota * 100 // period if quota and quota > 0 and period else None
-        return V1JobCgroup(name, dirs, memory_mb, cpu_percent)
+        processes = _int(_read(os.path.join(dirs["pids"], "pids.max"))) if "pids" in dirs else None
+        return V1JobCgroup(name, dirs, memory_mb, cpu_percent, processes)
 
 
 class V2Manager(Manager):
     mode = "v2"
     enforced = True
 
-    def __init__(self, base: str, root_name: str):
-        super().__init__("cgroup v2: memory (no swap) and cpu limits", root_name)
+    def __init__(self, base: str, root_name: str, pids: bool = True):
+        super().__init__("cgroup v2: " + ("memory (no swap), cpu and process-count" if pids else
+                                          "memory (no swap) and cpu") + " limits"
+                         + ("" if pids else "; no pids controller: process counts unlimited"), root_name)
         self.base = base
-        self.controllers = ["memory", "cpu"]
+        self.controllers = ["memory", "cpu", "pids"] if pids else ["memory", "cpu"]
+        self.limits_processes = pids
         self.roots = {"unified": os.path.join(base, root_name)}
 
     def describe(self) -> dict:
@@ -537,17 +544,17 @@ class V2Manager(Manager):
                 "kill": "cgroup.kill" if os.path.exists(os.path.join(root, "cgroup.kill"))
                 else "SIGKILL loop"}
 
-    def _job(self, name, dirs, memory_mb, cpu_percent) -> JobCgroup:
-        return V2JobCgroup(name, dirs, memory_mb, cpu_percent)
+    def _job(self, name, dirs, memory_mb, cpu_percent, max_processes) -> JobCgroup:
+        return V2JobCgroup(name, dirs, memory_mb, cpu_percent, max_processes)
 
     def _ensure_roots(self) -> None:
         top = self.roots["unified"]
         os.makedirs(top, exist_ok=True)
         control = os.path.join(top, "cgroup.subtree_control")
-        if not {"memory", "cpu"} <= set((_read(control) or "").split()):
-            _write(control, "+memory +cpu")
+        if not set(self.controllers) <= set((_read(control) or "").split()):
+            _write(control, " ".join("+" + c for c in self.controllers))
 
-    def _configure(self, job: JobCgroup, memory_mb, cpu_percent) -> None:
+    def _configure(self, job: JobCgroup, memory_mb, cpu_percent, max_processes) -> None:
         d = job.dirs["unified"]
         _write(os.path.join(d, "memory.max"), str(memory_mb * _MIB) if memory_mb else "max")
         if os.path.exists(os.path.join(d, "memory.swap.max")):  # absent without swap accounting
@@ -556,6 +563,8 @@ class V2Manager(Manager):
         _write(os.path.join(d, "memory.oom.group"), "1")
         quota = str(cpu_percent * CFS_PERIOD_US // 100) if cpu_percent else "max"
         _write(os.path.join(d, "cpu.max"), f"{quota} {CFS_PERIOD_US}")
+        if self.limits_processes:
+            _write(os.path.join(d, "pids.max"), str(max_processes) if max_processes else "max")
 
     def adopt(self, name: str) -> JobCgroup | None:
         self._check_name(name)
@@ -567,7 +576,8 @@ class V2Manager(Manager):
         cpu = (_read(os.path.join(d, "cpu.max")) or "").split()
         cpu_percent = (int(cpu[0]) * 100 // int(cpu[1])
                        if len(cpu) == 2 and cpu[0].isdigit() and cpu[1].isdigit() else None)
-        return V2JobCgroup(name, {"unified": d}, memory_mb, cpu_percent)
+        processes = _int(_read(os.path.join(d, "pids.max")))
+        return V2JobCgroup(name, {"unified": d}, memory_mb, cpu_percent, processes)
 
 
 # --- detection -----------------------------------------------------------------------
@@ -630,14 +640,14 @@ def _detect_v2(own_path, mount_list, root_name, prepare, reasons) -> Manager | N
         reasons.append(f"cgroup v2: controller(s) {', '.join(sorted(missing))} not available in "
                        f"{own} (under systemd, set Delegate=yes)")
         return None
-    manager = V2Manager(own, root_name)
+    manager = V2Manager(own, root_name, pids="pids" in available)
     if not prepare:
         if not os.access(own, os.W_OK):
             reasons.append(f"cgroup v2: {own} is not writable")
             return None
         return manager
     try:
-        _enable_v2(own, own == mount_point)
+        _enable_v2(own, own == mount_point, manager.controllers)
         manager._ensure_roots()
     except OSError as exc:
         reasons.append(f"cgroup v2: cannot prepare {own}: {exc}")
@@ -645,12 +655,12 @@ def _detect_v2(own_path, mount_list, root_name, prepare, reasons) -> Manager | N
     return manager
 
 
-def _enable_v2(own: str, is_root: bool) -> None:
-    """Enable memory and cpu for the agent's subtree. A non-root cgroup with enabled
-    controllers may hold no processes, so everything in <own> moves to <own>/agent
-    first (else EBUSY). The hierarchy root is exempt from that rule."""
+def _enable_v2(own: str, is_root: bool, controllers: list[str]) -> None:
+    """Enable `controllers` (memory, cpu, pids when there) for the agent's subtree. A
+    non-root cgroup with enabled controllers may hold no processes, so everything in
+    <own> moves to <own>/agent first (else EBUSY). The hierarchy root is exempt."""
     control = os.path.join(own, "cgroup.subtree_control")
-    if {"memory", "cpu"} <= set((_read(control) or "").split()):
+    if set(controllers) <= set((_read(control) or "").split()):
         return
     if not is_root:
         leaf = os.path.join(own, AGENT_LEAF)
@@ -666,7 +676,7 @@ def _enable_v2(own: str, is_root: bool) -> None:
                     if exc.errno != errno.ESRCH:
                         raise
         log.info("moved the agent's processes into %s to enable controllers in %s", leaf, own)
-    _write(control, "+memory +cpu")
+    _write(control, " ".join("+" + c for c in controllers))
 
 
 def _detect_v1(v1_paths, mount_list, root_name, prepare, reasons) -> Manager | None:

@@ -7,8 +7,8 @@ Running `service` jobs are left running; the next agent started on this node
 re-adopts them (see services.py).
 
 `corral-agent --check [--json]` changes nothing: it shows what the agent would use
-(node id, cgroup mode and limits, job user) and whether the registry and the
-scheduler answer. Exit status 0 when all is well, 1 when the control plane does
+(node id, cgroup mode and limits, who jobs run as, private /tmp) and whether the
+registry and the scheduler answer. Exit status 0 when all is well, 1 when the control plane does
 not answer, the job user is unusable, or AGENT_REQUIRE_CGROUPS is set and limits
 cannot be enforced; 2 for a bad setting, as for a normal start.
 """
@@ -18,15 +18,17 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 
 from corral.shared.clients import RegistryClient, SchedulerClient
 from corral.shared.errors import SettingError
 from corral.shared.settings import env_choice
 
-from . import cgroups, identity
+from . import cgroups, identity, launch
 from .agent import Agent, AgentStartError
 from .settings import AgentSettings
 
@@ -141,11 +143,12 @@ def check(settings: AgentSettings) -> dict:
             problems.append(f"AGENT_REQUIRE_CGROUPS is set but limits cannot be enforced: "
                             f"{manager.reason}")
     try:
-        job_user = identity.resolve(run_as_root=settings.run_as_root,
-                                    user=settings.job_user).describe()
+        job_user = identity.job_users(settings.run_as_root, settings.job_user, settings.uid_range,
+                                      settings.uid_pool_path, load=False).describe()
     except SettingError as exc:
         job_user = {"error": exc.message}
         problems.append(exc.message)
+    tmp_problem = "AGENT_PRIVATE_TMP is false" if not settings.private_tmp else _private_tmp_problem(settings)
     servers = {}
     for name, client_class, url in (("registry", RegistryClient, settings.registry_url),
                                     ("scheduler", SchedulerClient, settings.scheduler_url)):
@@ -168,22 +171,46 @@ def check(settings: AgentSettings) -> dict:
         "limits_reason": manager.reason,
         "require_cgroups": settings.require_cgroups,
         "default_limits": {
-            "run": {"memory_mb": run_limits[0], "cpu_percent": run_limits[1]},
-            "service": {"memory_mb": service_limits[0], "cpu_percent": service_limits[1]},
+            "run": {"memory_mb": run_limits[0], "cpu_percent": run_limits[1],
+                    "max_processes": settings.job_max_processes},
+            "service": {"memory_mb": service_limits[0], "cpu_percent": service_limits[1],
+                        "max_processes": settings.job_max_processes},
         },
         "max_limits": {"memory_mb": settings.max_memory_mb,
-                       "cpu_percent": settings.max_cpu_percent},
+                       "cpu_percent": settings.max_cpu_percent,
+                       "max_processes": settings.max_processes},
         "job_user": job_user,
+        "private_tmp": {"enabled": tmp_problem is None, "reason": tmp_problem},
         **servers,
     }
 
 
+def _private_tmp_problem(settings: AgentSettings) -> str | None:
+    """launch.private_tmp_problem with an fstab of its own, removed after."""
+    scratch = tempfile.mkdtemp(prefix="corral-check-")
+    try:
+        fstab = launch.write_fstab(os.path.join(scratch, launch.FSTAB_NAME))
+        return launch.private_tmp_problem(launch.find_tools(), settings.work_root, fstab)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _describe_users(user: dict) -> str:
+    if "error" in user:
+        return f"error: {user['error']}"
+    if user["mode"] == "per-job":
+        return f"a uid of its own per job, from {user['uid_range']} (gid = uid, no groups)"
+    return f"{user['user']} (uid {user['uid']}, gid {user['gid']})" + (f"; {user['note']}" if user.get("note") else "")
+
+
 def format_check(report: dict) -> str:
     def limits(d):
-        return f"{d['memory_mb']} MB, {d['cpu_percent']}% CPU"
+        return (f"{d['memory_mb']} MB, {d['cpu_percent']}% CPU, "
+                f"{d['max_processes']} processes")
 
     cg = report["cgroups"]
     user = report["job_user"]
+    tmp = report["private_tmp"]
     lines = [
         f"node id:        {report['node_id']}",
         f"cgroups:        {cg['mode']}" + (f" ({', '.join(cg['controllers'])})" if cg["controllers"] else ""),
@@ -192,9 +219,9 @@ def format_check(report: dict) -> str:
         f"run jobs:       {limits(report['default_limits']['run'])} by default",
         f"service jobs:   {limits(report['default_limits']['service'])} by default",
         f"job maximum:    {limits(report['max_limits'])}",
-        "job user:       " + (f"error: {user['error']}" if "error" in user else
-                              f"{user['user']} (uid {user['uid']}, gid {user['gid']})"
-                              + (f"; {user['note']}" if user.get("note") else "")),
+        "jobs run as:    " + _describe_users(user),
+        "private /tmp:   " + ("yes (and /var/tmp, /dev/shm, IPC)" if tmp["enabled"] else
+                              f"no, TMPDIR in the work dir instead: {tmp['reason']}"),
     ]
     for name in ("registry", "scheduler"):
         server = report[name]

@@ -2,8 +2,9 @@
 kill its whole process tree.
 
 Nothing here talks to the network or knows about reports; agent.py decides what a
-result means. Process isolation lives in one place, `command_argv`: a cgroup shim
-(cgroups.JobCgroup.shim_prefix) and a privilege drop go in front of the job's shell.
+result means. How the process is set up (its cgroup, private /tmp, user and
+environment) is launch.py's: `start` runs its chain with the launch environment and
+hands the job's environment over in a memfd.
 
 Output goes either to pipes read by a thread (run jobs: the tail is kept in
 memory) or, with `output_files`, to two files opened O_APPEND (services: the
@@ -12,32 +13,20 @@ tail is read from the files at the end, and truncate_if_over() bounds them).
 """
 from __future__ import annotations
 
-import grp
 import os
-import pwd
 import selectors
-import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-SHELL = "/bin/sh"
+from . import launch
 
 _READ_CHUNK = 64 * 1024
 # How long result() waits for the pipes to drain after the job's processes are gone.
 _DRAIN_SECS = 2.0
-
-
-def is_secret_env(name: str) -> bool:
-    """A variable of the agent's environment that jobs must not inherit: the agent's
-    own credentials (a job that could read CORRAL_AGENT_TOKEN could forge status
-    reports for other jobs) and any other CORRAL_*TOKEN (CORRAL_API_TOKEN, the CLI's
-    CORRAL_TOKEN)."""
-    return name.startswith("CORRAL_") and name.endswith("TOKEN")
 
 
 class StartError(Exception):
@@ -94,107 +83,57 @@ class TailBuffer:
         return data.decode("utf-8", errors="replace")
 
 
-def build_environment(job: Mapping, extra: Mapping[str, str],
-                      base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """os.environ (minus the agent's secrets), then the job's env_vars, then
-    CORRAL_JOB_ID and the agent's `extra` variables, which a job cannot override."""
-    env = {k: v for k, v in (os.environ if base is None else base).items()
-           if not is_secret_env(k)}
-    for key, value in (job.get("env_vars") or {}).items():
-        env[str(key)] = "" if value is None else str(value)
-    env["CORRAL_JOB_ID"] = str(job["job_id"])
-    env.update(extra)
-    return env
+_TOOLS: launch.Tools | None = None
 
 
-def command_argv(command: str, prefix: Sequence[str] = ()) -> list[str]:
-    """The argv that runs `command`. `prefix` is where a launcher goes, e.g. the
-    cgroup-joining shim: `['/bin/sh', '-c', SHIM, 'shim', cg_dir, '--']`."""
-    return [*prefix, SHELL, "-c", command]
+def tools() -> launch.Tools:
+    """The launch programs, looked up once per process (the agent's start-up calls this)."""
+    global _TOOLS
+    if _TOOLS is None:
+        _TOOLS = launch.find_tools()
+    return _TOOLS
 
 
-POPEN_IDENTITY_KEYS = ("user", "group", "extra_groups")
-
-# Fallback privilege drop when setpriv (util-linux) is missing: a few lines of Python
-# run without site imports. argv: uid gid groups(comma-separated) -- command...
-_DROP_PY = ("import os,sys\n"
-            "u,g,gs=sys.argv[1:4]\n"
-            "os.setgroups([int(x) for x in gs.split(',') if x]);os.setgid(int(g));os.setuid(int(u))\n"
-            "a=sys.argv[5:]\n"
-            "try: os.execvp(a[0],a)\n"
-            "except OSError as e: sys.stderr.write('corral: cannot run %s: %s\\n'%(a[0],e)); sys.exit(127)\n")
-
-
-def find_setpriv() -> str | None:
-    return shutil.which("setpriv") or shutil.which("setpriv", path="/usr/bin:/bin:/usr/sbin:/sbin")
-
-
-def drop_privileges_argv(user: int | str, group: int | str | None = None,
-                         extra_groups: Sequence[int | str] | None = None) -> list[str]:
-    """An argv prefix that switches to user/group/extra_groups (Popen's meanings:
-    ids or names; group defaults to the user's primary group, extra_groups to none),
-    then execs what follows. Used behind the cgroup shim, which must still be root
-    to write cgroup.procs: setpriv when installed, else a tiny Python."""
-    entry = pwd.getpwnam(user) if isinstance(user, str) else None
-    uid = entry.pw_uid if entry else int(user)
-    if group is None:
-        gid = entry.pw_gid if entry else pwd.getpwuid(uid).pw_gid
-    else:
-        gid = grp.getgrnam(group).gr_gid if isinstance(group, str) else int(group)
-    groups = [grp.getgrnam(g).gr_gid if isinstance(g, str) else int(g) for g in extra_groups or ()]
-    setpriv = find_setpriv()
-    if setpriv:
-        return [setpriv, f"--reuid={uid}", f"--regid={gid}",
-                f"--groups={','.join(map(str, groups))}" if groups else "--clear-groups", "--"]
-    return [sys.executable, "-I", "-S", "-c", _DROP_PY, str(uid), str(gid),
-            ",".join(map(str, groups)), "--"]
-
-
-def start(job: Mapping, workdir: str, env: Mapping[str, str], tail_bytes: int,
-          prefix: Sequence[str] = (), popen_kwargs: Mapping | None = None,
-          cgroup=None, output_files: tuple[str, str] | None = None) -> "RunningJob":
+def start(job: Mapping, workdir: str, env: Mapping[str, str], tail_bytes: int, *,
+          cgroup=None, user: launch.User | None = None, private_tmp: launch.PrivateTmp | None = None,
+          output_files: tuple[str, str] | None = None) -> "RunningJob":
     """Start `job["command"]` under /bin/sh in `workdir`, in a session of its own.
 
-    `env` is the complete environment (see build_environment). `popen_kwargs` may
-    hold `user`, `group`, `extra_groups` (identity.Identity.popen_kwargs()): the job
-    runs as that user. With a `prefix` (the cgroup shim, which must write
-    cgroup.procs as root) the switch happens after the prefix, via
-    drop_privileges_argv; without one, Popen switches itself. `cgroup` (a
-    cgroups.JobCgroup) makes kill() and result() also end every process in it,
-    including ones that left the process group with setsid. Raises StartError when
-    the process cannot be started. With `output_files` (stdout path, stderr path)
-    the job writes to those files (created, appended to) instead of pipes.
+    `env` is the job's complete environment (jobenv.build); it is applied only by the
+    launch stage that already runs as `user` (None: no switch), never by a root
+    process. `cgroup` (a cgroups.JobCgroup) is joined before the first instruction and
+    makes kill() and result() also end every process in it, including ones that left
+    the process group with setsid. `private_tmp`: the job gets a mount namespace with
+    private /tmp, /var/tmp and /dev/shm (launch.py). Its standard input is empty. With
+    `output_files` (stdout path, stderr path) the job writes to those files (created
+    0600, appended to) instead of pipes. Raises StartError when the process cannot be
+    started.
     """
     command = job.get("command")
     if not isinstance(command, str) or not command.strip():
         raise StartError("the job has no command to run")
-    identity = dict(popen_kwargs or {})
-    unknown = set(identity) - set(POPEN_IDENTITY_KEYS)
-    if unknown:
-        raise ValueError(f"popen_kwargs may only hold {POPEN_IDENTITY_KEYS}, not {sorted(unknown)}")
-    if prefix and identity.get("user") is not None:
-        try:
-            prefix = [*prefix, *drop_privileges_argv(**identity)]
-        except (KeyError, ValueError) as exc:
-            raise StartError(f"cannot run the job as {identity.get('user')!r}: {exc}") from exc
-        identity = {}
-    argv = command_argv(command, prefix)
-    stdout = stderr = subprocess.PIPE
-    if output_files is not None:
-        stdout = _open_append(output_files[0])
-        try:
-            stderr = _open_append(output_files[1])
-        except StartError:
-            os.close(stdout)
-            raise
     try:
+        script = launch.env_script(env)
+    except ValueError as exc:
+        raise StartError(f"cannot start the job: {exc}") from exc
+    try:
+        argv = launch.argv(command, tools(), cgroup.paths() if cgroup is not None else (), user,
+                           private_tmp)
+        env_fd = launch.memfd("corral-env", script)
+    except (OSError, ValueError) as exc:
+        raise StartError(f"cannot start the job: {exc}") from exc
+    stdout = stderr = subprocess.PIPE
+    try:
+        if output_files is not None:
+            stdout = _open_append(output_files[0])
+            stderr = _open_append(output_files[1])
         proc = subprocess.Popen(
-            argv, cwd=workdir, env=dict(env),
-            stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+            argv, cwd=workdir, env=launch.LAUNCH_ENV,
+            stdin=env_fd, stdout=stdout, stderr=stderr,
             # A new session makes the job a process group of its own, so kill() can
             # reach every process it forks, and a Ctrl-C aimed at the agent's
             # terminal does not hit the jobs.
-            start_new_session=True, close_fds=True, **identity,
+            start_new_session=True, close_fds=True,
         )
     except OSError as exc:
         if exc.filename == argv[0]:
@@ -202,23 +141,26 @@ def start(job: Mapping, workdir: str, env: Mapping[str, str], tail_bytes: int,
         if exc.filename == workdir:
             raise StartError(f"cannot use work dir {workdir}: {exc.strerror or exc}") from exc
         raise StartError(f"cannot start the job: {exc}") from exc
-    except (ValueError, TypeError) as exc:  # e.g. an env var name with '=' or a NUL byte
-        raise StartError(f"cannot start the job: {exc}") from exc
-    except KeyError as exc:  # Popen's user/group lookup: no such user or group
-        raise StartError(f"cannot start the job as {identity}: no such user or group {exc}") from exc
     finally:
-        if output_files is not None:  # the child has its own copies
-            os.close(stdout)
-            os.close(stderr)
+        for fd in (env_fd, stdout, stderr):  # the child has its own copies
+            if isinstance(fd, int) and fd >= 0:
+                os.close(fd)
     return RunningJob(proc, tail_bytes, cgroup, output_files)
 
 
 def _open_append(path: str) -> int:
+    """The agent opens a service's log files (0600, its own) and the job only gets the
+    descriptors: no job can open them, its own or another's."""
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
         raise StartError(f"cannot open the job's output file {path}: {exc.strerror or exc}") from exc
+    try:
+        os.fchmod(fd, 0o600)  # a file an older agent made 0640
+    except OSError:
+        pass
+    return fd
 
 
 def read_tail(path: str, tail_bytes: int) -> str:

@@ -1,10 +1,11 @@
 """Service jobs: what a long-running `service` needs beyond a `run` job.
 
-A service is started like a run job (own session, own cgroup, the job user) but
-with no timeout, with `PORT` in its environment when the job has a port, and with
-its stdout and stderr going to O_APPEND files, `<agent_dir>/logs/<job>-<attempt>.out`
+A service is started like a run job (own session, own cgroup, its own uid, private
+/tmp) but with no timeout, with `PORT` in its environment when the job has a port,
+and with its stdout and stderr going to O_APPEND files, `<agent_dir>/logs/<job>-<attempt>.out`
 and `.err`, not to pipes: a pipe would break (SIGPIPE) when the agent that reads it
-exits, a file does not. The files are emptied (with a marker line) when one passes
+exits, a file does not. The agent opens the files (mode 0600, in a 0700 directory)
+and the service only inherits the descriptors, so no job can read a service's log. The files are emptied (with a marker line) when one passes
 AGENT_SERVICE_LOG_MAX_BYTES; the report of a service that ended carries their tails.
 
 While it runs, a `ServiceMonitor` thread per service
@@ -23,10 +24,11 @@ not checked; it runs and is reported like any other job.
 The monitor threads use their own copy of the registry client (RegistryClient.clone),
 one each, so no HTTP session is shared between threads.
 
-Agent restarts. A JSON state file per running service,
+Agent restarts. A JSON state file per running service (mode 0600),
 `<agent_dir>/services/<job>-<attempt>.json`, holds its pid, the pid's start time
 (/proc/<pid>/stat field 22, so a reused pid is never mistaken for it), its cgroup,
-port, name, health path, work dir and log files. An agent that stops leaves its
+port, name, health path, work dir, log files and uid (the next agent keeps that uid
+held, so no new job gets it while the service runs). An agent that stops leaves its
 services running with their state files; the next agent on the node re-adopts
 every service whose pid is still alive with the same start time (and, with
 cgroups, still in its cgroup) as an `AdoptedProcess`: it health-checks it, kills it
@@ -125,12 +127,14 @@ class ServiceState:
     workdir: str
     stdout: str
     stderr: str
+    uid: int | None = None  # its own uid (identity.PerJobUsers); None: a shared job user
 
     def write(self, path: str) -> None:
         """Atomically: a crash leaves the old file or the new one, never half of one."""
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "w") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as f:
             json.dump({"version": STATE_VERSION, **asdict(self)}, f)
             f.flush()
             os.fsync(f.fileno())
@@ -150,6 +154,8 @@ class ServiceState:
         for name in ("pid", "attempt", "start_time"):
             if isinstance(getattr(state, name), bool) or not isinstance(getattr(state, name), int):
                 raise ValueError(f"{name} is not a whole number")
+        if state.uid is not None and (isinstance(state.uid, bool) or not isinstance(state.uid, int)):
+            raise ValueError("uid is not a whole number")
         return state
 
 

@@ -24,6 +24,8 @@ from corral.shared.settings import env_bool, env_file, env_float, env_int, env_s
 from corral.shared.validate import NAME_RE
 
 from .artifacts import Limits as ArtifactLimits
+from .jobenv import passthrough_problem
+from .uids import parse_range
 
 
 # The scheduler refuses a report whose stdout or stderr is over 512 KiB characters;
@@ -38,6 +40,10 @@ DEFAULT_RUN_MEMORY_MB = 512
 DEFAULT_RUN_CPU_PERCENT = 100
 DEFAULT_SERVICE_MEMORY_MB = 1024
 DEFAULT_SERVICE_CPU_PERCENT = 200
+# Jobs' own uids (identity.py, uids.py) and their process limit (pids.max).
+DEFAULT_UID_RANGE = (70000, 79999)
+DEFAULT_JOB_MAX_PROCESSES = 1024
+DEFAULT_MAX_PROCESSES = 32768
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,15 @@ class AgentSettings:
     max_memory_mb: int = field(default_factory=lambda: total_memory_mb() or DEFAULT_SERVICE_MEMORY_MB)
     max_cpu_percent: int = field(default_factory=lambda: (os.cpu_count() or 1) * 100)
     require_cgroups: bool = False
+    # Jobs' isolation: a uid per job from this range (when the agent is root and neither
+    # job_user nor run_as_root is set), a private /tmp where the kernel allows it, the
+    # process limit of jobs that ask for none and the most one may ask for, and the
+    # variables of the agent's environment passed to jobs beyond jobenv.FROM_AGENT.
+    uid_range: tuple[int, int] = DEFAULT_UID_RANGE
+    private_tmp: bool = True
+    job_max_processes: int = DEFAULT_JOB_MAX_PROCESSES
+    max_processes: int = DEFAULT_MAX_PROCESSES
+    job_env_passthrough: tuple[str, ...] = ()
     # Services.
     health_interval: float = 5.0
     health_timeout: float = 2.0
@@ -105,6 +120,11 @@ class AgentSettings:
     def service_state_root(self) -> str:
         """One JSON file per running service, read by the next agent to re-adopt it."""
         return os.path.join(self.agent_dir, "services")
+
+    @property
+    def uid_pool_path(self) -> str:
+        """Which uid each job holds (uids.UidPool), for the next agent."""
+        return os.path.join(self.agent_dir, "uids.json")
 
     @property
     def cgroup_root_name(self) -> str:
@@ -146,6 +166,8 @@ class AgentSettings:
             raise SettingError(f"AGENT_RUN_AS_ROOT=true and AGENT_JOB_USER={job_user} contradict "
                                "each other; set only one")
         registry_url = _url(env, "REGISTRY_URL", cls.registry_url)
+        slots = env_int(env, "AGENT_SLOTS", os.cpu_count() or 1, minimum=1)
+        uid_range = _uid_range(env, slots, per_job=job_user is None and not run_as_root)
         return cls(
             node_id=node_id,
             registry_url=registry_url,
@@ -154,7 +176,7 @@ class AgentSettings:
             long_poll_secs=env_float(env, "AGENT_LONG_POLL_SECS", 20.0, minimum=0, maximum=MAX_LONG_POLL_SECS),
             heartbeat_interval=_positive_float(env, "HEARTBEAT_INTERVAL_SECS", 5.0),
             state_dir=state_dir(env),
-            slots=env_int(env, "AGENT_SLOTS", os.cpu_count() or 1, minimum=1),
+            slots=slots,
             address=env_str(env, "AGENT_ADDRESS", None) or route_address(registry_url),
             labels=parse_labels(env_str(env, "AGENT_LABELS", "") or ""),
             output_tail_bytes=env_int(env, "CORRAL_OUTPUT_TAIL_BYTES", 65536, minimum=0,
@@ -180,6 +202,10 @@ class AgentSettings:
             # 0 means no bound on a whole download (the read timeout still applies).
             artifact_timeout=env_float(env, "AGENT_ARTIFACT_TIMEOUT_SECS", 1800.0, minimum=0) or None,
             **_limits(env),
+            uid_range=uid_range,
+            private_tmp=env_bool(env, "AGENT_PRIVATE_TMP", True),
+            job_env_passthrough=_passthrough(env),
+            **_process_limits(env),
         )
 
 
@@ -246,6 +272,38 @@ def _default_limit(env: Mapping[str, str], name: str, default: int, maximum: int
         raise SettingError(f"{name}={value} is more than {max_name}={maximum}; jobs "
                            f"using the default could never run on this node")
     return maximum  # a small node: the design's default does not fit
+
+
+def _uid_range(env: Mapping[str, str], slots: int, per_job: bool) -> tuple[int, int]:
+    """AGENT_UID_RANGE; with a uid per job, it must hold a uid for every slot."""
+    raw = env_str(env, "AGENT_UID_RANGE", None)
+    try:
+        first, last = parse_range(raw) if raw is not None else DEFAULT_UID_RANGE
+    except ValueError as exc:
+        raise SettingError(f"AGENT_UID_RANGE {exc}") from None
+    if per_job and last - first + 1 < slots:
+        raise SettingError(f"AGENT_UID_RANGE={first}-{last} holds {last - first + 1} uid(s), fewer than "
+                           f"AGENT_SLOTS={slots}: every running job needs a uid of its own")
+    return first, last
+
+
+def _passthrough(env: Mapping[str, str]) -> tuple[str, ...]:
+    """AGENT_JOB_ENV_PASSTHROUGH: comma-separated names of the agent's environment."""
+    names = tuple(n.strip() for n in (env_str(env, "AGENT_JOB_ENV_PASSTHROUGH", "") or "").split(",")
+                  if n.strip())
+    for name in names:
+        problem = passthrough_problem(name)
+        if problem:
+            raise SettingError(f"AGENT_JOB_ENV_PASSTHROUGH cannot pass {problem}")
+    return names
+
+
+def _process_limits(env: Mapping[str, str]) -> dict:
+    """AGENT_JOB_MAX_PROCESSES (jobs that ask for none) and AGENT_MAX_PROCESSES."""
+    maximum = env_int(env, "AGENT_MAX_PROCESSES", DEFAULT_MAX_PROCESSES, minimum=1)
+    return {"max_processes": maximum,
+            "job_max_processes": _default_limit(env, "AGENT_JOB_MAX_PROCESSES", DEFAULT_JOB_MAX_PROCESSES,
+                                                maximum, "AGENT_MAX_PROCESSES")}
 
 
 def route_address(url: str) -> str:

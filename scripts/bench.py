@@ -17,8 +17,8 @@ Scenarios (see docs/benchmarks.md for what each measures and why):
   cpu_bound         CPU-bound jobs at 1, 2, 4 slots per agent; no node may be lost
   memory            peak and current RSS of the scheduler, registry and agents after throughput
   node_floor        no scheduler: how fast this machine starts `true` jobs the way an agent
-                    does (cgroup, shim, privilege drop, sh), from 4 threads: the ceiling of
-                    `throughput`
+                    does (private /tmp, cgroup, a uid of its own, the environment from a memfd,
+                    sh), from 4 threads: the ceiling of `throughput`
 
 With --repeat N (default 3) every scenario runs N times, interleaved round by
 round so that ratios compare runs made minutes apart, not a quarter of an hour;
@@ -94,8 +94,9 @@ class Skip(Exception):
 
 def node_floor(cfg: Config) -> dict:
     """Start `cfg.floor_jobs` `true` jobs exactly as an agent does (agent/cgroups.py,
-    identity.py, runner.py: a cgroup with the default limits, the joining shim, the
-    privilege drop, /bin/sh -c), `cfg.floor_threads` at a time, with no scheduler, no
+    uids.py, launch.py, runner.py: a cgroup with the default limits, a uid of its own,
+    the launch chain with a private /tmp where this machine allows it, the environment
+    from a memfd, /bin/sh -c), `cfg.floor_threads` at a time, with no scheduler, no
     HTTP and no agent loop. Jobs/s and CPU per job, of this process and of the jobs'
     processes (kernel time included): what `throughput` can never exceed here.
 
@@ -103,24 +104,32 @@ def node_floor(cfg: Config) -> dict:
     `reused_cgroup_*` keeps one cgroup per thread (slot) instead of making and
     removing one per job, and `reused_cgroup_no_drop_*` also runs the job as this
     user (no `setpriv` exec)."""
-    from corral.agent import cgroups, identity, runner
+    import tempfile
+
+    from corral.agent import cgroups, launch, runner, uids
+    from corral.agent.settings import DEFAULT_UID_RANGE
     manager = cgroups.detect(root_name=f"corral-bench-floor-{os.getpid()}")
     if not manager.enforced:
         raise Skip(f"needs cgroups like a real agent: {manager.reason}")
-    who = identity.resolve()
+    agent_dir = tempfile.mkdtemp(prefix="corral-bench-agent-")
+    fstab = launch.write_fstab(os.path.join(agent_dir, launch.FSTAB_NAME))
+    private_tmp = launch.private_tmp_problem(runner.tools(), "/", fstab) is None
+    pool = uids.UidPool(*DEFAULT_UID_RANGE, os.path.join(agent_dir, "uids.json"))
     env = {"PATH": "/usr/bin:/bin"}
 
-    def start(cg, identity_kwargs) -> None:
-        runner.start({"command": "true"}, "/", env, 65536, prefix=cg.shim_prefix(),
-                     popen_kwargs=identity_kwargs, cgroup=cg).result()
+    def start(cg, user) -> None:
+        runner.start({"command": "true"}, "/", env, 65536, cgroup=cg, user=user,
+                     private_tmp=launch.PrivateTmp(fstab, 512) if private_tmp else None).result()
 
     def fresh(slot: int, i: int) -> None:
-        cg = manager.create(f"floor-{i}", 512, 100)
+        cg = manager.create(f"floor-{i}", 512, 100, 1024)
+        uid = pool.acquire(f"floor-{i}")
         try:
-            start(cg, who.popen_kwargs())
+            start(cg, launch.User(uid, uid))
         finally:
             cg.kill()
             cg.remove()
+            pool.release(f"floor-{i}")
 
     def measure(one) -> tuple[float, float, float]:
         def worker(k: int) -> None:
@@ -144,21 +153,23 @@ def node_floor(cfg: Config) -> dict:
     slots = []
     try:
         rate, own, children = measure(fresh)
-        slots = [manager.create(f"floor-slot-{k}", 512, 100) for k in range(cfg.floor_threads)]
-        reused = measure(lambda k, i: start(slots[k], who.popen_kwargs()))
-        no_drop = measure(lambda k, i: start(slots[k], {}))
+        slots = [manager.create(f"floor-slot-{k}", 512, 100, 1024) for k in range(cfg.floor_threads)]
+        reused = measure(lambda k, i: start(slots[k], launch.User(DEFAULT_UID_RANGE[0] + k, DEFAULT_UID_RANGE[0] + k)))
+        no_drop = measure(lambda k, i: start(slots[k], None))
     finally:
         for cg in slots:
             cg.kill()
             cg.remove()
         manager.cleanup()
+        shutil.rmtree(agent_dir, ignore_errors=True)
     return {"jobs_per_sec": rate, "jobs": cfg.floor_jobs, "threads": cfg.floor_threads,
             "starter_cpu_ms_per_job": own, "job_processes_cpu_ms_per_job": children,
             "reused_cgroup_jobs_per_sec": reused[0], "reused_cgroup_starter_cpu_ms_per_job": reused[1],
             "reused_cgroup_job_processes_cpu_ms_per_job": reused[2],
             "reused_cgroup_no_drop_jobs_per_sec": no_drop[0],
             "reused_cgroup_no_drop_job_processes_cpu_ms_per_job": no_drop[2],
-            "cgroups": manager.mode, "job_user": str(who.popen_kwargs().get("user", "this user"))}
+            "cgroups": manager.mode, "job_user": f"a uid per job from {DEFAULT_UID_RANGE[0]}",
+            "private_tmp": private_tmp}
 
 
 # ---- submitting -----------------------------------------------------------------

@@ -31,7 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
-from cluster import BIN, Cluster, Proc, base_env  # noqa: E402  (tests/cluster.py)
+from cluster import BIN, Cluster, Proc, base_env, world_traversable_dir  # noqa: E402  (tests/cluster.py)
 from run_local import _proc_stat, descendants  # noqa: E402  (scripts/run_local.py)
 
 # The README's defaults, stated explicitly: tests/cluster.py shortens them for tests.
@@ -118,10 +118,9 @@ def make_log_dir(prefix: str) -> str:
 
 
 def shared_dir(prefix: str) -> str:
-    """A directory jobs (running as `nobody` under a root agent) can write to."""
-    path = tempfile.mkdtemp(prefix=prefix)
-    os.chmod(path, 0o1777)
-    return path
+    """A directory jobs (each under a uid of its own, with a private /tmp, under a root
+    agent) can write to."""
+    return world_traversable_dir(prefix, 0o1777)
 
 
 # ---- what the scheduler offers --------------------------------------------------

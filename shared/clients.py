@@ -213,12 +213,14 @@ class SchedulerClient(_Client):
         return self._call("POST", "/jobs/batch", json={"jobs": requests_}, headers=headers)
 
     def claim(self, node_id: str, max_jobs: int, wait_secs: float, limits_enforced: bool | None = None,
-              default_limits: dict | None = None) -> ClaimResult:
+              default_limits: dict | None = None, private_tmp: bool | None = None) -> ClaimResult:
         """Take up to `max_jobs` jobs placed on `node_id`, waiting up to `wait_secs` for some
         (a long poll). A Rejected(404 or 405) means the scheduler has no claim API."""
         body = {"max": max_jobs, "wait_secs": wait_secs}
         if limits_enforced is not None:
             body["limits_enforced"] = limits_enforced
+        if private_tmp is not None:
+            body["private_tmp"] = private_tmp
         if default_limits:
             body["default_limits"] = default_limits
         timeout = (self.connect_timeout, wait_secs + CLAIM_READ_MARGIN_SECS)
@@ -236,7 +238,7 @@ class SchedulerClient(_Client):
 
     def report_and_claim(self, reports: list[dict], claim: dict | None) -> tuple[list[dict], list[dict]]:
         """report_batch, with a claim riding on it (`claim`: node_id, max, limits_enforced,
-        default_limits): the node's next jobs come back with the results, already running."""
+        private_tmp, default_limits): the node's next jobs come back with the results, already running."""
         body = {"reports": reports}
         if claim is not None:
             body["claim"] = claim

@@ -66,11 +66,21 @@ class Proc:
             return f.read().decode(errors="replace")
 
 
-def world_traversable_dir(prefix: str) -> str:
-    """A temporary directory that jobs running as `nobody` can reach (pytest's tmp_path
-    lies under a directory only its owner may enter); the caller removes it."""
-    path = tempfile.mkdtemp(prefix=prefix)
-    os.chmod(path, 0o755)
+# Where tests keep directories that jobs must reach by path. A root agent gives each
+# job a private /tmp (agent/launch.py), in which the host's /tmp is not visible, and
+# runs it as a uid of its own, which cannot enter pytest's tmp_path.
+JOB_VISIBLE_BASE = "/var/lib/corral-test"
+
+
+def world_traversable_dir(prefix: str, mode: int = 0o755) -> str:
+    """A temporary directory that jobs can reach (see JOB_VISIBLE_BASE; outside /tmp
+    when root); the caller removes it. mode 0o1777: jobs can write to it too."""
+    base = None
+    if os.geteuid() == 0:
+        os.makedirs(JOB_VISIBLE_BASE, mode=0o755, exist_ok=True)
+        base = JOB_VISIBLE_BASE
+    path = tempfile.mkdtemp(prefix=prefix, dir=base)
+    os.chmod(path, mode)
     return path
 
 

@@ -1,7 +1,6 @@
 import os
 import re
 import shutil
-import tempfile
 
 import pytest
 import responses
@@ -36,8 +35,9 @@ def cluster(tmp_path, request):
 
 @pytest.fixture
 def state_dir():
-    """A state dir under /tmp with 0755 parents: jobs running as `nobody` must reach
-    their work dir by its absolute path, which pytest's tmp_path does not allow."""
+    """A state dir with 0755 parents outside /tmp: jobs (each under a uid of its own,
+    with a private /tmp) must reach their work dir by its absolute path, which pytest's
+    tmp_path does not allow."""
     path = world_traversable_dir("corral-state-")
     try:
         yield path
@@ -49,11 +49,10 @@ def state_dir():
 def shared_dir():
     """A directory every user can write to, for files that jobs write and tests read.
 
-    Jobs run as an unprivileged user (`nobody`) when the agent is root, and pytest's
-    tmp_path lies under a directory only its owner may enter.
+    Jobs run as unprivileged uids of their own when the agent is root, with a private
+    /tmp, and pytest's tmp_path lies under a directory only its owner may enter.
     """
-    path = tempfile.mkdtemp(prefix="corral-test-")
-    os.chmod(path, 0o1777)
+    path = world_traversable_dir("corral-test-", 0o1777)
     try:
         yield path
     finally:

@@ -21,7 +21,7 @@ import requests
 import responses
 
 from corral.agent import agent as agent_module
-from corral.agent import cgroups, identity, runner
+from corral.agent import cgroups, identity, jobenv, launch, runner
 from corral.agent.agent import (NO_RUN_SH_MESSAGE, STOPPED_MESSAGE, TIMEOUT_MESSAGE, Agent,
                                 AgentStartError, Backoff)
 from corral.agent.cli import main
@@ -182,8 +182,8 @@ class FakeScheduler:
 class FakeJobCgroup(cgroups.NullJobCgroup):
     """Limits are not applied; OOM counter and usage come from the test."""
 
-    def __init__(self, name, memory_mb, cpu_percent, manager):
-        super().__init__(name, memory_mb, cpu_percent)
+    def __init__(self, name, memory_mb, cpu_percent, max_processes, manager):
+        super().__init__(name, memory_mb, cpu_percent, max_processes)
         self.manager = manager
 
     def oom_kills(self):
@@ -201,6 +201,7 @@ class FakeCgroups(cgroups.Manager):
     """An `enforced` manager for unit tests: the real thing is in test_agent_integration."""
     mode = "fake"
     enforced = True
+    limits_processes = True
 
     def __init__(self):
         super().__init__("fake cgroups for unit tests", "corral-unit")
@@ -208,8 +209,8 @@ class FakeCgroups(cgroups.Manager):
         self.stats = {"peak_memory_bytes": 12345678, "cpu_seconds": 0.25}
         self.created, self.removed = [], []
 
-    def create(self, name, memory_mb, cpu_percent):
-        cg = FakeJobCgroup(name, memory_mb, cpu_percent, self)
+    def create(self, name, memory_mb, cpu_percent, max_processes=None):
+        cg = FakeJobCgroup(name, memory_mb, cpu_percent, max_processes, self)
         self.created.append(cg)
         return cg
 
@@ -324,7 +325,7 @@ def test_job_is_reported_running_before_it_starts_then_done(agent, scheduler):
     assert reap_until_ended(agent) == [("job-1", 1, "done")]
     assert scheduler.statuses("job-1") == ["running", "done"]
     assert scheduler.reports[0][1] == {"node_id": NODE, "attempt": 1, "status": "running",
-                                       "limits_enforced": False, "limits": None}
+                                       "limits_enforced": False, "limits": None, "private_tmp": False}
     final = scheduler.final("job-1")
     assert final == {"node_id": NODE, "attempt": 1, "status": "done", "exit_code": 0,
                      "stdout": "hello\n", "stderr": "", "oom_killed": False,
@@ -401,8 +402,32 @@ def test_job_environment(agent, scheduler):
     assert scheduler.final("job-1")["stdout"] == f"prod job-1 {NODE} 4\n"
 
 
+@pytest.mark.parametrize("passthrough, foo", [((), "none"), (("FOO",), "foo")])
+def test_the_job_environment_holds_none_of_the_agents_own(make_agent, scheduler, monkeypatch, passthrough, foo):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "agent-credentials")
+    monkeypatch.setenv("FOO", "foo")
+    monkeypatch.setenv("LC_TIME", "C")
+    agent = make_agent(job_env_passthrough=passthrough)  # reads its environment at start-up
+    scheduler.add(command='echo "${AWS_SECRET_ACCESS_KEY:-none} ${FOO:-none} $LC_TIME $TMPDIR"')
+    agent.poll_once()
+    reap_until_ended(agent)
+    # Without a private /tmp (the work dirs lie under /tmp here), TMPDIR is in the work dir.
+    assert scheduler.final("job-1")["stdout"] == f"none {foo} C {agent.work_dir('job-1', 1)}/.tmp\n"
+
+
+@pytest.mark.parametrize("name", ["LD_PRELOAD", "LD_AUDIT"])
+def test_a_job_setting_a_loader_variable_is_failed_and_nothing_starts(agent, scheduler, tmp_path, name):
+    marker = tmp_path / "ran"
+    scheduler.add(command=f"touch {marker}", env_vars={name: "/tmp/evil.so"})
+    assert agent.poll_once() == [("job-1", 1)]
+    assert reap_until_ended(agent) == [("job-1", 1, "failed")]
+    final = scheduler.final("job-1")
+    assert final["exit_code"] == -1 and f"refuses to run a job whose env_vars set {name}" in final["stderr"]
+    assert not marker.exists() and not os.path.exists(agent.work_dir("job-1", 1))
+
+
 def test_start_failure_is_reported_failed(agent, scheduler, monkeypatch):
-    monkeypatch.setattr(runner, "SHELL", "/no/such/shell")
+    monkeypatch.setattr(launch, "SHELL", "/no/such/shell")
     scheduler.add()
     assert agent.poll_once() == [("job-1", 1)]
     assert agent.running_count() == 1  # holds its slot while it is prepared
@@ -418,11 +443,11 @@ def test_runner_file_output_mode(tmp_path):
     out, err = str(tmp_path / "logs" / "j.out"), str(tmp_path / "logs" / "j.err")
     job = {"job_id": "job-1", "command": "echo one; echo two >&2"}
     for _ in range(2):  # appended to, not replaced
-        rj = runner.start(job, str(tmp_path), runner.build_environment(job, {}), 6,
-                          output_files=(out, err))
+        rj = runner.start(job, str(tmp_path), {"PATH": os.environ["PATH"]}, 6, output_files=(out, err))
         result = rj.result()
     assert (result.exit_code, result.stdout, result.stderr) == (0, "e\none\n", "o\ntwo\n")
     assert open(out).read() == "one\none\n"
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o600  # the agent's, not the job's to open
     assert runner.truncate_if_over(out, 100) is False
     assert runner.truncate_if_over(out, 5) is True
     assert open(out).read() == "[corral: log truncated after 8 bytes]\n"
@@ -436,17 +461,29 @@ def test_running_report_carries_the_limits_the_job_will_get(make_agent, schedule
     fake = FakeCgroups()
     agent = make_agent(cgroup_manager=fake, slots=3)
     scheduler.add(job_id="job-1")
-    scheduler.add(job_id="job-2", memory_mb=64, cpu_percent=50)
+    scheduler.add(job_id="job-2", memory_mb=64, cpu_percent=50, max_processes=20)
     scheduler.add(job_id="job-3", job_type="service", command="sleep 30", memory_mb=None)
     agent.poll_once()
     running = {jid: body for jid, body in scheduler.reports if body["status"] == "running"}
-    assert running["job-1"]["limits_enforced"] is True
-    assert running["job-1"]["limits"] == {"memory_mb": 512, "cpu_percent": 100}  # run default
-    assert running["job-2"]["limits"] == {"memory_mb": 64, "cpu_percent": 50}
-    assert running["job-3"]["limits"] == {"memory_mb": 1024, "cpu_percent": 200}  # service default
+    assert running["job-1"]["limits_enforced"] is True and running["job-1"]["private_tmp"] is False
+    # run default
+    assert running["job-1"]["limits"] == {"memory_mb": 512, "cpu_percent": 100, "max_processes": 1024}
+    assert running["job-2"]["limits"] == {"memory_mb": 64, "cpu_percent": 50, "max_processes": 20}
+    # service default
+    assert running["job-3"]["limits"] == {"memory_mb": 1024, "cpu_percent": 200, "max_processes": 1024}
     wait_for(lambda: len(fake.created) == 3, message="three cgroups")
-    assert sorted((cg.name, cg.limits["memory_mb"], cg.limits["cpu_percent"]) for cg in fake.created) \
-        == [("job-1-1", 512, 100), ("job-2-1", 64, 50), ("job-3-1", 1024, 200)]
+    assert sorted((cg.name, *cg.limits.values()) for cg in fake.created) \
+        == [("job-1-1", 512, 100, 1024), ("job-2-1", 64, 50, 20), ("job-3-1", 1024, 200, 1024)]
+
+
+def test_without_a_pids_controller_no_process_limit_is_claimed(make_agent, scheduler):
+    fake = FakeCgroups()
+    fake.limits_processes = False
+    agent = make_agent(cgroup_manager=fake)
+    scheduler.add(job_id="job-1", command="true", max_processes=20)
+    agent.poll_once()
+    assert scheduler.reports[0][1]["limits"] == {"memory_mb": 512, "cpu_percent": 100, "max_processes": None}
+    assert agent.default_limits()["run"]["max_processes"] is None
 
 
 def test_final_report_carries_usage_and_oom(make_agent, scheduler):
@@ -485,6 +522,9 @@ def test_sigkill_without_the_oom_counter_is_not_an_oom(make_agent, scheduler):
     ("cpu_percent", 401, "job asks for cpu_percent=401 but this node allows at most 400 "
                          "(AGENT_MAX_CPU_PERCENT)"),
     ("memory_mb", 0, "job asks for memory_mb=0, which is not a positive whole number"),
+    ("max_processes", 40000, "job asks for max_processes=40000 but this node allows at most 32768 "
+                             "(AGENT_MAX_PROCESSES)"),
+    ("max_processes", True, "job asks for max_processes=True, which is not a positive whole number"),
 ])
 def test_a_job_over_the_node_maximum_fails_clearly(agent, scheduler, field, value, message):
     scheduler.add(command="touch ran", **{field: value})
@@ -497,12 +537,12 @@ def test_a_job_over_the_node_maximum_fails_clearly(agent, scheduler, field, valu
 
 
 def test_a_job_that_cannot_join_its_cgroup_is_a_node_failure(agent, scheduler):
-    scheduler.add(command=f"echo '{cgroups.SHIM_FAILED_MESSAGE} /sys/x' >&2; exit 125")
+    scheduler.add(command=f"echo '{launch.JOIN_FAILED_MESSAGE} /sys/x' >&2; exit 125")
     agent.poll_once()
     reap_until_ended(agent)
     final = scheduler.final("job-1")
     assert (final["status"], final["exit_code"]) == ("failed", -1)
-    assert "could not put the job into its cgroup" in final["stderr"].splitlines()[-1]
+    assert "could not set the job up" in final["stderr"].splitlines()[-1]
     assert NODE in final["stderr"]
 
 
@@ -869,8 +909,9 @@ def test_a_claimed_job_runs_without_a_running_report(make_agent, scheduler):
     keys, pause = agent.claim_once(wait_secs=0)
     assert keys == [("job-1", 1), ("job-2", 1)] and pause is False
     (claim,) = scheduler.claims
-    assert claim == {"max": 3, "wait_secs": 0, "limits_enforced": True, "default_limits": {
-        "run": {"memory_mb": 512, "cpu_percent": 100}, "service": {"memory_mb": 1024, "cpu_percent": 200}}}
+    assert claim == {"max": 3, "wait_secs": 0, "limits_enforced": True, "private_tmp": False, "default_limits": {
+        "run": {"memory_mb": 512, "cpu_percent": 100, "max_processes": 1024},
+        "service": {"memory_mb": 1024, "cpu_percent": 200, "max_processes": 1024}}}
     assert agent.free_slots() == 1 and agent.claimed_keys() == keys  # queued, holding their slots
     assert agent.take_claimed() == keys and agent.claimed_keys() == []
     wait_for(lambda: ("job-1", 1, "done") in agent.reap_once(), timeout=10, message="job-1 to end")
@@ -892,7 +933,8 @@ def test_reports_of_ended_jobs_carry_the_claim_for_the_next_ones(make_agent, sch
     assert len(agent.reap_once()) == 2 and not agent._jobs
     # One round trip: the reports of job-1 and job-2 and a claim for the 2 slots they freed.
     assert len(scheduler.claims) == 1 and scheduler.riding_claims == [{
-        "node_id": NODE, "max": 2, "limits_enforced": True, "default_limits": agent.default_limits()}]
+        "node_id": NODE, "max": 2, "limits_enforced": True, "private_tmp": False,
+        "default_limits": agent.default_limits()}]
     assert scheduler.statuses("job-1") == scheduler.statuses("job-2") == ["done"]
     assert agent.claimed_keys() == [("job-3", 1)]  # queued for the work loop, holding a slot
     assert agent._claim_wake.is_set()  # one slot is still free: the claim thread asks for it
@@ -1181,9 +1223,16 @@ def test_check_reports_and_exits_0_when_all_answer(capsys, monkeypatch, tmp_path
     assert code == 0 and report["ok"] is True and report["problems"] == []
     assert report["node_id"] == "n1" and report["cgroups"]["mode"] == "none"
     assert report["limits_enforced"] is False and report["limits_reason"] == "no cgroups in this test"
-    assert report["default_limits"]["run"] == {"memory_mb": 512, "cpu_percent": 100}
+    assert report["default_limits"]["run"] == {"memory_mb": 512, "cpu_percent": 100, "max_processes": 1024}
+    assert report["max_limits"]["max_processes"] == 32768
     assert report["registry"]["ok"] and report["scheduler"]["ok"]
-    assert "user" in report["job_user"]
+    if os.geteuid() == 0:
+        assert report["job_user"]["mode"] == "per-job" and report["job_user"]["uid_range"] == "70000-79999"
+        # The work dirs would lie under /tmp, which a private /tmp hides.
+        assert report["private_tmp"] == {"enabled": False, "reason": report["private_tmp"]["reason"]}
+        assert "lie under /tmp" in report["private_tmp"]["reason"]
+    else:
+        assert report["job_user"]["mode"] == "self"
 
 
 def test_check_exits_1_when_the_control_plane_does_not_answer(capsys, monkeypatch, tmp_path):
@@ -1233,6 +1282,30 @@ def test_new_settings_defaults():
     assert (limits.max_download_bytes, limits.max_unpacked_bytes) == (512 << 20, 2048 << 20)
     assert (limits.max_entries, limits.max_ratio) == (10_000, 100)
     assert (limits.connect_timeout, limits.read_timeout, limits.download_timeout) == (10, 60, 1800)
+    assert (s.uid_range, s.private_tmp, s.job_env_passthrough) == ((70000, 79999), True, ())
+    assert (s.job_max_processes, s.max_processes) == (1024, 32768)
+
+
+def test_isolation_settings_from_env():
+    s = AgentSettings.from_env({"NODE_ID": "n1", "AGENT_UID_RANGE": "200000-200003", "AGENT_SLOTS": "4",
+                                "AGENT_PRIVATE_TMP": "false", "AGENT_JOB_ENV_PASSTHROUGH": "FOO, HTTP_PROXY,",
+                                "AGENT_JOB_MAX_PROCESSES": "64", "AGENT_MAX_PROCESSES": "100"})
+    assert (s.uid_range, s.private_tmp, s.job_env_passthrough) == ((200000, 200003), False, ("FOO", "HTTP_PROXY"))
+    assert (s.job_max_processes, s.max_processes) == (64, 100)
+    assert s.uid_pool_path == os.path.join(s.agent_dir, "uids.json")
+    # A node maximum under the default lowers the default; a fixed job user needs no range.
+    assert AgentSettings.from_env({"NODE_ID": "n1", "AGENT_MAX_PROCESSES": "100"}).job_max_processes == 100
+    assert AgentSettings.from_env({"NODE_ID": "n1", "AGENT_SLOTS": "4", "AGENT_UID_RANGE": "5-5",
+                                   "AGENT_JOB_USER": "nobody"}).uid_range == (5, 5)
+
+
+def test_a_uid_range_smaller_than_the_slots_stops_the_agent_with_exit_2(capsys, monkeypatch):
+    monkeypatch.setenv("AGENT_UID_RANGE", "70000-70002")
+    monkeypatch.setenv("AGENT_SLOTS", "4")
+    assert main(["--node-id", "n1"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("corral-agent: error: AGENT_UID_RANGE=70000-70002 holds 3 uid(s), fewer than AGENT_SLOTS=4: "
+                   "every running job needs a uid of its own\n")
 
 
 def test_settings_from_env():
@@ -1257,6 +1330,15 @@ def test_settings_from_env():
     ({"AGENT_HEALTH_INTERVAL_SECS": "0"}, "AGENT_HEALTH_INTERVAL_SECS must be greater than 0"),
     ({"AGENT_MAX_ARTIFACT_RATIO": "x"}, "AGENT_MAX_ARTIFACT_RATIO must be a number"),
     ({"AGENT_RUN_AS_ROOT": "maybe"}, "AGENT_RUN_AS_ROOT must be true or false"),
+    ({"AGENT_UID_RANGE": "70000"}, "AGENT_UID_RANGE must look like 70000-79999"),
+    ({"AGENT_UID_RANGE": "9-1"}, "AGENT_UID_RANGE must be FIRST-LAST"),
+    ({"AGENT_PRIVATE_TMP": "sometimes"}, "AGENT_PRIVATE_TMP must be true or false"),
+    ({"AGENT_JOB_ENV_PASSTHROUGH": "FOO,CORRAL_NODE_TOKEN"}, "CORRAL_NODE_TOKEN is a token"),
+    ({"AGENT_JOB_ENV_PASSTHROUGH": "LD_PRELOAD"}, "cannot pass LD_PRELOAD"),
+    ({"AGENT_JOB_ENV_PASSTHROUGH": "A-B"}, "'A-B' is not an environment variable name"),
+    ({"AGENT_JOB_MAX_PROCESSES": "200", "AGENT_MAX_PROCESSES": "100"},
+     "AGENT_JOB_MAX_PROCESSES=200 is more than AGENT_MAX_PROCESSES=100"),
+    ({"AGENT_MAX_PROCESSES": "0"}, "AGENT_MAX_PROCESSES must be at least 1"),
 ])
 def test_bad_new_settings_are_one_clear_error(env, message):
     with pytest.raises(SettingError, match=re.escape(message)):

@@ -1,5 +1,5 @@
 """The agent with everything real on this host: cgroup limits and OOM detection, the
-job user, killing a whole tree on cancel, deploy artifacts; and `corral-agent`
+jobs' own uids, killing a whole tree on cancel, deploy artifacts; and `corral-agent`
 processes (their CLI, SIGTERM, re-adoption of a service by the next process)
 against a small fake control plane served over HTTP on 127.0.0.1.
 
@@ -47,8 +47,10 @@ def node():
     return f"int-{uuid.uuid4().hex[:8]}"
 
 
-def remove_node_cgroups(node):
-    manager = cgroups.detect(root_name=f"corral-{node}")
+def remove_node_cgroups(node, state_dir):
+    """End what the node's agent left (services) and remove its cgroup directories."""
+    root_name = AgentSettings(node_id=node, state_dir=state_dir).cgroup_root_name
+    manager = cgroups.detect(root_name=root_name)
     manager.remove_job_cgroups()
     assert manager.cleanup(), f"could not remove {manager.roots}"
 
@@ -77,7 +79,7 @@ def agent(state_dir, node, scheduler):
             local.prepared.wait(10)
             if local.process is not None:
                 local.process.kill(0)
-        remove_node_cgroups(node)
+        remove_node_cgroups(node, state_dir)
 
 
 def reap_until(agent, timeout=15):
@@ -90,7 +92,8 @@ def test_out_of_memory_is_detected_and_reported(agent, scheduler):
     agent.poll_once()
     assert reap_until(agent) == [("job-1", 1, "failed")]
     running = scheduler.reports[0][1]
-    assert (running["limits_enforced"], running["limits"]) == (True, {"memory_mb": 32, "cpu_percent": 50})
+    assert (running["limits_enforced"], running["limits"]) == (
+        True, {"memory_mb": 32, "cpu_percent": 50, "max_processes": 1024})
     final = scheduler.final("job-1")
     assert final["oom_killed"] is True, final
     assert final["exit_code"] in (-signal.SIGKILL, 128 + signal.SIGKILL)
@@ -99,17 +102,18 @@ def test_out_of_memory_is_detected_and_reported(agent, scheduler):
     assert final["cpu_seconds"] is not None and final["cpu_seconds"] > 0
 
 
-def test_job_runs_as_nobody_in_its_cgroup_and_the_cgroup_goes(agent, scheduler):
-    scheduler.add(command='id -u; grep -c "/job-1-1$" /proc/self/cgroup; echo "$HOME"; '
+def test_job_runs_as_its_own_uid_in_its_cgroup_and_both_go(agent, scheduler):
+    scheduler.add(command='id -u; grep -c "/job-1-1$" /proc/self/cgroup; echo "$HOME $USER"; '
                           'echo hi > mine.txt && echo wrote')
     agent.poll_once()
     assert reap_until(agent) == [("job-1", 1, "done")]
     final = scheduler.final("job-1")
     uid, in_cgroup, home, wrote = final["stdout"].splitlines()
-    assert uid == "65534" and int(in_cgroup) >= 2 and wrote == "wrote"  # memory, cpu, ...
-    assert home == agent.work_dir("job-1", 1)  # nobody's own home does not exist
+    assert 70000 <= int(uid) <= 79999 and int(in_cgroup) >= 2 and wrote == "wrote"  # memory, cpu, ...
+    assert home == f"{agent.work_dir('job-1', 1)} corral-{uid}"  # no passwd entry: HOME is the work dir
     assert final["oom_killed"] is False and final["peak_memory_bytes"] > 0
     assert agent.cgroups.list_job_cgroups() == []
+    assert agent.users.pool.held() == {}  # the uid was given back
 
 
 def test_cancel_kills_the_whole_tree_through_the_cgroup(agent, scheduler):
@@ -137,7 +141,7 @@ def test_deploy_artifact_is_owned_by_the_job_user(agent, scheduler, api):
     scheduler.add(command=None, deploy_url="https://builds.test/app.zip")
     agent.poll_once()
     assert reap_until(agent) == [("job-1", 1, "done")], scheduler.final("job-1")
-    assert scheduler.final("job-1")["stdout"] == "65534\n"
+    assert 70000 <= int(scheduler.final("job-1")["stdout"]) <= 79999
 
 
 # --- corral-agent processes against a fake control plane -------------------------------------------
@@ -274,7 +278,7 @@ def start_agent(plane, node, state_dir):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(5)
-        remove_node_cgroups(node)  # also ends any service left running
+        remove_node_cgroups(node, state_dir)  # also ends any service left running
 
 
 def agent_log(state_dir, n):
@@ -289,7 +293,8 @@ def test_check_against_a_live_control_plane(plane, node, state_dir):
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
     assert report["ok"] and report["limits_enforced"] and report["cgroups"]["mode"] in ("v1", "v2")
-    assert report["job_user"]["user"] == "nobody" and report["job_user"]["switch"] is True
+    assert report["job_user"]["mode"] == "per-job" and report["job_user"]["uid_range"] == "70000-79999"
+    assert report["private_tmp"] == {"enabled": True, "reason": None}
     assert report["registry"]["ok"] and report["scheduler"]["ok"]
     # --check only looks: it created no cgroup directory for this node.
     assert not any(os.path.exists(d) for d in report["cgroups"]["dirs"].values())
@@ -334,4 +339,5 @@ def test_agent_restart_leaves_services_running_and_the_next_agent_adopts_them(
     second.send_signal(signal.SIGTERM)
     assert second.wait(20) == 0, agent_log(state_dir, 1)
     # Nothing left: the node's cgroup directories went with the last job.
-    assert cgroups.detect(root_name=f"corral-{node}", prepare=False).list_job_cgroups() == []
+    root_name = AgentSettings(node_id=node, state_dir=state_dir).cgroup_root_name
+    assert cgroups.detect(root_name=root_name, prepare=False).list_job_cgroups() == []

@@ -4,15 +4,17 @@ import signal
 
 import pytest
 
-from corral.agent import runner
+from corral.agent import jobenv, launch, runner
 from helpers import process_gone, wait_for
 
 
-def start(tmp_path, command, tail_bytes=4096, env_vars=None, extra=None, **job):
+def start(tmp_path, command, tail_bytes=4096, env_vars=None, agent_env=None, **job):
     workdir = tmp_path / "work"
     workdir.mkdir(exist_ok=True)
     job = {"job_id": "job-7", "command": command, "env_vars": env_vars or {}, **job}
-    env = runner.build_environment(job, extra or {"CORRAL_NODE_ID": "node-1", "CORRAL_ATTEMPT": "2"})
+    env = jobenv.build(job, jobenv.from_agent(agent_env if agent_env is not None else os.environ),
+                       {"HOME": str(workdir)},
+                       {"CORRAL_JOB_ID": "job-7", "CORRAL_NODE_ID": "node-1", "CORRAL_ATTEMPT": "2"})
     return runner.start(job, str(workdir), env, tail_bytes)
 
 
@@ -64,15 +66,34 @@ def test_tail_buffer_does_not_start_with_half_a_character():
     assert small.text() == "abcdef" and not small.truncated
 
 
-def test_environment_and_working_directory(tmp_path, monkeypatch):
-    monkeypatch.setenv("FROM_AGENT_ENV", "inherited")
-    monkeypatch.setenv("CORRAL_AGENT_TOKEN", "secret")
-    command = ('echo "$STAGE|$CORRAL_JOB_ID|$CORRAL_NODE_ID|$CORRAL_ATTEMPT|$FROM_AGENT_ENV|'
-               '${CORRAL_AGENT_TOKEN:-none}"; pwd -P')
-    result = start(tmp_path, command, env_vars={"STAGE": "prod", "CORRAL_JOB_ID": "spoofed"}).result()
+def test_environment_and_working_directory(tmp_path):
+    agent_env = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8", "LC_TIME": "C", "TZ": "UTC",
+                 "FROM_AGENT_ENV": "not for jobs", "AWS_SECRET_ACCESS_KEY": "secret",
+                 "CORRAL_AGENT_TOKEN": "secret", "CORRAL_STATE_DIR": "/var/lib/corral"}
+    command = ('echo "$STAGE|$CORRAL_JOB_ID|$CORRAL_NODE_ID|$CORRAL_ATTEMPT|${FROM_AGENT_ENV:-none}|'
+               '${AWS_SECRET_ACCESS_KEY:-none}|${CORRAL_AGENT_TOKEN:-none}|${CORRAL_STATE_DIR:-none}|'
+               '$LANG|$LC_TIME|$TZ|$HOME"; pwd -P')
+    result = start(tmp_path, command, env_vars={"STAGE": "prod", "CORRAL_JOB_ID": "spoofed", "HOME": "/h"},
+                   agent_env=agent_env).result()
     first, cwd = result.stdout.splitlines()
-    assert first == "prod|job-7|node-1|2|inherited|none"
+    # The job's own variables may replace HOME, never the agent's CORRAL_* ones.
+    assert first == "prod|job-7|node-1|2|none|none|none|none|C.UTF-8|C|UTC|/h"
     assert cwd == os.path.realpath(tmp_path / "work")
+
+
+def test_the_job_process_has_exactly_its_environment_and_no_extra_descriptor(tmp_path):
+    value = "it's $HOME `id` \\ \"q\"\nsecond line; $(touch pwned)"
+    command = "cat /proc/$$/environ; echo; ls /proc/$$/fd | tr '\\n' ' '; echo; ls"
+    result = start(tmp_path, command, env_vars={"ODD": value, "EMPTY": ""},
+                   agent_env={"PATH": os.environ["PATH"]}).result()
+    assert result.exit_code == 0, result
+    environ, listing = result.stdout.rsplit("\x00", 1)
+    assert dict(item.split("=", 1) for item in environ.split("\x00")) == {
+        "PATH": os.environ["PATH"], "HOME": str(tmp_path / "work"), "ODD": value, "EMPTY": "",
+        "CORRAL_JOB_ID": "job-7", "CORRAL_NODE_ID": "node-1", "CORRAL_ATTEMPT": "2"}
+    _, fds, files = listing.split("\n", 2)
+    assert fds.split() == ["0", "1", "2"]  # the environment's memfd is not inherited
+    assert "pwned" not in files  # nothing in a value was evaluated
 
 
 def test_stdin_is_empty(tmp_path):
@@ -112,18 +133,43 @@ def test_missing_work_dir_is_a_start_error(tmp_path):
 
 
 def test_missing_shell_is_exit_code_127(tmp_path, monkeypatch):
-    monkeypatch.setattr(runner, "SHELL", str(tmp_path / "no-such-shell"))
+    monkeypatch.setattr(launch, "SHELL", str(tmp_path / "no-such-shell"))
     with pytest.raises(runner.StartError) as info:
         runner.start({"job_id": "job-1", "command": "true"}, str(tmp_path), {}, 100)
     assert info.value.exit_code == 127
 
 
-def test_bad_environment_is_a_start_error(tmp_path):
-    job = {"job_id": "job-1", "command": "true", "env_vars": {"A=B": "x"}}
+@pytest.mark.parametrize("env", [{"A=B": "x"}, {"A;touch x": "y"}, {"A": "nul\x00byte"}])
+def test_bad_environment_is_a_start_error(tmp_path, env):
+    job = {"job_id": "job-1", "command": "true"}
     with pytest.raises(runner.StartError):
-        runner.start(job, str(tmp_path), runner.build_environment(job, {}), 100)
+        runner.start(job, str(tmp_path), env, 100)
+    assert os.listdir(tmp_path) == []
 
 
-def test_command_argv_leaves_room_for_a_launcher():
-    assert runner.command_argv("echo hi") == ["/bin/sh", "-c", "echo hi"]
-    assert runner.command_argv("echo hi", ["shim", "--"]) == ["shim", "--", "/bin/sh", "-c", "echo hi"]
+def test_the_job_environment_is_an_allowlist():
+    agent = {"PATH": "/bin", "LANG": "C", "LC_ALL": "C", "TZ": "UTC", "HOME": "/root", "USER": "root",
+             "AWS_ACCESS_KEY_ID": "AKIA", "FOO": "foo", "CORRAL_AGENT_TOKEN": "t", "CORRAL_NODE_TOKEN": "t",
+             "CORRAL_STATE_DIR": "/var/lib/corral", "LD_PRELOAD": "/x.so"}
+    assert jobenv.from_agent(agent) == {"PATH": "/bin", "LANG": "C", "LC_ALL": "C", "TZ": "UTC"}
+    assert jobenv.from_agent(agent, ["FOO", "CORRAL_NODE_TOKEN"])["FOO"] == "foo"
+    assert "CORRAL_NODE_TOKEN" not in jobenv.from_agent(agent, ["CORRAL_NODE_TOKEN"])
+    env = jobenv.build({"env_vars": {"PATH": "/mine", "HOME": "/h", "PORT": "1", "CORRAL_NODE_ID": "x"}},
+                       jobenv.from_agent(agent), {"HOME": "/w", "USER": "u"},
+                       {"CORRAL_JOB_ID": "job-1", "CORRAL_NODE_ID": "n", "PORT": "8080"})
+    assert env == {"PATH": "/mine", "LANG": "C", "LC_ALL": "C", "TZ": "UTC", "HOME": "/h", "USER": "u",
+                   "CORRAL_JOB_ID": "job-1", "CORRAL_NODE_ID": "n", "PORT": "8080"}
+    with pytest.raises(ValueError):  # every variable the agent sets is listed in jobenv
+        jobenv.build({}, {}, {"AWS_REGION": "x"}, {})
+
+
+@pytest.mark.parametrize("name", ["LD_PRELOAD", "LD_AUDIT"])
+def test_loader_variables_in_env_vars_are_refused(name):
+    with pytest.raises(jobenv.JobEnvError, match=name):
+        jobenv.job_vars({"env_vars": {"A": "1", name: "/tmp/x.so"}})
+
+
+def test_passthrough_cannot_name_tokens_or_loader_variables():
+    assert jobenv.passthrough_problem("FOO") is None
+    for name in ("CORRAL_AGENT_TOKEN", "CORRAL_NODE_TOKEN", "LD_PRELOAD", "LD_AUDIT", "A-B"):
+        assert jobenv.passthrough_problem(name), name

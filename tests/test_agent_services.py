@@ -1,6 +1,6 @@
-"""Service jobs with real processes, real cgroups and the real job user (`nobody`):
-registry record, health checks, log files, cancellation, and re-adoption by a new
-Agent on the same state dir. The HTTP API is mocked with `responses` (health checks
+"""Service jobs with real processes, real cgroups, a uid of their own and a private
+/tmp: registry record, health checks, log files, cancellation, and re-adoption by a
+new Agent on the same state dir (which keeps the service's uid). The HTTP API is mocked with `responses` (health checks
 to 127.0.0.1 pass through to the real services). Needs root and a writable cgroup
 hierarchy; CI runs as root."""
 import json
@@ -9,6 +9,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import uuid
 
 import pytest
@@ -24,7 +25,7 @@ from test_agent import REGISTRY, SCHEDULER, FakeScheduler
 pytestmark = pytest.mark.root
 
 SKIP_REASON = "needs root and a writable cgroup v1 or v2 hierarchy: "
-# The job user (nobody) must be able to run it: not a python under /root.
+# The job's uid must be able to run it: not a python under /root.
 PYTHON3 = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
 
 
@@ -35,7 +36,7 @@ def _skip_reason():
     if not manager.enforced:
         return SKIP_REASON + manager.reason
     if PYTHON3 is None:
-        return "needs a python3 in /usr/local/bin, /usr/bin or /bin that `nobody` can run"
+        return "needs a python3 in /usr/local/bin, /usr/bin or /bin that any user can run"
     return None
 
 
@@ -151,15 +152,23 @@ def test_service_is_recorded_health_checked_and_removed_on_cancel(make_agent, sc
                      "port": port, "healthy": None}
     wait_for(lambda: registry.healthy("job-1") is True, message="the service to be healthy")
 
-    # Its own cgroup, as nobody, detached from the agent (own session), output to files.
+    # Its own cgroup, its own uid, detached from the agent (own session), output to files
+    # only the agent may open, a private /tmp.
+    assert agent.private_tmp, agent.private_tmp_reason
     with open(f"/proc/{pid}/status") as f:
-        assert re.search(r"^Uid:\s+65534\s", f.read(), re.M)
+        assert re.search(rf"^Uid:\s+{local.uid}\s", f.read(), re.M)
+    assert 70000 <= local.uid <= 79999
     assert pid in local.cgroup.pids() and os.getsid(pid) == pid
+    assert os.readlink(f"/proc/{pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
     assert local.log_files[0].startswith(os.path.join(agent.settings.log_root, "job-1-1."))
+    for path in local.log_files:
+        assert (stat.S_IMODE(os.stat(path).st_mode), os.stat(path).st_uid) == (0o600, 0)
+    assert stat.S_IMODE(os.stat(agent.settings.log_root).st_mode) == 0o700
     with open(local.state_path) as f:
         state = json.load(f)
     assert (state["pid"], state["port"], state["name"], state["health_path"]) == (pid, port, "web", "/")
-    assert state["start_time"] == services.proc_start_time(pid)
+    assert state["start_time"] == services.proc_start_time(pid) and state["uid"] == local.uid
+    assert stat.S_IMODE(os.stat(local.state_path).st_mode) == 0o600
 
     # A stopped server still accepts TCP (the kernel's backlog): only HTTP sees it hang.
     os.kill(pid, signal.SIGSTOP)
@@ -233,6 +242,8 @@ def test_a_new_agent_re_adopts_a_running_service(make_agent, scheduler, registry
     pid = the_pid(first, "job-1")
     the_pid(first, "job-2")
     popen = first.local_job("job-1", 1).process
+    uid = first.local_job("job-1", 1).uid
+    mount_ns = os.readlink(f"/proc/{pid}/ns/mnt")
     wait_for(lambda: registry.healthy("job-1") is True, message="the service to be healthy")
 
     first.shutdown(flush_secs=2)  # SIGTERM of the agent
@@ -253,6 +264,13 @@ def test_a_new_agent_re_adopts_a_running_service(make_agent, scheduler, registry
     adopted = second.local_job("job-1", 1)
     assert adopted.process.pid == pid and adopted.adopted
     assert adopted.cgroup.pids() == [pid]  # no second copy
+    # It keeps its uid and its private /tmp; no new job gets that uid while it runs.
+    assert adopted.uid == uid and second.users.pool.held() == {"job-1-1": uid}
+    assert os.readlink(f"/proc/{pid}/ns/mnt") == mount_ns
+    scheduler.add(job_id="job-3", command="id -u")
+    second.poll_once()
+    wait_for(lambda: ("job-3", 1, "done") in second.reap_once(), message="job-3 to end")
+    assert scheduler.final("job-3")["stdout"] != f"{uid}\n"
     assert second.reconcile_once() == []  # the scheduler still lists it: nothing to do
     assert second.poll_once() == [] and second.reap_once() == []
     # Still health-checked by the new agent.

@@ -1,5 +1,6 @@
-"""Per-job cgroups against the real kernel, through the runner and the shim (no agent,
-no network). Needs root and a writable cgroup v1 or v2 hierarchy; CI runs as root."""
+"""Per-job cgroups against the real kernel, through the runner and the launch chain
+(no agent, no network). Needs root and a writable cgroup v1 or v2 hierarchy; CI runs
+as root."""
 import os
 import shutil
 import signal
@@ -11,7 +12,7 @@ import uuid
 
 import pytest
 
-from corral.agent import cgroups, identity, runner
+from corral.agent import cgroups, identity, launch, runner
 from helpers import process_gone, wait_for
 
 pytestmark = pytest.mark.root
@@ -41,8 +42,8 @@ def manager():
 def cgroup_factory(manager):
     created, started = [], []
 
-    def make(memory_mb=64, cpu_percent=100):
-        cg = manager.create(f"job-{uuid.uuid4().hex[:8]}-0", memory_mb, cpu_percent)
+    def make(memory_mb=64, cpu_percent=100, max_processes=None):
+        cg = manager.create(f"job-{uuid.uuid4().hex[:8]}-0", memory_mb, cpu_percent, max_processes)
         created.append(cg)
         return cg
 
@@ -68,13 +69,14 @@ def workroot():
         shutil.rmtree(root, ignore_errors=True)
 
 
-def run(cgroup_factory, workroot, command, cg, popen_kwargs=None, extra_env=None):
+ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+
+
+def run(cgroup_factory, workroot, command, cg, user=None):
     workdir = os.path.join(workroot, "work-" + uuid.uuid4().hex[:6])
     os.mkdir(workdir)
     job = {"job_id": "job-7", "command": command}
-    env = runner.build_environment(job, extra_env or {})
-    rj = runner.start(job, workdir, env, 65536, prefix=cg.shim_prefix(),
-                      popen_kwargs=popen_kwargs, cgroup=cg)
+    rj = runner.start(job, workdir, ENV, 65536, cgroup=cg, user=user)
     cgroup_factory.started.append(rj)
     return rj, workdir
 
@@ -123,10 +125,11 @@ def test_detect_finds_memory_and_cpu(manager):
 def test_not_root_means_no_cgroups():
     m = cgroups.detect(euid=1000)
     assert m.mode == "none" and m.enforced is False and "not root" in m.reason
-    cg = m.create("job-1-0", 64, 50)
-    assert cg.shim_prefix() == [] and cg.kill() and cg.remove() and not cg.oom_killed()
+    cg = m.create("job-1-0", 64, 50, 100)
+    assert cg.paths() == [] and cg.kill() and cg.remove() and not cg.oom_killed()
     assert cg.stats() == {"peak_memory_bytes": None, "cpu_seconds": None}
-    assert cg.limits == {"memory_mb": 64, "cpu_percent": 50}
+    assert cg.limits == {"memory_mb": 64, "cpu_percent": 50, "max_processes": None}
+    assert not m.limits_processes
 
 
 def test_unusable_hierarchies_mean_no_cgroups(tmp_path):
@@ -150,43 +153,65 @@ def test_unusable_hierarchies_mean_no_cgroups(tmp_path):
     assert cgroups.detect(str(tmp_path / "missing"), str(mountinfo), euid=0).mode == "none"
 
 
-def test_v2_setup_on_a_fake_tree(tmp_path):
-    """v2 cannot run here for real (no memory controller in this cgroup2); check the
-    file writes on a fake tree: agent moved to a leaf first, controllers enabled, limits."""
+def fake_v2_tree(tmp_path, controllers: str, procs: str = ""):
+    """A cgroup2 mount at <tmp_path>/cg with the agent in /svc, which offers
+    `controllers`: (the agent's dir, its /proc/self/cgroup, the mountinfo)."""
     own = tmp_path / "cg" / "svc"
     own.mkdir(parents=True)
-    (own / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (own / "cgroup.controllers").write_text(controllers + "\n")
     (own / "cgroup.subtree_control").write_text("")
-    (own / "cgroup.procs").write_text("4242\n")
+    (own / "cgroup.procs").write_text(procs)
     proc = tmp_path / "cgroup"
     proc.write_text("0::/svc\n")
     mountinfo = tmp_path / "mountinfo"
     mountinfo.write_text(f"41 31 0:38 / {tmp_path}/cg rw - cgroup2 cgroup2 rw\n")
+    return own, proc, mountinfo
+
+
+def test_v2_setup_on_a_fake_tree(tmp_path):
+    """v2 cannot run here for real (no memory controller in this cgroup2); check the
+    file writes on a fake tree: agent moved to a leaf first, controllers enabled, limits."""
+    own, proc, mountinfo = fake_v2_tree(tmp_path, "cpuset cpu io memory pids", "4242\n")
     m = cgroups.detect(str(proc), str(mountinfo), euid=0)
     assert m.mode == "v2", m.reason
+    assert m.limits_processes and m.controllers == ["memory", "cpu", "pids"]
     assert (own / "agent" / "cgroup.procs").read_text() == "4242"
-    assert (own / "cgroup.subtree_control").read_text() == "+memory +cpu"
-    assert (own / "corral" / "cgroup.subtree_control").read_text() == "+memory +cpu"
+    assert (own / "cgroup.subtree_control").read_text() == "+memory +cpu +pids"
+    assert (own / "corral" / "cgroup.subtree_control").read_text() == "+memory +cpu +pids"
     (own / "cgroup.procs").write_text("")  # what the kernel would show after the move
-    (own / "cgroup.subtree_control").write_text("memory cpu")
-    (own / "corral" / "cgroup.subtree_control").write_text("memory cpu")
-    cg = m.create("job-3-1", 256, 150)
+    (own / "cgroup.subtree_control").write_text("memory cpu pids")
+    (own / "corral" / "cgroup.subtree_control").write_text("memory cpu pids")
+    cg = m.create("job-3-1", 256, 150, 20)
     d = own / "corral" / "job-3-1"
     assert (d / "memory.max").read_text() == str(256 * 1024 * 1024)
     assert (d / "memory.oom.group").read_text() == "1"
     assert (d / "cpu.max").read_text() == "150000 100000"
-    assert cg.shim_prefix()[-2:] == [str(d), "--"]
+    assert (d / "pids.max").read_text() == "20"
+    assert cg.paths() == [str(d)]
     (d / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
     (d / "cpu.stat").write_text("usage_usec 2500000\nuser_usec 2000000\n")
     (d / "memory.peak").write_text("1048576\n")
     assert cg.oom_killed() and cg.oom_kills() == 1
     assert cg.stats() == {"peak_memory_bytes": 1048576, "cpu_seconds": 2.5}
     assert m.list_job_cgroups() == ["job-3-1"]
-    assert m.adopt("job-3-1").limits == {"memory_mb": 256, "cpu_percent": 150}
+    assert m.adopt("job-3-1").limits == {"memory_mb": 256, "cpu_percent": 150, "max_processes": 20}
     assert m.adopt("job-9-9") is None
+    assert (m.create("job-4-1", None, None, None).dir and (own / "corral" / "job-4-1" / "pids.max").read_text()
+            == "max")
     # An agent restarted inside <own>/agent keeps using <own>.
     proc.write_text("0::/svc/agent\n")
     assert cgroups.detect(str(proc), str(mountinfo), euid=0, prepare=False).base == str(own)
+
+
+def test_v2_without_a_pids_controller_sets_no_process_limit(tmp_path):
+    own, proc, mountinfo = fake_v2_tree(tmp_path, "cpu memory")
+    m = cgroups.detect(str(proc), str(mountinfo), euid=0)
+    assert m.mode == "v2" and not m.limits_processes and "no pids controller" in m.reason
+    assert (own / "corral" / "cgroup.subtree_control").read_text() == "+memory +cpu"
+    (own / "corral" / "cgroup.subtree_control").write_text("memory cpu")
+    cg = m.create("job-1-1", 64, 100, 20)
+    assert cg.limits["max_processes"] is None
+    assert not (own / "corral" / "job-1-1" / "pids.max").exists()
 
 
 def test_bad_names_and_limits_are_refused(manager):
@@ -195,9 +220,11 @@ def test_bad_names_and_limits_are_refused(manager):
             manager.create(name, 64, 100)
     with pytest.raises(ValueError):
         manager.create("job-1-0", 0, 100)
+    with pytest.raises(ValueError):
+        manager.create("job-1-0", 64, 100, 0)
 
 
-# --- limits, through the runner and the shim ----------------------------------------
+# --- limits, through the runner and the launch chain --------------------------------
 
 TOUCH_200MB = (f"{PY} -c \"b = bytearray(200 * 1024 * 1024)\n"
                f"for i in range(0, len(b), 4096): b[i] = 1\nprint('survived')\"")
@@ -295,14 +322,35 @@ def test_job_is_in_its_cgroup_before_it_runs(cgroup_factory, workroot):
         assert any(line.startswith("0::") and line.endswith(f"/{cg.name}") for line in lines), lines
 
 
-def test_shim_failure_is_exit_125_with_a_message(cgroup_factory, workroot):
+def test_a_failed_cgroup_join_is_exit_125_with_a_message(cgroup_factory, workroot):
     cg = cgroup_factory()
-    cg.remove()  # the directory is gone: the shim cannot write cgroup.procs
+    cg.remove()  # the directory is gone: the set-up stage cannot write cgroup.procs
     rj, _ = run(cgroup_factory, workroot, "echo ran", cg)
     result = wait_exit(rj)
-    assert result.exit_code == cgroups.SHIM_FAILED_EXIT == 125
+    assert result.exit_code == launch.SETUP_FAILED_EXIT == 125
     assert result.stdout == ""
-    assert cgroups.SHIM_FAILED_MESSAGE in result.stderr, result.stderr
+    assert launch.JOIN_FAILED_MESSAGE in result.stderr, result.stderr
+    assert launch.setup_failed(result.exit_code, result.stderr)
+
+
+# Forks up to {n} sleeping children, stops at the first the kernel refuses, prints how many.
+FORK_UNTIL_REFUSED = (f"{PY} -c \"import os, time\nn = 0\nfor _ in range({{n}}):\n"
+                      "    try: pid = os.fork()\n    except OSError: break\n"
+                      "    if pid == 0: time.sleep(60); os._exit(0)\n    n += 1\nprint(n)\"")
+
+
+def test_the_pids_limit_bounds_the_jobs_processes(manager, cgroup_factory, workroot):
+    if not manager.limits_processes:
+        pytest.skip(SKIP_REASON + "no pids controller")
+    cg = cgroup_factory(max_processes=20)
+    rj, _ = run(cgroup_factory, workroot, FORK_UNTIL_REFUSED.format(n=60), cg)
+    result = wait_exit(rj)
+    assert result.exit_code == 0, result
+    started = int(result.stdout)
+    assert 10 <= started < 20, result  # the job's own process counts too
+    with open(os.path.join(cg.dirs.get("pids") or cg.dirs["unified"], "pids.max")) as f:
+        assert f.read().strip() == "20"
+    assert cg.limits["max_processes"] == 20
 
 
 # --- killing a whole tree --------------------------------------------------------------
@@ -356,16 +404,19 @@ def test_runner_kill_reaches_setsid_processes_through_the_cgroup(cgroup_factory,
     assert cg.pids() == []
 
 
-# --- running as nobody -------------------------------------------------------------------
+# --- running as a uid of its own ------------------------------------------------------------
 
 @pytest.mark.parametrize("dropper", ["setpriv", "python"])
-def test_job_runs_as_nobody_inside_its_cgroup(cgroup_factory, workroot, monkeypatch, dropper):
+def test_job_runs_as_its_own_uid_inside_its_cgroup(cgroup_factory, workroot, monkeypatch, dropper, tmp_path):
+    tools = runner.tools()
     if dropper == "python":
-        monkeypatch.setattr(runner, "find_setpriv", lambda: None)
-    elif runner.find_setpriv() is None:
+        monkeypatch.setattr(runner, "_TOOLS", launch.Tools(None, tools.unshare, tools.mount))
+    elif tools.setpriv is None:
         pytest.skip("setpriv (util-linux) is not installed")
-    who = identity.resolve(run_as_root=False, user=None)
-    assert who.uid == 65534 and who.switch
+    users = identity.job_users(uid_range=(70000, 79999), pool_path=str(tmp_path / "uids.json"), euid=0,
+                               claims_dir=str(tmp_path / "claims"))
+    who = users.acquire("job-8-1", "/unused")
+    assert who.uid == who.gid == 70000 and who.switch and who.groups == ()
     locked = os.path.join(workroot, "root-only")
     os.mkdir(locked)
     os.chmod(locked, 0o755)
@@ -374,33 +425,32 @@ def test_job_runs_as_nobody_inside_its_cgroup(cgroup_factory, workroot, monkeypa
                f"echo no > {locked}/x.txt 2>/dev/null && echo wrote-locked || echo denied; "
                f"echo \"$HOME $USER\"; grep -E '^(Uid|Gid|Groups|CapEff|CapPrm):' /proc/$$/status; "
                f"cat /proc/$$/cgroup")
-    workdir = os.path.join(workroot, "work-nobody")
+    workdir = os.path.join(workroot, "work-own-uid")
     os.mkdir(workdir)
     identity.prepare_workdir(workdir, who)
     job = {"job_id": "job-8", "command": command}
-    env = {**runner.build_environment(job, {}), **who.env(workdir)}
-    rj = runner.start(job, workdir, env, 65536, prefix=cg.shim_prefix(),
-                      popen_kwargs=who.popen_kwargs(), cgroup=cg)
+    env = {**ENV, **who.env(workdir)}
+    rj = runner.start(job, workdir, env, 65536, cgroup=cg, user=who.launch_user())
     cgroup_factory.started.append(rj)
     result = wait_exit(rj)
     assert result.exit_code == 0, result
     lines = result.stdout.splitlines()
-    assert lines[0] == "65534"
-    assert lines[1].split() == [str(g) for g in who.groups]  # no root groups left
+    assert lines[0] == "70000"
+    assert lines[1].split() == ["70000"]  # its own gid only: no root groups left
     assert lines[2:4] == ["wrote-workdir", "denied"]
-    assert lines[4] == f"{workdir} nobody"  # nobody's home does not exist
+    assert lines[4] == f"{workdir} corral-70000"  # no passwd entry: HOME is the work dir
     status = {line.split(":")[0]: line.split(":", 1)[1].split() for line in lines[5:10]}
     # Real, effective, saved and fs ids all switched: no way back to root; no capabilities.
-    assert status["Uid"] == ["65534"] * 4 and status["Gid"] == ["65534"] * 4, status
-    assert status["Groups"] == [str(g) for g in who.groups]
+    assert status["Uid"] == ["70000"] * 4 and status["Gid"] == ["70000"] * 4, status
+    assert status["Groups"] == []
     assert int(status["CapEff"][0], 16) == 0 and int(status["CapPrm"][0], 16) == 0
     assert any(line.endswith(f"/{cg.name}") for line in lines[10:])
-    assert os.stat(os.path.join(workdir, "mine.txt")).st_uid == 65534
+    assert os.stat(os.path.join(workdir, "mine.txt")).st_uid == 70000
     assert not os.path.exists(os.path.join(locked, "x.txt"))
 
 
-def test_job_runs_as_nobody_without_cgroups(workroot):
-    """NoCgroups: no prefix, Popen switches the user itself."""
+def test_job_runs_as_another_user_without_cgroups(workroot):
+    """NoCgroups: no set-up stage, the drop comes first."""
     if os.geteuid() != 0:
         pytest.skip(SKIP_REASON + "not root")
     who = identity.resolve()
@@ -409,31 +459,33 @@ def test_job_runs_as_nobody_without_cgroups(workroot):
     identity.prepare_workdir(workdir, who)
     cg = cgroups.detect(euid=1000).create("job-1-0", None, None)
     job = {"job_id": "job-9", "command": "id -u; touch ok && echo wrote"}
-    rj = runner.start(job, workdir, runner.build_environment(job, {}), 4096,
-                      prefix=cg.shim_prefix(), popen_kwargs=who.popen_kwargs(), cgroup=cg)
+    rj = runner.start(job, workdir, ENV, 4096, cgroup=cg, user=who.launch_user())
     try:
-        assert wait_exit(rj).stdout == "65534\nwrote\n"
+        assert wait_exit(rj).stdout == f"{who.uid}\nwrote\n"
     finally:
         rj.kill(0)
 
 
 def test_leftover_cgroup_is_replaced_and_adopt_finds_it(manager, workroot):
     name = f"job-left-{uuid.uuid4().hex[:6]}"
-    old = manager.create(name, 64, 100)
-    sleeper = subprocess.Popen([*old.shim_prefix(), "sleep", "300"], start_new_session=True)
+    old = manager.create(name, 64, 100, 50)
+    workdir = os.path.join(workroot, "left")
+    os.mkdir(workdir)
+    sleeper = runner.start({"command": "exec sleep 300"}, workdir, ENV, 100, cgroup=old)
     try:
         wait_for(lambda: old.pids() == [sleeper.pid], message="sleeper in cgroup")
         assert name in manager.list_job_cgroups()
         adopted = manager.adopt(name)
-        assert adopted.limits == {"memory_mb": 64, "cpu_percent": 100}
+        processes = 50 if manager.limits_processes else None
+        assert adopted.limits == {"memory_mb": 64, "cpu_percent": 100, "max_processes": processes}
         assert adopted.pids() == [sleeper.pid]
         new = manager.create(name, 128, 50)  # the leftover is killed and removed first
-        assert sleeper.wait(timeout=5) == -signal.SIGKILL
-        assert new.limits == {"memory_mb": 128, "cpu_percent": 50} and new.pids() == []
-        assert manager.adopt(name).limits == new.limits
+        assert sleeper.result().exit_code == -signal.SIGKILL
+        assert new.limits == {"memory_mb": 128, "cpu_percent": 50, "max_processes": None}
+        assert new.pids() == []
+        assert manager.adopt(name).limits["memory_mb"] == 128
     finally:
-        sleeper.kill()
-        sleeper.wait()
+        sleeper.kill(0)
         cg = manager.adopt(name)
         if cg is not None:
             cg.kill()

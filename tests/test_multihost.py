@@ -133,6 +133,8 @@ def test_a_partitioned_node_stops_its_job_before_the_job_runs_elsewhere(lab, sha
         return api.get(f"{scheduler}/jobs/job-1", timeout=5).json()
 
     stamps = os.path.join(shared_dir, "stamps")
+    open(stamps, "w").close()
+    os.chmod(stamps, 0o666)  # each copy runs under a uid of its own
     # Each copy stamps its start, and its end when it finishes or is stopped.
     command = (f"stamp() {{ echo $1 $CORRAL_NODE_ID $CORRAL_ATTEMPT $(date +%s.%N) >> {stamps}; }}; "
                f"trap 'stamp end; exit 143' TERM; stamp start; sleep 8 & wait; stamp end")

@@ -1,0 +1,87 @@
+"""The environment a job runs with: built from an allowlist, never from the agent's
+environment as a whole, which may hold cloud credentials (AWS_* for s3:// artifacts),
+tokens and whatever else the operator gave the agent.
+
+A job gets, a later source winning over an earlier one:
+1. from the agent's environment only FROM_AGENT, every variable starting with one of
+   FROM_AGENT_PREFIXES, and the names the operator lists in AGENT_JOB_ENV_PASSTHROUGH;
+2. IDENTITY, which the agent sets: who the job is and where its home and (without
+   a private /tmp) its temporary files are;
+3. the job's own `env_vars`, which may replace any of the above (HOME, PATH, ...);
+4. FIXED, which the agent sets and no job may replace: the job's id, node, attempt
+   and port.
+SET_BY_AGENT lists every variable the agent sets; add new ones there.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from corral.shared.validate import ENV_NAME_RE, forbidden_env_var
+
+FROM_AGENT = ("PATH", "LANG", "TZ")
+FROM_AGENT_PREFIXES = ("LC_",)
+IDENTITY = ("USER", "LOGNAME", "HOME", "TMPDIR")
+FIXED = ("CORRAL_JOB_ID", "CORRAL_NODE_ID", "CORRAL_ATTEMPT", "PORT")
+SET_BY_AGENT = IDENTITY + FIXED
+
+
+class JobEnvError(ValueError):
+    """The job's env_vars cannot be used; str() says why (reported as the job's stderr)."""
+
+
+def is_secret(name: str) -> bool:
+    """A variable that must never reach a job, whoever asks: the agent's own token (a job
+    holding CORRAL_AGENT_TOKEN could forge reports for other jobs) and any other
+    CORRAL_*TOKEN."""
+    return name.startswith("CORRAL_") and name.endswith("TOKEN")
+
+
+def passthrough_problem(name: str) -> str | None:
+    """Why AGENT_JOB_ENV_PASSTHROUGH may not list `name`, or None."""
+    if not ENV_NAME_RE.match(name):
+        return f"{name!r} is not an environment variable name"
+    if is_secret(name):
+        return f"{name} is a token, which is never passed to jobs"
+    if forbidden_env_var([name]):
+        return f"{name} would make the dynamic loader run code of its choosing in every program of the job"
+    return None
+
+
+def from_agent(environ: Mapping[str, str], passthrough: Iterable[str] = ()) -> dict[str, str]:
+    """The part of the agent's environment jobs get (read once, at start-up)."""
+    wanted = set(FROM_AGENT) | set(passthrough)
+    return {name: value for name, value in environ.items()
+            if (name in wanted or name.startswith(FROM_AGENT_PREFIXES)) and not is_secret(name)}
+
+
+def job_vars(job: Mapping) -> dict[str, str]:
+    """The job's env_vars, checked again here (the scheduler checked them at submit, but
+    the agent runs what it is given): names must be shell identifiers, values text, and
+    no variable may make the dynamic loader load code of the job's choosing."""
+    raw = job.get("env_vars") or {}
+    if not isinstance(raw, Mapping):
+        raise JobEnvError("the job's env_vars are not an object of strings")
+    forbidden = forbidden_env_var(raw)
+    if forbidden:
+        raise JobEnvError(f"the agent refuses to run a job whose env_vars set {forbidden}: it would "
+                          "make the dynamic loader run code of the job's choosing in every program "
+                          "the job starts")
+    env = {}
+    for name, value in raw.items():
+        if not isinstance(name, str) or not ENV_NAME_RE.match(name):
+            raise JobEnvError(f"the job's env_vars hold {name!r}, which is not an environment variable name")
+        value = "" if value is None else str(value)
+        if "\x00" in value:
+            raise JobEnvError(f"the job's env_vars value of {name} holds a NUL byte")
+        env[name] = value
+    return env
+
+
+def build(job: Mapping, agent_part: Mapping[str, str], identity: Mapping[str, str],
+          fixed: Mapping[str, str]) -> dict[str, str]:
+    """The complete environment of a job (see the module docstring). `identity` and
+    `fixed` may hold only names of IDENTITY and FIXED. Raises JobEnvError."""
+    unknown = (set(identity) - set(IDENTITY)) | (set(fixed) - set(FIXED))
+    if unknown:
+        raise ValueError(f"not variables the agent sets for jobs (jobenv.SET_BY_AGENT): {sorted(unknown)}")
+    return {**agent_part, **identity, **job_vars(job), **fixed}

@@ -1,0 +1,248 @@
+"""How a job's process starts: the programs between the agent (root) and the job's
+shell, and the private /tmp they set up.
+
+    unshare --mount --ipc --propagation private --               (private /tmp)
+    /bin/sh -c SETUP corral-setup MOUNT FSTAB SIZE CGROUP... --  (cgroups or private /tmp)
+    setpriv --reuid=U --regid=G --clear-groups --                (another user)
+    /bin/sh -c ENV_STAGE corral-env COMMAND                      (always)
+    /bin/sh -c COMMAND                                           the job
+
+Each stage execs the next, so the job keeps the pid the agent started and is in
+its cgroup and namespaces before its first instruction (no preexec_fn, which is
+unsafe in a threaded process). Everything before the privilege drop runs as root,
+so nothing the job controls may steer it:
+- the stages get LAUNCH_ENV, a PATH and nothing else, never the job's environment:
+  an LD_PRELOAD, LD_AUDIT, locale or library path of the job would otherwise act
+  inside root processes;
+- they are named by absolute paths found once at start-up (`Tools`);
+- the job's command is only an argument that they pass along; no root process
+  evaluates it, and the root shell's script is a constant of this module.
+The job's environment reaches the job-user stage as a shell script of
+`export NAME='value'` lines in a memfd that is the chain's standard input (argv
+would do too, but every user may read /proc/<pid>/cmdline; and /bin/sh can name
+no descriptor above 9 to close it, standard input it can). That stage sources it,
+replaces its standard input with /dev/null and execs the job's shell, so the job's
+process has exactly that environment and no descriptor of it.
+
+A private /tmp is a mount namespace of the job's own, in which tmpfs file systems
+(nosuid, nodev, mode 1777, bounded in size) cover /tmp, /var/tmp and /dev/shm, and
+an IPC namespace of its own (System V IPC, POSIX message queues). Both live as long
+as the job's processes, and what the job wrote there goes with them. One `mount -a`
+mounts all three from a small fstab the agent writes at start-up (`write_fstab`),
+with the size on its command line: one program instead of three. The file systems
+are named with a token of this agent process, since `mount -a` silently skips an
+entry whose source is already mounted at its target (an agent running inside a job
+of another agent would otherwise share that job's /tmp).
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from corral.shared.validate import ENV_NAME_RE
+
+# What the root stages run with: no variable of the job's or the agent's.
+LAUNCH_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+LAUNCH_ENV = {"PATH": LAUNCH_PATH}
+SHELL = "/bin/sh"
+PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+FSTAB_NAME = "private-tmp.fstab"  # in the agent's dir (write_fstab)
+
+# Exit code and stderr prefix of a job whose set-up failed (a problem of the node).
+SETUP_FAILED_EXIT = 125
+SETUP_FAILED_PREFIX = "corral-launch:"
+JOIN_FAILED_MESSAGE = f"{SETUP_FAILED_PREFIX} the job could not join its cgroup"
+MOUNT_FAILED_MESSAGE = f"{SETUP_FAILED_PREFIX} could not mount a private /tmp, /var/tmp and /dev/shm"
+ENV_FAILED_MESSAGE = f"{SETUP_FAILED_PREFIX} the job's environment could not be read"
+
+# Root: $1 the mount program, $2 the fstab ("" for none), $3 the size of each tmpfs
+# in MB, then cgroup dirs up to "--", then the next stage.
+_SETUP = ('m=$1 t=$2 z=$3; shift 3; '
+          'for p in "$@"; do [ "$p" = -- ] && break; '
+          'echo $$ > "$p/cgroup.procs" || { echo "' + JOIN_FAILED_MESSAGE + ' $p" >&2; '
+          'exit ' + str(SETUP_FAILED_EXIT) + '; }; shift; done; shift; '
+          'if [ -n "$t" ]; then "$m" -n -i -a -t tmpfs -T "$t" -o "nosuid,nodev,mode=1777,size=${z}m" '
+          '</dev/null || { echo "' + MOUNT_FAILED_MESSAGE + '" >&2; exit ' + str(SETUP_FAILED_EXIT) + '; }; fi; '
+          'exec "$@"')
+SETUP_NAME = "corral-setup"
+# The job's user: source the environment from standard input, then /dev/null there, exec the job.
+_ENV_STAGE = ('[ -r /proc/self/fd/0 ] || { echo "' + ENV_FAILED_MESSAGE + '" >&2; '
+              'exit ' + str(SETUP_FAILED_EXIT) + '; }; '
+              '. /proc/self/fd/0; exec </dev/null; exec ' + SHELL + ' -c "$1"')
+ENV_STAGE_NAME = "corral-env"
+
+# Fallback privilege drop when setpriv (util-linux) is missing: a few lines of Python
+# run isolated (-I: no PYTHON* variables, no user site) and without site imports (-S).
+# argv: uid gid groups(comma-separated) -- command...
+_DROP_PY = ("import os,sys\n"
+            "u,g,gs=sys.argv[1:4]\n"
+            "os.setgroups([int(x) for x in gs.split(',') if x]);os.setgid(int(g));os.setuid(int(u))\n"
+            "a=sys.argv[5:]\n"
+            "try: os.execv(a[0],a)\n"
+            "except OSError as e: sys.stderr.write('corral: cannot run %s: %s\\n'%(a[0],e)); sys.exit(127)\n")
+
+
+@dataclass(frozen=True)
+class Tools:
+    """Absolute paths of the programs the root stages exec (None: not installed)."""
+    setpriv: str | None
+    unshare: str | None
+    mount: str | None
+    python: str = sys.executable
+
+
+def find_tools() -> Tools:
+    """Looked up once, in LAUNCH_PATH only (never the agent's own PATH)."""
+    def which(name: str) -> str | None:
+        found = shutil.which(name, path=LAUNCH_PATH)
+        return os.path.abspath(found) if found else None
+    return Tools(which("setpriv"), which("unshare"), which("mount"))
+
+
+@dataclass(frozen=True)
+class PrivateTmp:
+    """A private /tmp for one job: the agent's fstab (write_fstab) and the size of each
+    of its file systems."""
+    fstab: str
+    size_mb: int
+
+
+@dataclass(frozen=True)
+class User:
+    """Whom the job runs as after the drop: ids only (a per-job uid has no name)."""
+    uid: int
+    gid: int
+    groups: tuple[int, ...] = ()
+
+
+def quote(value: str) -> str:
+    """`value` in single quotes for /bin/sh: nothing inside is expanded."""
+    return "'" + value.replace("'", "'\\''") + "'"
+
+
+def env_script(env: Mapping[str, str]) -> bytes:
+    """The shell script that gives the job-user stage exactly `env`: variables of
+    LAUNCH_ENV the job lacks are unset (and PWD, which the shell exports on its own),
+    then every variable is exported. Raises ValueError for a name that is not a shell
+    identifier or a value with a NUL byte, which no environment can hold."""
+    lines = [f"unset {name}" for name in sorted({*LAUNCH_ENV, "PWD"} - set(env))]
+    for name, value in env.items():
+        if not isinstance(name, str) or not ENV_NAME_RE.match(name):
+            raise ValueError(f"bad environment variable name {name!r}")
+        if not isinstance(value, str) or "\x00" in value:
+            raise ValueError(f"environment variable {name} has a value that is not text without NUL bytes")
+        lines.append(f"export {name}={quote(value)}")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def write_fstab(path: str) -> str:
+    """Write the fstab of the jobs' private /tmp, /var/tmp and /dev/shm (those that are
+    directories here) to `path` (mode 0600), under a source name of this agent process
+    (see the module docstring); the path. The options are on mount's command line."""
+    source = f"corral-tmp-{secrets.token_hex(8)}"
+    text = "".join(f"{source} {d} tmpfs defaults 0 0\n"
+                   for d in PRIVATE_DIRS if os.path.isdir(d) and not os.path.islink(d))
+    fd, tmp = tempfile.mkstemp(prefix=".fstab-", dir=os.path.dirname(path))  # mode 0600
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def memfd(name: str, data: bytes) -> int:
+    """A close-on-exec memfd holding `data`, its offset back at the start (it becomes a
+    child's standard input)."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def argv(command: str, tools: Tools, cgroup_dirs: Sequence[str] = (), user: User | None = None,
+         private_tmp: PrivateTmp | None = None) -> list[str]:
+    """The chain of the module docstring for one job, to be run with its environment
+    script (env_script) as standard input. `user` None: no switch (the agent is not
+    root, or runs jobs as root by choice)."""
+    chain = setup_argv(tools, cgroup_dirs, private_tmp)
+    if user is not None:
+        chain += drop_argv(user, tools)
+    return chain + [SHELL, "-c", _ENV_STAGE, ENV_STAGE_NAME, command]
+
+
+def setup_argv(tools: Tools, cgroup_dirs: Sequence[str] = (), private_tmp: PrivateTmp | None = None) -> list[str]:
+    """The root stages: the namespaces, then the shell that joins `cgroup_dirs` and
+    mounts the private /tmp; empty when there is nothing to set up."""
+    chain: list[str] = []
+    if private_tmp is not None:
+        if tools.unshare is None or tools.mount is None:
+            raise ValueError("a private /tmp needs unshare and mount (util-linux)")
+        chain += [tools.unshare, "--mount", "--ipc", "--propagation", "private", "--"]
+    if cgroup_dirs or private_tmp is not None:
+        chain += [SHELL, "-c", _SETUP, SETUP_NAME, tools.mount or "",
+                  private_tmp.fstab if private_tmp else "", str(int(private_tmp.size_mb)) if private_tmp else "",
+                  *cgroup_dirs, "--"]
+    return chain
+
+
+def drop_argv(user: User, tools: Tools) -> list[str]:
+    """An argv prefix that switches every id (real, effective, saved; no way back) to
+    `user` and execs what follows: setpriv when installed, else a tiny Python."""
+    groups = ",".join(str(g) for g in user.groups)
+    if tools.setpriv:
+        return [tools.setpriv, f"--reuid={user.uid}", f"--regid={user.gid}",
+                f"--groups={groups}" if groups else "--clear-groups", "--"]
+    return [tools.python, "-I", "-S", "-c", _DROP_PY, str(user.uid), str(user.gid), groups, "--"]
+
+
+def setup_failed(exit_code: int, stderr: str) -> bool:
+    """Whether a job ended because a launch stage failed (not the job's own doing)."""
+    return exit_code == SETUP_FAILED_EXIT and SETUP_FAILED_PREFIX in stderr
+
+
+# --- can this node give jobs a private /tmp? -------------------------------------------------
+
+def private_tmp_problem(tools: Tools, work_root: str, fstab: str, euid: int | None = None) -> str | None:
+    """Why jobs cannot get a private /tmp here, or None when they can. The real test:
+    the chain sets one up with `fstab` in a throwaway namespace (a few milliseconds,
+    nothing left behind). A work root under one of the private dirs would vanish from
+    the jobs' view."""
+    euid = os.geteuid() if euid is None else euid
+    if euid != 0:
+        return f"the agent is not root (euid {euid})"
+    if tools.unshare is None or tools.mount is None:
+        return "unshare or mount (util-linux) is not installed"
+    real = os.path.realpath(work_root)
+    for d in PRIVATE_DIRS:
+        base = os.path.realpath(d)
+        if real == base or real.startswith(base.rstrip("/") + "/"):
+            return (f"the work dirs ({work_root}) lie under {d}, which a private {d} "
+                    "would hide from the jobs")
+    try:
+        probe = subprocess.run([*setup_argv(tools, private_tmp=PrivateTmp(fstab, 1)), SHELL, "-c", "exit 0"],
+                               env=LAUNCH_ENV, cwd="/", stdin=subprocess.DEVNULL,
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"setting one up failed: {exc}"
+    if probe.returncode != 0:
+        return (f"setting one up failed (exit {probe.returncode}): "
+                f"{probe.stderr.strip() or 'no message'}")
+    return None

@@ -1,0 +1,498 @@
+"""Jobs that attack the node, the agent and each other, with real processes as root:
+nothing of a job ever runs as root, a job cannot reach another job, the agent's
+files or the agent's environment, each job has a uid and a /tmp of its own, and a
+fork bomb stays inside its job.
+
+A shared library whose constructor records getuid()/geteuid() (one file per process
+and uid, in a directory every uid may write to) plays the attacker's code: it is
+planted through a deploy zip or an earlier job's /tmp and named in LD_PRELOAD or
+LD_AUDIT, also past every check above the runner. Needs root, cgroups, util-linux
+(unshare, mount, setpriv) and gcc; CI runs as root and installs them.
+"""
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import uuid
+import zipfile
+
+import pytest
+import requests
+
+from corral.agent import artifacts, cgroups, identity, jobenv, launch, runner
+from corral.agent.agent import Agent
+from corral.agent.settings import AgentSettings
+from corral.shared.clients import RegistryClient, SchedulerClient
+from helpers import process_gone, serve_in_thread, stop_held_jobs, wait_for
+from test_agent import REGISTRY, SCHEDULER, FakeScheduler
+from test_agent_integration import BIN, plane, start_agent  # noqa: F401  (fixtures)
+from test_agent_services import PYTHON3, FakeRegistry
+from test_artifacts import Handler, file_entry, make_zip
+
+pytestmark = pytest.mark.root
+
+GCC = shutil.which("gcc")
+UID_RANGE = (70000, 79999)
+EVIL_C = r"""
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+
+/* Runs in every program the loader starts with this library preloaded (LD_PRELOAD)
+   or as an auditor (LD_AUDIT): records who it ran as, one file per process and uid. */
+__attribute__((constructor)) static void record(void) {
+    char path[512], line[64];
+    snprintf(path, sizeof path, "%s/%d-%d", RECORD_DIR, (int)getpid(), (int)geteuid());
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd < 0) return;
+    int n = snprintf(line, sizeof line, "%d %d\n", (int)getuid(), (int)geteuid());
+    if (write(fd, line, n) < 0) {}
+    close(fd);
+}
+
+/* What makes the loader accept it as an auditor. */
+unsigned int la_version(unsigned int version) { return version; }
+"""
+
+
+@pytest.fixture(autouse=True)
+def _requirements():
+    if os.geteuid() != 0:
+        pytest.skip(f"needs root (euid {os.geteuid()})")
+    manager = cgroups.detect(root_name="corral-probe", prepare=False)
+    if not manager.enforced:
+        pytest.skip(f"needs a writable cgroup hierarchy: {manager.reason}")
+    tools = runner.tools()
+    if None in (tools.unshare, tools.mount, tools.setpriv):
+        pytest.skip("needs util-linux's unshare, mount and setpriv")
+    if GCC is None:
+        pytest.skip("needs gcc (and libc6-dev) to build the attacker's library")
+    if PYTHON3 is None:
+        pytest.skip("needs a python3 in /usr/local/bin, /usr/bin or /bin that any user can run")
+
+
+@pytest.fixture
+def records(shared_dir):
+    """Where the attacker's library records who it ran as."""
+    path = os.path.join(shared_dir, "records")
+    os.mkdir(path)
+    os.chmod(path, 0o1777)
+    return path
+
+
+@pytest.fixture
+def evil_so(records, shared_dir):
+    """The attacker's library, readable by every uid."""
+    source = os.path.join(shared_dir, "evil.c")
+    with open(source, "w") as f:
+        f.write(EVIL_C)
+    out = os.path.join(shared_dir, "evil.so")
+    subprocess.run([GCC, "-shared", "-fPIC", "-O2", f'-DRECORD_DIR="{records}"', "-o", out, source],
+                   check=True, capture_output=True, timeout=60)
+    os.chmod(out, 0o644)
+    return out
+
+
+def recorded(records) -> list[tuple[int, int]]:
+    """(uid, euid) of every process the library ran in."""
+    found = []
+    for name in os.listdir(records):
+        with open(os.path.join(records, name)) as f:
+            found += [tuple(int(x) for x in line.split()) for line in f if line.strip()]
+    return found
+
+
+# --- the runner and the preparation, with no check above them ------------------------------------
+
+@pytest.fixture
+def node_parts(state_dir):
+    """What the agent prepares a job with: a cgroup manager, a uid per job, an fstab."""
+    agent_dir = os.path.join(state_dir, "agent-x")
+    os.makedirs(os.path.join(agent_dir, "work"), mode=0o711)
+    os.chmod(agent_dir, 0o711)
+    manager = cgroups.detect(root_name=f"corral-isolation-{uuid.uuid4().hex[:8]}")
+    users = identity.job_users(uid_range=UID_RANGE, pool_path=os.path.join(agent_dir, "uids.json"), euid=0)
+    fstab = launch.write_fstab(os.path.join(agent_dir, launch.FSTAB_NAME))
+    started = []
+    parts = {"dir": agent_dir, "manager": manager, "users": users, "fstab": fstab, "started": started}
+    try:
+        yield parts
+    finally:
+        for job in started:
+            job.kill(0)
+        manager.remove_job_cgroups()
+        manager.cleanup()
+        for key in users.pool.held():
+            users.release(key)
+
+
+def start_job(parts, name, command, env_vars=None, private_tmp=True, setup=None):
+    """Prepare and start a job as the agent's _prepare does, but with `env_vars` put into
+    the environment as they are: no check of them happens above the runner."""
+    workdir = os.path.join(parts["dir"], "work", name)
+    os.mkdir(workdir, 0o700)
+    if setup is not None:
+        setup(workdir)
+    who = parts["users"].acquire(name, workdir)
+    identity.prepare_workdir(workdir, who)
+    cg = parts["manager"].create(name, 256, 100, 64)
+    env = {**jobenv.from_agent(os.environ), **who.env(workdir), **(env_vars or {}),
+           "CORRAL_JOB_ID": name, "CORRAL_NODE_ID": "node-x", "CORRAL_ATTEMPT": "1"}
+    job = runner.start({"command": command}, workdir, env, 65536, cgroup=cg, user=who.launch_user(),
+                       private_tmp=launch.PrivateTmp(parts["fstab"], 64) if private_tmp else None)
+    parts["started"].append(job)
+    return job, who
+
+
+@pytest.mark.parametrize("variable", ["LD_PRELOAD", "LD_AUDIT"])
+@pytest.mark.parametrize("dropper", ["setpriv", "python"])
+def test_a_library_from_a_deploy_zip_never_runs_as_root(node_parts, evil_so, records, variable, dropper,
+                                                        monkeypatch):
+    if dropper == "python":  # the fallback for a node without setpriv
+        tools = runner.tools()
+        monkeypatch.setattr(runner, "_TOOLS", launch.Tools(None, tools.unshare, tools.mount))
+    with open(evil_so, "rb") as f:
+        payload = make_zip(file_entry("evil.so", f.read(), 0o755), file_entry("run.sh", b"id -u\n", 0o755))
+    server = serve_in_thread(Handler)
+    server.files = {"/app.zip": payload}
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/app.zip"
+        job, who = start_job(node_parts, "zip-1", "exec /bin/sh ./run.sh", {variable: "./evil.so"},
+                             setup=lambda workdir: artifacts.fetch_and_unpack(url, workdir, sha256=None,
+                                                                                  limits=artifacts.Limits()))
+        result = job.result()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.exit_code == 0 and result.stdout == f"{who.uid}\n", result
+    ran_as = recorded(records)
+    # The library did run, in the job's own processes (so the test can see it), and never as root.
+    assert ran_as and set(ran_as) == {(who.uid, who.uid)}, ran_as
+
+
+def test_a_library_planted_in_an_earlier_jobs_private_tmp_is_not_there(node_parts, evil_so, records):
+    name = f"evil-{uuid.uuid4().hex[:8]}.so"
+    first, _ = start_job(node_parts, "plant-1",
+                         f"cp {evil_so} /tmp/{name} && cp {evil_so} /dev/shm/{name} && "
+                         f"cp {evil_so} /var/tmp/{name} && echo planted")
+    assert first.result().stdout == "planted\n"
+    assert not os.path.exists(f"/tmp/{name}") and not os.path.exists(f"/dev/shm/{name}")
+    second, _ = start_job(node_parts, "use-1", f"ls /tmp/{name} /dev/shm/{name} /var/tmp/{name} 2>&1; exit 0",
+                          {"LD_PRELOAD": f"/tmp/{name}", "LD_AUDIT": f"/dev/shm/{name}"})
+    result = second.result()
+    assert result.stdout.count("No such file or directory") == 3, result
+    assert recorded(records) == []  # not even visible, so it ran nowhere
+
+
+def test_a_library_planted_in_a_shared_tmp_runs_only_as_its_job(node_parts, evil_so, records):
+    """Without a private /tmp (AGENT_PRIVATE_TMP=false, or a kernel without it), the
+    planted file is there, but the environment is applied after the drop."""
+    name = f"/tmp/evil-{uuid.uuid4().hex[:8]}.so"
+    try:
+        first, _ = start_job(node_parts, "plant-2", f"cp {evil_so} {name} && chmod 644 {name}", private_tmp=False)
+        assert first.result().exit_code == 0 and os.path.exists(name)
+        second, who = start_job(node_parts, "use-2", "true", {"LD_PRELOAD": name}, private_tmp=False)
+        assert second.result().exit_code == 0
+        ran_as = recorded(records)
+        assert ran_as and set(ran_as) == {(who.uid, who.uid)}, ran_as
+    finally:
+        if os.path.exists(name):
+            os.unlink(name)
+
+
+# --- a real agent ------------------------------------------------------------------------------------
+
+@pytest.fixture
+def node():
+    return f"iso-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def make_agent(state_dir, node, api):
+    """Agents on `state_dir` with real cgroups, uids and private /tmp, against a mocked
+    control plane; nothing they started outlives the test."""
+    FakeRegistry(api, node)
+    scheduler = FakeScheduler(api, node)
+    agents = []
+
+    def make(**overrides):
+        values = dict(node_id=node, registry_url=REGISTRY, scheduler_url=SCHEDULER, state_dir=state_dir,
+                      slots=3, poll_interval=0.05, output_tail_bytes=65536, stop_grace=0.2, kill_grace=0.5,
+                      health_interval=0.2, health_timeout=0.5)
+        values.update(overrides)
+        agent = Agent(AgentSettings(**values), RegistryClient(REGISTRY), SchedulerClient(SCHEDULER))
+        agent.startup()
+        agents.append(agent)
+        return agent
+
+    make.scheduler = scheduler
+    try:
+        yield make
+    finally:
+        stop_held_jobs(agents)
+        manager = cgroups.detect(root_name=AgentSettings(node_id=node, state_dir=state_dir).cgroup_root_name)
+        manager.remove_job_cgroups()
+        manager.cleanup()
+
+
+def run_until_done(agent, scheduler, job_id, timeout=20):
+    """Reap until the job's final report is in; that report."""
+    def ended():
+        agent.reap_once()
+        return scheduler.statuses(job_id)[-1:] in (["done"], ["failed"]) and scheduler.final(job_id)
+    return wait_for(ended, timeout=timeout, message=f"{job_id} to end")
+
+
+def test_the_agents_preparation_never_runs_a_loader_variable_as_root(make_agent, evil_so, records, monkeypatch):
+    """As if the agent's own check were broken: the job reaches the runner with LD_PRELOAD."""
+    monkeypatch.setattr(jobenv, "forbidden_env_var", lambda names: None)
+    agent = make_agent()
+    assert agent.private_tmp, agent.private_tmp_reason
+    make_agent.scheduler.add(command="id -u", env_vars={"LD_PRELOAD": evil_so, "LD_AUDIT": evil_so})
+    agent.poll_once()
+    final = run_until_done(agent, make_agent.scheduler, "job-1")
+    uid = int(final["stdout"])
+    assert final["status"] == "done" and UID_RANGE[0] <= uid <= UID_RANGE[1]
+    ran_as = recorded(records)
+    assert ran_as and set(ran_as) == {(uid, uid)}, ran_as
+
+
+def test_two_jobs_cannot_reach_each_other_nor_the_agents_files(make_agent, shared_dir, state_dir):
+    agent = make_agent()
+    scheduler = make_agent.scheduler
+    s = agent.settings
+    secret_db = os.path.join(state_dir, "scheduler.db")  # what a control plane beside the agent keeps
+    with open(secret_db, "w") as f:
+        f.write("SQLite format 3")
+    os.chmod(secret_db, 0o600)
+    # A: a run job with a secret in its environment, a file in its work dir and output.
+    scheduler.add(job_id="job-a", env_vars={"A_SECRET": "s3cret-a"},
+                  command=f"echo $$ > {shared_dir}/a.pid; echo private > private.txt; echo a-output-s3cret; "
+                          f"while [ ! -e {shared_dir}/b.done ]; do sleep 0.05; done; echo finished")
+    # C: a service writing its log file.
+    scheduler.add(job_id="job-c", job_type="service", command="echo service-s3cret; exec sleep 300")
+    agent.poll_once()
+    a_pid = int(wait_for(lambda: open(f"{shared_dir}/a.pid").read().strip(), message="A's pid"))
+    c_log = os.path.join(s.log_root, "job-c-1.out")
+    wait_for(lambda: os.path.exists(c_log) and "service-s3cret" in open(c_log).read(), message="C's log")
+    c_pid = agent.local_job("job-c", 1).process.pid
+    attack = os.path.join(shared_dir, "attack.py")
+    with open(attack, "w") as f:
+        f.write(ATTACK.format(a_pid=a_pid, c_pid=c_pid, a_work=agent.work_dir("job-a", 1), agent_dir=s.agent_dir,
+                              work_root=s.work_root, c_log=c_log, secret_db=secret_db,
+                              state_root=s.service_state_root, done=f"{shared_dir}/b.done"))
+    scheduler.add(job_id="job-b", command=f"{PYTHON3} {attack}")
+    agent.poll_once()
+    b = run_until_done(agent, scheduler, "job-b")
+    assert b["status"] == "done", b
+    outcome = json.loads(b["stdout"])
+    assert outcome.pop("same_uid") is False
+    assert outcome == {name: "refused" for name in outcome}, outcome
+    assert len(outcome) == 14
+    assert "s3cret" not in b["stdout"] + b["stderr"]
+    a = run_until_done(agent, scheduler, "job-a")
+    assert (a["status"], a["stdout"]) == ("done", "a-output-s3cret\nfinished\n")
+
+
+ATTACK = textwrap.dedent('''\
+    import ctypes, json, os, signal
+    A, refused = {a_pid}, {{}}
+
+    def attempt(name, action):
+        try:
+            action()
+            refused[name] = "ALLOWED"
+        except PermissionError:
+            refused[name] = "refused"
+        except OSError as exc:
+            refused[name] = "other error: %s" % exc
+
+    def ptrace():
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.ptrace.restype = ctypes.c_long
+        if libc.ptrace(16, A, None, None) != 0:  # PTRACE_ATTACH
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+
+    attempt("environ", lambda: open("/proc/%d/environ" % A).read())
+    attempt("fd list", lambda: os.listdir("/proc/%d/fd" % A))
+    attempt("stdout pipe", lambda: open("/proc/%d/fd/1" % A).read(1))
+    attempt("mem", lambda: open("/proc/%d/mem" % A, "rb").read(1))
+    attempt("ptrace attach", ptrace)
+    attempt("kill -9", lambda: os.kill(A, signal.SIGKILL))
+    attempt("work dir list", lambda: os.listdir("{a_work}"))
+    attempt("work dir file", lambda: open("{a_work}/private.txt").read())
+    attempt("agent dir list", lambda: os.listdir("{agent_dir}"))
+    attempt("work root list", lambda: os.listdir("{work_root}"))
+    attempt("service state list", lambda: os.listdir("{state_root}"))
+    attempt("service log", lambda: open("{c_log}").read())
+    attempt("service log by its descriptor", lambda: open("/proc/{c_pid}/fd/1").read())
+    attempt("database", lambda: open("{secret_db}").read())
+    with open("/proc/%d/status" % A) as f:
+        a_uid = [line.split()[1] for line in f if line.startswith("Uid:")][0]
+    refused["same_uid"] = a_uid == str(os.getuid())
+    print(json.dumps(refused))
+    open("{done}", "w").close()
+''')
+
+
+# --- uids ---------------------------------------------------------------------------------------------
+
+def test_concurrent_jobs_get_uids_of_their_own_which_come_back_late(make_agent, shared_dir):
+    agent = make_agent()
+    scheduler = make_agent.scheduler
+    for job_id in ("job-1", "job-2"):
+        scheduler.add(job_id=job_id, command=f"id -u; touch {shared_dir}/{job_id}; "
+                                             f"while [ ! -e {shared_dir}/go ]; do sleep 0.05; done")
+    agent.poll_once()
+    wait_for(lambda: all(os.path.exists(f"{shared_dir}/{j}") for j in ("job-1", "job-2")),
+             message="both jobs to run at once")
+    held = agent.users.pool.held()
+    assert set(held) == {"job-1-1", "job-2-1"} and len(set(held.values())) == 2
+    open(f"{shared_dir}/go", "w").close()
+    uids = {int(run_until_done(agent, scheduler, j)["stdout"]) for j in ("job-1", "job-2")}
+    assert uids == set(held.values()) and all(UID_RANGE[0] <= u <= UID_RANGE[1] for u in uids)
+    assert agent.users.pool.held() == {}  # given back
+    assert not any(os.path.exists(os.path.join(agent.users.pool.claims_dir, str(u))) for u in uids)
+    scheduler.add(job_id="job-3", command="id -u")
+    agent.poll_once()
+    third = int(run_until_done(agent, scheduler, "job-3")["stdout"])
+    assert third not in uids  # not the one given back just now: the next after the last given
+
+
+def test_agent_job_user_still_runs_every_job_as_that_user(make_agent):
+    agent = make_agent(job_user="nobody")
+    scheduler = make_agent.scheduler
+    scheduler.add(job_id="job-1", command="id -un")
+    scheduler.add(job_id="job-2", command="id -un")
+    agent.poll_once()
+    assert [run_until_done(agent, scheduler, j)["stdout"] for j in ("job-1", "job-2")] == ["nobody\n"] * 2
+
+
+def test_a_uid_range_smaller_than_the_slots_stops_the_agent(state_dir):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CORRAL_", "AGENT_"))}
+    env.update(NODE_ID="n1", CORRAL_STATE_DIR=state_dir, AGENT_SLOTS="3", AGENT_UID_RANGE="70000-70001")
+    result = subprocess.run([os.path.join(BIN, "corral-agent")], env=env, capture_output=True, text=True,
+                            timeout=30)
+    assert result.returncode == 2
+    assert result.stderr == ("corral-agent: error: AGENT_UID_RANGE=70000-70001 holds 2 uid(s), fewer than "
+                             "AGENT_SLOTS=3: every running job needs a uid of its own\n")
+
+
+# --- limits -----------------------------------------------------------------------------------------
+
+FORK_UNTIL_REFUSED = (f"{PYTHON3} -c \"import os, time\nn = 0\nfor _ in range(60):\n"
+                      "    try: pid = os.fork()\n    except OSError: break\n"
+                      "    if pid == 0: time.sleep(60); os._exit(0)\n    n += 1\nprint(n)\"")
+
+
+def test_a_fork_bomb_stays_inside_its_job(make_agent):
+    agent = make_agent()
+    scheduler = make_agent.scheduler
+    scheduler.add(job_id="job-1", command=FORK_UNTIL_REFUSED, max_processes=20)
+    agent.poll_once()
+    first = run_until_done(agent, scheduler, "job-1")
+    assert first["status"] == "done" and int(first["stdout"]) < 20, first  # no 20th process, let alone a 50th
+    assert scheduler.reports[0][1]["limits"]["max_processes"] == 20
+    # The real thing, ended by its timeout: the node and the agent carry on.
+    scheduler.add(job_id="job-2", command="bomb() { bomb | bomb & }; bomb; sleep 60", max_processes=50,
+                  timeout_secs=2)
+    agent.poll_once()
+    bomb = run_until_done(agent, scheduler, "job-2", timeout=30)
+    assert (bomb["status"], bomb["exit_code"]) == ("failed", -1) and "job timed out" in bomb["stderr"]
+    assert agent.cgroups.list_job_cgroups() == []
+    scheduler.add(job_id="job-3", command="echo still here")
+    agent.poll_once()
+    assert run_until_done(agent, scheduler, "job-3")["stdout"] == "still here\n"
+
+
+# --- private /tmp --------------------------------------------------------------------------------------
+
+def test_a_jobs_tmp_is_its_own_and_goes_with_it(make_agent, shared_dir):
+    agent = make_agent()
+    scheduler = make_agent.scheduler
+    name = f"mine-{uuid.uuid4().hex[:8]}"
+    scheduler.add(job_id="job-a", command=f"for d in /tmp /var/tmp /dev/shm; do echo a > $d/{name}; done; "
+                                          f"echo $$ > {shared_dir}/a.pid; "
+                                          f"while [ ! -e {shared_dir}/go ]; do sleep 0.05; done")
+    agent.poll_once()
+    a_pid = int(wait_for(lambda: open(f"{shared_dir}/a.pid").read().strip(), message="A's pid"))
+    # There, in A's own mount namespace (root may look through /proc/<pid>/root) ...
+    for d in ("/tmp", "/var/tmp", "/dev/shm"):
+        assert open(f"/proc/{a_pid}/root{d}/{name}").read() == "a\n"
+        # ... but not on the host,
+        assert not os.path.exists(f"{d}/{name}")
+    assert os.readlink(f"/proc/{a_pid}/ns/ipc") != os.readlink("/proc/self/ns/ipc")
+    # ... nor for another job running beside it,
+    check = f"ls /tmp/{name} /var/tmp/{name} /dev/shm/{name} 2>&1; grep -c ' /tmp ' /proc/self/mountinfo"
+    scheduler.add(job_id="job-b", command=check)
+    agent.poll_once()
+    b = run_until_done(agent, scheduler, "job-b")
+    assert b["stdout"].count("No such file or directory") == 3 and b["stdout"].endswith("1\n"), b
+    # ... and after A ended, no trace: its file systems went with its namespace.
+    open(f"{shared_dir}/go", "w").close()
+    assert run_until_done(agent, scheduler, "job-a")["status"] == "done"
+    scheduler.add(job_id="job-c", command=check)
+    agent.poll_once()
+    assert run_until_done(agent, scheduler, "job-c")["stdout"].count("No such file or directory") == 3
+
+
+# --- a corral-agent process ----------------------------------------------------------------------------
+
+def final_report(plane, job_id, timeout=20):
+    return wait_for(lambda: plane.statuses(job_id)[-1:] in (["done"], ["failed"]) and plane.final(job_id),
+                    timeout=timeout, message=f"{job_id} to end")
+
+
+def test_the_agent_refuses_a_job_that_sets_a_loader_variable(plane, start_agent, evil_so, records, shared_dir):
+    plane.add("job-1", command=f"touch {shared_dir}/ran", env_vars={"LD_PRELOAD": evil_so})
+    plane.add("job-2", command=f"touch {shared_dir}/ran", env_vars={"LD_AUDIT": evil_so})
+    start_agent()
+    for job_id, name in (("job-1", "LD_PRELOAD"), ("job-2", "LD_AUDIT")):
+        final = final_report(plane, job_id)
+        assert (final["status"], final["exit_code"]) == ("failed", -1)
+        assert f"the agent could not start the job" not in final["stderr"]
+        assert final["stderr"].startswith(f"the agent refuses to run a job whose env_vars set {name}")
+    assert not os.path.exists(f"{shared_dir}/ran") and recorded(records) == []  # nothing started
+
+
+@pytest.mark.parametrize("passthrough", [None, "FOO"])
+def test_the_agents_environment_does_not_reach_jobs(plane, start_agent, passthrough):
+    extra = {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE", "AWS_SECRET_ACCESS_KEY": "agent-secret", "FOO": "foo",
+             "CORRAL_TOKEN": "operator-token", "GITHUB_TOKEN": "gh-token", "LANG": "C.UTF-8", "TZ": "UTC",
+             "PATH": "/usr/local/bin:/usr/bin:/bin"}
+    if passthrough:
+        extra["AGENT_JOB_ENV_PASSTHROUGH"] = passthrough
+    plane.add("job-1", command="cat /proc/$$/environ", env_vars={"STAGE": "prod"})
+    start_agent(**extra)
+    final = final_report(plane, "job-1")
+    assert final["status"] == "done", final
+    environ = dict(item.split("=", 1) for item in final["stdout"].split("\0") if item)
+    work = environ["HOME"]
+    user = environ["USER"]
+    expected = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TZ": "UTC", "HOME": work,
+                "USER": user, "LOGNAME": user, "STAGE": "prod", "CORRAL_JOB_ID": "job-1",
+                "CORRAL_NODE_ID": plane.node_id, "CORRAL_ATTEMPT": "1"}
+    if passthrough:
+        expected["FOO"] = "foo"
+    assert environ == expected
+    assert work.endswith("/work/job-1-1") and user.startswith("corral-7")
+    running = [body for job_id, body in plane.reports if body["status"] == "running"][0]
+    assert running["private_tmp"] is True  # so no TMPDIR: /tmp is the job's own
+    assert running["limits"]["max_processes"] == 1024
+
+
+def test_a_kept_work_dir_is_roots_once_its_uid_is_given_back(make_agent):
+    agent = make_agent(keep_work_dirs=True)
+    scheduler = make_agent.scheduler
+    scheduler.add(job_id="job-1", command="echo kept > out.txt")
+    agent.poll_once()
+    assert run_until_done(agent, scheduler, "job-1")["status"] == "done"
+    workdir = agent.work_dir("job-1", 1)
+    for path in (workdir, os.path.join(workdir, "out.txt")):
+        assert (os.stat(path).st_uid, os.stat(path).st_gid) == (0, 0)
+    assert oct(os.stat(workdir).st_mode & 0o777) == "0o700"
