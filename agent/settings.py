@@ -69,7 +69,7 @@ class AgentSettings:
     # CA bundle that verifies https:// REGISTRY_URL and SCHEDULER_URL; None: the system's CAs.
     ca_bundle: str | None = None
     kill_grace: float = 5.0
-    # Who jobs run as (identity.resolve): None means `nobody` when the agent is root.
+    # Who jobs run as (identity.job_users): None means a uid per job when the agent is root.
     job_user: str | None = None
     run_as_root: bool = False
     # Limits (MB, percent of one CPU) per job type, and the most a job may ask for.

@@ -96,6 +96,11 @@ def test_the_job_process_has_exactly_its_environment_and_no_extra_descriptor(tmp
     assert "pwned" not in files  # nothing in a value was evaluated
 
 
+def test_the_job_process_keeps_its_command_line(tmp_path):
+    command = "tr '\\0' '|' < /proc/$$/cmdline"
+    assert start(tmp_path, command).result().stdout == f"/bin/sh|-c|{command}|"
+
+
 def test_stdin_is_empty(tmp_path):
     assert start(tmp_path, "cat; echo end").result().stdout == "end\n"
 
