@@ -14,10 +14,12 @@
 # own port (9000, 9001). Use --host/--port or --bind, for instance
 # CORRAL_SERVER_FLAGS=--host 0.0.0.0 in /etc/corral/<name>.env.
 
-# Threaded workers: one thread per in-flight request. A slow or long-running request
-# (such as a long-poll for work) holds a thread, not a whole worker, and the worker
-# keeps heartbeating to the master meanwhile, so `timeout` does not kill it.
-worker_class = "gthread"
+# Corral's worker: gunicorn's threaded worker (gthread) that first reads each request
+# whole in its event loop, so a client sending slowly, or nothing, holds no thread
+# (CORRAL_REQUEST_READ_TIMEOUT_SECS bounds it; README "Security"). A long-running
+# request (such as a long-poll for work) holds a thread, not a whole worker, and the
+# worker keeps heartbeating to the master meanwhile, so `timeout` does not kill it.
+worker_class = "corral.shared.worker.BufferingWorker"
 
 # Worker processes per server. All state is in the database, so every worker serves
 # the same data and the scheduler's background loops still run once (behind a lease).
@@ -32,6 +34,11 @@ workers = 2
 # agents beyond it ask every POLL_INTERVAL_SECS instead (docs/dispatch.md). Threads
 # are started on demand; a waiting one costs little memory and no CPU.
 threads = 128
+
+# Connections one worker holds open at once (requests arriving, being served, idle
+# kept-alive ones). The server raises its open-files limit to the hard limit at start;
+# keep workers x worker_connections below it (the units' LimitNOFILE).
+worker_connections = 4096
 
 # Seconds a worker may go silent before the master kills and replaces it (with
 # gthread this is a hung worker, not a slow request).

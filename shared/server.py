@@ -9,20 +9,24 @@ import argparse
 import ipaddress
 import logging
 import os
+import resource
 import socket
 import sys
 from collections.abc import Callable
 
 from gunicorn.app.base import Application
+from gunicorn.workers.gthread import ThreadWorker
 
-from . import auth, metrics
+from . import auth, metrics, worker
 from .credentials import server_credentials
 from .errors import CorralError
 from .validate import NAME_RE
 
-# gthread: one thread per in-flight request. Long-running requests (long-poll
-# claims) then hold a thread, not a worker, and the master's heartbeat keeps
-# gunicorn's `timeout` from killing them.
+# The worker (shared/worker.py) is gunicorn's gthread that reads each request in
+# its event loop first: one thread per request being served, none per request
+# still arriving, so slow or idle clients hold no thread. Long-running requests
+# (long-poll claims) hold a thread, not a worker, and the master's heartbeat
+# keeps gunicorn's `timeout` from killing them.
 #
 # Threads: every agent keeps one long-poll claim waiting on the scheduler, and a
 # waiting claim holds one thread. A worker lets `threads - 8` claims wait at once
@@ -31,10 +35,15 @@ from .validate import NAME_RE
 # or threads (docs/dispatch.md); agents over the limit fall back to asking every
 # POLL_INTERVAL_SECS. gthread starts its threads lazily and a waiting one costs
 # little memory and no CPU, so the default is sized for a few hundred nodes.
+#
+# worker_connections: connections one worker holds open at once (waiting, idle
+# kept alive, or being served); each costs a file descriptor and a few KB. The
+# open-files limit is raised to its hard limit at start to fit them.
 DEFAULTS = {
-    "worker_class": "gthread",
+    "worker_class": "corral.shared.worker.BufferingWorker",
     "workers": 2,
     "threads": 128,
+    "worker_connections": 4096,
     "timeout": 60,
     "graceful_timeout": 30,
     "keepalive": 5,
@@ -114,8 +123,7 @@ class _Gunicorn(Application):
             self.cfg.set(key, value)
         metrics.install_gunicorn_hooks(self.cfg)
         global _worker_threads
-        kind = self.cfg.worker_class_str
-        threaded = kind in ("gthread", "ThreadWorker") or str(kind).endswith(".ThreadWorker")
+        threaded = issubclass(self.cfg.worker_class, ThreadWorker)  # gthread or ours
         _worker_threads = self.cfg.threads if threaded else 1
 
     def load(self):
@@ -188,6 +196,7 @@ def run_service(prog: str, default_port: int, prepare: Callable[[], None],
         # Without any token, only loopback is safe to serve (shared/auth.py).
         open_to_all = not server_credentials(os.environ).enabled
         insecure = args.insecure or auth.insecure_allowed(os.environ)
+        worker.read_timeout_secs(os.environ)  # checked here; each worker reads it again
     except CorralError as exc:
         print(f"{prog}: error: {exc.message}", file=sys.stderr)
         sys.exit(2)
@@ -213,4 +222,26 @@ def run_service(prog: str, default_port: int, prepare: Callable[[], None],
         sys.exit(2)
     global _loopback_only
     _loopback_only = binds_loopback_only(list(application.cfg.bind))
+    raise_open_files_limit(application.cfg.workers * application.cfg.worker_connections)
     application.run()
+
+
+# Descriptors a server process needs besides its clients' (database, logs, wake-up sockets...).
+SPARE_FILES = 256
+
+
+def raise_open_files_limit(connections: int) -> None:
+    """Raise the open-files soft limit to the hard limit (the workers inherit it), so
+    that `worker_connections` fit; say so when even the hard limit is too low."""
+    log = logging.getLogger(__name__)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open-files limit from %d to %d: %s", soft, hard, exc)
+    if soft != resource.RLIM_INFINITY and soft < connections + SPARE_FILES:
+        log.warning("the open-files limit (%d) is below workers x worker_connections (%d): past it the "
+                    "server accepts no more connections for a while; raise LimitNOFILE or lower "
+                    "worker_connections", soft, connections)

@@ -239,7 +239,7 @@ def test_a_claim_whose_client_went_away_claims_nothing(slow_heartbeats_cluster):
     register(cluster, ["d1"], slots=1)
     known_to_scheduler(cluster, ["d1"])
     body = json.dumps({"max": 1, "wait_secs": WAIT_SECS}).encode()
-    request = (b"POST /nodes/d1/claim HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+    request = (b"POST /nodes/d1/claim HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                b"Content-Length: %d\r\n\r\n" % len(body) + body)
 
     def raw_claim_waiting():

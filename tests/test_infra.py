@@ -200,7 +200,9 @@ def test_gunicorn_config_uses_only_known_settings():
     values = {k: v for k, v in runpy.run_path(GUNICORN_CONF).items() if not k.startswith("__")}
     unknown = set(values) - set(Config().settings)
     assert not unknown, f"gunicorn ignores unknown settings silently: {sorted(unknown)}"
-    assert values["worker_class"] == "gthread"
+    from corral.shared.server import DEFAULTS
+    assert values["worker_class"] == DEFAULTS["worker_class"] == "corral.shared.worker.BufferingWorker"
+    assert values["worker_connections"] == DEFAULTS["worker_connections"] >= 1000  # a thousand idle clients fit
     assert values["graceful_timeout"] == 30
     assert values["control_socket_disable"] is True
     assert "bind" not in values  # shared by both servers: each passes its own address
@@ -226,7 +228,7 @@ def test_server_starts_with_the_gunicorn_config_and_notifies_systemd(tmp_path):
         response = wait_for(lambda: requests.get(f"http://127.0.0.1:{port}/healthz", timeout=2),
                             timeout=30, message="the registry to answer /healthz")
         assert response.status_code == 200, response.text
-        assert "Using worker: gthread" in proc.output()
+        assert "Using worker: corral.shared.worker.BufferingWorker" in proc.output()
     finally:
         code = proc.stop(grace=40)
         notify.close()
