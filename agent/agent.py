@@ -24,15 +24,16 @@ Either way, a worker thread per job then prepares it: a fresh work dir (0700), t
 (identity.py) that gets everything in it, a cgroup with the job's limits
 (cgroups.py), its environment from an allowlist (jobenv.py); then it starts the
 process through launch.py's chain: private /tmp, cgroup, privilege drop, and only
-then the job's environment. The job holds its slot (in `_claimed`, then in `_jobs`) from the claim
-on, so reconcile never takes it for lost, and the work loop never waits for a
-slow download. A job cancelled or timed out
+then the job's environment. The job holds its slot (in `_claimed`, then in
+`_jobs`) from the claim on, so reconcile never takes it for lost, and the work loop
+never waits for a slow download. A job cancelled or timed out
 while it is prepared is not started.
 
 Limits: the job's `memory_mb` / `cpu_percent` / `max_processes`, or the node's
 default (per job type; AGENT_JOB_MAX_PROCESSES); asking for more than
-AGENT_MAX_MEMORY_MB / AGENT_MAX_CPU_PERCENT / AGENT_MAX_PROCESSES fails the job. A job
-whose env_vars set LD_PRELOAD or LD_AUDIT fails without anything started. Without usable cgroups (not root, no writable hierarchy) jobs run without
+AGENT_MAX_MEMORY_MB / AGENT_MAX_CPU_PERCENT / AGENT_MAX_PROCESSES fails the job. A
+job whose env_vars set LD_PRELOAD or LD_AUDIT fails without anything started.
+Without usable cgroups (not root, no writable hierarchy) jobs run without
 limits, `limits_enforced` is false, and AGENT_REQUIRE_CGROUPS=true makes the agent
 refuse to start instead.
 
