@@ -411,8 +411,8 @@ class Agent:
                              memory_mb=found.process.cgroup.limits["memory_mb"],
                              state_path=found.path, log_files=(state.stdout, state.stderr),
                              uid=state.uid, user_key=key if held else None, adopted=True)
-            local.monitor = self._monitor(state.job_id, state.name, state.port, state.health_path,
-                                          local.log_files, check_first=True)
+            local.monitor = self._monitor(state.job_id, state.attempt, state.name, state.port,
+                                          state.health_path, local.log_files, state.grant, check_first=True)
             local.prepared.set()
             self._jobs[local.key] = local
             adopted.append(local.key)
@@ -898,19 +898,25 @@ class Agent:
         try:
             services.ServiceState(local.job_id, local.attempt, local.process.pid, start_time or 0,
                                   cg.name, port, name, job.get("health_path"), local.workdir,
-                                  *local.log_files, uid=local.uid).write(local.state_path)
+                                  *local.log_files, uid=local.uid,
+                                  grant=job.get("service_grant")).write(local.state_path)
         except OSError as exc:
             log.warning("could not write the state file of service job %s: %s; a restarted agent "
                         "will not re-adopt it", local.job_id, exc)
-        local.monitor = self._monitor(local.job_id, name, port, job.get("health_path"),
-                                      local.log_files)
+        local.monitor = self._monitor(local.job_id, local.attempt, name, port, job.get("health_path"),
+                                      local.log_files, job.get("service_grant"))
 
-    def _monitor(self, job_id: str, name: str, port: int | None, health_path: str | None,
-                 log_files, check_first: bool = False) -> services.ServiceMonitor:
+    def _monitor(self, job_id: str, attempt: int, name: str, port: int | None, health_path: str | None,
+                 log_files, grant: str | None, check_first: bool = False) -> services.ServiceMonitor:
+        """The service's health checks and registry record. The record names the attempt
+        and carries the scheduler's grant for it (with tokens, the registry takes a
+        node's record only with it)."""
         record = None
         if port is not None:
             record = {"job_id": job_id, "name": name, "node_id": self.node_id,
-                      "address": self.settings.address, "port": port}
+                      "address": self.settings.address, "port": port, "attempt": attempt}
+            if isinstance(grant, str):
+                record["grant"] = grant
         return services.ServiceMonitor(
             self.registry.clone(), record, health_path, self.settings.health_interval,
             self.settings.health_timeout, log_files, self.settings.service_log_max_bytes,

@@ -128,6 +128,9 @@ class ServiceState:
     stdout: str
     stderr: str
     uid: int | None = None  # its own uid (identity.PerJobUsers); None: a shared job user
+    # The scheduler's service grant for this attempt on this node (with tokens): the
+    # registry records the service only with it (shared/credentials.py).
+    grant: str | None = None
 
     def write(self, path: str) -> None:
         """Atomically: a crash leaves the old file or the new one, never half of one."""
@@ -156,6 +159,8 @@ class ServiceState:
                 raise ValueError(f"{name} is not a whole number")
         if state.uid is not None and (isinstance(state.uid, bool) or not isinstance(state.uid, int)):
             raise ValueError("uid is not a whole number")
+        if state.grant is not None and not isinstance(state.grant, str):
+            raise ValueError("grant is not a string")
         return state
 
 

@@ -141,15 +141,16 @@ def test_service_is_recorded_health_checked_and_removed_on_cancel(make_agent, sc
     agent.startup()
     port = free_port()
     scheduler.add(job_id="job-1", job_type="service", command=http_server(port), port=port,
-                  name="web", health_path="/")
+                  name="web", health_path="/", service_grant="9" * 64)
     agent.poll_once()
     pid = the_pid(agent, "job-1")
     local = agent.local_job("job-1", 1)
 
-    # Recorded right after start, health unknown; then healthy.
+    # Recorded right after start, health unknown; then healthy. The record names the attempt
+    # and carries the scheduler's grant for it (the registry asks for it with tokens).
     first = wait_for(lambda: registry.upserts and registry.upserts[0], message="a service record")
     assert first == {"job_id": "job-1", "name": "web", "node_id": node, "address": "10.1.2.3",
-                     "port": port, "healthy": None}
+                     "port": port, "attempt": 1, "grant": "9" * 64, "healthy": None}
     wait_for(lambda: registry.healthy("job-1") is True, message="the service to be healthy")
 
     # Its own cgroup, its own uid, detached from the agent (own session), output to files
@@ -236,7 +237,7 @@ def test_a_new_agent_re_adopts_a_running_service(make_agent, scheduler, registry
     first.startup()
     port = free_port()
     scheduler.add(job_id="job-1", job_type="service", command=http_server(port), port=port,
-                  name="web", health_path="/")
+                  name="web", health_path="/", service_grant="7" * 64)
     scheduler.add(job_id="job-2", command="sleep 60")  # a run job: ended by the stop
     first.poll_once()
     pid = the_pid(first, "job-1")
@@ -273,9 +274,10 @@ def test_a_new_agent_re_adopts_a_running_service(make_agent, scheduler, registry
     assert scheduler.final("job-3")["stdout"] != f"{uid}\n"
     assert second.reconcile_once() == []  # the scheduler still lists it: nothing to do
     assert second.poll_once() == [] and second.reap_once() == []
-    # Still health-checked by the new agent.
+    # Still health-checked by the new agent, which records it with the grant it was started with.
     wait_for(lambda: len(registry.upserts) > checks_before and registry.healthy("job-1") is True,
              message="the new agent to record the service")
+    assert (registry.upserts[-1]["attempt"], registry.upserts[-1]["grant"]) == (1, "7" * 64)
     os.kill(pid, signal.SIGSTOP)
     try:
         wait_for(lambda: registry.healthy("job-1") is False, message="the adopted service unhealthy")

@@ -6,6 +6,7 @@ import datetime
 import ipaddress
 import os
 import socket
+import shutil
 import subprocess
 import time
 
@@ -13,7 +14,7 @@ import pytest
 import requests
 from click.testing import CliRunner
 
-from cluster import BIN, Cluster, Proc, base_env, listening_socket
+from cluster import BIN, Cluster, Proc, base_env, listening_socket, wait_scheduler_sees_healthy
 from helpers import wait_for
 
 from corral.agent.settings import AgentSettings
@@ -35,6 +36,8 @@ OTHER_NODE_TOKEN = cred.node_token(AGENT_SECRET, OTHER_NODE)
 CREDENTIALS = cred.Credentials(OPERATOR_TOKEN, AGENT_SECRET)
 TOKEN_ENV = {"CORRAL_API_TOKEN": OPERATOR_TOKEN, "CORRAL_AGENT_TOKEN": AGENT_SECRET}
 GRANT = CREDENTIALS.service_grant("job-1", 1, NODE)
+# A python3 every job user may run (the test's own virtualenv may be out of their reach).
+PYTHON3 = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
 
 
 def bearer(token: str | None) -> dict:
@@ -476,6 +479,76 @@ def test_tokens_never_reach_jobs_logs_or_records(tmp_path):
             assert secret not in text, f"a token in the {name} log"
         for path, data in stored.items():
             assert secret.encode() not in data, f"a token in {path}"
+
+
+# ---- a cluster with tokens: nodes over the network ------------------------------------------
+
+@pytest.mark.e2e
+def test_a_node_cannot_act_for_another_against_real_servers(tmp_path):
+    """Two real agents; node 2's credential, used over HTTP, can neither claim, renew,
+    report, heartbeat, register, list nor touch node 1's jobs and service records,
+    whatever it names in headers; node 1's own service record is made with its grant."""
+    c = Cluster(tmp_path)
+    api = requests.Session()
+    api.headers.update(AS_OPERATOR)
+    as_other = requests.Session()
+    as_other.headers.update(dict(AS_OTHER_NODE, **{"X-Corral-Node": NODE}))  # a header proves nothing
+    try:
+        c.start_registry(**TOKEN_ENV)
+        c.start_scheduler(MAX_JOBS_PER_NODE=2, **TOKEN_ENV)
+        c.start_agent(NODE, slots=2, CORRAL_NODE_TOKEN=NODE_TOKEN, AGENT_HEALTH_INTERVAL_SECS=0.5)
+        c.start_agent(OTHER_NODE, CORRAL_NODE_TOKEN=OTHER_NODE_TOKEN)
+        wait_scheduler_sees_healthy(c.scheduler_url, (NODE, OTHER_NODE), 30, OPERATOR_TOKEN)
+        port = _free_port()
+        service = api.post(c.scheduler_url + "/jobs", timeout=10, json={
+            "job_type": "service", "instance_id": NODE, "port": port, "name": "auth-web",
+            "command": f"exec {PYTHON3} -m http.server --bind 127.0.0.1 {port}"}).json()
+        run = api.post(c.scheduler_url + "/jobs", json={"command": "sleep 60", "instance_id": NODE},
+                       timeout=10).json()
+        listed = wait_for(lambda: [s for s in api.get(c.registry_url + "/services", timeout=5).json()
+                                   if s["healthy"]], timeout=30, message="the service to be recorded and healthy")
+        assert [(s["job_id"], s["node_id"], s["attempt"]) for s in listed] == [(service["job_id"], NODE, 1)]
+        running = wait_for(lambda: (lambda j: j if j["status"] == "running" else None)(
+            api.get(f"{c.scheduler_url}/jobs/{run['job_id']}", timeout=5).json()), timeout=30,
+            message="the run job to run on node 1")
+
+        report = {"node_id": NODE, "attempt": running["attempt"], "status": "done", "exit_code": 0,
+                  "stdout": "forged"}
+        refused = [
+            as_other.post(f"{c.scheduler_url}/nodes/{NODE}/claim", json={"max": 1, "wait_secs": 0}, timeout=10),
+            as_other.post(f"{c.scheduler_url}/nodes/{NODE}/lease", json={}, timeout=10),
+            as_other.post(f"{c.scheduler_url}/jobs/{run['job_id']}/status", json=report, timeout=10),
+            as_other.post(f"{c.scheduler_url}/jobs/reports", json={"reports": [dict(report, job_id=run["job_id"])]},
+                          timeout=10),
+            as_other.get(f"{c.scheduler_url}/jobs", params={"node_id": NODE}, timeout=10),
+            as_other.get(f"{c.scheduler_url}/jobs/{run['job_id']}", timeout=10),
+            as_other.post(f"{c.registry_url}/nodes/{NODE}/heartbeat", json={}, timeout=10),
+            as_other.post(f"{c.registry_url}/nodes", json={"node_id": NODE, "address": "10.6.6.6"}, timeout=10),
+            as_other.post(f"{c.registry_url}/services", timeout=10, json={
+                "job_id": service["job_id"], "name": "auth-web", "node_id": OTHER_NODE, "address": "10.6.6.6",
+                "port": port, "attempt": 1}),
+            as_other.delete(f"{c.registry_url}/services/{service['job_id']}", json={}, timeout=10),
+        ]
+        assert [r.status_code for r in refused] == [403] * len(refused), [r.text for r in refused]
+        # Reporting as itself about node 1's job: not placed there, refused by the store.
+        own = as_other.post(f"{c.scheduler_url}/jobs/{run['job_id']}/status",
+                            json=dict(report, node_id=OTHER_NODE), timeout=10)
+        assert own.status_code == 409
+        after = api.get(f"{c.scheduler_url}/jobs/{run['job_id']}", timeout=5).json()
+        assert (after["status"], after["stdout"]) == ("running", running["stdout"])
+        record = api.get(c.registry_url + "/services", timeout=5).json()
+        assert [(s["node_id"], s["address"]) for s in record] == [(NODE, listed[0]["address"])]
+        nodes = {n["node_id"]: n for n in api.get(c.registry_url + "/nodes", timeout=5).json()}
+        assert nodes[NODE]["address"] != "10.6.6.6"
+        # The service's own node ends it: the record goes.
+        api.post(f"{c.scheduler_url}/jobs/{service['job_id']}/cancel", json={}, timeout=10)
+        wait_for(lambda: api.get(c.registry_url + "/services", timeout=5).json() == [], timeout=30,
+                 message="the record to be removed")
+    except BaseException:
+        print(c.logs())
+        raise
+    finally:
+        c.stop()
 
 
 # ---- TLS -------------------------------------------------------------------------------------
