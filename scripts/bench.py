@@ -470,7 +470,7 @@ class Bench:
         bl.log(f"cancelling the {len(mine)} jobs submitted to {url}")
         with requests.Session() as s:
             for j in mine:
-                s.post(f"{url}/jobs/{j['job_id']}/cancel", timeout=10)
+                s.post(f"{url}/jobs/{j['job_id']}/cancel", json={}, timeout=10)
 
     def round_agents(self) -> None:
         if not any(self.want(s) for s in ("dispatch_latency", "throughput", "memory")):
