@@ -5,7 +5,8 @@ A service is started like a run job (own session, own cgroup, its own uid, priva
 and with its stdout and stderr going to O_APPEND files, `<agent_dir>/logs/<job>-<attempt>.out`
 and `.err`, not to pipes: a pipe would break (SIGPIPE) when the agent that reads it
 exits, a file does not. The agent opens the files (mode 0600, in a 0700 directory)
-and the service only inherits the descriptors, so no job can read a service's log. The files are emptied (with a marker line) when one passes
+and the service only inherits the descriptors, so no job can read a service's log.
+The files are emptied (with a marker line) when one passes
 AGENT_SERVICE_LOG_MAX_BYTES; the report of a service that ended carries their tails.
 
 While it runs, a `ServiceMonitor` thread per service

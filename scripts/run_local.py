@@ -373,7 +373,8 @@ def print_banner(registry_url: str, scheduler_url: str, state_dir: str) -> None:
         f"  state      {state_dir}",
         "",
         "Submit a job and read it back (use the job_id the first command prints):",
-        f"  curl -s -XPOST localhost:{s_port}/jobs -H 'content-type: application/json' -d '{{\"command\":\"echo hi\"}}'",
+        f"  curl -s -XPOST localhost:{s_port}/jobs -H 'content-type: application/json' "
+        f"-d '{{\"command\":\"echo hi\"}}'",
         f"  curl -s localhost:{s_port}/jobs/job-1",
         "",
         "Ctrl-C stops everything.",

@@ -21,7 +21,7 @@ import requests
 import responses
 
 from corral.agent import agent as agent_module
-from corral.agent import cgroups, identity, jobenv, launch, runner
+from corral.agent import cgroups, identity, launch, runner
 from corral.agent.agent import (NO_RUN_SH_MESSAGE, STOPPED_MESSAGE, TIMEOUT_MESSAGE, Agent,
                                 AgentStartError, Backoff)
 from corral.agent.cli import main

@@ -4,7 +4,6 @@ as root."""
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time

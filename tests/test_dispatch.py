@@ -270,7 +270,7 @@ def test_agents_long_poll_and_an_agent_with_long_poll_off_polls(cluster):
     cluster.start_agent("node-1")
     cluster.start_agent("node-2", AGENT_LONG_POLL_SECS=0)
     cluster.wait_nodes_healthy("node-1", "node-2")
-    pinned = {n: cluster.submit(command=f"echo on $CORRAL_NODE_ID", instance_id=n) for n in ("node-1", "node-2")}
+    pinned = {n: cluster.submit(command="echo on $CORRAL_NODE_ID", instance_id=n) for n in ("node-1", "node-2")}
     for node_id, job in pinned.items():
         done = cluster.wait_status(job["job_id"], "done", "failed")
         assert done["status"] == "done" and done["stdout"] == f"on {node_id}\n"

@@ -20,7 +20,8 @@ RANGE = (70000, 79999)
 
 
 def test_root_agent_runs_each_job_as_a_uid_of_its_own_by_default(tmp_path):
-    users = identity.job_users(uid_range=RANGE, pool_path=str(tmp_path / "uids.json"), euid=0, claims_dir=str(tmp_path / "claims"))
+    users = identity.job_users(uid_range=RANGE, pool_path=str(tmp_path / "uids.json"), euid=0,
+                               claims_dir=str(tmp_path / "claims"))
     assert users.mode == "per-job"
     first = users.acquire("job-1-1", "/w/job-1-1")
     second = users.acquire("job-2-1", "/w/job-2-1")
@@ -138,7 +139,8 @@ def test_range_parsing():
 def test_giving_back_a_uid_without_cgroups_kills_what_its_job_left_running(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("needs root to run a process under another uid")
-    users = identity.job_users(uid_range=RANGE, pool_path=str(tmp_path / "uids.json"), euid=0, claims_dir=str(tmp_path / "claims"),
+    users = identity.job_users(uid_range=RANGE, pool_path=str(tmp_path / "uids.json"), euid=0,
+                               claims_dir=str(tmp_path / "claims"),
                                kill_leftovers=True)
     who = users.acquire("job-1-1", "/")
     leftover = subprocess.Popen(["setpriv", f"--reuid={who.uid}", f"--regid={who.gid}", "--clear-groups",
@@ -209,7 +211,8 @@ def test_prepare_workdir_makes_it_private_and_chowns_only_when_switching(tmp_pat
     (work / "link").symlink_to("/etc/passwd")
     identity.prepare_workdir(str(work), identity.resolve(run_as_root=True))
     assert os.stat(work).st_uid == 0 and stat.S_IMODE(os.stat(work).st_mode) == 0o700
-    per_job = identity.job_users(uid_range=RANGE, pool_path=str(tmp_path / "uids.json"), euid=0, claims_dir=str(tmp_path / "claims"))
+    per_job = identity.job_users(uid_range=RANGE, pool_path=str(tmp_path / "uids.json"), euid=0,
+                                 claims_dir=str(tmp_path / "claims"))
     who = per_job.acquire("job-1-1", str(work))
     identity.prepare_workdir(str(work), who)
     for path in (work, work / "sub", work / "sub" / "f.txt"):

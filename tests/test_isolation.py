@@ -9,26 +9,20 @@ planted through a deploy zip or an earlier job's /tmp and named in LD_PRELOAD or
 LD_AUDIT, also past every check above the runner. Needs root, cgroups, util-linux
 (unshare, mount, setpriv) and gcc; CI runs as root and installs them.
 """
-import io
 import json
 import os
 import shutil
-import signal
 import subprocess
-import sys
-import tempfile
 import textwrap
 import uuid
-import zipfile
 
 import pytest
-import requests
 
 from corral.agent import artifacts, cgroups, identity, jobenv, launch, runner
 from corral.agent.agent import Agent
 from corral.agent.settings import AgentSettings
 from corral.shared.clients import RegistryClient, SchedulerClient
-from helpers import process_gone, serve_in_thread, stop_held_jobs, wait_for
+from helpers import serve_in_thread, stop_held_jobs, wait_for
 from test_agent import REGISTRY, SCHEDULER, FakeScheduler
 from test_agent_integration import BIN, plane, start_agent  # noqa: F401  (fixtures)
 from test_agent_services import PYTHON3, FakeRegistry
@@ -455,7 +449,7 @@ def test_the_agent_refuses_a_job_that_sets_a_loader_variable(plane, start_agent,
     for job_id, name in (("job-1", "LD_PRELOAD"), ("job-2", "LD_AUDIT")):
         final = final_report(plane, job_id)
         assert (final["status"], final["exit_code"]) == ("failed", -1)
-        assert f"the agent could not start the job" not in final["stderr"]
+        assert "the agent could not start the job" not in final["stderr"]
         assert final["stderr"].startswith(f"the agent refuses to run a job whose env_vars set {name}")
     assert not os.path.exists(f"{shared_dir}/ran") and recorded(records) == []  # nothing started
 

@@ -133,7 +133,8 @@ def test_metrics_count_what_happened_across_workers(metrics_cluster):
     assert out["status"] == "failed" and "timed out" in (out["stderr"] or ""), out
     assert c.job(retried)["retry_count"] == 1
     for job_id in parked:
-        assert requests.post(f"{c.scheduler_url}/jobs/{job_id}/cancel", json={}, timeout=10).json()["status"] == "cancelled"
+        cancelled = requests.post(f"{c.scheduler_url}/jobs/{job_id}/cancel", json={}, timeout=10)
+        assert cancelled.json()["status"] == "cancelled"
 
     finished = {"done": len(done) + 1, "failed": 2, "cancelled": len(parked)}
     expected = {
@@ -295,7 +296,8 @@ def test_metrics_count_only_what_was_committed(tmp_path):
     # Outside gunicorn, /metrics serves this process's counters and the database gauges.
     samples = parse(client.get("/metrics").get_data(as_text=True))
     assert value(samples, "corral_jobs_finished_total", status="cancelled") == cancelled + 1
-    assert value(samples, "corral_jobs", status="cancelled") == 1 and value(samples, "corral_jobs", status="pending") == 0
+    assert value(samples, "corral_jobs", status="cancelled") == 1
+    assert value(samples, "corral_jobs", status="pending") == 0
 
 
 # ---- the multiprocess directory, in a fresh interpreter ----------------------------------

@@ -377,7 +377,7 @@ def test_limits_above_every_known_nodes_maximum_are_refused(client, store, clock
 
 def test_cancel(client, store, clock):
     set_nodes(store, clock, "n1", slots=1)
-    running, waiting = submit(client, command="sleep 100"), submit(client, command="sleep 100")
+    running, _ = submit(client, command="sleep 100"), submit(client, command="sleep 100")
     report(client, running, "running")
     cancelled = client.post("/jobs/job-2/cancel", json={})
     assert cancelled.status_code == 200 and cancelled.json["status"] == "cancelled"
@@ -481,7 +481,7 @@ def test_an_attempt_the_node_gave_up_is_requeued_without_spending_retries(client
 
 def test_the_lease_answer_lists_the_attempts_running_on_the_node(client, store, clock):
     set_nodes(store, clock, "n1", "n2")
-    a, b = submit(client, command="a"), submit(client, command="b")
+    a, _ = submit(client, command="a"), submit(client, command="b")
     report(client, a, "running")
     answer = client.post("/nodes/n1/lease", json={}).json
     assert answer == {"node_id": "n1", "lease_secs": 20.0, "running": [{"job_id": a["job_id"], "attempt": 1}]}

@@ -615,7 +615,8 @@ PATHS = {
             "operationId": "renewLease", "tags": ["agents"], "summary": "Renew a node's lease (agents).",
             "description": "Agents call this every heartbeat while they hold jobs (a claim that takes jobs "
                            "renews the lease too; idle agents renew once a minute for the list below). An agent "
-                           "that cannot renew for `lease_secs` stops its run jobs; the scheduler requeues them NODE_LOST_GRACE_SECS later. The answer "
+                           "that cannot renew for `lease_secs` stops its run jobs; the scheduler requeues them "
+                           "NODE_LOST_GRACE_SECS later. The answer "
                            "lists the attempts the scheduler has running on the node: an attempt the agent runs "
                            "that is not listed is stale and the agent ends it.",
             "responses": {
