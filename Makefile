@@ -1,4 +1,5 @@
-# The set-up commands: `make run` (a local cluster), `make test` (the suite) and
+# The set-up commands: `make run` (a local cluster), `make test` (the suite),
+# `make check` (under a minute: lint, types, the unit and API tests) and
 # `make bench` (benchmarks: JSON lines on stdout, see docs/benchmarks.md;
 # BENCH_ARGS=--quick for a smoke run).
 # Each creates .venv and installs the project into it on first use.
@@ -7,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench venv clean
+.PHONY: run test check bench venv clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +23,17 @@ run: venv
 
 test: venv
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# mypy reads the packages from a tree of links named as they are imported
+# (control-plane/ is no package); the tests that start no server processes run on 2 cores.
+TYPECHECK := $(VENV)/typecheck
+check: venv
+	$(BIN)/ruff check shared control-plane agent cli scripts tests
+	@rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/corral
+	@for p in shared agent cli; do ln -s $(CURDIR)/$$p $(TYPECHECK)/corral/$$p; done
+	@for p in registry scheduler; do ln -s $(CURDIR)/control-plane/$$p $(TYPECHECK)/corral/$$p; done
+	cd $(TYPECHECK) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/setup.cfg
+	$(BIN)/pytest -q -n 2 -p no:cacheprovider -m "not e2e and not root"
 
 bench: venv
 	@$(BIN)/python scripts/bench.py $(BENCH_ARGS)

@@ -130,6 +130,7 @@ def lines(prefix: str, count: int) -> str:
 
 # ---- what users see -------------------------------------------------------------------------
 
+@pytest.mark.e2e
 def test_output_shows_while_the_job_runs_and_the_final_report_has_all_of_it(live):
     job = live.submit(command="for i in $(seq 1 12); do echo line-$i; sleep 0.3; done", instance_id=NODE)
     seen = running_with(live, job["job_id"], lambda j: "line-2\n" in (j["stdout"] or ""))
@@ -141,6 +142,7 @@ def test_output_shows_while_the_job_runs_and_the_final_report_has_all_of_it(live
     assert [e["to"] for e in live.events(job["job_id"])] == ["pending", "pending", "running", "done"]
 
 
+@pytest.mark.e2e
 def test_logs_follow_prints_lines_as_they_come_and_ends_with_the_job(live):
     job = live.submit(command="for i in $(seq 1 15); do echo step-$i; sleep 0.3; done", instance_id=NODE)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
@@ -165,6 +167,7 @@ def test_logs_follow_prints_lines_as_they_come_and_ends_with_the_job(live):
     assert live.job(job["job_id"])["status"] == "done"
 
 
+@pytest.mark.e2e
 def test_a_service_shows_its_output_while_it_runs(live):
     job = live.submit(job_type="service", instance_id=NODE,
                       command="i=0; while true; do i=$((i+1)); echo tick-$i; echo warn-$i >&2; sleep 0.3; done")
@@ -177,6 +180,7 @@ def test_a_service_shows_its_output_while_it_runs(live):
 
 # ---- fencing --------------------------------------------------------------------------------
 
+@pytest.mark.e2e
 def test_updates_from_another_node_a_stale_attempt_or_after_the_end_are_refused(live):
     job = live.submit(command="echo hello; sleep 30", instance_id=NODE)
     job_id = job["job_id"]
@@ -207,6 +211,7 @@ def test_updates_from_another_node_a_stale_attempt_or_after_the_end_are_refused(
     assert live.job(job_id)["stdout"] == "hello\nmore\n"
 
 
+@pytest.mark.e2e
 def test_a_late_update_never_overwrites_the_final_report(live):
     job = live.submit(command="echo finished", instance_id=NODE)
     done = live.wait_status(job["job_id"], "done", "failed")
@@ -221,6 +226,7 @@ def test_a_late_update_never_overwrites_the_final_report(live):
 
 # ---- bounds and cost ------------------------------------------------------------------------
 
+@pytest.mark.e2e
 def test_output_bigger_than_the_tail_is_bounded(live):
     job = live.submit(command="head -c 100000 /dev/zero | tr '\\0' x; echo; echo END; sleep 30", instance_id=NODE)
     job_id = job["job_id"]
@@ -237,6 +243,7 @@ def test_output_bigger_than_the_tail_is_bounded(live):
     cancel(live, job_id)
 
 
+@pytest.mark.e2e
 def test_jobs_without_new_output_send_nothing_and_changes_go_in_one_batch(live):
     quiet = [live.submit(command="true", instance_id=NODE)["job_id"],
              live.submit(command="sleep 2", instance_id=NODE)["job_id"]]
