@@ -490,3 +490,50 @@ def test_a_kept_work_dir_is_roots_once_its_uid_is_given_back(make_agent):
     for path in (workdir, os.path.join(workdir, "out.txt")):
         assert (os.stat(path).st_uid, os.stat(path).st_gid) == (0, 0)
     assert oct(os.stat(workdir).st_mode & 0o777) == "0o700"
+
+
+# --- the real scheduler: a job row written directly, past the submit check -------------------------
+
+@pytest.mark.e2e
+def test_a_job_row_given_ld_preload_directly_in_the_database_runs_nothing_as_root(cluster, evil_so, records,
+                                                                                shared_dir):
+    """The submit check refuses LD_PRELOAD; a job row written into the scheduler's database
+    holds it anyway (a restored backup, a bug, someone with the file). With the library in
+    the job's deploy zip and in an earlier job's /tmp: the agent refuses both jobs, nothing
+    of them runs, and the library never runs as root."""
+    import sqlite3
+
+    import requests
+    with open(evil_so, "rb") as f:
+        payload = make_zip(file_entry("evil.so", f.read(), 0o755), file_entry("run.sh", b"id -u\n", 0o755))
+    server = serve_in_thread(Handler)
+    server.files = {"/app.zip": payload}
+    node = "preload-node"
+    try:
+        zip_url = f"http://127.0.0.1:{server.server_address[1]}/app.zip"
+        # An earlier job of the same node plants the library in its /tmp.
+        planted = cluster.submit(command=f"cp {evil_so} /tmp/evil.so && echo planted", instance_id=node)
+        # Pinned to a node that is not up yet, so each row can be changed before a claim.
+        from_zip = cluster.submit(deploy_url=zip_url, instance_id=node, env_vars={"STAGE": "x"}, max_retries=0)
+        from_tmp = cluster.submit(command="id -u", instance_id=node, env_vars={"STAGE": "x"}, max_retries=0)
+        database = os.path.join(cluster.state_dir, "scheduler.db")
+        with sqlite3.connect(database, timeout=10) as db:
+            for job, value in ((from_zip, "./evil.so"), (from_tmp, "/tmp/evil.so")):
+                db.execute("UPDATE job SET env_vars = ? WHERE id = ?",
+                           (json.dumps({"LD_PRELOAD": value, "LD_AUDIT": value}), int(job["job_id"][4:])))
+        assert cluster.job(from_zip["job_id"])["env_vars"]["LD_PRELOAD"] == "./evil.so"
+        cluster.start_agent(node, slots=1)
+        assert cluster.wait_status(planted["job_id"], "done", timeout=30)["stdout"] == "planted\n"
+        for job in (from_zip, from_tmp):
+            final = cluster.wait_status(job["job_id"], "failed", timeout=30)
+            assert final["stderr"].startswith("the agent refuses to run a job whose env_vars set LD_"), final
+            assert final["stdout"] in ("", None)
+        assert recorded(records) == []  # neither as root nor as anyone: nothing of them started
+        # And a retry from the operator runs nothing either: the row still holds the variable.
+        requests.post(f"{cluster.scheduler_url}/jobs/{from_tmp['job_id']}/retry", json={}, timeout=10)
+        final = wait_for(lambda: (lambda j: j if j["status"] == "failed" and j["attempt"] == 2 else None)(
+            cluster.job(from_tmp["job_id"])), timeout=30, message="the retried attempt to be refused")
+        assert final["stderr"].startswith("the agent refuses") and recorded(records) == []
+    finally:
+        server.shutdown()
+        server.server_close()
