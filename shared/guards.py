@@ -1,13 +1,17 @@
 """The checks every request of the registry and the scheduler passes before its route
 runs, in this order:
 
-1. **Host** (DNS rebinding). A server that listens on loopback only is reached
-   by browsers on this machine too: a web page whose name an attacker points at
-   127.0.0.1 could then talk to it as if it were the page's own site. So such a
-   server refuses (400) a `Host` that is not a loopback name or address
-   (`localhost`, `*.localhost`, `127.0.0.0/8`, `::1`) or one of the names in
-   `CORRAL_ALLOWED_HOSTS` (the names a proxy in front uses). A request without
-   `Host` (HTTP/1.0 tools) comes from no browser and passes.
+1. **Host** (DNS rebinding). A server without tokens answers whoever reaches
+   it, and browsers reach it too: a web page whose name an attacker points at
+   127.0.0.1 (or at the server's address) could then talk to it as if it were
+   the page's own site. So a server that listens on loopback only refuses (400)
+   a `Host` that is not a loopback name or address (`localhost`, `*.localhost`,
+   `127.0.0.0/8`, `::1`) or one of the names in `CORRAL_ALLOWED_HOSTS` (the
+   names a proxy in front uses); a tokenless server on other addresses
+   (`--insecure`) also takes any IP address literal, which no rebinding can
+   forge, but no other name. A server with tokens checks no Host: a page cannot
+   attach the bearer token. A request without `Host` (HTTP/1.0 tools) comes from
+   no browser and passes.
 2. **Access** (shared/auth.py): credentials and roles.
 3. **Content type** (cross-site requests). A state-changing request (POST, PUT,
    PATCH, DELETE) must say `Content-Type: application/json`, a body-less cancel,
@@ -60,18 +64,28 @@ def is_loopback_name(host: str) -> bool:
         return False
 
 
-def host_check(allowed: Iterable[str]) -> Callable[[], None]:
+def is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return False
+
+
+def host_check(allowed: Iterable[str], loopback_only: bool) -> Callable[[], None]:
     allowed = frozenset(allowed)
+    where = "listens on loopback only" if loopback_only else "has no tokens (--insecure)"
+    takes = "a loopback name or address" if loopback_only else "an IP address, a loopback name"
 
     def check() -> None:
         header = request.headers.get("Host")
         if header is None:
             return
         host = host_name(header)
-        if not (is_loopback_name(host) or host in allowed):
-            raise BadRequest(f"the Host header {header[:100]!r} is not a name of this server, which listens on "
-                             f"loopback only; a proxy in front must pass a loopback Host or a name listed in "
-                             f"CORRAL_ALLOWED_HOSTS")
+        if is_loopback_name(host) or host in allowed or (not loopback_only and is_address(host)):
+            return
+        raise BadRequest(f"the Host header {header[:100]!r} is not a name of this server, which {where}: it "
+                         f"takes {takes} or a name listed in CORRAL_ALLOWED_HOSTS (a proxy in front passes one)")
 
     return check
 
@@ -86,9 +100,11 @@ def json_content_type() -> None:
 
 
 def install(app: Flask, credentials: Credentials, access: Mapping[str, Access],
-            hosts: Iterable[str], check_host: bool) -> None:
+            hosts: Iterable[str], loopback_only: bool) -> None:
     """Put the checks in front of every other before-request function of `app`.
-    `check_host`: the server listens on loopback only (shared/server.py)."""
-    checks: list[Callable] = [host_check(hosts)] if check_host else []
+    `loopback_only`: the server listens on loopback only (shared/server.py)."""
+    checks: list[Callable] = []
+    if loopback_only or not credentials.enabled:
+        checks.append(host_check(hosts, loopback_only))
     checks += [access_check(credentials, access), json_content_type]
     app.before_request_funcs.setdefault(None, [])[:0] = checks

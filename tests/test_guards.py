@@ -14,6 +14,7 @@ from corral.registry.settings import RegistrySettings
 from corral.scheduler.app import create_app as create_scheduler
 from corral.scheduler.settings import SchedulerSettings
 from corral.shared import guards, server
+from corral.shared.credentials import Credentials
 
 
 @pytest.fixture
@@ -55,9 +56,24 @@ def test_allowed_hosts_add_the_names_a_proxy_uses(tmp_path, loopback_only):
     assert client.get("/nodes", headers={"Host": "other.example.com"}).status_code == 400
 
 
-def test_a_server_on_every_interface_does_not_check_the_host(tmp_path):
-    # Not bound to loopback only (the default outside the console scripts): tokens protect it.
-    assert scheduler(tmp_path).get("/jobs", headers={"Host": "cp.example.com"}).status_code == 200
+def test_a_server_with_tokens_does_not_check_the_host(tmp_path):
+    # Tokens protect it: a page cannot attach the bearer token.
+    credentials = Credentials("guards-test-operator-token-1", "guards-test-agent-secret-123")
+    client = scheduler(tmp_path, credentials=credentials)
+    answer = client.get("/jobs", headers={"Host": "cp.example.com", "Authorization": f"Bearer {credentials.operator}"})
+    assert answer.status_code == 200
+
+
+@pytest.mark.parametrize("host, ok", [
+    ("10.0.0.5:9001", True), ("[2001:db8::1]:9001", True), ("localhost", True), ("127.0.0.1", True),
+    ("corral.internal", True), ("evil.example", False), ("10.0.0.5.nip.io", False),
+])
+def test_a_tokenless_server_on_other_addresses_takes_ip_literals_but_no_foreign_name(tmp_path, host, ok):
+    """--insecure: no tokens, not loopback only. A rebinding attack needs a name; an IP
+    literal cannot be one."""
+    client = scheduler(tmp_path, allowed_hosts=frozenset({"corral.internal"}))
+    response = client.post("/jobs", json={"command": "true"}, headers={"Host": host})
+    assert response.status_code == (201 if ok else 400), response.json
 
 
 @pytest.mark.parametrize("binds, expected", [
