@@ -149,6 +149,16 @@ def test_an_application_error_outside_flask_is_a_500_and_not_blamed_on_the_clien
 
 # ---- real servers -----------------------------------------------------------------------------
 
+class _Unbuffered:
+    """What http.client.HTTPResponse reads a socket through, without reading ahead."""
+
+    def __init__(self, sock):
+        self.sock = sock
+
+    def makefile(self, mode: str, *args, **kwargs):
+        return self.sock.makefile(mode, buffering=0)
+
+
 class RawConnection:
     """A client socket that sends exactly the bytes given and reads whatever comes back."""
 
@@ -177,8 +187,9 @@ class RawConnection:
             chunks.append(data)
 
     def response(self) -> http.client.HTTPResponse:
-        """The next answer on the connection (after any 1xx)."""
-        answer = http.client.HTTPResponse(self.sock)
+        """The next answer on the connection (after any 1xx). Read unbuffered: a buffered
+        reader would swallow the start of a pipelined answer that arrived with this one."""
+        answer = http.client.HTTPResponse(_Unbuffered(self.sock))
         answer.begin()
         answer.body = answer.read()
         return answer
