@@ -94,7 +94,10 @@ class Tools:
     setpriv: str | None
     unshare: str | None
     mount: str | None
-    python: str = sys.executable
+    # The interpreter itself, not a virtualenv's link to it: the drop runs with -I -S
+    # (no site-packages needed), and a virtualenv under /tmp (a checkout in a temporary
+    # folder) is hidden by the job's private /tmp when the drop runs.
+    python: str = os.path.realpath(sys.executable)
 
 
 def find_tools() -> Tools:
