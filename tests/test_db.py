@@ -120,3 +120,41 @@ def test_without_a_usable_lock_file_writers_fall_back_to_the_busy_handler(tmp_pa
     write(db, 7)
     assert values(db) == [7] and "busy handler instead" in caplog.text
     dbmod.close_idle(db)
+
+
+def test_an_older_database_gains_the_new_nullable_columns_and_keeps_its_rows(tmp_path):
+    """Additive schema changes: a scheduler and a registry database made before the
+    job's max_processes/private_tmp and the service's attempt existed are upgraded at
+    start (what the console scripts run before forking), their rows intact."""
+    import sqlite3
+
+    from corral.registry.app import create_schema as registry_schema
+    from corral.registry.settings import RegistrySettings
+    from corral.scheduler.app import create_schema as scheduler_schema
+    from corral.scheduler.settings import SchedulerSettings
+
+    scheduler = SchedulerSettings(database_url=f"sqlite:///{tmp_path}/scheduler.db")
+    registry = RegistrySettings(database_url=f"sqlite:///{tmp_path}/registry.db")
+    scheduler_schema(scheduler)
+    registry_schema(registry)
+    with sqlite3.connect(tmp_path / "scheduler.db") as conn:
+        conn.execute("INSERT INTO job (command, job_type, env_vars, status, attempt, retry_count, max_retries, "
+                     "on_node_lost, node_losses, created_at) VALUES ('true', 'run', '{}', 'pending', 0, 0, 1, "
+                     "'requeue', 0, 1.0)")
+        for column in ("max_processes", "private_tmp"):
+            conn.execute(f"ALTER TABLE job DROP COLUMN {column}")
+    with sqlite3.connect(tmp_path / "registry.db") as conn:
+        conn.execute("INSERT INTO service (job_id, name, node_id, address, port, registered_at) "
+                     "VALUES ('job-1', 'web', 'n1', '10.0.0.1', 80, 1.0)")
+        conn.execute("ALTER TABLE service DROP COLUMN attempt")
+
+    scheduler_schema(scheduler)
+    registry_schema(registry)
+    scheduler_schema(scheduler)  # again: nothing left to add
+
+    with sqlite3.connect(tmp_path / "scheduler.db") as conn:
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(job)")}
+        assert {"max_processes", "private_tmp"} <= columns
+        assert conn.execute("SELECT command, max_processes, private_tmp FROM job").fetchall() == [("true", None, None)]
+    with sqlite3.connect(tmp_path / "registry.db") as conn:
+        assert conn.execute("SELECT job_id, attempt FROM service").fetchall() == [("job-1", None)]
