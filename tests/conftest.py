@@ -1,10 +1,12 @@
 import os
 import re
 import shutil
+from collections.abc import Iterator
 
 import pytest
 import responses
 
+import pg
 from cluster import Cluster, world_traversable_dir
 
 
@@ -66,3 +68,32 @@ def api():
     with responses.RequestsMock(assert_all_requests_are_fired=False) as mock:
         mock.add_passthru(re.compile(r"http://127\.0\.0\.1:\d+/"))
         yield mock
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[pg.PgServer]:
+    """One throwaway PostgreSQL server per test session (per xdist worker), started on
+    first use and stopped when the session ends (tests/pg.py). Skips where PostgreSQL
+    is not installed or does not start; in CI that skip is a failure."""
+    reason = pg.missing()
+    if reason:
+        pytest.skip(reason)
+    try:
+        server = pg.start()
+    except pg.StartError as exc:
+        pytest.skip(f"PostgreSQL ({pg.PACKAGE}) did not start: {exc}")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def pg_url(pg_server: pg.PgServer) -> Iterator[str]:
+    """A fresh, empty database of its own for this test, as a postgresql:// URL;
+    dropped afterwards."""
+    name = pg_server.create_database()
+    try:
+        yield pg_server.url(name)
+    finally:
+        pg_server.drop_database(name)
