@@ -556,8 +556,7 @@ class Agent:
         except RuntimeError:  # the work loop changed the dict meanwhile: next tick
             return []
         for local in holding:
-            if local.job_type == "run" and local.end_reason is None:
-                self._end(local, END_FENCED)
+            if local.job_type == "run" and local.end_reason is None and self._end(local, END_FENCED):
                 fenced.append(local.key)
         if fenced:
             log.error("no lease renewal for %.1fs (lease %.0fs): stopping %d run job(s) so that they do "
@@ -1030,21 +1029,28 @@ class Agent:
     def _node_side_message(self, end_reason: str) -> str:
         return NODE_SIDE_ENDS[end_reason].format(self._lease_secs or 0)
 
-    def _end(self, local: LocalJob, reason: str) -> None:
+    def _end(self, local: LocalJob, reason: str) -> bool:
         """Kill a job's process tree in the background; reap_once reports it after.
-        A job still being prepared is simply not started."""
+        A job still being prepared is simply not started. False when there was nothing
+        to end (being ended already, or exited on its own)."""
         with local.lock:
             if local.end_reason is not None:
-                return  # already being ended; the first reason is the one reported
-            local.end_reason = reason
+                return False  # already being ended; the first reason is the one reported
             process = local.process
+            if reason != END_RECONCILED and process is not None and process.poll() is not None:
+                # It exited on its own before this (the work loop, busy with a slow
+                # scheduler, had not reaped it yet): reap_once reports how it ended, a
+                # result that must not be discarded as stopped and run again.
+                return False
+            local.end_reason = reason
         self._close_monitor(local)  # out of the load balancer before it is killed
         if process is None:
-            return
+            return True
         # kill() waits up to kill_grace for the group to leave; the work loop must not.
         local.killer = threading.Thread(target=process.kill, args=(self.settings.kill_grace,),
                                         name=f"kill-{local.job_id}-{local.attempt}", daemon=True)
         local.killer.start()
+        return True
 
     def _close_monitor(self, local: LocalJob) -> None:
         """Stop a service's checks and remove its registry record (in the background)."""
@@ -1222,8 +1228,10 @@ class Agent:
             del self._suspects[key]
             log.warning("job %s attempt %s is running on this node according to the scheduler, "
                         "but this agent does not run it; reporting it failed", *key)
+            # The node's doing, not the job's (the job may never have started): it goes
+            # back to pending without spending a retry, like a node loss.
             self._enqueue_failed(*key, -1, f"the agent on node {self.node_id} was not running this job "
-                                           "(it restarted or lost track of it)")
+                                           "(it restarted or lost track of it)", requeue=True)
         return killed
 
     def _drop_claimed(self, key: Key) -> None:

@@ -35,6 +35,9 @@ ALLOWED = frozenset({
     (JobStatus.PENDING, JobStatus.CANCELLED),
     (JobStatus.RUNNING, JobStatus.CANCELLED),
     (JobStatus.FAILED, JobStatus.PENDING),     # an operator's retry
+    # An attempt the scheduler gave up on (its node seemed lost) that did finish:
+    # its result is kept instead of running the job again.
+    (JobStatus.PENDING, JobStatus.DONE),
 })
 
 

@@ -818,6 +818,9 @@ def test_reconcile_reports_a_job_listed_here_that_the_agent_does_not_run(agent, 
     agent.flush_reports()
     final = scheduler.final("job-9")
     assert (final["status"], final["attempt"], final["exit_code"]) == ("failed", 3, -1)
+    # The node's doing, not the job's (a claim whose answer was lost never started it):
+    # the scheduler requeues it without spending a retry.
+    assert final["requeue"] is True and "was not running this job" in final["stderr"]
 
 
 # --- the loops --------------------------------------------------------------------------------
@@ -1343,3 +1346,18 @@ def test_settings_from_env():
 def test_bad_new_settings_are_one_clear_error(env, message):
     with pytest.raises(SettingError, match=re.escape(message)):
         AgentSettings.from_env({"NODE_ID": "n1", **env})
+
+
+def test_a_job_that_exited_before_the_fence_is_reported_as_it_ended(agent, scheduler):
+    """The lease lapses (a stopped scheduler) after the job exited but before the work
+    loop, blocked on the scheduler, reaped it: the exit 0 is reported, not a stop."""
+    scheduler.add(job_id="job-1", command="echo finished")
+    agent.poll_once()
+    local = wait_for(lambda: agent.local_job("job-1", 1) and agent.local_job("job-1", 1).process
+                     and agent.local_job("job-1", 1), message="the job to start")
+    wait_for(lambda: local.process.poll() is not None, message="the job to exit")
+    agent._lease_sent_at, agent._lease_secs = agent._clock() - 100, 20.0  # lapsed meanwhile
+    assert agent.fence_once() == []
+    wait_for(lambda: ("job-1", 1, "done") in agent.reap_once(), message="the job to be reaped")
+    final = scheduler.final("job-1")
+    assert (final["status"], final["stdout"]) == ("done", "finished\n") and not final.get("requeue")

@@ -216,3 +216,42 @@ def test_a_stopped_agent_past_its_lease_cannot_overwrite_the_newer_result(tmp_pa
         assert transitions.count(("running", "done")) == 1 and ("running", "failed") not in transitions
     finally:
         cluster.stop()
+
+
+def test_a_scheduler_stopped_past_the_lease_runs_nothing_twice_and_fails_nothing_that_never_ran(
+        tmp_path, shared_dir):
+    """The whole scheduler (master and workers) stopped with SIGSTOP for longer than the
+    lease and its grace, while an agent runs a job that finishes meanwhile and keeps a
+    claim waiting for another: when the scheduler runs again, the finished run's result
+    is kept (not discarded and run again), and a job whose claim answer was lost goes
+    back to pending without spending its retries (max_retries 0) and runs once."""
+    cluster = Cluster(tmp_path, MAX_JOBS_PER_NODE=2, **LOSS)
+    marks = os.path.join(shared_dir, "marks")
+    os.mkdir(marks)
+    os.chmod(marks, 0o1777)
+    try:
+        cluster.start()
+        cluster.start_agent("node-1", slots=2, AGENT_LONG_POLL_SECS=1)
+        cluster.wait_nodes_healthy("node-1")
+        first = cluster.submit(command=f"touch {marks}/first-$CORRAL_ATTEMPT-$$; sleep 2; echo ran", max_retries=0)
+        wait_for(lambda: running_on(cluster, first["job_id"], "node-1"), timeout=20, message="the first job to run")
+        second = cluster.submit(command=f"touch {marks}/second-$CORRAL_ATTEMPT-$$; echo ran", max_retries=0)
+        scheduler = cluster.procs["scheduler"]
+        scheduler.signal(signal.SIGSTOP)
+        try:
+            time.sleep(15)  # the fault itself: longer than the claim's read timeout (1 + 10 s) and T + grace
+        finally:
+            scheduler.signal(signal.SIGCONT)
+        for job in (first, second):
+            done = cluster.wait_status(job["job_id"], "done", "failed", timeout=60)
+            assert (done["status"], done["retry_count"], done["stdout"]) == ("done", 0, "ran\n"), done
+            assert len(final_transitions(cluster, job["job_id"])) == 1
+        runs = sorted(os.listdir(marks))
+        assert len([r for r in runs if r.startswith("first-")]) == 1, runs  # the finished run was kept
+        assert len([r for r in runs if r.startswith("second-")]) == 1, runs
+        assert cluster.job(first["job_id"])["attempt"] == 1
+    except BaseException:
+        print(cluster.logs())
+        raise
+    finally:
+        cluster.stop()

@@ -28,12 +28,16 @@ def node(node_id, status="healthy"):
     return {"node_id": node_id, "address": "127.0.0.1", "kind": "compute", "slots": 4, "status": status}
 
 
+def store_with(tmp_path, **settings):
+    """A scheduler store on a new SQLite file, with these settings."""
+    store = open_store(SchedulerSettings(database_url=f"sqlite:///{tmp_path}/s.db", **settings))
+    store.db.create_tables(MODELS)
+    return store
+
+
 @pytest.fixture
 def store(tmp_path):
-    settings = SchedulerSettings(database_url=f"sqlite:///{tmp_path}/s.db", job_timeout_secs=100,
-                                 timeout_check_secs=10, node_refresh_secs=2)
-    store = open_store(settings)
-    store.db.create_tables(MODELS)
+    store = store_with(tmp_path, job_timeout_secs=100, timeout_check_secs=10, node_refresh_secs=2)
     return store
 
 
@@ -101,10 +105,7 @@ def running_job(store, background, now, node_id="n1", **fields):
 
 
 def test_running_jobs_of_a_node_whose_lease_lapsed_are_requeued_after_the_grace(tmp_path):
-    settings = SchedulerSettings(database_url=f"sqlite:///{tmp_path}/s.db", heartbeat_timeout_secs=20,
-                                 node_lost_grace_secs=15, max_jobs_per_node=4)
-    store = open_store(settings)
-    store.db.create_tables(MODELS)
+    store = store_with(tmp_path, heartbeat_timeout_secs=20, node_lost_grace_secs=15, max_jobs_per_node=4)
     registry = FakeRegistry([node("n1"), node("n2")])
     background = Background(store, registry, "a")
     background.tick(T0)
@@ -124,10 +125,7 @@ def test_running_jobs_of_a_node_whose_lease_lapsed_are_requeued_after_the_grace(
 
 
 def test_a_new_leader_gives_every_node_a_full_lease_period(tmp_path):
-    settings = SchedulerSettings(database_url=f"sqlite:///{tmp_path}/s.db", heartbeat_timeout_secs=20,
-                                 node_lost_grace_secs=15)
-    store = open_store(settings)
-    store.db.create_tables(MODELS)
+    store = store_with(tmp_path, heartbeat_timeout_secs=20, node_lost_grace_secs=15)
     background = Background(store, FakeRegistry([node("n1")]), "a")
     background.tick(T0)
     job = running_job(store, background, T0)
@@ -144,17 +142,40 @@ def test_a_new_leader_gives_every_node_a_full_lease_period(tmp_path):
 
 
 def test_a_job_that_keeps_losing_its_node_fails(tmp_path):
-    settings = SchedulerSettings(database_url=f"sqlite:///{tmp_path}/s.db", heartbeat_timeout_secs=1,
-                                 node_lost_grace_secs=1, max_node_losses=1, retry_base_secs=0)
-    store = open_store(settings)
-    store.db.create_tables(MODELS)
+    store = store_with(tmp_path, heartbeat_timeout_secs=1, node_lost_grace_secs=1, max_node_losses=1, retry_base_secs=0)
     background = Background(store, FakeRegistry([node("n1")]), "a")
     background.tick(T0)
     job = running_job(store, background, T0)
-    background.tick(T0 + 5)
+    for t in range(1, 6):  # a pass a second, as the loop runs
+        background.tick(T0 + t)
     job = Job.get_by_id(job.id)
     assert job.status == "pending" and job.node_id == "n1" and job.node_losses == 1
     store.report(job.job_id, status_report({"node_id": "n1", "attempt": job.attempt, "status": "running"}), T0 + 6)
-    background.tick(T0 + 10)
+    for t in range(6, 11):
+        background.tick(T0 + t)
     job = Job.get_by_id(job.id)
     assert job.status == "failed" and "MAX_NODE_LOSSES" in job.stderr
+
+
+def test_a_leader_that_did_not_run_for_a_lease_gives_every_node_a_full_lease_period(tmp_path):
+    """A scheduler stopped (SIGSTOP, a suspended host) keeps its lease row when nobody
+    took over, but the agents' renewals could not land while it was away: it must
+    not count their nodes lost the moment it runs again."""
+    store = store_with(tmp_path, heartbeat_timeout_secs=20, node_lost_grace_secs=15)
+    background = Background(store, FakeRegistry([node("n1")]), "a")
+    background.tick(T0)
+    job = running_job(store, background, T0)
+    store.renew_lease("n1", T0)
+    background.tick(T0 + 1)
+    background.tick(T0 + 60)           # stopped for a minute, then running again
+    assert background.leader_since == T0 + 60
+    assert Job.get_by_id(job.id).status == "running"
+    for t in range(61, 100, 2):        # the agent's renewals land again soon after
+        if t > 61:
+            store.renew_lease("n1", T0 + t)
+        background.tick(T0 + t)
+        assert Job.get_by_id(job.id).status == "running", t
+    # A node that does stay silent is still lost, a lease period and the grace later.
+    for t in range(100, 140, 2):
+        background.tick(T0 + t)
+    assert Job.get_by_id(job.id).status == "pending"

@@ -530,3 +530,55 @@ def test_readiness_needs_the_database_and_a_fresh_node_list_or_the_registry(tmp_
 def test_an_error_quoting_a_huge_id_stays_small(client):
     response = client.get("/jobs/job-" + "9" * 100_000)
     assert response.status_code in (400, 404) and len(response.json["error"]) <= 1001
+
+
+# ---- a late result of an attempt the scheduler gave up on ------------------------------------
+
+def lose_node(store, clock, job):
+    """n1 went silent long enough: its running job is requeued (and placed on n2)."""
+    store.renew_lease(job["node_id"], clock())
+    clock.now += 100
+    set_nodes(store, clock, ("n1", "unhealthy"), "n2")
+    assert store.requeue_lost(clock(), 0.0) == [job["job_id"]]
+
+
+def started_on_n1_then_requeued(client, store, clock, **body):
+    set_nodes(store, clock, "n1")
+    job = submit(client, **body)
+    assert report(client, job, "running").status_code == 200
+    lose_node(store, clock, job)
+    return job
+
+
+def test_a_finished_run_reported_after_its_requeue_keeps_its_result(client, store, clock):
+    job = started_on_n1_then_requeued(client, store, clock, command="echo once", max_retries=0)
+    requeued = client.get(f"/jobs/{job['job_id']}").json
+    assert (requeued["status"], requeued["node_id"], requeued["attempt"]) == ("pending", "n2", 2)
+    # The run on n1 had exited 0; its report arrives now (the agent kept it queued).
+    late = report(client, job, "done", exit_code=0, stdout="once\n", stderr="")
+    assert late.status_code == 200, late.json
+    done = client.get(f"/jobs/{job['job_id']}").json
+    assert (done["status"], done["attempt"], done["node_id"], done["stdout"]) == ("done", 1, "n1", "once\n")
+    assert done["retry_count"] == 0
+    assert "its result is kept" in client.get(f"/jobs/{job['job_id']}/events").json[-1]["reason"]
+    # n2 never gets it.
+    assert client.post("/nodes/n2/claim", json={"max": 4, "wait_secs": 0}).json == []
+
+
+def test_a_late_result_never_replaces_a_newer_attempt_that_started(client, store, clock):
+    job = started_on_n1_then_requeued(client, store, clock, command="echo once", max_retries=0)
+    requeued = client.get(f"/jobs/{job['job_id']}").json
+    assert report(client, requeued, "running").status_code == 200  # attempt 2 started on n2
+    assert report(client, job, "done", exit_code=0, stdout="late\n").status_code == 409
+    now = client.get(f"/jobs/{job['job_id']}").json
+    assert (now["status"], now["attempt"], now["node_id"]) == ("running", 2, "n2")
+
+
+def test_a_late_failure_is_not_kept_and_another_node_cannot_claim_the_run(client, store, clock):
+    job = started_on_n1_then_requeued(client, store, clock, command="false")
+    assert report(client, job, "failed", exit_code=1).status_code == 409  # the requeued attempt runs
+    # A node that never ran attempt 1 cannot pass a `done` off as its result.
+    forged = client.post(f"/jobs/{job['job_id']}/status",
+                         json={"node_id": "n3", "attempt": 1, "status": "done", "exit_code": 0})
+    assert forged.status_code == 409
+    assert client.get(f"/jobs/{job['job_id']}").json["status"] == "pending"

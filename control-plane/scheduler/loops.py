@@ -44,6 +44,7 @@ class Background:
         self.registry_down_since: float | None = None
         self.token: int | None = None
         self.leader_since = 0.0
+        self.last_pass: float | None = None
 
     def tick(self, now: float) -> bool:
         """One pass; returns False when another process holds the lease."""
@@ -57,6 +58,14 @@ class Background:
             self.token = token
             self.leader_since = now
             log.info("running the background loops (lease token %d)", token)
+        elif self.last_pass is not None and now - self.last_pass > self.settings.heartbeat_timeout_secs:
+            # This process did not run for longer than a lease (stopped, starved, its
+            # host suspended): the agents' renewals could not land meanwhile either,
+            # so, as after a restart, every node gets a full lease period from now.
+            self.leader_since = now
+            log.warning("the background loops did not run for %.1fs; every node gets a full lease period "
+                        "before any counts as lost", now - self.last_pass)
+        self.last_pass = now
         if now >= self.next_sync:
             self.next_sync = now + self.settings.node_refresh_secs
             self.refresh_nodes(now)

@@ -286,6 +286,8 @@ class Store:
         `dispatch=False` leaves placing jobs into a freed slot to the caller (batches)."""
         with self.db.atomic():
             job = self.get(job_id)
+            if self._late_success(job, report):
+                return self._keep_late_success(job, report, now, dispatch)
             _check_attempt(job, report)
             new = report["status"]
             if job.status == new and new == "running":
@@ -473,6 +475,34 @@ class Store:
                              finished_at=now, **outcome)
         if dispatch:
             self.dispatch(now)  # a slot is free
+
+    @staticmethod
+    def _late_success(job: Job, report: dict) -> bool:
+        """A `done` report of an attempt the scheduler gave up on (its node seemed lost:
+        its agent, or the scheduler itself, was cut off or paused) while the job waits
+        to run again: that attempt did run on that node (it went `running` there) and
+        no later attempt has started. Its result is kept rather than discarded and the
+        job run a second time."""
+        if report["status"] != "done" or job.status != "pending" or report["attempt"] > job.attempt:
+            return False
+        if job.node_id == report["node_id"] and job.attempt == report["attempt"]:
+            return False  # the current placement itself: not a late report (refused as usual)
+        started = JobEvent.select(JobEvent.attempt, JobEvent.node_id).where(
+            (JobEvent.job == job.id) & (JobEvent.to_status == "running") & (JobEvent.attempt >= report["attempt"]))
+        return [(e.attempt, e.node_id) for e in started] == [(report["attempt"], report["node_id"])]
+
+    def _keep_late_success(self, job: Job, report: dict, now: float, dispatch: bool) -> Job:
+        tail = self.settings.output_tail_bytes
+        self._transition(job, "done", now, f"attempt {report['attempt']} finished on node {report['node_id']} "
+                                           f"(exit code 0) after it had been requeued; its result is kept",
+                         finished_at=now, attempt=report["attempt"], node_id=report["node_id"],
+                         next_attempt_at=None, exit_code=report["exit_code"],
+                         stdout=_tail(report["stdout"], tail), stderr=_tail(report["stderr"], tail),
+                         oom_killed=report["oom_killed"], peak_memory_bytes=report["peak_memory_bytes"],
+                         cpu_seconds=report["cpu_seconds"])
+        if dispatch:
+            self.dispatch(now)  # the slot it held for its next attempt is free
+        return job
 
     def _past_timeout(self, job: Job, now: float) -> bool:
         return (job.job_type == "run" and job.running_at is not None
@@ -840,8 +870,8 @@ class Store:
         fields = Job._meta.fields
         updated = self._sql.execute(self.db, ("transition", names), lambda: Job.update(
             status=param("new"), **{name: param(name) for name in names}).where(
-            (Job.id == param("id")) & (Job.status == param("old")) & (Job.attempt == param("attempt"))),
-            new=new, id=job.id, old=job.status, attempt=job.attempt,
+            (Job.id == param("id")) & (Job.status == param("old")) & (Job.attempt == param("was_attempt"))),
+            new=new, id=job.id, old=job.status, was_attempt=job.attempt,
             **{name: fields[name].db_value(value) for name, value in changes.items()}).rowcount
         if updated != 1:
             raise Conflict(f"{job.job_id} changed while this request ran; try again")
