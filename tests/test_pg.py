@@ -14,6 +14,8 @@ from playhouse.db_url import connect
 import pg
 from helpers import process_gone
 
+pytestmark = pytest.mark.e2e  # starts a PostgreSQL server
+
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 needs_postgres = pytest.mark.skipif(pg.missing() is not None, reason=pg.missing() or "")
