@@ -82,7 +82,8 @@ def test_job_ids():
 def test_state_machine():
     check_transition("pending", "running")
     check_transition("running", "pending")
-    for old, new in [("done", "running"), ("pending", "done"), ("cancelled", "pending"), ("failed", "done")]:
+    check_transition("pending", "done")  # a run given up for lost had finished: its result is kept
+    for old, new in [("done", "running"), ("pending", "failed"), ("cancelled", "pending"), ("failed", "done")]:
         with pytest.raises(InvalidTransition):
             check_transition(old, new)
 
