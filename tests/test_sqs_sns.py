@@ -28,6 +28,7 @@ from moto.server import ThreadedMotoServer
 from aws import CLIENT_KWARGS, REGION, moto_endpoint, set_aws_env  # noqa: F401  (fixture)
 from cluster import Cluster, wait_scheduler_sees_healthy
 from corral.scheduler import aws_clients, sns_outbox, sqs_intake
+from corral.scheduler.notifications import notification
 from corral.scheduler.app import create_app, open_store
 from corral.scheduler.models import MODELS, Job, OutboxEvent
 from corral.scheduler.settings import SchedulerSettings
@@ -304,7 +305,7 @@ def test_a_paced_loop_survives_a_failing_pass_and_waits_what_the_pass_says():
 def test_a_notification_carries_the_final_state_and_a_stable_event_id():
     job = types.SimpleNamespace(job_id="job-7", name="etl", status="failed", exit_code=3, node_id="n1",
                                 retry_count=1, attempt=2, finished_at=T0)
-    body = sns_outbox.notification(job, "exit code 3; no retries left")
+    body = notification(job, "exit code 3; no retries left")
     assert body == {"event_id": "job-7:2:failed", "job_id": "job-7", "name": "etl", "status": "failed",
                     "exit_code": 3, "node_id": "n1", "retry_count": 1, "attempt": 2,
                     "finished_at": "2027-01-15T08:00:00.000Z", "reason": "exit code 3; no retries left"}

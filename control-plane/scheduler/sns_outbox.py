@@ -12,13 +12,13 @@ between a publish and its mark publishes that notification again. Delivery is
 at-least-once, and subscribers deduplicate on `event_id`, which is stable:
 `<job_id>:<attempt>:<status>`.
 
-The pure parts (`notification`, `publish_entry`) are apart from the loop.
+The message itself is built by notifications.py (pure, written by the store); the
+pure `publish_entry` is apart from the loop.
 """
 import json
 import logging
 
 from corral.shared.leader import holder_id, try_acquire
-from corral.shared.timeutil import iso
 
 from . import aws_clients
 from .retry import Backoff
@@ -30,27 +30,6 @@ BACKLOG_CHECK_SECS = 30.0
 
 
 # ---- pure ---------------------------------------------------------------------
-
-def event_id(job_id: str, attempt: int, status: str) -> str:
-    """Stable and unique per final state: an attempt ends in at most one of each status."""
-    return f"{job_id}:{attempt}:{status}"
-
-
-def notification(job, reason: str | None = None) -> dict:
-    """The message published for a job that just reached a final status (`job` as committed)."""
-    return {
-        "event_id": event_id(job.job_id, job.attempt, job.status),
-        "job_id": job.job_id,
-        "name": job.name,
-        "status": job.status,
-        "exit_code": job.exit_code,
-        "node_id": job.node_id,
-        "retry_count": job.retry_count,
-        "attempt": job.attempt,
-        "finished_at": iso(job.finished_at),
-        "reason": reason,
-    }
-
 
 def publish_entry(row_id: int, message: dict, fifo: bool = False) -> dict:
     """One PublishBatch entry: the JSON message, with `status` and `event_id` attributes to filter on."""

@@ -22,11 +22,11 @@ import peewee
 from peewee import fn
 
 from corral.shared.errors import BadRequest, BatchError, Conflict, CorralError, NotFound
-from corral.shared.states import ACTIVE, ALL, FINAL, JobStatus, after_failure, check_transition
+from corral.shared.states import ACTIVE, ALL, check_transition
 from corral.shared.statements import Statements, param
 from corral.shared.timeutil import epoch, iso
 
-from . import metrics, placement, sns_outbox
+from . import lifecycle, metrics, notifications, placement
 from .models import Counter, Job, JobEvent, Node, NodeLease, OutboxEvent, SchedulerState
 from .settings import SchedulerSettings
 from .validation import parse_job_id, request_hash
@@ -37,13 +37,10 @@ RR_CURSOR = "rr_cursor"
 # Changes (to a new random value) in every transaction that places jobs: waiting
 # claims need a look at the database only after a placement, not after every commit.
 PLACEMENT_MARK = "placement_mark"
-FINAL_STATUSES = frozenset(s.value for s in FINAL)
+FINAL_STATUSES = lifecycle.FINAL_STATUSES
 # The design's default limits per job type, for a claim whose agent sent no defaults of its own.
 DESIGN_LIMITS = {"run": {"memory_mb": 512, "cpu_percent": 100},
                  "service": {"memory_mb": 1024, "cpu_percent": 200}}
-# A job's stdout/stderr belong to its current attempt (live output fills them while it
-# runs): a job that goes back to pending for another attempt starts without any.
-NO_OUTPUT = {"stdout": None, "stderr": None}
 # Rows per INSERT of a batch (well under every database's limit of bound parameters).
 INSERT_CHUNK = 500
 # Rows per compiled multi-row INSERT of jobs (about 30 parameters each).
@@ -58,6 +55,8 @@ class Store:
         self._single_writer = isinstance(db, peewee.SqliteDatabase)
         # The statements of a job's trip (place, claim, report), compiled once: see shared/statements.py.
         self._sql = Statements()
+        self.policy = lifecycle.Policy(settings.max_node_losses, settings.job_timeout_secs,
+                                       settings.output_tail_bytes, settings.backoff)
         # Called after a commit that placed jobs, with the ids of their nodes
         # (longpoll.WaitRoom.poke: waiting claims of those nodes wake at once).
         self.on_placed: Callable[[set[str]], None] | None = None
@@ -287,22 +286,26 @@ class Store:
         with self.db.atomic():
             job = self.get(job_id)
             if self._late_success(job, report):
-                return self._keep_late_success(job, report, now, dispatch)
+                self._apply(job, lifecycle.late_success(job, report, now, self.policy), now)
+                if dispatch:
+                    self.dispatch(now)  # the slot it held for its next attempt is free
+                return job
             _check_attempt(job, report)
             new = report["status"]
             if job.status == new and new == "running":
                 return job  # the agent repeated a report whose answer it lost
             if new == "running":
-                self._transition(job, "running", now, "started on the node", running_at=now,
-                                 limits_enforced=report["limits_enforced"], limits=report["limits"],
-                                 private_tmp=report.get("private_tmp"))
+                self._apply(job, lifecycle.started(job, now, report["limits_enforced"], report["limits"],
+                                                   report.get("private_tmp"), "started on the node"), now)
             elif job.status != "running":
                 raise Conflict(f"{job.job_id} is {job.status}, not running; the {new!r} report is refused")
             else:
-                self._finish(job, new, report, now, dispatch)
+                self._apply(job, lifecycle.finished(job, report, now, self.policy), now)
+                if dispatch:
+                    self.dispatch(now)  # a slot is free
                 if job.status == "pending":  # requeued: placement may have moved it since
                     return Job.get_by_id(job.id)
-        return job  # as _transition left it: the row as committed
+        return job  # as _apply left it: the row as committed
 
     def report_batch(self, items: list[tuple[str, dict | CorralError]], now: float,
                      claim: tuple[str, dict] | None = None) -> tuple[list[dict], list[Job]]:
@@ -354,7 +357,7 @@ class Store:
                     _check_attempt(job, body)
                     if job.status != "running":
                         raise Conflict(f"{job.job_id} is {job.status}, not running; its live output is refused")
-                    changes = {name: _tail(body[name], tail) for name in ("stdout", "stderr")
+                    changes = {name: lifecycle.tail(body[name], tail) for name in ("stdout", "stderr")
                                if body[name] is not None}
                     if changes and Job.update(**changes).where(
                             (Job.id == job.id) & (Job.status == "running") & (Job.attempt == job.attempt)
@@ -408,27 +411,20 @@ class Store:
                          .order_by(Job.id).limit(param("limit")))
                 return query.for_update(skip_locked=True) if getattr(self.db, "for_update", False) else query
 
-            claimed = []
+            claimed, events = [], []
             for job in self._sql.select(Job, "placed here", placed_here, node_id=node_id, limit=free):
-                limits = _claim_limits(job, request)
-                updated = self._sql.execute(self.db, "claim", lambda: Job.update(
-                    status="running", running_at=param("now"), limits_enforced=param("enforced"),
-                    limits=param("limits"), private_tmp=param("private_tmp")).where(
-                    (Job.id == param("id")) & (Job.status == "pending") & (Job.node_id == param("node_id"))
-                    & (Job.attempt == param("attempt"))),
-                    now=now, enforced=bool(request["limits_enforced"]), limits=Job.limits.db_value(limits),
-                    private_tmp=request.get("private_tmp"), id=job.id, node_id=node_id, attempt=job.attempt).rowcount
-                if updated == 1:
-                    job.status, job.running_at = "running", now
-                    job.limits_enforced, job.limits = request["limits_enforced"], limits
-                    job.private_tmp = request.get("private_tmp")
-                    claimed.append(job)
+                transition = lifecycle.started(job, now, bool(request["limits_enforced"]),
+                                               _claim_limits(job, request), request.get("private_tmp"),
+                                               "claimed by the node")
+                try:
+                    self._apply(job, transition, now, on_node=node_id, events=events)
+                except Conflict:
+                    continue  # another claim took it meanwhile (not on SQLite: skip-locked elsewhere)
+                claimed.append(job)
             if not claimed:
                 return []
             self._touch_lease(node_id, now)
-            self._events([{"job": job.id, "at": now, "old": "pending", "new": "running", "attempt": job.attempt,
-                           "node_id": node_id, "reason": "claimed by the node"} for job in claimed])
-            metrics.started(self.db, claimed, now)
+            self._events(events)
             return claimed  # the rows as just updated (no read back)
 
     def purge_finished(self, finished_before: float, limit: int) -> int:
@@ -448,75 +444,24 @@ class Store:
             JobEvent.delete().where(JobEvent.job.in_(ids)).execute()
             return Job.delete().where(Job.id.in_(ids)).execute()
 
-    def _finish(self, job: Job, new: str, report: dict, now: float, dispatch: bool = True) -> None:
-        tail = self.settings.output_tail_bytes
-        outcome = {"exit_code": report["exit_code"],
-                   "stdout": _tail(report["stdout"], tail), "stderr": _tail(report["stderr"], tail),
-                   "oom_killed": report["oom_killed"], "peak_memory_bytes": report["peak_memory_bytes"],
-                   "cpu_seconds": report["cpu_seconds"]}
-        why = f"exit code {report['exit_code']}" + (", out of memory" if report["oom_killed"] else "")
-        if new == "done":
-            self._transition(job, "done", now, "exit code 0", finished_at=now, **outcome)
-        elif report["requeue"]:
-            self._node_lost(job, now, f"node {job.node_id} gave the attempt up", outcome)
-        elif self._past_timeout(job, now):
-            # The agent killed it at the deadline; a timeout is final, as when the
-            # watcher below gets there first.
-            self._transition(job, "failed", now, "timed out", finished_at=now, **outcome)
-            metrics.timed_out(self.db)
-        elif after_failure(job.retry_count, job.max_retries) is JobStatus.PENDING:
-            delay = self.settings.backoff.delay(job.retry_count)
-            reason = f"attempt {job.attempt} failed ({why}); retrying in {delay:.1f}s"
-            self._transition(job, "pending", now, reason, retry_count=job.retry_count + 1,
-                             node_id=None, running_at=None, placed_at=None, next_attempt_at=now + delay,
-                             **NO_OUTPUT)
-        else:
-            self._transition(job, "failed", now, f"{why}; no retries left",
-                             finished_at=now, **outcome)
-        if dispatch:
-            self.dispatch(now)  # a slot is free
-
     @staticmethod
     def _late_success(job: Job, report: dict) -> bool:
-        """A `done` report of an attempt the scheduler gave up on (its node seemed lost:
-        its agent, or the scheduler itself, was cut off or paused) while the job waits
-        to run again: that attempt did run on that node (it went `running` there) and
-        no later attempt has started. Its result is kept rather than discarded and the
-        job run a second time."""
-        if report["status"] != "done" or job.status != "pending" or report["attempt"] > job.attempt:
-            return False
-        if job.node_id == report["node_id"] and job.attempt == report["attempt"]:
-            return False  # the current placement itself: not a late report (refused as usual)
+        """A `done` report of an attempt given up for lost (lifecycle.is_late_success);
+        the job's history says which attempts started where."""
+        if report["status"] != "done" or job.status != "pending":
+            return False  # the common refusals answer without reading the history
         started = JobEvent.select(JobEvent.attempt, JobEvent.node_id).where(
             (JobEvent.job == job.id) & (JobEvent.to_status == "running") & (JobEvent.attempt >= report["attempt"]))
-        return [(e.attempt, e.node_id) for e in started] == [(report["attempt"], report["node_id"])]
-
-    def _keep_late_success(self, job: Job, report: dict, now: float, dispatch: bool) -> Job:
-        tail = self.settings.output_tail_bytes
-        self._transition(job, "done", now, f"attempt {report['attempt']} finished on node {report['node_id']} "
-                                           f"(exit code 0) after it had been requeued; its result is kept",
-                         finished_at=now, attempt=report["attempt"], node_id=report["node_id"],
-                         next_attempt_at=None, exit_code=report["exit_code"],
-                         stdout=_tail(report["stdout"], tail), stderr=_tail(report["stderr"], tail),
-                         oom_killed=report["oom_killed"], peak_memory_bytes=report["peak_memory_bytes"],
-                         cpu_seconds=report["cpu_seconds"])
-        if dispatch:
-            self.dispatch(now)  # the slot it held for its next attempt is free
-        return job
-
-    def _past_timeout(self, job: Job, now: float) -> bool:
-        return (job.job_type == "run" and job.running_at is not None
-                and now - job.running_at >= self.settings.job_timeout_secs)
+        return lifecycle.is_late_success(job, report, [(e.attempt, e.node_id) for e in started])
 
     def cancel(self, job_id: str, now: float) -> Job:
         """Cancel a pending or running job; the agent ends a running one at its next poll."""
         with self.db.atomic():
             job = self.get(job_id)
-            if job.status == "cancelled":
-                return job
-            if job.status in ("done", "failed"):
-                raise Conflict(f"{job.job_id} is already {job.status}; only pending or running jobs can be cancelled")
-            self._transition(job, "cancelled", now, "cancelled by request", finished_at=now)
+            transition = lifecycle.cancelled(job, now)
+            if transition is None:
+                return job  # cancelled already
+            self._apply(job, transition, now)
             self.dispatch(now)
         return Job.get_by_id(job.id)
 
@@ -524,12 +469,7 @@ class Store:
         """Put a failed job back to pending with a fresh retry budget (an operator's decision)."""
         with self.db.atomic():
             job = self.get(job_id)
-            if job.status != "failed":
-                raise Conflict(f"{job.job_id} is {job.status}; only failed jobs can be retried")
-            self._transition(job, "pending", now, "retried by request", retry_count=0, node_id=None,
-                             placed_at=None, running_at=None, finished_at=None, next_attempt_at=None,
-                             exit_code=None, stdout=None, stderr=None, oom_killed=None,
-                             peak_memory_bytes=None, cpu_seconds=None)
+            self._apply(job, lifecycle.retried(job, now), now)
             self.dispatch(now)
         return Job.get_by_id(job.id)
 
@@ -541,9 +481,7 @@ class Store:
             overdue = Job.select().where((Job.status == "running") & (Job.job_type == "run")
                                          & (Job.running_at < deadline))
             for job in overdue:
-                self._transition(job, "failed", now, "timed out", finished_at=now, exit_code=-1,
-                                 stderr="job timed out")
-                metrics.timed_out(self.db)
+                self._apply(job, lifecycle.timed_out(job, now), now)
                 ended.append(job.job_id)
             if ended:
                 self.dispatch(now)
@@ -609,28 +547,12 @@ class Store:
             for job in lost:
                 renewed = NodeLease.get_or_none(NodeLease.node_id == job.node_id)
                 silent = f"{now - renewed.renewed_at:.0f}s" if renewed else "ever"
-                self._node_lost(job, now, f"node {job.node_id} lost (no lease renewal for {silent})")
+                self._apply(job, lifecycle.node_lost(
+                    job, now, f"node {job.node_id} lost (no lease renewal for {silent})", self.policy), now)
                 ended.append(job.job_id)
             if ended:
                 self.dispatch(now)
         return ended
-
-    def _node_lost(self, job: Job, now: float, why: str, outcome: dict | None = None) -> None:
-        """The attempt ended through no fault of the job's: run it again elsewhere
-        without spending its retry budget, unless it asked not to (on_node_lost=fail)
-        or has lost its node too often (MAX_NODE_LOSSES)."""
-        result = dict(outcome or {}, exit_code=-1)
-        if job.on_node_lost == "fail":
-            result["stderr"] = _append(result.get("stderr"), f"{why}; not requeued (on_node_lost=fail)")
-            self._transition(job, "failed", now, f"{why}; on_node_lost=fail", finished_at=now, **result)
-        elif job.node_losses >= self.settings.max_node_losses:
-            result["stderr"] = _append(result.get("stderr"), f"{why}; the job lost its node too often "
-                                                             f"(MAX_NODE_LOSSES={self.settings.max_node_losses})")
-            self._transition(job, "failed", now, f"{why}; lost its node {job.node_losses + 1} times",
-                             finished_at=now, **result)
-        else:
-            self._transition(job, "pending", now, f"{why}; requeued", node_id=None, placed_at=None,
-                             running_at=None, node_losses=job.node_losses + 1, **NO_OUTPUT)
 
     def dispatch(self, now: float) -> int:
         """Place waiting jobs on nodes with free slots. Call inside a transaction."""
@@ -864,18 +786,43 @@ class Store:
             SchedulerState.key == RR_CURSOR))
         return (rows[0][0], True) if rows else (None, False)
 
-    def _transition(self, job: Job, new: str, now: float, reason: str, **changes) -> None:
+    def _apply(self, job: Job, transition: lifecycle.Transition, now: float, on_node: str | None = None,
+               events: list | None = None) -> None:
+        """The one place a lifecycle decision is written: a compare-and-set on the job's
+        status and attempt (and node, `on_node`: a claim), its event row (appended to
+        `events` for the caller to write in one statement, else written here), its
+        metrics on commit, and its notification in the outbox when it is final.
+        Raises Conflict when the row changed meanwhile; the instance then is as it was."""
+        self._transition(job, transition.new, now, transition.reason, on_node=on_node, events=events,
+                         **transition.changes)
+        if transition.timed_out:
+            metrics.timed_out(self.db)
+
+    def _transition(self, job: Job, new: str, now: float, reason: str, on_node: str | None = None,
+                    events: list | None = None, **changes) -> None:
         check_transition(job.status, new)
         names = tuple(sorted(changes))
         fields = Job._meta.fields
-        updated = self._sql.execute(self.db, ("transition", names), lambda: Job.update(
-            status=param("new"), **{name: param(name) for name in names}).where(
-            (Job.id == param("id")) & (Job.status == param("old")) & (Job.attempt == param("was_attempt"))),
-            new=new, id=job.id, old=job.status, was_attempt=job.attempt,
-            **{name: fields[name].db_value(value) for name, value in changes.items()}).rowcount
+
+        def update():
+            where = (Job.id == param("id")) & (Job.status == param("old")) & (Job.attempt == param("was_attempt"))
+            if on_node is not None:
+                where &= Job.node_id == param("on_node")
+            return Job.update(status=param("new"), **{name: param(name) for name in names}).where(where)
+
+        updated = self._sql.execute(self.db, ("transition", names, on_node is not None), update,
+                                    new=new, id=job.id, old=job.status, was_attempt=job.attempt,
+                                    **({"on_node": on_node} if on_node is not None else {}),
+                                    **{name: fields[name].db_value(value) for name, value in changes.items()}
+                                    ).rowcount
         if updated != 1:
             raise Conflict(f"{job.job_id} changed while this request ran; try again")
-        self._event(job, job.status, new, now, reason)
+        row = {"job": job.id, "at": now, "old": job.status, "new": new, "attempt": job.attempt,
+               "node_id": job.node_id, "reason": reason}
+        if events is None:
+            self._events([row])
+        else:
+            events.append(row)
         metrics.moved(self.db, job, new, now, changes)  # before the instance takes the new values
         # The instance now says what the row says, so callers need not read it back.
         for name, value in changes.items():
@@ -883,7 +830,7 @@ class Store:
                 setattr(job, name, value)
         job.status = new
         if new in FINAL_STATUSES and self.settings.sns_topic_arn:
-            message = sns_outbox.notification(job, reason)
+            message = notifications.notification(job, reason)
             OutboxEvent.create(event_id=message["event_id"], job_id=job.id, status=new, message=message,
                                created_at=now)
 
@@ -928,13 +875,3 @@ def _placement_status(node: dict) -> str:
     (what it runs finishes), so for placement it is not `healthy`."""
     status = node.get("status") or "unhealthy"
     return "drained" if status == "healthy" and node.get("drained") else status
-
-
-def _append(text: str | None, line: str) -> str:
-    return f"{text.rstrip()}\n{line}" if text else line
-
-
-def _tail(text: str | None, limit: int) -> str | None:
-    if text is None or len(text) <= limit:
-        return text
-    return text[-limit:]

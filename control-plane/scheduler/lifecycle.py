@@ -1,0 +1,192 @@
+"""Every decision about a job's state, in one pure module.
+
+The store reads a job, asks this module what an event does to it, and applies
+the answer in one write (`Store._apply`): a compare-and-set on the job's
+status and attempt, its event row, its notification. Nothing here touches the
+database, the clock or the network: the job, the event, the policy and `now`
+come in, a `Transition` (or a refusal) goes out.
+
+    event                         from        to
+    started (claim, report)       pending  -> running
+    finished: exit 0              running  -> done
+    finished: failed, retries     running  -> pending   (retry_count + 1, after a backoff)
+    finished: failed, no retries  running  -> failed
+    finished: past its timeout    running  -> failed    (a timeout is final)
+    finished: given up by node    running  -> pending   (node_losses + 1) or failed
+    node lost                     running  -> pending   (node_losses + 1) or failed
+    timed out (the watcher)       running  -> failed
+    late success                  pending  -> done      (a run given up for lost had finished)
+    cancelled                     pending, running -> cancelled
+    retried (an operator)         failed   -> pending   (a fresh retry budget)
+
+A node loss is not the job's fault: it keeps its retry budget, counted in
+`node_losses` instead, up to `max_node_losses`; `on_node_lost=fail` fails it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from corral.shared.errors import Conflict
+from corral.shared.states import FINAL, JobStatus, after_failure, check_transition
+
+from .retry import Backoff
+
+FINAL_STATUSES = frozenset(s.value for s in FINAL)
+# A job's stdout/stderr belong to its current attempt (live output fills them while it
+# runs): a job that goes back to pending for another attempt starts without any.
+NO_OUTPUT = {"stdout": None, "stderr": None}
+# What an operator's retry clears: the last attempt's result.
+NO_RESULT = {"exit_code": None, "stdout": None, "stderr": None, "oom_killed": None,
+             "peak_memory_bytes": None, "cpu_seconds": None}
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The settings the lifecycle decides by."""
+
+    max_node_losses: int = 3
+    job_timeout_secs: float = 3600.0
+    output_tail_bytes: int = 64 * 1024
+    backoff: Backoff = field(default_factory=lambda: Backoff(2.0, 2.0, 300.0))
+
+
+@dataclass(frozen=True)
+class Transition:
+    """What an event does to a job: its new status, the other fields that change, the
+    reason recorded in its history, and what it counts for (a timeout)."""
+
+    old: str
+    new: str
+    reason: str
+    changes: dict[str, Any]
+    timed_out: bool = False
+
+    @property
+    def final(self) -> bool:
+        return self.new in FINAL_STATUSES
+
+    @property
+    def notify(self) -> bool:
+        """A final state is published (SNS), once, with the transition that reached it."""
+        return self.final
+
+
+def _to(job, new: str, reason: str, **changes) -> Transition:
+    check_transition(job.status, new)
+    return Transition(job.status, new, reason, changes)
+
+
+def tail(text: str | None, limit: int) -> str | None:
+    if text is None or len(text) <= limit:
+        return text
+    return text[-limit:]
+
+
+def outcome(report: dict, policy: Policy) -> dict:
+    """The result fields of a finished attempt, as its agent reported them."""
+    return {"exit_code": report["exit_code"],
+            "stdout": tail(report["stdout"], policy.output_tail_bytes),
+            "stderr": tail(report["stderr"], policy.output_tail_bytes),
+            "oom_killed": report["oom_killed"], "peak_memory_bytes": report["peak_memory_bytes"],
+            "cpu_seconds": report["cpu_seconds"]}
+
+
+def _append(text: str | None, line: str) -> str:
+    return f"{text.rstrip()}\n{line}" if text else line
+
+
+# ---- the events -----------------------------------------------------------------------------
+
+def started(job, now: float, limits_enforced: bool | None, limits: dict | None,
+            private_tmp: bool | None, reason: str) -> Transition:
+    """The node took the attempt (a claim, or the original design's `running` report)."""
+    return _to(job, "running", reason, running_at=now, limits_enforced=limits_enforced, limits=limits,
+               private_tmp=private_tmp)
+
+
+def past_timeout(job, now: float, policy: Policy) -> bool:
+    return (job.job_type == "run" and job.running_at is not None
+            and now - job.running_at >= policy.job_timeout_secs)
+
+
+def finished(job, report: dict, now: float, policy: Policy) -> Transition:
+    """A `done` or `failed` report of the job's current attempt."""
+    result = outcome(report, policy)
+    if report["status"] == "done":
+        return _to(job, "done", "exit code 0", finished_at=now, **result)
+    if report["requeue"]:
+        return node_lost(job, now, f"node {job.node_id} gave the attempt up", policy, result)
+    if past_timeout(job, now, policy):
+        # The agent killed it at the deadline; a timeout is final, as when the
+        # watcher gets there first.
+        return replace(_to(job, "failed", "timed out", finished_at=now, **result), timed_out=True)
+    why = f"exit code {report['exit_code']}" + (", out of memory" if report["oom_killed"] else "")
+    if after_failure(job.retry_count, job.max_retries) is JobStatus.PENDING:
+        delay = policy.backoff.delay(job.retry_count)
+        return _to(job, "pending", f"attempt {job.attempt} failed ({why}); retrying in {delay:.1f}s",
+                   retry_count=job.retry_count + 1, node_id=None, running_at=None, placed_at=None,
+                   next_attempt_at=now + delay, **NO_OUTPUT)
+    return _to(job, "failed", f"{why}; no retries left", finished_at=now, **result)
+
+
+def node_lost(job, now: float, why: str, policy: Policy, result: dict | None = None) -> Transition:
+    """The attempt ended through no fault of the job's: run it again elsewhere without
+    spending its retry budget, unless it asked not to (on_node_lost=fail) or has lost
+    its node too often (max_node_losses)."""
+    result = dict(result or {}, exit_code=-1)
+    if job.on_node_lost == "fail":
+        result["stderr"] = _append(result.get("stderr"), f"{why}; not requeued (on_node_lost=fail)")
+        return _to(job, "failed", f"{why}; on_node_lost=fail", finished_at=now, **result)
+    if job.node_losses >= policy.max_node_losses:
+        result["stderr"] = _append(result.get("stderr"), f"{why}; the job lost its node too often "
+                                                         f"(MAX_NODE_LOSSES={policy.max_node_losses})")
+        return _to(job, "failed", f"{why}; lost its node {job.node_losses + 1} times", finished_at=now,
+                   **result)
+    return _to(job, "pending", f"{why}; requeued", node_id=None, placed_at=None, running_at=None,
+               node_losses=job.node_losses + 1, **NO_OUTPUT)
+
+
+def timed_out(job, now: float) -> Transition:
+    """The watcher's backstop: a `run` job still running past its timeout (its agent
+    died, or cannot report)."""
+    return replace(_to(job, "failed", "timed out", finished_at=now, exit_code=-1, stderr="job timed out"),
+                   timed_out=True)
+
+
+def is_late_success(job, report: dict, started_attempts: list[tuple[int, str]]) -> bool:
+    """A `done` report of an attempt the scheduler gave up on (its node seemed lost:
+    its agent, or the scheduler itself, was cut off or paused) while the job waits
+    to run again. `started_attempts`: (attempt, node) of every attempt from the
+    reported one on that went `running`. The reported attempt must have run on the
+    reporting node, and no later attempt may have started: then its result is kept
+    rather than discarded and the job run a second time."""
+    if report["status"] != "done" or job.status != "pending" or report["attempt"] > job.attempt:
+        return False
+    if job.node_id == report["node_id"] and job.attempt == report["attempt"]:
+        return False  # the current placement itself: not a late report (refused as usual)
+    return started_attempts == [(report["attempt"], report["node_id"])]
+
+
+def late_success(job, report: dict, now: float, policy: Policy) -> Transition:
+    return _to(job, "done", f"attempt {report['attempt']} finished on node {report['node_id']} (exit code 0) "
+                            f"after it had been requeued; its result is kept",
+               finished_at=now, attempt=report["attempt"], node_id=report["node_id"], next_attempt_at=None,
+               **outcome(report, policy))
+
+
+def cancelled(job, now: float) -> Transition | None:
+    """None: already cancelled (a repeat changes nothing). Done and failed jobs stay."""
+    if job.status == "cancelled":
+        return None
+    if job.status in ("done", "failed"):
+        raise Conflict(f"{job.job_id} is already {job.status}; only pending or running jobs can be cancelled")
+    return _to(job, "cancelled", "cancelled by request", finished_at=now)
+
+
+def retried(job, now: float) -> Transition:
+    """An operator puts a failed job back to pending with a fresh retry budget."""
+    if job.status != "failed":
+        raise Conflict(f"{job.job_id} is {job.status}; only failed jobs can be retried")
+    return _to(job, "pending", "retried by request", retry_count=0, node_id=None, placed_at=None,
+               running_at=None, finished_at=None, next_attempt_at=None, **NO_RESULT)
