@@ -135,7 +135,7 @@ def test_a_node_table_from_before_the_dashboard_is_made_anew(tmp_path):
         assert {"drained", "last_heartbeat"} <= {c.name for c in store.db.get_columns("node")}
         store.sync_nodes([{"node_id": "ui-new", "address": "a", "kind": "compute", "slots": 1,
                            "status": "healthy", "drained": True}], 2.0)
-        assert [(n["node_id"], n["drained"]) for n in store.node_views()] == [("ui-new", True)]
+        assert [(n.node_id, n.drained) for n, _, _ in store.nodes_and_slots()] == [("ui-new", True)]
 
 
 # ---- the browser ---------------------------------------------------------------------

@@ -15,7 +15,7 @@ from corral.shared.http import (base_app, query_choice, query_int, read_json_obj
                                 serve_readiness)
 from corral.shared.states import ALL
 
-from . import longpoll, loops, metrics, openapi, pages, sns_outbox, sqs_intake, ui, validation, wakeup
+from . import longpoll, loops, metrics, openapi, pages, sns_outbox, sqs_intake, ui, validation, views, wakeup
 from .models import MODELS, Job, Node, database, upgrade_node_table
 from .settings import SchedulerSettings
 from .store import Store
@@ -137,13 +137,16 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
         if settings.sns_topic_arn:
             app.extensions["corral.sns_outbox"] = sns_outbox.start(store)
 
+    def job_view(job) -> dict:
+        return views.job(job, settings)
+
     @app.get("/stats")
     def stats():
-        return jsonify(store.stats(clock()))
+        return jsonify(views.stats(store.job_counts(), store.counters(), settings, *store.outbox_backlog(clock())))
 
     @app.get("/nodes")
     def list_nodes():
-        return jsonify(store.node_views())
+        return jsonify([views.node(*row) for row in store.nodes_and_slots()])
 
     @app.post("/jobs/batch")
     def submit_batch():
@@ -152,12 +155,12 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
         if key is not None and len(key) > 250:
             raise BadRequest("the Idempotency-Key header of a batch must be at most 250 characters")
         jobs, created = store.submit_batch(items, clock(), key)
-        return jsonify([store.job_view(j) for j in jobs]), 201 if created else 200
+        return jsonify([job_view(j) for j in jobs]), 201 if created else 200
 
     def agent_view(job) -> dict:
         """A job as its node's agent gets it: with the grant that lets the node record the
         job's service in the registry (shared/credentials.py; none without tokens)."""
-        view = store.job_view(job)
+        view = job_view(job)
         if job.job_type == "service" and job.node_id is not None:
             grant = settings.credentials.service_grant(job.job_id, job.attempt, job.node_id)
             if grant is not None:
@@ -205,7 +208,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
         key = validation.idempotency_key(request.headers.get("Idempotency-Key"))
         job, created = store.submit(fields, clock(), key)
         metrics.submitted(store.db, "api", int(created))  # committed: store.submit has returned
-        return jsonify(store.job_view(job)), 201 if created else 200
+        return jsonify(job_view(job)), 201 if created else 200
 
     @app.get("/jobs")
     def list_jobs():
@@ -224,7 +227,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
         else:
             jobs = store.iter_jobs(node_id=node_id, status=status, job_type=job_type, after=after,
                                    limit=limit, newest_first=newest_first)
-        view = agent_view if auth.calling_node() is not None else store.job_view
+        view = agent_view if auth.calling_node() is not None else job_view
         page = pages.cut(((j.job_id, app.json.dumps(view(j)).encode()) for j in jobs), limit,
                          settings.page_max_bytes)
         response = app.response_class(page.body(), mimetype="application/json")
@@ -236,11 +239,11 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
 
     @app.get("/jobs/<job_id>")
     def read_job(job_id):
-        return jsonify(store.job_view(store.get(job_id)))
+        return jsonify(job_view(store.get(job_id)))
 
     @app.post("/jobs/<job_id>/cancel")
     def cancel(job_id):
-        return jsonify(store.job_view(store.cancel(job_id, clock())))
+        return jsonify(job_view(store.cancel(job_id, clock())))
 
     @app.post("/nodes/<node_id>/lease")
     def renew_lease(node_id):
@@ -252,16 +255,16 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
 
     @app.post("/jobs/<job_id>/retry")
     def retry(job_id):
-        return jsonify(store.job_view(store.retry(job_id, clock())))
+        return jsonify(job_view(store.retry(job_id, clock())))
 
     @app.get("/jobs/<job_id>/events")
     def job_events(job_id):
-        return jsonify([store.event_view(e) for e in store.events(job_id)])
+        return jsonify([views.event(e) for e in store.events(job_id)])
 
     @app.post("/jobs/<job_id>/status")
     def report(job_id):
         body = validation.status_report(read_json_object())
         auth.require_node(body["node_id"])
-        return jsonify(store.job_view(store.report(job_id, body, clock())))
+        return jsonify(job_view(store.report(job_id, body, clock())))
 
     return app

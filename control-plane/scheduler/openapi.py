@@ -1,6 +1,6 @@
 """The scheduler's OpenAPI 3.0.3 document, served at GET /openapi.json.
 
-Keep it true of app.py, validation.py and Store.job_view/event_view:
+Keep it true of app.py, validation.py and views.py:
 tests/test_openapi.py checks every route is listed and runs schemathesis
 against a live server to check every answer against it.
 """

@@ -22,9 +22,9 @@ import peewee
 from peewee import fn
 
 from corral.shared.errors import BadRequest, BatchError, Conflict, CorralError, NotFound
-from corral.shared.states import ACTIVE, ALL, check_transition
+from corral.shared.states import ACTIVE, check_transition
 from corral.shared.statements import Statements, param
-from corral.shared.timeutil import epoch, iso
+from corral.shared.timeutil import epoch
 
 from . import lifecycle, metrics, notifications, placement
 from .models import Counter, Job, JobEvent, Node, NodeLease, OutboxEvent, SchedulerState
@@ -62,30 +62,6 @@ class Store:
         self.on_placed: Callable[[set[str]], None] | None = None
 
     # ---- views -------------------------------------------------------------
-
-    def job_view(self, job: Job) -> dict:
-        return {
-            "job_id": job.job_id, "name": job.name, "node_id": job.node_id, "instance_id": job.instance_id,
-            "command": job.command, "deploy_url": job.deploy_url, "deploy_sha256": job.deploy_sha256,
-            "job_type": job.job_type, "port": job.port, "health_path": job.health_path,
-            "env_vars": job.env_vars or {}, "memory_mb": job.memory_mb, "cpu_percent": job.cpu_percent,
-            "max_processes": job.max_processes,
-            "status": job.status, "attempt": job.attempt, "retry_count": job.retry_count,
-            "max_retries": job.max_retries, "next_attempt_at": iso(job.next_attempt_at),
-            "on_node_lost": job.on_node_lost, "node_losses": job.node_losses,
-            "exit_code": job.exit_code,
-            "stdout": job.stdout, "stderr": job.stderr, "oom_killed": job.oom_killed,
-            "peak_memory_bytes": job.peak_memory_bytes, "cpu_seconds": job.cpu_seconds,
-            "limits_enforced": job.limits_enforced, "limits": job.limits, "private_tmp": job.private_tmp,
-            "timeout_secs": self.settings.job_timeout_secs if job.job_type == "run" else None,
-            "created_at": iso(job.created_at), "placed_at": iso(job.placed_at),
-            "running_at": iso(job.running_at), "finished_at": iso(job.finished_at),
-        }
-
-    @staticmethod
-    def event_view(event: JobEvent) -> dict:
-        return {"at": iso(event.at), "from": event.from_status, "to": event.to_status,
-                "attempt": event.attempt, "node_id": event.node_id, "reason": event.reason}
 
     # ---- reads -------------------------------------------------------------
 
@@ -673,34 +649,15 @@ class Store:
     def counters() -> dict[str, int]:
         return dict(Counter.select(Counter.name, Counter.value).tuples())
 
-    def stats(self, now: float) -> dict:
-        """Job counts by status, SQS intake counters and the SNS outbox backlog (GET /stats)."""
-        by_status = dict(Job.select(Job.status, fn.COUNT(Job.id)).group_by(Job.status).tuples())
-        counters = self.counters()
-        pending, oldest_age = self.outbox_backlog(now)
-        return {
-            "jobs": {status: by_status.get(status, 0) for status in ALL},
-            "sqs": {"enabled": bool(self.settings.sqs_url), "dead_letter_queue": bool(self.settings.sqs_dlq_url),
-                    **{name: counters.get(f"sqs_{name}", 0) for name in
-                       ("received", "jobs_created", "duplicates", "rejected", "dead_lettered", "dropped",
-                        "requeued")}},
-            "sns": {"enabled": bool(self.settings.sns_topic_arn), "pending": pending,
-                    "oldest_pending_age_secs": None if oldest_age is None else round(oldest_age, 3),
-                    "published": counters.get("sns_published", 0),
-                    "publish_failures": counters.get("sns_publish_failures", 0)},
-        }
+    @staticmethod
+    def job_counts() -> dict[str, int]:
+        """How many jobs there are in each status."""
+        return dict(Job.select(Job.status, fn.COUNT(Job.id)).group_by(Job.status).tuples())
 
-    def node_views(self) -> list[dict]:
-        """The cached node list as GET /nodes shows it, with the slots each one's jobs hold."""
+    def nodes_and_slots(self) -> list[tuple[Node, int, int]]:
+        """The cached node list, each node with its capacity and the slots its jobs hold."""
         held = self._held_slots()
-        return [{
-            "node_id": n.node_id, "address": n.address, "kind": n.kind,
-            # Placement counts a healthy drained node as `drained`; here health and drain are apart.
-            "status": "healthy" if n.status in ("healthy", "drained") else "unhealthy", "drained": bool(n.drained),
-            "slots": n.slots, "capacity": self._capacity(n.slots), "slots_used": held.get(n.node_id, 0),
-            "max_memory_mb": n.max_memory_mb, "max_cpu_percent": n.max_cpu_percent,
-            "last_heartbeat": iso(n.last_heartbeat), "synced_at": iso(n.synced_at),
-        } for n in Node.select().order_by(Node.node_id)]
+        return [(n, self._capacity(n.slots), held.get(n.node_id, 0)) for n in Node.select().order_by(Node.node_id)]
 
     # ---- helpers -----------------------------------------------------------
 

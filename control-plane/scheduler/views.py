@@ -1,0 +1,60 @@
+"""What the scheduler's API answers: jobs, events, nodes and /stats as JSON objects,
+built from the rows the store reads. Pure: no database, no Flask."""
+from corral.shared.states import ALL
+from corral.shared.timeutil import iso
+
+from .models import Job, JobEvent, Node
+from .settings import SchedulerSettings
+
+
+def job(row: Job, settings: SchedulerSettings) -> dict:
+    return {
+        "job_id": row.job_id, "name": row.name, "node_id": row.node_id, "instance_id": row.instance_id,
+        "command": row.command, "deploy_url": row.deploy_url, "deploy_sha256": row.deploy_sha256,
+        "job_type": row.job_type, "port": row.port, "health_path": row.health_path,
+        "env_vars": row.env_vars or {}, "memory_mb": row.memory_mb, "cpu_percent": row.cpu_percent,
+        "max_processes": row.max_processes,
+        "status": row.status, "attempt": row.attempt, "retry_count": row.retry_count,
+        "max_retries": row.max_retries, "next_attempt_at": iso(row.next_attempt_at),
+        "on_node_lost": row.on_node_lost, "node_losses": row.node_losses,
+        "exit_code": row.exit_code,
+        "stdout": row.stdout, "stderr": row.stderr, "oom_killed": row.oom_killed,
+        "peak_memory_bytes": row.peak_memory_bytes, "cpu_seconds": row.cpu_seconds,
+        "limits_enforced": row.limits_enforced, "limits": row.limits, "private_tmp": row.private_tmp,
+        "timeout_secs": settings.job_timeout_secs if row.job_type == "run" else None,
+        "created_at": iso(row.created_at), "placed_at": iso(row.placed_at),
+        "running_at": iso(row.running_at), "finished_at": iso(row.finished_at),
+    }
+
+
+def event(row: JobEvent) -> dict:
+    return {"at": iso(row.at), "from": row.from_status, "to": row.to_status,
+            "attempt": row.attempt, "node_id": row.node_id, "reason": row.reason}
+
+
+def node(row: Node, capacity: int, slots_used: int) -> dict:
+    """A node of the scheduler's cached list (GET /nodes), with the slots its jobs hold."""
+    return {
+        "node_id": row.node_id, "address": row.address, "kind": row.kind,
+        # Placement counts a healthy drained node as `drained`; here health and drain are apart.
+        "status": "healthy" if row.status in ("healthy", "drained") else "unhealthy", "drained": bool(row.drained),
+        "slots": row.slots, "capacity": capacity, "slots_used": slots_used,
+        "max_memory_mb": row.max_memory_mb, "max_cpu_percent": row.max_cpu_percent,
+        "last_heartbeat": iso(row.last_heartbeat), "synced_at": iso(row.synced_at),
+    }
+
+
+def stats(by_status: dict[str, int], counters: dict[str, int], settings: SchedulerSettings,
+          outbox_pending: int, outbox_oldest_age: float | None) -> dict:
+    """Job counts by status, SQS intake counters and the SNS outbox backlog (GET /stats)."""
+    return {
+        "jobs": {status: by_status.get(status, 0) for status in ALL},
+        "sqs": {"enabled": bool(settings.sqs_url), "dead_letter_queue": bool(settings.sqs_dlq_url),
+                **{name: counters.get(f"sqs_{name}", 0) for name in
+                   ("received", "jobs_created", "duplicates", "rejected", "dead_lettered", "dropped",
+                    "requeued")}},
+        "sns": {"enabled": bool(settings.sns_topic_arn), "pending": outbox_pending,
+                "oldest_pending_age_secs": None if outbox_oldest_age is None else round(outbox_oldest_age, 3),
+                "published": counters.get("sns_published", 0),
+                "publish_failures": counters.get("sns_publish_failures", 0)},
+    }
