@@ -48,10 +48,10 @@ ACCESS = {
 }
 
 
-def open_store(settings: SchedulerSettings) -> Store:
+def open_store(settings: SchedulerSettings, on_placed: Callable[[set[str]], None] | None = None) -> Store:
     db = dbmod.open_database(settings.database_url, settings.sqlite_synchronous)
     database.initialize(db)
-    return Store(db, settings)
+    return Store(db, settings, on_placed)
 
 
 def create_schema(settings: SchedulerSettings) -> None:
@@ -69,11 +69,40 @@ def registry_client(settings: SchedulerSettings, **kwargs) -> RegistryClient:
                           verify=settings.registry_ca_bundle or True, **kwargs)
 
 
+def wait_room(settings: SchedulerSettings, store_of: Callable[[], Store]) -> longpoll.WaitRoom:
+    """The waiting room of this process's long-poll claims, woken by its change feed
+    when another process commits (wakeup.py). `store_of()` gives the store the room
+    reads from (made after the room: the store tells the room of its placements)."""
+    max_waiters = settings.long_poll_max_waiters
+    if max_waiters is None:
+        max_waiters = longpoll.default_max_waiters(server.worker_threads())
+    seen_mark: list = [object()]  # the placement mark of the last look (none yet)
+
+    def check_nodes(node_ids: set[str]) -> set[str]:
+        """On the change feed's thread: which waiting nodes have work. Most commits
+        (lease renewals, reports, submits that placed nothing) placed no job, and
+        cost one read of the placement mark instead of the grouped query. The mark
+        is read first, so the query sees every placement the mark stands for."""
+        store = store_of()
+        with store.db.connection_context():
+            mark = store.placement_mark()
+            if mark == seen_mark[0]:
+                return set()
+            ready = store.nodes_with_work(node_ids)
+            seen_mark[0] = mark
+            return ready
+
+    sqlite_path = dbmod.sqlite_path(settings.database_url) if settings.database_url.startswith("sqlite") else None
+    feed = wakeup.feed_for(settings.database_url, sqlite_path)
+    return longpoll.WaitRoom(feed, max_waiters, check_nodes)
+
+
 def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], float] = time.time,
                start_loops: bool = False) -> Flask:
     """The WSGI app. `start_loops` runs the background loops in this process (gunicorn workers)."""
     settings = settings or SchedulerSettings.from_env()
-    store = open_store(settings)
+    room = wait_room(settings, lambda: store)
+    store = open_store(settings, on_placed=room.placed)
     with store.db.connection_context():
         store.db.create_tables(MODELS)
     app = base_app(__name__, settings.max_body_bytes)
@@ -98,36 +127,6 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     serve_readiness(app, ready)
     serve_metrics(app, metrics.FAMILIES, lambda: metrics.scrape(store, clock))
     app.extensions["corral.store"] = store
-    max_waiters = settings.long_poll_max_waiters
-    if max_waiters is None:
-        max_waiters = longpoll.default_max_waiters(server.worker_threads())
-
-    seen_mark: list = [object()]  # the placement mark of the last look (none yet)
-
-    def check_nodes(node_ids: set[str]) -> set[str]:
-        """On the change feed's thread: which waiting nodes have work. Most commits
-        (lease renewals, reports, submits that placed nothing) placed no job, and
-        cost one read of the placement mark instead of the grouped query. The mark
-        is read first, so the query sees every placement the mark stands for."""
-        with store.db.connection_context():
-            mark = store.placement_mark()
-            if mark == seen_mark[0]:
-                return set()
-            ready = store.nodes_with_work(node_ids)
-            seen_mark[0] = mark
-            return ready
-
-    sqlite_path = dbmod.sqlite_path(settings.database_url) if settings.database_url.startswith("sqlite") else None
-    feed = wakeup.feed_for(settings.database_url, sqlite_path)
-    room = longpoll.WaitRoom(feed, max_waiters, check_nodes)
-
-    def placed(node_ids: set[str]) -> None:
-        """After a commit that placed jobs: this process's waiters of those nodes claim
-        now, and the other processes' watchers look now."""
-        room.poke(node_ids)
-        feed.ring()
-
-    store.on_placed = placed
     app.extensions["corral.wait_room"] = room
     if start_loops:
         room.install_stop_signal()  # under gunicorn: SIGTERM ends every long poll at once

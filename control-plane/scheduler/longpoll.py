@@ -139,6 +139,12 @@ class WaitRoom:
                     waiter.poked = True
                     waiter.event.set()
 
+    def placed(self, node_ids: set[str]) -> None:
+        """After a commit that placed jobs (the store calls it): this process's waiters of
+        those nodes claim now, and the other processes' watchers look now."""
+        self.poke(node_ids)
+        self.feed.ring()
+
     def close(self) -> None:
         """The worker is stopping: every waiter answers now, no new one waits."""
         self.closed = True

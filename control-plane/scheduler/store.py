@@ -48,7 +48,10 @@ JOB_INSERT_ROWS = 100
 
 
 class Store:
-    def __init__(self, db: peewee.Database, settings: SchedulerSettings):
+    def __init__(self, db: peewee.Database, settings: SchedulerSettings,
+                 on_placed: Callable[[set[str]], None] | None = None):
+        """`on_placed(node_ids)` is called after each commit that placed jobs (the
+        waiting room: the claims of those nodes wake at once)."""
         self.db = db
         self.settings = settings
         # SQLite: every write transaction holds the one database lock (BEGIN IMMEDIATE).
@@ -57,9 +60,7 @@ class Store:
         self._sql = Statements()
         self.policy = lifecycle.Policy(settings.max_node_losses, settings.job_timeout_secs,
                                        settings.output_tail_bytes, settings.backoff)
-        # Called after a commit that placed jobs, with the ids of their nodes
-        # (longpoll.WaitRoom.poke: waiting claims of those nodes wake at once).
-        self.on_placed: Callable[[set[str]], None] | None = None
+        self.on_placed = on_placed
 
     # ---- views -------------------------------------------------------------
 
