@@ -15,6 +15,7 @@ from corral.scheduler import longpoll, wakeup
 from corral.scheduler.app import open_store
 from corral.scheduler.loops import PURGE_INTERVAL_SECS, Background
 from corral.scheduler.models import MODELS, Job, JobEvent, NodeLease
+from corral.scheduler.service import Scheduler
 from corral.scheduler.settings import SchedulerSettings
 from corral.shared.errors import SettingError
 from helpers import wait_for
@@ -446,12 +447,13 @@ class NoRegistry:
 
 
 def finish(store, job_id, status, now):
+    scheduler = Scheduler(store)
     job = store.get(job_id)
     if status == "cancelled":
-        return store.cancel(job_id, now)
-    store.report(job_id, {"node_id": job.node_id, "attempt": job.attempt, "status": "running",
-                          "limits_enforced": None, "limits": None}, now)
-    return store.report(job_id, {"node_id": job.node_id, "attempt": job.attempt, "status": status,
+        return scheduler.cancel(job_id, now)
+    scheduler.report(job_id, {"node_id": job.node_id, "attempt": job.attempt, "status": "running",
+                              "limits_enforced": None, "limits": None}, now)
+    return scheduler.report(job_id, {"node_id": job.node_id, "attempt": job.attempt, "status": status,
                                  "exit_code": 0 if status == "done" else 1, "stdout": "", "stderr": "",
                                  "oom_killed": None, "peak_memory_bytes": None, "cpu_seconds": None,
                                  "requeue": False}, now)
@@ -461,7 +463,7 @@ def test_old_finished_jobs_are_purged_in_chunks_with_their_events(plain_store):
     store = plain_store
     background = Background(store, NoRegistry(), "me")
     background.tick(T0)   # nodes known
-    ids = [store.submit({"command": str(i), "max_retries": 0}, T0)[0].job_id for i in range(8)]
+    ids = [Scheduler(store).submit({"command": str(i), "max_retries": 0}, T0)[0].job_id for i in range(8)]
     for job_id, status in zip(ids[:4], ("done", "failed", "cancelled", "done")):
         finish(store, job_id, status, T0 + 10)           # old, once the clock moves on
     finish(store, ids[4], "done", T0 + 900)               # recent

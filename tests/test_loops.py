@@ -4,6 +4,7 @@ import pytest
 from corral.scheduler.app import open_store
 from corral.scheduler.loops import Background
 from corral.scheduler.models import MODELS, Job
+from corral.scheduler.service import Scheduler
 from corral.scheduler.settings import SchedulerSettings
 from corral.scheduler.validation import status_report
 from corral.shared.clients import Unreachable
@@ -72,7 +73,7 @@ def test_a_registry_outage_keeps_the_known_nodes(store):
     background.tick(T0)
     registry.down = True
     background.tick(T0 + 10)
-    job, _ = store.submit({"command": "true"}, T0 + 11)
+    job, _ = Scheduler(store).submit({"command": "true"}, T0 + 11)
     assert job.node_id == "n1"
     assert background.registry_down_since == T0 + 10
     registry.down = False
@@ -85,7 +86,7 @@ def test_a_registry_outage_keeps_the_known_nodes(store):
 def test_timeouts_are_checked_on_their_own_interval(store):
     background = Background(store, FakeRegistry([node("n1")]), "a")
     background.tick(T0)
-    job, _ = store.submit({"command": "sleep 1000"}, T0)
+    job, _ = Scheduler(store).submit({"command": "sleep 1000"}, T0)
     store.report(job.job_id, status_report({"node_id": "n1", "attempt": 1, "status": "running"}), T0)
     for now in (T0 + 95, T0 + 101):      # not overdue, then overdue but the check is not due
         store.renew_lease("n1", now)
@@ -98,7 +99,7 @@ def test_timeouts_are_checked_on_their_own_interval(store):
 
 
 def running_job(store, background, now, node_id="n1", **fields):
-    job, _ = store.submit({"command": "sleep 1000", **fields}, now)
+    job, _ = Scheduler(store).submit({"command": "sleep 1000", **fields}, now)
     job = Job.get_by_id(job.id)
     store.report(job.job_id, status_report({"node_id": job.node_id, "attempt": job.attempt, "status": "running"}), now)
     return Job.get_by_id(job.id)

@@ -3,6 +3,7 @@ import peewee
 import pytest
 
 from corral.scheduler.app import create_app
+from corral.scheduler.service import Scheduler
 from corral.scheduler.models import Job
 from corral.scheduler.settings import SchedulerSettings
 
@@ -49,6 +50,7 @@ def set_nodes(store, clock, *nodes, slots=4):
         listed.append({"node_id": node_id, "address": "127.0.0.1", "kind": "compute",
                        "slots": slots, "status": status})
     store.sync_nodes(listed, clock())
+    Scheduler(store).place(clock())  # what the background pass does after a refresh
 
 
 def submit(client, **body):
@@ -501,6 +503,7 @@ def test_a_busy_database_is_a_503_not_a_500(client, store, monkeypatch):
 def test_a_drained_node_gets_no_new_work_and_keeps_what_it_runs(client, store, clock):
     nodes = [{"node_id": n, "address": "a", "kind": "compute", "slots": 4, "status": "healthy"} for n in ("n1", "n2")]
     store.sync_nodes(nodes, clock())
+    Scheduler(store).place(clock())
     running, waiting = submit(client, command="a"), submit(client, command="b", instance_id="n1")
     report(client, running, "running")
     nodes[0]["drained"] = True
@@ -511,6 +514,7 @@ def test_a_drained_node_gets_no_new_work_and_keeps_what_it_runs(client, store, c
     assert {submit(client)["node_id"] for _ in range(3)} == {"n2"}
     nodes[0]["drained"] = False
     store.sync_nodes(nodes, clock())
+    Scheduler(store).place(clock())
     assert client.get(f"/jobs/{waiting['job_id']}").json["node_id"] == "n1"
 
 
@@ -540,6 +544,7 @@ def lose_node(store, clock, job):
     clock.now += 100
     set_nodes(store, clock, ("n1", "unhealthy"), "n2")
     assert store.requeue_lost(clock(), 0.0) == [job["job_id"]]
+    Scheduler(store).place(clock())  # the background pass places it again
 
 
 def started_on_n1_then_requeued(client, store, clock, **body):

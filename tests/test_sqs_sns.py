@@ -29,6 +29,7 @@ from aws import CLIENT_KWARGS, REGION, moto_endpoint, set_aws_env  # noqa: F401 
 from cluster import Cluster, wait_scheduler_sees_healthy
 from corral.scheduler import aws_clients, sns_outbox, sqs_intake
 from corral.scheduler.notifications import notification
+from corral.scheduler.service import Scheduler
 from corral.scheduler.app import create_app, open_store
 from corral.scheduler.models import MODELS, Job, OutboxEvent
 from corral.scheduler.settings import SchedulerSettings
@@ -352,21 +353,21 @@ def make_store(tmp_path, **overrides):
 
 def finish(store, job_id, status, exit_code, now):
     job = store.get(job_id)
-    store.report(job_id, status_report({"node_id": job.node_id, "attempt": job.attempt, "status": "running"}), now)
-    return store.report(job_id, status_report({"node_id": job.node_id, "attempt": job.attempt, "status": status,
-                                               "exit_code": exit_code}), now)
+    sent = {"node_id": job.node_id, "attempt": job.attempt}
+    Scheduler(store).report(job_id, status_report({**sent, "status": "running"}), now)
+    return Scheduler(store).report(job_id, status_report({**sent, "status": status, "exit_code": exit_code}), now)
 
 
 def test_final_states_only_are_written_to_the_outbox(tmp_path):
     store = make_store(tmp_path, sns_topic_arn="arn:aws:sns:us-east-1:123456789012:t")
-    done, _ = store.submit({"command": "true"}, T0)
-    flaky, _ = store.submit({"command": "false", "max_retries": 1}, T0)
+    done, _ = Scheduler(store).submit({"command": "true"}, T0)
+    flaky, _ = Scheduler(store).submit({"command": "false", "max_retries": 1}, T0)
     finish(store, done.job_id, "done", 0, T0 + 1)
     finish(store, flaky.job_id, "failed", 1, T0 + 2)        # retried: not final, no notification
     assert [r.event_id for r in OutboxEvent.select()] == ["job-1:1:done"]
     finish(store, flaky.job_id, "failed", 1, T0 + 3)        # retries exhausted: final
-    waiting, _ = store.submit({"command": "true", "instance_id": "elsewhere"}, T0)
-    store.cancel(waiting.job_id, T0 + 4)
+    waiting, _ = Scheduler(store).submit({"command": "true", "instance_id": "elsewhere"}, T0)
+    Scheduler(store).cancel(waiting.job_id, T0 + 4)
     rows = list(OutboxEvent.select().order_by(OutboxEvent.id))
     assert [r.event_id for r in rows] == ["job-1:1:done", "job-2:2:failed", "job-3:0:cancelled"]
     assert rows[1].message["retry_count"] == 1 and rows[1].message["exit_code"] == 1
@@ -376,18 +377,18 @@ def test_final_states_only_are_written_to_the_outbox(tmp_path):
 
 def test_a_rolled_back_status_change_leaves_no_notification(tmp_path):
     store = make_store(tmp_path, sns_topic_arn="arn:aws:sns:us-east-1:123456789012:t")
-    job, _ = store.submit({"command": "true"}, T0)
+    job, _ = Scheduler(store).submit({"command": "true"}, T0)
     with pytest.raises(RuntimeError):
         with store.db.atomic():
-            store.cancel(job.job_id, T0)
+            Scheduler(store).cancel(job.job_id, T0)
             raise RuntimeError("crash before the commit")
     assert Job.get_by_id(job.id).status == "pending" and OutboxEvent.select().count() == 0
 
 
 def test_without_a_topic_nothing_is_written(tmp_path):
     store = make_store(tmp_path)
-    job, _ = store.submit({"command": "true"}, T0)
-    store.cancel(job.job_id, T0)
+    job, _ = Scheduler(store).submit({"command": "true"}, T0)
+    Scheduler(store).cancel(job.job_id, T0)
     assert OutboxEvent.select().count() == 0
 
 
@@ -479,8 +480,8 @@ def test_outbox_pass_publishes_oldest_first_and_marks_them(aws, tmp_path):
     topic, events = aws.topic_to_queue()
     store, publisher = publisher_for(aws, tmp_path, topic, sns_publish_batch=2)
     for _ in range(3):
-        job, _ = store.submit({"command": "true", "instance_id": "nowhere"}, T0)
-        store.cancel(job.job_id, T0)
+        job, _ = Scheduler(store).submit({"command": "true", "instance_id": "nowhere"}, T0)
+        Scheduler(store).cancel(job.job_id, T0)
     assert publisher.tick(T0 + 1) == 0.0               # a full batch: more may wait
     assert publisher.tick(T0 + 2) == store.settings.sns_poll_interval_secs
     published = [r.published_at for r in OutboxEvent.select().order_by(OutboxEvent.id)]
@@ -494,7 +495,7 @@ def test_an_unreachable_topic_keeps_rows_pending_backs_off_and_warns(aws, tmp_pa
     topic, events = aws.topic_to_queue()
     store, publisher = publisher_for(aws, tmp_path, topic, endpoint=late_server.url, sns_backoff_cap_secs=2,
                                      sns_backlog_warn_secs=60)
-    job, _ = store.submit({"command": "true"}, T0)
+    job, _ = Scheduler(store).submit({"command": "true"}, T0)
     finish(store, job.job_id, "done", 0, T0)
     with caplog.at_level(logging.WARNING, logger="corral.scheduler.sns_outbox"):
         assert [publisher.tick(T0 + 1), publisher.tick(T0 + 2), publisher.tick(T0 + 3)] == [1.0, 2.0, 2.0]

@@ -18,6 +18,7 @@ from corral.shared.states import ALL
 from . import longpoll, loops, metrics, openapi, pages, sns_outbox, sqs_intake, ui, validation, views, wakeup
 from .models import MODELS, Job, Node, database, upgrade_node_table
 from .settings import SchedulerSettings
+from .service import Scheduler
 from .store import Store
 
 MAX_PAGE = 1000
@@ -127,6 +128,8 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     serve_readiness(app, ready)
     serve_metrics(app, metrics.FAMILIES, lambda: metrics.scrape(store, clock))
     app.extensions["corral.store"] = store
+    scheduler = Scheduler(store)
+    app.extensions["corral.scheduler"] = scheduler
     app.extensions["corral.wait_room"] = room
     if start_loops:
         room.install_stop_signal()  # under gunicorn: SIGTERM ends every long poll at once
@@ -153,7 +156,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
         key = validation.idempotency_key(request.headers.get("Idempotency-Key"))
         if key is not None and len(key) > 250:
             raise BadRequest("the Idempotency-Key header of a batch must be at most 250 characters")
-        jobs, created = store.submit_batch(items, clock(), key)
+        jobs, created = scheduler.submit_batch(items, clock(), key)
         return jsonify([job_view(j) for j in jobs]), 201 if created else 200
 
     def agent_view(job) -> dict:
@@ -178,7 +181,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
         require_items_node(items)
         if claim is not None:
             auth.require_node(claim[0])
-        results, claimed = store.report_batch(items, clock(), claim)
+        results, claimed = scheduler.report_batch(items, clock(), claim)
         answer = {"results": results}
         if claim is not None:
             answer["claimed"] = [agent_view(j) for j in claimed]
@@ -195,7 +198,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
         if not validation.NODE_ID_RE.match(node_id):
             raise BadRequest("the node id must be letters, digits, '.', '_' or '-' (at most 128)")
         body = validation.claim_request(read_json_object())
-        answer = longpoll.claim(store, room, node_id, body, clock, request.environ.get("gunicorn.socket"))
+        answer = longpoll.claim(scheduler, room, node_id, body, clock, request.environ.get("gunicorn.socket"))
         response = jsonify([agent_view(j) for j in answer.jobs])
         if answer.outcome in (longpoll.BUSY, longpoll.STOPPING, longpoll.AGAIN):
             response.headers[LONG_POLL_HEADER] = answer.outcome
@@ -205,7 +208,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     def submit():
         fields = validation.job_request(read_json_object())
         key = validation.idempotency_key(request.headers.get("Idempotency-Key"))
-        job, created = store.submit(fields, clock(), key)
+        job, created = scheduler.submit(fields, clock(), key)
         metrics.submitted(store.db, "api", int(created))  # committed: store.submit has returned
         return jsonify(job_view(job)), 201 if created else 200
 
@@ -242,7 +245,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
 
     @app.post("/jobs/<job_id>/cancel")
     def cancel(job_id):
-        return jsonify(job_view(store.cancel(job_id, clock())))
+        return jsonify(job_view(scheduler.cancel(job_id, clock())))
 
     @app.post("/nodes/<node_id>/lease")
     def renew_lease(node_id):
@@ -254,7 +257,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
 
     @app.post("/jobs/<job_id>/retry")
     def retry(job_id):
-        return jsonify(job_view(store.retry(job_id, clock())))
+        return jsonify(job_view(scheduler.retry(job_id, clock())))
 
     @app.get("/jobs/<job_id>/events")
     def job_events(job_id):
@@ -264,6 +267,6 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     def report(job_id):
         body = validation.status_report(read_json_object())
         auth.require_node(body["node_id"])
-        return jsonify(job_view(store.report(job_id, body, clock())))
+        return jsonify(job_view(scheduler.report(job_id, body, clock())))
 
     return app

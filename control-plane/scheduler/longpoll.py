@@ -216,15 +216,16 @@ def client_gone(sock) -> bool:
         return False
 
 
-def claim(store, room: WaitRoom, node_id: str, request: dict, clock: Callable[[], float],
+def claim(scheduler, room: WaitRoom, node_id: str, request: dict, clock: Callable[[], float],
           sock=None) -> ClaimAnswer:
     """Claim now; when nothing is claimable, wait up to request['wait_secs'] for work."""
     wait_secs = request["wait_secs"]
     arrived = time.monotonic()
     deadline = arrived + wait_secs
     waiter = room.enter(node_id) if wait_secs > 0 else None
+    store = scheduler.store
     try:
-        jobs = store.claim(node_id, request, clock())
+        jobs = scheduler.claim(node_id, request, clock())
         if jobs:
             return ClaimAnswer(jobs, CLAIMED)
         if wait_secs <= 0:
@@ -246,7 +247,7 @@ def claim(store, room: WaitRoom, node_id: str, request: dict, clock: Callable[[]
                 if time.monotonic() - arrived > FRESH_SECS:
                     return ClaimAnswer([], AGAIN)  # the agent's next claim (at once) takes it
                 with store.db.connection_context():
-                    jobs = store.claim(node_id, request, clock())
+                    jobs = scheduler.claim(node_id, request, clock())
                 if jobs:
                     return ClaimAnswer(jobs, CLAIMED)
         return ClaimAnswer([], TIMED_OUT)

@@ -5,9 +5,10 @@ lease row decides which one does the work. One pass:
 
 - refreshes the node list from the registry (every NODE_REFRESH_SECS); when the
   registry cannot be reached the cached list stays, so dispatch goes on;
-- unplaces pending jobs of nodes that turned unhealthy and places waiting jobs;
+- unplaces pending jobs of nodes that turned unhealthy;
 - requeues running jobs of nodes whose agent stopped renewing its lease;
 - fails `run` jobs past JOB_TIMEOUT_SECS (every TIMEOUT_CHECK_SECS);
+- places waiting jobs (the node list changed, slots freed, retries came due);
 - deletes finished jobs older than JOB_RETENTION_SECS with their events, at most
   JOB_PURGE_BATCH per pass (one short transaction), every PURGE_INTERVAL_SECS
   or on the next pass while a backlog remains.
@@ -21,6 +22,7 @@ import logging
 from corral.shared.clients import ClientError, RegistryClient
 from corral.shared.leader import LoopThread, holder_id, release, try_acquire
 
+from .service import Scheduler
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -33,6 +35,7 @@ PURGE_INTERVAL_SECS = 60.0
 class Background:
     def __init__(self, store: Store, registry: RegistryClient, holder: str | None = None):
         self.store = store
+        self.scheduler = Scheduler(store)
         self.registry = registry
         self.settings = store.settings
         self.holder = holder or holder_id()
@@ -71,11 +74,12 @@ class Background:
             self.refresh_nodes(now)
         for job_id in self.store.requeue_lost(now, self.leader_since):
             log.warning("%s: its node stopped renewing its lease; handled per on_node_lost", job_id)
-        self.store.dispatch(now)
         if now >= self.next_timeout_check:
             self.next_timeout_check = now + self.settings.timeout_check_secs
             for job_id in self.store.fail_timed_out(now):
                 log.warning("%s timed out after %.0fs; failed", job_id, self.settings.job_timeout_secs)
+        # Placement: the node list changed, slots freed, retries came due.
+        self.scheduler.place(now)
         self.purge(now)
         return True
 

@@ -34,6 +34,7 @@ from corral.shared.leader import holder_id, try_acquire
 
 from . import aws_clients, metrics, validation
 from .retry import Backoff
+from .service import Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +162,7 @@ class Intake:
     def __init__(self, store, holder: str | None = None, client_factory=aws_clients.sqs_client,
                  clock: Callable[[], float] = time.time):
         self.store = store
+        self.scheduler = Scheduler(store)
         self.clock = clock  # a receive may wait: jobs are created at the time it returned
         self.settings = store.settings
         self.holder = holder or holder_id()
@@ -218,7 +220,7 @@ class Intake:
                 outcome.reject.append((message, parsed))
                 continue
             try:
-                job, created = self.store.submit(parsed.fields, now, parsed.idempotency_key)
+                job, created = self.scheduler.submit(parsed.fields, now, parsed.idempotency_key)
             except Exception as exc:  # noqa: BLE001 -- classified below; nothing escapes the pass
                 self.submit_failed(message, exc, outcome)
                 continue

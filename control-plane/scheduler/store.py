@@ -137,7 +137,7 @@ class Store:
     # ---- writes ------------------------------------------------------------
 
     def submit(self, fields: dict, now: float, idempotency_key: str | None = None) -> tuple[Job, bool]:
-        """Create a pending job and place it if a node has room; committed on return.
+        """Create a pending, unplaced job (service.Scheduler.submit places it).
 
         With an idempotency key, a repeat of the same request returns the job it
         created first (and False); the same key with another request is a Conflict.
@@ -154,7 +154,6 @@ class Store:
                 job = self._insert_jobs([dict(columns, created_at=now, idempotency_key=idempotency_key,
                                               request_hash=digest)])[0]
                 self._event(job, None, "pending", now, "submitted")
-                placed = self.dispatch(now)
         except peewee.IntegrityError:
             # Another request with the same key committed first (databases without
             # a single write lock): answer as if this one came second.
@@ -162,8 +161,7 @@ class Store:
             if existing is None:
                 raise
             return existing, False
-        # Read back only when placement may have changed the row just written.
-        return (Job.get_by_id(job.id) if placed else job), True
+        return job, True
 
     def _insert_jobs(self, rows: list[dict]) -> list[Job]:
         """Insert jobs (dicts of Job fields; defaults fill the rest) in the order given;
@@ -195,7 +193,7 @@ class Store:
 
     def submit_batch(self, items: list[dict], now: float, idempotency_key: str | None = None
                      ) -> tuple[list[Job], bool]:
-        """Create many pending jobs (validated requests) in ONE transaction, then place them.
+        """Create many pending, unplaced jobs (validated requests) in ONE transaction.
 
         All or nothing: an item whose limits no node allows raises BatchError and
         nothing is stored. With an idempotency key, item i gets the key `KEY:i`, so
@@ -243,29 +241,28 @@ class Store:
             self._events([{"job": job_id, "at": now, "old": None, "new": "pending", "attempt": 0, "node_id": None,
                            "reason": "submitted"} for job_id in ids])
             metrics.submitted(self.db, "batch", len(ids))
-            placed = self.dispatch(now) if ids else 0
-            order = dict(zip(new, ids))
-            order.update({index: job.id for index, job in existing.items()})
-        if not placed:  # the rows are as written: no need to read them back
-            by_index = dict(zip(new, created))
-            by_index.update(existing)
-            return [by_index[i] for i in range(len(items))], bool(ids)
+        by_index = dict(zip(new, created))
+        by_index.update(existing)
+        return [by_index[i] for i in range(len(items))], bool(ids)
+
+    @staticmethod
+    def reload(jobs: list[Job]) -> list[Job]:
+        """The jobs as the database has them now (after placement changed them), in order."""
+        wanted = [job.id for job in jobs]
         by_id = {}
-        wanted = [order[i] for i in range(len(items))]
         for start in range(0, len(wanted), INSERT_CHUNK):
             chunk = wanted[start:start + INSERT_CHUNK]
             by_id.update({job.id: job for job in Job.select().where(Job.id.in_(chunk))})
-        return [by_id[job_id] for job_id in wanted], bool(ids)
+        return [by_id[job_id] for job_id in wanted]
 
-    def report(self, job_id: str, report: dict, now: float, dispatch: bool = True) -> Job:
+    def report(self, job_id: str, report: dict, now: float) -> Job:
         """Apply an agent's report; refuses other nodes, stale attempts and illegal moves.
-        `dispatch=False` leaves placing jobs into a freed slot to the caller (batches)."""
+        Returns the job as the report left it (a job no longer `running` freed its slot:
+        the caller places)."""
         with self.db.atomic():
             job = self.get(job_id)
             if self._late_success(job, report):
                 self._apply(job, lifecycle.late_success(job, report, now, self.policy), now)
-                if dispatch:
-                    self.dispatch(now)  # the slot it held for its next attempt is free
                 return job
             _check_attempt(job, report)
             new = report["status"]
@@ -278,21 +275,14 @@ class Store:
                 raise Conflict(f"{job.job_id} is {job.status}, not running; the {new!r} report is refused")
             else:
                 self._apply(job, lifecycle.finished(job, report, now, self.policy), now)
-                if dispatch:
-                    self.dispatch(now)  # a slot is free
-                if job.status == "pending":  # requeued: placement may have moved it since
-                    return Job.get_by_id(job.id)
         return job  # as _apply left it: the row as committed
 
-    def report_batch(self, items: list[tuple[str, dict | CorralError]], now: float,
-                     claim: tuple[str, dict] | None = None) -> tuple[list[dict], list[Job]]:
+    def apply_reports(self, items: list[tuple[str, dict | CorralError]], now: float) -> list[dict]:
         """Apply many reports, each on its own: a refused one changes nothing and does
         not stop the others. `items` are (job_id, validated report or the error that
-        made it invalid). One transaction (a savepoint per report), one dispatch.
-        Returns one result per item: {"index", "job_id", "code", and "job_status" and
-        "attempt" (200) or "error" (anything else)}; and the jobs claimed by `claim`
-        (node_id, claim request), taken in the same transaction after the reports freed
-        their slots: an agent's next work comes with the answer to its reports."""
+        made it invalid). One transaction (a savepoint per report). Returns one result
+        per item: {"index", "job_id", "code", and "job_status" and "attempt" (200) or
+        "error" (anything else)}."""
         results = []
         with self.db.atomic():
             for index, (job_id, body) in enumerate(items):
@@ -300,16 +290,13 @@ class Store:
                     results.append({"index": index, "job_id": job_id, "code": body.status, "error": body.message})
                     continue
                 try:
-                    job = self.report(job_id, body, now, dispatch=False)
+                    job = self.report(job_id, body, now)
                 except CorralError as exc:
                     results.append({"index": index, "job_id": job_id, "code": exc.status, "error": exc.message})
                     continue
                 results.append({"index": index, "job_id": job.job_id, "code": 200, "job_status": job.status,
                                 "attempt": job.attempt})
-            if any(r["code"] == 200 for r in results):
-                self.dispatch(now)
-            claimed = self.claim(claim[0], claim[1], now) if claim is not None else []
-        return results, claimed
+        return results
 
     def store_output(self, items: list[tuple[str, dict | CorralError]]) -> list[dict]:
         """Live output (POST /jobs/output): the tails agents send while attempts run,
@@ -346,8 +333,31 @@ class Store:
                 results.append({"index": index, "job_id": job_id, "code": 200})
         return results
 
-    def claim(self, node_id: str, request: dict, now: float) -> list[Job]:
-        """Take up to request['max'] pending jobs placed on `node_id`: each becomes
+    def claim_room(self, node_id: str, request: dict) -> tuple[int, bool]:
+        """How many jobs a claim of `node_id` may take now (its free slots, at most
+        request['max']), and whether a slot of it is free that placement could fill
+        first (the node is a healthy compute node with room beyond what is placed)."""
+        nodes = self._sql.rows(self.db, "claiming node", lambda: Node.select(
+            Node.slots, Node.status, Node.kind).where(Node.node_id == param("node_id")), node_id=node_id)
+        slots, status, kind = nodes[0] if nodes else (None, None, None)
+        capacity = self._capacity(slots)
+        counts = dict(self._sql.rows(self.db, "node job counts", lambda: Job.select(
+            Job.status, fn.COUNT(Job.id)).where((Job.node_id == param("node_id"))
+                                                & Job.status.in_(["pending", "running"])).group_by(Job.status),
+            node_id=node_id))
+        running, placed = counts.get("running", 0), counts.get("pending", 0)
+        free = min(request["max"], capacity - running)
+        return free, free > 0 and status == "healthy" and kind == "compute" and running + placed < capacity
+
+    def may_claim(self, node_id: str, now: float) -> bool:
+        """Whether a claim could take anything (read without a write transaction)."""
+        return self._may_claim(node_id, now)
+
+    def unplaced_due(self, now: float) -> bool:
+        return self._unplaced_due(now)
+
+    def take_placed(self, node_id: str, request: dict, free: int, now: float) -> list[Job]:
+        """Take up to `free` pending jobs placed on `node_id`: each becomes
         `running` for its current attempt, exactly as a `running` report would make
         it (running_at, an event, limits_enforced, limits, private_tmp). Never more than the
         node's free slots.
@@ -364,25 +374,7 @@ class Store:
         runs under the write lock; on PostgreSQL the select skips rows another
         claim has locked (FOR UPDATE SKIP LOCKED).
         """
-        if not self._may_claim(node_id, now):
-            return []  # nothing placed here and nothing to place: no write transaction
         with self.db.atomic():
-            nodes = self._sql.rows(self.db, "claiming node", lambda: Node.select(
-                Node.slots, Node.status, Node.kind).where(Node.node_id == param("node_id")), node_id=node_id)
-            slots, status, kind = nodes[0] if nodes else (None, None, None)
-            capacity = self._capacity(slots)
-            counts = dict(self._sql.rows(self.db, "node job counts", lambda: Job.select(
-                Job.status, fn.COUNT(Job.id)).where((Job.node_id == param("node_id"))
-                                                    & Job.status.in_(["pending", "running"])).group_by(Job.status),
-                node_id=node_id))
-            running, placed = counts.get("running", 0), counts.get("pending", 0)
-            free = min(request["max"], capacity - running)
-            if free <= 0:
-                return []
-            if status == "healthy" and kind == "compute":
-                if running + placed < capacity and self._unplaced_due(now):
-                    self.dispatch(now)  # a slot is free here and work waits unplaced
-
             def placed_here():
                 query = (Job.select().where((Job.status == "pending") & (Job.node_id == param("node_id")))
                          .order_by(Job.id).limit(param("limit")))
@@ -439,16 +431,14 @@ class Store:
             if transition is None:
                 return job  # cancelled already
             self._apply(job, transition, now)
-            self.dispatch(now)
-        return Job.get_by_id(job.id)
+        return job
 
     def retry(self, job_id: str, now: float) -> Job:
         """Put a failed job back to pending with a fresh retry budget (an operator's decision)."""
         with self.db.atomic():
             job = self.get(job_id)
             self._apply(job, lifecycle.retried(job, now), now)
-            self.dispatch(now)
-        return Job.get_by_id(job.id)
+        return job
 
     def fail_timed_out(self, now: float) -> list[str]:
         """Fail `run` jobs running longer than JOB_TIMEOUT_SECS; their agents kill them."""
@@ -460,8 +450,6 @@ class Store:
             for job in overdue:
                 self._apply(job, lifecycle.timed_out(job, now), now)
                 ended.append(job.job_id)
-            if ended:
-                self.dispatch(now)
         return ended
 
     def sync_nodes(self, nodes: list[dict], now: float) -> None:
@@ -478,7 +466,6 @@ class Store:
             self._sql.execute_many(self.db, "node row", lambda: Node.insert(
                 **{name: param(name) for name in rows[0]}), rows)
             self.release_lost(now)
-            self.dispatch(now)
 
     def release_lost(self, now: float) -> int:
         """Unplace pending jobs whose node is unhealthy, drained or gone, so they go elsewhere."""
@@ -527,12 +514,11 @@ class Store:
                 self._apply(job, lifecycle.node_lost(
                     job, now, f"node {job.node_id} lost (no lease renewal for {silent})", self.policy), now)
                 ended.append(job.job_id)
-            if ended:
-                self.dispatch(now)
         return ended
 
     def dispatch(self, now: float) -> int:
-        """Place waiting jobs on nodes with free slots. Call inside a transaction."""
+        """Place waiting jobs on nodes with free slots (pure placement.plan over the
+        snapshot, each assignment a conditional update); the number placed."""
         with self.db.atomic():
             # Most calls find no free slot (a busy cluster, or none yet): answer that
             # before locking the cursor. Where several transactions can place at once

@@ -1,0 +1,94 @@
+"""What the API, the SQS intake and the background loops ask of the scheduler, one
+transaction per call: the store applies the change (its state decided by
+lifecycle.py), then placement fills the slots it freed or the work it added. So
+placement is an explicit step, taken after a submit, a freed slot, a node
+change or a due retry, and never hidden inside a write.
+
+    submit ─┐
+    report ─┤                       ┌─ placement.plan (pure) over the snapshot
+    cancel ─┼─ store (lifecycle) ──▶ Store.dispatch ──▶ waiting claims wake (on commit)
+    retry  ─┤
+    claim  ─┘ (a free slot of the claiming node is filled first, then taken)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .models import Job
+from .store import Store
+
+
+@dataclass
+class Scheduler:
+    store: Store
+
+    def submit(self, fields: dict, now: float, idempotency_key: str | None = None) -> tuple[Job, bool]:
+        """A new job, placed when a node has room. With an idempotency key, a repeat of
+        the same request answers the job it created first (and False)."""
+        with self.store.db.atomic():
+            job, created = self.store.submit(fields, now, idempotency_key)
+            placed = self.store.dispatch(now) if created else 0
+        return (self.store.get(job.job_id) if placed else job), created
+
+    def submit_batch(self, items: list[dict], now: float, idempotency_key: str | None = None
+                     ) -> tuple[list[Job], bool]:
+        """Many jobs in one transaction (all or nothing), then placed."""
+        with self.store.db.atomic():
+            jobs, created = self.store.submit_batch(items, now, idempotency_key)
+            placed = self.store.dispatch(now) if created else 0
+        return (self.store.reload(jobs) if placed else jobs), created
+
+    def report(self, job_id: str, report: dict, now: float) -> Job:
+        """An agent's report; a job that ended (or went back to pending) freed its slot."""
+        with self.store.db.atomic():
+            job = self.store.report(job_id, report, now)
+            if job.status != "running" and self.store.dispatch(now) and job.status == "pending":
+                job = self.store.get(job_id)  # requeued: placement may have moved it since
+        return job
+
+    def report_batch(self, items: list, now: float, claim: tuple[str, dict] | None = None
+                     ) -> tuple[list[dict], list[Job]]:
+        """Many reports (each on its own), one placement for the slots they freed, and the
+        claim riding on them (node_id, claim request): an agent's next work comes with
+        the answer to its reports, in the same transaction."""
+        with self.store.db.atomic():
+            results = self.store.apply_reports(items, now)
+            if any(r["code"] == 200 for r in results):
+                self.store.dispatch(now)
+            claimed = self._claim(claim[0], claim[1], now) if claim is not None else []
+        return results, claimed
+
+    def claim(self, node_id: str, request: dict, now: float) -> list[Job]:
+        """Take up to request['max'] jobs placed on the node (see Store.take_placed). A
+        claim that can take nothing writes nothing (no write transaction)."""
+        if not self.store.may_claim(node_id, now):
+            return []  # nothing placed here and nothing to place
+        with self.store.db.atomic():
+            return self._claim(node_id, request, now)
+
+    def _claim(self, node_id: str, request: dict, now: float) -> list[Job]:
+        free, slot_open = self.store.claim_room(node_id, request)
+        if free <= 0:
+            return []
+        if slot_open and self.store.unplaced_due(now):
+            self.store.dispatch(now)  # a slot is free here and work waits unplaced
+        return self.store.take_placed(node_id, request, free, now)
+
+    def cancel(self, job_id: str, now: float) -> Job:
+        """Cancel a pending or running job (its agent ends a running one); its slot is free."""
+        with self.store.db.atomic():
+            self.store.cancel(job_id, now)
+            self.store.dispatch(now)
+        return self.store.get(job_id)
+
+    def retry(self, job_id: str, now: float) -> Job:
+        """An operator's retry of a failed job, placed when a node has room."""
+        with self.store.db.atomic():
+            self.store.retry(job_id, now)
+            self.store.dispatch(now)
+        return self.store.get(job_id)
+
+    def place(self, now: float) -> int:
+        """Placement on its own (the background pass: node changes, due retries)."""
+        with self.store.db.atomic():
+            return self.store.dispatch(now)
