@@ -8,9 +8,10 @@ re-adopts them (see services.py).
 
 `corral-agent --check [--json]` changes nothing: it shows what the agent would use
 (node id, cgroup mode and limits, who jobs run as, private /tmp) and whether the
-registry and the scheduler answer. Exit status 0 when all is well, 1 when the control plane does
-not answer, the job user is unusable, or AGENT_REQUIRE_CGROUPS is set and limits
-cannot be enforced; 2 for a bad setting, as for a normal start.
+registry and the scheduler answer, at each of their URLs. Exit status 0 when all
+is well, 1 when a URL of the control plane does not answer, the job user is
+unusable, or AGENT_REQUIRE_CGROUPS is set and limits cannot be enforced; 2 for a
+bad setting, as for a normal start.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import threading
 
 from corral.shared.clients import RegistryClient, SchedulerClient
 from corral.shared.errors import SettingError
-from corral.shared.settings import env_choice
+from corral.shared.settings import env_choice, split_urls
 
 from . import cgroups, identity, launch
 from .agent import Agent, AgentStartError
@@ -54,8 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Corral node agent: registers this node, pulls jobs from the scheduler, "
                     "runs them and reports their outcome. Flags override environment variables.")
     parser.add_argument("--node-id", help="node id to register (NODE_ID; default: the host name)")
-    parser.add_argument("--registry-url", help="registry base URL (REGISTRY_URL)")
-    parser.add_argument("--scheduler-url", help="scheduler base URL (SCHEDULER_URL)")
+    parser.add_argument("--registry-url", help="registry base URL, or several comma-separated (REGISTRY_URL)")
+    parser.add_argument("--scheduler-url", help="scheduler base URL, or several comma-separated (SCHEDULER_URL)")
     parser.add_argument("--slots", type=int, help="jobs run at once (AGENT_SLOTS; default: CPUs)")
     parser.add_argument("--state-dir", help="where work dirs live (CORRAL_STATE_DIR; default ./var)")
     parser.add_argument("--once", action="store_true",
@@ -150,17 +151,14 @@ def check(settings: AgentSettings) -> dict:
         problems.append(exc.message)
     tmp_problem = "AGENT_PRIVATE_TMP is false" if not settings.private_tmp else _private_tmp_problem(settings)
     servers = {}
-    for name, client_class, url in (("registry", RegistryClient, settings.registry_url),
-                                    ("scheduler", SchedulerClient, settings.scheduler_url)):
-        client = client_for(client_class, url, settings)
-        try:
-            client.healthz(timeout=CHECK_TIMEOUT_SECS)
-            servers[name] = {"url": url, "ok": True, "error": None}
-        except Exception as exc:  # ClientError, or anything else: report, never crash
-            servers[name] = {"url": url, "ok": False, "error": str(exc)}
-            problems.append(f"the {name} at {url} does not answer: {exc}")
-        finally:
-            client.close()
+    for name, client_class, setting in (("registry", RegistryClient, settings.registry_url),
+                                        ("scheduler", SchedulerClient, settings.scheduler_url)):
+        # Every replica on its own: the agent would fail over from one that does not
+        # answer, but that one is still worth knowing of.
+        urls = [_answers(client_class, url, settings) for url in split_urls(setting)]
+        problems += [f"the {name} at {u['url']} does not answer: {u['error']}" for u in urls if not u["ok"]]
+        errors = [u["error"] for u in urls if not u["ok"]]
+        servers[name] = {"url": setting, "ok": not errors, "error": "; ".join(errors) or None, "urls": urls}
     run_limits, service_limits = settings.default_limits("run"), settings.default_limits("service")
     return {
         "ok": not problems,
@@ -183,6 +181,18 @@ def check(settings: AgentSettings) -> dict:
         "private_tmp": {"enabled": tmp_problem is None, "reason": tmp_problem},
         **servers,
     }
+
+
+def _answers(client_class, url: str, settings: AgentSettings) -> dict:
+    """Whether the server at `url` answers /healthz: {"url", "ok", "error"}."""
+    client = client_for(client_class, url, settings)
+    try:
+        client.healthz(timeout=CHECK_TIMEOUT_SECS)
+        return {"url": url, "ok": True, "error": None}
+    except Exception as exc:  # ClientError, or anything else: report, never crash
+        return {"url": url, "ok": False, "error": str(exc)}
+    finally:
+        client.close()
 
 
 def _private_tmp_problem(settings: AgentSettings) -> str | None:
@@ -224,9 +234,9 @@ def format_check(report: dict) -> str:
                               f"no, TMPDIR in the work dir instead: {tmp['reason']}"),
     ]
     for name in ("registry", "scheduler"):
-        server = report[name]
-        state = "answers" if server["ok"] else f"DOES NOT ANSWER: {server['error']}"
-        lines.append(f"{name + ':':<16}{server['url']} {state}")
+        for index, server in enumerate(report[name]["urls"]):
+            state = "answers" if server["ok"] else f"DOES NOT ANSWER: {server['error']}"
+            lines.append(f"{name + ':' if index == 0 else '':<16}{server['url']} {state}")
     lines.append("ok" if report["ok"] else "problems:\n" + "\n".join(f"  - {p}" for p in report["problems"]))
     return "\n".join(lines)
 

@@ -20,7 +20,8 @@ from urllib.parse import urlsplit
 
 from corral.shared.credentials import token_node
 from corral.shared.errors import SettingError
-from corral.shared.settings import env_bool, env_file, env_float, env_int, env_str, state_dir
+from corral.shared.settings import (env_bool, env_file, env_float, env_int, env_str, env_urls, split_urls,
+                                    state_dir)
 from corral.shared.validate import NAME_RE
 
 from .artifacts import Limits as ArtifactLimits
@@ -49,6 +50,7 @@ DEFAULT_MAX_PROCESSES = 32768
 @dataclass(frozen=True)
 class AgentSettings:
     node_id: str
+    # Base URLs, comma-separated when there are several replicas (the clients fail over).
     registry_url: str = "http://127.0.0.1:9000"
     scheduler_url: str = "http://127.0.0.1:9001"
     poll_interval: float = 3.0
@@ -165,19 +167,19 @@ class AgentSettings:
         if run_as_root and job_user is not None:
             raise SettingError(f"AGENT_RUN_AS_ROOT=true and AGENT_JOB_USER={job_user} contradict "
                                "each other; set only one")
-        registry_url = _url(env, "REGISTRY_URL", cls.registry_url)
+        registry_url = env_urls(env, "REGISTRY_URL", cls.registry_url)
         slots = env_int(env, "AGENT_SLOTS", os.cpu_count() or 1, minimum=1)
         uid_range = _uid_range(env, slots, per_job=job_user is None and not run_as_root)
         return cls(
             node_id=node_id,
             registry_url=registry_url,
-            scheduler_url=_url(env, "SCHEDULER_URL", cls.scheduler_url),
+            scheduler_url=env_urls(env, "SCHEDULER_URL", cls.scheduler_url),
             poll_interval=_positive_float(env, "POLL_INTERVAL_SECS", 3.0),
             long_poll_secs=env_float(env, "AGENT_LONG_POLL_SECS", 20.0, minimum=0, maximum=MAX_LONG_POLL_SECS),
             heartbeat_interval=_positive_float(env, "HEARTBEAT_INTERVAL_SECS", 5.0),
             state_dir=state_dir(env),
             slots=slots,
-            address=env_str(env, "AGENT_ADDRESS", None) or route_address(registry_url),
+            address=env_str(env, "AGENT_ADDRESS", None) or route_address(split_urls(registry_url)[0]),
             labels=parse_labels(env_str(env, "AGENT_LABELS", "") or ""),
             output_tail_bytes=env_int(env, "CORRAL_OUTPUT_TAIL_BYTES", 65536, minimum=0,
                                       maximum=MAX_TAIL_BYTES),
@@ -346,10 +348,3 @@ def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
     if value <= 0:
         raise SettingError(f"{name} must be greater than 0, got {value}")
     return value
-
-
-def _url(env: Mapping[str, str], name: str, default: str) -> str:
-    value = env_str(env, name, default)
-    if not value.startswith(("http://", "https://")):
-        raise SettingError(f"{name} must be an http:// or https:// URL, got {value!r}")
-    return value.rstrip("/")

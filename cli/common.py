@@ -5,6 +5,7 @@ import time
 import click
 
 from corral.shared.clients import RegistryClient, Rejected, SchedulerClient, Unreachable
+from corral.shared.settings import split_urls
 
 # Seams for the tests: what time it is, and how to wait between polls.
 clock = time.time
@@ -28,12 +29,21 @@ def base_url(addr: str) -> str:
     return addr if "://" in addr else "http://" + addr
 
 
+def base_urls(addrs: str) -> list[str]:
+    """A server's addresses: one, or its replicas' comma-separated (base_url each)."""
+    try:
+        return [base_url(addr) for addr in split_urls(addrs)]
+    except ValueError:
+        raise CliError(f"no address in {addrs!r}", exit_code=2) from None
+
+
 class Env:
-    """What every command gets (`ctx.obj`): the addresses, the clients and the clock."""
+    """What every command gets (`ctx.obj`): the addresses (lists: a server's
+    replicas, tried in order), the clients and the clock."""
 
     def __init__(self, addr: str, registry_addr: str, token: str | None, ca_bundle: str | None = None):
-        self.addr = base_url(addr)
-        self.registry_addr = base_url(registry_addr)
+        self.addrs = base_urls(addr)
+        self.registry_addrs = base_urls(registry_addr)
         self.token = token or None
         self.verify = ca_bundle or True  # requests' `verify`: a CA bundle, or the system's CAs
         self.subject: str | None = None  # the id a command is about, to prefix its errors
@@ -42,13 +52,13 @@ class Env:
     @property
     def scheduler(self) -> SchedulerClient:
         if self._scheduler is None:
-            self._scheduler = SchedulerClient(self.addr, token=self.token, verify=self.verify)
+            self._scheduler = SchedulerClient(self.addrs, token=self.token, verify=self.verify)
         return self._scheduler
 
     @property
     def registry(self) -> RegistryClient:
         if self._registry is None:
-            self._registry = RegistryClient(self.registry_addr, token=self.token, verify=self.verify)
+            self._registry = RegistryClient(self.registry_addrs, token=self.token, verify=self.verify)
         return self._registry
 
     def now(self) -> float:
@@ -63,13 +73,17 @@ class Env:
                 client.close()
 
     def server_name(self, url: str | None) -> str:
-        if url == self.registry_addr:
+        if url in self.registry_addrs:
             return "registry"
         return "scheduler"
 
     def unreachable(self, exc: Unreachable) -> CliError:
-        url = exc.base_url or self.addr
-        return CliError(f"cannot reach the {self.server_name(url)} at {url}: {exc.reason}")
+        """`cannot reach the scheduler at URL: why`, naming every URL the call went to."""
+        tried = exc.tried or [(self.addrs[0], exc.reason)]
+        name = self.server_name(tried[0][0])
+        if len(tried) == 1:
+            return CliError(f"cannot reach the {name} at {tried[0][0]}: {tried[0][1]}")
+        return CliError(f"cannot reach the {name} at " + ", ".join(f"{url} ({why})" for url, why in tried))
 
     def rejected(self, exc: Rejected) -> CliError:
         message = exc.message

@@ -27,9 +27,10 @@ class CorralGroup(click.Group):
 
 @click.group(cls=CorralGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--addr", envvar="CORRAL_ADDR", default=DEFAULT_ADDR, show_default=True, metavar="URL",
-              help="The scheduler's address [env CORRAL_ADDR].")
+              help="The scheduler's address; several comma-separated (replicas) are tried in order "
+                   "[env CORRAL_ADDR].")
 @click.option("--registry-addr", envvar="CORRAL_REGISTRY_ADDR", default=DEFAULT_REGISTRY_ADDR, show_default=True,
-              metavar="URL", help="The registry's address [env CORRAL_REGISTRY_ADDR].")
+              metavar="URL", help="The registry's address, or several comma-separated [env CORRAL_REGISTRY_ADDR].")
 @click.option("--token", envvar="CORRAL_TOKEN", metavar="TOKEN",
               help="Bearer token sent with every request [env CORRAL_TOKEN].")
 @click.option("--ca-bundle", envvar="CORRAL_CA_BUNDLE", metavar="FILE",

@@ -4,13 +4,42 @@ Every call has a timeout. Failures come back as one exception type per kind of
 failure so callers can decide: `Unreachable` (connection refused, timeout, 5xx:
 try again later) and `Rejected` (a 4xx: the request itself is wrong or stale,
 retrying the same thing will not help).
+
+A client may be given several base URLs of one service (replicas on one
+database, `http://a:9001,http://b:9001`). A call goes to the current URL, the
+one that answered last; when that one fails (refused, timed out, a 5xx) the
+call moves on to the next, each URL at most once per call, in order, and the
+one that answers becomes current. A 4xx is an answer and moves nothing.
+
+A call whose answer was lost (a read timeout, a dropped connection) may have
+been acted on, and is sent to the next replica all the same only when doing it
+twice does what doing it once does. That holds for every call but two: reads;
+reports (fenced by node and attempt: a repeated `running` is accepted as is, a
+repeated final report is refused with 409, which the agent takes as delivered,
+as for any refused report: it drops it, and here the first copy landed); lease
+renewals, live output and heartbeats (each replaces the last); registrations,
+drains and cancels (a repeat changes nothing); submits (they always carry an
+`Idempotency-Key`, so a repeat answers the job the first one created). The two
+are a claim and an operator's retry: a claim whose answer was lost may have
+handed out jobs (the agent then renews its lease at once, whose answer lists
+them), and a retry must happen once. They go to the next URL only when the
+first server surely did not act: its connection was refused or timed out, or
+it answered 500 or 503 (Corral's servers roll a failed request's transaction
+back); after a lost answer, or a proxy's 502 or 504, they fail with
+`Unreachable` and the next call starts at the next URL. A long-poll claim's
+read timeout is its wait plus a margin, so a claim that waits is never cut
+short to try another URL.
 """
 import json
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, quote, urlsplit
 
 import requests
+import urllib3
+
+from .settings import split_urls
 
 DEFAULT_TIMEOUT = (3.05, 10.0)  # (connect, read) seconds
 # A long-poll claim may wait wait_secs before answering: its read timeout is that plus this.
@@ -18,6 +47,8 @@ CLAIM_READ_MARGIN_SECS = 10.0
 LONG_POLL_HEADER = "X-Corral-Long-Poll"
 # State-changing requests carry this content type even without a body (shared/guards.py).
 JSON_HEADERS = {"Content-Type": "application/json"}
+# Answers of a proxy that may have passed the request on before it failed.
+MAYBE_DONE_STATUSES = (502, 504)
 
 
 class ClientError(Exception):
@@ -26,11 +57,15 @@ class ClientError(Exception):
 
 class Unreachable(ClientError):
     """The peer did not answer usefully: network error, timeout or a 5xx.
-    `base_url` and `reason` (e.g. "connection refused") are set for calls made by a client."""
+    For calls made by a client: `tried` lists (base URL, reason) of every URL the call
+    went to, in order; `base_url` is the last of them and `reason` (e.g. "connection
+    refused") says why it failed, or, after several URLs, why each did."""
 
-    def __init__(self, message: str, *, base_url: str | None = None, reason: str | None = None):
+    def __init__(self, message: str, *, base_url: str | None = None, reason: str | None = None,
+                 tried: Sequence[tuple[str, str]] = ()):
         super().__init__(message)
-        self.base_url = base_url
+        self.tried = list(tried) or ([(base_url, reason or message)] if base_url else [])
+        self.base_url = base_url or (self.tried[-1][0] if self.tried else None)
         self.reason = reason or message
 
 
@@ -43,47 +78,84 @@ class Rejected(ClientError):
         self.message = message
 
 
-class _Client:
-    """`token`: sent as `Authorization: Bearer` (an operator's token, or a node's
-    credential); `verify`: True (the system's CAs), or a CA bundle file for https://."""
+@dataclass
+class _Failed(Exception):
+    """One URL's failure within a call: why, and whether the server may have acted on
+    the request all the same (its answer was lost)."""
+    reason: str
+    maybe_done: bool
 
-    def __init__(self, base_url: str, token: str | None = None, timeout=DEFAULT_TIMEOUT,
+
+class _Client:
+    """`base_urls`: one base URL, several (a list, or one string of comma-separated
+    URLs) of replicas of one service; `token`: sent as `Authorization: Bearer` (an
+    operator's token, or a node's credential); `verify`: True (the system's CAs), or
+    a CA bundle file for https://. Not for sharing between threads: see clone()."""
+
+    def __init__(self, base_urls: str | Sequence[str], token: str | None = None, timeout=DEFAULT_TIMEOUT,
                  session: requests.Session | None = None, verify: bool | str = True):
-        self.base_url = base_url.rstrip("/")
+        self.base_urls = split_urls(base_urls)
+        self._current = 0  # the index of the URL a call goes to first
         self.timeout = timeout
         self.session = session or requests.Session()
         # The environment's proxy and CA settings are read once, here: requests would
         # otherwise scan os.environ on every call (a quarter of an agent's CPU per job
         # in a profile), and could replace our Authorization header from a .netrc.
-        from_env = self.session.merge_environment_settings(self.base_url, {}, None, None, None)
+        from_env = {url: self.session.merge_environment_settings(url, {}, None, None, None) for url in self.base_urls}
         self.session.trust_env = False
-        self.proxies = from_env["proxies"]
-        self.verify = from_env["verify"] if verify is True else verify
+        self._proxies = {url: settings["proxies"] for url, settings in from_env.items()}
+        self.verify = from_env[self.base_urls[0]]["verify"] if verify is True else verify
         if token:
             self.session.headers["Authorization"] = f"Bearer {token}"
 
-    def _call(self, method: str, path: str, *, json=None, params=None, timeout=None, headers=None):
-        return self._json(self._request(method, path, json=json, params=params, timeout=timeout, headers=headers))
+    @property
+    def base_url(self) -> str:
+        """The URL the next call goes to first: the one that answered last."""
+        return self.base_urls[self._current]
+
+    def _call(self, method: str, path: str, *, json=None, params=None, timeout=None, headers=None,
+              resend: bool = True):
+        return self._json(self._request(method, path, json=json, params=params, timeout=timeout,
+                                        headers=headers, resend=resend))
 
     def _request(self, method: str, path: str, *, json=None, params=None, timeout=None,
-                 headers=None) -> requests.Response:
+                 headers=None, resend: bool = True) -> requests.Response:
         """The answer of a call that succeeded (2xx-4xx handled as for `_call`), for callers
-        that need its headers."""
-        url = self.base_url + path
+        that need its headers. The call fails over from URL to URL (see the module's
+        docstring); `resend`: whether it may go to the next URL after a server that
+        may have acted on it (False for requests that must not happen twice)."""
         if json is None and method not in ("GET", "HEAD"):
             headers = {**JSON_HEADERS, **(headers or {})}
+        count = len(self.base_urls)
+        tried: list[tuple[str, str]] = []
+        for step in range(count):
+            index = (self._current + step) % count
+            base = self.base_urls[index]
+            try:
+                response = self._send(method, base, path, json=json, params=params, headers=headers,
+                                      timeout=timeout or self.timeout)
+            except _Failed as failure:
+                tried.append((base, failure.reason))
+                if failure.maybe_done and not resend:
+                    self._current = (index + 1) % count  # the next call tries another first
+                    break
+                continue
+            self._current = index
+            if response.status_code >= 400:
+                raise Rejected(response.status_code, _error_message(response))
+            return response
+        raise _unreachable(method, path, tried)
+
+    def _send(self, method: str, base: str, path: str, *, timeout, **kwargs) -> requests.Response:
+        """One request to one URL; an answer below 500, else _Failed."""
         try:
-            response = self.session.request(method, url, json=json, params=params, headers=headers,
-                                            timeout=timeout or self.timeout, verify=self.verify,
-                                            proxies=self.proxies)
+            response = self.session.request(method, base + path, timeout=timeout, verify=self.verify,
+                                            proxies=self._proxies[base], **kwargs)
         except requests.RequestException as exc:
-            reason = _reason(exc)
-            raise Unreachable(f"{method} {url}: {reason}", base_url=self.base_url, reason=reason) from None
+            raise _Failed(_reason(exc), _maybe_done(exc)) from None
         if response.status_code >= 500:
-            reason = f"HTTP {response.status_code}"
-            raise Unreachable(f"{method} {url}: {reason}", base_url=self.base_url, reason=reason)
-        if response.status_code >= 400:
-            raise Rejected(response.status_code, _error_message(response))
+            response.close()
+            raise _Failed(f"HTTP {response.status_code}", response.status_code in MAYBE_DONE_STATUSES)
         return response
 
     def _json(self, response: requests.Response):
@@ -102,15 +174,38 @@ class _Client:
         return self.timeout[0] if isinstance(self.timeout, tuple) else self.timeout
 
     def clone(self):
-        """A client for the same server and token with a session of its own, for
-        another thread (a requests.Session is not meant to be shared by threads)."""
-        copy = type(self)(self.base_url, timeout=self.timeout, verify=self.verify)
+        """A client for the same servers and token with a session of its own, for
+        another thread (a requests.Session is not meant to be shared by threads); it
+        starts at this client's current URL."""
+        copy = type(self)(self.base_urls, timeout=self.timeout, verify=self.verify)
+        copy._current = self._current
         if "Authorization" in self.session.headers:
             copy.session.headers["Authorization"] = self.session.headers["Authorization"]
         return copy
 
     def healthz(self, timeout: float = 2.0) -> dict:
         return self._call("GET", "/healthz", timeout=timeout)
+
+
+def _unreachable(method: str, path: str, tried: list[tuple[str, str]]) -> Unreachable:
+    """The failure of a call, naming every URL it went to."""
+    if len(tried) == 1:
+        (base, reason), = tried
+        return Unreachable(f"{method} {base}{path}: {reason}", base_url=base, reason=reason, tried=tried)
+    reason = "; ".join(f"{base}: {why}" for base, why in tried)
+    return Unreachable(f"{method} {path}: {reason}", reason=reason, tried=tried)
+
+
+def _maybe_done(exc: requests.RequestException) -> bool:
+    """Whether the server may have got the request and acted on it: anything but a
+    connection that was never made (refused, timed out, a name that does not
+    resolve, a failed TLS handshake)."""
+    if isinstance(exc, (requests.ConnectTimeout, requests.exceptions.SSLError)):
+        return False
+    if isinstance(exc, requests.ConnectionError):
+        cause = exc.args[0] if exc.args else None
+        return not isinstance(getattr(cause, "reason", cause), urllib3.exceptions.NewConnectionError)
+    return True
 
 
 def _reason(exc: requests.RequestException) -> str:
@@ -206,17 +301,22 @@ class ClaimResult:
     not_waited: str | None = None  # the X-Corral-Long-Poll header: "busy", "stopping" or "again"
 
 
+def _idempotent(key: str | None) -> dict[str, str]:
+    """The Idempotency-Key header of one logical submit: the caller's key, else a new one."""
+    return {"Idempotency-Key": key or str(uuid.uuid4())}
+
+
 class SchedulerClient(_Client):
     def submit_batch(self, requests_: list[dict], idempotency_key: str | None = None) -> list[dict]:
-        """Submit up to 1,000 jobs in one transaction (all or nothing); the jobs, in order."""
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-        return self._call("POST", "/jobs/batch", json={"jobs": requests_}, headers=headers)
+        """Submit up to 1,000 jobs in one transaction (all or nothing); the jobs, in order.
+        Without an `idempotency_key`, one of its own (see submit)."""
+        return self._call("POST", "/jobs/batch", json={"jobs": requests_}, headers=_idempotent(idempotency_key))
 
     def claim(self, node_id: str, max_jobs: int, wait_secs: float, limits_enforced: bool | None = None,
               default_limits: dict | None = None, private_tmp: bool | None = None) -> ClaimResult:
         """Take up to `max_jobs` jobs placed on `node_id`, waiting up to `wait_secs` for some
         (a long poll). A Rejected(404 or 405) means the scheduler has no claim API."""
-        body = {"max": max_jobs, "wait_secs": wait_secs}
+        body: dict[str, object] = {"max": max_jobs, "wait_secs": wait_secs}
         if limits_enforced is not None:
             body["limits_enforced"] = limits_enforced
         if private_tmp is not None:
@@ -224,7 +324,8 @@ class SchedulerClient(_Client):
         if default_limits:
             body["default_limits"] = default_limits
         timeout = (self.connect_timeout, wait_secs + CLAIM_READ_MARGIN_SECS)
-        response = self._request("POST", f"/nodes/{_seg(node_id)}/claim", json=body, timeout=timeout)
+        # Not resent after a lost answer: it may have handed out jobs (the module's docstring).
+        response = self._request("POST", f"/nodes/{_seg(node_id)}/claim", json=body, timeout=timeout, resend=False)
         jobs = self._json(response)
         if not isinstance(jobs, list):
             raise Unreachable(f"POST /nodes/{node_id}/claim: the answer is not a list of jobs",
@@ -239,10 +340,11 @@ class SchedulerClient(_Client):
     def report_and_claim(self, reports: list[dict], claim: dict | None) -> tuple[list[dict], list[dict]]:
         """report_batch, with a claim riding on it (`claim`: node_id, max, limits_enforced,
         private_tmp, default_limits): the node's next jobs come back with the results, already running."""
-        body = {"reports": reports}
+        body: dict[str, object] = {"reports": reports}
         if claim is not None:
             body["claim"] = claim
-        answer = self._call("POST", "/jobs/reports", json=body)
+        # Reports may be sent twice; a claim riding on them may not (the module's docstring).
+        answer = self._call("POST", "/jobs/reports", json=body, resend=claim is None)
         results = _one_result_each(answer, len(reports), "POST /jobs/reports", "report")
         claimed = answer.get("claimed") if claim is not None else None
         if claimed is None:
@@ -260,8 +362,9 @@ class SchedulerClient(_Client):
         return _one_result_each(answer, len(items), "POST /jobs/output", "item")
 
     def submit(self, request: dict, idempotency_key: str | None = None) -> dict:
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-        return self._call("POST", "/jobs", json=request, headers=headers)
+        """Submit one job. Without an `idempotency_key`, a random one of its own, so that a
+        resend to another replica after a lost answer returns the job the first created."""
+        return self._call("POST", "/jobs", json=request, headers=_idempotent(idempotency_key))
 
     def get_job(self, job_id: str) -> dict:
         return self._call("GET", f"/jobs/{_seg(job_id)}")
@@ -273,7 +376,8 @@ class SchedulerClient(_Client):
         return self._call("POST", f"/jobs/{_seg(job_id)}/cancel")
 
     def retry(self, job_id: str) -> dict:
-        return self._call("POST", f"/jobs/{_seg(job_id)}/retry")
+        """An operator's decision, taken once: not resent after a lost answer."""
+        return self._call("POST", f"/jobs/{_seg(job_id)}/retry", resend=False)
 
     def list_jobs(self, **filters) -> list[dict]:
         return self._call("GET", "/jobs", params={k: v for k, v in filters.items() if v is not None})

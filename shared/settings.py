@@ -4,7 +4,7 @@ Each process has its own settings dataclass (registry/settings.py, ...) built
 from these helpers, so that every variable is parsed and checked in one place.
 """
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from .errors import SettingError
 
@@ -77,6 +77,31 @@ def env_file(env: Mapping[str, str], name: str) -> str | None:
     if not os.path.isfile(path) or not os.access(path, os.R_OK):
         raise SettingError(f"{name} must be a readable file, got {raw!r}")
     return path
+
+
+def split_urls(value: str | Sequence[str]) -> list[str]:
+    """A service's base URLs from `http://a:9001,http://b:9001` (or a list of them),
+    in order, without trailing slashes. ValueError when there is none."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    urls = [item.strip().rstrip("/") for item in items if item.strip().rstrip("/")]
+    if not urls:
+        raise ValueError(f"no URL in {value!r}")
+    return urls
+
+
+def env_urls(env: Mapping[str, str], name: str, default: str) -> str:
+    """One http(s):// base URL, or several of replicas of one service, comma-separated
+    (each checked); given back comma-joined without trailing slashes, as the clients
+    (shared/clients.py) take it."""
+    raw = env_str(env, name, default) or default
+    problem = f"{name} must be an http:// or https:// URL, or several comma-separated; got {raw!r}"
+    try:
+        urls = split_urls(raw)
+    except ValueError:
+        raise SettingError(problem) from None
+    if not all(url.startswith(("http://", "https://")) for url in urls):
+        raise SettingError(problem)
+    return ",".join(urls)
 
 
 def _check_range(name, value, minimum, maximum):

@@ -385,6 +385,53 @@ def test_a_server_error_is_one_line(mock):
         f"corral: cannot reach the scheduler at {SCHED}: HTTP 500"
 
 
+# ---- several addresses of a server (replicas) -----------------------------------------------
+
+SCHED_B = "http://sched-b.test"
+REG_B = "http://reg-b.test"
+
+
+def on_replicas(*args):
+    env = {"CORRAL_ADDR": f"{SCHED}, sched-b.test", "CORRAL_REGISTRY_ADDR": f"{REG},{REG_B}/", "CORRAL_TOKEN": None}
+    return CliRunner().invoke(cli, list(args), env=env, prog_name="corral")
+
+
+def test_the_first_address_refused_the_command_goes_to_the_next(mock):
+    mock.get(f"{SCHED}/jobs", body=requests.ConnectionError("[Errno 111] Connection refused"))
+    mock.get(f"{SCHED_B}/jobs", json=[a_job()])
+    mock.get(f"{REG}/nodes", body=requests.ConnectionError("[Errno 111] Connection refused"))
+    mock.get(f"{REG_B}/nodes", json=[])
+    listed = on_replicas("job", "list", "--json")
+    assert listed.exit_code == 0, listed.output
+    assert [j["job_id"] for j in json.loads(listed.stdout)] == ["job-7"]
+    assert on_replicas("node", "list", "--json").stdout.strip() == "[]"
+
+
+def test_job_run_sends_one_idempotency_key_to_every_address_it_tries(mock):
+    mock.post(f"{SCHED}/jobs", body=requests.ReadTimeout("read timed out"))
+    mock.post(f"{SCHED_B}/jobs", json=a_job(), status=200)  # the job the first one created
+    result = on_replicas("job", "run", "--", "true")
+    assert result.exit_code == 0 and result.stdout == "job-7\n", result.output
+    first, resent = (call.request.headers["Idempotency-Key"] for call in mock.calls)
+    assert first == resent
+
+
+def test_every_address_down_is_one_line_naming_each(mock):
+    mock.get(f"{SCHED}/jobs/job-7", body=requests.ConnectionError("[Errno 111] Connection refused"))
+    mock.get(f"{SCHED_B}/jobs/job-7", json={"error": "internal error"}, status=500)
+    assert one_line_error(on_replicas("job", "status", "job-7")) == \
+        f"corral: cannot reach the scheduler at {SCHED} (connection refused), {SCHED_B} (HTTP 500)"
+    mock.get(f"{REG}/nodes", body=requests.ConnectionError("[Errno 111] Connection refused"))
+    mock.get(f"{REG_B}/nodes", body=requests.ConnectionError("[Errno 111] Connection refused"))
+    assert one_line_error(on_replicas("node", "list")) == \
+        f"corral: cannot reach the registry at {REG} (connection refused), {REG_B} (connection refused)"
+
+
+def test_an_address_list_without_an_address_is_refused():
+    result = CliRunner().invoke(cli, ["--addr", " , ", "job", "list"], prog_name="corral")
+    assert result.exit_code == 2 and "no address in ' , '" in result.stderr
+
+
 def test_404_gives_the_apis_error_text(mock):
     mock.get(f"{SCHED}/jobs/job-9", json={"error": "no job 'job-9'"}, status=404)
     assert one_line_error(corral("job", "status", "job-9")) == "corral: job-9: no job 'job-9'"
@@ -519,7 +566,9 @@ def test_client_additions(mock):
     assert str(err.value) == f"GET {SCHED}/jobs/job-1/events: connection refused"
     mock.post(f"{SCHED}/jobs", json=a_job(), status=201)
     client.submit({"command": "true"})
-    assert "Idempotency-Key" not in mock.calls[-1].request.headers
+    key = mock.calls[-1].request.headers["Idempotency-Key"]  # one of its own: safe to resend
+    client.submit({"command": "true"})
+    assert mock.calls[-1].request.headers["Idempotency-Key"] != key  # another submit, another key
     assert mock.calls[-1].request.headers["Authorization"] == "Bearer t"
 
 

@@ -17,6 +17,7 @@ from .retry import Backoff
 class SchedulerSettings:
     database_url: str
     sqlite_synchronous: str = "NORMAL"
+    # The registry's base URL, or its replicas' comma-separated (the client fails over).
     registry_url: str = "http://127.0.0.1:9000"
     # CA bundle that verifies an https:// REGISTRY_URL; None: the system's CAs.
     registry_ca_bundle: str | None = None
@@ -78,7 +79,7 @@ class SchedulerSettings:
         return cls(
             database_url=s.database_url(env, "scheduler.db"),
             sqlite_synchronous=s.sqlite_synchronous(env),
-            registry_url=s.env_str(env, "REGISTRY_URL", "http://127.0.0.1:9000"),
+            registry_url=s.env_urls(env, "REGISTRY_URL", "http://127.0.0.1:9000"),
             registry_ca_bundle=s.env_file(env, "REGISTRY_CA_BUNDLE"),
             credentials=server_credentials(env),
             allowed_hosts=allowed_hosts(env),
