@@ -14,6 +14,7 @@ outbox (sns_outbox) for every final status, in the same transaction: the
 notification exists exactly when the status change does (sns_outbox.py
 publishes it).
 """
+import contextlib
 import logging
 import os
 from collections.abc import Callable
@@ -63,6 +64,11 @@ class Store:
         self.on_placed = on_placed
 
     # ---- views -------------------------------------------------------------
+
+    def _tx(self):
+        """A transaction, unless the caller (service.Scheduler) already runs one: then
+        no savepoint either (its statements cost time on every submit and report)."""
+        return contextlib.nullcontext() if self.db.in_transaction() else self.db.atomic()
 
     # ---- reads -------------------------------------------------------------
 
@@ -259,7 +265,7 @@ class Store:
         """Apply an agent's report; refuses other nodes, stale attempts and illegal moves.
         Returns the job as the report left it (a job no longer `running` freed its slot:
         the caller places)."""
-        with self.db.atomic():
+        with self._tx():
             job = self.get(job_id)
             if self._late_success(job, report):
                 self._apply(job, lifecycle.late_success(job, report, now, self.policy), now)
@@ -290,7 +296,8 @@ class Store:
                     results.append({"index": index, "job_id": job_id, "code": body.status, "error": body.message})
                     continue
                 try:
-                    job = self.report(job_id, body, now)
+                    with self.db.atomic():  # a savepoint: a refused report changes nothing
+                        job = self.report(job_id, body, now)
                 except CorralError as exc:
                     results.append({"index": index, "job_id": job_id, "code": exc.status, "error": exc.message})
                     continue
@@ -374,7 +381,7 @@ class Store:
         runs under the write lock; on PostgreSQL the select skips rows another
         claim has locked (FOR UPDATE SKIP LOCKED).
         """
-        with self.db.atomic():
+        with self._tx():
             def placed_here():
                 query = (Job.select().where((Job.status == "pending") & (Job.node_id == param("node_id")))
                          .order_by(Job.id).limit(param("limit")))
@@ -425,7 +432,7 @@ class Store:
 
     def cancel(self, job_id: str, now: float) -> Job:
         """Cancel a pending or running job; the agent ends a running one at its next poll."""
-        with self.db.atomic():
+        with self._tx():
             job = self.get(job_id)
             transition = lifecycle.cancelled(job, now)
             if transition is None:
@@ -435,7 +442,7 @@ class Store:
 
     def retry(self, job_id: str, now: float) -> Job:
         """Put a failed job back to pending with a fresh retry budget (an operator's decision)."""
-        with self.db.atomic():
+        with self._tx():
             job = self.get(job_id)
             self._apply(job, lifecycle.retried(job, now), now)
         return job
@@ -519,7 +526,7 @@ class Store:
     def dispatch(self, now: float) -> int:
         """Place waiting jobs on nodes with free slots (pure placement.plan over the
         snapshot, each assignment a conditional update); the number placed."""
-        with self.db.atomic():
+        with self._tx():
             # Most calls find no free slot (a busy cluster, or none yet): answer that
             # before locking the cursor. Where several transactions can place at once
             # (not SQLite), the slots are counted again under the cursor's row lock.
