@@ -176,3 +176,29 @@ def test_drain_and_undrain(client, clock):
 def test_readiness(client):
     ready = client.get("/readyz")
     assert ready.status_code == 200 and ready.json == {"status": "ready", "checks": {"database": "ok"}}
+
+
+@pytest.mark.e2e
+def test_concurrent_registrations_heartbeats_and_service_records_never_fail(cluster):
+    """Upserts, not check-then-insert: the same node registering from many connections at
+    once (an agent retrying, several registry replicas) and its service recorded at once."""
+    import concurrent.futures
+
+    import requests
+
+    url = cluster.registry_url
+    node = {"node_id": "race-1", "address": "10.0.0.9", "slots": 2}
+    service = {"job_id": "job-1", "name": "web", "node_id": "race-1", "address": "10.0.0.9", "port": 80}
+
+    def one(i):
+        with requests.Session() as s:
+            codes = [s.post(url + "/nodes", json=node, timeout=10).status_code,
+                     s.post(url + "/nodes/race-1/heartbeat", json={"running": i % 3}, timeout=10).status_code,
+                     s.post(url + "/services", json=dict(service, healthy=bool(i % 2)), timeout=10).status_code]
+        return codes
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        codes = [c for codes in pool.map(one, range(48)) for c in codes]
+    assert set(codes) <= {200, 201} and codes.count(201) <= 2, codes
+    assert [n["node_id"] for n in requests.get(url + "/nodes", timeout=5).json()] == ["race-1"]
+    assert [s["job_id"] for s in requests.get(url + "/services", timeout=5).json()] == ["job-1"]

@@ -148,11 +148,11 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
         now = clock()
         with db.atomic():
             is_new = Node.get_or_none(Node.node_id == node_id) is None
-            if is_new:
-                Node.create(node_id=node_id, registered_at=now, last_heartbeat=now, **fields)
-            else:
-                # Re-registration (an agent restart) updates what the node says of itself.
-                Node.update(last_heartbeat=now, **fields).where(Node.node_id == node_id).execute()
+            # One upsert: two registrations at once (an agent retrying, a replica each)
+            # both succeed; a re-registration updates what the node says of itself and
+            # keeps registered_at and the operator's drain.
+            Node.insert(node_id=node_id, registered_at=now, last_heartbeat=now, **fields).on_conflict(
+                conflict_target=[Node.node_id], update={"last_heartbeat": now, **fields}).execute()
             node = Node.get_by_id(node_id)
         metrics.registered(is_new)  # after the commit
         return jsonify(node_view(node, now)), 201 if is_new else 200
@@ -247,9 +247,9 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
             existing = Service.get_or_none(Service.job_id == job_id)
             if existing is not None:
                 _check_replace(existing, fields, by_node)
-                Service.update(**fields).where(Service.job_id == job_id).execute()
-            else:
-                Service.create(job_id=job_id, registered_at=now, **fields)
+            # An upsert, so that two recordings at once never collide on the key.
+            Service.insert(job_id=job_id, registered_at=now, **fields).on_conflict(
+                conflict_target=[Service.job_id], update=fields).execute()
             svc = Service.get_by_id(job_id)
         return jsonify(one_service_view(svc)), 200 if existing is not None else 201
 
