@@ -97,3 +97,12 @@ def pg_url(pg_server: pg.PgServer) -> Iterator[str]:
         yield pg_server.url(name)
     finally:
         pg_server.drop_database(name)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.e2e)])
+def database_url(request, tmp_path) -> str:
+    """The same test on each storage backend: a SQLite file of its own, and a fresh
+    database on the session's PostgreSQL server (which starts a server: e2e)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/corral.db"
+    return request.getfixturevalue("pg_url")

@@ -29,16 +29,16 @@ def node(node_id, status="healthy"):
     return {"node_id": node_id, "address": "127.0.0.1", "kind": "compute", "slots": 4, "status": status}
 
 
-def store_with(tmp_path, **settings):
-    """A scheduler store on a new SQLite file, with these settings."""
-    store = open_store(SchedulerSettings(database_url=f"sqlite:///{tmp_path}/s.db", **settings))
+def store_with(database_url, **settings):
+    """A scheduler store on a new database (each backend: `database_url`), with these settings."""
+    store = open_store(SchedulerSettings(database_url=database_url, **settings))
     store.db.create_tables(MODELS)
     return store
 
 
 @pytest.fixture
-def store(tmp_path):
-    store = store_with(tmp_path, job_timeout_secs=100, timeout_check_secs=10, node_refresh_secs=2)
+def store(database_url):
+    store = store_with(database_url, job_timeout_secs=100, timeout_check_secs=10, node_refresh_secs=2)
     return store
 
 
@@ -105,8 +105,8 @@ def running_job(store, background, now, node_id="n1", **fields):
     return Job.get_by_id(job.id)
 
 
-def test_running_jobs_of_a_node_whose_lease_lapsed_are_requeued_after_the_grace(tmp_path):
-    store = store_with(tmp_path, heartbeat_timeout_secs=20, node_lost_grace_secs=15, max_jobs_per_node=4)
+def test_running_jobs_of_a_node_whose_lease_lapsed_are_requeued_after_the_grace(database_url):
+    store = store_with(database_url, heartbeat_timeout_secs=20, node_lost_grace_secs=15, max_jobs_per_node=4)
     registry = FakeRegistry([node("n1"), node("n2")])
     background = Background(store, registry, "a")
     background.tick(T0)
@@ -125,8 +125,8 @@ def test_running_jobs_of_a_node_whose_lease_lapsed_are_requeued_after_the_grace(
     assert Job.get_by_id(other.id).status == "running"
 
 
-def test_a_new_leader_gives_every_node_a_full_lease_period(tmp_path):
-    store = store_with(tmp_path, heartbeat_timeout_secs=20, node_lost_grace_secs=15)
+def test_a_new_leader_gives_every_node_a_full_lease_period(database_url):
+    store = store_with(database_url, heartbeat_timeout_secs=20, node_lost_grace_secs=15)
     background = Background(store, FakeRegistry([node("n1")]), "a")
     background.tick(T0)
     job = running_job(store, background, T0)
@@ -142,8 +142,8 @@ def test_a_new_leader_gives_every_node_a_full_lease_period(tmp_path):
     assert Job.get_by_id(job.id).status == "running"
 
 
-def test_a_job_that_keeps_losing_its_node_fails(tmp_path):
-    store = store_with(tmp_path, heartbeat_timeout_secs=1, node_lost_grace_secs=1, max_node_losses=1, retry_base_secs=0)
+def test_a_job_that_keeps_losing_its_node_fails(database_url):
+    store = store_with(database_url, heartbeat_timeout_secs=1, node_lost_grace_secs=1, max_node_losses=1, retry_base_secs=0)
     background = Background(store, FakeRegistry([node("n1")]), "a")
     background.tick(T0)
     job = running_job(store, background, T0)
@@ -158,11 +158,11 @@ def test_a_job_that_keeps_losing_its_node_fails(tmp_path):
     assert job.status == "failed" and "MAX_NODE_LOSSES" in job.stderr
 
 
-def test_a_leader_that_did_not_run_for_a_lease_gives_every_node_a_full_lease_period(tmp_path):
+def test_a_leader_that_did_not_run_for_a_lease_gives_every_node_a_full_lease_period(database_url):
     """A scheduler stopped (SIGSTOP, a suspended host) keeps its lease row when nobody
     took over, but the agents' renewals could not land while it was away: it must
     not count their nodes lost the moment it runs again."""
-    store = store_with(tmp_path, heartbeat_timeout_secs=20, node_lost_grace_secs=15)
+    store = store_with(database_url, heartbeat_timeout_secs=20, node_lost_grace_secs=15)
     background = Background(store, FakeRegistry([node("n1")]), "a")
     background.tick(T0)
     job = running_job(store, background, T0)

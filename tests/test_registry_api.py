@@ -18,8 +18,8 @@ def clock():
 
 
 @pytest.fixture
-def client(tmp_path, clock):
-    settings = RegistrySettings(database_url=f"sqlite:///{tmp_path}/registry.db", heartbeat_timeout_secs=20)
+def client(database_url, clock):
+    settings = RegistrySettings(database_url=database_url, heartbeat_timeout_secs=20)
     return create_app(settings, clock=clock).test_client()
 
 
@@ -41,8 +41,8 @@ def test_after_a_restart_nodes_healthy_at_the_stop_get_one_timeout_to_heartbeat(
     assert liveness.status(995.0, 1121.0) == "unhealthy"   # the grace is over
 
 
-def test_a_restarted_registry_does_not_declare_nodes_lost_at_once(tmp_path, clock):
-    settings = RegistrySettings(database_url=f"sqlite:///{tmp_path}/registry.db", heartbeat_timeout_secs=20)
+def test_a_restarted_registry_does_not_declare_nodes_lost_at_once(database_url, clock):
+    settings = RegistrySettings(database_url=database_url, heartbeat_timeout_secs=20)
     first = create_app(settings, clock=clock).test_client()
     first.post("/nodes", json=NODE)
     clock.now += 60                                          # down for a minute

@@ -1,4 +1,5 @@
-"""The scheduler's API and store through Flask's test client, on a real SQLite file."""
+"""The scheduler's API and store through Flask's test client, on each backend: a real
+SQLite file and a real PostgreSQL database (`database_url`)."""
 import peewee
 import pytest
 
@@ -21,15 +22,15 @@ def clock():
     return Clock()
 
 
-def make_app(tmp_path, clock, **overrides):
+def make_app(database_url, clock, **overrides):
     overrides.setdefault("retry_base_secs", 0.0)  # retries are placed at once unless a test says otherwise
-    settings = SchedulerSettings(database_url=f"sqlite:///{tmp_path}/scheduler.db", **overrides)
+    settings = SchedulerSettings(database_url=database_url, **overrides)
     return create_app(settings, clock=clock)
 
 
 @pytest.fixture
-def app(tmp_path, clock):
-    return make_app(tmp_path, clock, max_jobs_per_node=4)
+def app(database_url, clock):
+    return make_app(database_url, clock, max_jobs_per_node=4)
 
 
 @pytest.fixture
@@ -145,16 +146,16 @@ def test_jobs_wait_without_nodes_and_are_placed_when_one_appears(client, store, 
     assert job["node_id"] == "n1" and job["attempt"] == 1 and job["placed_at"]
 
 
-def test_round_robin_over_healthy_nodes(tmp_path, clock):
-    app = make_app(tmp_path, clock, max_jobs_per_node=4)
+def test_round_robin_over_healthy_nodes(database_url, clock):
+    app = make_app(database_url, clock, max_jobs_per_node=4)
     client, store = app.test_client(), app.extensions["corral.store"]
     set_nodes(store, clock, "n1", "n2", ("n3", "unhealthy"))
     placed = [submit(client)["node_id"] for _ in range(6)]
     assert placed == ["n1", "n2", "n1", "n2", "n1", "n2"]
 
 
-def test_a_node_never_holds_more_than_its_limit(tmp_path, clock):
-    app = make_app(tmp_path, clock, max_jobs_per_node=2)
+def test_a_node_never_holds_more_than_its_limit(database_url, clock):
+    app = make_app(database_url, clock, max_jobs_per_node=2)
     client, store = app.test_client(), app.extensions["corral.store"]
     set_nodes(store, clock, "n1", slots=8)
     jobs = [submit(client) for _ in range(4)]
@@ -171,15 +172,15 @@ def test_a_node_never_holds_more_than_its_limit(tmp_path, clock):
     assert client.get("/jobs/job-4").json["node_id"] is None
 
 
-def test_by_default_a_node_runs_one_job_at_a_time(tmp_path, clock):
-    app = make_app(tmp_path, clock)
+def test_by_default_a_node_runs_one_job_at_a_time(database_url, clock):
+    app = make_app(database_url, clock)
     client, store = app.test_client(), app.extensions["corral.store"]
     set_nodes(store, clock, "n1", "n2", slots=8)
     assert [submit(client)["node_id"] for _ in range(3)] == ["n1", "n2", None]
 
 
-def test_an_agent_advertising_fewer_slots_gets_fewer_jobs(tmp_path, clock):
-    app = make_app(tmp_path, clock, max_jobs_per_node=4)
+def test_an_agent_advertising_fewer_slots_gets_fewer_jobs(database_url, clock):
+    app = make_app(database_url, clock, max_jobs_per_node=4)
     client, store = app.test_client(), app.extensions["corral.store"]
     set_nodes(store, clock, "n1", slots=1)
     assert [submit(client)["node_id"] for _ in range(2)] == ["n1", None]
@@ -246,8 +247,8 @@ def test_a_failed_job_is_retried_once_then_failed(client, store, clock):
     assert final["stderr"] == "err"
 
 
-def test_max_job_retries_zero_fails_at_once(tmp_path, clock):
-    app = make_app(tmp_path, clock, max_job_retries=0)
+def test_max_job_retries_zero_fails_at_once(database_url, clock):
+    app = make_app(database_url, clock, max_job_retries=0)
     client, store = app.test_client(), app.extensions["corral.store"]
     set_nodes(store, clock, "n1")
     submit(client)
@@ -278,8 +279,8 @@ def test_refused_reports_change_nothing(client, store, clock):
     assert late.status_code == 409 and client.get("/jobs/job-1").json["status"] == "done"
 
 
-def test_output_is_kept_to_its_tail(tmp_path, clock):
-    app = make_app(tmp_path, clock, output_tail_bytes=1000)
+def test_output_is_kept_to_its_tail(database_url, clock):
+    app = make_app(database_url, clock, output_tail_bytes=1000)
     client, store = app.test_client(), app.extensions["corral.store"]
     set_nodes(store, clock, "n1")
     job = submit(client)
@@ -290,8 +291,8 @@ def test_output_is_kept_to_its_tail(tmp_path, clock):
 
 # ---- timeouts ------------------------------------------------------------------
 
-def test_run_jobs_past_the_timeout_are_failed(tmp_path, clock):
-    app = make_app(tmp_path, clock, job_timeout_secs=60, max_jobs_per_node=2)
+def test_run_jobs_past_the_timeout_are_failed(database_url, clock):
+    app = make_app(database_url, clock, job_timeout_secs=60, max_jobs_per_node=2)
     client, store = app.test_client(), app.extensions["corral.store"]
     set_nodes(store, clock, "n1")
     slow, service = submit(client, command="sleep 1000"), submit(client, command="serve", job_type="service")
@@ -310,8 +311,8 @@ def test_run_jobs_past_the_timeout_are_failed(tmp_path, clock):
     assert report(client, slow, "failed", exit_code=-15).status_code == 409
 
 
-def test_a_failure_reported_past_the_timeout_is_final(tmp_path, clock):
-    app = make_app(tmp_path, clock, job_timeout_secs=60)
+def test_a_failure_reported_past_the_timeout_is_final(database_url, clock):
+    app = make_app(database_url, clock, job_timeout_secs=60)
     client, store = app.test_client(), app.extensions["corral.store"]
     set_nodes(store, clock, "n1")
     job = submit(client, command="sleep 1000")
@@ -402,8 +403,8 @@ def test_cancel(client, store, clock):
 
 # ---- retries, backoff and idempotency ------------------------------------------------
 
-def test_a_retry_waits_out_its_backoff(tmp_path, clock):
-    app = make_app(tmp_path, clock, retry_base_secs=10.0, retry_factor=2.0, retry_cap_secs=300.0)
+def test_a_retry_waits_out_its_backoff(database_url, clock):
+    app = make_app(database_url, clock, retry_base_secs=10.0, retry_factor=2.0, retry_cap_secs=300.0)
     client, store = app.test_client(), app.extensions["corral.store"]
     set_nodes(store, clock, "n1")
     submit(client, command="false", max_retries=3)
@@ -518,8 +519,8 @@ def test_a_drained_node_gets_no_new_work_and_keeps_what_it_runs(client, store, c
     assert client.get(f"/jobs/{waiting['job_id']}").json["node_id"] == "n1"
 
 
-def test_readiness_needs_the_database_and_a_fresh_node_list_or_the_registry(tmp_path, clock):
-    app = make_app(tmp_path, clock, registry_url="http://127.0.0.1:1", node_refresh_secs=2)
+def test_readiness_needs_the_database_and_a_fresh_node_list_or_the_registry(database_url, clock):
+    app = make_app(database_url, clock, registry_url="http://127.0.0.1:1", node_refresh_secs=2)
     client, store = app.test_client(), app.extensions["corral.store"]
     assert client.get("/healthz").status_code == 200
     stale = client.get("/readyz")          # no node list yet and the registry does not answer
