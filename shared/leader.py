@@ -45,6 +45,35 @@ def try_acquire(db: peewee.Database, name: str, me: str, ttl: float, now: float)
         return Lease.get_by_id(name).token if changed == 1 else None
 
 
+class LeaseLost(Exception):
+    """This process no longer holds the lease its write was made under."""
+
+
+class Fence:
+    """The lease a loop's writes are made under: `check()`, inside each of their
+    transactions, refuses the write unless the lease row still names this holder
+    and token. On PostgreSQL the row is read FOR SHARE, so a replica taking the
+    lease over waits for the transaction to end, and every later one sees the
+    new token: a leader that was paused (SIGSTOP, a frozen VM) past its lease and
+    wakes up changes nothing. SQLite's write lock already orders them."""
+
+    def __init__(self, name: str, holder: str):
+        self.name = name
+        self.holder = holder
+        self.token: int | None = None  # set by the loop after each acquisition
+
+    def check(self, db: peewee.Database) -> None:
+        if self.token is None:
+            raise LeaseLost(f"not holding the {self.name} lease")
+        query = Lease.select(Lease.token).where((Lease.name == self.name) & (Lease.holder == self.holder)
+                                                & (Lease.token == self.token))
+        if getattr(db, "for_update", False):
+            query = query.for_update("FOR SHARE")
+        if not list(query.tuples()):
+            token, self.token = self.token, None
+            raise LeaseLost(f"the {self.name} lease (token {token}) was taken over; this write is refused")
+
+
 def release(db: peewee.Database, name: str, me: str) -> None:
     with db.atomic():
         Lease.update(expires_at=0.0).where((Lease.name == name) & (Lease.holder == me)).execute()

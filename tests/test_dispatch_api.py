@@ -1,22 +1,21 @@
 """Fast dispatch, in process: claims, batches, the change feed, the waiting room and
 the retention purge, through Flask's test client and the store on a real SQLite file,
 with a fake clock. The same features against real gunicorn: test_dispatch.py."""
-import os
-import socket
+import contextlib
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
 
+import peewee
 import pytest
 
-from corral.scheduler import longpoll, wakeup
-from corral.scheduler.app import open_store
+from corral.scheduler import longpoll
+from corral.scheduler.app import create_schema, open_store
 from corral.scheduler.loops import PURGE_INTERVAL_SECS, Background
 from corral.scheduler.models import MODELS, Job, JobEvent, NodeLease
 from corral.scheduler.service import Scheduler
 from corral.scheduler.settings import SchedulerSettings
+from corral.shared.changefeed import ChangeFeed
 from corral.shared.errors import SettingError
 from helpers import wait_for
 
@@ -76,8 +75,8 @@ def test_without_limits_enforced_no_limits_are_recorded(client, store, clock):
     assert job["limits"] == {"memory_mb": 512, "cpu_percent": 100}
 
 
-def test_a_claim_never_exceeds_max_nor_the_nodes_free_slots(tmp_path, clock):
-    app = make_app(tmp_path, clock, max_jobs_per_node=3)
+def test_a_claim_never_exceeds_max_nor_the_nodes_free_slots(database_url, clock):
+    app = make_app(database_url, clock, max_jobs_per_node=3)
     client, store = app.test_client(), app.extensions["corral.store"]
     set_nodes(store, clock, "n1", slots=8)
     submit_batch(client, [{"command": str(i)} for i in range(6)])
@@ -102,15 +101,24 @@ def test_a_claim_renews_the_lease_and_places_waiting_work_first(client, store, c
     assert job["job_id"] == "job-2" and NodeLease.get_by_id("n1").renewed_at == clock.now
 
 
+def write_mark(db) -> object:
+    """Something that changes with every committed write: SQLite's data_version (seen
+    from a connection of its own), else the newest transaction id of any row."""
+    if isinstance(db, peewee.SqliteDatabase):
+        with contextlib.closing(sqlite3.connect(db.database)) as conn:
+            return conn.execute("PRAGMA data_version").fetchone()[0]
+    with db.connection_context():
+        return [db.execute_sql(f"SELECT max(xmin::text::bigint) FROM {model._meta.table_name}").fetchone()[0]
+                for model in MODELS]
+
+
 def test_a_claim_that_takes_nothing_writes_nothing_and_a_lost_answer_is_requeued(client, store, clock):
     set_nodes(store, clock, "n1", slots=1)
-    versions = sqlite3.connect(store.db.database)
-    before = versions.execute("PRAGMA data_version").fetchone()[0]
+    before = write_mark(store.db)
     assert claim(client, "n1") == []
     # No write at all: no lease for an idle node, and nothing for the watchers to see.
     assert NodeLease.get_or_none(NodeLease.node_id == "n1") is None
-    assert versions.execute("PRAGMA data_version").fetchone()[0] == before
-    versions.close()
+    assert write_mark(store.db) == before
     client.post("/jobs", json={"command": "x"})
     taken_at = clock.now
     (job,) = claim(client, "n1")          # say this answer never reaches the agent
@@ -194,8 +202,8 @@ def test_work_for_a_claim_that_waited_a_while_is_taken_by_the_next_claim(client,
     room.feed.stop()
 
 
-def test_a_full_waiting_room_answers_at_once(tmp_path, clock):
-    app = make_app(tmp_path, clock, long_poll_max_waiters=0)
+def test_a_full_waiting_room_answers_at_once(database_url, clock):
+    app = make_app(database_url, clock, long_poll_max_waiters=0)
     response = app.test_client().post("/nodes/n1/claim", json={"max": 1, "wait_secs": 20})
     assert response.status_code == 200 and response.json == []
     assert response.headers["X-Corral-Long-Poll"] == "busy"
@@ -212,69 +220,7 @@ def test_default_waiters_leave_threads_for_other_requests():
 
 # ---- the change feed and the waiting room ----------------------------------------------------
 
-def test_the_sqlite_feed_sees_commits_of_other_connections(tmp_path):
-    path = str(tmp_path / "feed.db")
-    writer = sqlite3.connect(path, isolation_level=None)
-    writer.execute("PRAGMA journal_mode=wal")
-    writer.execute("CREATE TABLE t (x)")
-    feed = wakeup.SqliteDataVersionFeed(path, interval=0.01)
-    try:
-        feed.ensure_started()
-        seen = feed.wait_for_change(0, 5)   # the first read counts as a change
-        assert feed.wait_for_change(seen, 0.2) == seen   # nothing committed: no change
-        writer.execute("INSERT INTO t VALUES (1)")
-        assert feed.wait_for_change(seen, 5) > seen
-    finally:
-        feed.stop()
-        writer.close()
-
-
-RING_FROM_ANOTHER_PROCESS = """
-import sqlite3, sys
-from corral.scheduler import wakeup
-conn = sqlite3.connect(sys.argv[1], isolation_level=None)
-conn.execute("INSERT INTO t VALUES (1)")
-conn.close()
-wakeup.Doorbells(sys.argv[1] + "-wake").ring()
-"""
-
-
-def test_a_commit_in_another_process_rings_the_watchers_doorbell(tmp_path):
-    path = str(tmp_path / "feed.db")
-    writer = sqlite3.connect(path, isolation_level=None)
-    writer.execute("PRAGMA journal_mode=wal")
-    writer.execute("CREATE TABLE t (x)")
-    writer.close()
-    feed = wakeup.SqliteDataVersionFeed(path, interval=30.0)  # only the doorbell can wake it in time
-    try:
-        feed.ensure_started()
-        seen = feed.wait_for_change(0, 5)   # the first read counts as a change
-        wait_for(lambda: os.path.exists(os.path.join(path + "-wake", f"{os.getpid()}.sock")), timeout=5,
-                 message="the watcher's doorbell")
-        subprocess.run([sys.executable, "-c", RING_FROM_ANOTHER_PROCESS, path], check=True, timeout=30)
-        assert feed.wait_for_change(seen, 10) > seen
-    finally:
-        feed.stop(timeout=1)
-    # A doorbell nobody listens to any more is removed by the next ring.
-    stale = os.path.join(path + "-wake", "999999999.sock")
-    bell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    bell.bind(stale)
-    bell.close()
-    wakeup.Doorbells(path + "-wake").ring()
-    assert not os.path.exists(stale)
-
-
-def test_the_fallback_feed_ticks():
-    feed = wakeup.IntervalFeed(interval=0.01)
-    try:
-        assert feed.wait_for_change(0, 5) > 0
-    finally:
-        feed.stop()
-    assert isinstance(wakeup.feed_for("postgres://u@h/db", None), wakeup.IntervalFeed)
-    assert isinstance(wakeup.feed_for("sqlite:///x.db", "x.db"), wakeup.SqliteDataVersionFeed)
-
-
-class ManualFeed(wakeup.ChangeFeed):
+class ManualFeed(ChangeFeed):
     def __init__(self):
         super().__init__(interval=1.0)
 
@@ -433,11 +379,11 @@ def test_a_bad_riding_claim_is_400_and_applies_no_report(client, store, clock, c
 # ---- retention -----------------------------------------------------------------------------------
 
 @pytest.fixture
-def plain_store(tmp_path):
-    settings = SchedulerSettings(database_url=f"sqlite:///{tmp_path}/s.db", job_retention_secs=1000,
+def plain_store(database_url):
+    settings = SchedulerSettings(database_url=database_url, job_retention_secs=1000,
                                  job_purge_batch=2, retry_base_secs=0.0)
+    create_schema(settings)
     store = open_store(settings)
-    store.db.create_tables(MODELS)
     return store
 
 
@@ -486,10 +432,10 @@ def test_old_finished_jobs_are_purged_in_chunks_with_their_events(plain_store):
     assert store.submit({"command": "new"}, now)[0].id == 9
 
 
-def test_retention_zero_keeps_everything(tmp_path):
-    settings = SchedulerSettings(database_url=f"sqlite:///{tmp_path}/s.db", job_retention_secs=0)
+def test_retention_zero_keeps_everything(database_url):
+    settings = SchedulerSettings(database_url=database_url, job_retention_secs=0)
+    create_schema(settings)
     store = open_store(settings)
-    store.db.create_tables(MODELS)
     job, _ = store.submit({"command": "x"}, T0)
     store.cancel(job.job_id, T0)
     store.submit({"command": "y"}, T0)
@@ -503,8 +449,8 @@ def test_retention_zero_keeps_everything(tmp_path):
         SchedulerSettings.from_env({"JOB_PURGE_BATCH": "0"})
 
 
-def test_the_waiters_check_counts_only_nodes_with_a_free_slot(tmp_path, clock):
-    app = make_app(tmp_path, clock, max_jobs_per_node=2)
+def test_the_waiters_check_counts_only_nodes_with_a_free_slot(database_url, clock):
+    app = make_app(database_url, clock, max_jobs_per_node=2)
     client, store = app.test_client(), app.extensions["corral.store"]
     set_nodes(store, clock, "n1", "n2", slots=2)
     submit_batch(client, [{"command": str(i)} for i in range(4)])

@@ -1,13 +1,14 @@
 """The scheduler's background pass, driven with a fake clock and a fake registry."""
 import pytest
 
-from corral.scheduler.app import open_store
+from corral.scheduler.app import create_schema, open_store
 from corral.scheduler.loops import Background
-from corral.scheduler.models import MODELS, Job
+from corral.scheduler.models import Job, Node
 from corral.scheduler.service import Scheduler
 from corral.scheduler.settings import SchedulerSettings
 from corral.scheduler.validation import status_report
 from corral.shared.clients import Unreachable
+from corral.shared.leader import LeaseLost
 
 T0 = 1_800_000_000.0
 
@@ -31,9 +32,9 @@ def node(node_id, status="healthy"):
 
 def store_with(database_url, **settings):
     """A scheduler store on a new database (each backend: `database_url`), with these settings."""
-    store = open_store(SchedulerSettings(database_url=database_url, **settings))
-    store.db.create_tables(MODELS)
-    return store
+    full = SchedulerSettings(database_url=database_url, **settings)
+    create_schema(full)
+    return open_store(full)
 
 
 @pytest.fixture
@@ -52,6 +53,30 @@ def test_only_the_lease_holder_works_and_another_takes_over_when_it_stops(store)
     assert second.tick(T0 + 5 + first.lease_ttl - 1) is False
     assert second.tick(T0 + 5 + first.lease_ttl + 0.1) is True   # the holder went silent
     assert first.tick(T0 + 5 + first.lease_ttl + 0.2) is False
+
+
+def test_a_leader_that_lost_its_lease_mid_pass_changes_nothing(store):
+    """A leader paused (SIGSTOP, a frozen VM) after taking its lease wakes up after another
+    process took over: every write of the rest of its pass is refused by the fence."""
+    registry = FakeRegistry([node("n1")])
+    old, new = Background(store, registry, "a"), Background(store, registry, "b")
+    assert old.tick(T0) is True
+    job = running_job(store, old, T0)
+    overdue = T0 + store.settings.job_timeout_secs + 50
+    taken_over = T0 + old.lease_ttl + 1
+    assert new.tick(taken_over) is True
+    store.renew_lease("n1", overdue)
+    # The old leader resumes the pass it started with its old token.
+    with pytest.raises(LeaseLost):
+        old.store.fail_timed_out(overdue)
+    with pytest.raises(LeaseLost):
+        old.scheduler.place(overdue)
+    with pytest.raises(LeaseLost):
+        old.store.sync_nodes([], overdue)
+    with pytest.raises(LeaseLost):
+        old._pass(overdue, 1)                      # the whole pass stops at its first write
+    assert Job.get_by_id(job.id).status == "running" and Node.select().count() == 1
+    assert new.tick(overdue) is True and Job.get_by_id(job.id).status == "failed"   # the new leader's work
 
 
 def test_nodes_are_refreshed_and_waiting_jobs_placed(store):
@@ -143,7 +168,8 @@ def test_a_new_leader_gives_every_node_a_full_lease_period(database_url):
 
 
 def test_a_job_that_keeps_losing_its_node_fails(database_url):
-    store = store_with(database_url, heartbeat_timeout_secs=1, node_lost_grace_secs=1, max_node_losses=1, retry_base_secs=0)
+    store = store_with(database_url, heartbeat_timeout_secs=1, node_lost_grace_secs=1, max_node_losses=1,
+                       retry_base_secs=0)
     background = Background(store, FakeRegistry([node("n1")]), "a")
     background.tick(T0)
     job = running_job(store, background, T0)

@@ -42,8 +42,8 @@ def test_items_past_the_cut_are_never_read():
 
 
 @pytest.fixture
-def client(tmp_path):
-    settings = SchedulerSettings(database_url=f"sqlite:///{tmp_path}/s.db", page_max_bytes=256 * 1024)
+def client(database_url):
+    settings = SchedulerSettings(database_url=database_url, page_max_bytes=256 * 1024)
     return create_app(settings).test_client()
 
 

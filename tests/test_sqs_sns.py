@@ -30,8 +30,9 @@ from cluster import Cluster, wait_scheduler_sees_healthy
 from corral.scheduler import aws_clients, sns_outbox, sqs_intake
 from corral.scheduler.notifications import notification
 from corral.scheduler.service import Scheduler
-from corral.scheduler.app import create_app, open_store
-from corral.scheduler.models import MODELS, Job, OutboxEvent
+from corral.scheduler.app import create_app, create_schema, open_store
+from corral.shared.leader import try_acquire
+from corral.scheduler.models import Job, OutboxEvent
 from corral.scheduler.settings import SchedulerSettings
 from corral.scheduler.validation import status_report
 from corral.shared.errors import BadRequest, Conflict, SettingError
@@ -345,8 +346,8 @@ def test_settings_from_the_environment():
 
 def make_store(tmp_path, **overrides):
     settings = SchedulerSettings(database_url=f"sqlite:///{tmp_path}/s.db", retry_base_secs=0, **overrides)
+    create_schema(settings)
     store = open_store(settings)
-    store.db.create_tables(MODELS)
     store.sync_nodes([{"node_id": "n1", "address": "a", "kind": "compute", "slots": 4, "status": "healthy"}], T0)
     return store
 
@@ -412,7 +413,10 @@ def test_stats_endpoint_counts_jobs_and_the_outbox(tmp_path):
 def intake_for(aws, tmp_path, queue, endpoint=None, **overrides):
     store = make_store(tmp_path, sqs_url=queue, aws_region=REGION, sqs_endpoint_url=endpoint or aws.endpoint,
                        sqs_wait_time_secs=0, **overrides)
-    return store, sqs_intake.Intake(store, holder="me", clock=lambda: T0)
+    intake = sqs_intake.Intake(store, holder="me", clock=lambda: T0)
+    # Passes of the intake hold its lease; a test that calls handle() alone takes it first.
+    intake.fence.token = try_acquire(store.db, sqs_intake.LEASE_NAME, "me", intake.lease_ttl, T0)
+    return store, intake
 
 
 def test_intake_pass_creates_jobs_drops_bad_messages_and_counts(aws, tmp_path, caplog):

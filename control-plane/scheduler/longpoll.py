@@ -6,7 +6,7 @@ process's `WaitRoom` and sleeps WITHOUT a database connection until it is poked:
 
 - by a commit in this process that placed a job on its node: `Store.dispatch`
   registers an after-commit callback that calls `poke(node_ids)`;
-- by the process's change feed (wakeup.py), which reports every commit anywhere
+- by the process's change feed (shared/changefeed.py), which reports every commit anywhere
   (another worker, another replica, the background loop). On the feed's thread,
   ONE grouped query ("which of the waiting nodes have pending jobs placed on
   them?") answers for every waiter of the process, and only the waiters of those
@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from .wakeup import ChangeFeed
+from corral.shared.changefeed import ChangeFeed
 
 log = logging.getLogger(__name__)
 

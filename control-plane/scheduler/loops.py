@@ -18,9 +18,11 @@ of their own, each behind its own lease, run with `PacedLoopThread`.
 """
 import atexit
 import logging
+import time
+from collections.abc import Callable
 
 from corral.shared.clients import ClientError, RegistryClient
-from corral.shared.leader import LoopThread, holder_id, release, try_acquire
+from corral.shared.leader import Fence, LeaseLost, LoopThread, holder_id, release, try_acquire
 
 from .service import Scheduler
 from .store import Store
@@ -34,11 +36,13 @@ PURGE_INTERVAL_SECS = 60.0
 
 class Background:
     def __init__(self, store: Store, registry: RegistryClient, holder: str | None = None):
-        self.store = store
-        self.scheduler = Scheduler(store)
+        self.holder = holder or holder_id()
+        self.fence = Fence(LEASE_NAME, self.holder)
+        # Every write of a pass is made under the lease: refused once another process holds it.
+        self.store = store.fenced(self.fence)
+        self.scheduler = Scheduler(self.store)
         self.registry = registry
         self.settings = store.settings
-        self.holder = holder or holder_id()
         # The lease outlives several passes, so a slow pass does not lose it.
         self.lease_ttl = max(10.0, 5 * self.settings.dispatch_interval_secs)
         self.next_sync = 0.0
@@ -50,11 +54,20 @@ class Background:
         self.last_pass: float | None = None
 
     def tick(self, now: float) -> bool:
-        """One pass; returns False when another process holds the lease."""
-        token = try_acquire(self.store.db, LEASE_NAME, self.holder, self.lease_ttl, now)
+        """One pass; returns False when another process holds the lease (or took it
+        over during the pass: the rest of the pass is refused by the fence)."""
+        token = self.fence.token = try_acquire(self.store.db, LEASE_NAME, self.holder, self.lease_ttl, now)
         if token is None:
             self.token = None
             return False
+        try:
+            return self._pass(now, token)
+        except LeaseLost as exc:
+            self.token = None
+            log.warning("stopped a background pass: %s", exc)
+            return False
+
+    def _pass(self, now: float, token: int) -> bool:
         if token != self.token:
             # Newly in charge (a start, a restart, a takeover): agents get a full
             # lease period from now before any node counts as lost.
@@ -148,7 +161,7 @@ def run_in_background(store: Store, loop: LoopThread, lease_name: str, holder: s
     return loop.start()
 
 
-def start(store: Store, registry: RegistryClient) -> LoopThread:
+def start(store: Store, registry: RegistryClient, clock: Callable[[], float] = time.time) -> LoopThread:
     background = Background(store, registry)
-    loop = LoopThread("scheduler-loops", store.settings.dispatch_interval_secs, background.tick)
+    loop = LoopThread("scheduler-loops", store.settings.dispatch_interval_secs, background.tick, clock=clock)
     return run_in_background(store, loop, LEASE_NAME, background.holder)

@@ -9,9 +9,15 @@ change or a due retry, and never hidden inside a write.
     cancel ─┼─ store (lifecycle) ──▶ Store.dispatch ──▶ waiting claims wake (on commit)
     retry  ─┤
     claim  ─┘ (a free slot of the claiming node is filled first, then taken)
+
+Every call that places starts its transaction with the placement lock
+(`placing()`): on PostgreSQL an advisory lock taken before any row lock, so a
+cancel, a retry, a report and a placement never wait on each other in a cycle;
+on SQLite the write lock every transaction takes already serialises them.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 from .models import Job
@@ -22,10 +28,18 @@ from .store import Store
 class Scheduler:
     store: Store
 
+    @contextlib.contextmanager
+    def placing(self):
+        """A transaction that may place: the placement lock first."""
+        with self.store.db.atomic():
+            self.store.db.lock_placement()
+            self.store.check_fence()  # a background loop's placement: still its lease's holder
+            yield
+
     def submit(self, fields: dict, now: float, idempotency_key: str | None = None) -> tuple[Job, bool]:
         """A new job, placed when a node has room. With an idempotency key, a repeat of
         the same request answers the job it created first (and False)."""
-        with self.store.db.atomic():
+        with self.placing():
             job, created = self.store.submit(fields, now, idempotency_key)
             placed = self.store.dispatch(now) if created else 0
         return (self.store.get(job.job_id) if placed else job), created
@@ -33,14 +47,14 @@ class Scheduler:
     def submit_batch(self, items: list[dict], now: float, idempotency_key: str | None = None
                      ) -> tuple[list[Job], bool]:
         """Many jobs in one transaction (all or nothing), then placed."""
-        with self.store.db.atomic():
+        with self.placing():
             jobs, created = self.store.submit_batch(items, now, idempotency_key)
             placed = self.store.dispatch(now) if created else 0
         return (self.store.reload(jobs) if placed else jobs), created
 
     def report(self, job_id: str, report: dict, now: float) -> Job:
         """An agent's report; a job that ended (or went back to pending) freed its slot."""
-        with self.store.db.atomic():
+        with self.placing():
             job = self.store.report(job_id, report, now)
             if job.status != "running" and self.store.dispatch(now) and job.status == "pending":
                 job = self.store.get(job_id)  # requeued: placement may have moved it since
@@ -51,7 +65,7 @@ class Scheduler:
         """Many reports (each on its own), one placement for the slots they freed, and the
         claim riding on them (node_id, claim request): an agent's next work comes with
         the answer to its reports, in the same transaction."""
-        with self.store.db.atomic():
+        with self.placing():
             results = self.store.apply_reports(items, now)
             if any(r["code"] == 200 for r in results):
                 self.store.dispatch(now)
@@ -76,19 +90,19 @@ class Scheduler:
 
     def cancel(self, job_id: str, now: float) -> Job:
         """Cancel a pending or running job (its agent ends a running one); its slot is free."""
-        with self.store.db.atomic():
+        with self.placing():
             self.store.cancel(job_id, now)
             self.store.dispatch(now)
         return self.store.get(job_id)
 
     def retry(self, job_id: str, now: float) -> Job:
         """An operator's retry of a failed job, placed when a node has room."""
-        with self.store.db.atomic():
+        with self.placing():
             self.store.retry(job_id, now)
             self.store.dispatch(now)
         return self.store.get(job_id)
 
     def place(self, now: float) -> int:
         """Placement on its own (the background pass: node changes, due retries)."""
-        with self.store.db.atomic():
+        with self.placing():
             return self.store.dispatch(now)

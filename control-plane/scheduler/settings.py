@@ -5,6 +5,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from corral.shared import settings as s
+from corral.shared.db import DatabaseOptions
 from corral.shared.credentials import Credentials, server_credentials
 from corral.shared.guards import allowed_hosts
 from corral.shared.errors import SettingError
@@ -17,6 +18,8 @@ from .retry import Backoff
 class SchedulerSettings:
     database_url: str
     sqlite_synchronous: str = "NORMAL"
+    # CORRAL_DB_POOL_SIZE, CORRAL_DB_POOL_WAIT_SECS, CORRAL_PG_POLL_ONLY (shared/db.py).
+    db_options: DatabaseOptions = DatabaseOptions()
     # The registry's base URL, or its replicas' comma-separated (the client fails over).
     registry_url: str = "http://127.0.0.1:9000"
     # CA bundle that verifies an https:// REGISTRY_URL; None: the system's CAs.
@@ -79,6 +82,7 @@ class SchedulerSettings:
         return cls(
             database_url=s.database_url(env, "scheduler.db"),
             sqlite_synchronous=s.sqlite_synchronous(env),
+            db_options=DatabaseOptions.from_env(env),
             registry_url=s.env_urls(env, "REGISTRY_URL", "http://127.0.0.1:9000"),
             registry_ca_bundle=s.env_file(env, "REGISTRY_CA_BUNDLE"),
             credentials=server_credentials(env),

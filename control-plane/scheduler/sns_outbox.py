@@ -17,8 +17,10 @@ pure `publish_entry` is apart from the loop.
 """
 import json
 import logging
+import time
+from collections.abc import Callable
 
-from corral.shared.leader import holder_id, try_acquire
+from corral.shared.leader import Fence, holder_id, try_acquire
 
 from . import aws_clients
 from .retry import Backoff
@@ -53,9 +55,10 @@ class Publisher:
     """One pass of the outbox publisher per `tick(now)`; returns the seconds until the next pass."""
 
     def __init__(self, store, holder: str | None = None, client_factory=aws_clients.sns_client):
-        self.store = store
-        self.settings = store.settings
         self.holder = holder or holder_id()
+        self.fence = Fence(LEASE_NAME, self.holder)
+        self.store = store.fenced(self.fence)  # its writes are refused once the lease is lost
+        self.settings = store.settings
         self.client_factory = client_factory
         self.client = None
         self.fifo = (self.settings.sns_topic_arn or "").endswith(".fifo")
@@ -69,7 +72,7 @@ class Publisher:
         self.next_purge = 0.0
 
     def tick(self, now: float) -> float:
-        token = try_acquire(self.store.db, LEASE_NAME, self.holder, self.lease_ttl, now)
+        token = self.fence.token = try_acquire(self.store.db, LEASE_NAME, self.holder, self.lease_ttl, now)
         if token is None:
             self.token = None
             return self.lease_ttl / 4
@@ -131,11 +134,11 @@ class Publisher:
         return pending, oldest_age
 
 
-def start(store):
+def start(store, clock: Callable[[], float] = time.time):
     """Run the publisher in this process (every gunicorn worker; the lease picks one)."""
     from .loops import PacedLoopThread, run_in_background
 
     publisher = Publisher(store)
     loop = PacedLoopThread("sns-outbox", store.settings.sns_poll_interval_secs, publisher.tick,
-                           max_backoff=store.settings.sns_backoff_cap_secs)
+                           max_backoff=store.settings.sns_backoff_cap_secs, clock=clock)
     return run_in_background(store, loop, LEASE_NAME, publisher.holder)

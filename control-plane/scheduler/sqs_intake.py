@@ -30,7 +30,7 @@ import peewee
 
 from corral.shared import json_body
 from corral.shared.errors import BadRequest, CorralError
-from corral.shared.leader import holder_id, try_acquire
+from corral.shared.leader import Fence, LeaseLost, holder_id, try_acquire
 
 from . import aws_clients, metrics, validation
 from .retry import Backoff
@@ -103,8 +103,8 @@ def classify(exc: Exception) -> str:
         return "reject"        # the request itself is refused: it would be refused every time
     if isinstance(exc, peewee.DatabaseError) and not isinstance(exc, peewee.IntegrityError):
         return "retry"         # our database, not the message: try again, never give up on it
-    if isinstance(exc, peewee.InterfaceError):
-        return "retry"
+    if isinstance(exc, (peewee.InterfaceError, LeaseLost)):
+        return "retry"         # (another replica took the intake over: it will see the message again)
     return "unexpected"
 
 
@@ -161,11 +161,12 @@ class Intake:
 
     def __init__(self, store, holder: str | None = None, client_factory=aws_clients.sqs_client,
                  clock: Callable[[], float] = time.time):
-        self.store = store
-        self.scheduler = Scheduler(store)
+        self.holder = holder or holder_id()
+        self.fence = Fence(LEASE_NAME, self.holder)
+        self.store = store.fenced(self.fence)  # its writes are refused once the lease is lost
+        self.scheduler = Scheduler(self.store)
         self.clock = clock  # a receive may wait: jobs are created at the time it returned
         self.settings = store.settings
-        self.holder = holder or holder_id()
         self.client_factory = client_factory
         self.client = None
         # A pass waits up to SQS_WAIT_TIME_SECS in ReceiveMessage, then submits:
@@ -176,7 +177,7 @@ class Intake:
         self.failures = 0
 
     def tick(self, now: float) -> float:
-        token = try_acquire(self.store.db, LEASE_NAME, self.holder, self.lease_ttl, now)
+        token = self.fence.token = try_acquire(self.store.db, LEASE_NAME, self.holder, self.lease_ttl, now)
         if token is None:
             self.token = None
             return min(5.0, self.lease_ttl / 4)
@@ -331,11 +332,11 @@ class Intake:
         return delay
 
 
-def start(store):
+def start(store, clock: Callable[[], float] = time.time):
     """Run the intake in this process (every gunicorn worker; the lease picks one)."""
     from .loops import PacedLoopThread, run_in_background
 
-    intake = Intake(store)
-    loop = PacedLoopThread("sqs-intake", 1.0, intake.tick, max_backoff=store.settings.sqs_backoff_cap_secs)
+    intake = Intake(store, clock=clock)
+    loop = PacedLoopThread("sqs-intake", 1.0, intake.tick, max_backoff=store.settings.sqs_backoff_cap_secs, clock=clock)
     # The thread may sit in a long poll: do not hold a stopping worker up for it.
     return run_in_background(store, loop, LEASE_NAME, intake.holder, join_timeout=1.0)

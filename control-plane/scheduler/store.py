@@ -5,9 +5,10 @@ tests drive them with fixed times. Every status change goes through
 `_transition`, which checks it against shared.states and records an event.
 
 Concurrency: on SQLite every `db.atomic()` is BEGIN IMMEDIATE, so transactions
-that place jobs are serialised by the database lock. On other databases the
-first statement of `dispatch` updates the round-robin row, which takes a row
-lock and serialises placement the same way.
+that place jobs are serialised by the database lock. On PostgreSQL placement is
+serialised by a transaction-level advisory lock (`db.lock_placement()`), which
+service.Scheduler takes before its transaction locks any row; claims skip the
+rows another claim holds (FOR UPDATE SKIP LOCKED).
 
 When SNS_TOPIC_ARN is set, `_transition` also writes a notification row to the
 outbox (sns_outbox) for every final status, in the same transaction: the
@@ -15,6 +16,7 @@ notification exists exactly when the status change does (sns_outbox.py
 publishes it).
 """
 import contextlib
+import copy
 import logging
 import os
 from collections.abc import Callable
@@ -23,6 +25,7 @@ import peewee
 from peewee import fn
 
 from corral.shared.errors import BadRequest, BatchError, Conflict, CorralError, NotFound
+from corral.shared.leader import Fence
 from corral.shared.states import ACTIVE, check_transition
 from corral.shared.statements import Statements, param
 from corral.shared.timeutil import epoch
@@ -55,13 +58,25 @@ class Store:
         waiting room: the claims of those nodes wake at once)."""
         self.db = db
         self.settings = settings
-        # SQLite: every write transaction holds the one database lock (BEGIN IMMEDIATE).
-        self._single_writer = isinstance(db, peewee.SqliteDatabase)
         # The statements of a job's trip (place, claim, report), compiled once: see shared/statements.py.
         self._sql = Statements()
         self.policy = lifecycle.Policy(settings.max_node_losses, settings.job_timeout_secs,
                                        settings.output_tail_bytes, settings.backoff)
         self.on_placed = on_placed
+        # The lease the background loops write under (fenced()); None for the API's writes.
+        self.fence: Fence | None = None
+
+    def fenced(self, fence: Fence) -> "Store":
+        """This store for a background loop: each of its write transactions first checks
+        that the loop still holds its lease (shared/leader.py Fence)."""
+        loop_store = copy.copy(self)
+        loop_store.fence = fence
+        return loop_store
+
+    def check_fence(self) -> None:
+        """Inside a write transaction: refuse it (LeaseLost) when a loop lost its lease."""
+        if self.fence is not None:
+            self.fence.check(self.db)
 
     # ---- views -------------------------------------------------------------
 
@@ -408,6 +423,7 @@ class Store:
         before `finished_before`, with their events; one short transaction. The
         newest job row is always kept, so that job ids are never handed out again."""
         with self.db.atomic():
+            self.check_fence()
             newest = Job.select(fn.MAX(Job.id)).scalar()
             if newest is None:
                 return 0
@@ -452,6 +468,7 @@ class Store:
         deadline = now - self.settings.job_timeout_secs
         ended = []
         with self.db.atomic():
+            self.check_fence()
             overdue = Job.select().where((Job.status == "running") & (Job.job_type == "run")
                                          & (Job.running_at < deadline))
             for job in overdue:
@@ -468,6 +485,7 @@ class Store:
             "drained": bool(n.get("drained")), "last_heartbeat": epoch(n.get("last_heartbeat")),
         } for n in nodes]
         with self.db.atomic():
+            self.check_fence()
             Node.delete().execute()
             # Every NODE_REFRESH_SECS for every node: one compiled statement, run per row.
             self._sql.execute_many(self.db, "node row", lambda: Node.insert(
@@ -515,6 +533,7 @@ class Store:
                                        & (Job.running_at < deadline)))
         ended = []
         with self.db.atomic():
+            self.check_fence()
             for job in lost:
                 renewed = NodeLease.get_or_none(NodeLease.node_id == job.node_id)
                 silent = f"{now - renewed.renewed_at:.0f}s" if renewed else "ever"
@@ -527,19 +546,14 @@ class Store:
         """Place waiting jobs on nodes with free slots (pure placement.plan over the
         snapshot, each assignment a conditional update); the number placed."""
         with self._tx():
-            # Most calls find no free slot (a busy cluster, or none yet): answer that
-            # before locking the cursor. Where several transactions can place at once
-            # (not SQLite), the slots are counted again under the cursor's row lock.
+            # One placement at a time across every process (the caller usually took
+            # the lock first; taking it again is free). Most calls find no free slot.
+            self.db.lock_placement()
             slots = self._free_slots()
             total_free = sum(s.free for s in slots)
             if total_free <= 0:
                 return 0
-            cursor, cursor_stored = self._lock_cursor()
-            if not self._single_writer:
-                slots = self._free_slots()
-                total_free = sum(s.free for s in slots)
-                if total_free <= 0:
-                    return 0
+            cursor, cursor_stored = self._cursor()
             def unplaced(pinned):
                 return Job.select(Job.id, Job.attempt, Job.instance_id, Job.memory_mb, Job.cpu_percent).where(
                     (Job.status == "pending") & Job.node_id.is_null()
@@ -597,6 +611,7 @@ class Store:
         if not ids:
             return 0
         with self.db.atomic():
+            self.check_fence()
             marked = OutboxEvent.update(published_at=now, publish_attempts=OutboxEvent.publish_attempts + 1,
                                         last_error=None).where(
                 OutboxEvent.id.in_(ids) & OutboxEvent.published_at.is_null()).execute()
@@ -609,6 +624,7 @@ class Store:
         if not errors:
             return
         with self.db.atomic():
+            self.check_fence()
             for row_id, error in errors.items():
                 OutboxEvent.update(publish_attempts=OutboxEvent.publish_attempts + 1, last_error=error[:1000]).where(
                     (OutboxEvent.id == row_id) & OutboxEvent.published_at.is_null()).execute()
@@ -618,6 +634,7 @@ class Store:
     def outbox_purge(self, published_before: float) -> int:
         """Delete published notifications older than the retention."""
         with self.db.atomic():
+            self.check_fence()
             return OutboxEvent.delete().where(OutboxEvent.published_at.is_null(False)
                                               & (OutboxEvent.published_at < published_before)).execute()
 
@@ -726,13 +743,8 @@ class Store:
             raise BadRequest(f"no node allows memory_mb={job.memory_mb}, cpu_percent={job.cpu_percent} "
                              f"({largest})")
 
-    def _lock_cursor(self) -> tuple[str | None, bool]:
-        """The round-robin cursor, locked for this transaction, and whether its row
-        exists. SQLite's write lock already serialises placement; elsewhere the row
-        is created if missing and a no-op write row-locks it."""
-        if not self._single_writer:
-            SchedulerState.insert(key=RR_CURSOR, value=None).on_conflict_ignore().execute()
-            SchedulerState.update(value=SchedulerState.value).where(SchedulerState.key == RR_CURSOR).execute()
+    def _cursor(self) -> tuple[str | None, bool]:
+        """The round-robin cursor (read under the placement lock), and whether its row exists."""
         rows = self._sql.rows(self.db, "cursor value", lambda: SchedulerState.select(SchedulerState.value).where(
             SchedulerState.key == RR_CURSOR))
         return (rows[0][0], True) if rows else (None, False)

@@ -1,0 +1,288 @@
+"""PostgreSQL: several replicas of each service on one database.
+
+Everything that is PostgreSQL's own lives here:
+
+- `PostgresDatabase`: peewee's pooled PostgreSQL database on psycopg 3. A
+  request takes a connection for its duration (a long-poll claim gives it back
+  while it waits); a request that finds all `pool_size` taken waits up to
+  `pool_wait_secs`, then answers 503. Every new session gets the service's own
+  schema as its search_path (registry and scheduler may share one database:
+  both have a `node` and a `lease` table) and three timeouts, so that a replica
+  stopped in the middle of a transaction (SIGSTOP, a frozen VM) cannot hold
+  locks the others wait on for long: `idle_in_transaction_session_timeout`
+  ends its session and releases its locks, `lock_timeout` bounds every wait
+  for a lock (the others answer 503 and retry), `statement_timeout` any query.
+- `lock_placement()`: placement is serialised by a transaction-level advisory
+  lock, taken before the transaction locks any row (service.Scheduler), so a
+  cancel, a retry and a placement cannot deadlock.
+- `check_server()`: what start-up refuses (exit 2) — a URL that does not
+  connect (named by host and database, never the password), a server older
+  than 13, a pool that would not fit in `max_connections`.
+- `DatabaseClock`: on PostgreSQL every time that decides something (leases,
+  node loss, timeouts, backoff, retention) is the database's clock: each
+  process measures its offset to it and adds it to its own clock, so replicas
+  on hosts whose clocks differ still agree. The measured skew is reported by
+  /readyz (503 above `MAX_SKEW_SECS`).
+- `NotifyFeed`: waking the long-poll claims waiting on other replicas with
+  LISTEN/NOTIFY (debounced), with a periodic re-check as the fallback.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from urllib.parse import unquote, urlsplit
+
+import psycopg
+from playhouse.pool import PooledPostgresqlDatabase
+
+from ..changefeed import ERROR_BACKOFF_SECS, ChangeFeed
+from ..errors import SettingError
+
+log = logging.getLogger(__name__)
+
+MIN_SERVER_VERSION = 130000  # PostgreSQL 13
+# Session timeouts (milliseconds). Corral's transactions last milliseconds; a
+# transaction idle for 5 s is a stopped process, whose locks must go.
+LOCK_TIMEOUT_MS = 5000
+IDLE_IN_TRANSACTION_TIMEOUT_MS = 5000
+STATEMENT_TIMEOUT_MS = 30000
+CONNECT_TIMEOUT_SECS = 5
+# Threads of a server process that may hold a connection outside requests (the
+# background pass, SQS intake, SNS outbox, the long-poll room's check): a pool
+# needs these plus one for requests.
+BACKGROUND_CONNECTIONS = 4
+MIN_POOL_SIZE = BACKGROUND_CONNECTIONS + 1
+# The advisory lock keys (pg_advisory_xact_lock takes a bigint): any constants
+# that no other application in the same database is likely to use.
+PLACEMENT_LOCK_KEY = 0x436F7272_616C0001
+MAX_SKEW_SECS = 2.0
+CLOCK_REFRESH_SECS = 10.0
+# LISTEN/NOTIFY: a process sends at most one notification per DEBOUNCE_SECS
+# (the first at once, the rest of a burst together), and its listener looks at
+# the database every RECHECK_SECS even without one (notifications sent while
+# it reconnects are lost).
+DEBOUNCE_SECS = 0.005
+RECHECK_SECS = 1.0
+POLL_ONLY_INTERVAL_SECS = 0.25
+
+
+def schema_for(service: str) -> str:
+    return f"corral_{service}"
+
+
+def parse_url(url: str) -> dict:
+    """The parts of a postgresql:// URL, or a SettingError (the password is never echoed)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise SettingError(f"DATABASE_URL is not a valid postgresql:// URL ({exc})") from None
+    database = unquote(parts.path.lstrip("/"))
+    if parts.scheme not in ("postgres", "postgresql") or not database or "/" in database:
+        raise SettingError("DATABASE_URL must look like postgresql://USER:PASSWORD@HOST:PORT/DATABASE, "
+                           f"got {redact(url)!r}")
+    return {"host": parts.hostname or "localhost", "port": port or 5432, "database": database,
+            "user": unquote(parts.username) if parts.username else None}
+
+
+def redact(url: str) -> str:
+    """`url` without its password."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return parts._replace(netloc=netloc).geturl()
+
+
+class PostgresDatabase(PooledPostgresqlDatabase):
+    """The pooled database of one service (its schema and session timeouts set on connect)."""
+
+    single_writer = False
+
+    def __init__(self, url: str, service: str, pool_size: int, pool_wait_secs: float):
+        self.url = url
+        self.where = parse_url(url)
+        self.schema = schema_for(service)
+        self.pool_size = pool_size
+        super().__init__(url, max_connections=pool_size, timeout=pool_wait_secs, stale_timeout=300,
+                         prefer_psycopg3=True, connect_timeout=CONNECT_TIMEOUT_SECS,
+                         keepalives=1, keepalives_idle=10, keepalives_interval=5, keepalives_count=3,
+                         application_name=f"corral-{service}")
+        self.clock = DatabaseClock(self)
+
+    def _initialize_connection(self, conn):
+        with conn.cursor() as cursor:
+            cursor.execute(f"SET search_path TO {self.schema}; "
+                           f"SET lock_timeout = {LOCK_TIMEOUT_MS}; "
+                           f"SET idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION_TIMEOUT_MS}; "
+                           f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}; "
+                           "SET TimeZone = 'UTC'")
+
+    def lock_placement(self) -> None:
+        """Serialise placement across every replica, until this transaction ends."""
+        self.execute_sql("SELECT pg_advisory_xact_lock(%s)", (PLACEMENT_LOCK_KEY,))
+
+    def create_schema(self) -> None:
+        self.execute_sql(f"CREATE SCHEMA IF NOT EXISTS {self.schema}")
+
+    def lost(self) -> str | None:
+        return None  # a server that went away shows as failed queries (503), not here
+
+
+def check_server(db: PostgresDatabase, pool_size: int, processes: int) -> None:
+    """Refuse to start (SettingError) on a server we cannot use; log the clock skew."""
+    where = f"database {db.where['database']!r} on {db.where['host']}:{db.where['port']}"
+    if pool_size < MIN_POOL_SIZE:
+        raise SettingError(f"CORRAL_DB_POOL_SIZE={pool_size} is too small: a server process needs "
+                           f"{BACKGROUND_CONNECTIONS} connections for its background threads and one for requests "
+                           f"(at least {MIN_POOL_SIZE})")
+    try:
+        with psycopg.connect(db.url, connect_timeout=CONNECT_TIMEOUT_SECS, autocommit=True) as conn:
+            version = conn.info.server_version
+            max_connections = int(conn.execute("SHOW max_connections").fetchone()[0])
+            reserved = int(conn.execute("SHOW superuser_reserved_connections").fetchone()[0])
+    except psycopg.Error as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        password = urlsplit(db.url).password
+        if password:
+            reason = reason.replace(password, "***")
+        raise SettingError(f"cannot connect to PostgreSQL {where}: {reason}") from None
+    if version < MIN_SERVER_VERSION:
+        raise SettingError(f"PostgreSQL {version // 10000} at {db.where['host']}:{db.where['port']} is too old: "
+                           "Corral needs PostgreSQL 13 or newer")
+    available = max_connections - reserved
+    wanted = pool_size * processes
+    if wanted > available:
+        raise SettingError(f"{processes} server process(es) x CORRAL_DB_POOL_SIZE={pool_size} = {wanted} connections, "
+                           f"more than the {available} that {where} allows (max_connections {max_connections} "
+                           f"minus {reserved} reserved): lower CORRAL_DB_POOL_SIZE or raise max_connections")
+    log.info("PostgreSQL %s: %d process(es) x %d connections of its %d (every replica and the other service "
+             "count too)", where, processes, pool_size, available)
+    skew = db.clock.measure()
+    if abs(skew) > MAX_SKEW_SECS:
+        log.warning("this host's clock differs from the database's by %.1f s; Corral goes by the database's, "
+                    "but /readyz answers 503 until the clocks agree within %.0f s", skew, MAX_SKEW_SECS)
+
+
+class DatabaseClock:
+    """The database's clock, read as this process's clock plus a measured offset
+    (remeasured every CLOCK_REFRESH_SECS on a short-lived connection of its own,
+    so asking the time never waits for a query)."""
+
+    def __init__(self, db: PostgresDatabase, local: Callable[[], float] = time.time):
+        self.db = db
+        self.local = local
+        self.offset = 0.0
+        self.measured_at: float | None = None
+        self._lock = threading.Lock()
+
+    def measure(self) -> float:
+        """Read the database's clock once; the new offset (database minus here)."""
+        with psycopg.connect(self.db.url, connect_timeout=CONNECT_TIMEOUT_SECS, autocommit=True) as conn:
+            before = self.local()
+            (theirs,) = conn.execute("SELECT EXTRACT(EPOCH FROM clock_timestamp())::float8").fetchone()
+            after = self.local()
+        self.offset = float(theirs) - (before + after) / 2
+        self.measured_at = after
+        return self.offset
+
+    def __call__(self) -> float:
+        here = self.local()
+        if self.measured_at is None or here - self.measured_at > CLOCK_REFRESH_SECS:
+            if self._lock.acquire(blocking=False):
+                try:
+                    self.measure()
+                except psycopg.Error as exc:  # keep the last offset; the database answers 503 anyway
+                    self.measured_at = here
+                    log.warning("cannot read the database's clock (%s); keeping the last offset", exc)
+                finally:
+                    self._lock.release()
+        return here + self.offset
+
+    def skew(self) -> float:
+        return self.offset
+
+
+class NotifyFeed(ChangeFeed):
+    """Other replicas' commits, from LISTEN on a connection of its own; `ring()` sends
+    a (debounced) NOTIFY from another. Notifications of this process are skipped
+    (its own waiters were poked directly)."""
+
+    name = "pg-listener"
+
+    def __init__(self, url: str, channel: str, recheck: float = RECHECK_SECS, debounce: float = DEBOUNCE_SECS):
+        super().__init__(recheck)
+        self.url = url
+        self.channel = channel
+        self.debounce = debounce
+        self._wanted = threading.Event()
+        self._sender_pid: int | None = None
+        self._own_backend = -1
+
+    def ring(self) -> None:
+        pid = os.getpid()
+        if self._sender_pid != pid:
+            with _START_LOCK:
+                if self._sender_pid != pid:
+                    self._wanted = threading.Event()
+                    threading.Thread(target=self._send_loop, name="corral-pg-notify", daemon=True).start()
+                    self._sender_pid = pid
+        self._wanted.set()
+
+    def _send_loop(self) -> None:
+        conn = None
+        while True:
+            self._wanted.wait()
+            self._wanted.clear()
+            try:
+                if conn is None or conn.closed:
+                    conn = psycopg.connect(self.url, connect_timeout=CONNECT_TIMEOUT_SECS, autocommit=True)
+                    self._own_backend = conn.info.backend_pid
+                conn.execute("SELECT pg_notify(%s, '')", (self.channel,))
+            except psycopg.Error as exc:  # the others notice at their next re-check
+                log.warning("cannot notify the other replicas (%s)", exc)
+                conn = None
+                time.sleep(ERROR_BACKOFF_SECS)
+            time.sleep(self.debounce)  # what rings meanwhile goes out as one notification
+
+    def _run(self) -> None:
+        conn = None
+        failing = False
+        while not self._stop.is_set():
+            try:
+                if conn is None:
+                    conn = psycopg.connect(self.url, connect_timeout=CONNECT_TIMEOUT_SECS, autocommit=True)
+                    conn.execute(f'LISTEN "{self.channel}"')
+                    if failing:
+                        log.info("listening for other replicas' work again")
+                        failing = False
+                    self.changed()  # what was sent while we were not listening
+                # One notification or the re-check period, whichever comes first; this
+                # process's own are skipped (its waiters were poked at its commit).
+                got = list(conn.notifies(timeout=self.interval, stop_after=1))
+                if not got or any(n.pid != self._own_backend for n in got):
+                    self.changed()
+            except psycopg.Error as exc:
+                if not failing:
+                    log.warning("cannot listen for other replicas' work (%s); looking every %.0f s instead",
+                                exc, ERROR_BACKOFF_SECS)
+                    failing = True
+                if conn is not None:
+                    try:
+                        conn.close()
+                    except psycopg.Error:
+                        pass
+                    conn = None
+                self.changed()
+                self._stop.wait(ERROR_BACKOFF_SECS)
+        if conn is not None:
+            conn.close()
+
+
+_START_LOCK = threading.Lock()

@@ -1,0 +1,119 @@
+"""The SQLite backend (shared/backends/sqlite.py): its change feed (data_version and
+doorbells), the fallback feed, and what it says when its file or disk goes."""
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from corral.shared import db as dbmod
+from corral.shared.backends import sqlite
+from corral.shared.changefeed import IntervalFeed
+from helpers import wait_for
+
+
+def test_the_sqlite_feed_sees_commits_of_other_connections(tmp_path):
+    path = str(tmp_path / "feed.db")
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("PRAGMA journal_mode=wal")
+    writer.execute("CREATE TABLE t (x)")
+    feed = sqlite.DataVersionFeed(path, interval=0.01)
+    try:
+        feed.ensure_started()
+        seen = feed.wait_for_change(0, 5)   # the first read counts as a change
+        assert feed.wait_for_change(seen, 0.2) == seen   # nothing committed: no change
+        writer.execute("INSERT INTO t VALUES (1)")
+        assert feed.wait_for_change(seen, 5) > seen
+    finally:
+        feed.stop()
+        writer.close()
+
+
+RING_FROM_ANOTHER_PROCESS = """
+import sqlite3, sys
+from corral.shared.backends import sqlite
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("INSERT INTO t VALUES (1)")
+conn.close()
+sqlite.Doorbells(sys.argv[1] + "-wake").ring()
+"""
+
+
+def test_a_commit_in_another_process_rings_the_watchers_doorbell(tmp_path):
+    path = str(tmp_path / "feed.db")
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("PRAGMA journal_mode=wal")
+    writer.execute("CREATE TABLE t (x)")
+    writer.close()
+    feed = sqlite.DataVersionFeed(path, interval=30.0)  # only the doorbell can wake it in time
+    try:
+        feed.ensure_started()
+        seen = feed.wait_for_change(0, 5)   # the first read counts as a change
+        wait_for(lambda: os.path.exists(os.path.join(path + "-wake", f"{os.getpid()}.sock")), timeout=5,
+                 message="the watcher's doorbell")
+        subprocess.run([sys.executable, "-c", RING_FROM_ANOTHER_PROCESS, path], check=True, timeout=30)
+        assert feed.wait_for_change(seen, 10) > seen
+    finally:
+        feed.stop(timeout=1)
+    # A doorbell nobody listens to any more is removed by the next ring.
+    stale = os.path.join(path + "-wake", "999999999.sock")
+    bell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    bell.bind(stale)
+    bell.close()
+    sqlite.Doorbells(path + "-wake").ring()
+    assert not os.path.exists(stale)
+
+
+def test_the_fallback_feed_ticks():
+    feed = IntervalFeed(interval=0.01)
+    try:
+        assert feed.wait_for_change(0, 5) > 0
+    finally:
+        feed.stop()
+
+
+def test_each_backend_gets_its_own_feed(tmp_path):
+    db = dbmod.open_database(f"sqlite:///{tmp_path}/x.db")
+    assert isinstance(dbmod.change_feed(db, "scheduler"), sqlite.DataVersionFeed)
+    memory = dbmod.open_database("sqlite:///:memory:")
+    assert isinstance(dbmod.change_feed(memory, "scheduler"), IntervalFeed)
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_database_file_that_goes_away_is_noticed_and_refuses_writes(tmp_path, how):
+    path = tmp_path / "x.db"
+    db = dbmod.open_database(f"sqlite:///{path}")
+    with db.connection_context():
+        db.execute_sql("CREATE TABLE t (x)")
+    checks: dict = {}
+    with db.connection_context():
+        dbmod.check_ready(db, checks)
+    assert checks["database"] == "ok"
+    os.unlink(path)
+    if how == "replaced":
+        sqlite3.connect(path).close()
+    with db.connection_context():
+        with pytest.raises(RuntimeError, match="deleted"):
+            dbmod.check_ready(db, {})
+        with pytest.raises(dbmod.peewee.OperationalError, match="deleted"):
+            with db.atomic():
+                db.execute_sql("INSERT INTO t VALUES (1)")
+    dbmod.close_idle(db)
+
+
+def test_a_full_disk_is_noticed(tmp_path, monkeypatch):
+    db = dbmod.open_database(f"sqlite:///{tmp_path}/x.db")
+    real = os.statvfs(tmp_path)
+
+    class Full:
+        f_bavail, f_frsize = 10, real.f_frsize
+
+    monkeypatch.setattr(sqlite.os, "statvfs", lambda path: Full())
+    assert "full" in db.lost()
+    with db.connection_context():
+        with pytest.raises(dbmod.peewee.OperationalError, match="full"):
+            with db.atomic():
+                pass
+    dbmod.close_idle(db)
