@@ -201,6 +201,31 @@ def gauge(name: str, documentation: str, labelnames: tuple[str, ...], values: di
     return family
 
 
+# The database's own health, on PostgreSQL (shared/backends/postgres.py `health`).
+DATABASE_GAUGES = ("corral_db_live_tuples", "corral_db_dead_tuples", "corral_db_oldest_transaction_age_seconds",
+                   "corral_db_clock_skew_seconds")
+
+
+def database_gauges(db) -> list:
+    """The gauges of the database's health (PostgreSQL only; none on SQLite)."""
+    health = getattr(db, "health", None)
+    if health is None:
+        return []
+    seen = health()
+    tables = seen["tables"]
+    return [
+        gauge("corral_db_live_tuples", "Live rows of each of this service's tables (PostgreSQL's estimate).",
+              ("table",), {(name,): live for name, (live, _) in tables.items()}),
+        gauge("corral_db_dead_tuples", "Dead rows of each of this service's tables not yet vacuumed; a number "
+              "that keeps growing means autovacuum cannot keep up (see the README, Running on PostgreSQL).",
+              ("table",), {(name,): dead for name, (_, dead) in tables.items()}),
+        gauge("corral_db_oldest_transaction_age_seconds", "Age of the oldest open transaction in the database "
+              "(any client): a long one holds vacuum back.", (), {(): seen["oldest_transaction_secs"]}),
+        gauge("corral_db_clock_skew_seconds", "The database server's clock minus this host's, as last measured.",
+              (), {(): seen["clock_skew_secs"]}),
+    ]
+
+
 class _ScrapeTime:
     """A collector for one scrape: the families `scrape()` computes (from the database)."""
 

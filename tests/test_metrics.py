@@ -25,6 +25,7 @@ from aws import CLIENT_KWARGS, aws_env, moto_endpoint  # noqa: F401  (fixtures)
 from cluster import Cluster, one_node_cluster
 from corral.registry import metrics as registry_metrics
 from corral.scheduler import metrics as scheduler_metrics
+from corral.shared.metrics import DATABASE_GAUGES
 from helpers import process_gone, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -174,7 +175,9 @@ def test_metrics_count_what_happened_across_workers(metrics_cluster):
     # Only names the module declares (dashboards rely on them); SNS gauges need SNS_TOPIC_ARN.
     names = {name for name, _ in samples}
     assert names <= scheduler_metrics.exported_names()
-    assert scheduler_metrics.exported_names() - names == {"corral_sns_pending", "corral_sns_oldest_pending_age_seconds"}
+    # (The database's health gauges are PostgreSQL's: tests/test_postgres_backend.py.)
+    assert scheduler_metrics.exported_names() - names == {"corral_sns_pending", "corral_sns_oldest_pending_age_seconds",
+                                                          *DATABASE_GAUGES}
 
     registry = scrape(c.registry_url)
     assert value(registry, "corral_registry_registrations_total", outcome="created") == 1
@@ -182,7 +185,7 @@ def test_metrics_count_what_happened_across_workers(metrics_cluster):
     assert value(registry, "corral_registry_nodes", kind="compute", status="healthy") == 1
     assert value(registry, "corral_registry_nodes", kind="compute", status="unhealthy") == 0
     assert value(registry, "corral_registry_services", healthy="unknown") == 0
-    assert {name for name, _ in registry} == registry_metrics.exported_names()
+    assert {name for name, _ in registry} == registry_metrics.exported_names() - set(DATABASE_GAUGES)
     beats = value(registry, "corral_registry_heartbeats_total")
     wait_for(lambda: value(scrape(c.registry_url), "corral_registry_heartbeats_total") > beats, timeout=10,
              message="heartbeats to keep being counted")
@@ -253,7 +256,7 @@ def test_metrics_count_sqs_intake_and_sns_outbox(aws_env, tmp_path):
         assert value(samples, "corral_jobs_submitted_total", source="api") == 0
         # No node has been seen (no agent), so the node list has no age yet.
         assert scheduler_metrics.exported_names() - {name for name, _ in samples} == {
-            "corral_scheduler_node_list_age_seconds"}
+            "corral_scheduler_node_list_age_seconds", *DATABASE_GAUGES}
     except BaseException:
         print(c.logs())
         raise

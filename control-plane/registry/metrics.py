@@ -5,7 +5,7 @@ and services are counted from the database at scrape time.
 """
 from peewee import fn
 
-from corral.shared.metrics import Family, gauge, sample_names
+from corral.shared.metrics import DATABASE_GAUGES, Family, database_gauges, gauge, sample_names
 
 from .models import Node, Service
 
@@ -15,7 +15,7 @@ REGISTRATIONS = Family("counter", "corral_registry_registrations", "Node registr
 HEARTBEATS = Family("counter", "corral_registry_heartbeats", "Heartbeats accepted from known nodes.")
 
 FAMILIES = (REGISTRATIONS, HEARTBEATS)
-SCRAPE_GAUGES = ("corral_registry_nodes", "corral_registry_services")
+SCRAPE_GAUGES = ("corral_registry_nodes", "corral_registry_services", *DATABASE_GAUGES)
 
 
 def exported_names() -> set[str]:
@@ -31,7 +31,7 @@ def heartbeat() -> None:
     HEARTBEATS.inc()
 
 
-def scrape(healthy_cutoff: float) -> list:
+def scrape(healthy_cutoff: float, db=None) -> list:
     """The gauges GET /metrics computes from the database now; a node is healthy when
     its last heartbeat is at or after `healthy_cutoff` (app.Liveness)."""
     total = dict(Node.select(Node.kind, fn.COUNT(Node.node_id)).group_by(Node.kind).tuples())
@@ -49,4 +49,5 @@ def scrape(healthy_cutoff: float) -> list:
               "and kind.", ("status", "kind"), nodes),
         gauge("corral_registry_services", "Recorded services by their last health check (unknown: not checked "
               "yet).", ("healthy",), services),
+        *database_gauges(db),
     ]

@@ -12,7 +12,7 @@ import time
 
 from peewee import fn
 
-from corral.shared.metrics import Family, gauge, on_commit, sample_names
+from corral.shared.metrics import DATABASE_GAUGES, Family, database_gauges, gauge, on_commit, sample_names
 from corral.shared.states import ALL, FINAL
 
 from .models import Job, Node
@@ -59,7 +59,7 @@ FAMILIES = (JOBS_SUBMITTED, JOBS_FINISHED, DISPATCH_LATENCY, RUN_DURATION, RETRI
             SQS_RECEIVED, SQS_REJECTED, SNS_PUBLISHED, SNS_PUBLISH_FAILURES)
 # Computed at scrape time (`scrape`); the SNS ones only when SNS_TOPIC_ARN is set.
 SCRAPE_GAUGES = ("corral_jobs", "corral_scheduler_nodes", "corral_scheduler_node_list_age_seconds",
-                 "corral_sns_pending", "corral_sns_oldest_pending_age_seconds")
+                 "corral_sns_pending", "corral_sns_oldest_pending_age_seconds", *DATABASE_GAUGES)
 
 
 def exported_names() -> set[str]:
@@ -162,4 +162,4 @@ def scrape(store, clock=time.time) -> list:
                               {(): pending}))
         families.append(gauge("corral_sns_oldest_pending_age_seconds", "Age of the oldest unpublished "
                               "notification (0 when none waits).", (), {(): oldest_age or 0.0}))
-    return families
+    return families + database_gauges(store.db)

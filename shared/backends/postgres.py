@@ -134,6 +134,19 @@ class PostgresDatabase(PooledPostgresqlDatabase):
     def lost(self) -> str | None:
         return None  # a server that went away shows as failed queries (503), not here
 
+    def health(self) -> dict:
+        """What keeps a queue table healthy, for /metrics: live and dead tuples of each of
+        this service's tables (dead ones pile up when vacuum cannot keep up), and the
+        age of the oldest open transaction in the database (it holds vacuum back)."""
+        tables = {name: (live, dead) for name, live, dead in self.execute_sql(
+            "SELECT relname, n_live_tup, n_dead_tup FROM pg_stat_user_tables WHERE schemaname = %s",
+            (self.schema,)).fetchall()}
+        (oldest,) = self.execute_sql(
+            "SELECT COALESCE(EXTRACT(EPOCH FROM max(clock_timestamp() - xact_start)), 0)::float8 "
+            "FROM pg_stat_activity WHERE datname = current_database() AND xact_start IS NOT NULL "
+            "AND pid <> pg_backend_pid()").fetchone()
+        return {"tables": tables, "oldest_transaction_secs": float(oldest), "clock_skew_secs": self.clock.skew()}
+
 
 def check_server(db: PostgresDatabase, pool_size: int, processes: int) -> None:
     """Refuse to start (SettingError) on a server we cannot use; log the clock skew."""

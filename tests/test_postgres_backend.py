@@ -1,0 +1,235 @@
+"""The PostgreSQL backend (shared/backends/postgres.py) against a real server the tests
+start: sessions, the pool and its bounded wait, start-up refusals, the database's
+clock, LISTEN/NOTIFY between replicas, placement under concurrency (the advisory
+lock, SKIP LOCKED claims) and the health gauges."""
+import os
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg
+import pytest
+
+from corral.registry.app import create_app as registry_app
+from corral.registry.settings import RegistrySettings
+from corral.scheduler.app import create_app
+from corral.scheduler.models import Job, JobEvent
+from corral.scheduler.settings import SchedulerSettings
+from corral.shared import db as dbmod
+from corral.shared.backends import postgres
+from corral.shared.changefeed import IntervalFeed
+from corral.shared.errors import SettingError
+from helpers import wait_for
+from test_scheduler_api import Clock, set_nodes
+
+pytestmark = pytest.mark.e2e  # starts a PostgreSQL server
+
+BIN = os.path.dirname(sys.executable)
+
+
+def app_on(url, clock=None, **overrides):
+    overrides.setdefault("retry_base_secs", 0.0)
+    return create_app(SchedulerSettings(database_url=url, **overrides), clock=clock or Clock())
+
+
+def test_every_session_has_its_schema_and_timeouts(pg_url):
+    db = dbmod.open_database(pg_url, service="registry")
+    with db.connection_context():
+        dbmod.prepare_schema(db)
+        settings = {name: db.execute_sql(f"SHOW {name}").fetchone()[0] for name in (
+            "search_path", "lock_timeout", "idle_in_transaction_session_timeout", "statement_timeout", "TimeZone")}
+    assert settings == {"search_path": "corral_registry", "lock_timeout": "5s",
+                        "idle_in_transaction_session_timeout": "5s", "statement_timeout": "30s", "TimeZone": "UTC"}
+    dbmod.close_idle(db)
+
+
+def test_a_request_that_finds_the_pool_taken_answers_503_after_the_wait(pg_url):
+    app = create_app(SchedulerSettings(database_url=pg_url, db_options=dbmod.DatabaseOptions(
+        pool_size=1, pool_wait_secs=0.3)), clock=Clock())
+    db = app.extensions["corral.store"].db
+    holding, release = threading.Event(), threading.Event()
+
+    def hold():
+        with db.connection_context():
+            holding.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert holding.wait(5)
+        started = time.monotonic()
+        answer = app.test_client().get("/jobs")
+        assert answer.status_code == 503 and "retry" in answer.json["error"]
+        assert 0.25 <= time.monotonic() - started < 5
+    finally:
+        release.set()
+        holder.join()
+    assert app.test_client().get("/jobs").status_code == 200   # the connection came back
+
+
+def test_a_database_that_refuses_the_start_is_one_line_naming_host_and_database(pg_server):
+    secret = "s3cret-password"
+    url = f"postgresql://nobody:{secret}@127.0.0.1:{pg_server.port}/no_such_db"
+    db = dbmod.open_database(url)
+    with pytest.raises(SettingError) as refused:
+        dbmod.check_server(db, processes=1)
+    message = refused.value.message
+    assert "'no_such_db'" in message and f"127.0.0.1:{pg_server.port}" in message and secret not in message
+    assert "\n" not in message
+    # The same through the console script: exit 2, one line, no password.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CORRAL_", "DATABASE_URL"))}
+    done = subprocess.run([os.path.join(BIN, "corral-scheduler"), "--port", "1"], env=dict(env, DATABASE_URL=url),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and secret not in done.stderr
+    assert done.stderr.strip().count("\n") == 0 and "no_such_db" in done.stderr
+
+
+@pytest.mark.parametrize("url, says", [
+    ("postgresql://u@h:notaport/db", "not a valid postgresql:// URL"),
+    ("postgresql://u:pw@h:5432/", "must look like postgresql://"),
+    ("mysql://u@h/db", "must start with sqlite:/// or postgresql://"),
+])
+def test_a_malformed_url_is_refused(url, says):
+    with pytest.raises(SettingError, match=says) as refused:
+        dbmod.open_database(url)
+    assert "pw@" not in refused.value.message
+
+
+def test_a_pool_too_small_or_too_large_for_the_server_is_refused(pg_url):
+    with pytest.raises(SettingError, match="too small"):
+        postgres.check_server(dbmod.open_database(pg_url), pool_size=postgres.MIN_POOL_SIZE - 1, processes=1)
+    with pytest.raises(SettingError, match="max_connections"):
+        postgres.check_server(dbmod.open_database(pg_url), pool_size=400, processes=2)
+    postgres.check_server(dbmod.open_database(pg_url), pool_size=16, processes=2)
+
+
+def test_a_server_older_than_13_is_refused(pg_url, monkeypatch):
+    real = psycopg.connect
+
+    def old_server(*args, **kwargs):
+        conn = real(*args, **kwargs)
+        monkeypatch.setattr(type(conn.info), "server_version", property(lambda self: 120011))
+        return conn
+
+    monkeypatch.setattr(postgres.psycopg, "connect", old_server)
+    with pytest.raises(SettingError, match="PostgreSQL 12 .* too old"):
+        postgres.check_server(dbmod.open_database(pg_url), pool_size=16, processes=1)
+
+
+def test_a_clock_that_differs_from_the_databases_makes_the_replica_unready(pg_url):
+    registry = registry_app(RegistrySettings(database_url=pg_url))   # the real clock: the database's
+    client = registry.test_client()
+    ready = client.get("/readyz")
+    assert ready.status_code == 200 and abs(ready.json["checks"]["clock_skew_secs"]) < 0.5
+    skewed = registry_db(registry)
+    skewed.clock.local = lambda: time.time() + 5.0       # this host's clock runs 5 s ahead
+    skewed.clock.measured_at = None
+    unready = client.get("/readyz")
+    assert unready.status_code == 503 and "differs from the database's by -5" in unready.json["error"]
+    # What decides still goes by the database's clock: a job submitted now is stamped with it.
+    scheduler = create_app(SchedulerSettings(database_url=pg_url))
+    scheduler_db = scheduler.extensions["corral.store"].db
+    scheduler_db.clock.local = lambda: time.time() + 5.0
+    scheduler_db.clock.measured_at = None
+    job = scheduler.test_client().post("/jobs", json={"command": "true"}).json
+    assert abs(Job.get_by_id(int(job["job_id"][4:])).created_at - time.time()) < 1.0
+
+
+def registry_db(app):
+    from corral.registry.models import database
+    return database.obj
+
+
+def test_replicas_wake_each_other_with_one_debounced_notification(pg_url):
+    channel = "corral_test_work"
+    a = postgres.NotifyFeed(pg_url, channel, recheck=30.0)
+    b = postgres.NotifyFeed(pg_url, channel, recheck=30.0)
+    try:
+        seen_a, seen_b = a.wait_for_change(0, 10), b.wait_for_change(0, 10)   # listening (first look)
+        wait_for(lambda: listeners(pg_url, channel) == 2, timeout=10, message="both listeners")
+        started = time.monotonic()
+        a.ring()
+        seen_b2 = b.wait_for_change(seen_b, 10)
+        assert seen_b2 > seen_b and time.monotonic() - started < 1.0
+        assert a.wait_for_change(seen_a, 0.5) == seen_a      # its own notification is skipped
+        before = b.generation
+        for _ in range(200):                                  # a burst of commits
+            a.ring()
+        time.sleep(0.5)  # let every notification of the burst arrive before counting them
+        assert 1 <= b.generation - before <= 10
+    finally:
+        a.stop()
+        b.stop()
+
+
+def listeners(url: str, channel: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return conn.execute("SELECT count(*) FROM pg_stat_activity WHERE query = %s",
+                            (f'LISTEN "{channel}"',)).fetchone()[0]
+
+
+def test_behind_pgbouncer_replicas_poll_instead(pg_url):
+    db = dbmod.open_database(pg_url)
+    assert isinstance(dbmod.change_feed(db, "scheduler", dbmod.DatabaseOptions(poll_only=True)), IntervalFeed)
+    assert isinstance(dbmod.change_feed(db, "scheduler"), postgres.NotifyFeed)
+
+
+def test_concurrent_cancels_retries_reports_claims_and_submits_never_deadlock_nor_double_claim(pg_url):
+    """The advisory lock is taken before any row lock, so these never wait on each other in
+    a cycle (PostgreSQL would abort one with a deadlock: a 503); SKIP LOCKED claims give
+    each job to one claim."""
+    clock = Clock()
+    app = app_on(pg_url, clock, max_jobs_per_node=4, max_job_retries=0)
+    set_nodes(app.extensions["corral.store"], clock, "n1", "n2", "n3")
+    for _ in range(40):
+        assert app.test_client().post("/jobs", json={"command": "true"}).status_code == 201
+    answers: list[int] = []
+    claimed: list[str] = []
+    lock = threading.Lock()
+
+    def worker(i: int) -> None:
+        client = app.test_client()
+        for round_ in range(15):
+            node = f"n{1 + (i + round_) % 3}"
+            got = client.post(f"/nodes/{node}/claim", json={"max": 2, "wait_secs": 0})
+            record = [got.status_code]
+            for job in got.json if got.status_code == 200 else []:
+                with lock:
+                    claimed.append((job["job_id"], job["attempt"]))
+                body = {"node_id": node, "attempt": job["attempt"], "status": "failed", "exit_code": 1}
+                record.append(client.post(f"/jobs/{job['job_id']}/status", json=body).status_code)
+                record.append(client.post(f"/jobs/{job['job_id']}/retry", json={}).status_code)
+            victim = f"job-{1 + (i * 7 + round_) % 40}"
+            record.append(client.post(f"/jobs/{victim}/cancel", json={}).status_code)
+            record.append(client.post("/jobs", json={"command": "true"}).status_code)
+            with lock:
+                answers.extend(record)
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(worker, range(8)))
+    assert set(answers) <= {200, 201, 409}, sorted(set(answers))
+    assert len(claimed) == len(set(claimed))          # no attempt went to two claims
+    # Never more than a node's slots at once: every job running now holds a slot it was given.
+    for node in ("n1", "n2", "n3"):
+        assert Job.select().where((Job.node_id == node) & Job.status.in_(["pending", "running"])).count() <= 4
+    # Each attempt started once.
+    starts = {}
+    for event in JobEvent.select().where(JobEvent.to_status == "running"):
+        key = (event.job_id, event.attempt)
+        starts[key] = starts.get(key, 0) + 1
+    assert set(starts.values()) <= {1}
+
+
+def test_the_health_of_the_tables_is_on_metrics(pg_url):
+    app = app_on(pg_url)
+    client = app.test_client()
+    for _ in range(5):
+        client.post("/jobs", json={"command": "true"})
+    for job_id in ("job-1", "job-2"):
+        client.post(f"/jobs/{job_id}/cancel", json={})
+    text = client.get("/metrics").get_data(as_text=True)
+    assert 'corral_db_dead_tuples{table="job"}' in text and 'corral_db_live_tuples{table="job"}' in text
+    assert "corral_db_oldest_transaction_age_seconds " in text and "corral_db_clock_skew_seconds " in text
