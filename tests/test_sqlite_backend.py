@@ -117,3 +117,31 @@ def test_a_full_disk_is_noticed(tmp_path, monkeypatch):
             with db.atomic():
                 pass
     dbmod.close_idle(db)
+
+
+@pytest.mark.e2e
+def test_a_running_scheduler_whose_file_is_deleted_says_so_and_keeps_what_it_acknowledged(tmp_path):
+    """Today's trap: SQLite goes on writing to the deleted inode, and everything written is
+    gone at the next restart. The server must refuse instead, and say why."""
+    import requests
+
+    from cluster import Cluster
+
+    c = Cluster(tmp_path)
+    try:
+        c.start()
+        acknowledged = requests.post(c.scheduler_url + "/jobs", json={"command": "true"}, timeout=10).json()
+        path = os.path.join(c.state_dir, "scheduler.db")
+        moved = path + ".moved-away"
+        os.rename(path, moved)          # as a careless cleanup or a restore would
+        refused = requests.post(c.scheduler_url + "/jobs", json={"command": "true"}, timeout=10)
+        assert refused.status_code == 503 and refused.headers["Content-Type"] == "application/json"
+        ready = requests.get(c.scheduler_url + "/readyz", timeout=10)
+        assert ready.status_code == 503 and "was deleted" in ready.json()["error"]
+        os.rename(moved, path)          # the file is back where it was: the server goes on
+        wait_for(lambda: requests.get(c.scheduler_url + "/readyz", timeout=10).status_code != 503
+                 or None, timeout=20, message="the scheduler to be ready again")
+        job = requests.get(f"{c.scheduler_url}/jobs/{acknowledged['job_id']}", timeout=10)
+        assert job.status_code == 200
+    finally:
+        c.stop()
