@@ -420,17 +420,20 @@ class Store:
 
     def purge_finished(self, finished_before: float, limit: int) -> int:
         """Delete up to `limit` finished jobs (done, failed, cancelled) that finished
-        before `finished_before`, with their events; one short transaction. The
-        newest job row is always kept, so that job ids are never handed out again."""
+        before `finished_before`, with their events; one short transaction. Where the
+        database would hand a deleted newest id out again (SQLite), the newest job row
+        is always kept, so that job ids are never reused."""
         with self.db.atomic():
             self.check_fence()
-            newest = Job.select(fn.MAX(Job.id)).scalar()
-            if newest is None:
-                return 0
-            ids = [job_id for (job_id,) in Job.select(Job.id).where(
-                Job.finished_at.is_null(False) & (Job.finished_at < finished_before)
-                & Job.status.in_(sorted(FINAL_STATUSES)) & (Job.id < newest))
-                .order_by(Job.finished_at).limit(limit).tuples()]
+            old = (Job.finished_at.is_null(False) & (Job.finished_at < finished_before)
+                   & Job.status.in_(sorted(FINAL_STATUSES)))
+            if self.db.reuses_ids:
+                newest = Job.select(fn.MAX(Job.id)).scalar()
+                if newest is None:
+                    return 0
+                old &= Job.id < newest
+            ids = [job_id for (job_id,) in Job.select(Job.id).where(old)
+                   .order_by(Job.finished_at).limit(limit).tuples()]
             if not ids:
                 return 0
             JobEvent.delete().where(JobEvent.job.in_(ids)).execute()

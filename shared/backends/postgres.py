@@ -104,6 +104,7 @@ class PostgresDatabase(PooledPostgresqlDatabase):
     """The pooled database of one service (its schema and session timeouts set on connect)."""
 
     single_writer = False
+    reuses_ids = False  # sequences never go back
 
     def __init__(self, url: str, service: str, pool_size: int, pool_wait_secs: float):
         self.url = url

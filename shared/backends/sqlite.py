@@ -76,6 +76,7 @@ def open_sqlite(url: str, synchronous: str = "NORMAL", pool_size: int | None = N
     if path == ":memory:":  # every connection would be a database of its own
         db = connect(url, pragmas=pragmas, timeout=BUSY_TIMEOUT_SECS, lock_type="IMMEDIATE")
         db.single_writer = True
+        db.reuses_ids = True
         db.lock_placement = lambda: None
         db.lost = lambda: None
         return db
@@ -140,6 +141,8 @@ class QueuedWritersSqlite(PooledSqliteDatabase):
 
     # SQLite's write lock serialises every write transaction, placement included.
     single_writer = True
+    # Without AUTOINCREMENT a deleted newest row's id is handed out again (max(id) + 1).
+    reuses_ids = True
 
     def lock_placement(self) -> None:
         return None
