@@ -3,9 +3,10 @@
 
 Starts the registry and the scheduler under gunicorn and real agents (as
 `make run` does, with all state in a temporary directory), runs each scenario
-and prints one JSON line per scenario on stdout, after a first
-{"scenario": "meta", ...} line with the machine, the date and the command.
-Progress goes to stderr. Everything listens on and talks to 127.0.0.1 only.
+and prints one JSON line per scenario and storage backend on stdout, after a
+first {"scenario": "meta", ...} line with the machine, the date, the command and
+the database servers' settings. Progress goes to stderr. Everything listens on
+and talks to 127.0.0.1 only.
 
 Scenarios (see docs/benchmarks.md for what each measures and why):
 
@@ -16,6 +17,13 @@ Scenarios (see docs/benchmarks.md for what each measures and why):
   baseline          the original design's mode (polling every 3 s, 1 slot) on 100 jobs
   cpu_bound         CPU-bound jobs at 1, 2, 4 slots per agent; no node may be lost
   memory            peak and current RSS of the scheduler, registry and agents after throughput
+  dispatch_cross_replica
+                    as dispatch_latency, with two schedulers on one database: the agents
+                    claim from one, the jobs are submitted to the other
+  capacity          control-plane capacity: 20,000 jobs through 200 simulated agents x 8 slots
+                    that "run" each job for 0 s and report as a real agent does (a batch of
+                    reports with the next claim riding on it); two schedulers on PostgreSQL
+  idle_fleet        1,000 simulated idle agents spread over two schedulers: their CPU
   node_floor        no scheduler: how fast this machine starts `true` jobs the way an agent
                     does (private /tmp, cgroup, a uid of its own, the environment from a memfd,
                     sh), from 4 threads: the ceiling of `throughput`
@@ -24,6 +32,13 @@ With --repeat N (default 3) every scenario runs N times, interleaved round by
 round so that ratios compare runs made minutes apart, not a quarter of an hour;
 the line shows the medians and each run. A scenario whose API is missing (no
 POST /jobs/batch yet) prints {"skipped": "<reason>"}.
+
+Storage: --backends sqlite,postgresql runs every scenario on each backend,
+interleaved within each round (the first backend alternates from round to
+round). The servers run on SQLite files by default; on PostgreSQL the bench
+starts a throwaway server (fsync=on, synchronous_commit=on), or uses the one
+--database-url names, and gives every cluster fresh databases on it.
+--postgres is short for --backends postgresql.
 
 With --scheduler-url (and --registry-url) the scenarios that need no control
 of the cluster (submit_single, submit_batch) run against a running scheduler;
@@ -49,10 +64,22 @@ from dataclasses import dataclass, replace
 
 import requests
 
+import benchdb
 import benchlib as bl
+import simulate_fleet as sf
+from cluster import wait_scheduler_sees_healthy  # tests/cluster.py (benchlib puts tests/ on sys.path)
 
-SCENARIOS = ("submit_single", "submit_batch", "dispatch_latency", "throughput", "baseline", "cpu_bound", "memory",
-             "node_floor")
+SCENARIOS = ("submit_single", "submit_batch", "dispatch_latency", "dispatch_cross_replica", "throughput", "baseline",
+             "cpu_bound", "memory", "capacity", "idle_fleet", "node_floor")
+# Scenarios that touch no database: run once per round, whatever the backends.
+NO_DATABASE = ("node_floor",)
+# What a backend's line compares with the first backend's, as ratios of medians.
+COMPARED = {"submit_single": ("jobs_per_sec", "scheduler_cpu_ms_per_job"), "submit_batch": ("jobs_per_sec",),
+            "dispatch_latency": ("p50_ms", "p99_ms"), "dispatch_cross_replica": ("p50_ms", "p99_ms"),
+            "throughput": ("jobs_per_sec", "scheduler_cpu_ms_per_job"), "baseline": ("jobs_per_sec",),
+            "memory": ("scheduler_worker_hwm_mb_max",),
+            "capacity": ("jobs_per_sec", "scheduler_cpu_ms_per_job", "registry_cpu_ms_per_job"),
+            "idle_fleet": ("schedulers_cpu_pct", "registry_cpu_pct")}
 
 
 @dataclass(frozen=True)
@@ -80,12 +107,21 @@ class Config:
     warmup_jobs: int = 4
     floor_jobs: int = 800
     floor_threads: int = 4
+    capacity_jobs: int = 20000
+    capacity_agents: int = 200
+    capacity_slots: int = 8
+    capacity_batch: int = 500
+    capacity_secs: float = 300.0
+    idle_agents: int = 1000
+    idle_secs: float = 60.0           # a whole IDLE_RENEW_SECS: every idle agent renews once in it
+    idle_settle_secs: float = 5.0
 
 
 FULL = Config()
 QUICK = Config(repeat=1, submit_jobs=100, batch_size=50, latency_jobs=5, latency_secs=20.0,
                throughput_jobs=40, throughput_secs=60.0, baseline_jobs=6, baseline_secs=60.0, baseline_latency_jobs=2,
-               cpu_jobs=6, cpu_secs=60.0, warmup_jobs=2, floor_jobs=40)
+               cpu_jobs=6, cpu_secs=60.0, warmup_jobs=2, floor_jobs=40, capacity_jobs=400, capacity_agents=10,
+               capacity_batch=100, capacity_secs=60.0, idle_agents=20, idle_secs=3.0, idle_settle_secs=1.0)
 
 
 class Skip(Exception):
@@ -254,6 +290,19 @@ def submit_all(url: str, batcher: bl.BatchSubmitter, request: dict, total: int, 
     return how
 
 
+def wait_done(fleet: sf.Fleet, job_ids: list[str], time_limit: float) -> bool:
+    """Wait until the simulated agents have reported every one of these jobs done."""
+    deadline = time.monotonic() + time_limit
+    left = set(job_ids)
+    while time.monotonic() < deadline:
+        with fleet.lock:
+            left = {j for j in left if j not in fleet.done_at}
+        if not left:
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def wait_idle(url: str, time_limit: float) -> bool:
     """Wait until the scheduler has no pending or running job (or time runs out).
     Used on clusters that only run the bench's own jobs."""
@@ -274,9 +323,11 @@ class Bench:
         self.cfg = cfg
         self.local = args.scheduler_url is None
         self.selected = [s for s in SCENARIOS if s in args.scenarios]
-        self.runs: dict[str, list[dict]] = {s: [] for s in self.selected}
+        self.backends: dict[str, benchdb.Sqlite | benchdb.Postgres] = {}
+        self.backend: str | None = None  # the one the scenarios now run on (None: NO_DATABASE)
+        self.runs_by: dict[str | None, dict[str, list[dict]]] = {}
+        self.settings_by: dict[str | None, dict[str, dict]] = {}
         self.skipped: dict[str, str] = {}
-        self.settings: dict[str, dict] = {}
         self.log_dir = bl.make_log_dir("corral-bench-logs-")
         self.failures = 0
         self.features: dict = {}
@@ -288,6 +339,21 @@ class Bench:
 
     # -- helpers --
 
+    @property
+    def runs(self) -> dict[str, list[dict]]:
+        """The runs of every scenario on the current backend."""
+        return self.runs_by.setdefault(self.backend, {s: [] for s in self.selected})
+
+    @property
+    def settings(self) -> dict[str, dict]:
+        return self.settings_by.setdefault(self.backend, {})
+
+    def database_cpu(self) -> float | None:
+        """CPU seconds the current backend's server used so far (None: it runs inside
+        the servers, as SQLite does, or elsewhere)."""
+        backend = self.backends.get(self.backend) if self.local else None
+        return backend.cpu_seconds() if backend is not None else None
+
     def want(self, scenario: str) -> bool:
         return scenario in self.selected and scenario not in self.skipped
 
@@ -295,7 +361,8 @@ class Bench:
         """Run one scenario once; a Skip marks it skipped, any other error is recorded."""
         if not self.want(scenario):
             return None
-        bl.log(f"{scenario}: run {len(self.runs[scenario]) + 1}/{self.cfg.repeat}")
+        on = f" on {self.backend}" if self.backend else ""
+        bl.log(f"{scenario}{on}: run {len(self.runs[scenario]) + 1}/{self.cfg.repeat}")
         try:
             result = fn(*args)
         except Skip as exc:
@@ -312,12 +379,16 @@ class Bench:
         return result
 
     def cluster(self, name: str, agents: int = 0, slots: int = 1, agent_env: dict | None = None,
-                **scheduler_env) -> bl.BenchCluster:
-        folder = os.path.join(self.log_dir, f"{name}-{len(os.listdir(self.log_dir))}")
+                server_flags: dict | None = None, replicas: int = 1, **scheduler_env) -> bl.BenchCluster:
+        """A cluster on the current backend: `replicas` schedulers on its database,
+        `agents` real agents claiming from the first one."""
+        folder = os.path.join(self.log_dir, f"{name}-{self.backend}-{len(os.listdir(self.log_dir))}")
         os.makedirs(folder)
-        c = bl.BenchCluster(folder, **scheduler_env)
+        c = bl.BenchCluster(folder, server_flags=server_flags, backend=self.backends[self.backend], **scheduler_env)
         try:
             c.start()
+            for _ in range(replicas - 1):
+                c.start_replica()
             for i in range(agents):
                 c.start_agent(f"node-{i + 1}", slots=slots, **(agent_env or {}))
             if agents:
@@ -368,25 +439,52 @@ class Bench:
                                                                 "registry_url": self.args.registry_url},
                  "scenarios": self.selected}
         try:
+            if self.local:
+                try:
+                    self.backends = benchdb.choose(self.args.backends, self.args.database_url)
+                    extra["backends"] = {name: b.describe() for name, b in self.backends.items()}
+                except Exception as exc:  # PostgreSQL missing, not starting, or refusing us
+                    self.failures += 1
+                    bl.log(f"cannot use the database backends {self.args.backends}: {exc.__class__.__name__}: {exc}")
+                    return 1
+            else:
+                self.backends = {"external": benchdb.Sqlite()}  # never used: no cluster is made
+                extra["backends"] = {"external": "whatever the running scheduler uses"}
+            names = list(self.backends)
             for r in range(self.cfg.repeat):
                 bl.log(f"=== round {r + 1}/{self.cfg.repeat}")
-                self.guarded(self.round_submit, "submit_single", "submit_batch")
+                for self.backend in names if r % 2 == 0 else names[::-1]:
+                    self.round(self.backend)
+                self.backend = None
                 if self.local:
-                    self.guarded(self.round_agents, "dispatch_latency", "throughput", "memory")
-                    self.guarded(self.round_baseline, "baseline")
-                    self.guarded(self.round_cpu_bound, "cpu_bound")
                     self.record("node_floor", node_floor, self.cfg)
-                else:
-                    for s in ("dispatch_latency", "throughput", "baseline", "cpu_bound", "memory", "node_floor"):
-                        if s in self.selected:
-                            self.skipped[s] = "needs a local cluster (--scheduler-url targets a running one)"
         finally:
+            self.backend = None
             self.report(extra)
+            for backend in self.backends.values():
+                backend.stop()
             if self.failures or self.args.keep_logs:
                 bl.log(f"server and agent logs kept in {self.log_dir}")
             else:
                 shutil.rmtree(self.log_dir, ignore_errors=True)
         return 1 if self.failures else 0
+
+    def round(self, backend: str) -> None:
+        """One run of every scenario that has a database, on `backend`."""
+        if len(self.backends) > 1:
+            bl.log(f"--- {backend}")
+        self.guarded(self.round_submit, "submit_single", "submit_batch")
+        if not self.local:
+            for s in SCENARIOS[2:]:
+                if s in self.selected:
+                    self.skipped[s] = "needs a local cluster (--scheduler-url targets a running one)"
+            return
+        self.guarded(self.round_agents, "dispatch_latency", "throughput", "memory")
+        self.guarded(self.round_cross_replica, "dispatch_cross_replica")
+        self.guarded(self.round_baseline, "baseline")
+        self.guarded(self.round_cpu_bound, "cpu_bound")
+        self.guarded(self.round_capacity, "capacity")
+        self.guarded(self.round_idle_fleet, "idle_fleet")
 
     def guarded(self, round_fn, *scenarios: str) -> None:
         """Run one round of a group of scenarios; when its cluster cannot even be
@@ -431,7 +529,7 @@ class Bench:
         submit_concurrently(url, request, max(cfg.submit_clients, cfg.submit_jobs // 10), cfg.submit_clients,
                             cfg.submit_secs)
         pids = c.pids("scheduler") if c is not None else []
-        server_before, client_before = bl.cpu_seconds(pids), time.process_time()
+        server_before, client_before, db_before = bl.cpu_seconds(pids), time.process_time(), self.database_cpu()
         res = submit_concurrently(url, request, cfg.submit_jobs, cfg.submit_clients, cfg.submit_secs)
         if res["ok"] == 0:
             raise RuntimeError(f"no job was accepted: {res['last_error']}")
@@ -446,6 +544,8 @@ class Bench:
                "client_cpu_ms_per_job": round(1000 * (time.process_time() - client_before) / res["ok"], 3)}
         if pids:
             out["scheduler_cpu_ms_per_job"] = round(1000 * (bl.cpu_seconds(pids) - server_before) / res["ok"], 3)
+        if db_before is not None:
+            out["database_cpu_ms_per_job"] = round(1000 * (self.database_cpu() - db_before) / res["ok"], 3)
         return out
 
     def submit_batch(self, url: str, request: dict, where: str, single: dict | None) -> dict:
@@ -501,9 +601,11 @@ class Bench:
             "one_at_a_time": True, "job_limit": cfg.latency_jobs, "time_limit_secs": cfg.latency_secs}
         return dict(out, agent_mode=self.agent_mode(env))
 
-    def measure_dispatch(self, c: bl.BenchCluster, jobs: int, time_limit: float, gap: float = 0.0) -> dict:
-        """Submit jobs one at a time, each after the previous one started; the latency
-        is submit -> the job's first instruction (it writes `date +%s.%N` to a file).
+    def measure_dispatch(self, c: bl.BenchCluster, jobs: int, time_limit: float, gap: float = 0.0,
+                         submit_url: str | None = None) -> dict:
+        """Submit jobs one at a time (to `submit_url`, else the first scheduler), each
+        after the previous one started; the latency is submit -> the job's first
+        instruction (it writes `date +%s.%N` to a file).
 
         With `gap`, wait a random 0..gap s before each submit: a polling agent polls
         again right after its job ends, so back-to-back submits would always land
@@ -522,7 +624,7 @@ class Bench:
                     stamp = f"{folder}/$CORRAL_JOB_ID"
                     command = f"date +%s.%N > {stamp}.tmp && mv {stamp}.tmp {stamp}"
                     t0 = time.time()
-                    r = s.post(c.scheduler_url + "/jobs", json={"command": command}, timeout=30)
+                    r = s.post((submit_url or c.scheduler_url) + "/jobs", json={"command": command}, timeout=30)
                     submit_rtts.append(time.time() - t0)
                     if r.status_code != 201:
                         raise RuntimeError(f"POST /jobs: {r.status_code} {r.text[:200]}")
@@ -554,7 +656,7 @@ class Bench:
         agents = [n for n in c.procs if n not in ("registry", "scheduler")]
         sched_cpu = bl.CpuMeter(lambda: c.pids("scheduler"))
         machine_cpu = bl.MachineCpuMeter()
-        agent_cpu0 = bl.cpu_seconds([c.procs[a].pid for a in agents])
+        agent_cpu0, db0 = bl.cpu_seconds([c.procs[a].pid for a in agents]), self.database_cpu()
         t0 = time.time()
         how = submit_all(url, self.batcher, {"command": command}, total, self.cfg)
         submitted = time.time()
@@ -563,6 +665,7 @@ class Bench:
         machine_pct = machine_cpu.percent()
         sched_secs = bl.cpu_seconds(sched_cpu.pids) - sched_cpu.start_cpu
         agent_secs = bl.cpu_seconds([c.procs[a].pid for a in agents]) - agent_cpu0
+        db_secs = self.database_cpu() - db0 if db0 is not None else None
         jobs = bl.jobs_after(url, before)
         done = [j for j in jobs if j["status"] == "done"]
         finished = [j for j in jobs if j["status"] in bl.FINAL]
@@ -584,6 +687,7 @@ class Bench:
                 "scheduler_cpu_pct": sched_pct, "machine_cpu_busy_pct": machine_pct,
                 "scheduler_cpu_ms_per_job": round(1000 * sched_secs / total, 2),
                 "agent_cpu_ms_per_job": round(1000 * agent_secs / total, 2),
+                **({"database_cpu_ms_per_job": round(1000 * db_secs / total, 2)} if db_secs is not None else {}),
                 "submitted_with": how, "_jobs": jobs}
 
     def throughput(self, c: bl.BenchCluster) -> dict:
@@ -614,6 +718,221 @@ class Bench:
         out["agent_rss_mb_max"] = round(max(a.get("VmRSS", 0) for a in agents) / 1024, 1)
         self.settings["memory"] = {"when": "right after the throughput run, on its cluster",
                                    "source": "/proc/<pid>/status VmHWM (peak RSS) and VmRSS"}
+        return out
+
+    def round_cross_replica(self) -> None:
+        if not self.want("dispatch_cross_replica"):
+            return
+        cfg = self.cfg
+        c = self.cluster("cross", agents=cfg.agents, slots=cfg.throughput_slots, replicas=2,
+                         MAX_JOBS_PER_NODE=cfg.throughput_slots)
+        try:
+            other = c.scheduler_urls[1]
+            wait_scheduler_sees_healthy(other, [f"node-{i + 1}" for i in range(cfg.agents)], timeout=60)
+            self.warmup(c, cfg.warmup_jobs)
+            self.record("dispatch_cross_replica", self.dispatch_cross_replica, c, other)
+        finally:
+            c.stop()
+
+    def dispatch_cross_replica(self, c: bl.BenchCluster, other: str) -> dict:
+        cfg = self.cfg
+        # Warm the other replica's workers too: its first requests import and compile.
+        with requests.Session() as s:
+            for _ in range(cfg.warmup_jobs):
+                s.post(other + "/jobs", json={"command": "true"}, timeout=30).raise_for_status()
+        wait_idle(c.scheduler_url, 60)
+        out = self.measure_dispatch(c, cfg.latency_jobs, cfg.latency_secs, submit_url=other)
+        env = c.agent_env["node-1"]
+        self.settings["dispatch_cross_replica"] = {
+            "schedulers": 2, "agents": cfg.agents, "slots": cfg.throughput_slots, "agent_mode": self.agent_mode(env),
+            "agents_claim_from": "the first scheduler", "jobs_submitted_to": "the second scheduler",
+            "measured": "submit (client clock, before POST) -> `date +%s.%N` written by the job",
+            "one_at_a_time": True, "job_limit": cfg.latency_jobs, "time_limit_secs": cfg.latency_secs}
+        return dict(out, agent_mode=self.agent_mode(env))
+
+    # -- simulated agents --
+
+    def fleet_cluster(self, name: str, agents: int, replicas: int, slots: int = 1) -> bl.BenchCluster:
+        """A cluster for simulated agents: `replicas` schedulers whose workers each have
+        a thread for every agent that may keep a claim waiting there (the kernel does
+        not spread connections evenly over workers), plus 32."""
+        threads = -(-agents // replicas) + 32
+        return self.cluster(name, server_flags={"scheduler": ["--threads", str(threads)]}, replicas=replicas,
+                            MAX_JOBS_PER_NODE=slots)
+
+    def start_fleet(self, c: bl.BenchCluster, agents: int, slots: int) -> sf.Fleet:
+        """Simulated agents spread over the cluster's schedulers, registered, and seen
+        healthy by every scheduler (placement goes by the scheduler's node list)."""
+        if not self.features.get("claim_route"):
+            raise Skip(f"needs the long-poll claim: {self.features.get('claim_route_detail')}")
+        fleet = sf.Fleet(c.scheduler_urls, c.registry_url, agents, True, sf.FULL, slots=slots)
+        try:
+            fleet.start()
+            for url in c.scheduler_urls:
+                wait_scheduler_sees_healthy(url, fleet.node_ids, timeout=120)
+        except BaseException:
+            self.stop_fleet(fleet)
+            raise
+        return fleet
+
+    @staticmethod
+    def stop_fleet(fleet: sf.Fleet, c: bl.BenchCluster | None = None) -> None:
+        """Stop the simulated agents (and the cluster): with their servers gone, every
+        thread ends within a request."""
+        fleet.shutdown()
+        if c is not None:
+            c.stop()
+        deadline = time.monotonic() + 15
+        for t in fleet.threads:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+
+    def replicas_for_capacity(self) -> int:
+        # Several replicas on one PostgreSQL is what that backend is for; one SQLite
+        # file takes one writer at a time, wherever it comes from.
+        return 2 if self.backend == "postgresql" else 1
+
+    def round_with_fleet(self, scenario: str, agents: int, replicas: int, slots: int, warm_up, measure) -> None:
+        """One run of `scenario` on a fresh cluster of `replicas` schedulers and
+        `agents` simulated agents: warm_up(c, fleet), then measure(c, fleet)."""
+        if not self.want(scenario):
+            return
+        c = self.fleet_cluster(scenario, agents, replicas, slots)
+        fleet = None
+        try:
+            fleet = self.start_fleet(c, agents, slots)
+            warm_up(c, fleet)
+            self.record(scenario, measure, c, fleet)
+        except Skip as exc:
+            self.skipped[scenario] = str(exc)
+            bl.log(f"{scenario}: skipped: {exc}")
+        finally:
+            if fleet is not None:
+                self.stop_fleet(fleet, c)
+            else:
+                c.stop()
+
+    def round_capacity(self) -> None:
+        cfg = self.cfg
+        self.round_with_fleet("capacity", cfg.capacity_agents, self.replicas_for_capacity(), cfg.capacity_slots,
+                              self.warm_capacity, self.capacity)
+
+    def warm_capacity(self, c: bl.BenchCluster, fleet: sf.Fleet) -> None:
+        """A quarter of the slots' worth of jobs through the whole path, in batches."""
+        cfg = self.cfg
+        self.probe_batch(c.scheduler_url, {"command": "true"})
+        if not self.batcher.available:
+            raise Skip(f"needs POST /jobs/batch: {self.batcher.reason}")
+        warm = self.submit_spread(c, cfg.capacity_agents * cfg.capacity_slots // 4, 2)
+        if not wait_done(fleet, warm, 60):
+            raise RuntimeError(f"warm-up jobs were not done within 60 s ({fleet.last_error})")
+
+    def submit_spread(self, c: bl.BenchCluster, total: int, batches: int) -> list[str]:
+        """Submit `total` `true` jobs in `batches` batches, to the schedulers in turn."""
+        ids: list[str] = []
+        urls = c.scheduler_urls
+        with requests.Session() as s:
+            for i in range(batches):
+                n = total // batches + (1 if i < total % batches else 0)
+                ids += [j["job_id"] for j in self.batcher.submit(s, urls[i % len(urls)], [{"command": "true"}] * n)]
+        return ids
+
+    def capacity(self, c: bl.BenchCluster, fleet: sf.Fleet) -> dict:
+        cfg = self.cfg
+        total, batches = cfg.capacity_jobs, -(-cfg.capacity_jobs // cfg.capacity_batch)
+        meters = {"scheduler": bl.CpuMeter(lambda: c.pids("schedulers")),
+                  "registry": bl.CpuMeter(lambda: c.pids("registry"))}
+        own, machine, db0 = bl.SelfCpuMeter(), bl.MachineCpuMeter(), self.database_cpu()
+        requests_before = fleet.begin_phase("capacity")
+        t0 = time.time()
+        ids = self.submit_spread(c, total, batches)
+        submitted = time.time()
+        complete = wait_done(fleet, ids, cfg.capacity_secs)
+        elapsed_cpu = {name: m.seconds() for name, m in meters.items()}
+        own_secs, machine_pct = own.seconds(), machine.percent()
+        db_secs = self.database_cpu() - db0 if db0 is not None else None
+        sent, errors = fleet.requests_since(requests_before), fleet.errors_now()
+        with fleet.lock:
+            done = [fleet.done_at[j] for j in ids if j in fleet.done_at]
+        if not done:
+            raise RuntimeError(f"none of the {total} jobs was done within {cfg.capacity_secs:.0f} s "
+                               f"({fleet.last_error})")
+        end = max(done)
+        stats = requests.get(c.scheduler_url + "/stats", timeout=10).json()["jobs"]
+        self.settings["capacity"] = {
+            "schedulers": len(c.scheduler_urls), "scheduler_workers": 2,
+            "scheduler_threads": int(c.extra_flags["scheduler"][1]), "simulated_agents": cfg.capacity_agents,
+            "slots": cfg.capacity_slots, "MAX_JOBS_PER_NODE": cfg.capacity_slots,
+            "agents_spread": "agent i talks to scheduler i mod schedulers",
+            "jobs": total, "submitted": f"POST /jobs/batch x{cfg.capacity_batch}, to the schedulers in turn, "
+                                        "all up front from one client",
+            "agent": "claims max 8 (long poll 20 s, with the agent's limits); a job 'runs' 0 s; the done reports "
+                     "of what one answer handed out go in one POST /jobs/reports with a claim for 8 riding on it; "
+                     "heartbeats every 5 s, lease renewals every 5 s while holding jobs",
+            "measured": "first submit -> the last done report accepted; CPU from /proc over that window",
+            "time_limit_secs": cfg.capacity_secs}
+        out = {"jobs": total, "done": len(done), "complete": complete,
+               "jobs_per_sec": round(len(done) / (end - t0), 1), "elapsed_secs": round(end - t0, 2),
+               "submit_secs": round(submitted - t0, 2),
+               "scheduler_cpu_ms_per_job": round(1000 * elapsed_cpu["scheduler"] / len(done), 3),
+               "registry_cpu_ms_per_job": round(1000 * elapsed_cpu["registry"] / len(done), 3),
+               "database_cpu_ms_per_job": round(1000 * db_secs / len(done), 3) if db_secs is not None else None,
+               "simulator_cpu_ms_per_job": round(1000 * own_secs / len(done), 3),
+               "scheduler_cpu_pct": round(100 * elapsed_cpu["scheduler"] / (end - t0), 1),
+               "database_cpu_pct": round(100 * db_secs / (end - t0), 1) if db_secs is not None else None,
+               "simulator_cpu_pct": round(100 * own_secs / (end - t0), 1),
+               "machine_cpu_busy_pct": machine_pct,
+               "jobs_per_report_batch": round(len(done) / sent["report_batch"], 2) if sent.get("report_batch")
+               else None,
+               **fleet.latency_stats("capacity"),
+               "requests": sent, "errors": sum(errors.values()), "errors_by_kind": errors,
+               "api_done": stats.get("done"), "api_failed": stats.get("failed"),
+               "api_pending_or_running": stats.get("pending", 0) + stats.get("running", 0)}
+        if errors:
+            out["last_error"] = fleet.last_error
+        return out
+
+    def round_idle_fleet(self) -> None:
+        self.round_with_fleet("idle_fleet", self.cfg.idle_agents, 2, 1, self.warm_idle_fleet, self.idle_fleet)
+
+    def warm_idle_fleet(self, c: bl.BenchCluster, fleet: sf.Fleet) -> None:
+        """A few jobs through every scheduler (each has then fetched the node list and
+        every code path is warm), then a pause for their claims and reports to settle."""
+        urls = c.scheduler_urls
+        with requests.Session() as s:
+            warm = [s.post(urls[i % len(urls)] + "/jobs", json={"command": "true"}, timeout=30).json()["job_id"]
+                    for i in range(sf.FULL.warmup_jobs)]
+        if not fleet.wait_claimed(warm, 60):
+            raise RuntimeError(f"warm-up jobs were not claimed within 60 s ({fleet.last_error})")
+        time.sleep(self.cfg.idle_settle_secs)
+
+    def idle_fleet(self, c: bl.BenchCluster, fleet: sf.Fleet) -> dict:
+        cfg = self.cfg
+        replicas = {name: bl.CpuMeter(lambda name=name: c.pids(name)) for name in ("scheduler", *c.replicas)}
+        registry = bl.CpuMeter(lambda: c.pids("registry"))
+        own, machine, db0 = bl.SelfCpuMeter(), bl.MachineCpuMeter(), self.database_cpu()
+        requests_before = fleet.begin_phase("idle")
+        start = time.monotonic()
+        time.sleep(cfg.idle_secs)
+        elapsed = time.monotonic() - start
+        per_replica = [m.percent() for m in replicas.values()]
+        db_secs = self.database_cpu() - db0 if db0 is not None else None
+        sent = {k: round(v / elapsed, 1) for k, v in fleet.requests_since(requests_before).items()}
+        errors = fleet.errors_now()
+        self.settings["idle_fleet"] = {
+            "schedulers": len(per_replica), "scheduler_workers": 2,
+            "scheduler_threads": int(c.extra_flags["scheduler"][1]),
+            "simulated_agents": cfg.idle_agents, "agents_spread": "agent i talks to scheduler i mod schedulers",
+            "agent": "long-poll claims (max 1, wait 20 s), heartbeats every 5 s, a lease renewal every "
+                     f"{fleet.idle_renew_secs:g} s when idle", "window_secs": cfg.idle_secs}
+        out = {"agents": cfg.idle_agents, "idle_secs": round(elapsed, 1),
+               "schedulers_cpu_pct": round(sum(per_replica), 2), "scheduler_cpu_pct_each": per_replica,
+               "registry_cpu_pct": registry.percent(),
+               "database_cpu_pct": round(100 * db_secs / elapsed, 2) if db_secs is not None else None,
+               "simulator_cpu_pct": own.percent(), "machine_cpu_busy_pct": machine.percent(),
+               "requests_per_sec": round(sum(sent.values()), 1), "requests_per_sec_by_kind": sent,
+               **fleet.latency_stats("idle"), "errors": sum(errors.values()), "errors_by_kind": errors}
+        if errors:
+            out["last_error"] = fleet.last_error
         return out
 
     def round_baseline(self) -> None:
@@ -759,27 +1078,50 @@ class Bench:
     # -- output --
 
     def report(self, extra: dict) -> None:
+        """The meta line, then a line per scenario and backend (NO_DATABASE scenarios: one,
+        with backend null), in the order of SCENARIOS and of the backends."""
         bl.emit(bl.meta(dict(extra, features=self.features, loadavg_at_end=bl.loadavg()), self.started))
         for scenario in self.selected:
-            line: dict = {"scenario": scenario}
-            runs = self.runs[scenario]
-            good = [r for r in runs if "error" not in r]
-            if scenario in self.skipped and not good:
-                line["skipped"] = self.skipped[scenario]
-            elif not runs:
-                line["skipped"] = "not run (interrupted)"
-            elif not good:
-                line["error"] = runs[-1]["error"]
-                line["runs"] = runs
-            else:
-                line.update(bl.medians(good))
-                line["repeat"] = len(good)
-                if len(good) < len(runs):
-                    line["failed_runs"] = len(runs) - len(good)
-                self.add_ratios(scenario, line)
-                line["settings"] = self.settings.get(scenario, {})
-                line["runs"] = runs
-            bl.emit(line)
+            for backend in [None] if scenario in NO_DATABASE else list(self.backends) or [None]:
+                self.backend = backend
+                bl.emit(self.line(scenario))
+        self.backend = None
+
+    def line(self, scenario: str) -> dict:
+        """The output line of a scenario on the current backend."""
+        line: dict = {"scenario": scenario, "backend": self.backend}
+        runs = self.runs[scenario]
+        good = [r for r in runs if "error" not in r]
+        if scenario in self.skipped and not good:
+            line["skipped"] = self.skipped[scenario]
+        elif not runs:
+            line["skipped"] = "not run (interrupted)"
+        elif not good:
+            line["error"] = runs[-1]["error"]
+            line["runs"] = runs
+        else:
+            line.update(bl.medians(good))
+            line["repeat"] = len(good)
+            if len(good) < len(runs):
+                line["failed_runs"] = len(runs) - len(good)
+            self.add_ratios(scenario, line)
+            self.add_backend_ratios(scenario, line)
+            line["settings"] = self.settings.get(scenario, {})
+            line["runs"] = runs
+        return line
+
+    def add_backend_ratios(self, scenario: str, line: dict) -> None:
+        """On every backend but the first: its medians over the first backend's, for the
+        fields of COMPARED (from the same run, rounds interleaved)."""
+        names = list(self.backends)
+        if self.backend is None or len(names) < 2 or self.backend == names[0]:
+            return
+        first = [r for r in self.runs_by.get(names[0], {}).get(scenario, []) if "error" not in r]
+        if not first:
+            return
+        theirs = bl.medians(first)
+        line[f"ratio_to_{names[0]}"] = {field: bl.ratio(line.get(field), theirs.get(field))
+                                        for field in COMPARED.get(scenario, ())}
 
     def add_ratios(self, scenario: str, line: dict) -> None:
         """Ratios of medians, beside the median of the per-round ratios."""
@@ -802,6 +1144,15 @@ def parse_args(argv=None):
                         help=f"comma-separated subset of {','.join(SCENARIOS)}")
     parser.add_argument("--skip", default="", help="comma-separated scenarios to leave out")
     parser.add_argument("--with-cpu-bound", action="store_true", help="run cpu_bound even with --quick")
+    parser.add_argument("--backends", help="comma-separated storage backends to run every scenario on, "
+                                           f"interleaved: {','.join(benchdb.BACKENDS)} (default sqlite)")
+    parser.add_argument("--postgres", action="store_true",
+                        help="short for --backends postgresql: a throwaway PostgreSQL server the bench starts "
+                             "(fsync=on, synchronous_commit=on)")
+    parser.add_argument("--database-url", metavar="postgresql://USER@HOST:PORT/DB",
+                        help="the PostgreSQL server of the postgresql backend instead of a throwaway one (implies "
+                             "--backends postgresql unless given); its role must be allowed to create databases: "
+                             "every cluster gets fresh ones, dropped after it")
     parser.add_argument("--scheduler-url", help="measure a running scheduler instead (submit scenarios only)")
     parser.add_argument("--registry-url", help="its registry (recorded in the output)")
     parser.add_argument("--job-python", default="/usr/bin/python3" if os.path.exists("/usr/bin/python3") else "python3",
@@ -814,6 +1165,20 @@ def parse_args(argv=None):
     if unknown:
         parser.error(f"unknown scenario(s): {', '.join(unknown)}")
     args.scenarios = [s for s in wanted if s not in skip]
+    if args.postgres and args.backends:
+        parser.error("--postgres is short for --backends postgresql: give one of them")
+    default = "postgresql" if args.postgres or args.database_url else "sqlite"
+    args.backends = [b.strip() for b in (args.backends or default).split(",") if b.strip()]
+    if not args.backends or any(b not in benchdb.BACKENDS for b in args.backends) \
+            or len(set(args.backends)) < len(args.backends):
+        parser.error(f"--backends takes each of {', '.join(benchdb.BACKENDS)} at most once")
+    if args.database_url and not benchdb.is_postgres_url(args.database_url):
+        parser.error("--database-url must be a postgresql:// URL (SQLite is each cluster's own file)")
+    if args.database_url and "postgresql" not in args.backends:
+        parser.error("--database-url is the postgresql backend's server: add postgresql to --backends")
+    if args.scheduler_url and (args.postgres or args.database_url or args.backends != ["sqlite"]):
+        parser.error("--scheduler-url measures a running scheduler on whatever database it has: "
+                     "no --backends, --postgres or --database-url with it")
     if args.scheduler_url:
         for name in ("scheduler_url", "registry_url"):
             value = getattr(args, name)
@@ -833,6 +1198,11 @@ def main(argv=None) -> int:
         return 2
     # SIGTERM unwinds like Ctrl-C: every cluster is stopped in its `finally`.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # idle_fleet holds a connection and a thread per simulated agent, and the servers
+    # (which inherit the limit) one per agent too: raise the open-file limit, keep stacks small.
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    threading.stack_size(512 * 1024)
     return Bench(args, cfg).run()
 
 

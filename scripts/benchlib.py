@@ -61,17 +61,52 @@ def emit(record: dict) -> None:
 
 class BenchCluster(Cluster):
     """tests/cluster.py's Cluster with production timings, per-server gunicorn flags
-    and agents started with the README's defaults unless told otherwise."""
+    and agents started with the README's defaults unless told otherwise.
+
+    `backend` (scripts/benchdb.py) gives the scheduler and the registry each a fresh
+    database of their own (their tables share names), dropped after stop(); without
+    one, each uses its default SQLite file under the state dir. start_replica() adds
+    another scheduler on the same database (the same file, for SQLite)."""
 
     serve_timeout = 60.0
 
-    def __init__(self, log_dir: str, server_flags: dict[str, list[str]] | None = None, **scheduler_env):
+    def __init__(self, log_dir: str, server_flags: dict[str, list[str]] | None = None, backend=None,
+                 **scheduler_env):
         super().__init__(log_dir, **dict(PRODUCTION_SCHEDULER_ENV, **scheduler_env))
         self.extra_flags = server_flags or {}
         self.agent_env: dict[str, dict] = {}
+        self.replicas: dict[str, tuple[Proc, int]] = {}  # name -> (gunicorn master, port)
+        self.backend = backend
+        self.databases: dict[str, str | None] = {}
+        if backend is not None:
+            for server in ("scheduler", "registry"):
+                self.databases[server] = backend.new_database()
+            if self.databases["scheduler"]:
+                self.scheduler_env["DATABASE_URL"] = self.databases["scheduler"]
 
     def server_flags(self, name: str) -> list[str]:
-        return self.extra_flags.get(name, [])
+        return self.extra_flags.get(name.split("-")[0], [])  # replicas take the scheduler's flags
+
+    def start_registry(self, **env) -> str:
+        if self.databases.get("registry"):
+            env = dict(env, DATABASE_URL=self.databases["registry"])
+        return super().start_registry(**env)
+
+    def start_replica(self, workers: int = 2, **env) -> str:
+        """Another scheduler on this cluster's database; returns its URL."""
+        name = f"scheduler-{len(self.replicas) + 2}"
+        merged = dict(self.scheduler_env, REGISTRY_URL=self.registry_url, **env)
+        try:
+            port = self._serve(name, "corral-scheduler", base_env(self.state_dir, **merged), None, workers)
+        finally:  # a server, not one of the agents Cluster.stop ends first
+            proc = self.procs.pop(name, None)
+        self.replicas[name] = (proc, port)
+        return f"http://127.0.0.1:{port}"
+
+    @property
+    def scheduler_urls(self) -> list[str]:
+        """Every scheduler of the cluster, the first one first."""
+        return [self.scheduler_url, *(f"http://127.0.0.1:{port}" for _, port in self.replicas.values())]
 
     def start_agent(self, node_id: str, slots: int = 1, **env) -> Proc:
         settings = dict(PRODUCTION_AGENT_ENV, **AGENT_STOP_ENV)
@@ -85,18 +120,25 @@ class BenchCluster(Cluster):
 
     def stop(self) -> None:
         """Cluster.stop, quicker: every agent gets its SIGTERM at once (each drains on
-        its own), and the scheduler does not wait out long-polls still in flight."""
-        for name, proc in self.procs.items():
-            if name not in ("registry", "scheduler") and proc.alive():
-                try:
-                    os.kill(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        for name, proc in self.procs.items():
-            if name not in ("registry", "scheduler"):
-                proc.stop()
-        self.stop_server_fast("scheduler")
-        super().stop()
+        its own), and the schedulers do not wait out long-polls still in flight. Then
+        the cluster's databases are dropped."""
+        try:
+            for name, proc in self.procs.items():
+                if name not in ("registry", "scheduler") and proc.alive():
+                    try:
+                        os.kill(proc.pid, signal.SIGTERM)
+                    except ProcessLookupError:
+                        pass
+            for name, proc in self.procs.items():
+                if name not in ("registry", "scheduler"):
+                    proc.stop()
+            for proc, _ in self.replicas.values():
+                proc.stop(grace=3.0)
+            self.stop_server_fast("scheduler")
+            super().stop()
+        finally:
+            for url in self.databases.values():
+                self.backend.drop_database(url)
 
     def stop_server_fast(self, name: str, grace: float = 3.0) -> None:
         """Stop one server without waiting gunicorn's graceful_timeout for long-polls in flight."""
@@ -104,11 +146,14 @@ class BenchCluster(Cluster):
             self.procs[name].stop(grace=grace)
 
     def pids(self, name: str) -> list[int]:
-        """The process and, for a gunicorn master, its workers (an agent's jobs excluded)."""
-        proc = self.procs[name]
+        """The process and, for a gunicorn master, its workers (an agent's jobs excluded).
+        "schedulers": every scheduler replica's."""
+        if name == "schedulers":
+            return [pid for server in ("scheduler", *self.replicas) for pid in self.pids(server)]
+        proc = self.replicas[name][0] if name in self.replicas else self.procs[name]
         if not proc.alive():
             return []
-        if name in ("registry", "scheduler"):
+        if name in ("registry", "scheduler") or name in self.replicas:
             return [proc.pid, *descendants(proc.pid)]
         return [proc.pid]
 
@@ -291,6 +336,25 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / CLK_TCK
 
 
+def tree_cpu_seconds(root: int) -> float:
+    """utime + stime of `root` and every live descendant, plus what each of them
+    reaped of its children (cutime + cstime): PostgreSQL starts a backend per
+    connection and the postmaster reaps it when it closes, so backends that ended
+    within a window count too."""
+    total = 0
+    for pid in [root, *descendants(root)]:
+        fields = _proc_stat(pid)
+        if fields and len(fields) > 14:
+            total += sum(int(fields[i]) for i in (11, 12, 13, 14))
+    return total / CLK_TCK
+
+
+def parent_pid(pid: int) -> int | None:
+    """The parent of a process on this machine (None when it is not here)."""
+    fields = _proc_stat(pid)
+    return int(fields[1]) if fields and len(fields) > 1 else None
+
+
 def memory_kb(pid: int) -> dict[str, int]:
     """VmHWM (peak RSS) and VmRSS of a process, in kB."""
     found = {}
@@ -315,10 +379,13 @@ class CpuMeter:
         self.start_cpu = cpu_seconds(self.pids)
         self.start = time.monotonic()
 
+    def seconds(self) -> float:
+        """CPU seconds used since the start."""
+        return cpu_seconds(self.pids) - self.start_cpu
+
     def percent(self) -> float:
         elapsed = time.monotonic() - self.start
-        used = cpu_seconds(self.pids) - self.start_cpu
-        return round(100.0 * used / elapsed, 2) if elapsed > 0 else 0.0
+        return round(100.0 * self.seconds() / elapsed, 2) if elapsed > 0 else 0.0
 
 
 class MachineCpuMeter:
@@ -345,10 +412,13 @@ class SelfCpuMeter:
         t = os.times()
         self.start_cpu, self.start = t.user + t.system, time.monotonic()
 
-    def percent(self) -> float:
+    def seconds(self) -> float:
         t = os.times()
+        return t.user + t.system - self.start_cpu
+
+    def percent(self) -> float:
         elapsed = time.monotonic() - self.start
-        return round(100.0 * (t.user + t.system - self.start_cpu) / elapsed, 2) if elapsed > 0 else 0.0
+        return round(100.0 * self.seconds() / elapsed, 2) if elapsed > 0 else 0.0
 
 
 # ---- the machine --------------------------------------------------------------

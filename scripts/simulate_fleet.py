@@ -56,6 +56,13 @@ import benchlib as bl
 # Set on an empty claim answer that did not wait: "busy" (the waiting room was full),
 # "stopping" (the worker is shutting down), "again" (ask again at once) -- docs/dispatch.md.
 LONG_POLL_HEADER = "X-Corral-Long-Poll"
+# What a real agent sends with its claims on a node with cgroups (agent/agent.py
+# default_limits, agent/settings.py defaults), and with a `true` job's done report.
+AGENT_CLAIM_FIELDS = {"limits_enforced": True, "private_tmp": True,
+                      "default_limits": {"run": {"memory_mb": 512, "cpu_percent": 100, "max_processes": 1024},
+                                         "service": {"memory_mb": 1024, "cpu_percent": 200, "max_processes": 1024}}}
+DONE_FIELDS = {"status": "done", "exit_code": 0, "stdout": "", "stderr": "", "oom_killed": False,
+               "peak_memory_bytes": 1 << 20, "cpu_seconds": 0.002}
 
 
 @dataclass(frozen=True)
@@ -81,15 +88,27 @@ QUICK = Config(idle_secs=3.0, stream_secs=3.0, rate=5.0, settle_secs=1.0, drain_
 
 
 class Fleet:
-    """N simulated agents in this process."""
+    """N simulated agents in this process.
 
-    def __init__(self, scheduler_url: str, registry_url: str, size: int, long_poll: bool, cfg: Config):
-        self.scheduler_url = scheduler_url
+    With `scheduler_urls` naming several scheduler replicas, agent i talks to the
+    i-th modulo their number. With `slots` > 1, each agent claims as many jobs as it
+    has slots and reports their ends as a real agent does when several end at once:
+    in one POST /jobs/reports with the claim for its freed slots riding on it (what
+    that claim hands out runs next; when it hands out nothing, a long-poll claim
+    waits for work)."""
+
+    def __init__(self, scheduler_urls: str | list[str], registry_url: str, size: int, long_poll: bool,
+                 cfg: Config, slots: int = 1):
+        urls = [scheduler_urls] if isinstance(scheduler_urls, str) else list(scheduler_urls)
+        self.scheduler_url = urls[0]  # where the job stream goes
         self.registry_url = registry_url
         self.size = size
         self.long_poll = long_poll
         self.cfg = cfg
+        self.slots = slots
         self.node_ids = [f"sim-{i:04d}" for i in range(size)]
+        self.scheduler_of = {node_id: urls[i % len(urls)] for i, node_id in enumerate(self.node_ids)}
+        self.done_at: dict[str, float] = {}  # job id -> when its done report was accepted
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.claimed_at: dict[str, float] = {}
@@ -133,11 +152,26 @@ class Fleet:
         self.count(kind, time.perf_counter() - t0 if timed else None)
         return r
 
+    def begin_phase(self, phase: str) -> collections.Counter:
+        """Keep latencies under `phase` from now on; the requests sent so far."""
+        with self.lock:
+            self.phase = phase
+            return collections.Counter(self.requests)
+
+    def requests_since(self, before: collections.Counter) -> dict[str, int]:
+        """Requests sent since `before` (begin_phase's answer), by kind."""
+        with self.lock:
+            return {kind: n - before[kind] for kind, n in self.requests.items() if n - before[kind]}
+
+    def errors_now(self) -> dict[str, int]:
+        with self.lock:
+            return dict(self.errors)
+
     def latency_stats(self, phase: str) -> dict:
         """p50/p99/max (ms) of the heartbeat, lease and report calls made during `phase`."""
         out = {}
         with self.lock:
-            for kind in ("lease", "heartbeat", "report_done", "submit"):
+            for kind in ("lease", "heartbeat", "report_done", "report_batch", "submit"):
                 values = self.latency.get((phase, kind), [])
                 if values:
                     out[f"{phase}_{kind}_p50_ms"] = bl.ms(bl.percentile(values, 50))
@@ -193,7 +227,7 @@ class Fleet:
         scheduler.close()
 
     def _register(self, session: requests.Session, node_id: str) -> None:
-        body = {"node_id": node_id, "address": "127.0.0.1", "kind": "compute", "slots": 1, "cpus": 1,
+        body = {"node_id": node_id, "address": "127.0.0.1", "kind": "compute", "slots": self.slots, "cpus": 1,
                 "memory_mb": 1024, "max_memory_mb": 1024, "max_cpu_percent": 100, "labels": {"sim": "1"}}
         r = self.http(session, "POST", self.registry_url + "/nodes", "register", json=body, timeout=10)
         if r is not None and r.status_code not in (200, 201):
@@ -201,7 +235,8 @@ class Fleet:
 
     def _renew(self, session: requests.Session, node_id: str) -> None:
         self.renewed_at[node_id] = time.monotonic()
-        r = self.http(session, "POST", f"{self.scheduler_url}/nodes/{node_id}/lease", "lease", json={}, timeout=10)
+        r = self.http(session, "POST", f"{self.scheduler_of[node_id]}/nodes/{node_id}/lease", "lease", json={},
+                      timeout=10)
         if r is not None and r.status_code != 200:
             self.error("lease", f"{r.status_code} {r.text[:100]}")
 
@@ -224,8 +259,9 @@ class Fleet:
 
     def _claim(self, session: requests.Session, node_id: str, wait: float) -> None:
         started = time.monotonic()
-        r = self.http(session, "POST", f"{self.scheduler_url}/nodes/{node_id}/claim", "claim", timed=False,
-                      json={"max": 1, "wait_secs": wait}, timeout=wait + 30)
+        body = {"max": self.slots, "wait_secs": wait, **(AGENT_CLAIM_FIELDS if self.slots > 1 else {})}
+        r = self.http(session, "POST", f"{self.scheduler_of[node_id]}/nodes/{node_id}/claim", "claim", timed=False,
+                      json=body, timeout=wait + 30)
         now = time.time()
         if r is None or r.status_code != 200:
             if r is not None:
@@ -235,9 +271,10 @@ class Fleet:
         jobs = r.json()
         if isinstance(jobs, dict):
             jobs = jobs.get("jobs", [])
-        for job in jobs:
-            with self.lock:
-                self.claimed_at.setdefault(job["job_id"], now)
+        self._claimed(jobs, now)
+        if self.slots > 1:
+            self._run_batches(session, node_id, jobs)
+        for job in jobs if self.slots == 1 else ():
             self.holding.add(node_id)
             try:
                 self._run(session, node_id, job)
@@ -255,9 +292,48 @@ class Fleet:
         if not_waited or (not jobs and time.monotonic() - started < wait / 2):
             self.stop.wait(self.cfg.poll_interval)
 
+    def _claimed(self, jobs: list[dict], when: float) -> None:
+        with self.lock:
+            for job in jobs:
+                self.claimed_at.setdefault(job["job_id"], when)
+
+    def _run_batches(self, session: requests.Session, node_id: str, jobs: list[dict]) -> None:
+        """Run `jobs` at once, then report them all with a claim for the freed slots
+        riding on the reports; again with what that claim handed out, until it hands
+        out nothing."""
+        self.holding.add(node_id)
+        try:
+            while jobs and not self.stop.is_set():
+                if self.cfg.job_secs:
+                    time.sleep(self.cfg.job_secs)
+                reports = [{"job_id": job["job_id"], "node_id": node_id, "attempt": job["attempt"], **DONE_FIELDS}
+                           for job in jobs]
+                body = {"reports": reports, "claim": {"node_id": node_id, "max": self.slots, **AGENT_CLAIM_FIELDS}}
+                r = self.http(session, "POST", f"{self.scheduler_of[node_id]}/jobs/reports", "report_batch",
+                              json=body, timeout=30)
+                if r is not None and r.status_code != 200:
+                    self.error("report_batch", f"{r.status_code} {r.text[:100]}")
+                if r is None or r.status_code >= 500:
+                    self.stop.wait(1.0)  # as the agent does: the reports are sent again
+                    continue
+                if r.status_code != 200:
+                    return
+                answer, now = r.json(), time.time()
+                with self.lock:
+                    for report, result in zip(reports, answer["results"]):
+                        if result["code"] == 200:
+                            self.done_at.setdefault(report["job_id"], now)
+                        else:
+                            self.errors["report_done"] += 1
+                            self.last_error = f"report_done: {result}"
+                jobs = answer.get("claimed", [])
+                self._claimed(jobs, now)
+        finally:
+            self.holding.discard(node_id)
+
     def _poll(self, session: requests.Session, node_id: str) -> bool:
         """One poll; True when a job was taken (and has already finished)."""
-        r = self.http(session, "GET", self.scheduler_url + "/jobs", "poll",
+        r = self.http(session, "GET", self.scheduler_of[node_id] + "/jobs", "poll",
                       params={"node_id": node_id, "status": "pending"}, timeout=30)
         if r is None or r.status_code != 200:
             if r is not None:
@@ -281,12 +357,15 @@ class Fleet:
 
     def _report(self, session: requests.Session, node_id: str, job: dict, status: str, **fields) -> dict | None:
         body = {"node_id": node_id, "attempt": job["attempt"], "status": status, **fields}
-        r = self.http(session, "POST", f"{self.scheduler_url}/jobs/{job['job_id']}/status", f"report_{status}",
-                      json=body, timeout=30)
+        r = self.http(session, "POST", f"{self.scheduler_of[node_id]}/jobs/{job['job_id']}/status",
+                      f"report_{status}", json=body, timeout=30)
         if r is None or r.status_code != 200:
             if r is not None:
                 self.error(f"report_{status}", f"{r.status_code} {r.text[:100]}")
             return None
+        if status == "done":
+            with self.lock:
+                self.done_at.setdefault(job["job_id"], time.time())
         return r.json()
 
     # -- the job stream --

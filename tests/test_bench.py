@@ -1,7 +1,10 @@
 """Smoke test of the benchmark scripts: `scripts/bench.py --quick` and
 `scripts/simulate_fleet.py --sizes 5 --quick` run as subprocesses (in parallel),
 print well-formed JSON lines with the expected scenarios and numeric fields, and
-leave no process behind. The values themselves are not checked."""
+leave no process behind; `scripts/bench.py --quick --backends sqlite,postgresql`
+does the same on both backends (starting its own PostgreSQL) and records the
+server's settings, and with `--database-url` it uses a running server and drops
+every database it made there. The values themselves are not checked."""
 import json
 import os
 import signal
@@ -9,8 +12,10 @@ import subprocess
 import sys
 import uuid
 
+import psycopg
 import pytest
 
+import pg
 from helpers import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -23,8 +28,14 @@ BENCH_NUMBERS = {
     "throughput": ["jobs_per_sec", "latency_p50_ms", "latency_p99_ms"],
     "baseline": ["jobs_per_sec", "ratio_throughput_to_baseline"],
     "memory": ["scheduler_master_hwm_mb", "scheduler_worker_hwm_mb_max", "agent_hwm_mb_max", "agent_rss_mb_max"],
+    "dispatch_cross_replica": ["p50_ms", "p99_ms", "max_ms"],
+    "capacity": ["jobs_per_sec", "scheduler_cpu_ms_per_job", "registry_cpu_ms_per_job", "simulator_cpu_ms_per_job"],
+    "idle_fleet": ["schedulers_cpu_pct", "registry_cpu_pct", "simulator_cpu_pct"],
     "node_floor": ["jobs_per_sec", "starter_cpu_ms_per_job", "job_processes_cpu_ms_per_job"],
 }
+# What only a PostgreSQL backend measures: the server's own CPU.
+PG_NUMBERS = {"capacity": ["database_cpu_ms_per_job"], "idle_fleet": ["database_cpu_pct"]}
+PG_SETTINGS = ("version", "fsync", "synchronous_commit", "shared_buffers", "max_connections", "wal_level")
 # Scenarios that may say "skipped" in a quick run: cpu_bound always, submit_batch
 # on a scheduler without POST /jobs/batch, node_floor without root (no cgroups).
 MAY_SKIP = {"cpu_bound", "submit_batch", "node_floor"}
@@ -67,17 +78,15 @@ def processes_with(marker: str) -> list[int]:
     return found
 
 
-def test_the_benchmark_scripts_print_json_lines_and_leave_nothing_running():
-    marker = uuid.uuid4().hex
+def run_scripts(commands: dict[str, list[str]], marker: str, timeout: float) -> dict[str, str]:
+    """Run the scripts in parallel (the marker in their environment); their stdout by name."""
     env = dict(os.environ, BENCH_SMOKE_MARKER=marker)
-    commands = {"bench": [sys.executable, "scripts/bench.py", "--quick"],
-                "fleet": [sys.executable, "scripts/simulate_fleet.py", "--sizes", "5", "--quick"]}
     procs = {name: subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     text=True, start_new_session=True) for name, argv in commands.items()}
     outputs = {}
     try:
         for name, proc in procs.items():
-            out, err = proc.communicate(timeout=100)
+            out, err = proc.communicate(timeout=timeout)
             outputs[name] = out
             assert proc.returncode == 0, f"{name} exited {proc.returncode}\n{err[-4000:]}"
     finally:
@@ -89,22 +98,41 @@ def test_the_benchmark_scripts_print_json_lines_and_leave_nothing_running():
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait(5)
+    return outputs
+
+
+def check_scenario(scenario: str, record: dict, fields: list[str]) -> None:
+    if scenario in MAY_SKIP and "skipped" in record:
+        assert isinstance(record["skipped"], str) and record["skipped"], record
+        return
+    assert "skipped" not in record and "error" not in record, record
+    for field in fields:
+        assert is_number(record.get(field)), (scenario, field, record)
+    assert isinstance(record["runs"], list) and len(record["runs"]) == 1
+
+
+def test_the_benchmark_scripts_print_json_lines_and_leave_nothing_running():
+    marker = uuid.uuid4().hex
+    outputs = run_scripts({"bench": [sys.executable, "scripts/bench.py", "--quick"],
+                           "fleet": [sys.executable, "scripts/simulate_fleet.py", "--sizes", "5", "--quick"]},
+                          marker, timeout=240)
 
     bench = json_lines(outputs["bench"])
     check_meta(bench[0])
+    assert list(bench[0]["backends"]) == ["sqlite"]
     by_name = {r["scenario"]: r for r in bench[1:]}
     assert set(by_name) == {*BENCH_NUMBERS, "cpu_bound"}, list(by_name)
     assert len(bench) == 1 + len(by_name), "one line per scenario"
     assert isinstance(by_name["cpu_bound"].get("skipped"), str)
     for scenario, fields in BENCH_NUMBERS.items():
         record = by_name[scenario]
-        if scenario in MAY_SKIP and "skipped" in record:
-            assert isinstance(record["skipped"], str) and record["skipped"], record
-            continue
-        assert "skipped" not in record and "error" not in record, record
-        for field in fields:
-            assert is_number(record.get(field)), (scenario, field, record)
-        assert isinstance(record["runs"], list) and len(record["runs"]) == 1
+        assert record["backend"] == (None if scenario == "node_floor" else "sqlite"), record
+        check_scenario(scenario, record, fields)
+    # Two schedulers where the scenario says so; every simulated job done, none failed.
+    assert by_name["dispatch_cross_replica"]["settings"]["schedulers"] == 2
+    assert by_name["idle_fleet"]["settings"]["schedulers"] == 2
+    capacity = by_name["capacity"]
+    assert capacity["done"] == capacity["jobs"] > 0 and capacity["api_failed"] == 0, capacity
 
     fleet = json_lines(outputs["fleet"])
     check_meta(fleet[0])
@@ -119,3 +147,60 @@ def test_the_benchmark_scripts_print_json_lines_and_leave_nothing_running():
     # Servers, agents and jobs all inherit the marker through their environment.
     wait_for(lambda: not processes_with(marker), timeout=15,
              message="every process the scripts started to be gone")
+
+
+@pytest.mark.skipif(pg.missing() is not None, reason=pg.missing() or "")
+def test_the_benchmark_runs_on_both_backends_with_its_own_postgresql_and_leaves_nothing_behind():
+    marker = uuid.uuid4().hex
+    scenarios = ["submit_single", "submit_batch", "dispatch_cross_replica", "capacity", "idle_fleet"]
+    argv = [sys.executable, "scripts/bench.py", "--quick", "--backends", "sqlite,postgresql",
+            "--scenarios", ",".join(scenarios)]
+    bench = json_lines(run_scripts({"bench": argv}, marker, timeout=240)["bench"])
+
+    check_meta(bench[0])
+    server = bench[0]["backends"]["postgresql"]
+    assert {name: server[name] for name in ("fsync", "synchronous_commit")} == {"fsync": "on",
+                                                                                  "synchronous_commit": "on"}
+    assert all(server.get(name) for name in PG_SETTINGS), server
+    # A line per scenario and backend, in the order of the scenarios, SQLite first.
+    assert [(r["scenario"], r["backend"]) for r in bench[1:]] == [
+        (s, b) for s in scenarios for b in ("sqlite", "postgresql")]
+    for record in bench[1:]:
+        scenario = record["scenario"]
+        fields = BENCH_NUMBERS[scenario] + (PG_NUMBERS.get(scenario, []) if record["backend"] == "postgresql" else [])
+        check_scenario(scenario, record, fields)
+        if record["backend"] == "postgresql":  # compared with SQLite's run of the same round
+            ratios = record["ratio_to_sqlite"]  # the first field compared is the scenario's main figure
+            assert is_number(ratios[BENCH_NUMBERS[scenario][0]]), record
+    pg_lines = {r["scenario"]: r for r in bench[1:] if r["backend"] == "postgresql"}
+    assert pg_lines["capacity"]["settings"]["schedulers"] == 2  # replicas are what PostgreSQL is for
+    assert pg_lines["capacity"]["done"] == pg_lines["capacity"]["jobs"] > 0
+
+    # The server (started as its own user, with the marker in its environment) and the
+    # servers and simulated agents are gone, and with them every database.
+    wait_for(lambda: not processes_with(marker), timeout=15,
+             message="every process the bench started, PostgreSQL included, to be gone")
+
+
+def test_the_benchmark_uses_the_postgresql_server_it_is_given_and_drops_the_databases_it_made(pg_server):
+    before = databases(pg_server)
+    marker = uuid.uuid4().hex
+    argv = [sys.executable, "scripts/bench.py", "--quick", "--database-url", pg_server.url("postgres"),
+            "--scenarios", "submit_single,capacity"]
+    bench = json_lines(run_scripts({"bench": argv}, marker, timeout=180)["bench"])
+
+    check_meta(bench[0])
+    assert list(bench[0]["backends"]) == ["postgresql"]
+    assert bench[0]["backends"]["postgresql"]["server"] == "given by --database-url"
+    assert [(r["scenario"], r["backend"]) for r in bench[1:]] == [("submit_single", "postgresql"),
+                                                                  ("capacity", "postgresql")]
+    for record in bench[1:]:
+        check_scenario(record["scenario"], record, BENCH_NUMBERS[record["scenario"]])
+    assert is_number(bench[2]["database_cpu_ms_per_job"])  # the server runs here: its CPU is measured
+    assert databases(pg_server) == before
+    wait_for(lambda: not processes_with(marker), timeout=15, message="every process the bench started to be gone")
+
+
+def databases(server: pg.PgServer) -> set[str]:
+    with psycopg.connect(server.url("postgres"), connect_timeout=10) as conn:
+        return {name for (name,) in conn.execute("SELECT datname FROM pg_database")}
