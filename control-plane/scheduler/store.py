@@ -167,7 +167,8 @@ class Store:
         columns = dict(fields, max_retries=self.settings.max_job_retries if fields.get("max_retries") is None
                        else fields["max_retries"])
         try:
-            with self.db.atomic():
+            # A savepoint only where a concurrent twin can make the insert fail (the key).
+            with self.db.atomic() if idempotency_key else self._tx():
                 existing = self._by_key(idempotency_key, digest)
                 if existing is not None:
                     return existing, False

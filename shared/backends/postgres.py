@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable
 from urllib.parse import unquote, urlsplit
 
+import peewee
 import psycopg
 from playhouse.pool import PooledPostgresqlDatabase
 
@@ -125,9 +126,46 @@ class PostgresDatabase(PooledPostgresqlDatabase):
                            f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}; "
                            "SET TimeZone = 'UTC'")
 
+    def _is_closed(self, conn) -> bool:
+        # The pool's own check pings the server at every check-out, one round trip
+        # under the pool's lock. Here a connection counts as closed when psycopg
+        # knows it is; one the server dropped unseen (a restart) fails its first
+        # statement, and that failure empties the pool of idle ones (_broken).
+        return conn.closed or self._adapter.txn_status(conn) == self._adapter.txn_unknown
+
+    def _broken(self) -> None:
+        """After a failed statement: if the connection is gone, so are probably the
+        idle ones (the server restarted, the network dropped): open new ones."""
+        conn = getattr(self._state, "conn", None)
+        if conn is not None and (conn.closed or self._adapter.txn_status(conn) == self._adapter.txn_unknown):
+            log.warning("lost a connection to PostgreSQL %s:%s; reconnecting", self.where["host"],
+                        self.where["port"])
+            self.close_idle()
+
+    def execute_sql(self, sql, params=None):
+        try:
+            return super().execute_sql(sql, params)
+        except (peewee.OperationalError, peewee.InterfaceError):
+            self._broken()
+            raise
+
+    def begin(self, isolation_level=None):
+        try:
+            super().begin(isolation_level)
+        except (peewee.OperationalError, peewee.InterfaceError):
+            self._broken()
+            raise
+
     def lock_placement(self) -> None:
-        """Serialise placement across every replica, until this transaction ends."""
+        """Serialise placement across every replica, until this transaction ends (taken
+        once per transaction: the caller's first request holds it)."""
+        transactions = self._state.transactions
+        outermost = transactions[0] if transactions else None
+        if outermost is not None and getattr(outermost, "holds_placement_lock", False):
+            return
         self.execute_sql("SELECT pg_advisory_xact_lock(%s)", (PLACEMENT_LOCK_KEY,))
+        if outermost is not None:
+            outermost.holds_placement_lock = True
 
     def create_schema(self) -> None:
         self.execute_sql(f"CREATE SCHEMA IF NOT EXISTS {self.schema}")
