@@ -233,3 +233,44 @@ def test_the_health_of_the_tables_is_on_metrics(pg_url):
     text = client.get("/metrics").get_data(as_text=True)
     assert 'corral_db_dead_tuples{table="job"}' in text and 'corral_db_live_tuples{table="job"}' in text
     assert "corral_db_oldest_transaction_age_seconds " in text and "corral_db_clock_skew_seconds " in text
+
+
+def test_while_the_database_refuses_connections_writes_answer_503_and_healthz_still_200(pg_url):
+    app = app_on(pg_url)
+    client = app.test_client()
+    assert client.post("/jobs", json={"command": "true"}).status_code == 201
+    name = pg_url.rsplit("/", 1)[1]
+    admin = pg_url.rsplit("/", 1)[0] + "/postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
+    try:
+        refused = client.post("/jobs", json={"command": "true"})
+        assert refused.status_code == 503 and "retry" in refused.json["error"]
+        assert client.get("/jobs/job-1").status_code == 503
+        assert client.get("/readyz").status_code == 503
+        assert client.get("/healthz").status_code == 200      # the process itself is fine
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+    # Back by itself: the pool's dead connections are dropped, nothing was lost.
+    assert client.post("/jobs", json={"command": "true"}).json["job_id"] == "job-2"
+    assert client.get("/jobs/job-1").status_code == 200
+
+
+def test_twin_submits_with_one_idempotency_key_at_once_create_one_job(pg_url):
+    app = app_on(pg_url)
+    barrier = threading.Barrier(8)
+
+    def submit(key):
+        client = app.test_client()
+        barrier.wait(10)
+        answer = client.post("/jobs", json={"command": "true"}, headers={"Idempotency-Key": key})
+        return answer.status_code, answer.json["job_id"]
+
+    for round_ in range(5):
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(submit, [f"key-{round_}"] * 8))
+        assert sorted(code for code, _ in answers) == [200] * 7 + [201]
+        assert len({job_id for _, job_id in answers}) == 1
+    assert Job.select().count() == 5

@@ -166,28 +166,30 @@ class Store:
         digest = request_hash(fields) if idempotency_key else None
         columns = dict(fields, max_retries=self.settings.max_job_retries if fields.get("max_retries") is None
                        else fields["max_retries"])
-        try:
-            # A savepoint only where a concurrent twin can make the insert fail (the key).
-            with self.db.atomic() if idempotency_key else self._tx():
-                existing = self._by_key(idempotency_key, digest)
-                if existing is not None:
-                    return existing, False
-                self._check_limits(fields)
-                job = self._insert_jobs([dict(columns, created_at=now, idempotency_key=idempotency_key,
-                                              request_hash=digest)])[0]
-                self._event(job, None, "pending", now, "submitted")
-        except peewee.IntegrityError:
-            # Another request with the same key committed first (databases without
-            # a single write lock): answer as if this one came second.
-            existing = self._by_key(idempotency_key, digest) if idempotency_key else None
-            if existing is None:
-                raise
-            return existing, False
+        with self._tx():
+            existing = self._by_key(idempotency_key, digest)
+            if existing is not None:
+                return existing, False
+            self._check_limits(fields)
+            # A twin request with the same key may commit between the look above and
+            # this insert (several writers at once: PostgreSQL): the insert then adds
+            # nothing (ON CONFLICT DO NOTHING, no failed statement to roll back) and
+            # this request answers with the twin's job, as if it had come second.
+            inserted = self._insert_jobs([dict(columns, created_at=now, idempotency_key=idempotency_key,
+                                               request_hash=digest)], skip_duplicate_key=bool(idempotency_key))
+            if not inserted:
+                return self._by_key(idempotency_key, digest), False
+            job = inserted[0]
+            self._event(job, None, "pending", now, "submitted")
         return job, True
 
-    def _insert_jobs(self, rows: list[dict]) -> list[Job]:
+    def _insert_jobs(self, rows: list[dict], skip_duplicate_key: bool = False) -> list[Job]:
         """Insert jobs (dicts of Job fields; defaults fill the rest) in the order given;
-        returns them as Job instances with their new ids, without reading them back."""
+        returns them as Job instances with their new ids, without reading them back.
+        `skip_duplicate_key` (one row): a row whose idempotency key exists is not
+        inserted, and [] is returned."""
+        if skip_duplicate_key:
+            assert len(rows) == 1, "only a single row can tell which one was skipped"
         jobs = [Job(**row) for row in rows]
         fields = [f for f in Job._meta.sorted_fields if f is not Job._meta.primary_key]
         ids: list[int] = []
@@ -195,9 +197,13 @@ class Store:
             chunk = jobs[start:start + JOB_INSERT_ROWS]
             values = {f"{f.name}{i}": f.db_value(job.__data__.get(f.name)) for i, job in enumerate(chunk)
                       for f in fields}
-            inserted = self._sql.rows(self.db, ("insert jobs", len(chunk)), lambda: Job.insert_many(
-                [{f.name: param(f"{f.name}{i}") for f in fields} for i in range(len(chunk))]).returning(Job.id),
-                **values)
+            def insert(size=len(chunk)):
+                query = Job.insert_many([{f.name: param(f"{f.name}{i}") for f in fields} for i in range(size)])
+                return (query.on_conflict_ignore() if skip_duplicate_key else query).returning(Job.id)
+
+            inserted = self._sql.rows(self.db, ("insert jobs", len(chunk), skip_duplicate_key), insert, **values)
+            if skip_duplicate_key and not inserted:
+                return []
             # Ids are assigned in the order of the rows; sorting undoes any order RETURNING used.
             ids += sorted(row[0] for row in inserted)
         for job, job_id in zip(jobs, ids):
