@@ -8,7 +8,9 @@ Starts, from the virtualenv this script runs in:
 - two agents, NODE_ID=node-1 and node-2,
 
 with their state under $CORRAL_STATE_DIR (default ./var of the repository). Every
-other setting comes from the environment as usual (MAX_JOBS_PER_NODE=3 make run).
+other setting comes from the environment as usual (MAX_JOBS_PER_NODE=3 make run);
+with CORRAL_DATABASE_URL=postgresql://... the registry and the scheduler keep their
+tables in that PostgreSQL database (each in its own schema) instead of SQLite files.
 Output of each process is shown prefixed with its name. When both servers answer
 and both nodes are healthy, it prints how to submit a job.
 
@@ -280,6 +282,9 @@ def main() -> int:
     scheduler_sock = bind(scheduler_port, "scheduler", "CORRAL_SCHEDULER_PORT")
     if env.get("DATABASE_URL", "").strip():
         say(f"warning: DATABASE_URL is set, so the registry and the scheduler both use {env['DATABASE_URL']}")
+    elif env.get("CORRAL_DATABASE_URL", "").strip():
+        # Passed on to both servers with the rest of the environment: their fallback database.
+        say("the registry and the scheduler use the database of CORRAL_DATABASE_URL, each in its own schema")
     os.makedirs(env["CORRAL_STATE_DIR"], exist_ok=True)
     children: list[Child] = []
     failed = False

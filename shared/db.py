@@ -34,8 +34,7 @@ BUSY_TIMEOUT_SECS = 10
 # busy handler), then answers 503.
 POOL_MAX_CONNECTIONS = 32
 
-__all__ = ["MaxConnectionsExceeded", "open_database", "close_idle", "sqlite_path", "init_app", "JSONField",
-           "add_missing_columns"]
+__all__ = ["MaxConnectionsExceeded", "open_database", "close_idle", "sqlite_path", "init_app", "JSONField"]
 
 
 def open_database(url: str, synchronous: str = "NORMAL") -> peewee.Database:
@@ -225,37 +224,6 @@ def init_app(app, db: peewee.Database) -> None:
     def _close(exc):
         if not db.is_closed():
             db.close()
-
-
-def add_missing_columns(db: peewee.Database, model: type[peewee.Model]) -> list[str]:
-    """Add the nullable columns of `model` that an older database's table lacks (an
-    additive schema change: rows written before it read as null). Returns their names.
-    Safe to call from several processes at start: a column another one just added
-    is not added twice."""
-    table = model._meta.table_name
-    if not db.table_exists(table):
-        return []
-    from playhouse.migrate import SchemaMigrator, migrate
-
-    added = []
-    for field in model._meta.sorted_fields:
-        have = {column.name for column in db.get_columns(table)}
-        if field.column_name in have:
-            continue
-        if not field.null:
-            raise SettingError(f"the {table} table lacks the column {field.column_name}, which cannot be "
-                               f"added to existing rows; this database is from another version of Corral")
-        try:
-            with db.atomic():
-                migrate(SchemaMigrator.from_database(db).add_column(table, field.column_name, field))
-        except peewee.OperationalError:
-            if field.column_name not in {column.name for column in db.get_columns(table)}:
-                raise
-            continue  # another process added it first
-        added.append(field.column_name)
-    if added:
-        log.info("added the column(s) %s to the %s table", ", ".join(added), table)
-    return added
 
 
 class JSONField(peewee.TextField):

@@ -1,9 +1,10 @@
 """The console scripts `corral-registry` and `corral-scheduler` run gunicorn.
 
 Settings come from the environment; flags override host, port and the worker
-shape. Settings are checked and the database schema is created in the master,
-before any worker forks, so a bad setting is one clear line and exit code 2,
-not a worker that fails to boot over and over.
+shape. Settings are checked and the database's pending schema migrations are
+applied in the master (shared/migrations.py), before any worker forks, so a bad
+setting is one clear line and exit code 2, not a worker that fails to boot over
+and over.
 """
 import argparse
 import ipaddress
@@ -158,13 +159,46 @@ def node_token_command(prog: str, argv: list[str]) -> int:
     return 0
 
 
-def run_service(prog: str, default_port: int, prepare: Callable[[], None],
-                loader: Callable, argv: list[str] | None = None) -> None:
+def migrate_command(prog: str, argv: list[str], migrate: Callable[[bool], list[str]]) -> int:
+    """`PROG migrate [--check]`: apply the database's pending schema migrations and
+    print them; with --check, print them without applying (exit 1 when there are
+    any). `migrate(check)` gives the steps applied, or pending with check=True.
+    Returns the exit status (2 for a setting or database this version refuses)."""
+    parser = argparse.ArgumentParser(
+        prog=f"{prog} migrate",
+        description="Apply the pending schema migrations of this service's database (DATABASE_URL), "
+                    "under a lock, as the server does at start. With --check, only list them.")
+    parser.add_argument("--check", action="store_true",
+                        help="print the pending steps and exit 1 when there are any (0 when up to date)")
+    args = parser.parse_args(argv)
+    setup_logging()
+    os.umask(0o077)  # a database (and lock file) made here is the server's own, as in run_service
+    try:
+        steps = migrate(args.check)
+    except CorralError as exc:
+        print(f"{prog}: error: {exc.message}", file=sys.stderr)
+        return 2
+    for step in steps:
+        print(f"{'pending' if args.check else 'applied'}: {step}")
+    if not steps:
+        print("up to date")
+    return 1 if args.check and steps else 0
+
+
+def run_service(prog: str, default_port: int, prepare: Callable[[], object],
+                loader: Callable, argv: list[str] | None = None,
+                migrate: Callable[[bool], list[str]] | None = None) -> None:
+    """Run the server (gunicorn), or one of its subcommands: `node-token NODE`, and
+    `migrate [--check]` when the service has a `migrate(check)`."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["node-token"]:
         sys.exit(node_token_command(prog, argv[1:]))
+    if argv[:1] == ["migrate"] and migrate is not None:
+        sys.exit(migrate_command(prog, argv[1:], migrate))
     parser = argparse.ArgumentParser(prog=prog, description=f"Run the Corral {prog.split('-')[-1]} under gunicorn. "
-                                     f"`{prog} node-token NODE` prints a node's credential.")
+                                     f"`{prog} node-token NODE` prints a node's credential; "
+                                     f"`{prog} migrate [--check]` applies (or lists) the database's "
+                                     f"pending schema migrations.")
     parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help=f"port to listen on (default {default_port})")
     parser.add_argument("--bind", help="gunicorn bind string, overrides --host/--port (e.g. unix:/run/x.sock, fd://3)")

@@ -116,10 +116,20 @@ def state_dir(env: Mapping[str, str]) -> str:
 
 
 def database_url(env: Mapping[str, str], filename: str) -> str:
-    """DATABASE_URL, or a SQLite file named `filename` under the state dir."""
+    """The service's own DATABASE_URL; else CORRAL_DATABASE_URL, which both services
+    fall back on (one PostgreSQL database, each service in a schema of its own); else
+    a SQLite file named `filename` under the state dir (a file per service)."""
     url = env_str(env, "DATABASE_URL", None)
     if url:
         return url
+    shared = env_str(env, "CORRAL_DATABASE_URL", None)
+    if shared:
+        if shared.startswith("sqlite"):
+            # Both services have a `node` table: in one SQLite file they would collide.
+            raise SettingError("CORRAL_DATABASE_URL is shared by the registry and the scheduler, so it must be a "
+                               "postgresql:// URL; for SQLite leave it unset (a file per service under "
+                               "CORRAL_STATE_DIR) or give each service its own DATABASE_URL")
+        return shared
     return "sqlite:///" + os.path.join(state_dir(env), filename)
 
 

@@ -115,29 +115,6 @@ def test_nodes_show_health_drain_slots_used_and_last_heartbeat(tmp_path):
     assert (c["status"], c["drained"], c["last_heartbeat"]) == ("unhealthy", True, None)
 
 
-def test_a_node_table_from_before_the_dashboard_is_made_anew(tmp_path):
-    """The node table is a copy of the registry's list: one without today's columns is
-    dropped and created again at start, and the next refresh fills it."""
-    import sqlite3
-
-    from corral.scheduler.app import create_schema, open_store
-    from corral.scheduler.settings import SchedulerSettings
-    path = tmp_path / "s.db"
-    with sqlite3.connect(path) as db:
-        db.execute("CREATE TABLE node (node_id VARCHAR(128) PRIMARY KEY, address VARCHAR(255), kind VARCHAR(32), "
-                   "slots INTEGER, max_memory_mb INTEGER, max_cpu_percent INTEGER, status VARCHAR(16), "
-                   "synced_at REAL)")
-        db.execute("INSERT INTO node VALUES ('ui-old', 'a', 'compute', 1, NULL, NULL, 'healthy', 1.0)")
-    settings = SchedulerSettings(database_url=f"sqlite:///{path}")
-    create_schema(settings)
-    store = open_store(settings)
-    with store.db.connection_context():
-        assert {"drained", "last_heartbeat"} <= {c.name for c in store.db.get_columns("node")}
-        store.sync_nodes([{"node_id": "ui-new", "address": "a", "kind": "compute", "slots": 1,
-                           "status": "healthy", "drained": True}], 2.0)
-        assert [(n.node_id, n.drained) for n, _, _ in store.nodes_and_slots()] == [("ui-new", True)]
-
-
 # ---- the browser ---------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ from peewee import fn
 
 from corral.shared import auth, guards, server
 from corral.shared import db as dbmod
+from corral.shared import migrations
 from corral.shared import validate as v
 from corral.shared.errors import Conflict, Forbidden, NotFound
 from corral.shared.http import base_app, query_choice, read_json_object, serve_openapi, serve_readiness
@@ -16,7 +17,8 @@ from corral.shared.metrics import serve_metrics
 from corral.shared.timeutil import iso
 
 from . import metrics, openapi
-from .models import MODELS, Node, Service, database
+from .migrations import MIGRATIONS
+from .models import Node, Service, database
 from .settings import RegistrySettings
 
 NODE_FIELDS = ("node_id", "address", "kind", "slots", "cpus", "memory_mb", "max_memory_mb", "max_cpu_percent",
@@ -73,19 +75,22 @@ def open_store(settings: RegistrySettings):
     return db
 
 
-def create_schema(settings: RegistrySettings) -> None:
+def create_schema(settings: RegistrySettings, check: bool = False) -> list[str]:
+    """Apply the database's pending schema migrations (the gunicorn master before the
+    workers fork, and `corral-registry migrate`); the steps applied. With `check`,
+    only the steps pending. A database newer than this code is a SettingError."""
     db = open_store(settings)
-    with db.connection_context():
-        dbmod.add_missing_columns(db, Service)
-        db.create_tables(MODELS)
-    dbmod.close_idle(db)  # the master forks the workers next
+    try:
+        return (migrations.pending if check else migrations.apply)(db, MIGRATIONS)
+    finally:
+        dbmod.close_idle(db)  # the master forks the workers next
 
 
 def create_app(settings: RegistrySettings | None = None, clock: Callable[[], float] = time.time) -> Flask:
     settings = settings or RegistrySettings.from_env()
     db = open_store(settings)
+    migrations.apply(db, MIGRATIONS)  # cheap when the master applied them
     with db.connection_context():
-        db.create_tables(MODELS)
         last_up = Node.select(fn.MAX(Node.last_heartbeat)).scalar()
     liveness = Liveness(settings.heartbeat_timeout_secs, clock(), last_up)
     app = base_app(__name__, settings.max_body_bytes)

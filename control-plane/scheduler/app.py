@@ -8,6 +8,7 @@ from peewee import fn
 
 from corral.shared import auth, guards, server
 from corral.shared import db as dbmod
+from corral.shared import migrations
 from corral.shared.metrics import serve_metrics
 from corral.shared.clients import RegistryClient
 from corral.shared.errors import BadRequest
@@ -16,7 +17,8 @@ from corral.shared.http import (base_app, query_choice, query_int, read_json_obj
 from corral.shared.states import ALL
 
 from . import longpoll, loops, metrics, openapi, pages, sns_outbox, sqs_intake, ui, validation, views, wakeup
-from .models import MODELS, Job, Node, database, upgrade_node_table
+from .migrations import MIGRATIONS
+from .models import Node, database
 from .settings import SchedulerSettings
 from .service import Scheduler
 from .store import Store
@@ -55,13 +57,15 @@ def open_store(settings: SchedulerSettings, on_placed: Callable[[set[str]], None
     return Store(db, settings, on_placed)
 
 
-def create_schema(settings: SchedulerSettings) -> None:
+def create_schema(settings: SchedulerSettings, check: bool = False) -> list[str]:
+    """Apply the database's pending schema migrations (the gunicorn master before the
+    workers fork, and `corral-scheduler migrate`); the steps applied. With `check`,
+    only the steps pending. A database newer than this code is a SettingError."""
     store = open_store(settings)
-    with store.db.connection_context():
-        upgrade_node_table(store.db)
-        dbmod.add_missing_columns(store.db, Job)
-        store.db.create_tables(MODELS)
-    dbmod.close_idle(store.db)  # the master forks the workers next
+    try:
+        return (migrations.pending if check else migrations.apply)(store.db, MIGRATIONS)
+    finally:
+        dbmod.close_idle(store.db)  # the master forks the workers next
 
 
 def registry_client(settings: SchedulerSettings, **kwargs) -> RegistryClient:
@@ -104,8 +108,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     settings = settings or SchedulerSettings.from_env()
     room = wait_room(settings, lambda: store)
     store = open_store(settings, on_placed=room.placed)
-    with store.db.connection_context():
-        store.db.create_tables(MODELS)
+    migrations.apply(store.db, MIGRATIONS)  # cheap when the master applied them
     app = base_app(__name__, settings.max_body_bytes)
     guards.install(app, settings.credentials, ACCESS, settings.allowed_hosts, server.loopback_only())
     dbmod.init_app(app, store.db)

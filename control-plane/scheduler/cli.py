@@ -8,4 +8,5 @@ from .settings import SchedulerSettings
 def main(argv: list[str] | None = None) -> None:
     run_service("corral-scheduler", 9001,
                 prepare=lambda: create_schema(SchedulerSettings.from_env()),
+                migrate=lambda check: create_schema(SchedulerSettings.from_env(), check),
                 loader=lambda: create_app(start_loops=True), argv=argv)

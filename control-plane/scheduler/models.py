@@ -163,15 +163,6 @@ class OutboxEvent(BaseModel):
         indexes = ((("published_at", "id"), False),)
 
 
-def upgrade_node_table(db: peewee.Database) -> None:
-    """Drop a `node` table that lacks a column of today's Node, so create_tables makes it
-    anew. It is only a copy of the registry's list, refilled on the next refresh."""
-    if db.table_exists(Node._meta.table_name):
-        have = {column.name for column in db.get_columns(Node._meta.table_name)}
-        if not {field.column_name for field in Node._meta.sorted_fields} <= have:
-            db.drop_tables([Node])
-
-
 Lease.bind(database)  # the shared lease table lives in the scheduler's database
 
 MODELS = [Job, JobEvent, Node, NodeLease, SchedulerState, Counter, OutboxEvent, Lease]
