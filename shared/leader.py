@@ -68,7 +68,7 @@ class Fence:
         query = Lease.select(Lease.token).where((Lease.name == self.name) & (Lease.holder == self.holder)
                                                 & (Lease.token == self.token))
         if getattr(db, "for_update", False):
-            query = query.for_update("FOR SHARE")
+            query = query.for_update("FOR SHARE")  # type: ignore[arg-type]  # peewee takes the clause text
         if not list(query.tuples()):
             token, self.token = self.token, None
             raise LeaseLost(f"the {self.name} lease (token {token}) was taken over; this write is refused")

@@ -8,6 +8,7 @@ import peewee
 import pytest
 
 from corral.shared import db as dbmod
+from corral.shared.backends import sqlite
 
 HOLD_THE_LOCK = """
 import fcntl, sys
@@ -44,7 +45,7 @@ def values(db):
 
 
 def test_a_writer_waits_for_another_process_and_gives_up_after_its_timeout(database, tmp_path):
-    assert isinstance(database, dbmod.QueuedWritersSqlite)
+    assert isinstance(database, sqlite.QueuedWritersSqlite)
     other = subprocess.Popen([sys.executable, "-c", HOLD_THE_LOCK, f"{tmp_path}/t.db-writers.lock"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -65,14 +66,14 @@ def test_a_writer_waits_for_another_process_and_gives_up_after_its_timeout(datab
 
 
 def test_a_waiting_writer_asks_often_at_first_and_rarely_once_the_wait_is_long():
-    schedule, delay, waited = [], dbmod.FLOCK_RETRY_SECS[0], 0.0
+    schedule, delay, waited = [], sqlite.FLOCK_RETRY_SECS[0], 0.0
     while waited < 0.05:
         schedule.append((waited, delay))
         waited += delay
-        delay = dbmod.flock_retry_delay(delay, waited)
+        delay = sqlite.flock_retry_delay(delay, waited)
     assert [d for _, d in schedule[:4]] == [0.00005, 0.0001, 0.0002, 0.0002]
     # Short transactions: the lock is free again soon, so it asks every 200 µs at most...
-    assert max(d for w, d in schedule if w <= dbmod.FLOCK_LONG_WAIT_SECS) == 0.0002
+    assert max(d for w, d in schedule if w <= sqlite.FLOCK_LONG_WAIT_SECS) == 0.0002
     # ...and behind a long one (a big batch, a purge) every 2 ms.
     assert schedule[-1][1] == 0.002
 

@@ -37,7 +37,6 @@ def app_on(url, clock=None, **overrides):
 def test_every_session_has_its_schema_and_timeouts(pg_url):
     db = dbmod.open_database(pg_url, service="registry")
     with db.connection_context():
-        dbmod.prepare_schema(db)
         settings = {name: db.execute_sql(f"SHOW {name}").fetchone()[0] for name in (
             "search_path", "lock_timeout", "idle_in_transaction_session_timeout", "statement_timeout", "TimeZone")}
     assert settings == {"search_path": "corral_registry", "lock_timeout": "5s",

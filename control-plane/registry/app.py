@@ -21,6 +21,7 @@ from .migrations import MIGRATIONS
 from .models import Node, Service, database
 from .settings import RegistrySettings
 
+SERVICE = "registry"  # its PostgreSQL schema: corral_registry
 NODE_FIELDS = ("node_id", "address", "kind", "slots", "cpus", "memory_mb", "max_memory_mb", "max_cpu_percent",
                "labels")
 SERVICE_FIELDS = ("job_id", "name", "node_id", "address", "port", "healthy", "attempt", "grant")
@@ -70,7 +71,8 @@ class Liveness:
 
 
 def open_store(settings: RegistrySettings):
-    db = dbmod.open_database(settings.database_url, settings.sqlite_synchronous)
+    db = dbmod.open_database(settings.database_url, settings.sqlite_synchronous, service=SERVICE,
+                             options=settings.db_options)
     database.initialize(db)
     return db
 
@@ -80,6 +82,7 @@ def create_schema(settings: RegistrySettings, check: bool = False) -> list[str]:
     workers fork, and `corral-registry migrate`); the steps applied. With `check`,
     only the steps pending. A database newer than this code is a SettingError."""
     db = open_store(settings)
+    dbmod.check_server(db, processes=1)
     try:
         return (migrations.pending if check else migrations.apply)(db, MIGRATIONS)
     finally:
@@ -89,6 +92,8 @@ def create_schema(settings: RegistrySettings, check: bool = False) -> list[str]:
 def create_app(settings: RegistrySettings | None = None, clock: Callable[[], float] = time.time) -> Flask:
     settings = settings or RegistrySettings.from_env()
     db = open_store(settings)
+    if clock is time.time and dbmod.clock_of(db) is not None:
+        clock = dbmod.clock_of(db)  # PostgreSQL: the database's clock decides
     migrations.apply(db, MIGRATIONS)  # cheap when the master applied them
     with db.connection_context():
         last_up = Node.select(fn.MAX(Node.last_heartbeat)).scalar()
@@ -99,11 +104,10 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
     serve_openapi(app, openapi.DOCUMENT)
 
     def ready(checks: dict) -> None:
-        db.execute_sql("SELECT 1")
-        checks["database"] = "ok"
+        dbmod.check_ready(db, checks)
 
     serve_readiness(app, ready)
-    serve_metrics(app, metrics.FAMILIES, lambda: metrics.scrape(liveness.cutoff(clock())))
+    serve_metrics(app, metrics.FAMILIES, lambda: metrics.scrape(liveness.cutoff(clock()), db))
 
     def node_view(node: Node, now: float) -> dict:
         return {

@@ -28,7 +28,7 @@ class RegistrySettings:
         return cls(
             database_url=s.database_url(env, "registry.db"),
             sqlite_synchronous=s.sqlite_synchronous(env),
-            db_options=DatabaseOptions.from_env(env),
+            db_options=DatabaseOptions.from_database_env(env),
             heartbeat_timeout_secs=s.env_float(env, "HEARTBEAT_TIMEOUT_SECS", 20.0, minimum=0.1),
             max_body_bytes=s.env_int(env, "CORRAL_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, minimum=1024),
             credentials=server_credentials(env),

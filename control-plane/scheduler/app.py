@@ -16,13 +16,16 @@ from corral.shared.http import (base_app, query_choice, query_int, read_json_obj
                                 serve_readiness)
 from corral.shared.states import ALL
 
-from . import longpoll, loops, metrics, openapi, pages, sns_outbox, sqs_intake, ui, validation, views, wakeup
+from corral.shared.changefeed import ChangeFeed
+
+from . import longpoll, loops, metrics, openapi, pages, sns_outbox, sqs_intake, ui, validation, views
 from .migrations import MIGRATIONS
 from .models import Node, database
 from .settings import SchedulerSettings
 from .service import Scheduler
 from .store import Store
 
+SERVICE = "scheduler"  # its PostgreSQL schema: corral_scheduler
 MAX_PAGE = 1000
 # Answer header of a claim that answered [] before its deadline: "busy" (the process's
 # waiting room is full) or "stopping" (the worker is shutting down): ask again after a
@@ -52,7 +55,8 @@ ACCESS = {
 
 
 def open_store(settings: SchedulerSettings, on_placed: Callable[[set[str]], None] | None = None) -> Store:
-    db = dbmod.open_database(settings.database_url, settings.sqlite_synchronous)
+    db = dbmod.open_database(settings.database_url, settings.sqlite_synchronous, service=SERVICE,
+                             options=settings.db_options)
     database.initialize(db)
     return Store(db, settings, on_placed)
 
@@ -62,6 +66,7 @@ def create_schema(settings: SchedulerSettings, check: bool = False) -> list[str]
     workers fork, and `corral-scheduler migrate`); the steps applied. With `check`,
     only the steps pending. A database newer than this code is a SettingError."""
     store = open_store(settings)
+    dbmod.check_server(store.db, processes=1)
     try:
         return (migrations.pending if check else migrations.apply)(store.db, MIGRATIONS)
     finally:
@@ -74,7 +79,7 @@ def registry_client(settings: SchedulerSettings, **kwargs) -> RegistryClient:
                           verify=settings.registry_ca_bundle or True, **kwargs)
 
 
-def wait_room(settings: SchedulerSettings, store_of: Callable[[], Store]) -> longpoll.WaitRoom:
+def wait_room(settings: SchedulerSettings, feed: ChangeFeed, store_of: Callable[[], Store]) -> longpoll.WaitRoom:
     """The waiting room of this process's long-poll claims, woken by its change feed
     when another process commits (wakeup.py). `store_of()` gives the store the room
     reads from (made after the room: the store tells the room of its placements)."""
@@ -97,8 +102,6 @@ def wait_room(settings: SchedulerSettings, store_of: Callable[[], Store]) -> lon
             seen_mark[0] = mark
             return ready
 
-    sqlite_path = dbmod.sqlite_path(settings.database_url) if settings.database_url.startswith("sqlite") else None
-    feed = wakeup.feed_for(settings.database_url, sqlite_path)
     return longpoll.WaitRoom(feed, max_waiters, check_nodes)
 
 
@@ -106,8 +109,13 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
                start_loops: bool = False) -> Flask:
     """The WSGI app. `start_loops` runs the background loops in this process (gunicorn workers)."""
     settings = settings or SchedulerSettings.from_env()
-    room = wait_room(settings, lambda: store)
-    store = open_store(settings, on_placed=room.placed)
+    db = dbmod.open_database(settings.database_url, settings.sqlite_synchronous, service=SERVICE,
+                             options=settings.db_options)
+    database.initialize(db)
+    room = wait_room(settings, dbmod.change_feed(db, SERVICE, settings.db_options), lambda: store)
+    store = Store(db, settings, on_placed=room.placed)
+    if clock is time.time and dbmod.clock_of(db) is not None:
+        clock = dbmod.clock_of(db)  # PostgreSQL: the database's clock decides
     migrations.apply(store.db, MIGRATIONS)  # cheap when the master applied them
     app = base_app(__name__, settings.max_body_bytes)
     guards.install(app, settings.credentials, ACCESS, settings.allowed_hosts, server.loopback_only())
@@ -119,8 +127,8 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     def ready(checks: dict) -> None:
         """Ready: the database answers, and placement has nodes to go by — a fresh
         node list (refreshed within three refresh periods) or a registry that answers."""
+        dbmod.check_ready(store.db, checks)
         newest = Node.select(fn.MAX(Node.synced_at)).scalar()
-        checks["database"] = "ok"
         age = None if newest is None else clock() - newest
         checks["node_list_age_secs"] = None if age is None else round(age, 1)
         if age is not None and age <= 3 * settings.node_refresh_secs:
@@ -136,11 +144,11 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     app.extensions["corral.wait_room"] = room
     if start_loops:
         room.install_stop_signal()  # under gunicorn: SIGTERM ends every long poll at once
-        app.extensions["corral.loops"] = loops.start(store, registry_client(settings))
+        app.extensions["corral.loops"] = loops.start(store, registry_client(settings), clock)
         if settings.sqs_url:
-            app.extensions["corral.sqs_intake"] = sqs_intake.start(store)
+            app.extensions["corral.sqs_intake"] = sqs_intake.start(store, clock)
         if settings.sns_topic_arn:
-            app.extensions["corral.sns_outbox"] = sns_outbox.start(store)
+            app.extensions["corral.sns_outbox"] = sns_outbox.start(store, clock)
 
     def job_view(job) -> dict:
         return views.job(job, settings)

@@ -21,9 +21,10 @@ class BaseModel(peewee.Model):
 
 
 class Job(BaseModel):
-    # Never reused: the retention purge (Store.purge_finished, JOB_RETENTION_SECS) always
-    # keeps the newest row, because SQLite hands out max(id) + 1 without AUTOINCREMENT.
-    id = peewee.AutoField()
+    # Never reused: PostgreSQL's sequence never goes back, and on SQLite (which hands out
+    # max(id) + 1 without AUTOINCREMENT) the retention purge keeps the newest row.
+    # 64-bit on PostgreSQL (BIGSERIAL), as SQLite's INTEGER is.
+    id = peewee.BigAutoField()
     command = peewee.TextField(null=True)
     deploy_url = peewee.TextField(null=True)
     job_type = peewee.CharField(max_length=16, default="run")
@@ -76,7 +77,7 @@ class Job(BaseModel):
 class JobEvent(BaseModel):
     """One row per status change or placement: the job's history."""
 
-    id = peewee.AutoField()
+    id = peewee.BigAutoField()  # several per job: passes 2^31 first
     job = peewee.ForeignKeyField(Job, backref="events", on_delete="CASCADE", index=True)
     at = peewee.DoubleField()
     from_status = peewee.CharField(max_length=16, null=True)
@@ -148,9 +149,9 @@ class OutboxEvent(BaseModel):
     loop publishes pending rows and marks them published afterwards.
     """
 
-    id = peewee.AutoField()
+    id = peewee.BigAutoField()
     event_id = peewee.CharField(max_length=128, unique=True)  # stable: job-7:2:done
-    job_id = peewee.IntegerField()
+    job_id = peewee.BigIntegerField()
     status = peewee.CharField(max_length=16)
     message = JSONField()                                    # the notification, frozen at commit
     created_at = peewee.DoubleField()

@@ -82,7 +82,7 @@ class SchedulerSettings:
         return cls(
             database_url=s.database_url(env, "scheduler.db"),
             sqlite_synchronous=s.sqlite_synchronous(env),
-            db_options=DatabaseOptions.from_env(env),
+            db_options=DatabaseOptions.from_database_env(env),
             registry_url=s.env_urls(env, "REGISTRY_URL", "http://127.0.0.1:9000"),
             registry_ca_bundle=s.env_file(env, "REGISTRY_CA_BUNDLE"),
             credentials=server_credentials(env),

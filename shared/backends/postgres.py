@@ -197,8 +197,8 @@ def check_server(db: PostgresDatabase, pool_size: int, processes: int) -> None:
     try:
         with psycopg.connect(db.url, connect_timeout=CONNECT_TIMEOUT_SECS, autocommit=True) as conn:
             version = conn.info.server_version
-            max_connections = int(conn.execute("SHOW max_connections").fetchone()[0])
-            reserved = int(conn.execute("SHOW superuser_reserved_connections").fetchone()[0])
+            max_connections = int(_one(conn, "SHOW max_connections"))
+            reserved = int(_one(conn, "SHOW superuser_reserved_connections"))
     except psycopg.Error as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         password = urlsplit(db.url).password
@@ -222,6 +222,14 @@ def check_server(db: PostgresDatabase, pool_size: int, processes: int) -> None:
                     "but /readyz answers 503 until the clocks agree within %.0f s", skew, MAX_SKEW_SECS)
 
 
+def _one(conn: psycopg.Connection, sql: str):
+    """The one value of a one-row query."""
+    row = conn.execute(sql).fetchone()
+    if row is None:
+        raise psycopg.DataError(f"no row from {sql!r}")
+    return row[0]
+
+
 class DatabaseClock:
     """The database's clock, read as this process's clock plus a measured offset
     (remeasured every CLOCK_REFRESH_SECS on a short-lived connection of its own,
@@ -238,7 +246,7 @@ class DatabaseClock:
         """Read the database's clock once; the new offset (database minus here)."""
         with psycopg.connect(self.db.url, connect_timeout=CONNECT_TIMEOUT_SECS, autocommit=True) as conn:
             before = self.local()
-            (theirs,) = conn.execute("SELECT EXTRACT(EPOCH FROM clock_timestamp())::float8").fetchone()
+            theirs = _one(conn, "SELECT EXTRACT(EPOCH FROM clock_timestamp())::float8")
             after = self.local()
         self.offset = float(theirs) - (before + after) / 2
         self.measured_at = after
