@@ -45,6 +45,7 @@ class Proc:
         if self.alive():
             try:
                 os.killpg(self.popen.pid, signal.SIGTERM)
+                os.killpg(self.popen.pid, signal.SIGCONT)  # a process a test stopped handles it too
                 self.popen.wait(grace)
             except subprocess.TimeoutExpired:
                 os.killpg(self.popen.pid, signal.SIGKILL)
@@ -129,17 +130,32 @@ def listening_socket() -> socket.socket:
 
 
 class Cluster:
-    """A registry, a scheduler and any number of agents, all real processes."""
+    """A registry, one or more schedulers (replicas on one database) and any number of
+    agents, all real processes.
 
-    def __init__(self, tmp_path, **scheduler_env):
+    `database_url` is where the servers keep their tables: unset, each its SQLite file
+    in the state dir; a `sqlite:///` URL, the scheduler's file (the registry keeps its
+    own: both services have a `node` table); a `postgresql://` URL, both services on
+    that database, each in its own schema (as with CORRAL_DATABASE_URL)."""
+
+    def __init__(self, tmp_path, *, database_url: str | None = None, **scheduler_env):
         self.dir = str(tmp_path)
         self.state_dir = world_traversable_dir("corral-state-")
         self.procs: dict[str, Proc] = {}
-        self.registry_port = self.scheduler_port = None
+        self.ports: dict[str, int] = {}  # server name -> its port, kept across restarts
+        self.scheduler_names: list[str] = []  # the schedulers started, in order ("scheduler" first)
+        self.database_url = database_url
         self.scheduler_env = {"TIMEOUT_CHECK_SECS": 0.5, "NODE_REFRESH_SECS": 0.3,
                               "DISPATCH_INTERVAL_SECS": 0.2, "HEARTBEAT_TIMEOUT_SECS": 3,
                               "RETRY_BASE_SECS": 0.2}
         self.scheduler_env.update(scheduler_env)
+
+    def database_env(self, service: str) -> dict:
+        """The DATABASE_URL of `service` ("scheduler" or "registry"), if not its default."""
+        url = self.database_url
+        if url is None or (service == "registry" and url.startswith("sqlite")):
+            return {}
+        return {"DATABASE_URL": url}
 
     # ---- servers -------------------------------------------------------------
 
@@ -166,23 +182,48 @@ class Cluster:
         return []
 
     def start_registry(self, **env) -> str:
-        full = base_env(self.state_dir, HEARTBEAT_TIMEOUT_SECS=self.scheduler_env["HEARTBEAT_TIMEOUT_SECS"], **env)
-        self.registry_port = self._serve("registry", "corral-registry", full, self.registry_port)
+        full = base_env(self.state_dir, **{**self.database_env("registry"),
+                                           "HEARTBEAT_TIMEOUT_SECS": self.scheduler_env["HEARTBEAT_TIMEOUT_SECS"],
+                                           **env})
+        self.ports["registry"] = self._serve("registry", "corral-registry", full, self.ports.get("registry"))
         return self.registry_url
 
-    def start_scheduler(self, workers: int = 2, **env) -> str:
-        merged = dict(self.scheduler_env, REGISTRY_URL=self.registry_url, **env)
-        self.scheduler_port = self._serve("scheduler", "corral-scheduler", base_env(self.state_dir, **merged),
-                                          self.scheduler_port, workers)
-        return self.scheduler_url
+    def start_scheduler(self, workers: int = 2, name: str = "scheduler", **env) -> str:
+        """Start (or restart, on its port) the scheduler `name`; another name is another
+        replica on the same database, a gunicorn master of its own on a port of its own."""
+        merged = {**self.database_env("scheduler"), **self.scheduler_env, "REGISTRY_URL": self.registry_url, **env}
+        self.ports[name] = self._serve(name, "corral-scheduler", base_env(self.state_dir, **merged),
+                                       self.ports.get(name), workers)
+        if name not in self.scheduler_names:
+            self.scheduler_names.append(name)
+        return self.url_of(name)
+
+    def url_of(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.ports.get(name)}"
+
+    @property
+    def registry_port(self) -> int | None:
+        return self.ports.get("registry")
+
+    @property
+    def scheduler_port(self) -> int | None:
+        return self.ports.get("scheduler")
 
     @property
     def registry_url(self) -> str:
-        return f"http://127.0.0.1:{self.registry_port}"
+        return self.url_of("registry")
 
     @property
     def scheduler_url(self) -> str:
-        return f"http://127.0.0.1:{self.scheduler_port}"
+        return self.url_of("scheduler")
+
+    @property
+    def scheduler_urls(self) -> list[str]:
+        """Every scheduler replica's URL, the first started first."""
+        return [self.url_of(name) for name in self.scheduler_names]
+
+    def is_server(self, name: str) -> bool:
+        return name == "registry" or name in self.scheduler_names
 
     def start(self) -> "Cluster":
         self.start_registry()
@@ -192,9 +233,10 @@ class Cluster:
     # ---- agents --------------------------------------------------------------
 
     def start_agent(self, node_id: str, slots: int = 1, **env) -> Proc:
-        """`env` adds to the agent's environment or overrides it (SCHEDULER_URL too)."""
+        """`env` adds to the agent's environment or overrides it (SCHEDULER_URL too: by
+        default every scheduler replica's URL, comma-separated)."""
         full = base_env(self.state_dir, **{
-            "NODE_ID": node_id, "REGISTRY_URL": self.registry_url, "SCHEDULER_URL": self.scheduler_url,
+            "NODE_ID": node_id, "REGISTRY_URL": self.registry_url, "SCHEDULER_URL": ",".join(self.scheduler_urls),
             "AGENT_SLOTS": slots, "POLL_INTERVAL_SECS": 0.2, "HEARTBEAT_INTERVAL_SECS": 0.5,
             "AGENT_STOP_GRACE_SECS": 2, "AGENT_KILL_GRACE_SECS": 1, **env})
         proc = Proc(node_id, [os.path.join(BIN, "corral-agent")], full, os.path.join(self.dir, f"{node_id}.log"))
@@ -208,8 +250,10 @@ class Cluster:
             nodes = requests.get(self.registry_url + "/nodes", params={"status": "healthy"}, timeout=5).json()
             return set(node_ids) <= {n["node_id"] for n in nodes}
         wait_for(ready, timeout=timeout, message=f"nodes {node_ids} to be healthy")
-        if "scheduler" in self.procs and self.procs["scheduler"].alive():
-            wait_scheduler_sees_healthy(self.scheduler_url, node_ids, timeout,
+        # The replicas share the node list (a table): any one that runs shows it.
+        running = [name for name in self.scheduler_names if self.procs[name].alive()]
+        if running:
+            wait_scheduler_sees_healthy(self.url_of(running[0]), node_ids, timeout,
                                         self.scheduler_env.get("CORRAL_API_TOKEN"))
 
     # ---- jobs ----------------------------------------------------------------
@@ -235,16 +279,35 @@ class Cluster:
 
     def stop(self) -> None:
         # Agents first, so they do not spin against servers that are gone.
-        for name in sorted(self.procs, key=lambda n: n in ("registry", "scheduler")):
+        for name in sorted(self.procs, key=self.is_server):
             self.procs[name].stop()
         # Services outlive a stopped agent by design (the next agent adopts them).
         for name in self.procs:
-            if name not in ("registry", "scheduler"):
+            if not self.is_server(name):
                 kill_leftover_jobs(name, self.state_dir)
         shutil.rmtree(self.state_dir, ignore_errors=True)
 
     def logs(self) -> str:
         return "\n".join(f"===== {name} =====\n{p.output()[-6000:]}" for name, p in self.procs.items())
+
+
+def all_jobs(scheduler_url: str) -> dict[str, dict]:
+    """Every job the scheduler has, by id (GET /jobs, page by page)."""
+    jobs: dict[str, dict] = {}
+    after = None
+    while True:
+        params = {"limit": 1000, **({"after": after} if after else {})}
+        page = requests.get(scheduler_url + "/jobs", params=params, timeout=30).json()
+        jobs.update((j["job_id"], j) for j in page)
+        if len(page) < 1000:
+            return jobs
+        after = page[-1]["job_id"]
+
+
+def final_transitions(scheduler_url: str, job_id: str) -> list[dict]:
+    """The events of a job that reached a final status (one, for a job that ended once)."""
+    events = requests.get(f"{scheduler_url}/jobs/{job_id}/events", timeout=10).json()
+    return [e for e in events if e["to"] in ("done", "failed", "cancelled")]
 
 
 def wait_scheduler_sees_healthy(scheduler_url: str, node_ids, timeout: float = 20.0, token: str | None = None) -> None:

@@ -1,3 +1,4 @@
+import contextlib
 import os
 import re
 import shutil
@@ -21,10 +22,9 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
-@pytest.fixture
-def cluster(tmp_path, request):
-    """A real registry and scheduler under gunicorn; tests start the agents they need."""
-    c = Cluster(tmp_path)
+@contextlib.contextmanager
+def started(c: Cluster, request) -> Iterator[Cluster]:
+    """`c` started, stopped afterwards; its logs printed when the test failed."""
     try:
         c.start()
         yield c
@@ -33,6 +33,21 @@ def cluster(tmp_path, request):
         failed = getattr(request.node, "rep_call", None)
         if failed is not None and failed.failed:
             print(c.logs())
+
+
+@pytest.fixture
+def cluster(tmp_path, request):
+    """A real registry and scheduler under gunicorn; tests start the agents they need."""
+    with started(Cluster(tmp_path), request) as c:
+        yield c
+
+
+@pytest.fixture
+def backend_cluster(tmp_path, request, database_url):
+    """The `cluster` fixture on each storage backend (`database_url`): SQLite files, or
+    registry and scheduler on a fresh PostgreSQL database."""
+    with started(Cluster(tmp_path, database_url=database_url), request) as c:
+        yield c
 
 
 @pytest.fixture

@@ -155,6 +155,32 @@ class PgServer:
         finally:
             shutil.rmtree(self.base_dir, ignore_errors=True)
 
+    # ---- an outage: the same server stopped, then started again ------------------------------
+
+    def shut_down(self) -> None:
+        """Stop the server as an operator's fast shutdown does (`pg_ctl stop -m fast`: every
+        session is ended, nothing is lost) and keep its data dir, port and settings, so that
+        start_again() brings the same server back."""
+        done = self._run("pg_ctl", "-D", self.data_dir, "-m", "fast", "-w", "-t", str(STOP_TIMEOUT), "stop",
+                         timeout=STOP_TIMEOUT + 10)
+        if done.returncode != 0:
+            raise RuntimeError(f"pg_ctl stop failed: {done.stderr.strip()}\n{self.log_tail()}")
+        wait_for(lambda: process_gone(self.pid), timeout=STOP_TIMEOUT, message=f"postgres {self.pid} to end")
+
+    def start_again(self) -> None:
+        """Start the server shut_down() stopped, on the same port and data dir with the same
+        settings: those of its last start, which PostgreSQL keeps in postmaster.opts (as
+        `pg_ctl restart` reads them). Raises StartError when it does not start (another
+        process took the port meanwhile, say)."""
+        with open(os.path.join(self.data_dir, "postmaster.opts")) as f:
+            argv = shlex.split(f.read())  # the postgres binary, then "-D" DATA_DIR, then the options
+        options = " ".join(shlex.quote(arg) for arg in argv[3:])
+        done = self._run("pg_ctl", "-D", self.data_dir, "-l", self.log_path, "-w", "-t", str(START_TIMEOUT),
+                         "-o", options, "start", timeout=START_TIMEOUT + 10)
+        if done.returncode != 0:
+            raise StartError(f"pg_ctl start failed: {done.stderr.strip()}\n{self.log_tail()}")
+        self.pid = self._read_pid()
+
 
 def start(fsync: bool = False, synchronous_commit: bool = True) -> PgServer:
     """A new server on a free loopback port. Tests keep `fsync` off (nothing here must

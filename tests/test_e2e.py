@@ -1,5 +1,7 @@
 """End to end: the real registry and scheduler under gunicorn (two workers each)
 and real agent processes, talking HTTP on loopback. Every wait is on a condition.
+The core of the lifecycle (a run, a retry, a timeout, a cancel) runs on both storage
+backends: SQLite files, and one PostgreSQL database for both services.
 """
 import os
 import pathlib
@@ -46,7 +48,8 @@ def stamped(path: str, seconds: float) -> str:
             f'echo end $CORRAL_JOB_ID $CORRAL_NODE_ID $(date +%s.%N) >> {path}')
 
 
-def test_a_job_runs_and_reports_its_output(cluster):
+def test_a_job_runs_and_reports_its_output(backend_cluster):
+    cluster = backend_cluster
     cluster.start_agent("node-1")
     job = cluster.submit(command='echo hi; echo "to stderr $STAGE" >&2', env_vars={"STAGE": "prod"})
     done = cluster.wait_status(job["job_id"], "done", "failed")
@@ -97,7 +100,8 @@ def test_a_node_never_runs_more_jobs_than_its_limit(tmp_path, shared_dir):
         cluster.stop()
 
 
-def test_a_failing_job_is_retried_once_then_failed(cluster):
+def test_a_failing_job_is_retried_once_then_failed(backend_cluster):
+    cluster = backend_cluster
     cluster.start_agent("node-1")
     job = cluster.submit(command="echo attempt $CORRAL_ATTEMPT; exit 3")
     failed = cluster.wait_status(job["job_id"], "failed")
@@ -199,9 +203,9 @@ ESCAPING_TREE = ("setsid sh -c 'trap \"\" TERM; echo $$ >> {pids}; exec sleep 30
 
 @pytest.mark.root
 @pytest.mark.parametrize("ending", ["timeout", "cancel"])
-def test_timeout_and_cancel_leave_no_process_behind(tmp_path, shared_dir, ending):
+def test_timeout_and_cancel_leave_no_process_behind(tmp_path, shared_dir, database_url, ending):
     needs_root_cgroups()
-    cluster = Cluster(tmp_path, JOB_TIMEOUT_SECS=3 if ending == "timeout" else 3600)
+    cluster = Cluster(tmp_path, database_url=database_url, JOB_TIMEOUT_SECS=3 if ending == "timeout" else 3600)
     pids = pathlib.Path(shared_dir) / "pids"
     try:
         cluster.start()

@@ -1,5 +1,8 @@
 """Faults done for real: SIGKILL, SIGSTOP, restarts and broken database files,
-with every assertion made from the API (and so the database), not from counters."""
+with every assertion made from the API (and so the database), not from counters.
+The kill -9 tests and the scheduler stopped past the lease run on both storage
+backends (SQLite files; one PostgreSQL database for both services); two replicas
+on PostgreSQL and the database's own faults: tests/test_ha.py."""
 import concurrent.futures
 import os
 import signal
@@ -11,25 +14,10 @@ import time
 import pytest
 import requests
 
-from cluster import BIN, Cluster, base_env
+from cluster import BIN, Cluster, all_jobs, base_env, final_transitions
 from helpers import process_gone, wait_for
 
 pytestmark = pytest.mark.e2e
-
-
-def final_transitions(cluster, job_id):
-    return [e for e in cluster.events(job_id) if e["to"] in ("done", "failed", "cancelled")]
-
-
-def all_jobs(cluster):
-    jobs, after = [], None
-    while True:
-        params = {"limit": 1000, **({"after": after} if after else {})}
-        page = requests.get(cluster.scheduler_url + "/jobs", params=params, timeout=30).json()
-        jobs += page
-        if len(page) < 1000:
-            return {j["job_id"]: j for j in jobs}
-        after = page[-1]["job_id"]
 
 
 def submit_many(url, count, stop_early=None):
@@ -52,8 +40,8 @@ def submit_many(url, count, stop_early=None):
     return accepted
 
 
-def test_kill_9_of_the_scheduler_loses_no_acknowledged_job(tmp_path):
-    cluster = Cluster(tmp_path, MAX_JOBS_PER_NODE=4)
+def test_kill_9_of_the_scheduler_loses_no_acknowledged_job(tmp_path, database_url):
+    cluster = Cluster(tmp_path, database_url=database_url, MAX_JOBS_PER_NODE=4)
     try:
         cluster.start()
         cluster.start_agent("node-1", slots=4)
@@ -73,12 +61,12 @@ def test_kill_9_of_the_scheduler_loses_no_acknowledged_job(tmp_path):
         assert len(accepted) >= 1500
 
         def all_done():
-            jobs = all_jobs(cluster)
+            jobs = all_jobs(cluster.scheduler_url)
             return all(jobs[j]["status"] == "done" for j in accepted) and jobs
         jobs = wait_for(all_done, timeout=240, interval=1.0, message="every acknowledged job to be done")
         assert set(accepted) <= set(jobs)
         for job_id in accepted[::50]:  # one result each: exactly one final transition
-            assert len(final_transitions(cluster, job_id)) == 1, cluster.events(job_id)
+            assert len(final_transitions(cluster.scheduler_url, job_id)) == 1, cluster.events(job_id)
     finally:
         cluster.stop()
 
@@ -118,7 +106,7 @@ def test_restarting_registry_and_scheduler_under_load_loses_nothing(tmp_path):
             stop.set()
             feeder.join()
         jobs = wait_for(lambda: (lambda j: j if all(j[i]["status"] == "done" for i in accepted) else None)(
-            all_jobs(cluster)), timeout=120, interval=0.5, message="every job to be done")
+            all_jobs(cluster.scheduler_url)), timeout=120, interval=0.5, message="every job to be done")
         assert set(accepted) <= set(jobs)
         for job_id in accepted:
             reasons = [e["reason"] for e in cluster.events(job_id)]
@@ -165,8 +153,8 @@ def running_on(cluster, job_id, node_id):
     return job if job["status"] == "running" and job["node_id"] == node_id else None
 
 
-def test_kill_9_of_an_agent_mid_job_reruns_it_on_the_other_node(tmp_path):
-    cluster = Cluster(tmp_path, **LOSS)
+def test_kill_9_of_an_agent_mid_job_reruns_it_on_the_other_node(tmp_path, database_url):
+    cluster = Cluster(tmp_path, database_url=database_url, **LOSS)
     try:
         cluster.start()
         first = cluster.start_agent("node-1")
@@ -219,13 +207,13 @@ def test_a_stopped_agent_past_its_lease_cannot_overwrite_the_newer_result(tmp_pa
 
 
 def test_a_scheduler_stopped_past_the_lease_runs_nothing_twice_and_fails_nothing_that_never_ran(
-        tmp_path, shared_dir):
+        tmp_path, shared_dir, database_url):
     """The whole scheduler (master and workers) stopped with SIGSTOP for longer than the
     lease and its grace, while an agent runs a job that finishes meanwhile and keeps a
     claim waiting for another: when the scheduler runs again, the finished run's result
     is kept (not discarded and run again), and a job whose claim answer was lost goes
     back to pending without spending its retries (max_retries 0) and runs once."""
-    cluster = Cluster(tmp_path, MAX_JOBS_PER_NODE=2, **LOSS)
+    cluster = Cluster(tmp_path, database_url=database_url, MAX_JOBS_PER_NODE=2, **LOSS)
     marks = os.path.join(shared_dir, "marks")
     os.mkdir(marks)
     os.chmod(marks, 0o1777)
@@ -245,7 +233,7 @@ def test_a_scheduler_stopped_past_the_lease_runs_nothing_twice_and_fails_nothing
         for job in (first, second):
             done = cluster.wait_status(job["job_id"], "done", "failed", timeout=60)
             assert (done["status"], done["retry_count"], done["stdout"]) == ("done", 0, "ran\n"), done
-            assert len(final_transitions(cluster, job["job_id"])) == 1
+            assert len(final_transitions(cluster.scheduler_url, job["job_id"])) == 1
         runs = sorted(os.listdir(marks))
         assert len([r for r in runs if r.startswith("first-")]) == 1, runs  # the finished run was kept
         assert len([r for r in runs if r.startswith("second-")]) == 1, runs
