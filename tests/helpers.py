@@ -1,7 +1,7 @@
 """Test helpers: wait on conditions with a deadline instead of sleeping."""
 import threading
 import time
-from http.server import ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 def wait_for(predicate, timeout=10.0, interval=0.05, message="condition"):
@@ -40,6 +40,31 @@ def serve_in_thread(handler_class):
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """A request handler for the tests' proxies: keep-alive HTTP/1.1, no log lines."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+
+class HoldingProxy:
+    """A proxy a test puts in front of a server, whose handler may hold requests until
+    `release` is set: serves the handler in a thread at `url`; stop() lets held
+    requests go, then ends it."""
+
+    def __init__(self, handler_class, release: threading.Event):
+        self.release = release
+        self.server = serve_in_thread(handler_class)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def stop(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
 
 
 def stop_held_jobs(agents) -> None:

@@ -7,14 +7,13 @@ import os
 import socket
 import subprocess
 import threading
-from http.server import BaseHTTPRequestHandler
 
 import pytest
 import requests
 import responses
 
 from cluster import BIN, base_env, wait_scheduler_sees_healthy
-from helpers import serve_in_thread, wait_for
+from helpers import HoldingProxy, QuietHandler, wait_for
 
 from corral.agent import cgroups
 from corral.agent import settings as agent_settings
@@ -169,35 +168,24 @@ def test_an_agent_moves_to_the_second_scheduler_when_the_first_is_killed(cluster
     assert [n["node_id"] for n in json.loads(listed.stdout)] == ["node-1"], listed.stderr
 
 
-class AnswerWithheld:
+class AnswerWithheld(HoldingProxy):
     """A proxy in front of one scheduler that passes each request on and keeps the
     answer to itself: the server acts, the client never hears of it."""
 
     def __init__(self, upstream: str):
         self.answers: list[tuple[int, dict]] = []
-        self.release = threading.Event()
+        release = threading.Event()
         proxy = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
+        class Handler(QuietHandler):
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 headers = {k: v for k, v in self.headers.items() if k.lower() in ("content-type", "idempotency-key")}
                 answer = requests.post(upstream + self.path, data=body, headers=headers, timeout=10)
                 proxy.answers.append((answer.status_code, answer.json()))
-                proxy.release.wait(60)  # no answer; the connection closes when the test ends
+                release.wait(60)  # no answer; the connection closes when the test ends
 
-            def log_message(self, *args):
-                pass
-
-        self.server = serve_in_thread(Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def stop(self) -> None:
-        self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler, release)
 
 
 @pytest.mark.e2e

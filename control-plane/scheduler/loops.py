@@ -143,9 +143,23 @@ class PacedLoopThread(LoopThread):
                 log.exception("%s: pass failed (%d in a row); next try in %.1fs", self.name, failures, delay)
 
 
+def on_a_connection(store: Store, tick: Callable[[float], object]) -> Callable[[float], object]:
+    """`tick` run with a connection from the pool that is given back after each pass.
+    A connection the database dropped meanwhile (a restart, a fast shutdown, a network
+    cut) is discarded then and the next pass opens a new one; a connection kept open
+    by the thread would fail every pass from then on."""
+
+    def tick_on_a_connection(now: float):
+        with store.db.connection_context():
+            return tick(now)
+    return tick_on_a_connection
+
+
 def run_in_background(store: Store, loop: LoopThread, lease_name: str, holder: str,
                       join_timeout: float = 5.0) -> LoopThread:
-    """Start `loop`; at a normal exit stop it and give its lease up."""
+    """Start `loop`, each of its passes on a connection of its own (on_a_connection); at a
+    normal exit stop it and give its lease up."""
+    loop.tick = on_a_connection(store, loop.tick)
 
     def hand_over():
         # A worker that exits normally gives the lease up, so a restarted
