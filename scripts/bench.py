@@ -71,6 +71,7 @@ from cluster import wait_scheduler_sees_healthy  # tests/cluster.py (benchlib pu
 
 SCENARIOS = ("submit_single", "submit_batch", "dispatch_latency", "dispatch_cross_replica", "throughput", "baseline",
              "cpu_bound", "memory", "capacity", "idle_fleet", "node_floor")
+PROFILER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profile_requests.py")
 # Scenarios that touch no database: run once per round, whatever the backends.
 NO_DATABASE = ("node_floor",)
 # What a backend's line compares with the first backend's, as ratios of medians.
@@ -111,7 +112,7 @@ class Config:
     capacity_agents: int = 200
     capacity_slots: int = 8
     capacity_batch: int = 500
-    capacity_secs: float = 300.0
+    capacity_secs: float = 180.0      # in all, submits included: 20,000 jobs take 70-100 s here
     idle_agents: int = 1000
     idle_secs: float = 60.0           # a whole IDLE_RENEW_SECS: every idle agent renews once in it
     idle_settle_secs: float = 5.0
@@ -382,8 +383,14 @@ class Bench:
                 server_flags: dict | None = None, replicas: int = 1, **scheduler_env) -> bl.BenchCluster:
         """A cluster on the current backend: `replicas` schedulers on its database,
         `agents` real agents claiming from the first one."""
-        folder = os.path.join(self.log_dir, f"{name}-{self.backend}-{len(os.listdir(self.log_dir))}")
+        label = f"{name}-{self.backend}-{len(os.listdir(self.log_dir))}"
+        folder = os.path.join(self.log_dir, label)
         os.makedirs(folder)
+        if self.args.profile:  # the schedulers' request threads profiled (scripts/profile_requests.py)
+            server_flags = dict(server_flags or {})
+            server_flags["scheduler"] = [*server_flags.get("scheduler", []), "--gunicorn-config", PROFILER]
+            scheduler_env["BENCH_PROFILE_DIR"] = os.path.join(self.args.profile, label)
+            os.makedirs(scheduler_env["BENCH_PROFILE_DIR"])
         c = bl.BenchCluster(folder, server_flags=server_flags, backend=self.backends[self.backend], **scheduler_env)
         try:
             c.start()
@@ -822,19 +829,38 @@ class Bench:
         self.probe_batch(c.scheduler_url, {"command": "true"})
         if not self.batcher.available:
             raise Skip(f"needs POST /jobs/batch: {self.batcher.reason}")
-        warm = self.submit_spread(c, cfg.capacity_agents * cfg.capacity_slots // 4, 2)
+        warm, _, failed = self.submit_spread(c, cfg.capacity_agents * cfg.capacity_slots // 4, 2, 60)
+        if failed:
+            raise RuntimeError(f"warm-up: {failed}")
         if not wait_done(fleet, warm, 60):
             raise RuntimeError(f"warm-up jobs were not done within 60 s ({fleet.last_error})")
 
-    def submit_spread(self, c: bl.BenchCluster, total: int, batches: int) -> list[str]:
-        """Submit `total` `true` jobs in `batches` batches, to the schedulers in turn."""
+    def submit_spread(self, c: bl.BenchCluster, total: int, batches: int, time_limit: float
+                      ) -> tuple[list[str], int, str | None]:
+        """Submit `total` `true` jobs in `batches` batches, to the schedulers in turn,
+        for at most `time_limit` seconds. A batch answered 503 (the database was busy;
+        nothing was stored) is sent again after a second, as a client would. Returns the
+        job ids, how many batches were sent again, and why the submitting stopped early
+        (None: it did not)."""
         ids: list[str] = []
-        urls = c.scheduler_urls
+        urls, retried = c.scheduler_urls, 0
+        deadline = time.monotonic() + time_limit
         with requests.Session() as s:
             for i in range(batches):
                 n = total // batches + (1 if i < total % batches else 0)
-                ids += [j["job_id"] for j in self.batcher.submit(s, urls[i % len(urls)], [{"command": "true"}] * n)]
-        return ids
+                while True:
+                    if time.monotonic() > deadline:
+                        return ids, retried, f"the time limit ({time_limit:g} s) passed while submitting"
+                    try:
+                        jobs = self.batcher.submit(s, urls[i % len(urls)], [{"command": "true"}] * n)
+                        break
+                    except bl.Refused as exc:
+                        if exc.status != 503:
+                            return ids, retried, str(exc)
+                        retried += 1
+                        time.sleep(1.0)
+                ids += [j["job_id"] for j in jobs]
+        return ids, retried, None
 
     def capacity(self, c: bl.BenchCluster, fleet: sf.Fleet) -> dict:
         cfg = self.cfg
@@ -844,9 +870,9 @@ class Bench:
         own, machine, db0 = bl.SelfCpuMeter(), bl.MachineCpuMeter(), self.database_cpu()
         requests_before = fleet.begin_phase("capacity")
         t0 = time.time()
-        ids = self.submit_spread(c, total, batches)
+        ids, retried, stopped = self.submit_spread(c, total, batches, cfg.capacity_secs)
         submitted = time.time()
-        complete = wait_done(fleet, ids, cfg.capacity_secs)
+        complete = wait_done(fleet, ids, max(1.0, cfg.capacity_secs - (submitted - t0)))
         elapsed_cpu = {name: m.seconds() for name, m in meters.items()}
         own_secs, machine_pct = own.seconds(), machine.percent()
         db_secs = self.database_cpu() - db0 if db0 is not None else None
@@ -870,9 +896,9 @@ class Bench:
                      "heartbeats every 5 s, lease renewals every 5 s while holding jobs",
             "measured": "first submit -> the last done report accepted; CPU from /proc over that window",
             "time_limit_secs": cfg.capacity_secs}
-        out = {"jobs": total, "done": len(done), "complete": complete,
+        out = {"jobs": total, "submitted": len(ids), "done": len(done), "complete": complete and not stopped,
                "jobs_per_sec": round(len(done) / (end - t0), 1), "elapsed_secs": round(end - t0, 2),
-               "submit_secs": round(submitted - t0, 2),
+               "submit_secs": round(submitted - t0, 2), "submit_batches_sent_again": retried,
                "scheduler_cpu_ms_per_job": round(1000 * elapsed_cpu["scheduler"] / len(done), 3),
                "registry_cpu_ms_per_job": round(1000 * elapsed_cpu["registry"] / len(done), 3),
                "database_cpu_ms_per_job": round(1000 * db_secs / len(done), 3) if db_secs is not None else None,
@@ -889,6 +915,8 @@ class Bench:
                "api_pending_or_running": stats.get("pending", 0) + stats.get("running", 0)}
         if errors:
             out["last_error"] = fleet.last_error
+        if stopped:
+            out["submitting_stopped"] = stopped
         return out
 
     def round_idle_fleet(self) -> None:
@@ -1158,6 +1186,9 @@ def parse_args(argv=None):
     parser.add_argument("--job-python", default="/usr/bin/python3" if os.path.exists("/usr/bin/python3") else "python3",
                         help="interpreter the cpu_bound jobs run (must be usable by the job user)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the servers' and agents' logs")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="profile the CPU of the schedulers' request threads (scripts/profile_requests.py): "
+                             "a pstats file per worker in DIR/<cluster>/; slows them down about twofold")
     args = parser.parse_args(argv)
     wanted = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
@@ -1176,6 +1207,10 @@ def parse_args(argv=None):
         parser.error("--database-url must be a postgresql:// URL (SQLite is each cluster's own file)")
     if args.database_url and "postgresql" not in args.backends:
         parser.error("--database-url is the postgresql backend's server: add postgresql to --backends")
+    if args.profile:
+        args.profile = os.path.abspath(args.profile)
+        if os.path.exists(args.profile) and os.listdir(args.profile):
+            parser.error(f"--profile {args.profile}: not an empty directory")
     if args.scheduler_url and (args.postgres or args.database_url or args.backends != ["sqlite"]):
         parser.error("--scheduler-url measures a running scheduler on whatever database it has: "
                      "no --backends, --postgres or --database-url with it")

@@ -255,6 +255,14 @@ class LightClient:
             self._conn = None
 
 
+class Refused(RuntimeError):
+    """The scheduler answered a request with an error status."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
 class BatchSubmitter:
     """POST /jobs/batch, with whichever body the scheduler takes: a JSON array,
     else {"jobs": [...]}. `available` is None until probed, then True/False."""
@@ -285,7 +293,7 @@ class BatchSubmitter:
         body = {"jobs": requests_} if self.wrap else requests_
         r = session.post(scheduler_url + "/jobs/batch", json=body, timeout=120)
         if r.status_code not in (200, 201):
-            raise RuntimeError(f"POST /jobs/batch: {r.status_code} {r.text[:300]}")
+            raise Refused(r.status_code, f"POST /jobs/batch: {r.status_code} {r.text[:300]}")
         jobs = r.json()
         if isinstance(jobs, dict):
             jobs = jobs.get("jobs", [])
