@@ -1,5 +1,6 @@
-"""Real processes for end-to-end tests: gunicorn-served registry and scheduler,
-and agent processes, each started through its console script.
+"""Real processes for end-to-end tests: gunicorn-served registry and scheduler (or
+several scheduler replicas), on SQLite files or one PostgreSQL database, and agent
+processes, each started through its console script.
 
 Servers get a socket bound to 127.0.0.1:0 by the test and passed down as
 `--bind fd://N`, so there is no race for a free port. Every process runs in its
@@ -292,16 +293,16 @@ class Cluster:
 
 
 def all_jobs(scheduler_url: str) -> dict[str, dict]:
-    """Every job the scheduler has, by id (GET /jobs, page by page)."""
+    """Every job the scheduler has, by id (GET /jobs, page by page: its Link header)."""
     jobs: dict[str, dict] = {}
-    after = None
-    while True:
-        params = {"limit": 1000, **({"after": after} if after else {})}
-        page = requests.get(scheduler_url + "/jobs", params=params, timeout=30).json()
-        jobs.update((j["job_id"], j) for j in page)
-        if len(page) < 1000:
-            return jobs
-        after = page[-1]["job_id"]
+    url: str | None = scheduler_url + "/jobs?limit=1000"
+    while url is not None:
+        response = requests.get(url, timeout=30)
+        response.raise_for_status()
+        jobs.update((j["job_id"], j) for j in response.json())
+        following = response.links.get("next", {}).get("url")
+        url = None if following is None else scheduler_url + following
+    return jobs
 
 
 def final_transitions(scheduler_url: str, job_id: str) -> list[dict]:
