@@ -382,8 +382,9 @@ def test_postgresql_stopped_for_10s_under_load_loses_nothing_and_kills_no_runnin
 
 # The agents' lease (HEARTBEAT_TIMEOUT_SECS) and the scheduler's grace, short: with the
 # defaults (20 s and 15 s) a 40 s outage passes both the agents' lease (they fence their
-# run jobs) and the scheduler's deadline for a node loss (35 s). These scale it down:
-# a 12 s outage passes a 4 s lease and the 4 + 3 s deadline with as much to spare.
+# run jobs) and the scheduler's deadline for a node loss (35 s). These scale it down to
+# three lease periods: a 12 s outage passes a 4 s lease and the 4 + 3 s deadline by
+# about as much, and the loops' own lease (10 s) too, as 40 s does.
 SHORT_LEASE = 4
 SHORT_GRACE = 3
 LONG_OUTAGE = 12.0
