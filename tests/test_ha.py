@@ -165,6 +165,14 @@ def job_events(url: str, job_id: str) -> list[dict]:
     return requests.get(f"{url}/jobs/{job_id}/events", timeout=10).json()
 
 
+def wait_job(url: str, job_id: str, *statuses: str, timeout: float) -> dict:
+    """The job once it is in one of `statuses`."""
+    def reached():
+        job = requests.get(f"{url}/jobs/{job_id}", timeout=5).json()
+        return job if job["status"] in statuses else None
+    return wait_for(reached, timeout=timeout, message=f"{job_id} to be {' or '.join(statuses)}")
+
+
 # ---- processes and sessions ----------------------------------------------------------------
 
 def process_group(pid: int) -> int | None:
@@ -333,8 +341,7 @@ def test_postgresql_stopped_for_10s_under_load_loses_nothing_and_kills_no_runnin
     pid_file = os.path.join(shared_dir, "sleeper.pid")
     sleeper = submit_acknowledged([a, b], {"command": f"echo $$ > {pid_file}; sleep {OUTAGE + 8:.0f}; echo slept",
                                            "max_retries": 0}, "sleeper")["job_id"]
-    wait_for(lambda: requests.get(f"{a}/jobs/{sleeper}", timeout=5).json()["status"] == "running", timeout=20,
-             message="the sleeping job to run")
+    wait_job(a, sleeper, "running", timeout=20)
     sleeper_pid = int(wait_for(lambda: open(pid_file).read().strip(), timeout=10, message="its pid"))
     load = Load([a, b], stamped_true(stamps), "load")
     try:
@@ -415,8 +422,7 @@ def test_postgresql_stopped_past_the_lease_fences_run_jobs_requeues_them_unspent
         "command": f'echo $$ > {pids}/run-$CORRAL_ATTEMPT; [ "$CORRAL_ATTEMPT" = 1 ] && sleep 120; echo ran',
         "instance_id": "node-2", "max_retries": 0}, "run")["job_id"]
     for job_id in (service, run):
-        wait_for(lambda: requests.get(f"{a}/jobs/{job_id}", timeout=5).json()["status"] == "running", timeout=20,
-                 message=f"{job_id} to run")
+        wait_job(a, job_id, "running", timeout=20)
     service_pid = int(wait_for(lambda: open(f"{pids}/service").read().strip(), timeout=10, message="its pid"))
     run_pid = int(wait_for(lambda: open(f"{pids}/run-1").read().strip(), timeout=10, message="its pid"))
 
@@ -447,8 +453,7 @@ def test_postgresql_stopped_past_the_lease_fences_run_jobs_requeues_them_unspent
         quiet.signal(signal.SIGCONT)
         db.close()
 
-    done = wait_for(lambda: (lambda j: j if j["status"] in ("done", "failed") else None)(
-        requests.get(f"{b}/jobs/{run}", timeout=5).json()), timeout=60, message="the fenced job to end")
+    done = wait_job(b, run, "done", "failed", timeout=60)
     assert (done["status"], done["stdout"], done["retry_count"], done["node_losses"]) == ("done", "ran\n", 0, 1), done
     assert done["attempt"] == 2 and len(final_transitions(b, run)) == 1
     reasons = [e["reason"] for e in job_events(b, run)]
@@ -475,8 +480,9 @@ def test_a_replica_stopped_holding_the_placement_lock_holds_up_the_other_for_the
     """Replica A places big batches; the test waits until the session holding the
     placement lock is one of A's (pg_locks, the session's client port, A's sockets)
     and stops A (SIGSTOP) right then. Replica B places a job within the lock timeout
-    plus the idle-in-transaction timeout that ends A's session. After SIGCONT, A's
-    batch is refused, resent with its key, and stored once; nothing is lost."""
+    plus the idle-in-transaction timeout that ends A's session. A's batch went with
+    its session; resent with its key, it is stored once. After SIGCONT, A serves and
+    places again; nothing is lost or doubled."""
     c = ha(HEARTBEAT_TIMEOUT_SECS=PRODUCTION_LEASE, MAX_JOBS_PER_NODE=2)
     a, b = c.scheduler_urls
     # Short claims: an agent whose claim waits on the stopped A moves to B soon.
@@ -527,8 +533,7 @@ def test_a_replica_stopped_holding_the_placement_lock_holds_up_the_other_for_the
     feeder.join(120)
     assert not feeder.is_alive()
 
-    done = wait_for(lambda: (lambda j: j if j["status"] in ("done", "failed") else None)(
-        requests.get(f"{b}/jobs/{probe['job_id']}", timeout=5).json()), timeout=60, message="the probe to end")
+    done = wait_job(b, probe["job_id"], "done", "failed", timeout=60)
     assert (done["status"], done["stdout"]) == ("done", "probe\n")
     # A serves again, and places.
     after = submit_acknowledged([a], {"command": "echo after"}, "after")
