@@ -37,6 +37,10 @@ def param(name: str) -> peewee.Value:
     return peewee.Value(_Marker(name), converter=False)
 
 
+# Rows per compiled multi-row INSERT (well under every database's limit of bound parameters).
+INSERT_ROWS = 100
+
+
 class Statements:
     """A per-database cache of compiled statements, keyed by what the caller names."""
 
@@ -68,17 +72,20 @@ class Statements:
         sql, slots = self._get(key, build)
         return db.execute_sql(sql, self._values(slots, values)).fetchall()
 
-    def execute_many(self, db: peewee.Database, key: Hashable, build: Callable[[], peewee.Query],
-                     rows: list[dict]) -> None:
-        """Run one write once per dict of values (the driver's executemany)."""
+    def insert_rows(self, db: peewee.Database, key: Hashable, model: type[peewee.Model], rows: list[dict]) -> None:
+        """Insert rows (dicts of field name to value, all with the same names) as
+        multi-row INSERTs of up to INSERT_ROWS rows, each size compiled once. Not the
+        driver's executemany: psycopg 3's ends with a flush that leaves the session
+        without its idle-in-transaction timeout, so a replica stopped right after
+        one would keep its locks (the placement lock) until it runs again."""
         if not rows:
             return
-        sql, slots = self._get(key, build)
-        cursor = db.cursor()
-        try:
-            cursor.executemany(sql, [self._values(slots, values) for values in rows])
-        finally:
-            cursor.close()
+        names = list(rows[0])
+        for start in range(0, len(rows), INSERT_ROWS):
+            chunk = rows[start:start + INSERT_ROWS]
+            values = {f"{name}{i}": row[name] for i, row in enumerate(chunk) for name in names}
+            self.execute(db, (key, len(chunk)), lambda n=len(chunk): model.insert_many(
+                [{name: param(f"{name}{i}") for name in names} for i in range(n)]), **values)
 
     def select(self, model: type[peewee.Model], key: Hashable, build: Callable[[], peewee.Query], /,
                **values) -> list:

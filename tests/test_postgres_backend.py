@@ -9,6 +9,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import peewee
 import psycopg
 import pytest
 
@@ -273,3 +274,22 @@ def test_twin_submits_with_one_idempotency_key_at_once_create_one_job(pg_url):
         assert sorted(code for code, _ in answers) == [200] * 7 + [201]
         assert len({job_id for _, job_id in answers}) == 1
     assert Job.select().count() == 5
+
+
+def test_a_replica_stopped_inside_a_placing_transaction_frees_the_placement_lock(pg_url):
+    """As if a replica were stopped (SIGSTOP) right after recording events under the placement
+    lock: the server ends its idle session, so the other replicas can place again. (psycopg's
+    executemany once left sessions without that timeout.)"""
+    app = app_on(pg_url)
+    store = app.extensions["corral.store"]
+    job, _ = store.submit({"command": "true"}, 0.0)
+    db = store.db
+    with pytest.raises((peewee.OperationalError, peewee.InterfaceError)):
+        with db.connection_context(), db.atomic():
+            db.lock_placement()
+            store._events([{"job": job.id, "at": 1.0, "old": "pending", "new": "pending", "attempt": 0,
+                            "node_id": None, "reason": "a test"}] * 3)
+            time.sleep(postgres.IDLE_IN_TRANSACTION_TIMEOUT_MS / 1000 + 1)   # stopped for longer than the timeout
+            with psycopg.connect(pg_url, autocommit=True) as other:       # another replica
+                assert other.execute("SELECT pg_try_advisory_lock(%s)", (postgres.PLACEMENT_LOCK_KEY,)).fetchone()[0]
+            db.execute_sql("SELECT 1")                                     # the stopped one's session is gone

@@ -30,6 +30,9 @@ from .store import Store
 log = logging.getLogger(__name__)
 
 LEASE_NAME = "scheduler-loops"
+# The longest pause after failed passes (the database is down): short, because once it
+# is back node loss, timeouts and due retries wait for the next pass.
+MAX_BACKOFF_SECS = 5.0
 # How often the retention purge looks for old finished jobs when there is no backlog.
 PURGE_INTERVAL_SECS = 60.0
 
@@ -177,5 +180,6 @@ def run_in_background(store: Store, loop: LoopThread, lease_name: str, holder: s
 
 def start(store: Store, registry: RegistryClient, clock: Callable[[], float] = time.time) -> LoopThread:
     background = Background(store, registry)
-    loop = LoopThread("scheduler-loops", store.settings.dispatch_interval_secs, background.tick, clock=clock)
+    loop = LoopThread("scheduler-loops", store.settings.dispatch_interval_secs, background.tick, clock=clock,
+                      max_backoff=MAX_BACKOFF_SECS)
     return run_in_background(store, loop, LEASE_NAME, background.holder)

@@ -216,7 +216,7 @@ class Store:
             return None
         existing = Job.get_or_none(Job.idempotency_key == key)
         if existing is not None and existing.request_hash != digest:
-            raise Conflict(f"the Idempotency-Key {key!r} was used for {existing.job_id} with a different request")
+            raise Conflict(_key_reused(key, existing))
         return existing
 
     def submit_batch(self, items: list[dict], now: float, idempotency_key: str | None = None
@@ -253,11 +253,15 @@ class Store:
                 raise BatchError(errors)
             existing: dict[int, Job] = {}
             if idempotency_key:
+                # The jobs an earlier copy of this batch created: one query per chunk of keys.
+                found: dict[str, Job] = {}
+                for start in range(0, len(keys), INSERT_CHUNK):
+                    found.update({job.idempotency_key: job for job in Job.select().where(
+                        Job.idempotency_key.in_(keys[start:start + INSERT_CHUNK]))})
                 for index, (key, digest) in enumerate(zip(keys, digests)):
-                    try:
-                        job = self._by_key(key, digest)
-                    except Conflict as exc:
-                        raise Conflict(f"item {index}: {exc.message}") from None
+                    job = found.get(key)
+                    if job is not None and job.request_hash != digest:
+                        raise Conflict(f"item {index}: {_key_reused(key, job)}")
                     if job is not None:
                         existing[index] = job
             new = [i for i in range(len(items)) if i not in existing]
@@ -497,9 +501,8 @@ class Store:
         with self.db.atomic():
             self.check_fence()
             Node.delete().execute()
-            # Every NODE_REFRESH_SECS for every node: one compiled statement, run per row.
-            self._sql.execute_many(self.db, "node row", lambda: Node.insert(
-                **{name: param(name) for name in rows[0]}), rows)
+            # Every NODE_REFRESH_SECS: compiled once per number of nodes.
+            self._sql.insert_rows(self.db, "node rows", Node, rows)
             self.release_lost(now)
 
     def release_lost(self, now: float) -> int:
@@ -813,9 +816,13 @@ class Store:
 
     def _events(self, rows: list[dict]) -> None:
         """Record events: dicts of job (its row id), at, old, new, attempt, node_id, reason."""
-        self._sql.execute_many(self.db, "event", lambda: JobEvent.insert(
-            job=param("job"), at=param("at"), from_status=param("old"), to_status=param("new"),
-            attempt=param("attempt"), node_id=param("node_id"), reason=param("reason")), rows)
+        self._sql.insert_rows(self.db, "events", JobEvent, [
+            {"job": row["job"], "at": row["at"], "from_status": row["old"], "to_status": row["new"],
+             "attempt": row["attempt"], "node_id": row["node_id"], "reason": row["reason"]} for row in rows])
+
+
+def _key_reused(key: str, job: Job) -> str:
+    return f"the Idempotency-Key {key!r} was used for {job.job_id} with a different request"
 
 
 def _check_attempt(job: Job, sent: dict) -> None:
