@@ -44,7 +44,7 @@ class DatabaseOptions:
     # (SQLite 32, PostgreSQL 16). A request that finds them all taken waits up to
     # pool_wait_secs, then answers 503.
     pool_size: int | None = None
-    pool_wait_secs: float = 5.0
+    pool_wait_secs: float | None = None  # None: the backend's default (SQLite 10 s, PostgreSQL 5 s)
     # PostgreSQL: no LISTEN/NOTIFY between replicas, a look every 0.25 s instead
     # (PgBouncer in transaction mode delivers no notifications).
     poll_only: bool = False
@@ -54,11 +54,14 @@ class DatabaseOptions:
         size = s.env_str(env, "CORRAL_DB_POOL_SIZE", None)
         return cls(pool_size=None if size is None else s.env_int(env, "CORRAL_DB_POOL_SIZE", 16, minimum=1,
                                                                   maximum=10_000),
-                   pool_wait_secs=s.env_float(env, "CORRAL_DB_POOL_WAIT_SECS", 5.0, minimum=0.0, maximum=300.0),
+                   pool_wait_secs=None if s.env_str(env, "CORRAL_DB_POOL_WAIT_SECS", None) is None else
+                   s.env_float(env, "CORRAL_DB_POOL_WAIT_SECS", 0.0, minimum=0.0, maximum=300.0),
                    poll_only=s.env_bool(env, "CORRAL_PG_POLL_ONLY", False))
 
 
 PG_DEFAULT_POOL_SIZE = 16
+# PostgreSQL's lock_timeout: a request waits no longer for a connection than for a lock.
+PG_DEFAULT_POOL_WAIT_SECS = 5.0
 
 
 def is_postgres(url: str) -> bool:
@@ -74,11 +77,13 @@ def open_database(url: str, synchronous: str = "NORMAL", *, service: str = "sche
                   options: DatabaseOptions = DatabaseOptions()) -> peewee.Database:
     """Open `url` for `service` ("scheduler" or "registry"). A SQLite file is checked
     first; a PostgreSQL URL is only parsed (check_server() connects)."""
+    wait = options.pool_wait_secs
     if url.startswith("sqlite"):
-        return sqlite.open_sqlite(url, synchronous, options.pool_size, options.pool_wait_secs)
+        return sqlite.open_sqlite(url, synchronous, options.pool_size,
+                                  sqlite.BUSY_TIMEOUT_SECS if wait is None else wait)
     if is_postgres(url):
         return postgres.PostgresDatabase(url, service, options.pool_size or PG_DEFAULT_POOL_SIZE,
-                                         options.pool_wait_secs)
+                                         PG_DEFAULT_POOL_WAIT_SECS if wait is None else wait)
     raise SettingError(f"DATABASE_URL must start with sqlite:/// or postgresql://, got {postgres.redact(url)!r}")
 
 

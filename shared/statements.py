@@ -84,8 +84,11 @@ class Statements:
         for start in range(0, len(rows), INSERT_ROWS):
             chunk = rows[start:start + INSERT_ROWS]
             values = {f"{name}{i}": row[name] for i, row in enumerate(chunk) for name in names}
-            self.execute(db, (key, len(chunk)), lambda n=len(chunk): model.insert_many(
-                [{name: param(f"{name}{i}") for name in names} for i in range(n)]), **values)
+
+            def build(size: int = len(chunk)) -> peewee.Query:
+                return model.insert_many([{name: param(f"{name}{i}") for name in names} for i in range(size)])
+
+            self.execute(db, (key, len(chunk)), build, **values)
 
     def select(self, model: type[peewee.Model], key: Hashable, build: Callable[[], peewee.Query], /,
                **values) -> list:
