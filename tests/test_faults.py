@@ -223,6 +223,10 @@ def test_a_scheduler_stopped_past_the_lease_runs_nothing_twice_and_fails_nothing
         cluster.wait_nodes_healthy("node-1")
         first = cluster.submit(command=f"touch {marks}/first-$CORRAL_ATTEMPT-$$; sleep 2; echo ran", max_retries=0)
         wait_for(lambda: running_on(cluster, first["job_id"], "node-1"), timeout=20, message="the first job to run")
+        # Its process started (not only its claim committed: an answer lost in the stop
+        # below would make this the other case, a claim given back).
+        wait_for(lambda: any(name.startswith("first-1-") for name in os.listdir(marks)), timeout=20,
+                 message="the first job's process to start")
         second = cluster.submit(command=f"touch {marks}/second-$CORRAL_ATTEMPT-$$; echo ran", max_retries=0)
         scheduler = cluster.procs["scheduler"]
         scheduler.signal(signal.SIGSTOP)
