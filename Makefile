@@ -21,8 +21,11 @@ venv: $(STAMP)
 run: venv
 	$(BIN)/python scripts/run_local.py
 
+# Two test processes, a file each at a time (a file's tests share its fixtures, and the
+# network-namespace tests of one file must not overlap): most end-to-end tests wait on
+# real processes, so two at once nearly halve the run on two cores.
 test: venv
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 
 # mypy reads the packages from a tree of links named as they are imported
 # (control-plane/ is no package); the tests that start no server processes run on 2 cores.
