@@ -261,6 +261,8 @@ def test_filters_narrow_the_job_list(browser, ui_cluster):
     open_ui(browser, ui_cluster)
     mark_page(browser)
     from selenium.webdriver.support.ui import Select
+    # The list view shows once its first answer came (on a loaded machine, after the page).
+    wait(browser, lambda d: d.find_element("id", "filter-status").is_displayed(), "the filters to show")
     Select(browser.find_element("id", "filter-status")).select_by_value("failed")
     wait(browser, lambda d: css(d, f'#jobs tr[data-job-id="{failed["job_id"]}"]') is not None
          and css(d, f'#jobs tr[data-job-id="{done["job_id"]}"]') is None, "only failed jobs to be listed")

@@ -50,7 +50,9 @@ class Scheduler:
         with self.placing():
             jobs, created = self.store.submit_batch(items, now, idempotency_key)
             placed = self.store.dispatch(now) if created else 0
-        return (self.store.reload(jobs) if placed else jobs), created
+        # Read back after the commit (outside the lock): placed jobs, and the jobs an
+        # earlier copy of a keyed batch created (the store read only their ids).
+        return (self.store.reload(jobs) if placed or idempotency_key else jobs), created
 
     def report(self, job_id: str, report: dict, now: float) -> Job:
         """An agent's report; a job that ended (or went back to pending) freed its slot."""

@@ -253,10 +253,15 @@ class Store:
                 raise BatchError(errors)
             existing: dict[int, Job] = {}
             if idempotency_key:
-                # The jobs an earlier copy of this batch created: one query per chunk of keys.
+                # The jobs an earlier copy of this batch created: one query per chunk of keys,
+                # of their ids only (the caller reads them whole after the commit). Inside the
+                # placement lock every answer stays small: a replica stopped while the server
+                # sends it a large one would hold the lock, its session blocked in the send,
+                # past every timeout.
                 found: dict[str, Job] = {}
                 for start in range(0, len(keys), INSERT_CHUNK):
-                    found.update({job.idempotency_key: job for job in Job.select().where(
+                    found.update({job.idempotency_key: job for job in Job.select(
+                        Job.id, Job.idempotency_key, Job.request_hash).where(
                         Job.idempotency_key.in_(keys[start:start + INSERT_CHUNK]))})
                 for index, (key, digest) in enumerate(zip(keys, digests)):
                     job = found.get(key)
