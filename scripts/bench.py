@@ -291,6 +291,16 @@ def submit_all(url: str, batcher: bl.BatchSubmitter, request: dict, total: int, 
     return how
 
 
+def job_counts(url: str) -> dict:
+    """GET /stats's job counts, or {} when the scheduler cannot answer (an overloaded
+    one answers 503)."""
+    try:
+        r = requests.get(url + "/stats", timeout=30)
+        return r.json()["jobs"] if r.status_code == 200 else {}
+    except (requests.RequestException, ValueError, KeyError):
+        return {}
+
+
 def wait_done(fleet: sf.Fleet, job_ids: list[str], time_limit: float) -> bool:
     """Wait until the simulated agents have reported every one of these jobs done."""
     deadline = time.monotonic() + time_limit
@@ -883,7 +893,7 @@ class Bench:
             raise RuntimeError(f"none of the {total} jobs was done within {cfg.capacity_secs:.0f} s "
                                f"({fleet.last_error})")
         end = max(done)
-        stats = requests.get(c.scheduler_url + "/stats", timeout=10).json()["jobs"]
+        stats = job_counts(c.scheduler_url)
         self.settings["capacity"] = {
             "schedulers": len(c.scheduler_urls), "scheduler_workers": 2,
             "scheduler_threads": int(c.extra_flags["scheduler"][1]), "simulated_agents": cfg.capacity_agents,
@@ -912,7 +922,7 @@ class Bench:
                **fleet.latency_stats("capacity"),
                "requests": sent, "errors": sum(errors.values()), "errors_by_kind": errors,
                "api_done": stats.get("done"), "api_failed": stats.get("failed"),
-               "api_pending_or_running": stats.get("pending", 0) + stats.get("running", 0)}
+               "api_pending_or_running": stats["pending"] + stats["running"] if stats else None}
         if errors:
             out["last_error"] = fleet.last_error
         if stopped:

@@ -489,14 +489,18 @@ def meta(extra: dict | None = None, started: dict | None = None) -> dict:
     """The first line of every output. `started` is what started_now() said when the
     run began (when the line is printed at the end of the run)."""
     started = started or started_now()
+    head = git_head()
+    # The servers run the checkout as it is when each starts: a commit landing during a
+    # long run is measured from then on.
+    moved = {"git_head_at_end": head} if head != started["git_head"] else {}
     return {"scenario": "meta", "date": started["date"],
             "command": " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
-            "git_head": git_head(), "machine": started["machine"], **(extra or {})}
+            "git_head": started["git_head"], **moved, "machine": started["machine"], **(extra or {})}
 
 
 def started_now() -> dict:
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "machine": machine()}
+            "machine": machine(), "git_head": git_head()}
 
 
 # ---- statistics -----------------------------------------------------------------
