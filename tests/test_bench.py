@@ -111,6 +111,8 @@ def check_scenario(scenario: str, record: dict, fields: list[str]) -> None:
     assert isinstance(record["runs"], list) and len(record["runs"]) == 1
 
 
+# The scripts run for about a minute each here; the runs' own timeouts come first.
+@pytest.mark.timeout(300)
 def test_the_benchmark_scripts_print_json_lines_and_leave_nothing_running():
     marker = uuid.uuid4().hex
     outputs = run_scripts({"bench": [sys.executable, "scripts/bench.py", "--quick"],
@@ -149,6 +151,7 @@ def test_the_benchmark_scripts_print_json_lines_and_leave_nothing_running():
              message="every process the scripts started to be gone")
 
 
+@pytest.mark.timeout(300)
 @pytest.mark.skipif(pg.missing() is not None, reason=pg.missing() or "")
 def test_the_benchmark_runs_on_both_backends_with_its_own_postgresql_and_leaves_nothing_behind():
     marker = uuid.uuid4().hex
@@ -182,6 +185,7 @@ def test_the_benchmark_runs_on_both_backends_with_its_own_postgresql_and_leaves_
              message="every process the bench started, PostgreSQL included, to be gone")
 
 
+@pytest.mark.timeout(240)
 def test_the_benchmark_uses_the_postgresql_server_it_is_given_and_drops_the_databases_it_made(pg_server):
     before = databases(pg_server)
     marker = uuid.uuid4().hex
