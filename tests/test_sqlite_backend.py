@@ -145,3 +145,38 @@ def test_a_running_scheduler_whose_file_is_deleted_says_so_and_keeps_what_it_ack
         assert job.status_code == 200
     finally:
         c.stop()
+
+
+def test_writers_take_their_connection_before_the_writers_lock(tmp_path):
+    """More writers than pooled connections, each opening its connection with its
+    transaction: none may hold the writers' lock while it waits for a connection (every
+    connection held by writers waiting for that lock: all stall until the pool's wait ends)."""
+    import threading
+
+    db = dbmod.open_database(f"sqlite:///{tmp_path}/x.db", options=dbmod.DatabaseOptions(pool_size=2,
+                                                                                         pool_wait_secs=3))
+    with db.connection_context():
+        db.execute_sql("CREATE TABLE t (x)")
+    errors: list[Exception] = []
+
+    def writer(n: int) -> None:
+        for i in range(30):
+            try:
+                if i % 2:
+                    db.execute_sql("SELECT count(*) FROM t")   # a request that reads first holds a connection
+                with db.atomic():                     # else the connection is opened here, lazily
+                    db.execute_sql("INSERT INTO t VALUES (?)", (n * 100 + i,))
+            except Exception as exc:  # noqa: BLE001 -- collected for the assertion
+                errors.append(exc)
+            finally:
+                db.close()                            # back to the pool, as a request's teardown does
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    with db.connection_context():
+        assert db.execute_sql("SELECT count(*) FROM t").fetchone()[0] == 240
+    dbmod.close_idle(db)

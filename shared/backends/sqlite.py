@@ -186,6 +186,10 @@ class QueuedWritersSqlite(PooledSqliteDatabase):
         gone = self.lost()
         if gone:
             raise peewee.OperationalError(gone)
+        # The pooled connection first, the writers' lock second: a thread holding the lock
+        # while it waits for a connection, with every connection held by threads waiting
+        # for the lock, stalls them all until the pool's wait runs out.
+        self.connection()
         started = time.monotonic()
         deadline = started + self.lock_timeout
         if not self._in_process.acquire(timeout=self.lock_timeout):
