@@ -151,6 +151,20 @@ class QueuedWritersSqlite(PooledSqliteDatabase):
         """Why this database can no longer keep what it is given, or None: its file was
         deleted or replaced under the running server (writes would go to an inode
         nobody will open again), or its disk is (nearly) full."""
+        gone = self._file_gone()
+        if gone:
+            return gone
+        try:
+            stats = os.statvfs(os.path.dirname(os.path.abspath(self.database)))
+        except OSError as exc:
+            return f"cannot check the disk of {self.database}: {exc}"
+        free = stats.f_bavail * stats.f_frsize
+        if free < MIN_FREE_BYTES:
+            return f"the disk holding {self.database} is full ({free} bytes free)"
+        return None
+
+    def _file_gone(self) -> str | None:
+        """Why the file at the path is not the one this server opened, or None."""
         if self._pin is None:  # the file did not exist yet when opened: the first look pins it
             self._pin = _pin(self.database)
         if self._pin is not None:
@@ -161,13 +175,6 @@ class QueuedWritersSqlite(PooledSqliteDatabase):
                 return f"the database file {self.database} was deleted"
             if ours.st_nlink == 0 or (there.st_dev, there.st_ino) != (ours.st_dev, ours.st_ino):
                 return f"the database file {self.database} was deleted or replaced by another file"
-        try:
-            stats = os.statvfs(os.path.dirname(os.path.abspath(self.database)))
-        except OSError as exc:
-            return f"cannot check the disk of {self.database}: {exc}"
-        free = stats.f_bavail * stats.f_frsize
-        if free < MIN_FREE_BYTES:
-            return f"the disk holding {self.database} is full ({free} bytes free)"
         return None
 
     def _lock_fd(self) -> int | None:
@@ -181,6 +188,14 @@ class QueuedWritersSqlite(PooledSqliteDatabase):
                 log.warning("cannot open %s (%s): writers wait in SQLite's busy handler instead",
                             self._writers_path, exc)
         return self._fd
+
+    def _connect(self):
+        # Never open a new connection on a file that is not the one this server opened:
+        # sqlite3 would create an empty database at the path (and keep it in the pool).
+        gone = self._file_gone()
+        if gone:
+            raise peewee.OperationalError(gone)
+        return super()._connect()
 
     def begin(self, lock_type=None):
         gone = self.lost()
