@@ -10,15 +10,17 @@ names, each in its own module:
   PostgreSQL schema.
 
 Both answer the same few questions for the code above them, so the store and
-the loops do not care which one runs: `single_writer` (whether the database
-serialises every write transaction itself), `lock_placement()` (serialise
-placement until the transaction ends), `lost()` (why the database cannot keep
-what it is given: a deleted file, a full disk), and `change_feed(db)` (how a
-process hears of other processes' commits). Queries stay dialect-neutral.
+the loops do not care which one runs: `lock_placement()` (serialise placement
+until the transaction ends), `reuses_ids` (whether a deleted newest id is
+handed out again), `lost()` (why the database cannot keep what it is given: a
+deleted file, a full disk), `change_feed(db)` (how a process hears of other
+processes' commits) and `deciding_clock(db, clock)` (whose clock decides).
+Queries stay dialect-neutral.
 """
 import json
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import peewee
@@ -123,6 +125,12 @@ def check_ready(db: peewee.Database, checks: dict) -> None:
 def clock_of(db: peewee.Database):
     """The clock that decides on this database (PostgreSQL: the server's), or None for this host's."""
     return getattr(db, "clock", None)
+
+
+def deciding_clock(db: peewee.Database, clock: Callable[[], float]) -> Callable[[], float]:
+    """The clock a server decides by: the database's where it has one (PostgreSQL), unless
+    the caller gave a clock of its own (tests); else `clock`."""
+    return (clock_of(db) or clock) if clock is time.time else clock
 
 
 def close_idle(db: peewee.Database) -> None:

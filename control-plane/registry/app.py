@@ -92,8 +92,7 @@ def create_schema(settings: RegistrySettings, check: bool = False) -> list[str]:
 def create_app(settings: RegistrySettings | None = None, clock: Callable[[], float] = time.time) -> Flask:
     settings = settings or RegistrySettings.from_env()
     db = open_store(settings)
-    if clock is time.time and dbmod.clock_of(db) is not None:
-        clock = dbmod.clock_of(db)  # PostgreSQL: the database's clock decides
+    clock = dbmod.deciding_clock(db, clock)  # PostgreSQL: the database's clock
     migrations.apply(db, MIGRATIONS)  # cheap when the master applied them
     with db.connection_context():
         last_up = Node.select(fn.MAX(Node.last_heartbeat)).scalar()

@@ -4,6 +4,7 @@ from collections.abc import Callable
 from urllib.parse import urlencode
 
 from flask import Flask, jsonify, request
+import peewee
 from peewee import fn
 
 from corral.shared import auth, guards, server
@@ -54,11 +55,16 @@ ACCESS = {
 }
 
 
-def open_store(settings: SchedulerSettings, on_placed: Callable[[set[str]], None] | None = None) -> Store:
+def open_db(settings: SchedulerSettings) -> peewee.Database:
+    """The scheduler's database, bound to its models."""
     db = dbmod.open_database(settings.database_url, settings.sqlite_synchronous, service=SERVICE,
                              options=settings.db_options)
     database.initialize(db)
-    return Store(db, settings, on_placed)
+    return db
+
+
+def open_store(settings: SchedulerSettings, on_placed: Callable[[set[str]], None] | None = None) -> Store:
+    return Store(open_db(settings), settings, on_placed)
 
 
 def create_schema(settings: SchedulerSettings, check: bool = False) -> list[str]:
@@ -109,13 +115,10 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
                start_loops: bool = False) -> Flask:
     """The WSGI app. `start_loops` runs the background loops in this process (gunicorn workers)."""
     settings = settings or SchedulerSettings.from_env()
-    db = dbmod.open_database(settings.database_url, settings.sqlite_synchronous, service=SERVICE,
-                             options=settings.db_options)
-    database.initialize(db)
+    db = open_db(settings)
     room = wait_room(settings, dbmod.change_feed(db, SERVICE, settings.db_options), lambda: store)
     store = Store(db, settings, on_placed=room.placed)
-    if clock is time.time and dbmod.clock_of(db) is not None:
-        clock = dbmod.clock_of(db)  # PostgreSQL: the database's clock decides
+    clock = dbmod.deciding_clock(db, clock)  # PostgreSQL: the database's clock
     migrations.apply(store.db, MIGRATIONS)  # cheap when the master applied them
     app = base_app(__name__, settings.max_body_bytes)
     guards.install(app, settings.credentials, ACCESS, settings.allowed_hosts, server.loopback_only())

@@ -104,7 +104,6 @@ def redact(url: str) -> str:
 class PostgresDatabase(PooledPostgresqlDatabase):
     """The pooled database of one service (its schema and session timeouts set on connect)."""
 
-    single_writer = False
     reuses_ids = False  # sequences never go back
 
     def __init__(self, url: str, service: str, pool_size: int, pool_wait_secs: float):
@@ -131,13 +130,17 @@ class PostgresDatabase(PooledPostgresqlDatabase):
         # under the pool's lock. Here a connection counts as closed when psycopg
         # knows it is; one the server dropped unseen (a restart) fails its first
         # statement, and that failure empties the pool of idle ones (_broken).
+        return self._dead(conn)
+
+    def _dead(self, conn) -> bool:
+        """Whether psycopg knows this connection is unusable (closed, or its state lost)."""
         return conn.closed or self._adapter.txn_status(conn) == self._adapter.txn_unknown
 
     def _broken(self) -> None:
         """After a failed statement: if the connection is gone, so are probably the
         idle ones (the server restarted, the network dropped): open new ones."""
         conn = getattr(self._state, "conn", None)
-        if conn is not None and (conn.closed or self._adapter.txn_status(conn) == self._adapter.txn_unknown):
+        if conn is not None and self._dead(conn):
             log.warning("lost a connection to PostgreSQL %s:%s; reconnecting", self.where["host"],
                         self.where["port"])
             self.close_idle()
@@ -166,9 +169,6 @@ class PostgresDatabase(PooledPostgresqlDatabase):
         self.execute_sql("SELECT pg_advisory_xact_lock(%s)", (PLACEMENT_LOCK_KEY,))
         if outermost is not None:
             outermost.holds_placement_lock = True
-
-    def create_schema(self) -> None:
-        self.execute_sql(f"CREATE SCHEMA IF NOT EXISTS {self.schema}")
 
     def lost(self) -> str | None:
         return None  # a server that went away shows as failed queries (503), not here

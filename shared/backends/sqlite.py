@@ -75,7 +75,6 @@ def open_sqlite(url: str, synchronous: str = "NORMAL", pool_size: int | None = N
     }
     if path == ":memory:":  # every connection would be a database of its own
         db = connect(url, pragmas=pragmas, timeout=BUSY_TIMEOUT_SECS, lock_type="IMMEDIATE")
-        db.single_writer = True
         db.reuses_ids = True
         db.lock_placement = lambda: None
         db.lost = lambda: None
@@ -139,13 +138,11 @@ class QueuedWritersSqlite(PooledSqliteDatabase):
         # it (with no link left), and a new file at the path cannot reuse its number.
         self._pin = _pin(database)
 
-    # SQLite's write lock serialises every write transaction, placement included.
-    single_writer = True
     # Without AUTOINCREMENT a deleted newest row's id is handed out again (max(id) + 1).
     reuses_ids = True
 
     def lock_placement(self) -> None:
-        return None
+        return None  # the write lock every transaction takes already serialises placement
 
     def lost(self) -> str | None:
         """Why this database can no longer keep what it is given, or None: its file was
