@@ -120,3 +120,28 @@ def _converter(model: type[peewee.Model], column: str) -> tuple[str, Callable | 
     if isinstance(field, peewee.ForeignKeyField):
         return field.name, field.rel_field.python_value  # the id, not the related row
     return field.name, field.python_value
+
+
+class IdList:
+    """A list of ids as the slots of one compiled statement: `= ANY(array)` on
+    PostgreSQL (one parameter whatever the length; psycopg re-parses a statement of
+    more than 50 parameters on every run), IN (...) on SQLite with the list padded
+    to a power of two by repeating its last id (a repeat in IN changes nothing), so
+    a few compiled sizes serve every length. Put `size` in the statement's key."""
+
+    def __init__(self, db: peewee.Database, name: str, ids: list[int]):
+        assert ids, "an empty list selects nothing: the caller skips the statement"
+        self.name = name
+        self.array = isinstance(db, peewee.PostgresqlDatabase)
+        self.values: dict[str, object]
+        if self.array:
+            self.size = 0
+            self.values = {name: list(ids)}
+        else:
+            self.size = 1 << (len(ids) - 1).bit_length()
+            self.values = {f"{name}{i}": ids[min(i, len(ids) - 1)] for i in range(self.size)}
+
+    def matches(self, field: peewee.Field) -> peewee.Expression:
+        if self.array:
+            return field == peewee.fn.ANY(param(self.name))
+        return field.in_([param(f"{self.name}{i}") for i in range(self.size)])

@@ -76,7 +76,7 @@ def submitted(db, source: str, count: int = 1) -> None:
 
 
 def moved(db, job: Job, new: str, now: float, changes: dict) -> None:
-    """`job` (as it was before) moves to `new` with `changes` (Store._transition), on commit."""
+    """`job` (as it was before) moves to `new` with `changes` (Store._apply_all), on commit."""
     old = job.status
     if new == "running":
         started(db, [job], now)

@@ -58,7 +58,8 @@ class Scheduler:
         """An agent's report; a job that ended (or went back to pending) freed its slot."""
         with self.placing():
             job = self.store.report(job_id, report, now)
-            if job.status != "running" and self.store.dispatch(now) and job.status == "pending":
+            if job.status != "running" and self._after_reports([(report["node_id"], job.status)], now) \
+                    and job.status == "pending":
                 job = self.store.get(job_id)  # requeued: placement may have moved it since
         return job
 
@@ -69,10 +70,19 @@ class Scheduler:
         the answer to its reports, in the same transaction."""
         with self.placing():
             results = self.store.apply_reports(items, now)
-            if any(r["code"] == 200 for r in results):
-                self.store.dispatch(now)
+            applied = [(items[r["index"]][1]["node_id"], r["job_status"]) for r in results if r["code"] == 200]
+            self._after_reports(applied, now)
             claimed = self._claim(claim[0], claim[1], now) if claim is not None else []
         return results, claimed
+
+    def _after_reports(self, applied: list[tuple[str, str]], now: float) -> int:
+        """Placement after applied reports, (reporting node, new status) each: a job back
+        to pending is new work for any node; a job that ended freed a slot of its node,
+        and only that node gets work (any other free slot got it when it came)."""
+        if any(status == "pending" for _, status in applied):
+            return self.store.dispatch(now)
+        freed = {node_id for node_id, status in applied if status != "running"}
+        return self.store.dispatch(now, freed) if freed else 0
 
     def claim(self, node_id: str, request: dict, now: float) -> list[Job]:
         """Take up to request['max'] jobs placed on the node (see Store.take_placed). A
@@ -87,14 +97,15 @@ class Scheduler:
         if free <= 0:
             return []
         if slot_open and self.store.unplaced_due(now):
-            self.store.dispatch(now)  # a slot is free here and work waits unplaced
+            self.store.dispatch(now, [node_id])  # a slot is free here and work waits unplaced
         return self.store.take_placed(node_id, request, free, now)
 
     def cancel(self, job_id: str, now: float) -> Job:
         """Cancel a pending or running job (its agent ends a running one); its slot is free."""
         with self.placing():
-            self.store.cancel(job_id, now)
-            self.store.dispatch(now)
+            job = self.store.cancel(job_id, now)
+            if job.node_id is not None:  # it held a slot there
+                self.store.dispatch(now, [job.node_id])
         return self.store.get(job_id)
 
     def retry(self, job_id: str, now: float) -> Job:

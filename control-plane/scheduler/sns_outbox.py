@@ -1,6 +1,6 @@
 """SNS notifications of final job states, through a transactional outbox.
 
-`Store._transition` writes a row to `sns_outbox` in the same transaction as a
+`Store._apply_all` writes a row to `sns_outbox` in the same transaction as a
 job's move to `done`, `failed` (final: retries exhausted, timed out, node lost
 with on_node_lost=fail) or `cancelled`, when SNS_TOPIC_ARN is set. The
 `Publisher` loop, behind its own lease so one process across workers and

@@ -2,7 +2,7 @@
 
 Functions take `now` (seconds since the epoch) instead of reading the clock, so
 tests drive them with fixed times. Every status change goes through
-`_transition`, which checks it against shared.states and records an event.
+`_apply_all`, which checks it against shared.states and records an event.
 
 Concurrency: on SQLite every `db.atomic()` is BEGIN IMMEDIATE, so transactions
 that place jobs are serialised by the database lock. On PostgreSQL placement is
@@ -10,7 +10,7 @@ serialised by a transaction-level advisory lock (`db.lock_placement()`), which
 service.Scheduler takes before its transaction locks any row; claims skip the
 rows another claim holds (FOR UPDATE SKIP LOCKED).
 
-When SNS_TOPIC_ARN is set, `_transition` also writes a notification row to the
+When SNS_TOPIC_ARN is set, `_apply_all` also writes a notification row to the
 outbox (sns_outbox) for every final status, in the same transaction: the
 notification exists exactly when the status change does (sns_outbox.py
 publishes it).
@@ -19,7 +19,7 @@ import contextlib
 import copy
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import peewee
 from peewee import fn
@@ -27,7 +27,7 @@ from peewee import fn
 from corral.shared.errors import BadRequest, BatchError, Conflict, CorralError, NotFound
 from corral.shared.leader import Fence
 from corral.shared.states import ACTIVE, check_transition
-from corral.shared.statements import Statements, param
+from corral.shared.statements import IdList, Statements, param
 from corral.shared.timeutil import epoch
 
 from . import lifecycle, metrics, notifications, placement
@@ -47,6 +47,11 @@ DESIGN_LIMITS = {"run": {"memory_mb": 512, "cpu_percent": 100},
                  "service": {"memory_mb": 1024, "cpu_percent": 200}}
 # Rows per INSERT of a batch (well under every database's limit of bound parameters).
 INSERT_CHUNK = 500
+# What a lifecycle decision reads of a job (lifecycle.py), with its metrics
+# (metrics.moved) and its notification (notifications.py): not the output or the request.
+DECIDING = (Job.id, Job.status, Job.attempt, Job.node_id, Job.job_type, Job.running_at, Job.retry_count,
+            Job.max_retries, Job.on_node_lost, Job.node_losses, Job.name, Job.exit_code, Job.finished_at,
+            Job.created_at)
 # Rows per compiled multi-row INSERT of jobs (about 30 parameters each).
 JOB_INSERT_ROWS = 100
 
@@ -298,43 +303,79 @@ class Store:
         the caller places)."""
         with self._tx():
             job = self.get(job_id)
-            if self._late_success(job, report):
-                self._apply(job, lifecycle.late_success(job, report, now, self.policy), now)
-                return job
-            _check_attempt(job, report)
-            new = report["status"]
-            if job.status == new and new == "running":
-                return job  # the agent repeated a report whose answer it lost
-            if new == "running":
-                self._apply(job, lifecycle.started(job, now, report["limits_enforced"], report["limits"],
-                                                   report.get("private_tmp"), "started on the node"), now)
-            elif job.status != "running":
-                raise Conflict(f"{job.job_id} is {job.status}, not running; the {new!r} report is refused")
-            else:
-                self._apply(job, lifecycle.finished(job, report, now, self.policy), now)
+            transition = self._decide_report(job, report, now)
+            if transition is not None:
+                self._apply(job, transition, now)
         return job  # as _apply left it: the row as committed
+
+    def _decide_report(self, job: Job, report: dict, now: float) -> lifecycle.Transition | None:
+        """What a report does to its job (None: nothing, a repeat); raises Conflict for a
+        report of another node, a stale attempt or an illegal move."""
+        if self._late_success(job, report):
+            return lifecycle.late_success(job, report, now, self.policy)
+        _check_attempt(job, report)
+        new = report["status"]
+        if job.status == new and new == "running":
+            return None  # the agent repeated a report whose answer it lost
+        if new == "running":
+            return lifecycle.started(job, now, report["limits_enforced"], report["limits"],
+                                     report.get("private_tmp"), "started on the node")
+        if job.status != "running":
+            raise Conflict(f"{job.job_id} is {job.status}, not running; the {new!r} report is refused")
+        return lifecycle.finished(job, report, now, self.policy)
 
     def apply_reports(self, items: list[tuple[str, dict | CorralError]], now: float) -> list[dict]:
         """Apply many reports, each on its own: a refused one changes nothing and does
         not stop the others. `items` are (job_id, validated report or the error that
-        made it invalid). One transaction (a savepoint per report). Returns one result
-        per item: {"index", "job_id", "code", and "job_status" and "attempt" (200) or
-        "error" (anything else)}."""
-        results = []
-        with self.db.atomic():
+        made it invalid). One transaction: the reported jobs are read in one query (the
+        columns a decision reads), decided one by one, and written together (_apply_all).
+        Returns one result per item: {"index", "job_id", "code", and "job_status" and
+        "attempt" (200) or "error" (anything else)}."""
+        results: list[dict | None] = [None] * len(items)
+        with self._tx():
+            jobs = self._deciding({parse_job_id(job_id) for job_id, body in items
+                                   if not isinstance(body, CorralError)} - {None})
+            decided: list[tuple[int, Job, lifecycle.Transition | None]] = []
             for index, (job_id, body) in enumerate(items):
-                if isinstance(body, CorralError):
-                    results.append({"index": index, "job_id": job_id, "code": body.status, "error": body.message})
-                    continue
                 try:
-                    with self.db.atomic():  # a savepoint: a refused report changes nothing
-                        job = self.report(job_id, body, now)
+                    if isinstance(body, CorralError):
+                        raise body
+                    job = jobs.get(parse_job_id(job_id))
+                    if job is None:
+                        raise NotFound(f"no job {job_id!r}")
+                    if any(seen is job for _, seen, _ in decided):
+                        # The same job again: decided on what the reports before it did.
+                        self._write_reports(decided, now, results)
+                        decided = []
+                    decided.append((index, job, self._decide_report(job, body, now)))
                 except CorralError as exc:
-                    results.append({"index": index, "job_id": job_id, "code": exc.status, "error": exc.message})
-                    continue
-                results.append({"index": index, "job_id": job.job_id, "code": 200, "job_status": job.status,
-                                "attempt": job.attempt})
-        return results
+                    results[index] = {"index": index, "job_id": job_id, "code": exc.status, "error": exc.message}
+            self._write_reports(decided, now, results)
+        return [r for r in results if r is not None]
+
+    def _write_reports(self, decided: list, now: float, results: list) -> None:
+        events: list[dict] = []
+        stale = self._apply_all([(job, t) for _, job, t in decided if t is not None], now, events=events)
+        self._events(events)
+        for index, job, _ in decided:
+            if job in stale:
+                results[index] = {"index": index, "job_id": job.job_id, "code": 409,
+                                  "error": f"{job.job_id} changed while this request ran; try again"}
+            else:
+                results[index] = {"index": index, "job_id": job.job_id, "code": 200, "job_status": job.status,
+                                  "attempt": job.attempt}
+
+    def _deciding(self, ids: set[int]) -> dict[int, Job]:
+        """The jobs with these row ids, with the columns lifecycle decisions, their
+        metrics and notifications read (not the output or the request)."""
+        found: dict[int, Job] = {}
+        wanted = sorted(ids)
+        for start in range(0, len(wanted), INSERT_CHUNK):
+            chunk = IdList(self.db, "ids", wanted[start:start + INSERT_CHUNK])
+            found.update({job.id: job for job in self._sql.select(
+                Job, ("deciding", chunk.size), lambda: Job.select(*DECIDING).where(chunk.matches(Job.id)),
+                **chunk.values)})
+        return found
 
     def store_output(self, items: list[tuple[str, dict | CorralError]]) -> list[dict]:
         """Live output (POST /jobs/output): the tails agents send while attempts run,
@@ -418,16 +459,13 @@ class Store:
                          .order_by(Job.id).limit(param("limit")))
                 return query.for_update(skip_locked=True) if getattr(self.db, "for_update", False) else query
 
-            claimed, events = [], []
-            for job in self._sql.select(Job, "placed here", placed_here, node_id=node_id, limit=free):
-                transition = lifecycle.started(job, now, bool(request["limits_enforced"]),
-                                               _claim_limits(job, request), request.get("private_tmp"),
-                                               "claimed by the node")
-                try:
-                    self._apply(job, transition, now, on_node=node_id, events=events)
-                except Conflict:
-                    continue  # another claim took it meanwhile (not on SQLite: skip-locked elsewhere)
-                claimed.append(job)
+            events: list[dict] = []
+            decided = [(job, lifecycle.started(job, now, bool(request["limits_enforced"]), _claim_limits(job, request),
+                                               request.get("private_tmp"), "claimed by the node"))
+                       for job in self._sql.select(Job, "placed here", placed_here, node_id=node_id, limit=free)]
+            # A job another claim took meanwhile is left out (not on SQLite: skip-locked elsewhere).
+            stale = self._apply_all(decided, now, on_node=node_id, events=events)
+            claimed = [job for job, _ in decided if job not in stale]
             if not claimed:
                 return []
             self._touch_lease(node_id, now)
@@ -560,18 +598,21 @@ class Store:
                 ended.append(job.job_id)
         return ended
 
-    def dispatch(self, now: float) -> int:
+    def dispatch(self, now: float, nodes: Collection[str] | None = None) -> int:
         """Place waiting jobs on nodes with free slots (pure placement.plan over the
-        snapshot, each assignment a conditional update); the number placed."""
+        snapshot, each assignment a conditional update); the number placed. `nodes`:
+        only these may take work (the nodes whose slots just freed: new work was
+        offered to every node when it came), else every node."""
         with self._tx():
             # One placement at a time across every process (the caller usually took
             # the lock first; taking it again is free). Most calls find no free slot.
             self.db.lock_placement()
-            slots = self._free_slots()
+            slots = self._free_slots(nodes)
             total_free = sum(s.free for s in slots)
             if total_free <= 0:
                 return 0
             cursor, cursor_stored = self._cursor()
+            before = cursor
             def unplaced(pinned):
                 return Job.select(Job.id, Job.attempt, Job.instance_id, Job.memory_mb, Job.cpu_percent).where(
                     (Job.status == "pending") & Job.node_id.is_null()
@@ -590,25 +631,29 @@ class Store:
                 [placement.Unplaced(job_id, pin, memory, cpu) for job_id, _, pin, memory, cpu in candidates],
                 slots, cursor)
             attempts = {row[0]: row[1] for row in candidates}
-            placed = []
+            by_node: dict[str, list[int]] = {}
             for job_id, node_id in assignments:
-                if self._sql.execute(self.db, "place", lambda: Job.update(
+                by_node.setdefault(node_id, []).append(job_id)
+            placed = []
+            for node_id, ids in by_node.items():  # one conditional update per node
+                chosen = IdList(self.db, "ids", ids)
+                done = {row[0] for row in self._sql.rows(self.db, ("place", chosen.size), lambda: Job.update(
                         node_id=param("node_id"), attempt=Job.attempt + 1, placed_at=param("now"),
                         next_attempt_at=None).where(
-                        (Job.id == param("id")) & (Job.status == "pending") & Job.node_id.is_null()),
-                        node_id=node_id, now=now, id=job_id).rowcount == 1:
-                    placed.append((job_id, node_id))
+                        chosen.matches(Job.id) & (Job.status == "pending") & Job.node_id.is_null()).returning(Job.id),
+                        node_id=node_id, now=now, **chosen.values)}
+                placed += [(job_id, node_id) for job_id in ids if job_id in done]
             if placed:
                 self._after_commit_placed({node_id for _, node_id in placed})
                 self._set_state(PLACEMENT_MARK, os.urandom(8).hex())
                 self._events([{"job": job_id, "at": now, "old": "pending", "new": "pending",
                                "attempt": attempts[job_id] + 1, "node_id": node_id,
                                "reason": f"placed on {node_id}"} for job_id, node_id in placed])
-            if cursor_stored:
+            if not cursor_stored:
+                self._set_state(RR_CURSOR, cursor)
+            elif cursor != before:
                 self._sql.execute(self.db, "cursor", lambda: SchedulerState.update(value=param("value")).where(
                     SchedulerState.key == RR_CURSOR), value=cursor)
-            else:
-                self._set_state(RR_CURSOR, cursor)
             return len(placed)
 
     def _set_state(self, key: str, value: str | None) -> None:
@@ -696,21 +741,35 @@ class Store:
         limit = self.settings.max_jobs_per_node
         return limit if slots is None else min(limit, slots)
 
-    def _free_slots(self) -> list[placement.NodeSlots]:
-        nodes = self._sql.rows(self.db, "open nodes", lambda: Node.select(
+    def _free_slots(self, only: Collection[str] | None = None) -> list[placement.NodeSlots]:
+        """The healthy compute nodes (`only` these, when given) and their free slots."""
+        names = sorted(only) if only is not None else []
+        if only is not None and not names:
+            return []
+        chosen = {f"n{i}": node_id for i, node_id in enumerate(names)}
+
+        def among(column):
+            return column.in_([param(name) for name in chosen]) if chosen else True
+
+        nodes = self._sql.rows(self.db, ("open nodes", len(chosen)), lambda: Node.select(
             Node.node_id, Node.slots, Node.max_memory_mb, Node.max_cpu_percent).where(
-            (Node.status == "healthy") & (Node.kind == "compute")))
+            (Node.status == "healthy") & (Node.kind == "compute") & among(Node.node_id)), **chosen)
         if not nodes:
             return []
-        held = self._held_slots()
-        return [placement.NodeSlots(node_id, self._capacity(slots) - held.get(node_id, 0),
-                                    max_memory, max_cpu) for node_id, slots, max_memory, max_cpu in nodes]
+        held = self._held_slots(chosen)
+        return [placement.NodeSlots(node_id, self._capacity(slots) - held.get(node_id, 0), max_memory, max_cpu)
+                for node_id, slots, max_memory, max_cpu in nodes]
 
-    def _held_slots(self) -> dict[str, int]:
-        """Node id → its jobs that hold a slot (placed and pending, or running)."""
-        return dict(self._sql.rows(self.db, "held slots", lambda: Job.select(Job.node_id, fn.COUNT(Job.id))
-                                   .where(Job.status.in_(ACTIVE) & Job.node_id.is_null(False))
-                                   .group_by(Job.node_id)))
+    def _held_slots(self, chosen: dict[str, str] | None = None) -> dict[str, int]:
+        """Node id → its jobs that hold a slot (placed and pending, or running); of the
+        nodes in `chosen` (parameter name → node id), when given."""
+        chosen = chosen or {}
+
+        def held():
+            on = Job.node_id.in_([param(name) for name in chosen]) if chosen else Job.node_id.is_null(False)
+            return Job.select(Job.node_id, fn.COUNT(Job.id)).where(Job.status.in_(ACTIVE) & on).group_by(Job.node_id)
+
+        return dict(self._sql.rows(self.db, ("held slots", len(chosen)), held, **chosen))
 
     def _touch_lease(self, node_id: str, now: float) -> None:
         if self._sql.execute(self.db, "touch lease", lambda: NodeLease.update(
@@ -767,53 +826,71 @@ class Store:
             SchedulerState.key == RR_CURSOR))
         return (rows[0][0], True) if rows else (None, False)
 
-    def _apply(self, job: Job, transition: lifecycle.Transition, now: float, on_node: str | None = None,
-               events: list | None = None) -> None:
-        """The one place a lifecycle decision is written: a compare-and-set on the job's
-        status and attempt (and node, `on_node`: a claim), its event row (appended to
-        `events` for the caller to write in one statement, else written here), its
-        metrics on commit, and its notification in the outbox when it is final.
-        Raises Conflict when the row changed meanwhile; the instance then is as it was."""
-        self._transition(job, transition.new, now, transition.reason, on_node=on_node, events=events,
-                         **transition.changes)
-        if transition.timed_out:
-            metrics.timed_out(self.db)
+    def _apply(self, job: Job, transition: lifecycle.Transition, now: float) -> None:
+        """One lifecycle decision (_apply_all); raises Conflict when the row changed meanwhile."""
+        if self._apply_all([(job, transition)], now):
+            raise Conflict(f"{job.job_id} changed while this request ran; try again")
 
-    def _transition(self, job: Job, new: str, now: float, reason: str, on_node: str | None = None,
-                    events: list | None = None, **changes) -> None:
-        check_transition(job.status, new)
+    def _apply_all(self, decided: list[tuple[Job, lifecycle.Transition]], now: float,
+                   on_node: str | None = None, events: list | None = None) -> list[Job]:
+        """The one place lifecycle decisions are written. For each (job, transition): a
+        compare-and-set on the job's status and attempt (and node, `on_node`: a claim),
+        its event row (appended to `events` for the caller to write in one statement,
+        else written here), its metrics on commit, and its notification in the outbox
+        when it is final; each instance then says what its row says. Decisions that
+        write the same values (a claim's jobs, alike reports) share one UPDATE. Returns
+        the jobs whose row had changed meanwhile: nothing is written for them and their
+        instances are as they were. A job appears at most once."""
+        groups: dict[tuple, list[tuple[Job, lifecycle.Transition]]] = {}
+        for job, transition in decided:
+            check_transition(job.status, transition.new)
+            key = (job.status, job.attempt, transition.new, repr(sorted(transition.changes.items())))
+            groups.setdefault(key, []).append((job, transition))
+        stale, rows = [], []
+        for (old, attempt, new, _), members in groups.items():
+            changed = self._update_jobs([job.id for job, _ in members], old, attempt, new, members[0][1].changes,
+                                        on_node)
+            for job, transition in members:
+                if job.id not in changed:
+                    stale.append(job)
+                    continue
+                rows.append({"job": job.id, "at": now, "old": old, "new": new, "attempt": attempt,
+                             "node_id": job.node_id, "reason": transition.reason})
+                metrics.moved(self.db, job, new, now, transition.changes)  # before the instance changes
+                if transition.timed_out:
+                    metrics.timed_out(self.db)
+                for name, value in transition.changes.items():
+                    setattr(job, name, value)
+                job.status = new
+                if new in FINAL_STATUSES and self.settings.sns_topic_arn:
+                    message = notifications.notification(job, transition.reason)
+                    OutboxEvent.create(event_id=message["event_id"], job_id=job.id, status=new, message=message,
+                                       created_at=now)
+        if events is None:
+            self._events(rows)
+        else:
+            events.extend(rows)
+        return stale
+
+    def _update_jobs(self, ids: list[int], old: str, attempt: int, new: str, changes: dict,
+                     on_node: str | None) -> set[int]:
+        """The compare-and-set of _apply_all; returns the ids it changed."""
         names = tuple(sorted(changes))
         fields = Job._meta.fields
+        chosen = IdList(self.db, "ids", ids)
 
         def update():
-            where = (Job.id == param("id")) & (Job.status == param("old")) & (Job.attempt == param("was_attempt"))
+            where = chosen.matches(Job.id) & (Job.status == param("old")) & (Job.attempt == param("was_attempt"))
             if on_node is not None:
                 where &= Job.node_id == param("on_node")
-            return Job.update(status=param("new"), **{name: param(name) for name in names}).where(where)
+            return Job.update(status=param("new"), **{name: param(name) for name in names}).where(
+                where).returning(Job.id)
 
-        updated = self._sql.execute(self.db, ("transition", names, on_node is not None), update,
-                                    new=new, id=job.id, old=job.status, was_attempt=job.attempt,
-                                    **({"on_node": on_node} if on_node is not None else {}),
-                                    **{name: fields[name].db_value(value) for name, value in changes.items()}
-                                    ).rowcount
-        if updated != 1:
-            raise Conflict(f"{job.job_id} changed while this request ran; try again")
-        row = {"job": job.id, "at": now, "old": job.status, "new": new, "attempt": job.attempt,
-               "node_id": job.node_id, "reason": reason}
-        if events is None:
-            self._events([row])
-        else:
-            events.append(row)
-        metrics.moved(self.db, job, new, now, changes)  # before the instance takes the new values
-        # The instance now says what the row says, so callers need not read it back.
-        for name, value in changes.items():
-            if not isinstance(value, peewee.Node):
-                setattr(job, name, value)
-        job.status = new
-        if new in FINAL_STATUSES and self.settings.sns_topic_arn:
-            message = notifications.notification(job, reason)
-            OutboxEvent.create(event_id=message["event_id"], job_id=job.id, status=new, message=message,
-                               created_at=now)
+        return {row[0] for row in self._sql.rows(
+            self.db, ("transition", names, on_node is not None, chosen.size), update,
+            new=new, old=old, was_attempt=attempt, **chosen.values,
+            **({"on_node": on_node} if on_node is not None else {}),
+            **{name: fields[name].db_value(value) for name, value in changes.items()})}
 
     def _event(self, job: Job, old: str | None, new: str, now: float, reason: str) -> None:
         self._events([{"job": job.id, "at": now, "old": old, "new": new, "attempt": job.attempt,
