@@ -112,6 +112,7 @@ class Config:
     capacity_agents: int = 200
     capacity_slots: int = 8
     capacity_batch: int = 500
+    capacity_submitters: int = 4     # clients submitting batches at once: work waits for every free slot
     capacity_secs: float = 180.0      # in all, submits included: 20,000 jobs take 70-100 s here
     idle_agents: int = 1000
     idle_secs: float = 60.0           # a whole IDLE_RENEW_SECS: every idle agent renews once in it
@@ -848,29 +849,45 @@ class Bench:
     def submit_spread(self, c: bl.BenchCluster, total: int, batches: int, time_limit: float
                       ) -> tuple[list[str], int, str | None]:
         """Submit `total` `true` jobs in `batches` batches, to the schedulers in turn,
-        for at most `time_limit` seconds. A batch answered 503 (the database was busy;
-        nothing was stored) is sent again after a second, as a client would. Returns the
-        job ids, how many batches were sent again, and why the submitting stopped early
-        (None: it did not)."""
-        ids: list[str] = []
-        urls, retried = c.scheduler_urls, 0
+        from `capacity_submitters` clients at once, for at most `time_limit` seconds. A
+        batch answered 503 (the database was busy; nothing was stored) is sent again
+        after a second, as a client would. Returns the job ids, how many batches were
+        sent again, and why the submitting stopped early (None: it did not)."""
+        urls = c.scheduler_urls
         deadline = time.monotonic() + time_limit
-        with requests.Session() as s:
-            for i in range(batches):
-                n = total // batches + (1 if i < total % batches else 0)
-                while True:
-                    if time.monotonic() > deadline:
-                        return ids, retried, f"the time limit ({time_limit:g} s) passed while submitting"
-                    try:
-                        jobs = self.batcher.submit(s, urls[i % len(urls)], [{"command": "true"}] * n)
-                        break
-                    except bl.Refused as exc:
-                        if exc.status != 503:
-                            return ids, retried, str(exc)
-                        retried += 1
-                        time.sleep(1.0)
-                ids += [j["job_id"] for j in jobs]
-        return ids, retried, None
+        sizes = [total // batches + (1 if i < total % batches else 0) for i in range(batches)]
+        ids: dict[int, list[str]] = {}
+        retried, stopped = 0, []
+        lock = threading.Lock()
+
+        def client(first: int) -> None:
+            nonlocal retried
+            with requests.Session() as s:
+                for i in range(first, batches, self.cfg.capacity_submitters):
+                    while not stopped:
+                        if time.monotonic() > deadline:
+                            stopped.append(f"the time limit ({time_limit:g} s) passed while submitting")
+                            return
+                        try:
+                            jobs = self.batcher.submit(s, urls[i % len(urls)], [{"command": "true"}] * sizes[i])
+                            break
+                        except bl.Refused as exc:
+                            if exc.status != 503:
+                                stopped.append(str(exc))
+                                return
+                            with lock:
+                                retried += 1
+                            time.sleep(1.0)
+                    else:
+                        return
+                    ids[i] = [j["job_id"] for j in jobs]
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(self.cfg.capacity_submitters)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return [job_id for i in sorted(ids) for job_id in ids[i]], retried, (stopped[0] if stopped else None)
 
     def capacity(self, c: bl.BenchCluster, fleet: sf.Fleet) -> dict:
         cfg = self.cfg
@@ -900,7 +917,7 @@ class Bench:
             "slots": cfg.capacity_slots, "MAX_JOBS_PER_NODE": cfg.capacity_slots,
             "agents_spread": "agent i talks to scheduler i mod schedulers",
             "jobs": total, "submitted": f"POST /jobs/batch x{cfg.capacity_batch}, to the schedulers in turn, "
-                                        "all up front from one client",
+                                        f"all up front from {cfg.capacity_submitters} clients at once",
             "agent": "claims max 8 (long poll 20 s, with the agent's limits); a job 'runs' 0 s; the done reports "
                      "of what one answer handed out go in one POST /jobs/reports with a claim for 8 riding on it; "
                      "heartbeats every 5 s, lease renewals every 5 s while holding jobs",

@@ -118,7 +118,8 @@ def run(argv: list[str], env: dict) -> subprocess.CompletedProcess:
 
 
 def test_each_service_has_its_first_step_and_a_history_table_of_its_own():
-    assert step_names(SCHEDULER) == step_names(REGISTRY) == ["0001_initial"]
+    assert step_names(SCHEDULER)[0] == step_names(REGISTRY)[0] == "0001_initial"
+    assert step_names(SCHEDULER) == ["0001_initial", "0002_placement_indexes"]
     assert SCHEDULER.migrations.history_table == "scheduler_schema_migration"
     assert REGISTRY.migrations.history_table == "registry_schema_migration"
     assert SCHEDULER.migrations.lock_key != REGISTRY.migrations.lock_key
@@ -287,7 +288,7 @@ def test_an_older_database_gains_the_new_nullable_columns_and_keeps_its_rows(tmp
         conn.execute("ALTER TABLE service DROP COLUMN attempt")
         conn.execute("DROP TABLE registry_schema_migration")
 
-    assert scheduler_app.create_schema(scheduler) == ["0001_initial"]
+    assert scheduler_app.create_schema(scheduler) == step_names(SCHEDULER)
     assert registry_app.create_schema(registry) == ["0001_initial"]
     assert scheduler_app.create_schema(scheduler) == []  # again: nothing left to do
 
@@ -499,8 +500,8 @@ def test_a_non_editable_install_ships_the_migration_scripts(tmp_path):
     found = subprocess.run([sys.executable, "-c", probe], env=dict(os.environ, PYTHONPATH=str(built)),
                            cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert found.returncode == 0, found.stderr
-    assert json.loads(found.stdout) == [[str(built / "corral" / service / "migrations"), ["0001_initial"]]
-                                        for service in ("scheduler", "registry")]
+    assert json.loads(found.stdout) == [[str(built / "corral" / service.name / "migrations"), step_names(service)]
+                                        for service in (SCHEDULER, REGISTRY)]
 
 
 @pytest.mark.e2e

@@ -67,6 +67,8 @@ class Job(BaseModel):
             (("status", "node_id"), False),
             (("node_id", "status"), False),
             (("finished_at",), False),   # the retention purge (created on start in older databases too)
+            (("status", "node_id", "id"), False),  # placement: the oldest unplaced first (migration 0002)
+            (("instance_id",), False),   # placement: the jobs pinned to a node
         )
 
     @property
