@@ -614,10 +614,14 @@ class Store:
             cursor, cursor_stored = self._cursor()
             before = cursor
             def unplaced(pinned):
+                # Ordered as the (status, node_id, id) index is: status and node_id are the
+                # same in every row, so this is id order, read from the index up to the
+                # limit. Ordered by id alone, PostgreSQL walks the primary key past every
+                # finished job, and SQLite sorts every queued one.
                 return Job.select(Job.id, Job.attempt, Job.instance_id, Job.memory_mb, Job.cpu_percent).where(
                     (Job.status == "pending") & Job.node_id.is_null()
                     & (Job.next_attempt_at.is_null() | (Job.next_attempt_at <= param("now"))) & pinned
-                ).order_by(Job.id).limit(param("limit"))
+                ).order_by(Job.status, Job.node_id, Job.id).limit(param("limit"))
 
             open_nodes = sorted(s.node_id for s in slots if s.free > 0)
             candidates = self._sql.rows(self.db, "unplaced", lambda: unplaced(Job.instance_id.is_null()),
