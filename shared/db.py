@@ -11,10 +11,11 @@ names, each in its own module:
 
 Both answer the same few questions for the code above them, so the store and
 the loops do not care which one runs: `lock_placement()` (serialise placement
-until the transaction ends), `reuses_ids` (whether a deleted newest id is
-handed out again), `lost()` (why the database cannot keep what it is given: a
-deleted file, a full disk), `change_feed(db)` (how a process hears of other
-processes' commits) and `deciding_clock(db, clock)` (whose clock decides).
+until the transaction ends), `one_writer` (whether write transactions run one
+at a time), `reuses_ids` (whether a deleted newest id is handed out again),
+`lost()` (why the database cannot keep what it is given: a deleted file, a full
+disk), `change_feed(db)` (how a process hears of other processes' commits) and
+`deciding_clock(db, clock)` (whose clock decides).
 Queries stay dialect-neutral.
 """
 import json
@@ -131,6 +132,12 @@ def deciding_clock(db: peewee.Database, clock: Callable[[], float]) -> Callable[
     """The clock a server decides by: the database's where it has one (PostgreSQL), unless
     the caller gave a clock of its own (tests); else `clock`."""
     return (clock_of(db) or clock) if clock is time.time else clock
+
+
+def one_writer(db: peewee.Database) -> bool:
+    """Whether write transactions run one at a time (SQLite's writers' lock), rather
+    than side by side (PostgreSQL)."""
+    return bool(getattr(db, "one_writer", True))
 
 
 def close_idle(db: peewee.Database) -> None:

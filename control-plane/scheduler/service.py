@@ -1,8 +1,8 @@
-"""What the API, the SQS intake and the background loops ask of the scheduler, one
-transaction per call: the store applies the change (its state decided by
-lifecycle.py), then placement fills the slots it freed or the work it added. So
-placement is an explicit step, taken after a submit, a freed slot, a node
-change or a due retry, and never hidden inside a write.
+"""What the API, the SQS intake and the background loops ask of the scheduler: the
+store applies the change (its state decided by lifecycle.py), then placement
+fills the slots it freed or the work it added. So placement is an explicit
+step, taken after a submit, a freed slot, a node change or a due retry, and
+never hidden inside a write.
 
     submit ─┐
     report ─┤                       ┌─ placement.plan (pure) over the snapshot
@@ -10,18 +10,31 @@ change or a due retry, and never hidden inside a write.
     retry  ─┤
     claim  ─┘ (a free slot of the claiming node is filled first, then taken)
 
-Every call that places starts its transaction with the placement lock
-(`placing()`): on PostgreSQL an advisory lock taken before any row lock, so a
-cancel, a retry, a report and a placement never wait on each other in a cycle;
-on SQLite the write lock every transaction takes already serialises them.
+Placement runs under the placement lock (`placing()`): on PostgreSQL an
+advisory lock taken before any row lock of its transaction, so a cancel, a
+retry, a report and a placement never wait on each other in a cycle; on SQLite
+the write lock every transaction takes already serialises them. On SQLite a
+write and its placement are one transaction; on PostgreSQL submits and reports
+commit first and placement follows in a transaction of its own, so the lock
+covers placement only (_write_then_place). Cancel and retry take the lock
+first and do both in one transaction.
 """
 from __future__ import annotations
 
 import contextlib
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
+
+from corral.shared.db import one_writer
 
 from .models import Job
 from .store import Store
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass
@@ -36,44 +49,69 @@ class Scheduler:
             self.store.check_fence()  # a background loop's placement: still its lease's holder
             yield
 
+    def _write_then_place(self, write: Callable[[], T], place: Callable[[T], R], failed: R) -> tuple[T, R]:
+        """A write (`write()`) and the placement it calls for (`place(result)`).
+
+        With one writer at a time (SQLite) both share one transaction: every write
+        transaction is serialised anyway. With several writers (PostgreSQL) the
+        write commits first, outside the placement lock, which then covers only the
+        placement: inserting a batch or applying reports holds up no one else's
+        placement. A placement that fails after the write committed is logged, not
+        raised (the client must learn that its write stands), and gives `failed`:
+        the background pass places what it left.
+        """
+        if one_writer(self.store.db):
+            with self.placing():
+                result = write()
+                return result, place(result)
+        with self.store.db.atomic():
+            result = write()
+        try:
+            with self.placing():
+                return result, place(result)
+        except Exception:
+            log.exception("placement after a committed write failed; the background pass places it")
+            return result, failed
+
     def submit(self, fields: dict, now: float, idempotency_key: str | None = None) -> tuple[Job, bool]:
         """A new job, placed when a node has room. With an idempotency key, a repeat of
         the same request answers the job it created first (and False)."""
-        with self.placing():
-            job, created = self.store.submit(fields, now, idempotency_key)
-            placed = self.store.dispatch(now) if created else 0
+        (job, created), placed = self._write_then_place(
+            lambda: self.store.submit(fields, now, idempotency_key),
+            lambda result: self.store.dispatch(now) if result[1] else 0, 0)
         return (self.store.get(job.job_id) if placed else job), created
 
     def submit_batch(self, items: list[dict], now: float, idempotency_key: str | None = None
                      ) -> tuple[list[Job], bool]:
         """Many jobs in one transaction (all or nothing), then placed."""
-        with self.placing():
-            jobs, created = self.store.submit_batch(items, now, idempotency_key)
-            placed = self.store.dispatch(now) if created else 0
+        (jobs, created), placed = self._write_then_place(
+            lambda: self.store.submit_batch(items, now, idempotency_key),
+            lambda result: self.store.dispatch(now) if result[1] else 0, 0)
         # Read back after the commit (outside the lock): placed jobs, and the jobs an
         # earlier copy of a keyed batch created (the store read only their ids).
         return (self.store.reload(jobs) if placed or idempotency_key else jobs), created
 
     def report(self, job_id: str, report: dict, now: float) -> Job:
         """An agent's report; a job that ended (or went back to pending) freed its slot."""
-        with self.placing():
-            job = self.store.report(job_id, report, now)
-            if job.status != "running" and self._after_reports([(report["node_id"], job.status)], now) \
-                    and job.status == "pending":
-                job = self.store.get(job_id)  # requeued: placement may have moved it since
+        job, placed = self._write_then_place(
+            lambda: self.store.report(job_id, report, now),
+            lambda job: self._after_reports([(report["node_id"], job.status)], now) if job.status != "running"
+            else 0, 0)
+        if placed and job.status == "pending":
+            job = self.store.get(job_id)  # requeued: placement may have moved it since
         return job
 
     def report_batch(self, items: list, now: float, claim: tuple[str, dict] | None = None
                      ) -> tuple[list[dict], list[Job]]:
         """Many reports (each on its own), one placement for the slots they freed, and the
         claim riding on them (node_id, claim request): an agent's next work comes with
-        the answer to its reports, in the same transaction."""
-        with self.placing():
-            results = self.store.apply_reports(items, now)
-            applied = [(items[r["index"]][1]["node_id"], r["job_status"]) for r in results if r["code"] == 200]
-            self._after_reports(applied, now)
-            claimed = self._claim(claim[0], claim[1], now) if claim is not None else []
-        return results, claimed
+        the answer to its reports (no work when that placement failed: it claims again)."""
+        def place_and_claim(results: list[dict]) -> list[Job]:
+            self._after_reports([(items[r["index"]][1]["node_id"], r["job_status"])
+                                 for r in results if r["code"] == 200], now)
+            return self._claim(claim[0], claim[1], now) if claim is not None else []
+
+        return self._write_then_place(lambda: self.store.apply_reports(items, now), place_and_claim, [])
 
     def _after_reports(self, applied: list[tuple[str, str]], now: float) -> int:
         """Placement after applied reports, (reporting node, new status) each: a job back

@@ -105,6 +105,9 @@ class PostgresDatabase(PooledPostgresqlDatabase):
     """The pooled database of one service (its schema and session timeouts set on connect)."""
 
     reuses_ids = False  # sequences never go back
+    # Several writers at once: a write commits before the placement it calls for,
+    # which alone holds the placement lock (service.Scheduler._write_then_place).
+    one_writer = False
 
     def __init__(self, url: str, service: str, pool_size: int, pool_wait_secs: float):
         self.url = url

@@ -76,6 +76,7 @@ def open_sqlite(url: str, synchronous: str = "NORMAL", pool_size: int | None = N
     if path == ":memory:":  # every connection would be a database of its own
         db = connect(url, pragmas=pragmas, timeout=BUSY_TIMEOUT_SECS, lock_type="IMMEDIATE")
         db.reuses_ids = True
+        db.one_writer = True
         db.lock_placement = lambda: None
         db.lost = lambda: None
         return db
@@ -140,6 +141,9 @@ class QueuedWritersSqlite(PooledSqliteDatabase):
 
     # Without AUTOINCREMENT a deleted newest row's id is handed out again (max(id) + 1).
     reuses_ids = True
+    # Write transactions run one at a time (the writers' lock): a write and the
+    # placement it calls for share one (service.Scheduler._write_then_place).
+    one_writer = True
 
     def lock_placement(self) -> None:
         return None  # the write lock every transaction takes already serialises placement
