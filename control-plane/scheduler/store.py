@@ -52,8 +52,6 @@ INSERT_CHUNK = 500
 DECIDING = (Job.id, Job.status, Job.attempt, Job.node_id, Job.job_type, Job.running_at, Job.retry_count,
             Job.max_retries, Job.on_node_lost, Job.node_losses, Job.name, Job.exit_code, Job.finished_at,
             Job.created_at)
-# Rows per compiled multi-row INSERT of jobs (about 30 parameters each).
-JOB_INSERT_ROWS = 100
 
 
 class Store:
@@ -197,20 +195,13 @@ class Store:
             assert len(rows) == 1, "only a single row can tell which one was skipped"
         jobs = [Job(**row) for row in rows]
         fields = [f for f in Job._meta.sorted_fields if f is not Job._meta.primary_key]
-        ids: list[int] = []
-        for start in range(0, len(jobs), JOB_INSERT_ROWS):
-            chunk = jobs[start:start + JOB_INSERT_ROWS]
-            values = {f"{f.name}{i}": f.db_value(job.__data__.get(f.name)) for i, job in enumerate(chunk)
-                      for f in fields}
-            def insert(size=len(chunk)):
-                query = Job.insert_many([{f.name: param(f"{f.name}{i}") for f in fields} for i in range(size)])
-                return (query.on_conflict_ignore() if skip_duplicate_key else query).returning(Job.id)
-
-            inserted = self._sql.rows(self.db, ("insert jobs", len(chunk), skip_duplicate_key), insert, **values)
-            if skip_duplicate_key and not inserted:
-                return []
-            # Ids are assigned in the order of the rows; sorting undoes any order RETURNING used.
-            ids += sorted(row[0] for row in inserted)
+        inserted = self._sql.insert_rows(self.db, ("jobs", skip_duplicate_key), Job, [
+            {f.name: f.db_value(job.__data__.get(f.name)) for f in fields} for job in jobs],
+            returning=Job.id, skip_duplicates=skip_duplicate_key)
+        if skip_duplicate_key and not inserted:
+            return []
+        # Ids are assigned in the order of the rows; sorting undoes any order RETURNING used.
+        ids = sorted(row[0] for row in inserted)
         for job, job_id in zip(jobs, ids):
             job.id = job_id
         return jobs
