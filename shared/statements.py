@@ -173,14 +173,15 @@ def _converter(model: type[peewee.Model], column: str) -> tuple[str, Callable | 
     return field.name, field.python_value
 
 
-class IdList:
-    """A list of ids as the slots of one compiled statement: `= ANY(array)` on
-    PostgreSQL (one parameter whatever the length; psycopg re-parses a statement of
-    more than 50 parameters on every run), IN (...) on SQLite with the list padded
-    to a power of two by repeating its last id (a repeat in IN changes nothing), so
-    a few compiled sizes serve every length. Put `size` in the statement's key."""
+class ValueList:
+    """A list of values (ids, node names) as the slots of one compiled statement:
+    `= ANY(array)` on PostgreSQL (one parameter whatever the length; psycopg
+    re-parses a statement of more than 50 parameters on every run), IN (...) on
+    SQLite with the list padded to a power of two by repeating its last value (a
+    repeat in IN changes nothing), so a few compiled sizes serve every length. Put
+    `size` in the statement's key."""
 
-    def __init__(self, db: peewee.Database, name: str, ids: list[int]):
+    def __init__(self, db: peewee.Database, name: str, ids: list):
         assert ids, "an empty list selects nothing: the caller skips the statement"
         self.name = name
         self.array = isinstance(db, peewee.PostgresqlDatabase)

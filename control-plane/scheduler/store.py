@@ -27,7 +27,7 @@ from peewee import fn
 from corral.shared.errors import BadRequest, BatchError, Conflict, CorralError, NotFound
 from corral.shared.leader import Fence
 from corral.shared.states import ACTIVE, check_transition
-from corral.shared.statements import IdList, Statements, param
+from corral.shared.statements import ValueList, Statements, param
 from corral.shared.timeutil import epoch
 
 from . import lifecycle, metrics, notifications, placement
@@ -362,7 +362,7 @@ class Store:
         found: dict[int, Job] = {}
         wanted = sorted(ids)
         for start in range(0, len(wanted), INSERT_CHUNK):
-            chunk = IdList(self.db, "ids", wanted[start:start + INSERT_CHUNK])
+            chunk = ValueList(self.db, "ids", wanted[start:start + INSERT_CHUNK])
             found.update({job.id: job for job in self._sql.select(
                 Job, ("deciding", chunk.size), lambda: Job.select(*DECIDING).where(chunk.matches(Job.id)),
                 **chunk.values)})
@@ -614,14 +614,12 @@ class Store:
                     & (Job.next_attempt_at.is_null() | (Job.next_attempt_at <= param("now"))) & pinned
                 ).order_by(Job.status, Job.node_id, Job.id).limit(param("limit"))
 
-            open_nodes = sorted(s.node_id for s in slots if s.free > 0)
-            candidates = self._sql.rows(self.db, "unplaced", lambda: unplaced(Job.instance_id.is_null()),
-                                        now=now, limit=total_free)
-            candidates += self._sql.rows(
-                self.db, ("unplaced on", len(open_nodes)),
-                lambda: unplaced(Job.instance_id.in_([param(f"n{i}") for i in range(len(open_nodes))])),
-                now=now, limit=total_free, **{f"n{i}": node_id for i, node_id in enumerate(open_nodes)})
-            candidates.sort()
+            # The oldest due jobs that an open node may take: unpinned, or pinned to one of them.
+            open_nodes = ValueList(self.db, "open", sorted(s.node_id for s in slots if s.free > 0))
+            candidates = self._sql.rows(
+                self.db, ("unplaced", open_nodes.size),
+                lambda: unplaced(Job.instance_id.is_null() | open_nodes.matches(Job.instance_id)),
+                now=now, limit=total_free, **open_nodes.values)
             assignments, cursor = placement.plan(
                 [placement.Unplaced(job_id, pin, memory, cpu) for job_id, _, pin, memory, cpu in candidates],
                 slots, cursor)
@@ -631,7 +629,7 @@ class Store:
                 by_node.setdefault(node_id, []).append(job_id)
             placed = []
             for node_id, ids in by_node.items():  # one conditional update per node
-                chosen = IdList(self.db, "ids", ids)
+                chosen = ValueList(self.db, "ids", ids)
                 done = {row[0] for row in self._sql.rows(self.db, ("place", chosen.size), lambda: Job.update(
                         node_id=param("node_id"), attempt=Job.attempt + 1, placed_at=param("now"),
                         next_attempt_at=None).where(
@@ -738,33 +736,28 @@ class Store:
 
     def _free_slots(self, only: Collection[str] | None = None) -> list[placement.NodeSlots]:
         """The healthy compute nodes (`only` these, when given) and their free slots."""
-        names = sorted(only) if only is not None else []
-        if only is not None and not names:
+        if only is not None and not only:
             return []
-        chosen = {f"n{i}": node_id for i, node_id in enumerate(names)}
+        chosen = ValueList(self.db, "only", sorted(only)) if only is not None else None
 
-        def among(column):
-            return column.in_([param(name) for name in chosen]) if chosen else True
+        def open_nodes():
+            # Each node with the count of its jobs that hold a slot (the (node_id, status) index).
+            held = Job.select(fn.COUNT(Job.id)).where((Job.node_id == Node.node_id) & Job.status.in_(ACTIVE))
+            where = (Node.status == "healthy") & (Node.kind == "compute")
+            if chosen is not None:
+                where &= chosen.matches(Node.node_id)
+            return Node.select(Node.node_id, Node.slots, Node.max_memory_mb, Node.max_cpu_percent, held).where(where)
 
-        nodes = self._sql.rows(self.db, ("open nodes", len(chosen)), lambda: Node.select(
-            Node.node_id, Node.slots, Node.max_memory_mb, Node.max_cpu_percent).where(
-            (Node.status == "healthy") & (Node.kind == "compute") & among(Node.node_id)), **chosen)
-        if not nodes:
-            return []
-        held = self._held_slots(chosen)
-        return [placement.NodeSlots(node_id, self._capacity(slots) - held.get(node_id, 0), max_memory, max_cpu)
-                for node_id, slots, max_memory, max_cpu in nodes]
+        rows = self._sql.rows(self.db, ("open nodes", chosen and chosen.size), open_nodes,
+                              **(chosen.values if chosen else {}))
+        return [placement.NodeSlots(node_id, self._capacity(slots) - held, max_memory, max_cpu)
+                for node_id, slots, max_memory, max_cpu, held in rows]
 
-    def _held_slots(self, chosen: dict[str, str] | None = None) -> dict[str, int]:
-        """Node id → its jobs that hold a slot (placed and pending, or running); of the
-        nodes in `chosen` (parameter name → node id), when given."""
-        chosen = chosen or {}
-
-        def held():
-            on = Job.node_id.in_([param(name) for name in chosen]) if chosen else Job.node_id.is_null(False)
-            return Job.select(Job.node_id, fn.COUNT(Job.id)).where(Job.status.in_(ACTIVE) & on).group_by(Job.node_id)
-
-        return dict(self._sql.rows(self.db, ("held slots", len(chosen)), held, **chosen))
+    def _held_slots(self) -> dict[str, int]:
+        """Node id → its jobs that hold a slot (placed and pending, or running)."""
+        return dict(self._sql.rows(self.db, "held slots", lambda: Job.select(Job.node_id, fn.COUNT(Job.id))
+                                   .where(Job.status.in_(ACTIVE) & Job.node_id.is_null(False))
+                                   .group_by(Job.node_id)))
 
     def _touch_lease(self, node_id: str, now: float) -> None:
         if self._sql.execute(self.db, "touch lease", lambda: NodeLease.update(
@@ -872,7 +865,7 @@ class Store:
         """The compare-and-set of _apply_all; returns the ids it changed."""
         names = tuple(sorted(changes))
         fields = Job._meta.fields
-        chosen = IdList(self.db, "ids", ids)
+        chosen = ValueList(self.db, "ids", ids)
 
         def update():
             where = chosen.matches(Job.id) & (Job.status == param("old")) & (Job.attempt == param("was_attempt"))
