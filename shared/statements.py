@@ -41,6 +41,8 @@ def param(name: str) -> peewee.Value:
 
 # Rows per compiled multi-row INSERT (well under every database's limit of bound parameters).
 INSERT_ROWS = 100
+# psycopg keeps the parse of a statement only up to this many parameters.
+PSYCOPG_CACHED_PARAMS = 50
 
 
 class Statements:
@@ -85,18 +87,19 @@ class Statements:
         ([] without it). `skip_duplicates`: a row that breaks a unique constraint is
         left out (ON CONFLICT DO NOTHING).
 
-        On PostgreSQL one statement whatever the number of rows: each column is one
-        array parameter, unnested (psycopg parses a statement of more than 50
-        parameters again on every run, which was most of a batch submit's CPU).
-        Elsewhere multi-row INSERTs of up to INSERT_ROWS rows, each size compiled
-        once. Never the driver's executemany: psycopg 3's ends with a flush that
+        Rows that need more than 50 parameters go, on PostgreSQL, as one statement
+        whatever their number: each column is one array parameter, unnested (psycopg
+        parses a statement of more than 50 parameters again on every run, which was
+        most of a batch submit's CPU; fewer are cheaper as plain parameters, since
+        psycopg dumps arrays in Python). Otherwise multi-row INSERTs of up to
+        INSERT_ROWS rows, each size compiled once. Never the driver's executemany: psycopg 3's ends with a flush that
         leaves the session without its idle-in-transaction timeout, so a replica
         stopped right after one would keep its locks (the placement lock) until it
         runs again."""
         if not rows:
             return []
         names = list(rows[0])
-        if isinstance(db, peewee.PostgresqlDatabase):
+        if isinstance(db, peewee.PostgresqlDatabase) and len(rows) * len(names) > PSYCOPG_CACHED_PARAMS:
             sql = self._unnest.get(key)
             if sql is None:
                 sql = self._unnest[key] = _unnest_insert(db, model, names, returning, skip_duplicates)
