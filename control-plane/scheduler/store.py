@@ -734,6 +734,10 @@ class Store:
         limit = self.settings.max_jobs_per_node
         return limit if slots is None else min(limit, slots)
 
+    def free_slot_anywhere(self) -> bool:
+        """Whether any healthy compute node has a free slot (one read, no lock)."""
+        return any(s.free > 0 for s in self._free_slots())
+
     def _free_slots(self, only: Collection[str] | None = None) -> list[placement.NodeSlots]:
         """The healthy compute nodes (`only` these, when given) and their free slots."""
         if only is not None and not only:
