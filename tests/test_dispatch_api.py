@@ -188,11 +188,21 @@ def test_work_for_a_claim_that_waited_a_while_is_taken_by_the_next_claim(client,
     monkeypatch.setattr(longpoll, "FRESH_SECS", 0.0)   # every waiting claim is "old"
     set_nodes(store, clock, "n1")
     room = client.application.extensions["corral.wait_room"]
+    looked = []  # the waiting claim's first look, which must find nothing
+    first_look = Scheduler.claim
+
+    def claim_and_tell(self, *args, **kwargs):
+        try:
+            return first_look(self, *args, **kwargs)
+        finally:
+            looked.append(True)
+
+    monkeypatch.setattr(Scheduler, "claim", claim_and_tell)
     answer = {}
     thread = threading.Thread(target=lambda: answer.update(r=client.application.test_client().post(
         "/nodes/n1/claim", json={"max": 1, "wait_secs": 20})))
     thread.start()
-    wait_for(lambda: room.waiting == 1, timeout=10, message="the claim to wait")
+    wait_for(lambda: room.waiting == 1 and looked, timeout=10, message="the claim to wait")
     client.post("/jobs", json={"command": "x"})
     thread.join(10)
     # The request may be no proof of life any more: nothing is claimed, ask again.
