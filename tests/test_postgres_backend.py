@@ -293,3 +293,39 @@ def test_a_replica_stopped_inside_a_placing_transaction_frees_the_placement_lock
             with psycopg.connect(pg_url, autocommit=True) as other:       # another replica
                 assert other.execute("SELECT pg_try_advisory_lock(%s)", (postgres.PLACEMENT_LOCK_KEY,)).fetchone()[0]
             db.execute_sql("SELECT 1")                                     # the stopped one's session is gone
+
+
+def test_a_placement_that_fails_after_its_write_committed_keeps_the_write_and_its_answer(pg_url, monkeypatch):
+    """Batches and reports commit before their placement (the lock covers placement
+    only): when that placement fails, the client still learns what was stored, and the
+    background pass places it later."""
+    from corral.scheduler.service import Scheduler
+    from corral.scheduler.store import Store
+
+    clock = Clock()
+    app = app_on(pg_url, clock, max_jobs_per_node=2)
+    store = app.extensions["corral.store"]
+    client = app.test_client()
+    set_nodes(store, clock, "n1")
+    placing = Store.dispatch
+
+    def broken(self, *args, **kwargs):
+        raise peewee.OperationalError("the server went away")
+
+    monkeypatch.setattr(Store, "dispatch", broken)
+    batch = client.post("/jobs/batch", json={"jobs": [{"command": "a"}, {"command": "b"}]})
+    assert batch.status_code == 201, batch.json
+    assert [(j["status"], j["node_id"]) for j in batch.json] == [("pending", None)] * 2
+    monkeypatch.setattr(Store, "dispatch", placing)
+    assert Scheduler(store).place(clock()) == 2  # the background pass
+    claimed = client.post("/nodes/n1/claim", json={"max": 2, "wait_secs": 0}).json
+    assert sorted(j["job_id"] for j in claimed) == sorted(j["job_id"] for j in batch.json)
+
+    monkeypatch.setattr(Store, "dispatch", broken)
+    reports = client.post("/jobs/reports", json={
+        "reports": [{"job_id": j["job_id"], "node_id": "n1", "attempt": 1, "status": "done", "exit_code": 0}
+                    for j in claimed], "claim": {"node_id": "n1", "max": 2}})
+    assert reports.status_code == 200, reports.json
+    assert [r["code"] for r in reports.json["results"]] == [200, 200] and reports.json["claimed"] == []
+    assert {client.get(f"/jobs/{j['job_id']}").json["status"] for j in claimed} == {"done"}
+    dbmod.close_idle(store.db)
