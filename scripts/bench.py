@@ -82,6 +82,35 @@ COMPARED = {"submit_single": ("jobs_per_sec", "scheduler_cpu_ms_per_job"), "subm
             "capacity": ("jobs_per_sec", "scheduler_cpu_ms_per_job", "registry_cpu_ms_per_job"),
             "idle_fleet": ("schedulers_cpu_pct", "registry_cpu_pct")}
 
+# The control plane's targets on a 2-core machine, checked against the medians of a
+# full run: (scenario, backend or None for every backend, field, "min" or "max", limit).
+TARGETS = (
+    ("submit_single", "postgresql", "jobs_per_sec", "min", 1000),
+    ("submit_batch", "postgresql", "jobs_per_sec", "min", 10000),
+    ("dispatch_latency", None, "p50_ms", "max", 15), ("dispatch_latency", None, "p99_ms", "max", 50),
+    ("dispatch_cross_replica", None, "p50_ms", "max", 15), ("dispatch_cross_replica", None, "p99_ms", "max", 50),
+    ("capacity", "sqlite", "jobs_per_sec", "min", 1500),
+    ("capacity", "postgresql", "jobs_per_sec", "min", 800),
+    ("idle_fleet", None, "schedulers_cpu_pct", "max", 20),
+)
+
+
+def check_targets(lines: list[dict], quick: bool) -> dict:
+    """The `targets` line: each target whose scenario ran on its backend, its median and
+    whether it is met (a --quick run measures too little to say: checked, never met)."""
+    checks = []
+    for scenario, backend, field, bound, limit in TARGETS:
+        for line in lines:
+            value = line.get(field)
+            if line.get("scenario") != scenario or (backend and line.get("backend") != backend) \
+                    or not bl.is_number(value):
+                continue
+            met = (value >= limit if bound == "min" else value <= limit) and not quick
+            checks.append({"scenario": scenario, "backend": line.get("backend"), "field": field,
+                           "target": f"{'>=' if bound == 'min' else '<='} {limit}", "median": value, "met": met})
+    return {"scenario": "targets", "quick": quick, "checks": checks,
+            "met": sum(c["met"] for c in checks), "missed": sum(not c["met"] for c in checks)}
+
 
 @dataclass(frozen=True)
 class Config:
@@ -1134,13 +1163,21 @@ class Bench:
 
     def report(self, extra: dict) -> None:
         """The meta line, then a line per scenario and backend (NO_DATABASE scenarios: one,
-        with backend null), in the order of SCENARIOS and of the backends."""
+        with backend null), in the order of SCENARIOS and of the backends, then the
+        `targets` line (check_targets)."""
         bl.emit(bl.meta(dict(extra, features=self.features, loadavg_at_end=bl.loadavg()), self.started))
+        lines = []
         for scenario in self.selected:
             for backend in [None] if scenario in NO_DATABASE else list(self.backends) or [None]:
                 self.backend = backend
-                bl.emit(self.line(scenario))
+                lines.append(self.line(scenario))
+                bl.emit(lines[-1])
         self.backend = None
+        targets = check_targets(lines, self.args.quick)
+        for check in targets["checks"]:
+            bl.log(f"target {check['scenario']} on {check['backend']}: {check['field']} {check['target']}: "
+                   f"median {check['median']} -> {'met' if check['met'] else 'MISSED'}")
+        bl.emit(targets)
 
     def line(self, scenario: str) -> dict:
         """The output line of a scenario on the current backend."""

@@ -122,6 +122,9 @@ def test_the_benchmark_scripts_print_json_lines_and_leave_nothing_running():
     bench = json_lines(outputs["bench"])
     check_meta(bench[0])
     assert list(bench[0]["backends"]) == ["sqlite"]
+    check_targets(bench[-1], [("dispatch_latency", "sqlite")] * 2 + [("dispatch_cross_replica", "sqlite")] * 2
+                  + [("capacity", "sqlite"), ("idle_fleet", "sqlite")])
+    bench = bench[:-1]
     by_name = {r["scenario"]: r for r in bench[1:]}
     assert set(by_name) == {*BENCH_NUMBERS, "cpu_bound"}, list(by_name)
     assert len(bench) == 1 + len(by_name), "one line per scenario"
@@ -165,6 +168,11 @@ def test_the_benchmark_runs_on_both_backends_with_its_own_postgresql_and_leaves_
     assert {name: server[name] for name in ("fsync", "synchronous_commit")} == {"fsync": "on",
                                                                                   "synchronous_commit": "on"}
     assert all(server.get(name) for name in PG_SETTINGS), server
+    check_targets(bench[-1], [("submit_single", "postgresql"), ("submit_batch", "postgresql")]
+                  + [("dispatch_cross_replica", b) for b in ("sqlite", "postgresql")] * 2
+                  + [("capacity", "sqlite"), ("capacity", "postgresql")]
+                  + [("idle_fleet", b) for b in ("sqlite", "postgresql")])
+    bench = bench[:-1]
     # A line per scenario and backend, in the order of the scenarios, SQLite first.
     assert [(r["scenario"], r["backend"]) for r in bench[1:]] == [
         (s, b) for s in scenarios for b in ("sqlite", "postgresql")]
@@ -196,6 +204,8 @@ def test_the_benchmark_uses_the_postgresql_server_it_is_given_and_drops_the_data
     check_meta(bench[0])
     assert list(bench[0]["backends"]) == ["postgresql"]
     assert bench[0]["backends"]["postgresql"]["server"] == "given by --database-url"
+    check_targets(bench[-1], [("submit_single", "postgresql"), ("capacity", "postgresql")])
+    bench = bench[:-1]
     assert [(r["scenario"], r["backend"]) for r in bench[1:]] == [("submit_single", "postgresql"),
                                                                   ("capacity", "postgresql")]
     for record in bench[1:]:
@@ -203,6 +213,32 @@ def test_the_benchmark_uses_the_postgresql_server_it_is_given_and_drops_the_data
     assert is_number(bench[2]["database_cpu_ms_per_job"])  # the server runs here: its CPU is measured
     assert databases(pg_server) == before
     wait_for(lambda: not processes_with(marker), timeout=15, message="every process the bench started to be gone")
+
+
+def check_targets(line: dict, expected: list[tuple[str, str]]) -> None:
+    """The last line: a check per target whose scenario ran, none met in a --quick run."""
+    assert line["scenario"] == "targets" and line["quick"] is True, line
+    assert sorted((c["scenario"], c["backend"]) for c in line["checks"]) == sorted(expected), line
+    assert all(is_number(c["median"]) and c["met"] is False for c in line["checks"]), line
+    assert (line["met"], line["missed"]) == (0, len(expected))
+
+
+def test_a_full_run_checks_its_medians_against_the_targets():
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    try:
+        import bench
+    finally:
+        sys.path.remove(os.path.join(ROOT, "scripts"))
+    lines = [{"scenario": "submit_single", "backend": "postgresql", "jobs_per_sec": 1000.0},
+             {"scenario": "submit_single", "backend": "sqlite", "jobs_per_sec": 10.0},  # no target on SQLite
+             {"scenario": "dispatch_latency", "backend": "sqlite", "p50_ms": 15.2, "p99_ms": 30.0},
+             {"scenario": "capacity", "backend": "postgresql", "error": "no job was done"}]
+    checks = bench.check_targets(lines, quick=False)
+    assert [(c["scenario"], c["backend"], c["field"], c["met"]) for c in checks["checks"]] == [
+        ("submit_single", "postgresql", "jobs_per_sec", True),
+        ("dispatch_latency", "sqlite", "p50_ms", False), ("dispatch_latency", "sqlite", "p99_ms", True)]
+    assert (checks["met"], checks["missed"]) == (2, 1)
+    assert not any(c["met"] for c in bench.check_targets(lines, quick=True)["checks"])
 
 
 def databases(server: pg.PgServer) -> set[str]:
