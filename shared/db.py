@@ -134,6 +134,23 @@ def deciding_clock(db: peewee.Database, clock: Callable[[], float]) -> Callable[
     return (clock_of(db) or clock) if clock is time.time else clock
 
 
+_in_a_worker = False
+
+
+def serve_in_a_worker() -> None:
+    """Called in each server worker before its app is made: the master made the
+    database and applied its migrations before forking, so a worker neither migrates
+    nor creates a database file (one moved away while it boots would otherwise come
+    back empty at its path, and the worker keep that one)."""
+    global _in_a_worker
+    _in_a_worker = True
+    sqlite.never_create()
+
+
+def in_a_worker() -> bool:
+    return _in_a_worker
+
+
 def one_writer(db: peewee.Database) -> bool:
     """Whether write transactions run one at a time (SQLite's writers' lock), rather
     than side by side (PostgreSQL)."""

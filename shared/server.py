@@ -19,6 +19,7 @@ from gunicorn.app.base import Application
 from gunicorn.workers.gthread import ThreadWorker
 
 from . import auth, metrics, worker
+from . import db as dbmod
 from .credentials import server_credentials
 from .errors import CorralError
 from .validate import NAME_RE
@@ -127,7 +128,8 @@ class _Gunicorn(Application):
         threaded = issubclass(self.cfg.worker_class, ThreadWorker)  # gthread or ours
         _worker_threads = self.cfg.threads if threaded else 1
 
-    def load(self):
+    def load(self):  # in the worker, after the fork
+        dbmod.serve_in_a_worker()
         return self._loader()
 
 

@@ -187,3 +187,33 @@ def test_writers_take_their_connection_before_the_writers_lock(tmp_path):
     with db.connection_context():
         assert db.execute_sql("SELECT count(*) FROM t").fetchone()[0] == 240
     dbmod.close_idle(db)
+
+
+def test_a_worker_never_creates_the_database_file(tmp_path, monkeypatch):
+    """A server's worker opens only the file its master made: one moved away while the
+    worker boots must not come back empty at its path (and be the worker's from then on)."""
+    monkeypatch.setattr(sqlite, "_may_create", False)
+    path = tmp_path / "away.db"
+    db = dbmod.open_database(f"sqlite:///{path}", service="scheduler")
+    with pytest.raises(dbmod.peewee.OperationalError, match="does not exist"):
+        db.connect()
+    assert not path.exists()
+    sqlite3.connect(path).close()  # the file is back
+    with db.connection_context():
+        assert db.execute_sql("SELECT 1").fetchone() == (1,)
+    dbmod.close_idle(db)
+
+
+def test_the_change_feed_never_creates_the_database_file(tmp_path):
+    """The watcher waits for a file that is away (waking the waiters meanwhile) instead
+    of creating an empty one at its path."""
+    path = tmp_path / "moved-away.db"
+    feed = sqlite.DataVersionFeed(str(path), interval=0.01)
+    woken = []
+    feed.add_listener(lambda: woken.append(True))
+    feed.ensure_started()
+    try:
+        wait_for(lambda: woken, timeout=10, message="the waiters to be woken while the file is away")
+        assert not path.exists()
+    finally:
+        feed.stop()

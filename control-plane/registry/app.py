@@ -93,7 +93,8 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
     settings = settings or RegistrySettings.from_env()
     db = open_store(settings)
     clock = dbmod.deciding_clock(db, clock)  # PostgreSQL: the database's clock
-    migrations.apply(db, MIGRATIONS)  # cheap when the master applied them
+    if not dbmod.in_a_worker():  # a server's master migrated before forking its workers
+        migrations.apply(db, MIGRATIONS)
     with db.connection_context():
         last_up = Node.select(fn.MAX(Node.last_heartbeat)).scalar()
     liveness = Liveness(settings.heartbeat_timeout_secs, clock(), last_up)

@@ -119,7 +119,8 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     room = wait_room(settings, dbmod.change_feed(db, SERVICE, settings.db_options), lambda: store)
     store = Store(db, settings, on_placed=room.placed)
     clock = dbmod.deciding_clock(db, clock)  # PostgreSQL: the database's clock
-    migrations.apply(store.db, MIGRATIONS)  # cheap when the master applied them
+    if not dbmod.in_a_worker():  # a server's master migrated before forking its workers
+        migrations.apply(store.db, MIGRATIONS)
     app = base_app(__name__, settings.max_body_bytes)
     guards.install(app, settings.credentials, ACCESS, settings.allowed_hosts, server.loopback_only())
     dbmod.init_app(app, store.db)

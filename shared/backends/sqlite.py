@@ -37,6 +37,7 @@ import socket
 import sqlite3
 import threading
 import time
+import urllib.parse
 
 import peewee
 from playhouse.db_url import connect
@@ -196,6 +197,9 @@ class QueuedWritersSqlite(PooledSqliteDatabase):
         gone = self._file_gone()
         if gone:
             raise peewee.OperationalError(gone)
+        if self._pin is None and not _may_create:
+            # Nothing pinned: the file is missing (moved away while this worker booted).
+            raise peewee.OperationalError(f"the database file {self.database} does not exist")
         return super()._connect()
 
     def begin(self, lock_type=None):
@@ -258,6 +262,17 @@ class QueuedWritersSqlite(PooledSqliteDatabase):
             self._in_process.release()
 
 
+# Whether this process may create a database file by opening it: not a server's
+# worker, whose master made the database (and migrated it) before forking it.
+_may_create = True
+
+
+def never_create() -> None:
+    """From now on this process opens only database files that exist (a worker)."""
+    global _may_create
+    _may_create = False
+
+
 def _pin(path: str) -> int | None:
     try:
         return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -312,7 +327,9 @@ class DataVersionFeed(ChangeFeed):
     def _connect(self) -> sqlite3.Connection:
         # Autocommit (isolation_level=None): PRAGMA data_version opens no lasting
         # read transaction, so the watcher never holds back a WAL checkpoint.
-        conn = sqlite3.connect(self.path, timeout=5, isolation_level=None, check_same_thread=False)
+        # mode=rw: a file that is away is waited for, never created again (empty) at its path.
+        conn = sqlite3.connect(f"file:{urllib.parse.quote(self.path)}?mode=rw", uri=True, timeout=5,
+                               isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA query_only = 1")
         return conn
 
