@@ -345,13 +345,11 @@ class Store:
         return [r for r in results if r is not None]
 
     def _write_reports(self, decided: list, now: float, results: list) -> None:
-        events: list[dict] = []
-        stale = self._apply_all([(job, t) for _, job, t in decided if t is not None], now, events=events)
-        self._events(events)
+        stale = self._apply_all([(job, t) for _, job, t in decided if t is not None], now)
         for index, job, _ in decided:
             if job in stale:
                 results[index] = {"index": index, "job_id": job.job_id, "code": 409,
-                                  "error": f"{job.job_id} changed while this request ran; try again"}
+                                  "error": _changed_meanwhile(job).message}
             else:
                 results[index] = {"index": index, "job_id": job.job_id, "code": 200, "job_status": job.status,
                                   "attempt": job.attempt}
@@ -450,17 +448,15 @@ class Store:
                          .order_by(Job.id).limit(param("limit")))
                 return query.for_update(skip_locked=True) if getattr(self.db, "for_update", False) else query
 
-            events: list[dict] = []
             decided = [(job, lifecycle.started(job, now, bool(request["limits_enforced"]), _claim_limits(job, request),
                                                request.get("private_tmp"), "claimed by the node"))
                        for job in self._sql.select(Job, "placed here", placed_here, node_id=node_id, limit=free)]
             # A job another claim took meanwhile is left out (not on SQLite: skip-locked elsewhere).
-            stale = self._apply_all(decided, now, on_node=node_id, events=events)
+            stale = self._apply_all(decided, now, on_node=node_id)
             claimed = [job for job, _ in decided if job not in stale]
             if not claimed:
                 return []
             self._touch_lease(node_id, now)
-            self._events(events)
             return claimed  # the rows as just updated (no read back)
 
     def purge_finished(self, finished_before: float, limit: int) -> int:
@@ -821,14 +817,13 @@ class Store:
     def _apply(self, job: Job, transition: lifecycle.Transition, now: float) -> None:
         """One lifecycle decision (_apply_all); raises Conflict when the row changed meanwhile."""
         if self._apply_all([(job, transition)], now):
-            raise Conflict(f"{job.job_id} changed while this request ran; try again")
+            raise _changed_meanwhile(job)
 
     def _apply_all(self, decided: list[tuple[Job, lifecycle.Transition]], now: float,
-                   on_node: str | None = None, events: list | None = None) -> list[Job]:
+                   on_node: str | None = None) -> list[Job]:
         """The one place lifecycle decisions are written. For each (job, transition): a
         compare-and-set on the job's status and attempt (and node, `on_node`: a claim),
-        its event row (appended to `events` for the caller to write in one statement,
-        else written here), its metrics on commit, and its notification in the outbox
+        its event row (all of them in one statement), its metrics on commit, and its notification in the outbox
         when it is final; each instance then says what its row says. Decisions that
         write the same values (a claim's jobs, alike reports) share one UPDATE. Returns
         the jobs whose row had changed meanwhile: nothing is written for them and their
@@ -858,10 +853,7 @@ class Store:
                     message = notifications.notification(job, transition.reason)
                     OutboxEvent.create(event_id=message["event_id"], job_id=job.id, status=new, message=message,
                                        created_at=now)
-        if events is None:
-            self._events(rows)
-        else:
-            events.extend(rows)
+        self._events(rows)
         return stale
 
     def _update_jobs(self, ids: list[int], old: str, attempt: int, new: str, changes: dict,
@@ -893,6 +885,10 @@ class Store:
         self._sql.insert_rows(self.db, "events", JobEvent, [
             {"job": row["job"], "at": row["at"], "from_status": row["old"], "to_status": row["new"],
              "attempt": row["attempt"], "node_id": row["node_id"], "reason": row["reason"]} for row in rows])
+
+
+def _changed_meanwhile(job: Job) -> Conflict:
+    return Conflict(f"{job.job_id} changed while this request ran; try again")
 
 
 def _key_reused(key: str, job: Job) -> str:
