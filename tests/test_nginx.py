@@ -153,9 +153,11 @@ def test_jobs_agents_and_the_host_go_through_nginx_and_slow_headers_are_cut(tmp_
         # The client's Host, address and scheme reach the server.
         answer = requests.get(scheduler + "/healthz", headers={"Host": "corral.example"}, verify=nginx.ca, timeout=5)
         assert answer.status_code == 200, answer.text
-        log = c.access_log("scheduler")
-        assert re.search(r"GET /healthz 200 host=corral\.example xff=127\.0\.0\.1 proto=https", log), log[-2000:]
-        assert re.search(r"POST /nodes/through-nginx/claim 200 host=127\.0\.0\.1 ", log), log[-2000:]
+        # gunicorn writes the access line after the answer has gone: wait for it.
+        wanted = [r"GET /healthz 200 host=corral\.example xff=127\.0\.0\.1 proto=https",
+                  r"POST /nodes/through-nginx/claim 200 host=127\.0\.0\.1 "]
+        wait_for(lambda: all(re.search(w, c.access_log("scheduler")) for w in wanted), timeout=10,
+                 message="the scheduler's access lines of the healthz and the claim")
         # nginx cuts a client that has not sent its headers within client_header_timeout (10 s);
         # nothing of it reaches the scheduler.
         with socket.create_connection(("127.0.0.1", nginx.ports["scheduler"]), timeout=30) as raw:
