@@ -218,6 +218,16 @@ def placement_lock_holder(db) -> tuple[int, int, str] | None:
         (PLACEMENT_LOCK_KEY >> 32, PLACEMENT_LOCK_KEY & 0xFFFFFFFF)).fetchone()
 
 
+def waiting_placement_lock_holder(db) -> tuple[int, int, str] | None:
+    """The placement lock's holder (as placement_lock_holder) while it waits on another lock."""
+    holder = placement_lock_holder(db)
+    if holder is None:
+        return None
+    waiting = db.execute("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
+                         (holder[0],)).fetchone()
+    return holder if waiting and waiting[0] else None
+
+
 def client_ports(pgid: int, server_port: int) -> set[int]:
     """The local ports of the TCP connections to `server_port` that processes of the
     process group `pgid` hold (from /proc/net/tcp and their open descriptors)."""
@@ -476,12 +486,12 @@ BATCH = 500
 
 @pytest.mark.timeout(180)
 def test_a_replica_stopped_holding_the_placement_lock_holds_up_the_other_for_the_session_timeouts_only(
-        ha, pg_server, db):
-    """Replica A places big batches; the test waits until the session holding the
-    placement lock is one of A's (pg_locks, the session's client port, A's sockets)
-    and stops A (SIGSTOP) right then. Replica B places a job within the lock timeout
-    plus the idle-in-transaction timeout that ends A's session. A's batch went with
-    its session; resent with its key, it is stored once. After SIGCONT, A serves and
+        ha, pg_server, pg_url, db):
+    """Replica A takes big batches; the test holds the next placement inside the
+    placement lock and, when the session holding it is one of A's (pg_locks, the
+    session's client port, A's sockets), stops A (SIGSTOP). Replica B places a job
+    within the lock timeout plus the idle-in-transaction timeout that ends A's
+    session. A's unanswered batch, resent with its key, is stored once. After SIGCONT, A serves and
     places again; nothing is lost or doubled."""
     c = ha(HEARTBEAT_TIMEOUT_SECS=PRODUCTION_LEASE, MAX_JOBS_PER_NODE=2)
     a, b = c.scheduler_urls
@@ -506,19 +516,24 @@ def test_a_replica_stopped_holding_the_placement_lock_holds_up_the_other_for_the
     feeder.start()
     stopped_holder = None
     try:
+        # A placement holds the lock for a millisecond or two: too short to stop A
+        # inside it at will. The test's own session locks the round-robin cursor's
+        # table, which a placement reads right after taking the lock (and a submit
+        # never before it), so the next placement waits there holding the lock. When
+        # that is one of A's, A is stopped and the table let go: A's session gets its
+        # answer and sits idle in its transaction, the lock still held, until the
+        # server's idle-in-transaction timeout ends it. When it is B's, let go, again.
         deadline = time.monotonic() + 60
-        while stopped_holder is None and time.monotonic() < deadline:
-            holder = placement_lock_holder(db)
-            if holder and holder[1] in client_ports(replica_a.pid, pg_server.port):
-                replica_a.signal(signal.SIGSTOP)
-                again = placement_lock_holder(db)
-                if again and again[0] == holder[0]:
-                    stopped_holder = again
-                    stopped_at = time.monotonic()
+        with psycopg.connect(pg_url, connect_timeout=10) as blocker:
+            while stopped_holder is None and time.monotonic() < deadline:
+                blocker.execute("LOCK TABLE corral_scheduler.scheduler_state IN ACCESS EXCLUSIVE MODE")
+                holder = wait_for(lambda: waiting_placement_lock_holder(db), timeout=10,
+                                  message="a placement to wait on the cursor's table")
+                if holder[1] in client_ports(replica_a.pid, pg_server.port):
+                    replica_a.signal(signal.SIGSTOP)
+                    stopped_holder, stopped_at = holder, time.monotonic()
                     caught.set()
-                else:  # it let go of the lock before it stopped: again
-                    replica_a.signal(signal.SIGCONT)
-            time.sleep(0.002)
+                blocker.commit()
         assert stopped_holder is not None, "never caught replica A holding the placement lock"
 
         probe = submit_acknowledged([b], {"command": "echo probe"}, "probe")
