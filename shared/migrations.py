@@ -71,7 +71,7 @@ def pending(db: peewee.Database, migrations: MigrationSet) -> list[str]:
 def apply(db: peewee.Database, migrations: MigrationSet) -> list[str]:
     """Apply the pending steps to `db` under the service's lock; the names applied
     (none when another process applied them first, or there were none)."""
-    with db.connection_context(), _lock(db, migrations):
+    with _locked_connection(db, migrations):
         if is_postgres(db):
             # A schema of its own per service (the connections' search_path names it).
             db.execute_sql(f'CREATE SCHEMA IF NOT EXISTS "{dbmod.schema_for(migrations.service)}"')
@@ -119,15 +119,19 @@ def is_postgres(db: peewee.Database) -> bool:
 
 
 @contextlib.contextmanager
-def _lock(db: peewee.Database, migrations: MigrationSet) -> Iterator[None]:
+def _locked_connection(db: peewee.Database, migrations: MigrationSet) -> Iterator[None]:
+    """A connection to `db`, held under the service's migration lock. On SQLite the
+    flock comes before the connection: opening one sets the file's journal mode
+    (WAL), which a process must not do while another is migrating it."""
     if is_postgres(db):
-        with _advisory_lock(db, migrations.lock_key):
+        with db.connection_context(), _advisory_lock(db, migrations.lock_key):
             yield
     elif isinstance(db, peewee.SqliteDatabase) and db.database not in ("", ":memory:"):
-        with _file_lock(f"{db.database}-migrate.lock"):
+        with _file_lock(f"{db.database}-migrate.lock"), db.connection_context():
             yield
     else:  # an in-memory database is this process's alone
-        yield
+        with db.connection_context():
+            yield
 
 
 def _wait_for(take, what: str) -> None:
