@@ -45,6 +45,14 @@ def test_every_session_has_its_schema_and_timeouts(pg_url):
     dbmod.close_idle(db)
 
 
+def test_the_urls_own_session_options_are_kept_and_ours_win(pg_url):
+    db = dbmod.open_database(pg_url + "?options=-c%20work_mem%3D7MB%20-c%20lock_timeout%3D1", service="scheduler")
+    with db.connection_context():
+        settings = [db.execute_sql(f"SHOW {name}").fetchone()[0] for name in ("work_mem", "lock_timeout")]
+    assert settings == ["7MB", "5s"]
+    dbmod.close_idle(db)
+
+
 def test_a_request_that_finds_the_pool_taken_answers_503_after_the_wait(pg_url):
     app = create_app(SchedulerSettings(database_url=pg_url, db_options=dbmod.DatabaseOptions(
         pool_size=1, pool_wait_secs=0.3)), clock=Clock())

@@ -5,13 +5,14 @@ Everything that is PostgreSQL's own lives here:
 - `PostgresDatabase`: peewee's pooled PostgreSQL database on psycopg 3. A
   request takes a connection for its duration (a long-poll claim gives it back
   while it waits); a request that finds all `pool_size` taken waits up to
-  `pool_wait_secs`, then answers 503. Every new session gets the service's own
-  schema as its search_path (registry and scheduler may share one database:
-  both have a `node` and a `lease` table) and three timeouts, so that a replica
-  stopped in the middle of a transaction (SIGSTOP, a frozen VM) cannot hold
-  locks the others wait on for long: `idle_in_transaction_session_timeout`
-  ends its session and releases its locks, `lock_timeout` bounds every wait
-  for a lock (the others answer 503 and retry), `statement_timeout` any query.
+  `pool_wait_secs`, then answers 503. Every session starts (libpq `options`)
+  with the service's own schema as its search_path (registry and scheduler
+  may share one database: both have a `node` and a `lease` table) and three
+  timeouts, so that a replica stopped in the middle of a transaction
+  (SIGSTOP, a frozen VM) cannot hold locks the others wait on for long:
+  `idle_in_transaction_session_timeout` ends its session and releases its
+  locks, `lock_timeout` bounds every wait for a lock (the others answer 503
+  and retry), `statement_timeout` any query.
 - `lock_placement()`: placement is serialised by a transaction-level advisory
   lock, taken before the transaction locks any row (service.Scheduler), so a
   cancel, a retry and a placement cannot deadlock.
@@ -33,7 +34,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import peewee
 import psycopg
@@ -72,6 +73,18 @@ POLL_ONLY_INTERVAL_SECS = 0.25
 
 def schema_for(service: str) -> str:
     return f"corral_{service}"
+
+
+def session_options(url: str, schema: str) -> str:
+    """The session settings every connection of a service starts with, as libpq's
+    `options` (sent with the connection's start-up, so they cost no round trip;
+    a SET on each check-out from the pool cost one per request), after any
+    `options` the URL gives: the service's schema, the timeouts, UTC."""
+    ours = (f"-c search_path={schema} -c lock_timeout={LOCK_TIMEOUT_MS} "
+            f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_TIMEOUT_MS} "
+            f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c TimeZone=UTC")
+    given = parse_qs(urlsplit(url).query).get("options")
+    return f"{given[-1]} {ours}" if given else ours
 
 
 def parse_url(url: str) -> dict:
@@ -117,16 +130,8 @@ class PostgresDatabase(PooledPostgresqlDatabase):
         super().__init__(url, max_connections=pool_size, timeout=pool_wait_secs, stale_timeout=300,
                          prefer_psycopg3=True, connect_timeout=CONNECT_TIMEOUT_SECS,
                          keepalives=1, keepalives_idle=10, keepalives_interval=5, keepalives_count=3,
-                         application_name=f"corral-{service}")
+                         application_name=f"corral-{service}", options=session_options(url, self.schema))
         self.clock = DatabaseClock(self)
-
-    def _initialize_connection(self, conn):
-        with conn.cursor() as cursor:
-            cursor.execute(f"SET search_path TO {self.schema}; "
-                           f"SET lock_timeout = {LOCK_TIMEOUT_MS}; "
-                           f"SET idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION_TIMEOUT_MS}; "
-                           f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}; "
-                           "SET TimeZone = 'UTC'")
 
     def _is_closed(self, conn) -> bool:
         # The pool's own check pings the server at every check-out, one round trip
@@ -172,6 +177,16 @@ class PostgresDatabase(PooledPostgresqlDatabase):
         self.execute_sql("SELECT pg_advisory_xact_lock(%s)", (PLACEMENT_LOCK_KEY,))
         if outermost is not None:
             outermost.holds_placement_lock = True
+
+    def recomputable(self) -> None:
+        """This transaction's commit does not wait for its WAL to reach the disk
+        (synchronous_commit off, until it ends). For placement only: a crash may lose
+        the last few milliseconds of such commits, and the jobs they placed are then
+        unplaced again, which the next placement pass repairs; every later commit that
+        waits for the disk (a claim of those jobs, for one) flushes them first, the
+        WAL being written in order. Placing commits no longer queue on a disk flush
+        while they hold the placement lock."""
+        self.execute_sql("SET LOCAL synchronous_commit = off")
 
     def lost(self) -> str | None:
         return None  # a server that went away shows as failed queries (503), not here
