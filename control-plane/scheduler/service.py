@@ -14,11 +14,12 @@ Placement runs under the placement lock (`placing()`): on PostgreSQL an
 advisory lock taken before any row lock of its transaction, so a cancel, a
 retry, a report and a placement never wait on each other in a cycle; on SQLite
 the write lock every transaction takes already serialises them. On SQLite a
-write and its placement are one transaction; on PostgreSQL batches and reports
-commit first and placement follows in a transaction of its own (for a batch,
+write and its placement are one transaction; on PostgreSQL submits and reports
+commit first and placement follows in a transaction of its own (for a submit,
 only when a node has a free slot), so the lock covers placement only
-(_write_then_place). A single submit, a cancel and a retry take the lock first
-and do both in one transaction.
+(_write_then_place), and such a placement's commit does not wait for the disk:
+a crash may undo it, and the jobs are placed again. A cancel and a retry take
+the lock first and do both in one transaction.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from corral.shared.db import one_writer
+from corral.shared.db import lock_placement, one_writer, recomputable
 
 from .models import Job
 from .store import Store
@@ -43,27 +44,32 @@ class Scheduler:
     store: Store
 
     @contextlib.contextmanager
-    def placing(self):
-        """A transaction that may place: the placement lock first."""
+    def placing(self, only_places: bool = False):
+        """A transaction that may place: the placement lock first. `only_places`: it
+        writes nothing but placement, which a crash may undo and the next pass redoes,
+        so its commit does not wait for the disk (db.recomputable())."""
         with self.store.db.atomic():
-            self.store.db.lock_placement()
+            lock_placement(self.store.db)
+            if only_places:
+                recomputable(self.store.db)
             self.store.check_fence()  # a background loop's placement: still its lease's holder
             yield
 
     def _write_then_place(self, write: Callable[[], T], place: Callable[[T], R], nothing: R,
-                          new_work: bool = False) -> tuple[T, R]:
+                          new_work: bool = False, only_places: bool = True) -> tuple[T, R]:
         """A write (`write()`) and the placement it calls for (`place(result)`, else
         `nothing`). `new_work`: the write only added work (a submit), so placement
-        needs a free slot somewhere.
+        needs a free slot somewhere. `only_places`: `place` writes nothing else (no
+        claim), so its commit need not wait for the disk (placing()).
 
         With one writer at a time (SQLite) both share one transaction: every write
         transaction is serialised anyway. With several writers (PostgreSQL) the
         write commits first, outside the placement lock, which then covers only the
-        placement: inserting a batch or applying reports holds up no one else's
-        placement, and new work with no free slot anywhere takes no lock at all. A
-        placement that fails after the write committed is logged, not raised (the
-        client must learn that its write stands), and gives `nothing`: the
-        background pass places what it left.
+        placement: submits and reports commit side by side (their disk flushes
+        shared), none holds up anyone's placement, and new work with no free slot
+        anywhere takes no lock at all. A placement that fails after the write
+        committed is logged, not raised (the client must learn that its write
+        stands), and gives `nothing`: the background pass places what it left.
         """
         if one_writer(self.store.db):
             with self.placing():
@@ -77,7 +83,7 @@ class Scheduler:
             # the queue after that commit and so sees this write.
             return result, nothing
         try:
-            with self.placing():
+            with self.placing(only_places):
                 return result, place(result)
         except Exception:
             log.exception("placement after a committed write failed; the background pass places it")
@@ -86,12 +92,9 @@ class Scheduler:
     def submit(self, fields: dict, now: float, idempotency_key: str | None = None) -> tuple[Job, bool]:
         """A new job, placed when a node has room. With an idempotency key, a repeat of
         the same request answers the job it created first (and False)."""
-        # One row: inserting it under the placement lock, in one transaction with its
-        # placement, answers sooner than committing it first (_write_then_place, for
-        # batches): measured, the dispatch latency grew by a third that way.
-        with self.placing():
-            job, created = self.store.submit(fields, now, idempotency_key)
-            placed = self.store.dispatch(now) if created else 0
+        (job, created), placed = self._write_then_place(
+            lambda: self.store.submit(fields, now, idempotency_key),
+            lambda result: self.store.dispatch(now) if result[1] else 0, 0, new_work=True)
         return (self.store.get(job.job_id) if placed else job), created
 
     def submit_batch(self, items: list[dict], now: float, idempotency_key: str | None = None
@@ -124,7 +127,8 @@ class Scheduler:
                                  for r in results if r["code"] == 200], now)
             return self._claim(claim[0], claim[1], now) if claim is not None else []
 
-        return self._write_then_place(lambda: self.store.apply_reports(items, now), place_and_claim, [])
+        return self._write_then_place(lambda: self.store.apply_reports(items, now), place_and_claim, [],
+                                      only_places=claim is None)
 
     def _after_reports(self, applied: list[tuple[str, str]], now: float) -> int:
         """Placement after applied reports, (reporting node, new status) each: a job back
@@ -168,5 +172,5 @@ class Scheduler:
 
     def place(self, now: float) -> int:
         """Placement on its own (the background pass: node changes, due retries)."""
-        with self.placing():
+        with self.placing(only_places=True):
             return self.store.dispatch(now)

@@ -79,6 +79,7 @@ def open_sqlite(url: str, synchronous: str = "NORMAL", pool_size: int | None = N
         db.reuses_ids = True
         db.one_writer = True
         db.lock_placement = lambda: None
+        db.recomputable = lambda: None
         db.lost = lambda: None
         return db
     # `timeout` is the pool's wait for a free connection; SQLite's busy timeout
@@ -148,6 +149,9 @@ class QueuedWritersSqlite(PooledSqliteDatabase):
 
     def lock_placement(self) -> None:
         return None  # the write lock every transaction takes already serialises placement
+
+    def recomputable(self) -> None:
+        return None  # a write and its placement are one transaction (and WAL commits do not fsync)
 
     def lost(self) -> str | None:
         """Why this database can no longer keep what it is given, or None: its file was
