@@ -337,3 +337,53 @@ def test_a_placement_that_fails_after_its_write_committed_keeps_the_write_and_it
     assert [r["code"] for r in reports.json["results"]] == [200, 200] and reports.json["claimed"] == []
     assert {client.get(f"/jobs/{j['job_id']}").json["status"] for j in claimed} == {"done"}
     dbmod.close_idle(store.db)
+
+
+def test_only_a_transaction_that_only_places_commits_without_waiting_for_the_disk(pg_url, monkeypatch):
+    """A submit's job, a report and a claim commit durably (synchronous_commit as the
+    server has it); the placement that follows a submit or a report does not wait
+    for the disk (a crash may undo it, and the next pass places again)."""
+    from corral.scheduler.store import Store
+
+    clock = Clock()
+    app = app_on(pg_url, clock, max_jobs_per_node=2)
+    store = app.extensions["corral.store"]
+    client = app.test_client()
+    set_nodes(store, clock, "n1")
+    seen: list[tuple[str, str]] = []
+
+    def spy(name):
+        original = getattr(Store, name)
+
+        def recorded(self, *args, **kwargs):
+            seen.append((name, self.db.execute_sql("SHOW synchronous_commit").fetchone()[0]))
+            return original(self, *args, **kwargs)
+        monkeypatch.setattr(Store, name, recorded)
+
+    for name in ("submit", "dispatch", "take_placed", "apply_reports"):
+        spy(name)
+    job = client.post("/jobs", json={"command": "a"}).json
+    assert job["node_id"] == "n1"
+    assert seen == [("submit", "on"), ("dispatch", "off")]
+    seen.clear()
+    claimed = client.post("/nodes/n1/claim", json={"max": 2, "wait_secs": 0}).json
+    assert [j["job_id"] for j in claimed] == [job["job_id"]]
+    assert seen == [("take_placed", "on")]
+    seen.clear()
+    client.post("/jobs", json={"command": "b"})
+    seen.clear()
+    # Reports without a claim: the freed slot's placement only places.
+    answer = client.post("/jobs/reports", json={"reports": [
+        {"job_id": job["job_id"], "node_id": "n1", "attempt": 1, "status": "done", "exit_code": 0}]})
+    assert answer.status_code == 200, answer.json
+    assert seen[0] == ("apply_reports", "on") and set(seen[1:]) <= {("dispatch", "off")}
+    # Reports that carry a claim: that placement hands out work, and waits for the disk.
+    seen.clear()
+    running = client.post("/nodes/n1/claim", json={"max": 2, "wait_secs": 0}).json
+    seen.clear()
+    client.post("/jobs/reports", json={"reports": [
+        {"job_id": running[0]["job_id"], "node_id": "n1", "attempt": 1, "status": "done", "exit_code": 0}],
+        "claim": {"node_id": "n1", "max": 2}})
+    assert seen[0] == ("apply_reports", "on") and ("take_placed", "on") in seen
+    assert ("dispatch", "off") not in seen
+    dbmod.close_idle(store.db)
