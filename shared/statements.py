@@ -43,6 +43,20 @@ def param(name: str) -> peewee.Value:
 INSERT_ROWS = 100
 # psycopg keeps the parse of a statement only up to this many parameters.
 PSYCOPG_CACHED_PARAMS = 50
+# Compiled statements kept per cache, the oldest dropped first: an insert is compiled
+# per set of columns its rows fill, and requests choose which optional ones they fill.
+MAX_STATEMENTS = 1024
+
+
+def _remember(cache: dict, key: Hashable, value):
+    """cache[key] = value, keeping at most MAX_STATEMENTS entries; returns value."""
+    if len(cache) >= MAX_STATEMENTS:
+        try:
+            cache.pop(next(iter(cache)), None)
+        except (StopIteration, RuntimeError):  # emptied or changed by another thread meanwhile
+            pass
+    cache[key] = value
+    return value
 
 
 class Statements:
@@ -62,7 +76,7 @@ class Statements:
         if compiled is None:
             sql, params = build().sql()
             slots = [p.name if isinstance(p, _Marker) else _Constant(p) for p in params]
-            compiled = self._compiled[key] = (sql, slots)
+            compiled = _remember(self._compiled, key, (sql, slots))
         return compiled
 
     @staticmethod
@@ -87,6 +101,12 @@ class Statements:
         ([] without it). `skip_duplicates`: a row that breaks a unique constraint is
         left out (ON CONFLICT DO NOTHING).
 
+        A column that is None in every row is left out of the statement: it is NULL
+        all the same (no column of Corral's has a default in the database; peewee's
+        defaults are the callers' values), and the NULLs of a job's unset fields were
+        most of the work: 500 rows of 36 columns, 30 of them NULL, took SQLite 10.7 ms
+        to insert against 1.8 ms for the 6 others alone.
+
         Rows that need more than 50 parameters go, on PostgreSQL, as one statement
         whatever their number: each column is one array parameter, unnested (psycopg
         parses a statement of more than 50 parameters again on every run, which was
@@ -98,11 +118,12 @@ class Statements:
         runs again."""
         if not rows:
             return []
-        names = list(rows[0])
+        names = [name for name in rows[0] if any(row[name] is not None for row in rows)] or list(rows[0])
+        key = (key, *names)
         if isinstance(db, peewee.PostgresqlDatabase) and len(rows) * len(names) > PSYCOPG_CACHED_PARAMS:
             sql = self._unnest.get(key)
             if sql is None:
-                sql = self._unnest[key] = _unnest_insert(db, model, names, returning, skip_duplicates)
+                sql = _remember(self._unnest, key, _unnest_insert(db, model, names, returning, skip_duplicates))
             cursor = db.execute_sql(sql, [[row[name] for row in rows] for name in names])
             return cursor.fetchall() if returning is not None else []
         found: list[tuple] = []
@@ -129,7 +150,7 @@ class Statements:
         cursor = model._meta.database.execute_sql(sql, self._values(slots, values))
         columns = self._columns.get(key)
         if columns is None:
-            columns = self._columns[key] = [_converter(model, d[0]) for d in cursor.description]
+            columns = _remember(self._columns, key, [_converter(model, d[0]) for d in cursor.description])
         rows = []
         for row in cursor.fetchall():
             instance = model(__no_default__=1)
