@@ -8,22 +8,27 @@ from .settings import SchedulerSettings
 
 
 def job(row: Job, settings: SchedulerSettings) -> dict:
+    # The row's values read from its data dict, as each field's descriptor would
+    # (absent: None): a batch answers 500 of these, and the 36 descriptor calls
+    # each were a fifth of a batch's CPU.
+    d = row.__data__.get
+    job_type = d("job_type")
     return {
-        "job_id": row.job_id, "name": row.name, "node_id": row.node_id, "instance_id": row.instance_id,
-        "command": row.command, "deploy_url": row.deploy_url, "deploy_sha256": row.deploy_sha256,
-        "job_type": row.job_type, "port": row.port, "health_path": row.health_path,
-        "env_vars": row.env_vars or {}, "memory_mb": row.memory_mb, "cpu_percent": row.cpu_percent,
-        "max_processes": row.max_processes,
-        "status": row.status, "attempt": row.attempt, "retry_count": row.retry_count,
-        "max_retries": row.max_retries, "next_attempt_at": iso(row.next_attempt_at),
-        "on_node_lost": row.on_node_lost, "node_losses": row.node_losses,
-        "exit_code": row.exit_code,
-        "stdout": row.stdout, "stderr": row.stderr, "oom_killed": row.oom_killed,
-        "peak_memory_bytes": row.peak_memory_bytes, "cpu_seconds": row.cpu_seconds,
-        "limits_enforced": row.limits_enforced, "limits": row.limits, "private_tmp": row.private_tmp,
-        "timeout_secs": settings.job_timeout_secs if row.job_type == "run" else None,
-        "created_at": iso(row.created_at), "placed_at": iso(row.placed_at),
-        "running_at": iso(row.running_at), "finished_at": iso(row.finished_at),
+        "job_id": row.job_id, "name": d("name"), "node_id": d("node_id"), "instance_id": d("instance_id"),
+        "command": d("command"), "deploy_url": d("deploy_url"), "deploy_sha256": d("deploy_sha256"),
+        "job_type": job_type, "port": d("port"), "health_path": d("health_path"),
+        "env_vars": d("env_vars") or {}, "memory_mb": d("memory_mb"), "cpu_percent": d("cpu_percent"),
+        "max_processes": d("max_processes"),
+        "status": d("status"), "attempt": d("attempt"), "retry_count": d("retry_count"),
+        "max_retries": d("max_retries"), "next_attempt_at": iso(d("next_attempt_at")),
+        "on_node_lost": d("on_node_lost"), "node_losses": d("node_losses"),
+        "exit_code": d("exit_code"),
+        "stdout": d("stdout"), "stderr": d("stderr"), "oom_killed": d("oom_killed"),
+        "peak_memory_bytes": d("peak_memory_bytes"), "cpu_seconds": d("cpu_seconds"),
+        "limits_enforced": d("limits_enforced"), "limits": d("limits"), "private_tmp": d("private_tmp"),
+        "timeout_secs": settings.job_timeout_secs if job_type == "run" else None,
+        "created_at": iso(d("created_at")), "placed_at": iso(d("placed_at")),
+        "running_at": iso(d("running_at")), "finished_at": iso(d("finished_at")),
     }
 
 
