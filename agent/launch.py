@@ -2,7 +2,7 @@
 shell, and the private /tmp they set up.
 
     unshare --mount --ipc --propagation private --               (private /tmp)
-    /bin/sh -c SETUP corral-setup MOUNT FSTAB SIZE CGROUP... --  (cgroups or private /tmp)
+    /bin/sh -c SETUP corral-setup MOUNT FSTAB SIZE JOIN... --    (cgroups or private /tmp)
     setpriv --reuid=U --regid=G --clear-groups --                (another user)
     /bin/sh -c ENV_STAGE corral-env COMMAND                      (always)
     /bin/sh -c COMMAND                                           the job
@@ -62,10 +62,11 @@ MOUNT_FAILED_MESSAGE = f"{SETUP_FAILED_PREFIX} could not mount a private /tmp, /
 ENV_FAILED_MESSAGE = f"{SETUP_FAILED_PREFIX} the job's environment could not be read"
 
 # Root: $1 the mount program, $2 the fstab ("" for none), $3 the size of each tmpfs
-# in MB, then cgroup dirs up to "--", then the next stage.
+# in MB, then the cgroup files to write 0 (itself) into (cgroups.JobCgroup.join_files)
+# up to "--", then the next stage.
 _SETUP = ('m=$1 t=$2 z=$3; shift 3; '
           'for p in "$@"; do [ "$p" = -- ] && break; '
-          'echo $$ > "$p/cgroup.procs" || { echo "' + JOIN_FAILED_MESSAGE + ' $p" >&2; '
+          'echo 0 > "$p" || { echo "' + JOIN_FAILED_MESSAGE + ' $p" >&2; '
           'exit ' + str(SETUP_FAILED_EXIT) + '; }; shift; done; shift; '
           'if [ -n "$t" ]; then "$m" -n -i -a -t tmpfs -T "$t" -o "nosuid,nodev,mode=1777,size=${z}m" '
           '</dev/null || { echo "' + MOUNT_FAILED_MESSAGE + '" >&2; exit ' + str(SETUP_FAILED_EXIT) + '; }; fi; '
@@ -180,29 +181,31 @@ def memfd(name: str, data: bytes) -> int:
     return fd
 
 
-def argv(command: str, tools: Tools, cgroup_dirs: Sequence[str] = (), user: User | None = None,
+def argv(command: str, tools: Tools, cgroup_files: Sequence[str] = (), user: User | None = None,
          private_tmp: PrivateTmp | None = None) -> list[str]:
     """The chain of the module docstring for one job, to be run with its environment
     script (env_script) as standard input. `user` None: no switch (the agent is not
     root, or runs jobs as root by choice)."""
-    chain = setup_argv(tools, cgroup_dirs, private_tmp)
+    chain = setup_argv(tools, cgroup_files, private_tmp)
     if user is not None:
         chain += drop_argv(user, tools)
     return chain + [SHELL, "-c", _ENV_STAGE, ENV_STAGE_NAME, command]
 
 
-def setup_argv(tools: Tools, cgroup_dirs: Sequence[str] = (), private_tmp: PrivateTmp | None = None) -> list[str]:
-    """The root stages: the namespaces, then the shell that joins `cgroup_dirs` and
-    mounts the private /tmp; empty when there is nothing to set up."""
+def setup_argv(tools: Tools, cgroup_files: Sequence[str] = (), private_tmp: PrivateTmp | None = None
+               ) -> list[str]:
+    """The root stages: the namespaces, then the shell that joins the cgroups (writes
+    0 into each of `cgroup_files`) and mounts the private /tmp; empty when there is
+    nothing to set up."""
     chain: list[str] = []
     if private_tmp is not None:
         if tools.unshare is None or tools.mount is None:
             raise ValueError("a private /tmp needs unshare and mount (util-linux)")
         chain += [tools.unshare, "--mount", "--ipc", "--propagation", "private", "--"]
-    if cgroup_dirs or private_tmp is not None:
+    if cgroup_files or private_tmp is not None:
         chain += [SHELL, "-c", _SETUP, SETUP_NAME, tools.mount or "",
                   private_tmp.fstab if private_tmp else "", str(int(private_tmp.size_mb)) if private_tmp else "",
-                  *cgroup_dirs, "--"]
+                  *cgroup_files, "--"]
     return chain
 
 

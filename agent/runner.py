@@ -117,7 +117,7 @@ def start(job: Mapping, workdir: str, env: Mapping[str, str], tail_bytes: int, *
     except ValueError as exc:
         raise StartError(f"cannot start the job: {exc}") from exc
     try:
-        argv = launch.argv(command, tools(), cgroup.paths() if cgroup is not None else (), user,
+        argv = launch.argv(command, tools(), cgroup.join_files() if cgroup is not None else (), user,
                            private_tmp)
         env_fd = launch.memfd("corral-env", script)
     except (OSError, ValueError) as exc:
