@@ -96,10 +96,10 @@ class Statements:
 
     def insert_rows(self, db: peewee.Database, key: Hashable, model: type[peewee.Model], rows: list[dict],
                     returning: peewee.Field | None = None, skip_duplicates: bool = False) -> list[tuple]:
-        """Insert rows (dicts of field name to the value as the column stores it, all
-        with the same names); returns the `returning` column of the inserted rows
-        ([] without it). `skip_duplicates`: a row that breaks a unique constraint is
-        left out (ON CONFLICT DO NOTHING).
+        """Insert rows (dicts of field name to the value as the column stores it; a
+        name a row lacks is NULL there); returns the `returning` column of the
+        inserted rows ([] without it). `skip_duplicates`: a row that breaks a unique
+        constraint is left out (ON CONFLICT DO NOTHING).
 
         A column that is None in every row is left out of the statement: it is NULL
         all the same (no column of Corral's has a default in the database; peewee's
@@ -118,18 +118,19 @@ class Statements:
         runs again."""
         if not rows:
             return []
-        names = [name for name in rows[0] if any(row[name] is not None for row in rows)] or list(rows[0])
+        names = list(dict.fromkeys(name for row in rows for name, value in row.items() if value is not None)) \
+            or list(rows[0])
         key = (key, *names)
         if isinstance(db, peewee.PostgresqlDatabase) and len(rows) * len(names) > PSYCOPG_CACHED_PARAMS:
             sql = self._unnest.get(key)
             if sql is None:
                 sql = _remember(self._unnest, key, _unnest_insert(db, model, names, returning, skip_duplicates))
-            cursor = db.execute_sql(sql, [[row[name] for row in rows] for name in names])
+            cursor = db.execute_sql(sql, [[row.get(name) for row in rows] for name in names])
             return cursor.fetchall() if returning is not None else []
         found: list[tuple] = []
         for start in range(0, len(rows), INSERT_ROWS):
             chunk = rows[start:start + INSERT_ROWS]
-            values = {f"{name}{i}": row[name] for i, row in enumerate(chunk) for name in names}
+            values = {f"{name}{i}": row.get(name) for i, row in enumerate(chunk) for name in names}
 
             def build(size: int = len(chunk)) -> peewee.Query:
                 query = model.insert_many([{name: param(f"{name}{i}") for name in names} for i in range(size)])

@@ -43,9 +43,9 @@ def test_inserted_rows_read_back_as_given_with_unset_columns_null(item, count):
 
 
 def test_a_column_set_in_some_rows_only_is_kept(item):
+    """And a name a row lacks is NULL in that row."""
     sql = Statements()
-    rows = [{"name": "a", "note": None, "flag": True, "size": None}, {"name": "b", "note": "x", "flag": None,
-                                                                      "size": None}]
+    rows = [{"name": "a", "note": None, "flag": True, "size": None}, {"name": "b", "note": "x"}]
     sql.insert_rows(item._meta.database, "items", item, rows)
     assert [(r.name, r.note, r.flag) for r in item.select().order_by(item.id)] == [("a", None, True), ("b", "x", None)]
 

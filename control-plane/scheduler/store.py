@@ -194,20 +194,17 @@ class Store:
         if skip_duplicate_key:
             assert len(rows) == 1, "only a single row can tell which one was skipped"
         # Built from the defaults and the row directly, and only the values that are
-        # set converted and sent (a column no row sets is NULL): Job(**row) set every
-        # field through its descriptor, which with the conversions of every column
-        # was most of a 500-job batch's Python time.
+        # set converted and sent (insert_rows makes the others NULL): Job(**row) set
+        # every field through its descriptor, which with the conversions of every
+        # column was most of a 500-job batch's Python time.
         fields = Job._meta.fields
-        jobs, set_values, names = [], [], {}
+        jobs, values = [], []
         for row in rows:
             job = Job(__no_default__=1)
             job.__data__ = data = Job._meta.get_default_dict()
             data.update(row)
             jobs.append(job)
-            given = {name: fields[name].db_value(value) for name, value in data.items() if value is not None}
-            set_values.append(given)
-            names.update(dict.fromkeys(given))
-        values = [{name: given.get(name) for name in names} for given in set_values]
+            values.append({name: fields[name].db_value(value) for name, value in data.items() if value is not None})
         inserted = self._sql.insert_rows(self.db, ("jobs", skip_duplicate_key), Job, values,
                                          returning=Job.id, skip_duplicates=skip_duplicate_key)
         if skip_duplicate_key and not inserted:
