@@ -89,20 +89,23 @@ class Scheduler:
             log.exception("placement after a committed write failed; the background pass places it")
             return result, nothing
 
+    def _add_then_place(self, add: Callable[[], tuple[T, bool]], now: float) -> tuple[tuple[T, bool], int]:
+        """New work: `add()` stores it and says whether it created any (a repeated
+        idempotency key creates none); then the jobs placed (_write_then_place)."""
+        return self._write_then_place(add, lambda result: self.store.dispatch(now) if result[1] else 0, 0,
+                                      new_work=True)
+
     def submit(self, fields: dict, now: float, idempotency_key: str | None = None) -> tuple[Job, bool]:
         """A new job, placed when a node has room. With an idempotency key, a repeat of
         the same request answers the job it created first (and False)."""
-        (job, created), placed = self._write_then_place(
-            lambda: self.store.submit(fields, now, idempotency_key),
-            lambda result: self.store.dispatch(now) if result[1] else 0, 0, new_work=True)
+        (job, created), placed = self._add_then_place(lambda: self.store.submit(fields, now, idempotency_key), now)
         return (self.store.get(job.job_id) if placed else job), created
 
     def submit_batch(self, items: list[dict], now: float, idempotency_key: str | None = None
                      ) -> tuple[list[Job], bool]:
         """Many jobs in one transaction (all or nothing), then placed."""
-        (jobs, created), placed = self._write_then_place(
-            lambda: self.store.submit_batch(items, now, idempotency_key),
-            lambda result: self.store.dispatch(now) if result[1] else 0, 0, new_work=True)
+        (jobs, created), placed = self._add_then_place(
+            lambda: self.store.submit_batch(items, now, idempotency_key), now)
         # Read back after the commit (outside the lock): placed jobs, and the jobs an
         # earlier copy of a keyed batch created (the store read only their ids).
         return (self.store.reload(jobs) if placed or idempotency_key else jobs), created

@@ -24,6 +24,7 @@ from collections.abc import Callable, Collection
 import peewee
 from peewee import fn
 
+from corral.shared.db import lock_placement
 from corral.shared.errors import BadRequest, BatchError, Conflict, CorralError, NotFound
 from corral.shared.leader import Fence
 from corral.shared.states import ACTIVE, check_transition
@@ -602,7 +603,7 @@ class Store:
         with self._tx():
             # One placement at a time across every process (the caller usually took
             # the lock first; taking it again is free). Most calls find no free slot.
-            self.db.lock_placement()
+            lock_placement(self.db)
             slots = self._free_slots(nodes)
             total_free = sum(s.free for s in slots)
             if total_free <= 0:
