@@ -15,7 +15,10 @@ as the column would (`field.db_value`) where that matters (JSON fields).
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from functools import partial
 
 import peewee
 
@@ -59,6 +62,17 @@ def _remember(cache: dict, key: Hashable, value):
     return value
 
 
+@dataclass(frozen=True)
+class Child:
+    """A row to insert with each row insert_rows inserts: `model`'s row whose field
+    `parent` takes the new row's `returning` value and whose other columns are
+    `values`, the same for every row (as the columns store them; None is NULL).
+    The parent rows and their children are written together or not at all."""
+    model: type[peewee.Model]
+    parent: str
+    values: dict
+
+
 class Statements:
     """A per-database cache of compiled statements, keyed by what the caller names."""
 
@@ -66,8 +80,8 @@ class Statements:
         # Threads may race to compile the same statement: both get the same SQL, and
         # a dict assignment is atomic, so no lock is needed.
         self._compiled: dict[Hashable, tuple[str, list]] = {}
-        # Per insert_rows key: its PostgreSQL statement.
-        self._unnest: dict[Hashable, str] = {}
+        # Per insert_rows key, shape and child: its PostgreSQL statement (and slots).
+        self._postgres: dict[Hashable, tuple[str, list]] = {}
         # Per compiled SELECT of model rows: (field name, converter or None) per column.
         self._columns: dict[Hashable, list[tuple[str, Callable | None]]] = {}
 
@@ -95,11 +109,20 @@ class Statements:
         return db.execute_sql(sql, self._values(slots, values)).fetchall()
 
     def insert_rows(self, db: peewee.Database, key: Hashable, model: type[peewee.Model], rows: list[dict],
-                    returning: peewee.Field | None = None, skip_duplicates: bool = False) -> list[tuple]:
+                    returning: peewee.Field | None = None, skip_duplicates: bool = False,
+                    child: Child | None = None) -> list[tuple]:
         """Insert rows (dicts of field name to the value as the column stores it; a
         name a row lacks is NULL there); returns the `returning` column of the
         inserted rows ([] without it). `skip_duplicates`: a row that breaks a unique
-        constraint is left out (ON CONFLICT DO NOTHING).
+        constraint is left out (ON CONFLICT DO NOTHING). `child`: a row of another
+        table for each row inserted (needs `returning`).
+
+        On PostgreSQL the rows and their children are one statement (the insert in
+        a WITH, the children selected from what it returned), atomic without a
+        transaction around it: a single submit is that one statement and no BEGIN
+        and COMMIT, two round trips that cost the scheduler as much CPU as the
+        statement. On SQLite they are two statements, in a transaction of their own
+        unless the caller runs one.
 
         A column that is None in every row is left out of the statement: it is NULL
         all the same (no column of Corral's has a default in the database; peewee's
@@ -118,27 +141,56 @@ class Statements:
         runs again."""
         if not rows:
             return []
+        assert child is None or returning is not None, "a child row takes the new row's returned value"
         names = list(dict.fromkeys(name for row in rows for name, value in row.items() if value is not None)) \
             or list(rows[0])
         key = (key, *names)
-        if isinstance(db, peewee.PostgresqlDatabase) and len(rows) * len(names) > PSYCOPG_CACHED_PARAMS:
-            sql = self._unnest.get(key)
-            if sql is None:
-                sql = _remember(self._unnest, key, _unnest_insert(db, model, names, returning, skip_duplicates))
-            cursor = db.execute_sql(sql, [[row.get(name) for row in rows] for name in names])
-            return cursor.fetchall() if returning is not None else []
+        if isinstance(db, peewee.PostgresqlDatabase):
+            return self._insert_postgres(db, key, model, rows, names, returning, skip_duplicates, child)
+        if child is None:
+            return self._insert_values(db, key, model, rows, names, returning, skip_duplicates)
+        with contextlib.nullcontext() if db.in_transaction() else db.atomic():
+            found = self._insert_values(db, key, model, rows, names, returning, skip_duplicates)
+            self.insert_rows(db, (key, "child"), child.model,
+                             [dict(child.values, **{child.parent: row[0]}) for row in found])
+        return found
+
+    def _insert_postgres(self, db: peewee.Database, key: tuple, model: type[peewee.Model], rows: list[dict],
+                         names: list[str], returning: peewee.Field | None, skip_duplicates: bool,
+                         child: Child | None) -> list[tuple]:
+        child_names = [name for name, value in child.values.items() if value is not None] if child else []
+        shape = child and (child.model, child.parent, *child_names)
+        if len(rows) * len(names) + len(child_names) > PSYCOPG_CACHED_PARAMS:
+            cache_key: tuple = ("unnest", key, shape)
+            compiled = self._postgres.get(cache_key)
+            if compiled is None:
+                insert = _unnest_insert(db, model, names, returning, skip_duplicates)
+                compiled = _remember(self._postgres, cache_key, (_with_child(db, insert, returning, child, child_names),
+                                                                 []))
+            params = [[row.get(name) for row in rows] for name in names]
+        else:
+            cache_key = ("values", key, len(rows), shape)
+            compiled = self._postgres.get(cache_key)
+            if compiled is None:
+                insert, slots = self._get((key, len(rows)), partial(_values_insert, model, names, len(rows), returning,
+                                                                    skip_duplicates))
+                compiled = _remember(self._postgres, cache_key, (_with_child(db, insert, returning, child, child_names),
+                                                                 slots))
+            params = self._values(compiled[1], {f"{name}{i}": row.get(name)
+                                                for i, row in enumerate(rows) for name in names})
+        if child is not None:
+            params += [child.values[name] for name in child_names]
+        cursor = db.execute_sql(compiled[0], params)
+        return cursor.fetchall() if returning is not None else []
+
+    def _insert_values(self, db: peewee.Database, key: tuple, model: type[peewee.Model], rows: list[dict],
+                       names: list[str], returning: peewee.Field | None, skip_duplicates: bool) -> list[tuple]:
         found: list[tuple] = []
         for start in range(0, len(rows), INSERT_ROWS):
             chunk = rows[start:start + INSERT_ROWS]
             values = {f"{name}{i}": row.get(name) for i, row in enumerate(chunk) for name in names}
-
-            def build(size: int = len(chunk)) -> peewee.Query:
-                query = model.insert_many([{name: param(f"{name}{i}") for name in names} for i in range(size)])
-                if skip_duplicates:
-                    query = query.on_conflict_ignore()
-                return query.returning(returning) if returning is not None else query
-
-            cursor = self.execute(db, (key, len(chunk)), build, **values)
+            cursor = self.execute(db, (key, len(chunk)), partial(_values_insert, model, names, len(chunk), returning,
+                                                                 skip_duplicates), **values)
             if returning is not None:
                 found += cursor.fetchall()
         return found
@@ -159,6 +211,30 @@ class Statements:
                                  for (name, convert), value in zip(columns, row)}
             rows.append(instance)
         return rows
+
+
+def _values_insert(model: type[peewee.Model], names: list[str], size: int, returning: peewee.Field | None,
+                   skip_duplicates: bool) -> peewee.Query:
+    """INSERT ... VALUES of `size` rows, each column a param() slot named column + row number."""
+    query = model.insert_many([{name: param(f"{name}{i}") for name in names} for i in range(size)])
+    if skip_duplicates:
+        query = query.on_conflict_ignore()
+    return query.returning(returning) if returning is not None else query
+
+
+def _with_child(db: peewee.Database, sql: str, returning: peewee.Field | None, child: Child | None,
+                names: list[str]) -> str:
+    """`sql` (an INSERT ... RETURNING) and the child rows of what it inserted, as one
+    PostgreSQL statement that returns the children's parent column: the same values.
+    The child's values (`names`) are parameters after the insert's."""
+    if child is None or returning is None:
+        return sql
+    fields = [child.model._meta.fields[name] for name in names]
+    parent = child.model._meta.fields[child.parent]
+    columns = ", ".join(f'"{field.column_name}"' for field in [parent, *fields])
+    selected = ", ".join([f'"{returning.column_name}"', *(f"%s::{_column_type(db, field)}" for field in fields)])
+    return (f'WITH "inserted" AS ({sql}) INSERT INTO "{child.model._meta.table_name}" ({columns}) '
+            f'SELECT {selected} FROM "inserted" RETURNING "{parent.column_name}"')
 
 
 def _unnest_insert(db: peewee.Database, model: type[peewee.Model], names: list[str],

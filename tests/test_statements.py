@@ -9,7 +9,7 @@ from corral.shared.statements import Statements, param
 
 def bound(db):
     class Item(peewee.Model):
-        name = peewee.CharField()
+        name = peewee.CharField(unique=True)
         size = peewee.IntegerField(null=True)
         note = peewee.TextField(null=True)
         flag = peewee.BooleanField(null=True)
@@ -17,19 +17,34 @@ def bound(db):
         class Meta:
             database = db
             table_name = "item"
-    return Item
+
+    class Tag(peewee.Model):
+        item = peewee.ForeignKeyField(Item, on_delete="CASCADE")
+        at = peewee.DoubleField()
+        label = peewee.CharField(max_length=8)  # longer labels break the insert (PostgreSQL)
+        extra = peewee.TextField(null=True)
+
+        class Meta:
+            database = db
+            table_name = "tag"
+    return Item, Tag
 
 
 @pytest.fixture
-def item(database_url):
+def models(database_url):
     db = dbmod.open_database(database_url, service="statements")
     with db.connection_context():
         if dbmod.is_postgres(database_url):
             db.execute_sql('CREATE SCHEMA IF NOT EXISTS "corral_statements"')
-        model = bound(db)
-        db.create_tables([model])
-        yield model
+        item, tag = bound(db)
+        db.create_tables([item, tag])
+        yield item, tag
     dbmod.close_idle(db)
+
+
+@pytest.fixture
+def item(models):
+    return models[0]
 
 
 @pytest.mark.parametrize("count", [1, 7, 250])  # one row; a few; past a chunk and past 50 parameters
@@ -59,3 +74,41 @@ def test_the_compiled_statements_are_bounded(monkeypatch, item):
                         above=n) == [(0,)]
     assert len(sql._compiled) == 5
     assert ("count above", 11) in sql._compiled  # the newest stay
+
+
+@pytest.mark.parametrize("count", [1, 7, 250])
+def test_child_rows_are_written_with_the_rows_they_belong_to(models, count):
+    item, tag = models
+    sql = Statements()
+    rows = [{"name": f"n{i}", "size": i} for i in range(count)]
+    child = statements.Child(tag, "item", {"at": 1.5, "label": "new", "extra": None})
+    ids = [row[0] for row in sql.insert_rows(item._meta.database, "items", item, rows, returning=item.id,
+                                              child=child)]
+    assert sorted(ids) == sorted(i.id for i in item.select())
+    assert sorted((t.item_id, t.at, t.label, t.extra) for t in tag.select()) == [(i, 1.5, "new", None)
+                                                                                   for i in sorted(ids)]
+
+
+def test_a_skipped_duplicate_gets_no_child_row(models):
+    item, tag = models
+    sql = Statements()
+    child = statements.Child(tag, "item", {"at": 1.0, "label": "new"})
+    first = sql.insert_rows(item._meta.database, "items", item, [{"name": "a"}], returning=item.id,
+                            skip_duplicates=True, child=child)
+    again = sql.insert_rows(item._meta.database, "items", item, [{"name": "a"}], returning=item.id,
+                            skip_duplicates=True, child=child)
+    assert len(first) == 1 and again == []
+    assert [t.item_id for t in tag.select()] == [first[0][0]]
+
+
+@pytest.mark.parametrize("count", [1, 250])
+def test_rows_whose_children_cannot_be_written_are_not_written_either(models, count, database_url):
+    item, tag = models
+    sql = Statements()
+    db = item._meta.database
+    # A child that breaks its table's constraint: NOT NULL on SQLite, the label's length on PostgreSQL.
+    bad = {"at": 1.0, "label": "far-too-long"} if dbmod.is_postgres(database_url) else {"at": None, "label": "x"}
+    with pytest.raises(peewee.IntegrityError if not dbmod.is_postgres(database_url) else peewee.DataError):
+        sql.insert_rows(db, "items", item, [{"name": f"n{i}"} for i in range(count)], returning=item.id,
+                        child=statements.Child(tag, "item", bad))
+    assert item.select().count() == 0 and tag.select().count() == 0

@@ -75,8 +75,7 @@ class Scheduler:
             with self.placing():
                 result = write()
                 return result, place(result)
-        with self.store.db.atomic():
-            result = write()
+        result = write()  # the store's transaction, where it needs one (a submit is one statement)
         if new_work and not self.store.free_slot_anywhere():
             # Nothing to place into (read after the commit, without the lock): a slot
             # freed later is filled by the placement of whoever frees it, which reads

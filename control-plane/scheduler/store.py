@@ -28,7 +28,7 @@ from corral.shared.db import lock_placement
 from corral.shared.errors import BadRequest, BatchError, Conflict, CorralError, NotFound
 from corral.shared.leader import Fence
 from corral.shared.states import ACTIVE, check_transition
-from corral.shared.statements import ValueList, Statements, param
+from corral.shared.statements import Child, Statements, ValueList, param
 from corral.shared.timeutil import epoch
 
 from . import lifecycle, metrics, notifications, placement
@@ -170,25 +170,25 @@ class Store:
         digest = request_hash(fields) if idempotency_key else None
         columns = dict(fields, max_retries=self.settings.max_job_retries if fields.get("max_retries") is None
                        else fields["max_retries"])
-        with self._tx():
-            existing = self._by_key(idempotency_key, digest)
-            if existing is not None:
-                return existing, False
-            self._check_limits(fields)
-            # A twin request with the same key may commit between the look above and
-            # this insert (several writers at once: PostgreSQL): the insert then adds
-            # nothing (ON CONFLICT DO NOTHING, no failed statement to roll back) and
-            # this request answers with the twin's job, as if it had come second.
-            inserted = self._insert_jobs([dict(columns, created_at=now, idempotency_key=idempotency_key,
-                                               request_hash=digest)], skip_duplicate_key=bool(idempotency_key))
-            if not inserted:
-                return self._by_key(idempotency_key, digest), False
-            job = inserted[0]
-            self._event(job, None, "pending", now, "submitted")
-        return job, True
+        # No transaction of its own: the insert (with its event) is the one write, and
+        # the reads before it decide nothing that a write between them could change.
+        existing = self._by_key(idempotency_key, digest)
+        if existing is not None:
+            return existing, False
+        self._check_limits(fields)
+        # A twin request with the same key may commit between the look above and
+        # this insert (several writers at once: PostgreSQL): the insert then adds
+        # nothing (ON CONFLICT DO NOTHING, no failed statement to roll back) and
+        # this request answers with the twin's job, as if it had come second.
+        inserted = self._insert_jobs([dict(columns, created_at=now, idempotency_key=idempotency_key,
+                                           request_hash=digest)], now, skip_duplicate_key=bool(idempotency_key))
+        if not inserted:
+            return self._by_key(idempotency_key, digest), False
+        return inserted[0], True
 
-    def _insert_jobs(self, rows: list[dict], skip_duplicate_key: bool = False) -> list[Job]:
-        """Insert jobs (dicts of Job fields; defaults fill the rest) in the order given;
+    def _insert_jobs(self, rows: list[dict], now: float, skip_duplicate_key: bool = False) -> list[Job]:
+        """Insert jobs (dicts of Job fields; defaults fill the rest) in the order given,
+        each with its "submitted" event at `now` (together: Statements.insert_rows);
         returns them as Job instances with their new ids, without reading them back.
         `skip_duplicate_key` (one row): a row whose idempotency key exists is not
         inserted, and [] is returned."""
@@ -206,8 +206,10 @@ class Store:
             data.update(row)
             jobs.append(job)
             values.append({name: fields[name].db_value(value) for name, value in data.items() if value is not None})
+        submitted = Child(JobEvent, "job", {"at": now, "from_status": None, "to_status": "pending",
+                                            "attempt": Job.attempt.default, "node_id": None, "reason": "submitted"})
         inserted = self._sql.insert_rows(self.db, ("jobs", skip_duplicate_key), Job, values,
-                                         returning=Job.id, skip_duplicates=skip_duplicate_key)
+                                         returning=Job.id, skip_duplicates=skip_duplicate_key, child=submitted)
         if skip_duplicate_key and not inserted:
             return []
         # Ids are assigned in the order of the rows; sorting undoes any order RETURNING used.
@@ -279,10 +281,8 @@ class Store:
             rows = [dict(items[i], max_retries=self.settings.max_job_retries if items[i].get("max_retries") is None
                          else items[i]["max_retries"], created_at=now, idempotency_key=keys[i],
                          request_hash=digests[i]) for i in new]
-            created = self._insert_jobs(rows)
+            created = self._insert_jobs(rows, now)
             ids = [job.id for job in created]
-            self._events([{"job": job_id, "at": now, "old": None, "new": "pending", "attempt": 0, "node_id": None,
-                           "reason": "submitted"} for job_id in ids])
             metrics.submitted(self.db, "batch", len(ids))
         by_index = dict(zip(new, created))
         by_index.update(existing)
