@@ -375,6 +375,25 @@ def test_a_claim_riding_on_reports_takes_the_freed_slots(client, store, clock):
     assert "claimed" not in client.post("/jobs/reports", json={"reports": stale}).json
 
 
+def test_a_claim_riding_on_reports_that_freed_nothing_still_places_due_work(database_url, clock):
+    """The claim's own look for waiting work is skipped only when the reports' placement
+    already offered this node's free slots: here none of them applied, and a retry that
+    became due meanwhile goes to the claiming node's free slot."""
+    app = make_app(database_url, clock, max_jobs_per_node=2, retry_base_secs=10.0, max_job_retries=1)
+    client, store = app.test_client(), app.extensions["corral.store"]
+    set_nodes(store, clock, "n1", slots=2)
+    submit_batch(client, [{"command": "a"}])
+    (job,) = claim(client, "n1")
+    failed = [{"job_id": job["job_id"], "node_id": "n1", "attempt": 1, "status": "failed", "exit_code": 1}]
+    assert client.post("/jobs/reports", json={"reports": failed}).json["results"][0]["job_status"] == "pending"
+    assert client.get(f"/jobs/{job['job_id']}").json["node_id"] is None  # its retry is not due yet
+    clock.now += 3600
+    stale = [{"job_id": job["job_id"], "node_id": "n1", "attempt": 7, "status": "done", "exit_code": 0}]
+    answer = client.post("/jobs/reports", json={"reports": stale, "claim": {"node_id": "n1", "max": 2}}).json
+    assert answer["results"][0]["code"] == 409
+    assert [(j["job_id"], j["attempt"], j["status"]) for j in answer["claimed"]] == [(job["job_id"], 2, "running")]
+
+
 @pytest.mark.parametrize("claim_body", ["n1", {"max": 1}, {"node_id": "n1"}, {"node_id": "n1", "max": 0},
                                         {"node_id": "n1", "max": 1, "extra": 1}])
 def test_a_bad_riding_claim_is_400_and_applies_no_report(client, store, clock, claim_body):

@@ -125,21 +125,23 @@ class Scheduler:
         claim riding on them (node_id, claim request): an agent's next work comes with
         the answer to its reports (no work when that placement failed: it claims again)."""
         def place_and_claim(results: list[dict]) -> list[Job]:
-            self._after_reports([(items[r["index"]][1]["node_id"], r["job_status"])
-                                 for r in results if r["code"] == 200], now)
-            return self._claim(claim[0], claim[1], now) if claim is not None else []
+            applied = [(items[r["index"]][1]["node_id"], r["job_status"]) for r in results if r["code"] == 200]
+            self._after_reports(applied, now)
+            if claim is None:
+                return []
+            offered = _offered_work(applied)
+            # The claiming node's free slots were just offered the waiting work: no second look.
+            return self._claim(claim[0], claim[1], now, offered=offered is None or claim[0] in offered)
 
         return self._write_then_place(lambda: self.store.apply_reports(items, now), place_and_claim, [],
                                       only_places=claim is None)
 
     def _after_reports(self, applied: list[tuple[str, str]], now: float) -> int:
-        """Placement after applied reports, (reporting node, new status) each: a job back
-        to pending is new work for any node; a job that ended freed a slot of its node,
-        and only that node gets work (any other free slot got it when it came)."""
-        if any(status == "pending" for _, status in applied):
+        """Placement after applied reports (_offered_work); returns the jobs placed."""
+        nodes = _offered_work(applied)
+        if nodes is None:
             return self.store.dispatch(now)
-        freed = {node_id for node_id, status in applied if status != "running"}
-        return self.store.dispatch(now, freed) if freed else 0
+        return self.store.dispatch(now, nodes) if nodes else 0
 
     def claim(self, node_id: str, request: dict, now: float) -> list[Job]:
         """Take up to request['max'] jobs placed on the node (see Store.take_placed). A
@@ -149,11 +151,13 @@ class Scheduler:
         with self.store.db.atomic():
             return self._claim(node_id, request, now)
 
-    def _claim(self, node_id: str, request: dict, now: float) -> list[Job]:
+    def _claim(self, node_id: str, request: dict, now: float, offered: bool = False) -> list[Job]:
+        """The claim in the current transaction. `offered`: this transaction already offered
+        the node's free slots the waiting work (what is left does not fit or is not due)."""
         free, slot_open = self.store.claim_room(node_id, request)
         if free <= 0:
             return []
-        if slot_open and self.store.unplaced_due(now):
+        if slot_open and not offered and self.store.unplaced_due(now):
             self.store.dispatch(now, [node_id])  # a slot is free here and work waits unplaced
         return self.store.take_placed(node_id, request, free, now)
 
@@ -176,3 +180,13 @@ class Scheduler:
         """Placement on its own (the background pass: node changes, due retries)."""
         with self.placing(only_places=True):
             return self.store.dispatch(now)
+
+
+def _offered_work(applied: list[tuple[str, str]]) -> set[str] | None:
+    """The nodes whose free slots get the waiting work after these applied reports,
+    (reporting node, new status) each; None for every node. A job back to pending is
+    new work for any node; a job that ended freed a slot of its node, and only that
+    node gets work (any other free slot got it when it came)."""
+    if any(status == "pending" for _, status in applied):
+        return None
+    return {node_id for node_id, status in applied if status != "running"}

@@ -785,9 +785,14 @@ class Store:
         return bool(placed) or self._unplaced_due(now)
 
     def _unplaced_due(self, now: float) -> bool:
+        # Ordered as the (status, node_id, id) index is, as in dispatch: without an order,
+        # PostgreSQL's generic plan of this prepared statement may scan the whole table
+        # for a LIMIT 1 that finds nothing (2.8 ms a call against 0.05 ms, measured
+        # under the capacity benchmark).
         return bool(self._sql.rows(self.db, "unplaced due", lambda: Job.select(Job.id).where(
             (Job.status == "pending") & Job.node_id.is_null()
-            & (Job.next_attempt_at.is_null() | (Job.next_attempt_at <= param("now")))).limit(1), now=now))
+            & (Job.next_attempt_at.is_null() | (Job.next_attempt_at <= param("now")))
+        ).order_by(Job.status, Job.node_id, Job.id).limit(1), now=now))
 
     def _after_commit_placed(self, node_ids: set[str]) -> None:
         hook = self.on_placed
