@@ -64,10 +64,11 @@ class Job(BaseModel):
     class Meta:
         table_name = "job"
         indexes = (
-            (("status", "node_id"), False),
             (("node_id", "status"), False),
             (("finished_at",), False),   # the retention purge (created on start in older databases too)
-            (("status", "node_id", "id"), False),  # placement: the oldest unplaced first (migration 0002)
+            # placement: the oldest unplaced first (migration 0002; also what the
+            # (status, node_id) index served, dropped by migration 0003)
+            (("status", "node_id", "id"), False),
             (("instance_id",), False),   # placement: the jobs pinned to a node
         )
 
