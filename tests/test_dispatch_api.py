@@ -375,6 +375,21 @@ def test_a_claim_riding_on_reports_takes_the_freed_slots(client, store, clock):
     assert "claimed" not in client.post("/jobs/reports", json={"reports": stale}).json
 
 
+def test_a_node_no_longer_listed_may_claim_only_within_the_slots_its_running_jobs_leave(database_url, clock):
+    """Its running jobs still count against the most a node may run, and placement
+    offers it nothing (it is not a healthy compute node any more)."""
+    app = make_app(database_url, clock, max_jobs_per_node=3)
+    client, store = app.test_client(), app.extensions["corral.store"]
+    set_nodes(store, clock, "n1", slots=3)
+    submit_batch(client, [{"command": "a"}, {"command": "b"}])
+    assert len(claim(client, "n1")) == 2
+    assert store.claim_room("n1", {"max": 5}) == (1, True)
+    set_nodes(store, clock, "n2", slots=1)  # n1 is gone from the registry's list
+    assert store.claim_room("n1", {"max": 5}) == (1, False)
+    assert store.claim_room("n1", {"max": 1}) == (1, False)
+    assert store.claim_room("never-seen", {"max": 5}) == (3, False)
+
+
 def test_a_claim_riding_on_reports_that_freed_nothing_still_places_due_work(database_url, clock):
     """The claim's own look for waiting work is skipped only when the reports' placement
     already offered this node's free slots: here none of them applied, and a retry that

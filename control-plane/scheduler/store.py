@@ -415,15 +415,23 @@ class Store:
         """How many jobs a claim of `node_id` may take now (its free slots, at most
         request['max']), and whether a slot of it is free that placement could fill
         first (the node is a healthy compute node with room beyond what is placed)."""
-        nodes = self._sql.rows(self.db, "claiming node", lambda: Node.select(
-            Node.slots, Node.status, Node.kind).where(Node.node_id == param("node_id")), node_id=node_id)
-        slots, status, kind = nodes[0] if nodes else (None, None, None)
-        capacity = self._capacity(slots)
-        counts = dict(self._sql.rows(self.db, "node job counts", lambda: Job.select(
-            Job.status, fn.COUNT(Job.id)).where((Job.node_id == param("node_id"))
-                                                & Job.status.in_(["pending", "running"])).group_by(Job.status),
-            node_id=node_id))
-        running, placed = counts.get("running", 0), counts.get("pending", 0)
+        def counted(status: str) -> peewee.Select:
+            return Job.select(fn.COUNT(Job.id)).where((Job.node_id == param("node_id")) & (Job.status == status))
+
+        # The node and its running and placed jobs in one read (the (node_id, status) index).
+        rows = self._sql.rows(self.db, "claiming node", lambda: Node.select(
+            Node.slots, Node.status, Node.kind, counted("running"), counted("pending")).where(
+            Node.node_id == param("node_id")), node_id=node_id)
+        if rows:
+            slots, status, kind, running, placed = rows[0]
+            capacity = self._capacity(slots)
+        else:  # not (or no longer) a known node: its jobs alone
+            status, kind, capacity = None, None, self._capacity(None)
+            counts = dict(self._sql.rows(self.db, "node job counts", lambda: Job.select(
+                Job.status, fn.COUNT(Job.id)).where((Job.node_id == param("node_id"))
+                                                    & Job.status.in_(["pending", "running"])).group_by(Job.status),
+                node_id=node_id))
+            running, placed = counts.get("running", 0), counts.get("pending", 0)
         free = min(request["max"], capacity - running)
         return free, free > 0 and status == "healthy" and kind == "compute" and running + placed < capacity
 
@@ -642,23 +650,28 @@ class Store:
                         chosen.matches(Job.id) & (Job.status == "pending") & Job.node_id.is_null()).returning(Job.id),
                         node_id=node_id, now=now, **chosen.values)}
                 placed += [(job_id, node_id) for job_id in ids if job_id in done]
+            state = {}
             if placed:
                 self._after_commit_placed({node_id for _, node_id in placed})
-                self._set_state(PLACEMENT_MARK, os.urandom(8).hex())
+                state[PLACEMENT_MARK] = os.urandom(8).hex()
                 self._events([{"job": job_id, "at": now, "old": "pending", "new": "pending",
                                "attempt": attempts[job_id] + 1, "node_id": node_id,
                                "reason": f"placed on {node_id}"} for job_id, node_id in placed])
-            if not cursor_stored:
-                self._set_state(RR_CURSOR, cursor)
-            elif cursor != before:
-                self._sql.execute(self.db, "cursor", lambda: SchedulerState.update(value=param("value")).where(
-                    SchedulerState.key == RR_CURSOR), value=cursor)
+            if not cursor_stored or cursor != before:
+                state[RR_CURSOR] = cursor
+            self._set_state(state)
             return len(placed)
 
-    def _set_state(self, key: str, value: str | None) -> None:
-        self._sql.execute(self.db, "set state", lambda: SchedulerState.insert(
-            key=param("key"), value=param("value")).on_conflict(
-            conflict_target=[SchedulerState.key], preserve=[SchedulerState.value]), key=key, value=value)
+    def _set_state(self, values: dict[str, str | None]) -> None:
+        """Store scheduler_state values (key → value), all in one statement."""
+        if not values:
+            return
+        named = {}
+        for i, key in enumerate(sorted(values)):
+            named[f"key{i}"], named[f"value{i}"] = key, values[key]
+        self._sql.execute(self.db, ("set state", len(values)), lambda: SchedulerState.insert_many(
+            [{"key": param(f"key{i}"), "value": param(f"value{i}")} for i in range(len(values))]).on_conflict(
+            conflict_target=[SchedulerState.key], preserve=[SchedulerState.value]), **named)
 
     # ---- the SNS outbox, counters, /stats ----------------------------------
 
