@@ -4,7 +4,7 @@ One process across gunicorn workers and replicas runs the intake (a lease of
 its own). Each pass long-polls the queue (up to 10 messages), then for each
 message:
 
-- a valid job request is submitted through `Store.submit` with an idempotency
+- a valid job request is submitted through `Scheduler.submit` with an idempotency
   key: the message's `idempotency_key` (or `Idempotency-Key`) attribute when
   it has one, else `sqs:<MessageId>`. A redelivered message (same MessageId)
   or a producer's re-send with the same key finds the job created first, so a
