@@ -195,6 +195,35 @@ class Statements:
                 found += cursor.fetchall()
         return found
 
+    def update_rows(self, db: peewee.Database, key: Hashable, model: type[peewee.Model], rows: list[dict],
+                    names: list[str], constants: dict, where: dict) -> set:
+        """One UPDATE of several rows, each with values of its own: every row is a dict of
+        the primary key and `names` (values as the columns store them); `constants`
+        (field → value) are set in every row; only rows whose fields equal `where`
+        (field → value) change. Returns the primary keys of the rows changed.
+
+        PostgreSQL joins the rows as arrays (`FROM unnest(…)`, one parameter per
+        column whatever their number), SQLite as a `WITH … AS (VALUES …)` table
+        (`UPDATE … FROM`, SQLite 3.33): one statement instead of one per row."""
+        if not rows:
+            return set()
+        pk = _primary_key(model)
+        postgres = isinstance(db, peewee.PostgresqlDatabase)
+        statement_key = ("update rows", key, tuple(names), tuple(constants), tuple(where),
+                         0 if postgres else len(rows))
+        compiled = self._postgres.get(statement_key)
+        if compiled is None:
+            compiled = _remember(self._postgres, statement_key,
+                                 (_update_from(db, model, names, list(constants), list(where), len(rows)), []))
+        columns = [pk.name, *names]
+        if postgres:
+            params = [list(constants.values()), [[row[name] for row in rows] for name in columns], list(where.values())]
+        else:
+            params = [[row[name] for row in rows for name in columns], list(constants.values()),
+                      list(where.values())]
+        cursor = db.execute_sql(compiled[0], [value for part in params for value in part])
+        return {row[0] for row in cursor.fetchall()}
+
     def select(self, model: type[peewee.Model], key: Hashable, build: Callable[[], peewee.Query], /,
                **values) -> list:
         """Run a SELECT of model columns; returns model instances (the columns not
@@ -235,6 +264,36 @@ def _with_child(db: peewee.Database, sql: str, returning: peewee.Field | None, c
     selected = ", ".join([f'"{returning.column_name}"', *(f"%s::{_column_type(db, field)}" for field in fields)])
     return (f'WITH "inserted" AS ({sql}) INSERT INTO "{child.model._meta.table_name}" ({columns}) '
             f'SELECT {selected} FROM "inserted" RETURNING "{parent.column_name}"')
+
+
+def _primary_key(model: type[peewee.Model]) -> peewee.Field:
+    pk = model._meta.primary_key
+    assert isinstance(pk, peewee.Field), f"{model.__name__} has no single-column primary key"
+    return pk
+
+
+def _update_from(db: peewee.Database, model: type[peewee.Model], names: list[str], constants: list[str],
+                 where: list[str], size: int) -> str:
+    """The SQL of Statements.update_rows: parameters are the constants, the rows (one
+    array per column on PostgreSQL, `size` rows of values on SQLite, before the
+    constants there) and the `where` values, in that order."""
+    fields = model._meta.fields
+    table = f'"{model._meta.table_name}"'
+    pk = _primary_key(model)
+    columns = [pk, *(fields[name] for name in names)]
+    column_list = ", ".join(f'"{field.column_name}"' for field in columns)
+    sets = ", ".join([*(f'"{fields[name].column_name}" = {db.param}' for name in constants),
+                      *(f'"{fields[name].column_name}" = "rows"."{fields[name].column_name}"' for name in names)])
+    conditions = " AND ".join([f'{table}."{pk.column_name}" = "rows"."{pk.column_name}"',
+                               *(f'{table}."{fields[name].column_name}" = {db.param}' for name in where)])
+    returning = f'RETURNING {table}."{pk.column_name}"'
+    if isinstance(db, peewee.PostgresqlDatabase):
+        arrays = ", ".join(f"%s::{_column_type(db, field)}[]" for field in columns)
+        return (f'UPDATE {table} SET {sets} FROM unnest({arrays}) AS "rows"({column_list}) '
+                f'WHERE {conditions} {returning}')
+    row = "(" + ", ".join([db.param] * len(columns)) + ")"
+    return (f'WITH "rows"({column_list}) AS (VALUES {", ".join([row] * size)}) '
+            f'UPDATE {table} SET {sets} FROM "rows" WHERE {conditions} RETURNING "{pk.column_name}"')
 
 
 def _unnest_insert(db: peewee.Database, model: type[peewee.Model], names: list[str],

@@ -356,6 +356,27 @@ def test_batched_reports_apply_each_on_its_own(client, store, clock):
     assert client.post("/jobs/reports", json={"reports": []}).status_code == 400
 
 
+def test_reports_with_outputs_of_their_own_each_keep_theirs(client, store, clock):
+    """Reports that change the same fields with different values (every real job's
+    output, CPU time and peak memory differ) are written together; a stale one among
+    them changes nothing."""
+    set_nodes(store, clock, "n1", slots=4)
+    submit_batch(client, [{"command": str(i)} for i in range(4)])
+    claimed = claim(client, "n1")
+    assert len(claimed) == 4
+    reports = [{"job_id": job["job_id"], "node_id": "n1", "attempt": 1 if i < 3 else 9, "status": "done",
+                "exit_code": 0, "stdout": f"out {i}", "stderr": f"err {i}" if i else "", "cpu_seconds": i + 0.5,
+                "peak_memory_bytes": (i + 1) << 20, "oom_killed": False} for i, job in enumerate(claimed)]
+    results = client.post("/jobs/reports", json={"reports": reports}).json["results"]
+    assert [r["code"] for r in results] == [200, 200, 200, 409]
+    for i, job in enumerate(claimed[:3]):
+        got = client.get(f"/jobs/{job['job_id']}").json
+        assert (got["status"], got["stdout"], got["stderr"], got["cpu_seconds"], got["peak_memory_bytes"]) == (
+            "done", f"out {i}", f"err {i}" if i else "", i + 0.5, (i + 1) << 20)
+    untouched = client.get(f"/jobs/{claimed[3]['job_id']}").json
+    assert (untouched["status"], untouched["stdout"]) == ("running", None)
+
+
 def test_a_claim_riding_on_reports_takes_the_freed_slots(client, store, clock):
     set_nodes(store, clock, "n1", slots=2)
     submit_batch(client, [{"command": str(i)} for i in range(5)])

@@ -112,3 +112,22 @@ def test_rows_whose_children_cannot_be_written_are_not_written_either(models, co
         sql.insert_rows(db, "items", item, [{"name": f"n{i}"} for i in range(count)], returning=item.id,
                         child=statements.Child(tag, "item", bad))
     assert item.select().count() == 0 and tag.select().count() == 0
+
+
+@pytest.mark.parametrize("count", [1, 3, 120])
+def test_rows_updated_in_one_statement_each_get_their_own_values(item, count):
+    sql = Statements()
+    db = item._meta.database
+    ids = [row[0] for row in sql.insert_rows(db, "items", item, [{"name": f"n{i}", "size": 0} for i in range(count)],
+                                             returning=item.id)]
+    ids.sort()
+    # Every other row no longer matches the condition: it is neither changed nor returned.
+    item.update(size=1).where(item.id.in_(ids[1::2])).execute()
+    rows = [{"id": row_id, "note": f"note {row_id}" if row_id % 3 else None, "size": row_id * 10} for row_id in ids]
+    changed = sql.update_rows(db, "items", item, rows, ["note", "size"], {"flag": True}, {"size": 0})
+    assert changed == set(ids[0::2])
+    for read in item.select().order_by(item.id):
+        if read.id in changed:
+            assert (read.note, read.size, read.flag) == (f"note {read.id}" if read.id % 3 else None, read.id * 10, True)
+        else:
+            assert (read.note, read.size, read.flag) == (None, 1, None)

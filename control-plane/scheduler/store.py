@@ -853,18 +853,17 @@ class Store:
         compare-and-set on the job's status and attempt (and node, `on_node`: a claim),
         its event row (all of them in one statement), its metrics on commit, and its notification in the outbox
         when it is final; each instance then says what its row says. Decisions that
-        write the same values (a claim's jobs, alike reports) share one UPDATE. Returns
+        change the same fields share one UPDATE (_update_jobs). Returns
         the jobs whose row had changed meanwhile: nothing is written for them and their
         instances are as they were. A job appears at most once."""
         groups: dict[tuple, list[tuple[Job, lifecycle.Transition]]] = {}
         for job, transition in decided:
             check_transition(job.status, transition.new)
-            key = (job.status, job.attempt, transition.new, repr(sorted(transition.changes.items())))
+            key = (job.status, job.attempt, transition.new, tuple(sorted(transition.changes)))
             groups.setdefault(key, []).append((job, transition))
         stale, rows = [], []
         for (old, attempt, new, _), members in groups.items():
-            changed = self._update_jobs([job.id for job, _ in members], old, attempt, new, members[0][1].changes,
-                                        on_node)
+            changed = self._update_jobs(members, old, attempt, new, on_node)
             for job, transition in members:
                 if job.id not in changed:
                     stale.append(job)
@@ -884,12 +883,22 @@ class Store:
         self._events(rows)
         return stale
 
-    def _update_jobs(self, ids: list[int], old: str, attempt: int, new: str, changes: dict,
+    def _update_jobs(self, members: list[tuple[Job, lifecycle.Transition]], old: str, attempt: int, new: str,
                      on_node: str | None) -> set[int]:
-        """The compare-and-set of _apply_all; returns the ids it changed."""
-        names = tuple(sorted(changes))
+        """The compare-and-set of _apply_all for decisions that change the same fields;
+        returns the ids it changed. When the values are alike too (a claim's jobs) they
+        are the statement's constants; else each row brings its own (reports: every
+        job's output, CPU time and peak memory differ), joined in one statement rather
+        than an UPDATE per job."""
         fields = Job._meta.fields
-        chosen = ValueList(self.db, "ids", ids)
+        changes = members[0][1].changes
+        names = sorted(changes)
+        if any(transition.changes != changes for _, transition in members[1:]):
+            where = {"status": old, "attempt": attempt, **({"node_id": on_node} if on_node is not None else {})}
+            return self._sql.update_rows(self.db, "transition", Job, [
+                {"id": job.id, **{name: fields[name].db_value(transition.changes[name]) for name in names}}
+                for job, transition in members], names, {"status": new}, where)
+        chosen = ValueList(self.db, "ids", [job.id for job, _ in members])
 
         def update():
             where = chosen.matches(Job.id) & (Job.status == param("old")) & (Job.attempt == param("was_attempt"))
@@ -899,7 +908,7 @@ class Store:
                 where).returning(Job.id)
 
         return {row[0] for row in self._sql.rows(
-            self.db, ("transition", names, on_node is not None, chosen.size), update,
+            self.db, ("transition", tuple(names), on_node is not None, chosen.size), update,
             new=new, old=old, was_attempt=attempt, **chosen.values,
             **({"on_node": on_node} if on_node is not None else {}),
             **{name: fields[name].db_value(value) for name, value in changes.items()})}
