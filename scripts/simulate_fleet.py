@@ -61,8 +61,16 @@ LONG_POLL_HEADER = "X-Corral-Long-Poll"
 AGENT_CLAIM_FIELDS = {"limits_enforced": True, "private_tmp": True,
                       "default_limits": {"run": {"memory_mb": 512, "cpu_percent": 100, "max_processes": 1024},
                                          "service": {"memory_mb": 1024, "cpu_percent": 200, "max_processes": 1024}}}
-DONE_FIELDS = {"status": "done", "exit_code": 0, "stdout": "", "stderr": "", "oom_killed": False,
-               "peak_memory_bytes": 1 << 20, "cpu_seconds": 0.002}
+DONE_FIELDS = {"status": "done", "exit_code": 0, "stdout": "", "stderr": "", "oom_killed": False}
+
+
+def done_report(job: dict, node_id: str) -> dict:
+    """A `true` job's done report as a real agent sends it: the peak memory and CPU time
+    its cgroup measured, which differ from job to job (the scheduler writes reports
+    with values of their own differently from alike ones)."""
+    return {"job_id": job["job_id"], "node_id": node_id, "attempt": job["attempt"], **DONE_FIELDS,
+            "peak_memory_bytes": (256 + random.randrange(256)) * 4096,
+            "cpu_seconds": round(0.001 + random.random() * 0.002, 6)}
 
 
 @dataclass(frozen=True)
@@ -306,8 +314,7 @@ class Fleet:
             while jobs and not self.stop.is_set():
                 if self.cfg.job_secs:
                     time.sleep(self.cfg.job_secs)
-                reports = [{"job_id": job["job_id"], "node_id": node_id, "attempt": job["attempt"], **DONE_FIELDS}
-                           for job in jobs]
+                reports = [done_report(job, node_id) for job in jobs]
                 body = {"reports": reports, "claim": {"node_id": node_id, "max": self.slots, **AGENT_CLAIM_FIELDS}}
                 r = self.http(session, "POST", f"{self.scheduler_of[node_id]}/jobs/reports", "report_batch",
                               json=body, timeout=30)
