@@ -24,7 +24,7 @@ from collections.abc import Callable, Collection
 import peewee
 from peewee import fn
 
-from corral.shared.db import lock_placement
+from corral.shared.db import lock_placement, one_writer
 from corral.shared.errors import BadRequest, BatchError, Conflict, CorralError, NotFound
 from corral.shared.leader import Fence
 from corral.shared.states import ACTIVE, check_transition
@@ -859,10 +859,11 @@ class Store:
         groups: dict[tuple, list[tuple[Job, lifecycle.Transition]]] = {}
         for job, transition in decided:
             check_transition(job.status, transition.new)
-            key = (job.status, job.attempt, transition.new, tuple(sorted(transition.changes)))
+            key = (job.status, job.attempt, transition.new, tuple(sorted(transition.changes)),
+                   None if one_writer(self.db) else repr(sorted(transition.changes.items())))
             groups.setdefault(key, []).append((job, transition))
         stale, rows = [], []
-        for (old, attempt, new, _), members in groups.items():
+        for (old, attempt, new, _, _), members in groups.items():
             changed = self._update_jobs(members, old, attempt, new, on_node)
             for job, transition in members:
                 if job.id not in changed:
@@ -889,7 +890,10 @@ class Store:
         returns the ids it changed. When the values are alike too (a claim's jobs) they
         are the statement's constants; else each row brings its own (reports: every
         job's output, CPU time and peak memory differ), joined in one statement rather
-        than an UPDATE per job."""
+        than an UPDATE per job. Only with one writer (SQLite): on PostgreSQL the joined
+        UPDATE was measured with stalls under the capacity benchmark that per-job
+        updates did not show (docs/benchmarks.md), so there _apply_all groups alike
+        values only."""
         fields = Job._meta.fields
         changes = members[0][1].changes
         names = sorted(changes)
