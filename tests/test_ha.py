@@ -646,8 +646,15 @@ def test_a_leader_stopped_past_its_lease_is_taken_over_and_its_late_writes_are_r
             wait_for(lambda: node_list_synced(b) > synced, timeout=10, message="B to refresh the node list")
         finally:
             c.procs["scheduler"].signal(signal.SIGCONT)
-        wait_for(lambda: "this write is refused" in c.procs["scheduler"].output(), timeout=30,
-                 message="A's late write to be refused")
+        try:
+            wait_for(lambda: "this write is refused" in c.procs["scheduler"].output(), timeout=30,
+                     message="A's late write to be refused")
+        except AssertionError as exc:
+            # What each replica's loops did, beyond the log tail the cluster prints.
+            said = {name: [line for line in c.procs[name].output().splitlines()
+                           if "loops" in line or "lease" in line or "Error" in line]
+                    for name in ("scheduler", B)}
+            raise AssertionError(f"{exc}; lease row now {loops_lease(db)}; loops' log lines {said}") from None
         assert {"node-1", "node-x"} <= {n["node_id"] for n in requests.get(b + "/nodes", timeout=5).json()}
         still = requests.get(f"{b}/jobs/{parked['job_id']}", timeout=5).json()
         assert (still["status"], still["node_id"], still["attempt"]) == ("pending", "node-x", 1), still
