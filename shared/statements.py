@@ -80,8 +80,9 @@ class Statements:
         # Threads may race to compile the same statement: both get the same SQL, and
         # a dict assignment is atomic, so no lock is needed.
         self._compiled: dict[Hashable, tuple[str, list]] = {}
-        # Per insert_rows key, shape and child: its PostgreSQL statement (and slots).
-        self._postgres: dict[Hashable, tuple[str, list]] = {}
+        # Statements written here rather than by peewee (PostgreSQL's inserts, and
+        # update_rows on each backend): per key and shape, the SQL and its slots.
+        self._written: dict[Hashable, tuple[str, list]] = {}
         # Per compiled SELECT of model rows: (field name, converter or None) per column.
         self._columns: dict[Hashable, list[tuple[str, Callable | None]]] = {}
 
@@ -162,19 +163,19 @@ class Statements:
         shape = child and (child.model, child.parent, *child_names)
         if len(rows) * len(names) + len(child_names) > PSYCOPG_CACHED_PARAMS:
             cache_key: tuple = ("unnest", key, shape)
-            compiled = self._postgres.get(cache_key)
+            compiled = self._written.get(cache_key)
             if compiled is None:
                 insert = _unnest_insert(db, model, names, returning, skip_duplicates)
-                compiled = _remember(self._postgres, cache_key, (_with_child(db, insert, returning, child, child_names),
+                compiled = _remember(self._written, cache_key, (_with_child(db, insert, returning, child, child_names),
                                                                  []))
             params = [[row.get(name) for row in rows] for name in names]
         else:
             cache_key = ("values", key, len(rows), shape)
-            compiled = self._postgres.get(cache_key)
+            compiled = self._written.get(cache_key)
             if compiled is None:
                 insert, slots = self._get((key, len(rows)), partial(_values_insert, model, names, len(rows), returning,
                                                                     skip_duplicates))
-                compiled = _remember(self._postgres, cache_key, (_with_child(db, insert, returning, child, child_names),
+                compiled = _remember(self._written, cache_key, (_with_child(db, insert, returning, child, child_names),
                                                                  slots))
             params = self._values(compiled[1], {f"{name}{i}": row.get(name)
                                                 for i, row in enumerate(rows) for name in names})
@@ -211,9 +212,9 @@ class Statements:
         postgres = isinstance(db, peewee.PostgresqlDatabase)
         statement_key = ("update rows", key, tuple(names), tuple(constants), tuple(where),
                          0 if postgres else len(rows))
-        compiled = self._postgres.get(statement_key)
+        compiled = self._written.get(statement_key)
         if compiled is None:
-            compiled = _remember(self._postgres, statement_key,
+            compiled = _remember(self._written, statement_key,
                                  (_update_from(db, model, names, list(constants), list(where), len(rows)), []))
         columns = [pk.name, *names]
         if postgres:
@@ -286,11 +287,11 @@ def _update_from(db: peewee.Database, model: type[peewee.Model], names: list[str
                       *(f'"{fields[name].column_name}" = "rows"."{fields[name].column_name}"' for name in names)])
     conditions = " AND ".join([f'{table}."{pk.column_name}" = "rows"."{pk.column_name}"',
                                *(f'{table}."{fields[name].column_name}" = {db.param}' for name in where)])
-    returning = f'RETURNING {table}."{pk.column_name}"'
     if isinstance(db, peewee.PostgresqlDatabase):
         arrays = ", ".join(f"%s::{_column_type(db, field)}[]" for field in columns)
         return (f'UPDATE {table} SET {sets} FROM unnest({arrays}) AS "rows"({column_list}) '
-                f'WHERE {conditions} {returning}')
+                f'WHERE {conditions} RETURNING {table}."{pk.column_name}"')
+    # SQLite's RETURNING names only the updated table's columns, unqualified.
     row = "(" + ", ".join([db.param] * len(columns)) + ")"
     return (f'WITH "rows"({column_list}) AS (VALUES {", ".join([row] * size)}) '
             f'UPDATE {table} SET {sets} FROM "rows" WHERE {conditions} RETURNING "{pk.column_name}"')

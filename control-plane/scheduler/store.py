@@ -424,14 +424,11 @@ class Store:
             Node.node_id == param("node_id")), node_id=node_id)
         if rows:
             slots, status, kind, running, placed = rows[0]
-            capacity = self._capacity(slots)
         else:  # not (or no longer) a known node: its jobs alone
-            status, kind, capacity = None, None, self._capacity(None)
-            counts = dict(self._sql.rows(self.db, "node job counts", lambda: Job.select(
-                Job.status, fn.COUNT(Job.id)).where((Job.node_id == param("node_id"))
-                                                    & Job.status.in_(["pending", "running"])).group_by(Job.status),
-                node_id=node_id))
-            running, placed = counts.get("running", 0), counts.get("pending", 0)
+            slots = status = kind = None
+            running, placed = self._sql.rows(self.db, "node job counts", lambda: peewee.Select(
+                columns=[counted("running"), counted("pending")]).bind(self.db), node_id=node_id)[0]
+        capacity = self._capacity(slots)
         free = min(request["max"], capacity - running)
         return free, free > 0 and status == "healthy" and kind == "compute" and running + placed < capacity
 
