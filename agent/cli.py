@@ -28,6 +28,7 @@ import threading
 from corral.shared.clients import RegistryClient, SchedulerClient
 from corral.shared.errors import SettingError
 from corral.shared.settings import env_choice, split_urls
+from corral.shared.signals import SignalWatch
 
 from . import cgroups, identity, launch
 from .agent import Agent, AgentStartError
@@ -100,13 +101,14 @@ def main(argv: list[str] | None = None) -> int:
 
     stop = threading.Event()
 
-    def request_stop(signum, _frame):
+    def request_stop(signum):
         if not stop.is_set():
             logging.getLogger(__name__).info("received %s; stopping",
                                              signal.Signals(signum).name)
         stop.set()
 
-    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    # Not in the handler: the main thread may be inside stop.wait() holding its lock.
+    watch = SignalWatch([signal.SIGTERM, signal.SIGINT], request_stop)
     registry = client_for(RegistryClient, settings.registry_url, settings)
     scheduler = client_for(SchedulerClient, settings.scheduler_url, settings)
     try:
@@ -123,8 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         registry.close()
         scheduler.close()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        watch.close()
 
 
 def client_for(client_class, url: str, settings: AgentSettings):

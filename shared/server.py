@@ -11,18 +11,22 @@ import ipaddress
 import logging
 import os
 import resource
+import signal
 import socket
 import sys
+import threading
 from collections.abc import Callable
 
 from gunicorn.app.base import Application
 from gunicorn.workers.gthread import ThreadWorker
 
-from . import auth, metrics, worker
+from . import auth, metrics, signals, worker
 from . import db as dbmod
 from .credentials import server_credentials
 from .errors import CorralError
 from .validate import NAME_RE
+
+log = logging.getLogger(__name__)
 
 # The worker (shared/worker.py) is gunicorn's gthread that reads each request in
 # its event loop first: one thread per request being served, none per request
@@ -131,6 +135,43 @@ class _Gunicorn(Application):
     def load(self):  # in the worker, after the fork
         dbmod.serve_in_a_worker()
         return self._loader()
+
+
+class _StopCallbacks:
+    """What a worker runs, once, when gunicorn tells it to stop (SIGTERM): off the
+    signal handler (shared/signals.py), after gunicorn's own handler."""
+
+    def __init__(self):
+        self.callbacks: list[Callable[[], None]] = []
+        self.ran = False
+        self.watch = signals.SignalWatch([signal.SIGTERM], self._run, chain=True)
+
+    def _run(self, _signum: int) -> None:
+        if self.ran:
+            return
+        self.ran = True
+        for callback in list(self.callbacks):
+            try:
+                callback()
+            except Exception:
+                log.exception("acting on SIGTERM failed")
+
+
+_stop_callbacks: _StopCallbacks | None = None
+
+
+def on_stop_signal(callback: Callable[[], None]) -> None:
+    """Call `callback` (soon, in a thread of its own) when gunicorn tells this worker
+    to stop. Installed from the main thread only: elsewhere (tests) nothing is."""
+    global _stop_callbacks
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if _stop_callbacks is None:
+        try:
+            _stop_callbacks = _StopCallbacks()
+        except ValueError:  # not the main thread of the main interpreter
+            return
+    _stop_callbacks.callbacks.append(callback)
 
 
 def setup_logging() -> None:
@@ -269,7 +310,6 @@ SPARE_FILES = 256
 def raise_open_files_limit(connections: int) -> None:
     """Raise the open-files soft limit to the hard limit (the workers inherit it), so
     that `worker_connections` fit; say so when even the hard limit is too low."""
-    log = logging.getLogger(__name__)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != hard:
         try:

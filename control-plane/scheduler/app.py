@@ -147,7 +147,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     app.extensions["corral.scheduler"] = scheduler
     app.extensions["corral.wait_room"] = room
     if start_loops:
-        room.install_stop_signal()  # under gunicorn: SIGTERM ends every long poll at once
+        server.on_stop_signal(room.close)  # under gunicorn: SIGTERM ends every long poll at once
         app.extensions["corral.loops"] = loops.start(store, registry_client(settings), clock)
         if settings.sqs_url:
             app.extensions["corral.sqs_intake"] = sqs_intake.start(store, clock)

@@ -37,9 +37,7 @@ free gunicorn thread. The agent then asks again after POLL_INTERVAL_SECS.
 from __future__ import annotations
 
 import logging
-import os
 import select
-import signal
 import socket
 import threading
 import time
@@ -171,27 +169,6 @@ class WaitRoom:
             ready = nodes
         if ready:
             self.poke(ready)
-
-    def install_stop_signal(self) -> None:
-        """Chain SIGTERM (gunicorn's graceful stop of a worker) to close(), so that
-        waiting claims answer at once instead of holding the worker's shutdown."""
-        if threading.current_thread() is not threading.main_thread():
-            return
-        previous = signal.getsignal(signal.SIGTERM)
-
-        def on_term(signum, frame):
-            self.close()
-            if callable(previous):
-                previous(signum, frame)
-            elif previous == signal.SIG_DFL:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                os.kill(os.getpid(), signal.SIGTERM)
-
-        try:
-            signal.signal(signal.SIGTERM, on_term)
-            signal.siginterrupt(signal.SIGTERM, False)  # as gunicorn sets it: requests are not disturbed
-        except ValueError:  # not the main thread of the main interpreter
-            pass
 
 
 @dataclass
