@@ -84,16 +84,18 @@ class LoopThread:
 
     An exception is logged with its traceback and the next pass waits longer
     (doubling up to `max_backoff`), so a broken database or a peer that is down
-    never ends the loop and never spins it.
+    never ends the loop and never spins it. `on_exit`, when set, runs in the
+    thread once the loop has stopped (after its last pass).
     """
 
-    def __init__(self, name: str, interval: float, tick: Callable[[float], None],
+    def __init__(self, name: str, interval: float, tick: Callable[[float], object],
                  clock: Callable[[], float] = time.time, max_backoff: float = 30.0):
         self.name = name
         self.interval = interval
         self.tick = tick
         self.clock = clock
         self.max_backoff = max_backoff
+        self.on_exit: Callable[[], None] | None = None
         self.stop_event = threading.Event()
         self.thread = threading.Thread(target=self.run, name=name, daemon=True)
 
@@ -106,15 +108,25 @@ class LoopThread:
         if self.thread.is_alive() and self.thread is not threading.current_thread():
             self.thread.join(timeout)
 
+    def delay_after(self, result: object) -> float:
+        """How long to wait after a pass that returned `result`."""
+        return self.interval
+
     def run(self) -> None:
         delay = 0.0
         failures = 0
-        while not self.stop_event.wait(delay):
-            try:
-                self.tick(self.clock())
-                failures = 0
-                delay = self.interval
-            except Exception:
-                failures += 1
-                delay = min(self.max_backoff, self.interval * (2 ** failures))
-                log.exception("%s: pass failed (%d in a row); next try in %.1fs", self.name, failures, delay)
+        try:
+            while not self.stop_event.wait(delay):
+                try:
+                    delay = self.delay_after(self.tick(self.clock()))
+                    failures = 0
+                except Exception:
+                    failures += 1
+                    delay = min(self.max_backoff, self.interval * (2 ** failures))
+                    log.exception("%s: pass failed (%d in a row); next try in %.1fs", self.name, failures, delay)
+        finally:
+            if self.on_exit is not None:
+                try:
+                    self.on_exit()
+                except Exception:
+                    log.exception("%s: could not end cleanly", self.name)

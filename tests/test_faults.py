@@ -116,6 +116,29 @@ def test_restarting_registry_and_scheduler_under_load_loses_nothing(tmp_path):
         cluster.stop()
 
 
+def test_a_stopping_scheduler_gives_its_loops_lease_up_and_none_of_its_workers_takes_it(tmp_path):
+    """Every worker gets SIGTERM. The one running the background loops gives the lease up
+    at once; the other, stopping too, must not take it over (it would run the loops on
+    its way out and hold the lease and its own exit)."""
+    cluster = Cluster(tmp_path, DISPATCH_INTERVAL_SECS=0.05)  # the other worker looks 20 times a second
+    try:
+        cluster.start()
+        cluster.start_agent("node-1")
+        cluster.wait_nodes_healthy("node-1")
+        job = cluster.submit(command="true")
+        cluster.wait_status(job["job_id"], "done")
+        scheduler = cluster.procs["scheduler"]
+        wait_for(lambda: "lease token 1" in scheduler.output(), message="the loops to run")
+        assert scheduler.stop() == 0, scheduler.output()[-4000:]
+        assert "lease token 2" not in scheduler.output(), scheduler.output()[-4000:]
+        with sqlite3.connect(os.path.join(cluster.state_dir, "scheduler.db")) as db:
+            expires_at, token = db.execute(
+                "SELECT expires_at, token FROM lease WHERE name = 'scheduler-loops'").fetchone()
+        assert (expires_at, token) == (0.0, 1)  # given up by the worker that held it; never taken over
+    finally:
+        cluster.stop()
+
+
 @pytest.mark.parametrize("damage", ["corrupt", "directory", "locked"])
 def test_a_broken_database_file_stops_the_server_with_a_clear_error(tmp_path, damage):
     state = tmp_path / "state"

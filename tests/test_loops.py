@@ -1,6 +1,7 @@
 """The scheduler's background pass, driven with a fake clock and a fake registry."""
 import pytest
 
+from corral.scheduler import loops
 from corral.scheduler.app import create_schema, open_store
 from corral.scheduler.loops import Background
 from corral.scheduler.models import Job, Node
@@ -8,7 +9,10 @@ from corral.scheduler.service import Scheduler
 from corral.scheduler.settings import SchedulerSettings
 from corral.scheduler.validation import status_report
 from corral.shared.clients import Unreachable
-from corral.shared.leader import LeaseLost
+from corral.shared import server
+from corral.shared.leader import Lease, LeaseLost, LoopThread
+
+from helpers import wait_for
 
 T0 = 1_800_000_000.0
 
@@ -206,3 +210,32 @@ def test_a_leader_that_did_not_run_for_a_lease_gives_every_node_a_full_lease_per
     for t in range(100, 140, 2):
         background.tick(T0 + t)
     assert Job.get_by_id(job.id).status == "pending"
+
+
+def test_a_worker_told_to_stop_gives_the_lease_up_and_a_stopping_worker_never_takes_it(store, monkeypatch):
+    """SIGTERM reaches every worker of a stopping scheduler. The leader ends its loop and
+    gives the lease up at once; another worker that is stopping too must not take it over
+    (it would hold the lease, and its shutdown, for nothing)."""
+    told_to_stop = []
+    monkeypatch.setattr(server, "on_stop_signal", told_to_stop.append)
+    monkeypatch.setattr(loops.atexit, "register", lambda at_exit: None)
+    registry = FakeRegistry([node("n1")])
+    leader, other = Background(store, registry, "leader"), Background(store, registry, "other")
+
+    def lease():
+        with store.db.connection_context():
+            return Lease.get_by_id(loops.LEASE_NAME)
+
+    first = loops.run_in_background(store, LoopThread("leader", 0.01, leader.tick), loops.LEASE_NAME, "leader")
+    wait_for(lambda: leader.token is not None, message="the leader's first pass")
+    second = loops.run_in_background(store, LoopThread("other", 0.01, other.tick), loops.LEASE_NAME, "other")
+    wait_for(lambda: registry.calls >= 3, message="the leader to keep the lease over a few passes")
+    stop_leader, stop_other = told_to_stop
+    stop_other()
+    stop_leader()
+    first.thread.join(5)
+    second.thread.join(5)
+    assert not first.thread.is_alive() and not second.thread.is_alive()
+    held = lease()
+    assert (held.holder, held.token, held.expires_at) == ("leader", 1, 0.0)  # given up, never taken over
+    assert other.token is None

@@ -21,6 +21,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from corral.shared import server
 from corral.shared.clients import ClientError, RegistryClient
 from corral.shared.leader import Fence, LeaseLost, LoopThread, holder_id, release, try_acquire
 
@@ -133,17 +134,8 @@ class PacedLoopThread(LoopThread):
     An exception is still logged and backed off (doubling from `interval`).
     """
 
-    def run(self) -> None:
-        delay = 0.0
-        failures = 0
-        while not self.stop_event.wait(delay):
-            try:
-                delay = max(0.0, float(self.tick(self.clock())))
-                failures = 0
-            except Exception:
-                failures += 1
-                delay = min(self.max_backoff, self.interval * (2 ** failures))
-                log.exception("%s: pass failed (%d in a row); next try in %.1fs", self.name, failures, delay)
+    def delay_after(self, result: object) -> float:
+        return max(0.0, float(result))  # type: ignore[arg-type]  # tick returns a number
 
 
 def on_a_connection(store: Store, tick: Callable[[float], object]) -> Callable[[float], object]:
@@ -160,21 +152,31 @@ def on_a_connection(store: Store, tick: Callable[[float], object]) -> Callable[[
 
 def run_in_background(store: Store, loop: LoopThread, lease_name: str, holder: str,
                       join_timeout: float = 5.0) -> LoopThread:
-    """Start `loop`, each of its passes on a connection of its own (on_a_connection); at a
-    normal exit stop it and give its lease up."""
+    """Start `loop`, each of its passes on a connection of its own (on_a_connection).
+
+    The lease is given up when the loop ends, so that a restarted scheduler or another
+    replica does not wait out the ttl before the loops run again. A worker told to
+    stop (SIGTERM) ends its loop at once: it finishes the pass under way and takes
+    the lease no more, so a worker that is itself shutting down never takes over
+    the lease another one just gave up. At any other normal exit the loop is
+    stopped then (atexit)."""
     loop.tick = on_a_connection(store, loop.tick)
 
-    def hand_over():
-        # A worker that exits normally gives the lease up, so a restarted
-        # scheduler does not wait out the ttl before its loops run again.
-        loop.stop(join_timeout)
-        try:
-            with store.db.connection_context():
-                release(store.db, lease_name, holder)
-        except Exception:
-            log.exception("could not release the %s lease", lease_name)
+    def give_up_lease():
+        with store.db.connection_context():
+            release(store.db, lease_name, holder)
 
-    atexit.register(hand_over)
+    def at_exit():
+        loop.stop(join_timeout)
+        if loop.thread.is_alive():  # a pass is stuck: its late writes are fenced off
+            try:
+                give_up_lease()
+            except Exception:
+                log.exception("could not release the %s lease", lease_name)
+
+    loop.on_exit = give_up_lease
+    server.on_stop_signal(loop.stop_event.set)
+    atexit.register(at_exit)
     return loop.start()
 
 
