@@ -45,7 +45,10 @@ import os
 import selectors
 import socket
 import ssl
+import sys
+import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Mapping
 from datetime import timedelta
@@ -78,6 +81,9 @@ ACCEPTS_PER_EVENT = 32
 ACCEPT_PAUSE_SECS = 0.5
 # A stopping worker still serves kept-alive connections this long (gthread's linger).
 STOP_LINGER_SECS = 2.0
+# A stopping worker still serving requests after this long says which, and where they
+# are (their threads' stacks), then again every as long: a stop that hangs is explained.
+STOP_REPORT_SECS = 5.0
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 # What a connection is doing, as the loop sees it.
@@ -184,6 +190,9 @@ class Conn:
         self.events = 0           # what the poller watches it for; 0: not registered
         self.lingered = 0         # bytes drained while closing
         self.on_event = partial(on_event, self)
+        self.busy_since = 0.0     # when the request being served was handed to a thread
+        self.thread_id: int | None = None  # the thread serving it
+        self.request_line = ""    # its first line, for the log of a stop that takes long
 
     def next_request(self) -> None:
         self.scanner = framing.RequestScanner(self.limits)
@@ -275,10 +284,14 @@ class BufferingWorker(ThreadWorker):
             if conn.phase in (NEW, IDLE) and conn.deadline > linger_until:
                 self._set_phase(conn, conn.phase, linger_until)
         give_up = time.monotonic() + self.cfg.graceful_timeout
+        report_at = time.monotonic() + STOP_REPORT_SECS
         while self.nr_conns > 0 and time.monotonic() < give_up:
             self.notify()
-            self.wait_for_and_dispatch_events(timeout=self._wait_secs())
+            self.wait_for_and_dispatch_events(timeout=min(self._wait_secs(), max(0.0, report_at - time.monotonic())))
             self._after_events()
+            if time.monotonic() >= report_at:
+                report_at = time.monotonic() + STOP_REPORT_SECS
+                self._report_busy()
         for conn in list(self.conns):
             if conn.phase != BUSY:
                 self._close(conn)
@@ -287,6 +300,18 @@ class BufferingWorker(ThreadWorker):
         self.method_queue.close()
         for listener in self.sockets:
             listener.close()
+
+    def _report_busy(self) -> None:
+        """Log the requests a stopping worker is still serving, with where each one is."""
+        now = time.monotonic()
+        frames = sys._current_frames()
+        for conn in self.conns:
+            if conn.phase != BUSY:
+                continue
+            frame = frames.get(conn.thread_id) if conn.thread_id is not None else None
+            where = "".join(traceback.format_stack(frame)[-8:]) if frame is not None else "(not started)\n"
+            self.log.warning("stopping: still serving %r from %s for %.1fs, in:\n%s", conn.request_line,
+                             conn.client, now - conn.busy_since, where.rstrip())
 
     def _set_phase(self, conn: Conn, phase: str, deadline: float | None = None) -> None:
         """Move a connection on; its deadline stays unless a new one is given. Timers
@@ -449,6 +474,8 @@ class BufferingWorker(ThreadWorker):
         self._unwatch(conn)
         conn.handed, conn.buf = bytes(conn.buf), bytearray()
         self._release(len(conn.handed))  # the thread takes the bytes over
+        conn.busy_since, conn.thread_id = time.monotonic(), None
+        conn.request_line = conn.handed.split(b"\r\n", 1)[0][:200].decode("latin-1")
         self._set_phase(conn, BUSY)
         self.enqueue_req(conn)
 
@@ -562,6 +589,7 @@ class BufferingWorker(ThreadWorker):
     def handle(self, conn: Conn) -> bool:
         """Serve the request the loop buffered. Whether the connection stays open."""
         req = None
+        conn.thread_id = threading.get_ident()
         try:
             conn.sock.settimeout(self.read_timeout)
             if conn.parser is None:

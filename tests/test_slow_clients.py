@@ -9,6 +9,7 @@ import os
 import random
 import resource
 import selectors
+import signal
 import socket
 import ssl
 import statistics
@@ -786,3 +787,49 @@ def test_a_thousand_slow_connections_leave_submits_reads_claims_and_leases_fast(
     moves = [(ev["from"], ev["to"]) for ev in events]
     assert moves.count(("pending", "running")) == 1 and moves[-1] == ("running", "done"), events
     assert ("running", "pending") not in moves and {ev["attempt"] for ev in events[1:]} == {1}, events
+
+
+SLOW_APP = '''
+import os, time
+
+def app(environ, start_response):
+    # Busy until the test lets it go: a request a stopping worker has to wait for.
+    open(os.environ["BUSY_FILE"], "w").close()
+    while not os.path.exists(os.environ["RELEASE_FILE"]):
+        time.sleep(0.05)
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [b"done"]
+'''
+
+
+def test_a_stopping_worker_says_which_requests_it_still_waits_for_and_where_they_are(tmp_path):
+    (tmp_path / "slow_app.py").write_text(SLOW_APP)
+    release, busy = tmp_path / "release", tmp_path / "busy"
+    sock = listening_socket()
+    port = sock.getsockname()[1]
+    argv = [os.path.join(BIN, "gunicorn"), "--chdir", str(tmp_path), "--worker-class",
+            "corral.shared.worker.BufferingWorker", "--workers", "1", "--threads", "2", "--no-control-socket",
+            "--bind", f"fd://{sock.fileno()}", "slow_app:app"]
+    env = {**os.environ, "RELEASE_FILE": str(release), "BUSY_FILE": str(busy)}
+    proc = Proc("gunicorn", argv, env, str(tmp_path / "gunicorn.log"), pass_fds=(sock.fileno(),))
+    sock.close()
+    answers = []
+    try:
+        wait_for(lambda: "Booting worker" in proc.output(), message="the worker to boot")
+        client = threading.Thread(target=lambda: answers.append(
+            requests.get(f"http://127.0.0.1:{port}/slow?x=1", timeout=30)))
+        client.start()
+        wait_for(busy.exists, message="the request to be served")
+        proc.signal(signal.SIGTERM)
+        wait_for(lambda: "stopping: still serving 'GET /slow?x=1 HTTP/1.1'" in proc.output(), timeout=15,
+                 message="the stopping worker to name the request it waits for")
+        report = proc.output()
+        assert "slow_app.py" in report and "time.sleep(0.05)" in report, report  # where it is
+        release.touch()
+        client.join(10)
+        assert answers and answers[0].status_code == 200 and answers[0].text == "done"
+        proc.popen.wait(10)
+        assert proc.popen.returncode == 0, proc.output()
+    finally:
+        release.touch()
+        proc.stop()
