@@ -7,7 +7,8 @@ from corral.scheduler.loops import Background
 from corral.scheduler.models import Job, Node
 from corral.scheduler.service import Scheduler
 from corral.scheduler.settings import SchedulerSettings
-from corral.scheduler.validation import status_report
+from corral.scheduler.store import Store
+from corral.scheduler.validation import claim_request, status_report
 from corral.shared.clients import Unreachable
 from corral.shared import server
 from corral.shared.leader import Lease, LeaseLost, LoopThread
@@ -239,3 +240,31 @@ def test_a_worker_told_to_stop_gives_the_lease_up_and_a_stopping_worker_never_ta
     held = lease()
     assert (held.holder, held.token, held.expires_at) == ("leader", 1, 0.0)  # given up, never taken over
     assert other.token is None
+
+
+def test_a_job_claimed_after_it_was_read_as_stranded_keeps_its_node(store, monkeypatch):
+    """Its node turns unhealthy while its agent claims a job placed there. The pass that
+    unplaces the node's pending jobs read this one as pending; the claim then made it
+    running (on PostgreSQL, committed by another process between that read and the
+    write). The write must not take the node off a running job: nothing would ever
+    finish or requeue it."""
+    registry = FakeRegistry([node("n1")])
+    background = Background(store, registry, "a")
+    background.tick(T0)
+    scheduler = Scheduler(store)
+    job, _ = scheduler.submit({"command": "true"}, T0 + 1)
+    assert (job.status, job.node_id) == ("pending", "n1")
+    read_stranded = Store._stranded
+
+    def claimed_right_after_the_read(self):
+        stranded = read_stranded(self)
+        assert [j.id for j in stranded] == [job.id]
+        assert [j.id for j in scheduler.claim("n1", claim_request({"max": 1}), T0 + 2)] == [job.id]
+        return stranded
+
+    monkeypatch.setattr(Store, "_stranded", claimed_right_after_the_read)
+    registry.nodes = [node("n1", "unhealthy")]
+    background.tick(T0 + 3)
+    row = Job.get_by_id(job.id)
+    assert (row.status, row.node_id) == ("running", "n1")
+    assert not [e for e in store.events(job.job_id) if "unplaced" in e.reason]

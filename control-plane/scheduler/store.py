@@ -551,16 +551,29 @@ class Store:
             self.release_lost(now)
 
     def release_lost(self, now: float) -> int:
-        """Unplace pending jobs whose node is unhealthy, drained or gone, so they go elsewhere."""
-        healthy = Node.select(Node.node_id).where((Node.status == "healthy") & (Node.kind == "compute"))
-        stranded = list(Job.select().where((Job.status == "pending") & Job.node_id.is_null(False)
-                                           & Job.node_id.not_in(healthy)))
+        """Unplace pending jobs whose node is unhealthy, drained or gone, so they go elsewhere.
+
+        Each write is conditional on the job being as it was read: still pending on that
+        node at that attempt. On PostgreSQL a claim in another process can take the job
+        between the read and the write, and an unconditional write then left a running
+        job with no node, which nothing would ever finish or requeue."""
         states = dict(Node.select(Node.node_id, Node.status).tuples())
-        for job in stranded:
-            why = states.get(job.node_id, "gone from the registry")
-            self._event(job, "pending", "pending", now, f"node {job.node_id} is {why}; unplaced")
-            Job.update(node_id=None, placed_at=None).where(Job.id == job.id).execute()
-        return len(stranded)
+        released = 0
+        for job in self._stranded():
+            unplaced = Job.update(node_id=None, placed_at=None).where(
+                (Job.id == job.id) & (Job.status == "pending") & (Job.node_id == job.node_id)
+                & (Job.attempt == job.attempt)).execute()
+            if unplaced:
+                why = states.get(job.node_id, "gone from the registry")
+                self._event(job, "pending", "pending", now, f"node {job.node_id} is {why}; unplaced")
+                released += 1
+        return released
+
+    def _stranded(self) -> list[Job]:
+        """Pending jobs placed on a node that is not a healthy compute node (any more)."""
+        healthy = Node.select(Node.node_id).where((Node.status == "healthy") & (Node.kind == "compute"))
+        return list(Job.select().where((Job.status == "pending") & Job.node_id.is_null(False)
+                                       & Job.node_id.not_in(healthy)))
 
     def renew_lease(self, node_id: str, now: float) -> list[Job]:
         """Record that `node_id`'s agent is alive; returns the jobs the scheduler has running there.
