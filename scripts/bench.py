@@ -321,6 +321,19 @@ def submit_all(url: str, batcher: bl.BatchSubmitter, request: dict, total: int, 
     return how
 
 
+def job_story(url: str, job_id: str) -> dict:
+    """A job's row and its events as the API gives them (for a job that did not finish)."""
+    try:
+        job = requests.get(f"{url}/jobs/{job_id}", timeout=30).json()
+        events = requests.get(f"{url}/jobs/{job_id}/events", timeout=30).json()
+    except (requests.RequestException, ValueError) as exc:
+        return {"job_id": job_id, "error": str(exc)}
+    keep = ("job_id", "status", "node_id", "attempt", "created_at", "placed_at", "started_at", "finished_at")
+    return {**{k: job.get(k) for k in keep},
+            "events": [{k: e.get(k) for k in ("at", "from_status", "to_status", "attempt", "node_id", "reason")}
+                       for e in events] if isinstance(events, list) else events}
+
+
 def job_counts(url: str) -> dict:
     """GET /stats's job counts, or {} when the scheduler cannot answer (an overloaded
     one answers 503)."""
@@ -969,6 +982,11 @@ class Bench:
                "requests": sent, "errors": sum(errors.values()), "errors_by_kind": errors,
                "api_done": stats.get("done"), "api_failed": stats.get("failed"),
                "api_pending_or_running": stats["pending"] + stats["running"] if stats else None}
+        with fleet.lock:
+            left = [j for j in ids if j not in fleet.done_at]
+        if left:  # what became of the jobs no agent reported done: their rows and events, for the log
+            out["not_done_examples"] = [job_story(c.scheduler_url, job_id) for job_id in left[:3]]
+            bl.log(f"capacity: {len(left)} job(s) not reported done, for example: {out['not_done_examples']}")
         if errors:
             out["last_error"] = fleet.last_error
         if stopped:
