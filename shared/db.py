@@ -10,9 +10,9 @@ names, each in its own module:
   PostgreSQL schema.
 
 Both answer the same few questions for the code above them, so the store and
-the loops do not care which one runs: `lock_placement()` (serialise placement
-until the transaction ends), `recomputable()` (this transaction only places:
-its commit need not wait for the disk), `one_writer` (whether write transactions run one
+the loops do not care which one runs: `lock_placement(recomputable)` (serialise
+placement until the transaction ends; `recomputable`: this transaction only
+places, so its commit need not wait for the disk), `one_writer` (whether write transactions run one
 at a time), `reuses_ids` (whether a deleted newest id is handed out again),
 `lost()` (why the database cannot keep what it is given: a deleted file, a full
 disk), `change_feed(db)` (how a process hears of other processes' commits) and
@@ -152,14 +152,10 @@ def in_a_worker() -> bool:
     return _in_a_worker
 
 
-def lock_placement(db: peewee.Database) -> None:
-    """Serialise placement across every process until the current transaction ends."""
-    db.lock_placement()  # type: ignore[attr-defined]  # each backend's own
-
-
-def recomputable(db: peewee.Database) -> None:
-    """The current transaction only places: its commit need not wait for the disk."""
-    db.recomputable()  # type: ignore[attr-defined]
+def lock_placement(db: peewee.Database, recomputable: bool = False) -> None:
+    """Serialise placement across every process until the current transaction ends.
+    `recomputable`: the transaction only places, so its commit need not wait for the disk."""
+    db.lock_placement(recomputable)  # type: ignore[attr-defined]  # each backend's own
 
 
 def one_writer(db: peewee.Database) -> bool:

@@ -284,6 +284,30 @@ def test_twin_submits_with_one_idempotency_key_at_once_create_one_job(pg_url):
     assert Job.select().count() == 5
 
 
+def test_only_a_transaction_that_only_places_commits_without_waiting_for_the_disk(pg_url):
+    """Placement alone may be lost in a crash and redone (synchronous_commit off, set with
+    the lock in one round trip); a transaction that also claims or writes must wait."""
+    app = app_on(pg_url)
+    store, scheduler = app.extensions["corral.store"], app.extensions["corral.scheduler"]
+
+    def inside(only_places: bool) -> tuple[str, bool]:
+        with store.db.connection_context():
+            with scheduler.placing(only_places):
+                setting = store.db.execute_sql("SHOW synchronous_commit").fetchone()[0]
+                dbmod.lock_placement(store.db)  # taken again: nothing is sent, the setting stays
+                again = store.db.execute_sql("SHOW synchronous_commit").fetchone()[0]
+                with psycopg.connect(pg_url, autocommit=True) as other:
+                    locked = not other.execute("SELECT pg_try_advisory_lock(%s)",
+                                               (postgres.PLACEMENT_LOCK_KEY,)).fetchone()[0]
+            assert again == setting
+            return setting, locked
+
+    assert inside(only_places=True) == ("off", True)
+    assert inside(only_places=False) == ("on", True)
+    with store.db.connection_context():
+        assert store.db.execute_sql("SHOW synchronous_commit").fetchone()[0] == "on"  # for that transaction only
+
+
 def test_a_replica_stopped_inside_a_placing_transaction_frees_the_placement_lock(pg_url):
     """As if a replica were stopped (SIGSTOP) right after recording events under the placement
     lock: the server ends its idle session, so the other replicas can place again. (psycopg's

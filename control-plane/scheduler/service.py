@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from corral.shared.db import lock_placement, one_writer, recomputable
+from corral.shared.db import lock_placement, one_writer
 
 from .models import Job
 from .store import Store
@@ -47,11 +47,9 @@ class Scheduler:
     def placing(self, only_places: bool = False):
         """A transaction that may place: the placement lock first. `only_places`: it
         writes nothing but placement, which a crash may undo and the next pass redoes,
-        so its commit does not wait for the disk (db.recomputable())."""
+        so its commit does not wait for the disk (lock_placement's `recomputable`)."""
         with self.store.db.atomic():
-            lock_placement(self.store.db)
-            if only_places:
-                recomputable(self.store.db)
+            lock_placement(self.store.db, recomputable=only_places)
             self.store.check_fence()  # a background loop's placement: still its lease's holder
             yield
 

@@ -167,26 +167,28 @@ class PostgresDatabase(PooledPostgresqlDatabase):
             self._broken()
             raise
 
-    def lock_placement(self) -> None:
+    def lock_placement(self, recomputable: bool = False) -> None:
         """Serialise placement across every replica, until this transaction ends (taken
-        once per transaction: the caller's first request holds it)."""
+        once per transaction: the caller's first request holds it).
+
+        `recomputable`: this transaction only places, so its commit does not wait for
+        its WAL to reach the disk (synchronous_commit off until it ends), set in the
+        same round trip as the lock (every round trip is paid with the lock held). A
+        crash may lose the last few milliseconds of such commits, and the jobs they
+        placed are then unplaced again, which the next placement pass repairs; every
+        later commit that waits for the disk (a claim of those jobs, for one) flushes
+        them first, the WAL being written in order. Placing commits then do not queue
+        on a disk flush while they hold the placement lock."""
         transactions = self._state.transactions
         outermost = transactions[0] if transactions else None
-        if outermost is not None and getattr(outermost, "holds_placement_lock", False):
+        held = outermost is not None and getattr(outermost, "holds_placement_lock", False)
+        asks = ([] if held else ["pg_advisory_xact_lock(%s)"]) + (
+            ["set_config('synchronous_commit', 'off', true)"] if recomputable else [])
+        if not asks:
             return
-        self.execute_sql("SELECT pg_advisory_xact_lock(%s)", (PLACEMENT_LOCK_KEY,))
+        self.execute_sql(f"SELECT {', '.join(asks)}", () if held else (PLACEMENT_LOCK_KEY,))
         if outermost is not None:
             outermost.holds_placement_lock = True
-
-    def recomputable(self) -> None:
-        """This transaction's commit does not wait for its WAL to reach the disk
-        (synchronous_commit off, until it ends). For placement only: a crash may lose
-        the last few milliseconds of such commits, and the jobs they placed are then
-        unplaced again, which the next placement pass repairs; every later commit that
-        waits for the disk (a claim of those jobs, for one) flushes them first, the
-        WAL being written in order. Placing commits no longer queue on a disk flush
-        while they hold the placement lock."""
-        self.execute_sql("SET LOCAL synchronous_commit = off")
 
     def lost(self) -> str | None:
         return None  # a server that went away shows as failed queries (503), not here

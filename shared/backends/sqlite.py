@@ -78,8 +78,7 @@ def open_sqlite(url: str, synchronous: str = "NORMAL", pool_size: int | None = N
         db = connect(url, pragmas=pragmas, timeout=BUSY_TIMEOUT_SECS, lock_type="IMMEDIATE")
         db.reuses_ids = True
         db.one_writer = True
-        db.lock_placement = lambda: None
-        db.recomputable = lambda: None
+        db.lock_placement = lambda recomputable=False: None
         db.lost = lambda: None
         return db
     # `timeout` is the pool's wait for a free connection; SQLite's busy timeout
@@ -147,11 +146,10 @@ class QueuedWritersSqlite(PooledSqliteDatabase):
     # placement it calls for share one (service.Scheduler._write_then_place).
     one_writer = True
 
-    def lock_placement(self) -> None:
-        return None  # the write lock every transaction takes already serialises placement
-
-    def recomputable(self) -> None:
-        return None  # a write and its placement are one transaction (and WAL commits do not fsync)
+    def lock_placement(self, recomputable: bool = False) -> None:
+        # The write lock every transaction takes already serialises placement; a write and
+        # its placement are one transaction (and WAL commits with synchronous=NORMAL do not fsync).
+        return None
 
     def lost(self) -> str | None:
         """Why this database can no longer keep what it is given, or None: its file was
