@@ -235,6 +235,20 @@ def test_server_starts_with_the_gunicorn_config_and_notifies_systemd(tmp_path):
     assert code == 0, proc.output()
 
 
+def test_no_test_module_defines_a_test_twice():
+    """A second test of the same name replaces the first, which then never runs (and ruff's
+    redefinition check is off in tests, where imported fixtures look like redefinitions)."""
+    twice = []
+    for name in sorted(os.listdir(os.path.dirname(__file__))):
+        if name.startswith("test_") and name.endswith(".py"):
+            with open(os.path.join(os.path.dirname(__file__), name)) as f:
+                tree = ast.parse(f.read())
+            names = [node.name for node in tree.body
+                     if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")]
+            twice += [f"{name}::{test}" for test in sorted(set(names)) if names.count(test) > 1]
+    assert twice == []
+
+
 # ---- example env files -------------------------------------------------------------
 
 @pytest.mark.parametrize("process", ["registry", "scheduler", "agent"])

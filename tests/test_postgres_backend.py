@@ -284,9 +284,10 @@ def test_twin_submits_with_one_idempotency_key_at_once_create_one_job(pg_url):
     assert Job.select().count() == 5
 
 
-def test_only_a_transaction_that_only_places_commits_without_waiting_for_the_disk(pg_url):
-    """Placement alone may be lost in a crash and redone (synchronous_commit off, set with
-    the lock in one round trip); a transaction that also claims or writes must wait."""
+def test_the_placement_lock_and_a_placements_own_commit_setting_are_one_statement(pg_url):
+    """Placement alone may be lost in a crash and redone: its transaction turns
+    synchronous_commit off with the lock, in one round trip; one that also claims keeps it
+    on; taking the lock again in the same transaction sends nothing."""
     app = app_on(pg_url)
     store, scheduler = app.extensions["corral.store"], app.extensions["corral.scheduler"]
 
