@@ -557,9 +557,12 @@ class Store:
         node at that attempt. On PostgreSQL a claim in another process can take the job
         between the read and the write, and an unconditional write then left a running
         job with no node, which nothing would ever finish or requeue."""
+        stranded = self._stranded()
+        if not stranded:
+            return 0
         states = dict(Node.select(Node.node_id, Node.status).tuples())
         released = 0
-        for job in self._stranded():
+        for job in stranded:
             unplaced = Job.update(node_id=None, placed_at=None).where(
                 (Job.id == job.id) & (Job.status == "pending") & (Job.node_id == job.node_id)
                 & (Job.attempt == job.attempt)).execute()
@@ -901,9 +904,8 @@ class Store:
         are the statement's constants; else each row brings its own (reports: every
         job's output, CPU time and peak memory differ), joined in one statement rather
         than an UPDATE per job. Only with one writer (SQLite): on PostgreSQL the joined
-        UPDATE was measured with stalls under the capacity benchmark that per-job
-        updates did not show (docs/benchmarks.md), so there _apply_all groups alike
-        values only."""
+        UPDATE measured no faster than an UPDATE per job under the capacity benchmark
+        (docs/benchmarks.md), so there _apply_all groups alike values only."""
         fields = Job._meta.fields
         changes = members[0][1].changes
         names = sorted(changes)
