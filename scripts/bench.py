@@ -948,6 +948,7 @@ class Bench:
         sent, errors = fleet.requests_since(requests_before), fleet.errors_now()
         with fleet.lock:
             done = [fleet.done_at[j] for j in ids if j in fleet.done_at]
+            left = [j for j in ids if j not in fleet.done_at]
         if not done:
             raise RuntimeError(f"none of the {total} jobs was done within {cfg.capacity_secs:.0f} s "
                                f"({fleet.last_error})")
@@ -982,8 +983,6 @@ class Bench:
                "requests": sent, "errors": sum(errors.values()), "errors_by_kind": errors,
                "api_done": stats.get("done"), "api_failed": stats.get("failed"),
                "api_pending_or_running": stats["pending"] + stats["running"] if stats else None}
-        with fleet.lock:
-            left = [j for j in ids if j not in fleet.done_at]
         if left:  # what became of the jobs no agent reported done: their rows and events, for the log
             out["not_done_examples"] = [job_story(c.scheduler_url, job_id) for job_id in left[:3]]
             bl.log(f"capacity: {len(left)} job(s) not reported done, for example: {out['not_done_examples']}")
