@@ -14,7 +14,6 @@ import uuid
 from collections.abc import Callable
 
 import peewee
-from peewee import Case
 
 log = logging.getLogger(__name__)
 
@@ -34,33 +33,49 @@ def holder_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-def try_acquire(db: peewee.Database, name: str, me: str, ttl: float, now: float) -> int | None:
-    """Take or renew the lease `name` for `me`; the fencing token, or None if another holds it."""
-    with db.atomic():
-        Lease.insert(name=name).on_conflict_ignore().execute()
-        changed = (Lease.update(holder=me, expires_at=now + ttl,
-                                token=Case(None, [(Lease.holder == me, Lease.token)], Lease.token + 1))
-                   .where((Lease.name == name) & ((Lease.holder == me) | (Lease.expires_at < now)))
-                   .execute())
-        return Lease.get_by_id(name).token if changed == 1 else None
-
-
 class LeaseLost(Exception):
     """This process no longer holds the lease its write was made under."""
 
 
 class Fence:
-    """The lease a loop's writes are made under: `check()`, inside each of their
-    transactions, refuses the write unless the lease row still names this holder
-    and token. On PostgreSQL the row is read FOR SHARE, so a replica taking the
-    lease over waits for the transaction to end, and every later one sees the
-    new token: a leader that was paused (SIGSTOP, a frozen VM) past its lease and
-    wakes up changes nothing. SQLite's write lock already orders them."""
+    """The lease one holder's loop runs under.
+
+    `acquire()` takes or renews it at the start of each pass. `check()`, inside each
+    of the pass's write transactions, refuses the write unless the lease row still
+    names this holder and token. On PostgreSQL the row is read FOR SHARE, so a
+    replica taking the lease over waits for the transaction to end, and every later
+    one sees the new token: a leader that was paused (SIGSTOP, a frozen VM) past its
+    lease and wakes up changes nothing. SQLite's write lock already orders them.
+
+    Once `stopping` is set (the process is shutting down) the holder may renew a
+    lease it holds but never takes one over: it would hold the lease, and its
+    shutdown, for nothing, and keep a live replica from taking it.
+    """
 
     def __init__(self, name: str, holder: str):
         self.name = name
         self.holder = holder
-        self.token: int | None = None  # set by the loop after each acquisition
+        self.token: int | None = None  # the token of the last acquisition, None when not holding
+        self.stopping = threading.Event()
+
+    def acquire(self, db: peewee.Database, ttl: float, now: float) -> int | None:
+        """Take or renew the lease; the fencing token, or None if another holds it."""
+        with db.atomic() as transaction:
+            Lease.insert(name=self.name).on_conflict_ignore().execute()
+            mine = Lease.name == self.name
+            renewed = Lease.update(expires_at=now + ttl).where(mine & (Lease.holder == self.holder)).execute()
+            if not renewed:
+                taken = (Lease.update(holder=self.holder, expires_at=now + ttl, token=Lease.token + 1)
+                         .where(mine & (Lease.expires_at < now)).execute())
+                # Checked after the write: the lease can only have come free (the holder
+                # gave it up) after that holder was told to stop, and so after this one
+                # was, when both stop together.
+                if not taken or self.stopping.is_set():
+                    transaction.rollback()
+                    self.token = None
+                    return None
+            self.token = Lease.get_by_id(self.name).token
+            return self.token
 
     def check(self, db: peewee.Database) -> None:
         if self.token is None:
@@ -73,10 +88,11 @@ class Fence:
             token, self.token = self.token, None
             raise LeaseLost(f"the {self.name} lease (token {token}) was taken over; this write is refused")
 
+    def release(self, db: peewee.Database) -> None:
+        """Give the lease up at once, so that another process need not wait out its ttl."""
+        with db.atomic():
+            Lease.update(expires_at=0.0).where((Lease.name == self.name) & (Lease.holder == self.holder)).execute()
 
-def release(db: peewee.Database, name: str, me: str) -> None:
-    with db.atomic():
-        Lease.update(expires_at=0.0).where((Lease.name == name) & (Lease.holder == me)).execute()
 
 
 class LoopThread:

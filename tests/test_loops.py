@@ -1,4 +1,6 @@
 """The scheduler's background pass, driven with a fake clock and a fake registry."""
+import threading
+
 import pytest
 
 from corral.scheduler import loops
@@ -216,29 +218,43 @@ def test_a_leader_that_did_not_run_for_a_lease_gives_every_node_a_full_lease_per
 def test_a_worker_told_to_stop_gives_the_lease_up_and_a_stopping_worker_never_takes_it(store, monkeypatch):
     """SIGTERM reaches every worker of a stopping scheduler. The leader ends its loop and
     gives the lease up at once; another worker that is stopping too must not take it over
-    (it would hold the lease, and its shutdown, for nothing)."""
+    (it would hold the lease, and its shutdown, for nothing), not even from a pass that
+    had begun before it was told to stop and tries the lease only after the leader gave
+    it up."""
     told_to_stop = []
     monkeypatch.setattr(server, "on_stop_signal", told_to_stop.append)
     monkeypatch.setattr(loops.atexit, "register", lambda at_exit: None)
     registry = FakeRegistry([node("n1")])
     leader, other = Background(store, registry, "leader"), Background(store, registry, "other")
+    in_pass, leader_gone = threading.Event(), threading.Event()
+    acquire = other.fence.acquire
+
+    def late_acquire(*args):
+        if registry.calls >= 3:  # the leader has kept the lease a while: hold this pass back
+            in_pass.set()
+            leader_gone.wait(10)
+        return acquire(*args)
+    monkeypatch.setattr(other.fence, "acquire", late_acquire)
 
     def lease():
         with store.db.connection_context():
             return Lease.get_by_id(loops.LEASE_NAME)
 
-    first = loops.run_in_background(store, LoopThread("leader", 0.01, leader.tick), loops.LEASE_NAME, "leader")
+    first = loops.run_in_background(store, LoopThread("leader", 0.01, leader.tick), leader.fence)
     wait_for(lambda: leader.token is not None, message="the leader's first pass")
-    second = loops.run_in_background(store, LoopThread("other", 0.01, other.tick), loops.LEASE_NAME, "other")
-    wait_for(lambda: registry.calls >= 3, message="the leader to keep the lease over a few passes")
+    second = loops.run_in_background(store, LoopThread("other", 0.01, other.tick), other.fence)
+    assert in_pass.wait(10), "the other worker's pass under way"
     stop_leader, stop_other = told_to_stop
     stop_other()
     stop_leader()
     first.thread.join(5)
+    assert not first.thread.is_alive()
+    assert lease().expires_at == 0.0  # given up
+    leader_gone.set()
     second.thread.join(5)
-    assert not first.thread.is_alive() and not second.thread.is_alive()
+    assert not second.thread.is_alive()
     held = lease()
-    assert (held.holder, held.token, held.expires_at) == ("leader", 1, 0.0)  # given up, never taken over
+    assert (held.holder, held.token, held.expires_at) == ("leader", 1, 0.0)  # never taken over
     assert other.token is None
 
 

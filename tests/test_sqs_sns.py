@@ -31,7 +31,6 @@ from corral.scheduler import aws_clients, sns_outbox, sqs_intake
 from corral.scheduler.notifications import notification
 from corral.scheduler.service import Scheduler
 from corral.scheduler.app import create_app, create_schema, open_store
-from corral.shared.leader import try_acquire
 from corral.scheduler.models import Job, OutboxEvent
 from corral.scheduler.settings import SchedulerSettings
 from corral.scheduler.validation import status_report
@@ -415,7 +414,7 @@ def intake_for(aws, tmp_path, queue, endpoint=None, **overrides):
                        sqs_wait_time_secs=0, **overrides)
     intake = sqs_intake.Intake(store, holder="me", clock=lambda: T0)
     # Passes of the intake hold its lease; a test that calls handle() alone takes it first.
-    intake.fence.token = try_acquire(store.db, sqs_intake.LEASE_NAME, "me", intake.lease_ttl, T0)
+    intake.fence.acquire(store.db, intake.lease_ttl, T0)
     return store, intake
 
 

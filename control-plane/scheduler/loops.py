@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from corral.shared import server
 from corral.shared.clients import ClientError, RegistryClient
-from corral.shared.leader import Fence, LeaseLost, LoopThread, holder_id, release, try_acquire
+from corral.shared.leader import Fence, LeaseLost, LoopThread, holder_id
 
 from .service import Scheduler
 from .store import Store
@@ -60,7 +60,7 @@ class Background:
     def tick(self, now: float) -> bool:
         """One pass; returns False when another process holds the lease (or took it
         over during the pass: the rest of the pass is refused by the fence)."""
-        token = self.fence.token = try_acquire(self.store.db, LEASE_NAME, self.holder, self.lease_ttl, now)
+        token = self.fence.acquire(self.store.db, self.lease_ttl, now)
         if token is None:
             self.token = None
             return False
@@ -150,21 +150,25 @@ def on_a_connection(store: Store, tick: Callable[[float], object]) -> Callable[[
     return tick_on_a_connection
 
 
-def run_in_background(store: Store, loop: LoopThread, lease_name: str, holder: str,
-                      join_timeout: float = 5.0) -> LoopThread:
-    """Start `loop`, each of its passes on a connection of its own (on_a_connection).
+def run_in_background(store: Store, loop: LoopThread, fence: Fence, join_timeout: float = 5.0) -> LoopThread:
+    """Start `loop`, whose passes run under `fence`'s lease, each on a connection of
+    its own (on_a_connection).
 
     The lease is given up when the loop ends, so that a restarted scheduler or another
     replica does not wait out the ttl before the loops run again. A worker told to
     stop (SIGTERM) ends its loop at once: it finishes the pass under way and takes
-    the lease no more, so a worker that is itself shutting down never takes over
-    the lease another one just gave up. At any other normal exit the loop is
-    stopped then (atexit)."""
+    no lease over from then on (Fence.stopping), so a worker that is itself shutting
+    down never takes the lease another one just gave up. At any other normal exit
+    the loop is stopped then (atexit)."""
     loop.tick = on_a_connection(store, loop.tick)
 
     def give_up_lease():
         with store.db.connection_context():
-            release(store.db, lease_name, holder)
+            fence.release(store.db)
+
+    def told_to_stop():
+        fence.stopping.set()
+        loop.stop_event.set()
 
     def at_exit():
         loop.stop(join_timeout)
@@ -172,10 +176,10 @@ def run_in_background(store: Store, loop: LoopThread, lease_name: str, holder: s
             try:
                 give_up_lease()
             except Exception:
-                log.exception("could not release the %s lease", lease_name)
+                log.exception("could not release the %s lease", fence.name)
 
     loop.on_exit = give_up_lease
-    server.on_stop_signal(loop.stop_event.set)
+    server.on_stop_signal(told_to_stop)
     atexit.register(at_exit)
     return loop.start()
 
@@ -184,4 +188,4 @@ def start(store: Store, registry: RegistryClient, clock: Callable[[], float] = t
     background = Background(store, registry)
     loop = LoopThread("scheduler-loops", store.settings.dispatch_interval_secs, background.tick, clock=clock,
                       max_backoff=MAX_BACKOFF_SECS)
-    return run_in_background(store, loop, LEASE_NAME, background.holder)
+    return run_in_background(store, loop, background.fence)

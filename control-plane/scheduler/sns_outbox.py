@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from corral.shared.leader import Fence, holder_id, try_acquire
+from corral.shared.leader import Fence, holder_id
 
 from . import aws_clients
 from .retry import Backoff
@@ -72,7 +72,7 @@ class Publisher:
         self.next_purge = 0.0
 
     def tick(self, now: float) -> float:
-        token = self.fence.token = try_acquire(self.store.db, LEASE_NAME, self.holder, self.lease_ttl, now)
+        token = self.fence.acquire(self.store.db, self.lease_ttl, now)
         if token is None:
             self.token = None
             return self.lease_ttl / 4
@@ -141,4 +141,4 @@ def start(store, clock: Callable[[], float] = time.time):
     publisher = Publisher(store)
     loop = PacedLoopThread("sns-outbox", store.settings.sns_poll_interval_secs, publisher.tick,
                            max_backoff=store.settings.sns_backoff_cap_secs, clock=clock)
-    return run_in_background(store, loop, LEASE_NAME, publisher.holder)
+    return run_in_background(store, loop, publisher.fence)

@@ -30,7 +30,7 @@ import peewee
 
 from corral.shared import json_body
 from corral.shared.errors import BadRequest, CorralError
-from corral.shared.leader import Fence, LeaseLost, holder_id, try_acquire
+from corral.shared.leader import Fence, LeaseLost, holder_id
 
 from . import aws_clients, metrics, validation
 from .retry import Backoff
@@ -177,7 +177,7 @@ class Intake:
         self.failures = 0
 
     def tick(self, now: float) -> float:
-        token = self.fence.token = try_acquire(self.store.db, LEASE_NAME, self.holder, self.lease_ttl, now)
+        token = self.fence.acquire(self.store.db, self.lease_ttl, now)
         if token is None:
             self.token = None
             return min(5.0, self.lease_ttl / 4)
@@ -339,4 +339,4 @@ def start(store, clock: Callable[[], float] = time.time):
     intake = Intake(store, clock=clock)
     loop = PacedLoopThread("sqs-intake", 1.0, intake.tick, max_backoff=store.settings.sqs_backoff_cap_secs, clock=clock)
     # The thread may sit in a long poll: do not hold a stopping worker up for it.
-    return run_in_background(store, loop, LEASE_NAME, intake.holder, join_timeout=1.0)
+    return run_in_background(store, loop, intake.fence, join_timeout=1.0)
