@@ -22,7 +22,7 @@ Queries stay dialect-neutral.
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 import peewee
@@ -152,16 +152,25 @@ def in_a_worker() -> bool:
     return _in_a_worker
 
 
-def lock_placement(db: peewee.Database, recomputable: bool = False) -> None:
+def lock_placement(db: peewee.Database, recomputable: bool = False, nodes: Collection[str] | None = None) -> None:
     """Serialise placement across every process until the current transaction ends.
-    `recomputable`: the transaction only places, so its commit need not wait for the disk."""
-    db.lock_placement(recomputable)  # type: ignore[attr-defined]  # each backend's own
+    `recomputable`: the transaction only places, so its commit need not wait for the disk.
+    `nodes`: it places on these nodes only (None: on any), and need not exclude the
+    placements on others."""
+    db.lock_placement(recomputable, nodes)  # type: ignore[attr-defined]  # each backend's own
 
 
 def one_writer(db: peewee.Database) -> bool:
     """Whether write transactions run one at a time (SQLite's writers' lock), rather
     than side by side (PostgreSQL)."""
     return bool(getattr(db, "one_writer", True))
+
+
+def wakes_on_every_commit(db: peewee.Database) -> bool:
+    """Whether a process's waiting claims are woken by every commit to this database
+    (SQLite's data-version feed), rather than only by placements (PostgreSQL's
+    notifications), so that they need a cheap mark of placements to tell them apart."""
+    return bool(getattr(db, "wakes_on_every_commit", True))
 
 
 def close_idle(db: peewee.Database) -> None:

@@ -309,6 +309,77 @@ def test_the_placement_lock_and_a_placements_own_commit_setting_are_one_statemen
         assert store.db.execute_sql("SHOW synchronous_commit").fetchone()[0] == "on"  # for that transaction only
 
 
+def test_placements_on_different_nodes_run_side_by_side_and_one_over_every_node_waits(pg_url):
+    """A placement that fills one node's slots (after its agent's reports, in its claim)
+    holds the placement lock shared and its node's lock: another node's placement goes
+    on meanwhile, one on the same node or over every node waits. A transaction keeps the
+    scope it took first: asking a wider one later could wait on others that wait on it."""
+    app = app_on(pg_url)
+    store, scheduler = app.extensions["corral.store"], app.extensions["corral.scheduler"]
+
+    def free_to(other, sql, *args) -> bool:
+        with other.transaction():
+            return other.execute(f"SELECT {sql}", args).fetchone()[0]
+
+    with store.db.connection_context(), scheduler.placing(nodes=["n1"]):
+        with psycopg.connect(pg_url, autocommit=True) as other:
+            node = postgres.NODE_LOCK_CLASS
+            assert free_to(other, "pg_try_advisory_xact_lock(%s, %s)", node, postgres.node_lock_key("n2"))
+            assert free_to(other, "pg_try_advisory_xact_lock_shared(%s)", postgres.PLACEMENT_LOCK_KEY)
+            assert not free_to(other, "pg_try_advisory_xact_lock(%s, %s)", node, postgres.node_lock_key("n1"))
+            assert not free_to(other, "pg_try_advisory_xact_lock(%s)", postgres.PLACEMENT_LOCK_KEY)
+        store.dispatch(0.0, ["n1"])  # within its scope: nothing more is asked
+        for wider in (None, ["n1", "n2"]):
+            with pytest.raises(RuntimeError, match="in a transaction that locked n1"):
+                store.dispatch(0.0, wider)
+    with store.db.connection_context(), scheduler.placing():
+        store.dispatch(0.0, ["n1"])  # every node's placement covers each node's
+        with psycopg.connect(pg_url, autocommit=True) as other:
+            assert not free_to(other, "pg_try_advisory_xact_lock_shared(%s)", postgres.PLACEMENT_LOCK_KEY)
+
+
+def test_agents_reporting_and_claiming_at_once_on_many_nodes_overfill_none_and_run_each_job_once(pg_url):
+    """The capacity benchmark in small: every node's agent reports its finished jobs with
+    its next claim riding on them, all at once. Their placements run side by side, each
+    skipping the jobs another is placing: no node gets more jobs than its slots, each
+    job starts once, and every job ends done."""
+    clock = Clock()
+    app = app_on(pg_url, clock, max_jobs_per_node=3)
+    store = app.extensions["corral.store"]
+    nodes = [f"n{i}" for i in range(6)]
+    set_nodes(store, clock, *nodes, slots=3)
+    jobs = [{"command": "true"} for _ in range(150)]
+    assert app.test_client().post("/jobs/batch", json={"jobs": jobs}).status_code == 201
+    answers: set[int] = set()
+    overfilled: list[str] = []
+
+    def agent(node: str) -> None:
+        client, held, idle_rounds = app.test_client(), [], 0
+        while idle_rounds < 20:
+            if held:
+                answer = client.post("/jobs/reports", json={
+                    "reports": [{"job_id": job["job_id"], "node_id": node, "attempt": job["attempt"],
+                                 "status": "done", "exit_code": 0} for job in held],
+                    "claim": {"node_id": node, "max": 3}})
+            else:
+                answer = client.post(f"/nodes/{node}/claim", json={"max": 3, "wait_secs": 0})
+            answers.add(answer.status_code)
+            if answer.status_code != 200:
+                break
+            held = answer.json["claimed"] if held else answer.json
+            if len(held) > 3:
+                overfilled.append(node)
+            idle_rounds = 0 if held else idle_rounds + 1
+
+    with ThreadPoolExecutor(len(nodes)) as pool:
+        list(pool.map(agent, nodes))
+    assert answers == {200} and not overfilled
+    with store.db.connection_context():
+        assert Job.select().where(Job.status == "done").count() == 150
+        starts = [event.job_id for event in JobEvent.select().where(JobEvent.to_status == "running")]
+    assert len(starts) == len(set(starts)) == 150
+
+
 def test_a_replica_stopped_inside_a_placing_transaction_frees_the_placement_lock(pg_url):
     """As if a replica were stopped (SIGSTOP) right after recording events under the placement
     lock: the server ends its idle session, so the other replicas can place again. (psycopg's

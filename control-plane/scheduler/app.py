@@ -95,12 +95,15 @@ def wait_room(settings: SchedulerSettings, feed: ChangeFeed, store_of: Callable[
     seen_mark: list = [object()]  # the placement mark of the last look (none yet)
 
     def check_nodes(node_ids: set[str]) -> set[str]:
-        """On the change feed's thread: which waiting nodes have work. Most commits
-        (lease renewals, reports, submits that placed nothing) placed no job, and
-        cost one read of the placement mark instead of the grouped query. The mark
-        is read first, so the query sees every placement the mark stands for."""
+        """On the change feed's thread: which waiting nodes have work. Where every
+        commit wakes it (SQLite), most commits (lease renewals, reports, submits that
+        placed nothing) placed no job, and cost one read of the placement mark
+        instead of the grouped query. The mark is read first, so the query sees every
+        placement the mark stands for."""
         store = store_of()
         with store.db.connection_context():
+            if not store.marks_placements:  # only placements woke it
+                return store.nodes_with_work(node_ids)
             mark = store.placement_mark()
             if mark == seen_mark[0]:
                 return set()

@@ -10,10 +10,14 @@ never hidden inside a write.
     retry  ─┤
     claim  ─┘ (a free slot of the claiming node is filled first, then taken)
 
-Placement runs under the placement lock (`placing()`): on PostgreSQL an
-advisory lock taken before any row lock of its transaction, so a cancel, a
-retry, a report and a placement never wait on each other in a cycle; on SQLite
-the write lock every transaction takes already serialises them. On SQLite a
+Placement runs under the placement lock (`placing()`): on PostgreSQL advisory
+locks taken before any row lock of their transaction, so a cancel, a retry, a
+report and a placement never wait on each other in a cycle; on SQLite the write
+lock every transaction takes already serialises them. A placement that only
+fills some nodes' slots (after their agents' reports, in their claims) locks
+those nodes alone, so the reports of different nodes place side by side; a
+placement over every node (a submit, a cancel, a retry, the background pass)
+excludes all others. On SQLite a
 write and its placement are one transaction; on PostgreSQL submits and reports
 commit first and placement follows in a transaction of its own (for a submit,
 only when a node has a free slot), so the lock covers placement only
@@ -25,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -44,43 +48,50 @@ class Scheduler:
     store: Store
 
     @contextlib.contextmanager
-    def placing(self, only_places: bool = False):
+    def placing(self, only_places: bool = False, nodes: Collection[str] | None = None):
         """A transaction that may place: the placement lock first. `only_places`: it
         writes nothing but placement, which a crash may undo and the next pass redoes,
-        so its commit does not wait for the disk (lock_placement's `recomputable`)."""
+        so its commit does not wait for the disk (lock_placement's `recomputable`).
+        `nodes`: it places on these nodes only (None: on any)."""
         with self.store.db.atomic():
-            lock_placement(self.store.db, recomputable=only_places)
+            lock_placement(self.store.db, recomputable=only_places, nodes=nodes)
             self.store.check_fence()  # a background loop's placement: still its lease's holder
             yield
 
     def _write_then_place(self, write: Callable[[], T], place: Callable[[T], R], nothing: R,
+                          scope: Callable[[T], Collection[str] | None] = lambda result: None,
                           new_work: bool = False, only_places: bool = True) -> tuple[T, R]:
         """A write (`write()`) and the placement it calls for (`place(result)`, else
-        `nothing`). `new_work`: the write only added work (a submit), so placement
-        needs a free slot somewhere. `only_places`: `place` writes nothing else (no
-        claim), so its commit need not wait for the disk (placing()).
+        `nothing`), on the nodes `scope(result)` names (None: any; none: no placement).
+        `new_work`: the write only added work (a submit), so placement needs a free
+        slot somewhere. `only_places`: `place` writes nothing else (no claim), so its
+        commit need not wait for the disk (placing()).
 
         With one writer at a time (SQLite) both share one transaction: every write
         transaction is serialised anyway. With several writers (PostgreSQL) the
         write commits first, outside the placement lock, which then covers only the
-        placement: submits and reports commit side by side (their disk flushes
-        shared), none holds up anyone's placement, and new work with no free slot
-        anywhere takes no lock at all. A placement that fails after the write
+        placement, and only on the nodes it places on: submits and reports commit
+        side by side (their disk flushes shared), none holds up anyone's placement,
+        the reports of different nodes place side by side, and new work with no free
+        slot anywhere takes no lock at all. A placement that fails after the write
         committed is logged, not raised (the client must learn that its write
         stands), and gives `nothing`: the background pass places what it left.
         """
         if one_writer(self.store.db):
             with self.placing():
                 result = write()
-                return result, place(result)
+                return result, place(result) if scope(result) != set() else nothing
         result = write()  # the store's transaction, where it needs one (a submit is one statement)
+        nodes = scope(result)
+        if nodes is not None and not nodes:
+            return result, nothing
         if new_work and not self.store.free_slot_anywhere():
             # Nothing to place into (read after the commit, without the lock): a slot
             # freed later is filled by the placement of whoever frees it, which reads
             # the queue after that commit and so sees this write.
             return result, nothing
         try:
-            with self.placing(only_places):
+            with self.placing(only_places, nodes):
                 return result, place(result)
         except Exception:
             log.exception("placement after a committed write failed; the background pass places it")
@@ -89,8 +100,8 @@ class Scheduler:
     def _add_then_place(self, add: Callable[[], tuple[T, bool]], now: float) -> tuple[tuple[T, bool], int]:
         """New work: `add()` stores it and says whether it created any (a repeated
         idempotency key creates none); then the jobs placed (_write_then_place)."""
-        return self._write_then_place(add, lambda result: self.store.dispatch(now) if result[1] else 0, 0,
-                                      new_work=True)
+        return self._write_then_place(add, lambda result: self.store.dispatch(now), 0,
+                                      scope=lambda result: None if result[1] else set(), new_work=True)
 
     def submit(self, fields: dict, now: float, idempotency_key: str | None = None) -> tuple[Job, bool]:
         """A new job, placed when a node has room. With an idempotency key, a repeat of
@@ -109,10 +120,12 @@ class Scheduler:
 
     def report(self, job_id: str, report: dict, now: float) -> Job:
         """An agent's report; a job that ended (or went back to pending) freed its slot."""
+        def offered(job: Job) -> set[str] | None:
+            return _offered_work([(report["node_id"], job.status)])
+
         job, placed = self._write_then_place(
             lambda: self.store.report(job_id, report, now),
-            lambda job: self._after_reports([(report["node_id"], job.status)], now) if job.status != "running"
-            else 0, 0)
+            lambda job: self.store.dispatch(now, offered(job)), 0, scope=offered)
         if placed and job.status == "pending":
             job = self.store.get(job_id)  # requeued: placement may have moved it since
         return job
@@ -122,24 +135,25 @@ class Scheduler:
         """Many reports (each on its own), one placement for the slots they freed, and the
         claim riding on them (node_id, claim request): an agent's next work comes with
         the answer to its reports (no work when that placement failed: it claims again)."""
+        def offered(results: list[dict]) -> set[str] | None:
+            return _offered_work([(items[r["index"]][1]["node_id"], r["job_status"])
+                                  for r in results if r["code"] == 200])
+
+        def scope(results: list[dict]) -> set[str] | None:
+            nodes = offered(results)
+            return nodes if nodes is None or claim is None else nodes | {claim[0]}
+
         def place_and_claim(results: list[dict]) -> list[Job]:
-            applied = [(items[r["index"]][1]["node_id"], r["job_status"]) for r in results if r["code"] == 200]
-            self._after_reports(applied, now)
+            nodes = offered(results)
+            if nodes is None or nodes:
+                self.store.dispatch(now, nodes)
             if claim is None:
                 return []
-            offered = _offered_work(applied)
             # The claiming node's free slots were just offered the waiting work: no second look.
-            return self._claim(claim[0], claim[1], now, offered=offered is None or claim[0] in offered)
+            return self._claim(claim[0], claim[1], now, offered=nodes is None or claim[0] in nodes)
 
         return self._write_then_place(lambda: self.store.apply_reports(items, now), place_and_claim, [],
-                                      only_places=claim is None)
-
-    def _after_reports(self, applied: list[tuple[str, str]], now: float) -> int:
-        """Placement after applied reports (_offered_work); returns the jobs placed."""
-        nodes = _offered_work(applied)
-        if nodes is None:
-            return self.store.dispatch(now)
-        return self.store.dispatch(now, nodes) if nodes else 0
+                                      scope=scope, only_places=claim is None)
 
     def claim(self, node_id: str, request: dict, now: float) -> list[Job]:
         """Take up to request['max'] jobs placed on the node (see Store.take_placed). A

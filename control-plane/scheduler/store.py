@@ -6,9 +6,11 @@ tests drive them with fixed times. Every status change goes through
 
 Concurrency: on SQLite every `db.atomic()` is BEGIN IMMEDIATE, so transactions
 that place jobs are serialised by the database lock. On PostgreSQL placement is
-serialised by a transaction-level advisory lock (`db.lock_placement()`), which
+serialised by transaction-level advisory locks (`db.lock_placement()`: over every
+node, or per node for a placement that fills only some nodes' slots), which
 service.Scheduler takes before its transaction locks any row; claims skip the
-rows another claim holds (FOR UPDATE SKIP LOCKED).
+rows another claim holds, and placements the jobs another placement is placing
+(FOR UPDATE SKIP LOCKED).
 
 When SNS_TOPIC_ARN is set, `_apply_all` also writes a notification row to the
 outbox (sns_outbox) for every final status, in the same transaction: the
@@ -24,7 +26,7 @@ from collections.abc import Callable, Collection
 import peewee
 from peewee import fn
 
-from corral.shared.db import lock_placement, one_writer
+from corral.shared.db import lock_placement, one_writer, wakes_on_every_commit
 from corral.shared.errors import BadRequest, BatchError, Conflict, CorralError, NotFound
 from corral.shared.leader import Fence
 from corral.shared.states import ACTIVE, check_transition
@@ -39,8 +41,10 @@ from .validation import parse_job_id, request_hash
 log = logging.getLogger(__name__)
 
 RR_CURSOR = "rr_cursor"
-# Changes (to a new random value) in every transaction that places jobs: waiting
-# claims need a look at the database only after a placement, not after every commit.
+# Changes (to a new random value) in every transaction that places jobs, where every
+# commit wakes the watchers of waiting claims (SQLite): they need a look at the
+# database only after a placement. On PostgreSQL only placements notify them, and a
+# row every placement writes would make placements on different nodes queue on it.
 PLACEMENT_MARK = "placement_mark"
 FINAL_STATUSES = lifecycle.FINAL_STATUSES
 # The design's default limits per job type, for a claim whose agent sent no defaults of its own.
@@ -67,6 +71,7 @@ class Store:
         self.policy = lifecycle.Policy(settings.max_node_losses, settings.job_timeout_secs,
                                        settings.output_tail_bytes, settings.backoff)
         self.on_placed = on_placed
+        self.marks_placements = wakes_on_every_commit(db)  # PLACEMENT_MARK
         # The lease the background loops write under (fenced()); None for the API's writes.
         self.fence: Fence | None = None
 
@@ -135,7 +140,8 @@ class Store:
         return self.list_jobs(node_id=node_id, status="pending", limit=free)
 
     def placement_mark(self) -> str | None:
-        """A value that changes whenever jobs are placed (None before the first placement)."""
+        """A value that changes whenever jobs are placed (None before the first placement),
+        where placements are marked (`marks_placements`)."""
         rows = self._sql.rows(self.db, "placement mark", lambda: SchedulerState.select(SchedulerState.value).where(
             SchedulerState.key == PLACEMENT_MARK))
         return rows[0][0] if rows else None
@@ -622,24 +628,31 @@ class Store:
         only these may take work (the nodes whose slots just freed: new work was
         offered to every node when it came), else every node."""
         with self._tx():
-            # One placement at a time across every process (the caller usually took
-            # the lock first; taking it again is free). Most calls find no free slot.
-            lock_placement(self.db)
+            # One placement at a time on each node across every process (the caller
+            # usually took the lock first; taking it again is free). Most calls find
+            # no free slot.
+            lock_placement(self.db, nodes=nodes)
             slots = self._free_slots(nodes)
             total_free = sum(s.free for s in slots)
             if total_free <= 0:
                 return 0
-            cursor, cursor_stored = self._cursor()
+            # The round robin turns in placements over every node; filling the slots a
+            # node's own jobs freed is not its turn (and leaves the cursor's row alone,
+            # which placements on different nodes would otherwise queue on).
+            cursor, cursor_stored = self._cursor() if nodes is None else (None, True)
             before = cursor
             def unplaced(pinned):
                 # Ordered as the (status, node_id, id) index is: status and node_id are the
                 # same in every row, so this is id order, read from the index up to the
                 # limit. Ordered by id alone, PostgreSQL walks the primary key past every
-                # finished job, and SQLite sorts every queued one.
-                return Job.select(Job.id, Job.attempt, Job.instance_id, Job.memory_mb, Job.cpu_percent).where(
+                # finished job, and SQLite sorts every queued one. On PostgreSQL,
+                # placements on other nodes run meanwhile: each skips the jobs another
+                # is placing, rather than waiting for its commit to find them placed.
+                query = Job.select(Job.id, Job.attempt, Job.instance_id, Job.memory_mb, Job.cpu_percent).where(
                     (Job.status == "pending") & Job.node_id.is_null()
                     & (Job.next_attempt_at.is_null() | (Job.next_attempt_at <= param("now"))) & pinned
                 ).order_by(Job.status, Job.node_id, Job.id).limit(param("limit"))
+                return query.for_update(skip_locked=True) if getattr(self.db, "for_update", False) else query
 
             # The oldest due jobs that an open node may take: unpinned, or pinned to one of them.
             open_nodes = ValueList(self.db, "open", sorted(s.node_id for s in slots if s.free > 0))
@@ -666,7 +679,8 @@ class Store:
             state = {}
             if placed:
                 self._after_commit_placed({node_id for _, node_id in placed})
-                state[PLACEMENT_MARK] = os.urandom(8).hex()
+                if self.marks_placements:
+                    state[PLACEMENT_MARK] = os.urandom(8).hex()
                 self._events([{"job": job_id, "at": now, "old": "pending", "new": "pending",
                                "attempt": attempts[job_id] + 1, "node_id": node_id,
                                "reason": f"placed on {node_id}"} for job_id, node_id in placed])

@@ -13,9 +13,12 @@ Everything that is PostgreSQL's own lives here:
   `idle_in_transaction_session_timeout` ends its session and releases its
   locks, `lock_timeout` bounds every wait for a lock (the others answer 503
   and retry), `statement_timeout` any query.
-- `lock_placement()`: placement is serialised by a transaction-level advisory
-  lock, taken before the transaction locks any row (service.Scheduler), so a
-  cancel, a retry and a placement cannot deadlock.
+- `lock_placement()`: placement is serialised by transaction-level advisory
+  locks, taken before the transaction locks any row (service.Scheduler), so a
+  cancel, a retry and a placement cannot deadlock. A placement over every node
+  takes the placement lock alone; one that only fills some nodes' slots (after
+  their agents' reports, in their claims) takes it shared plus those nodes'
+  locks, so placements on different nodes run side by side.
 - `check_server()`: what start-up refuses (exit 2) — a URL that does not
   connect (named by host and database, never the password), a server older
   than 13, a pool that would not fit in `max_connections`.
@@ -33,7 +36,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Collection
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import peewee
@@ -60,6 +64,9 @@ MIN_POOL_SIZE = BACKGROUND_CONNECTIONS + 1
 # The advisory lock keys (pg_advisory_xact_lock takes a bigint): any constants
 # that no other application in the same database is likely to use.
 PLACEMENT_LOCK_KEY = 0x436F7272_616C0001
+# A node's placement lock: the two-key form (a key space of its own), this class and
+# a hash of the node's id (two ids of one hash only share a lock).
+NODE_LOCK_CLASS = 0x436F7202
 MAX_SKEW_SECS = 2.0
 CLOCK_REFRESH_SECS = 10.0
 # LISTEN/NOTIFY: a process sends at most one notification per DEBOUNCE_SECS
@@ -121,6 +128,9 @@ class PostgresDatabase(PooledPostgresqlDatabase):
     # Several writers at once: a write commits before the placement it calls for,
     # which alone holds the placement lock (service.Scheduler._write_then_place).
     one_writer = False
+    # Only placements wake the watchers of waiting claims (NotifyFeed), and the
+    # periodic re-check.
+    wakes_on_every_commit = False
 
     def __init__(self, url: str, service: str, pool_size: int, pool_wait_secs: float):
         self.url = url
@@ -167,9 +177,16 @@ class PostgresDatabase(PooledPostgresqlDatabase):
             self._broken()
             raise
 
-    def lock_placement(self, recomputable: bool = False) -> None:
+    def lock_placement(self, recomputable: bool = False, nodes: Collection[str] | None = None) -> None:
         """Serialise placement across every replica, until this transaction ends (taken
         once per transaction: the caller's first request holds it).
+
+        `nodes`: the transaction places on these nodes only, so it excludes only the
+        placements on them and those over every node: the placement lock shared,
+        then each node's lock in the order of their keys (every taker orders them
+        alike, so two never wait on each other in a cycle). None: every node, the
+        placement lock alone. A transaction keeps the scope it took first; a wider
+        one asked later would wait, with locks held, on others that wait on it.
 
         `recomputable`: this transaction only places, so its commit does not wait for
         its WAL to reach the disk (synchronous_commit off until it ends), set in the
@@ -181,14 +198,27 @@ class PostgresDatabase(PooledPostgresqlDatabase):
         on a disk flush while they hold the placement lock."""
         transactions = self._state.transactions
         outermost = transactions[0] if transactions else None
-        held = outermost is not None and getattr(outermost, "holds_placement_lock", False)
-        asks = ([] if held else ["pg_advisory_xact_lock(%s)"]) + (
-            ["set_config('synchronous_commit', 'off', true)"] if recomputable else [])
+        held = getattr(outermost, "placement_scope", None) if outermost is not None else None
+        wanted = EVERY_NODE if nodes is None else frozenset(nodes)
+        if held is not None and not _covers(held, wanted):
+            raise RuntimeError(f"placement on {_scope_text(wanted)} in a transaction that locked "
+                               f"{_scope_text(held)} for it")
+        asks: list[str] = []
+        params: list[int] = []
+        if held is None:
+            if wanted == EVERY_NODE:
+                asks, params = ["pg_advisory_xact_lock(%s)"], [PLACEMENT_LOCK_KEY]
+            else:
+                keys = sorted({node_lock_key(node_id) for node_id in wanted})
+                asks = ["pg_advisory_xact_lock_shared(%s)"] + ["pg_advisory_xact_lock(%s, %s)"] * len(keys)
+                params = [PLACEMENT_LOCK_KEY] + [k for key in keys for k in (NODE_LOCK_CLASS, key)]
+        if recomputable:
+            asks.append("set_config('synchronous_commit', 'off', true)")
         if not asks:
             return
-        self.execute_sql(f"SELECT {', '.join(asks)}", () if held else (PLACEMENT_LOCK_KEY,))
-        if outermost is not None:
-            outermost.holds_placement_lock = True
+        self.execute_sql(f"SELECT {', '.join(asks)}", tuple(params))
+        if outermost is not None and held is None:
+            outermost.placement_scope = wanted
 
     def lost(self) -> str | None:
         return None  # a server that went away shows as failed queries (503), not here
@@ -366,3 +396,21 @@ class NotifyFeed(ChangeFeed):
 
 
 _START_LOCK = threading.Lock()
+
+
+
+# A placement's scope: this, or the frozenset of the nodes it places on.
+EVERY_NODE = "every node"
+
+
+def _covers(held: str | frozenset, wanted: str | frozenset) -> bool:
+    return held == EVERY_NODE or (wanted != EVERY_NODE and wanted <= held)  # type: ignore[operator]
+
+
+def node_lock_key(node_id: str) -> int:
+    """The second key of a node's placement lock: a stable signed 32-bit hash of its id."""
+    return zlib.crc32(node_id.encode()) - (1 << 31)
+
+
+def _scope_text(scope: str | frozenset) -> str:
+    return scope if isinstance(scope, str) else ", ".join(sorted(scope))

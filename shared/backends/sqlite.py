@@ -38,6 +38,7 @@ import sqlite3
 import threading
 import time
 import urllib.parse
+from collections.abc import Collection
 
 import peewee
 from playhouse.db_url import connect
@@ -78,7 +79,8 @@ def open_sqlite(url: str, synchronous: str = "NORMAL", pool_size: int | None = N
         db = connect(url, pragmas=pragmas, timeout=BUSY_TIMEOUT_SECS, lock_type="IMMEDIATE")
         db.reuses_ids = True
         db.one_writer = True
-        db.lock_placement = lambda recomputable=False: None
+        db.wakes_on_every_commit = True
+        db.lock_placement = lambda recomputable=False, nodes=None: None
         db.lost = lambda: None
         return db
     # `timeout` is the pool's wait for a free connection; SQLite's busy timeout
@@ -145,8 +147,10 @@ class QueuedWritersSqlite(PooledSqliteDatabase):
     # Write transactions run one at a time (the writers' lock): a write and the
     # placement it calls for share one (service.Scheduler._write_then_place).
     one_writer = True
+    # Every commit wakes the watchers of waiting claims (the data-version feed).
+    wakes_on_every_commit = True
 
-    def lock_placement(self, recomputable: bool = False) -> None:
+    def lock_placement(self, recomputable: bool = False, nodes: Collection[str] | None = None) -> None:
         # The write lock every transaction takes already serialises placement; a write and
         # its placement are one transaction (and WAL commits with synchronous=NORMAL do not fsync).
         return None
