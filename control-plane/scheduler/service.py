@@ -114,9 +114,11 @@ class Scheduler:
         """Many jobs in one transaction (all or nothing), then placed."""
         (jobs, created), placed = self._add_then_place(
             lambda: self.store.submit_batch(items, now, idempotency_key), now)
-        # Read back after the commit (outside the lock): placed jobs, and the jobs an
-        # earlier copy of a keyed batch created (the store read only their ids).
-        return (self.store.reload(jobs) if placed or idempotency_key else jobs), created
+        # Read back after the commit (outside the lock): with a key, every job (of those an
+        # earlier copy of the batch created, the store read only the ids), else the placed ones.
+        if idempotency_key:
+            return self.store.reload(jobs), created
+        return (self.store.with_placements(jobs) if placed else jobs), created
 
     def report(self, job_id: str, report: dict, now: float) -> Job:
         """An agent's report; a job that ended (or went back to pending) freed its slot."""
