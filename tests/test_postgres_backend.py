@@ -18,12 +18,13 @@ from corral.registry.settings import RegistrySettings
 from corral.scheduler.app import create_app
 from corral.scheduler.models import Job, JobEvent
 from corral.scheduler.settings import SchedulerSettings
+from corral.scheduler.validation import status_report
 from corral.shared import db as dbmod
 from corral.shared.backends import postgres
 from corral.shared.changefeed import IntervalFeed
 from corral.shared.errors import SettingError
 from helpers import wait_for
-from test_scheduler_api import Clock, set_nodes
+from test_scheduler_api import Clock, set_nodes, submit
 
 pytestmark = pytest.mark.e2e  # starts a PostgreSQL server
 
@@ -336,6 +337,45 @@ def test_placements_on_different_nodes_run_side_by_side_and_one_over_every_node_
         store.dispatch(0.0, ["n1"])  # every node's placement covers each node's
         with psycopg.connect(pg_url, autocommit=True) as other:
             assert not free_to(other, "pg_try_advisory_xact_lock_shared(%s)", postgres.PLACEMENT_LOCK_KEY)
+
+
+def test_a_placement_on_one_node_does_not_hold_up_one_on_another(pg_url):
+    """Each refills the slot its node's finished job freed, while the other's transaction
+    is still open: neither the locks nor a row both would write (the round robin's
+    cursor, the placement mark) may make the second wait for the first."""
+    clock = Clock()
+    app = app_on(pg_url, clock, max_jobs_per_node=1)
+    store, scheduler, client = app.extensions["corral.store"], app.extensions["corral.scheduler"], app.test_client()
+    set_nodes(store, clock, "n1", "n2", slots=1)
+    for _ in range(4):
+        submit(client)
+    for node in ("n1", "n2"):  # each node runs one job and finishes it; the other two wait, unplaced
+        [job] = client.post(f"/nodes/{node}/claim", json={"max": 1, "wait_secs": 0}).json
+        with store.db.connection_context():
+            store.report(job["job_id"], status_report({"node_id": node, "attempt": job["attempt"],
+                                                       "status": "done", "exit_code": 0}), clock())
+    first_placed, release = threading.Event(), threading.Event()
+    placed = {}
+
+    def place_on(node: str, hold: bool) -> None:
+        with store.db.connection_context(), scheduler.placing(only_places=True, nodes=[node]):
+            placed[node] = store.dispatch(clock(), [node])
+            if hold:
+                first_placed.set()
+                release.wait(10)
+
+    first = threading.Thread(target=place_on, args=("n1", True))
+    first.start()
+    try:
+        assert first_placed.wait(10)
+        second = threading.Thread(target=place_on, args=("n2", False))
+        second.start()
+        second.join(3)  # well under the sessions' lock_timeout
+        assert not second.is_alive(), "the placement on n2 waited for the one on n1"
+    finally:
+        release.set()
+        first.join(10)
+    assert placed == {"n1": 1, "n2": 1}
 
 
 def test_agents_reporting_and_claiming_at_once_on_many_nodes_overfill_none_and_run_each_job_once(pg_url):

@@ -650,7 +650,7 @@ class Store:
             # The round robin turns in placements over every node; filling the slots a
             # node's own jobs freed is not its turn (and leaves the cursor's row alone,
             # which placements on different nodes would otherwise queue on).
-            cursor, cursor_stored = self._cursor() if nodes is None else (None, True)
+            cursor, cursor_stored = self._cursor() if nodes is None else (None, False)
             before = cursor
             def unplaced(pinned):
                 # Ordered as the (status, node_id, id) index is: status and node_id are the
@@ -695,7 +695,7 @@ class Store:
                 self._events([{"job": job_id, "at": now, "old": "pending", "new": "pending",
                                "attempt": attempts[job_id] + 1, "node_id": node_id,
                                "reason": f"placed on {node_id}"} for job_id, node_id in placed])
-            if not cursor_stored or cursor != before:
+            if nodes is None and (not cursor_stored or cursor != before):
                 state[RR_CURSOR] = cursor
             self._set_state(state)
             return len(placed)
