@@ -160,6 +160,12 @@ def lock_placement(db: peewee.Database, recomputable: bool = False, nodes: Colle
     db.lock_placement(recomputable, nodes)  # type: ignore[attr-defined]  # each backend's own
 
 
+def locked_nodes(db: peewee.Database) -> frozenset | None:
+    """The nodes the current transaction locked for placement (lock_placement's
+    `nodes`); None when it may place on any."""
+    return db.locked_nodes()  # type: ignore[attr-defined]  # each backend's own
+
+
 def one_writer(db: peewee.Database) -> bool:
     """Whether write transactions run one at a time (SQLite's writers' lock), rather
     than side by side (PostgreSQL)."""

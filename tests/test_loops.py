@@ -65,10 +65,10 @@ def test_only_the_lease_holder_works_and_another_takes_over_when_it_stops(store)
 def test_a_leader_that_lost_its_lease_mid_pass_changes_nothing(store):
     """A leader paused (SIGSTOP, a frozen VM) after taking its lease wakes up after another
     process took over: every write of the rest of its pass is refused by the fence."""
-    registry = FakeRegistry([node("n1")])
+    registry = FakeRegistry([node("n1"), node("n2")])  # n2 keeps a free slot to place on
     old, new = Background(store, registry, "a"), Background(store, registry, "b")
     assert old.tick(T0) is True
-    job = running_job(store, old, T0)
+    job = running_job(store, old, T0, instance_id="n1")
     overdue = T0 + store.settings.job_timeout_secs + 50
     taken_over = T0 + old.lease_ttl + 1
     assert new.tick(taken_over) is True
@@ -82,7 +82,7 @@ def test_a_leader_that_lost_its_lease_mid_pass_changes_nothing(store):
         old.store.sync_nodes([], overdue)
     with pytest.raises(LeaseLost):
         old._pass(overdue, 1)                      # the whole pass stops at its first write
-    assert Job.get_by_id(job.id).status == "running" and Node.select().count() == 1
+    assert Job.get_by_id(job.id).status == "running" and Node.select().count() == 2
     assert new.tick(overdue) is True and Job.get_by_id(job.id).status == "failed"   # the new leader's work
 
 

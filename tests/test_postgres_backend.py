@@ -330,9 +330,11 @@ def test_placements_on_different_nodes_run_side_by_side_and_one_over_every_node_
             assert not free_to(other, "pg_try_advisory_xact_lock(%s, %s)", node, postgres.node_lock_key("n1"))
             assert not free_to(other, "pg_try_advisory_xact_lock(%s)", postgres.PLACEMENT_LOCK_KEY)
         store.dispatch(0.0, ["n1"])  # within its scope: nothing more is asked
-        for wider in (None, ["n1", "n2"]):
-            with pytest.raises(RuntimeError, match="in a transaction that locked n1"):
-                store.dispatch(0.0, wider)
+        store.dispatch(0.0)          # every node it locked
+        with pytest.raises(RuntimeError, match="in a transaction that locked n1"):
+            store.dispatch(0.0, ["n1", "n2"])
+        with pytest.raises(RuntimeError, match="every node in a transaction that locked n1"):
+            dbmod.lock_placement(store.db)
     with store.db.connection_context(), scheduler.placing():
         store.dispatch(0.0, ["n1"])  # every node's placement covers each node's
         with psycopg.connect(pg_url, autocommit=True) as other:
@@ -376,6 +378,36 @@ def test_a_placement_on_one_node_does_not_hold_up_one_on_another(pg_url):
         release.set()
         first.join(10)
     assert placed == {"n1": 1, "n2": 1}
+
+
+def test_a_submit_places_on_the_free_nodes_without_waiting_for_the_others_placements(pg_url):
+    """New work locks only the nodes that have a free slot: a placement open on a full
+    node (its agent's reports and claim) does not hold up a submit placed elsewhere."""
+    clock = Clock()
+    app = app_on(pg_url, clock, max_jobs_per_node=1)
+    store, scheduler, client = app.extensions["corral.store"], app.extensions["corral.scheduler"], app.test_client()
+    set_nodes(store, clock, "n1", "n2", slots=1)
+    first = submit(client)
+    full = first["node_id"]
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with store.db.connection_context(), scheduler.placing(only_places=True, nodes=[full]):
+            store.dispatch(clock(), [full])
+            holding.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert holding.wait(10)
+        started = time.monotonic()
+        second = submit(client)
+        assert time.monotonic() - started < 3  # well under the sessions' lock_timeout
+        assert second["node_id"] not in (None, full)
+    finally:
+        release.set()
+        holder.join(10)
 
 
 def test_agents_reporting_and_claiming_at_once_on_many_nodes_overfill_none_and_run_each_job_once(pg_url):

@@ -13,11 +13,11 @@ never hidden inside a write.
 Placement runs under the placement lock (`placing()`): on PostgreSQL advisory
 locks taken before any row lock of their transaction, so a cancel, a retry, a
 report and a placement never wait on each other in a cycle; on SQLite the write
-lock every transaction takes already serialises them. A placement that only
-fills some nodes' slots (after their agents' reports, in their claims) locks
-those nodes alone, so the reports of different nodes place side by side; a
-placement over every node (a submit, a cancel, a retry, the background pass)
-excludes all others. On SQLite a
+lock every transaction takes already serialises them. A placement locks the
+nodes it may place on: those whose slots its reports freed, a claiming node, or
+for new work (a submit, the background pass) the nodes that had a free slot; so
+placements on different nodes run side by side. A cancel, a retry and a report
+that requeues a job lock every node. On SQLite a
 write and its placement are one transaction; on PostgreSQL submits and reports
 commit first and placement follows in a transaction of its own (for a submit,
 only when a node has a free slot), so the lock covers placement only
@@ -64,8 +64,9 @@ class Scheduler:
         """A write (`write()`) and the placement it calls for (`place(result)`, else
         `nothing`), on the nodes `scope(result)` names (None: any; none: no placement).
         `new_work`: the write only added work (a submit), so placement needs a free
-        slot somewhere. `only_places`: `place` writes nothing else (no claim), so its
-        commit need not wait for the disk (placing()).
+        slot somewhere, and locks only the nodes that have one. `only_places`: `place`
+        writes nothing else (no claim), so its commit need not wait for the disk
+        (placing()).
 
         With one writer at a time (SQLite) both share one transaction: every write
         transaction is serialised anyway. With several writers (PostgreSQL) the
@@ -85,11 +86,14 @@ class Scheduler:
         nodes = scope(result)
         if nodes is not None and not nodes:
             return result, nothing
-        if new_work and not self.store.free_slot_anywhere():
-            # Nothing to place into (read after the commit, without the lock): a slot
-            # freed later is filled by the placement of whoever frees it, which reads
-            # the queue after that commit and so sees this write.
-            return result, nothing
+        if new_work:
+            # The nodes with a free slot (read after the commit, without a lock), which
+            # the placement locks: none, nothing to place into, and a slot freed later
+            # is filled by the placement of whoever frees it, which reads the queue
+            # after that commit and so sees this write.
+            nodes = self.store.open_nodes()
+            if not nodes:
+                return result, nothing
         try:
             with self.placing(only_places, nodes):
                 return result, place(result)
@@ -191,8 +195,12 @@ class Scheduler:
         return self.store.get(job_id)
 
     def place(self, now: float) -> int:
-        """Placement on its own (the background pass: node changes, due retries)."""
-        with self.placing(only_places=True):
+        """Placement on its own (the background pass: node changes, due retries), on
+        the nodes that have a free slot (locked: the others' placements go on)."""
+        nodes = self.store.open_nodes()
+        if not nodes:
+            return 0
+        with self.placing(only_places=True, nodes=nodes):
             return self.store.dispatch(now)
 
 

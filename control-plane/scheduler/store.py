@@ -26,7 +26,7 @@ from collections.abc import Callable, Collection
 import peewee
 from peewee import fn
 
-from corral.shared.db import lock_placement, one_writer, wakes_on_every_commit
+from corral.shared.db import lock_placement, locked_nodes, one_writer, wakes_on_every_commit
 from corral.shared.errors import BadRequest, BatchError, Conflict, CorralError, NotFound
 from corral.shared.leader import Fence
 from corral.shared.states import ACTIVE, check_transition
@@ -637,8 +637,13 @@ class Store:
         """Place waiting jobs on nodes with free slots (pure placement.plan over the
         snapshot, each assignment a conditional update); the number placed. `nodes`:
         only these may take work (the nodes whose slots just freed: new work was
-        offered to every node when it came), else every node."""
+        offered to every node when it came), else every node the transaction locked
+        for placement (service.Scheduler: on PostgreSQL, new work locks the nodes
+        that had a free slot), and the round robin turns."""
         with self._tx():
+            rotate = nodes is None
+            if nodes is None:
+                nodes = locked_nodes(self.db)
             # One placement at a time on each node across every process (the caller
             # usually took the lock first; taking it again is free). Most calls find
             # no free slot.
@@ -647,10 +652,10 @@ class Store:
             total_free = sum(s.free for s in slots)
             if total_free <= 0:
                 return 0
-            # The round robin turns in placements over every node; filling the slots a
-            # node's own jobs freed is not its turn (and leaves the cursor's row alone,
-            # which placements on different nodes would otherwise queue on).
-            cursor, cursor_stored = self._cursor() if nodes is None else (None, False)
+            # The round robin turns in placements of new work; filling the slots a node's
+            # own jobs freed is not its turn (and leaves the cursor's row alone, which
+            # placements on different nodes would otherwise queue on).
+            cursor, cursor_stored = self._cursor() if rotate else (None, False)
             before = cursor
             def unplaced(pinned):
                 # Ordered as the (status, node_id, id) index is: status and node_id are the
@@ -695,7 +700,7 @@ class Store:
                 self._events([{"job": job_id, "at": now, "old": "pending", "new": "pending",
                                "attempt": attempts[job_id] + 1, "node_id": node_id,
                                "reason": f"placed on {node_id}"} for job_id, node_id in placed])
-            if nodes is None and (not cursor_stored or cursor != before):
+            if rotate and (not cursor_stored or cursor != before):
                 state[RR_CURSOR] = cursor
             self._set_state(state)
             return len(placed)
@@ -791,9 +796,9 @@ class Store:
         limit = self.settings.max_jobs_per_node
         return limit if slots is None else min(limit, slots)
 
-    def free_slot_anywhere(self) -> bool:
-        """Whether any healthy compute node has a free slot (one read, no lock)."""
-        return any(s.free > 0 for s in self._free_slots())
+    def open_nodes(self) -> list[str]:
+        """The healthy compute nodes with a free slot (one read, no lock)."""
+        return [s.node_id for s in self._free_slots() if s.free > 0]
 
     def _free_slots(self, only: Collection[str] | None = None) -> list[placement.NodeSlots]:
         """The healthy compute nodes (`only` these, when given) and their free slots."""

@@ -15,10 +15,11 @@ Everything that is PostgreSQL's own lives here:
   and retry), `statement_timeout` any query.
 - `lock_placement()`: placement is serialised by transaction-level advisory
   locks, taken before the transaction locks any row (service.Scheduler), so a
-  cancel, a retry and a placement cannot deadlock. A placement over every node
-  takes the placement lock alone; one that only fills some nodes' slots (after
-  their agents' reports, in their claims) takes it shared plus those nodes'
-  locks, so placements on different nodes run side by side.
+  cancel, a retry and a placement cannot deadlock. A placement on some nodes
+  (the slots their reports freed, a claiming node, the nodes that had a free
+  slot for new work) takes it shared plus those nodes' locks, so placements on
+  different nodes run side by side; one on every node (a cancel, a retry, a
+  requeue) takes it alone.
 - `check_server()`: what start-up refuses (exit 2) — a URL that does not
   connect (named by host and database, never the password), a server older
   than 13, a pool that would not fit in `max_connections`.
@@ -219,6 +220,13 @@ class PostgresDatabase(PooledPostgresqlDatabase):
         self.execute_sql(f"SELECT {', '.join(asks)}", tuple(params))
         if outermost is not None and held is None:
             outermost.placement_scope = wanted
+
+    def locked_nodes(self) -> frozenset | None:
+        """The nodes this transaction locked for placement; None when it locked every
+        node or none yet."""
+        transactions = self._state.transactions
+        held = getattr(transactions[0], "placement_scope", None) if transactions else None
+        return held if isinstance(held, frozenset) else None
 
     def lost(self) -> str | None:
         return None  # a server that went away shows as failed queries (503), not here

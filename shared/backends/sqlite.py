@@ -81,6 +81,7 @@ def open_sqlite(url: str, synchronous: str = "NORMAL", pool_size: int | None = N
         db.one_writer = True
         db.wakes_on_every_commit = True
         db.lock_placement = lambda recomputable=False, nodes=None: None
+        db.locked_nodes = lambda: None
         db.lost = lambda: None
         return db
     # `timeout` is the pool's wait for a free connection; SQLite's busy timeout
@@ -154,6 +155,9 @@ class QueuedWritersSqlite(PooledSqliteDatabase):
         # The write lock every transaction takes already serialises placement; a write and
         # its placement are one transaction (and WAL commits with synchronous=NORMAL do not fsync).
         return None
+
+    def locked_nodes(self) -> frozenset | None:
+        return None  # the write lock covers every node
 
     def lost(self) -> str | None:
         """Why this database can no longer keep what it is given, or None: its file was
