@@ -152,12 +152,14 @@ def in_a_worker() -> bool:
     return _in_a_worker
 
 
-def lock_placement(db: peewee.Database, recomputable: bool = False, nodes: Collection[str] | None = None) -> None:
+def lock_placement(db: peewee.Database, recomputable: bool = False, nodes: Collection[str] | None = None,
+                   skip_busy: bool = False) -> None:
     """Serialise placement across every process until the current transaction ends.
     `recomputable`: the transaction only places, so its commit need not wait for the disk.
     `nodes`: it places on these nodes only (None: on any), and need not exclude the
-    placements on others."""
-    db.lock_placement(recomputable, nodes)  # type: ignore[attr-defined]  # each backend's own
+    placements on others. `skip_busy`: of those, only the nodes no other placement
+    holds now (locked_nodes() then says which)."""
+    db.lock_placement(recomputable, nodes, skip_busy)  # type: ignore[attr-defined]  # each backend's own
 
 
 def locked_nodes(db: peewee.Database) -> frozenset | None:

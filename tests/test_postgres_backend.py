@@ -380,20 +380,21 @@ def test_a_placement_on_one_node_does_not_hold_up_one_on_another(pg_url):
     assert placed == {"n1": 1, "n2": 1}
 
 
-def test_a_submit_places_on_the_free_nodes_without_waiting_for_the_others_placements(pg_url):
-    """New work locks only the nodes that have a free slot: a placement open on a full
-    node (its agent's reports and claim) does not hold up a submit placed elsewhere."""
+@pytest.mark.parametrize("held_node", ["full", "free"])
+def test_a_submit_places_on_the_free_nodes_without_waiting_for_the_others_placements(pg_url, held_node):
+    """New work locks the nodes that have a free slot, but for those another placement
+    holds (its agent's reports and claim): a placement open on a node, full or not, does
+    not hold up a submit placed elsewhere."""
     clock = Clock()
     app = app_on(pg_url, clock, max_jobs_per_node=1)
     store, scheduler, client = app.extensions["corral.store"], app.extensions["corral.scheduler"], app.test_client()
     set_nodes(store, clock, "n1", "n2", slots=1)
-    first = submit(client)
-    full = first["node_id"]
+    held = submit(client)["node_id"] if held_node == "full" else "n1"
     holding, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with store.db.connection_context(), scheduler.placing(only_places=True, nodes=[full]):
-            store.dispatch(clock(), [full])
+        with store.db.connection_context(), scheduler.placing(only_places=True, nodes=[held]):
+            store.dispatch(clock(), [held])
             holding.set()
             release.wait(10)
 
@@ -402,9 +403,9 @@ def test_a_submit_places_on_the_free_nodes_without_waiting_for_the_others_placem
     try:
         assert holding.wait(10)
         started = time.monotonic()
-        second = submit(client)
+        job = submit(client)
         assert time.monotonic() - started < 3  # well under the sessions' lock_timeout
-        assert second["node_id"] not in (None, full)
+        assert job["node_id"] not in (None, held)
     finally:
         release.set()
         holder.join(10)

@@ -48,13 +48,14 @@ class Scheduler:
     store: Store
 
     @contextlib.contextmanager
-    def placing(self, only_places: bool = False, nodes: Collection[str] | None = None):
+    def placing(self, only_places: bool = False, nodes: Collection[str] | None = None, skip_busy: bool = False):
         """A transaction that may place: the placement lock first. `only_places`: it
         writes nothing but placement, which a crash may undo and the next pass redoes,
         so its commit does not wait for the disk (lock_placement's `recomputable`).
-        `nodes`: it places on these nodes only (None: on any)."""
+        `nodes`: it places on these nodes only (None: on any); `skip_busy`: on those
+        of them no other placement holds (new work: lock_placement)."""
         with self.store.db.atomic():
-            lock_placement(self.store.db, recomputable=only_places, nodes=nodes)
+            lock_placement(self.store.db, recomputable=only_places, nodes=nodes, skip_busy=skip_busy)
             self.store.check_fence()  # a background loop's placement: still its lease's holder
             yield
 
@@ -88,14 +89,16 @@ class Scheduler:
             return result, nothing
         if new_work:
             # The nodes with a free slot (read after the commit, without a lock), which
-            # the placement locks: none, nothing to place into, and a slot freed later
-            # is filled by the placement of whoever frees it, which reads the queue
-            # after that commit and so sees this write.
+            # the placement locks, but for those another placement holds (that one, or
+            # the node's next claim, or the background pass, takes the oldest waiting
+            # work there). None: nothing to place into, and a slot freed later is
+            # filled by the placement of whoever frees it, which reads the queue after
+            # that commit and so sees this write.
             nodes = self.store.open_nodes()
             if not nodes:
                 return result, nothing
         try:
-            with self.placing(only_places, nodes):
+            with self.placing(only_places, nodes, skip_busy=new_work):
                 return result, place(result)
         except Exception:
             log.exception("placement after a committed write failed; the background pass places it")
@@ -200,7 +203,7 @@ class Scheduler:
         nodes = self.store.open_nodes()
         if not nodes:
             return 0
-        with self.placing(only_places=True, nodes=nodes):
+        with self.placing(only_places=True, nodes=nodes, skip_busy=True):
             return self.store.dispatch(now)
 
 

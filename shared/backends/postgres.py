@@ -178,7 +178,8 @@ class PostgresDatabase(PooledPostgresqlDatabase):
             self._broken()
             raise
 
-    def lock_placement(self, recomputable: bool = False, nodes: Collection[str] | None = None) -> None:
+    def lock_placement(self, recomputable: bool = False, nodes: Collection[str] | None = None,
+                       skip_busy: bool = False) -> None:
         """Serialise placement across every replica, until this transaction ends (taken
         once per transaction: the caller's first request holds it).
 
@@ -188,6 +189,10 @@ class PostgresDatabase(PooledPostgresqlDatabase):
         alike, so two never wait on each other in a cycle). None: every node, the
         placement lock alone. A transaction keeps the scope it took first; a wider
         one asked later would wait, with locks held, on others that wait on it.
+        `skip_busy`: of `nodes`, lock those whose lock is free now and leave the others
+        out of the scope, without waiting (new work: a node whose placement is under
+        way takes the oldest waiting work itself, and a placement that waited for
+        several nodes in turn would hold each node it had while it waited).
 
         `recomputable`: this transaction only places, so its commit does not wait for
         its WAL to reach the disk (synchronous_commit off until it ends), set in the
@@ -206,18 +211,23 @@ class PostgresDatabase(PooledPostgresqlDatabase):
                                f"{_scope_text(held)} for it")
         asks: list[str] = []
         params: list[int] = []
+        keys: list[int] = []
         if held is None:
             if wanted == EVERY_NODE:
                 asks, params = ["pg_advisory_xact_lock(%s)"], [PLACEMENT_LOCK_KEY]
             else:
                 keys = sorted({node_lock_key(node_id) for node_id in wanted})
-                asks = ["pg_advisory_xact_lock_shared(%s)"] + ["pg_advisory_xact_lock(%s, %s)"] * len(keys)
+                node_lock = "pg_try_advisory_xact_lock(%s, %s)" if skip_busy else "pg_advisory_xact_lock(%s, %s)"
+                asks = ["pg_advisory_xact_lock_shared(%s)"] + [node_lock] * len(keys)
                 params = [PLACEMENT_LOCK_KEY] + [k for key in keys for k in (NODE_LOCK_CLASS, key)]
         if recomputable:
             asks.append("set_config('synchronous_commit', 'off', true)")
         if not asks:
             return
-        self.execute_sql(f"SELECT {', '.join(asks)}", tuple(params))
+        answers = self.execute_sql(f"SELECT {', '.join(asks)}", tuple(params)).fetchone()
+        if skip_busy and keys:
+            got = {key for key, locked in zip(keys, answers[1:]) if locked}
+            wanted = frozenset(node_id for node_id in wanted if node_lock_key(node_id) in got)
         if outermost is not None and held is None:
             outermost.placement_scope = wanted
 

@@ -80,7 +80,7 @@ def open_sqlite(url: str, synchronous: str = "NORMAL", pool_size: int | None = N
         db.reuses_ids = True
         db.one_writer = True
         db.wakes_on_every_commit = True
-        db.lock_placement = lambda recomputable=False, nodes=None: None
+        db.lock_placement = lambda recomputable=False, nodes=None, skip_busy=False: None
         db.locked_nodes = lambda: None
         db.lost = lambda: None
         return db
@@ -151,7 +151,8 @@ class QueuedWritersSqlite(PooledSqliteDatabase):
     # Every commit wakes the watchers of waiting claims (the data-version feed).
     wakes_on_every_commit = True
 
-    def lock_placement(self, recomputable: bool = False, nodes: Collection[str] | None = None) -> None:
+    def lock_placement(self, recomputable: bool = False, nodes: Collection[str] | None = None,
+                       skip_busy: bool = False) -> None:
         # The write lock every transaction takes already serialises placement; a write and
         # its placement are one transaction (and WAL commits with synchronous=NORMAL do not fsync).
         return None
