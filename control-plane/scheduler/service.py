@@ -15,8 +15,9 @@ locks taken before any row lock of their transaction, so a cancel, a retry, a
 report and a placement never wait on each other in a cycle; on SQLite the write
 lock every transaction takes already serialises them. A placement locks the
 nodes it may place on: those whose slots its reports freed, a claiming node, or
-for new work (a submit, the background pass) the nodes that had a free slot; so
-placements on different nodes run side by side. A cancel, a retry and a report
+for new work (a submit, the background pass) the nodes that had a free slot and
+that no other placement holds at that moment; so placements on different nodes
+run side by side. A cancel, a retry and a report
 that requeues a job lock every node. On SQLite a
 write and its placement are one transaction; on PostgreSQL submits and reports
 commit first and placement follows in a transaction of its own (for a submit,
