@@ -491,7 +491,8 @@ def test_a_replica_stopped_holding_the_placement_lock_holds_up_the_other_for_the
     placement lock and, when the session holding it is one of A's (pg_locks, the
     session's client port, A's sockets), stops A (SIGSTOP). Replica B accepts a job at
     once and places it soon after the idle-in-transaction timeout ends A's session
-    (an agent's next claim, or B's background pass once A's lease has run out). A's unanswered batch, resent with its key, is stored once. After SIGCONT, A serves and
+    (an agent's next claim, or B's background pass once A's lease has run out). A's
+    unanswered batch, resent with its key, is stored once. After SIGCONT, A serves and
     places again; nothing is lost or doubled."""
     c = ha(HEARTBEAT_TIMEOUT_SECS=PRODUCTION_LEASE, MAX_JOBS_PER_NODE=2)
     a, b = c.scheduler_urls
