@@ -17,11 +17,10 @@ lock every transaction takes already serialises them. A placement locks the
 nodes it may place on: those whose slots its reports freed, a claiming node, or
 for new work (a submit, the background pass) the nodes that had a free slot and
 that no other placement holds at that moment; so placements on different nodes
-run side by side. A cancel, a retry and a report
-that requeues a job lock every node. On SQLite a
-write and its placement are one transaction; on PostgreSQL submits and reports
-commit first and placement follows in a transaction of its own (for a submit,
-only when a node has a free slot), so the lock covers placement only
+run side by side. A cancel, a retry and a report that requeues a job lock every
+node. On SQLite a write and its placement are one transaction; on PostgreSQL
+submits and reports commit first and placement follows in a transaction of its
+own (for a submit, only when a node has a free slot), so the lock covers placement only
 (_write_then_place), and such a placement's commit does not wait for the disk:
 a crash may undo it, and the jobs are placed again. A cancel and a retry take
 the lock first and do both in one transaction.
