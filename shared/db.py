@@ -10,13 +10,16 @@ names, each in its own module:
   PostgreSQL schema.
 
 Both answer the same few questions for the code above them, so the store and
-the loops do not care which one runs: `lock_placement(recomputable)` (serialise
-placement until the transaction ends; `recomputable`: this transaction only
-places, so its commit need not wait for the disk), `one_writer` (whether write transactions run one
-at a time), `reuses_ids` (whether a deleted newest id is handed out again),
-`lost()` (why the database cannot keep what it is given: a deleted file, a full
-disk), `change_feed(db)` (how a process hears of other processes' commits) and
-`deciding_clock(db, clock)` (whose clock decides).
+the loops do not care which one runs: `lock_placement(recomputable, nodes)`
+(serialise placement, on every node or on some, until the transaction ends;
+`recomputable`: this transaction only places, so its commit need not wait for
+the disk) and `locked_nodes()` (which nodes it locked), `one_writer` (whether
+write transactions run one at a time), `wakes_on_every_commit` (whether every
+commit wakes the waiting claims' watchers), `reuses_ids` (whether a deleted
+newest id is handed out again), `lost()` (why the database cannot keep what it
+is given: a deleted file, a full disk), `change_feed(db)` (how a process hears
+of other processes' commits) and `deciding_clock(db, clock)` (whose clock
+decides).
 Queries stay dialect-neutral.
 """
 import json

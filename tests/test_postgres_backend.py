@@ -2,11 +2,13 @@
 start: sessions, the pool and its bounded wait, start-up refusals, the database's
 clock, LISTEN/NOTIFY between replicas, placement under concurrency (the advisory
 lock, SKIP LOCKED claims) and the health gauges."""
+import contextlib
 import os
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import peewee
@@ -54,28 +56,36 @@ def test_the_urls_own_session_options_are_kept_and_ours_win(pg_url):
     dbmod.close_idle(db)
 
 
-def test_a_request_that_finds_the_pool_taken_answers_503_after_the_wait(pg_url):
-    app = create_app(SchedulerSettings(database_url=pg_url, db_options=dbmod.DatabaseOptions(
-        pool_size=1, pool_wait_secs=0.3)), clock=Clock())
-    db = app.extensions["corral.store"].db
+@contextlib.contextmanager
+def held_in_a_thread(enter: Callable[[], contextlib.AbstractContextManager], timeout: float = 10.0):
+    """`enter()` entered in a thread of its own (a connection taken, a transaction
+    open) and kept so while the block runs; left when it ends."""
     holding, release = threading.Event(), threading.Event()
 
-    def hold():
-        with db.connection_context():
+    def hold() -> None:
+        with enter():
             holding.set()
             release.wait(10)
 
     holder = threading.Thread(target=hold)
     holder.start()
     try:
-        assert holding.wait(5)
+        assert holding.wait(timeout), "the thread never got there"
+        yield
+    finally:
+        release.set()
+        holder.join(10)
+
+
+def test_a_request_that_finds_the_pool_taken_answers_503_after_the_wait(pg_url):
+    app = create_app(SchedulerSettings(database_url=pg_url, db_options=dbmod.DatabaseOptions(
+        pool_size=1, pool_wait_secs=0.3)), clock=Clock())
+    db = app.extensions["corral.store"].db
+    with held_in_a_thread(db.connection_context, timeout=5):
         started = time.monotonic()
         answer = app.test_client().get("/jobs")
         assert answer.status_code == 503 and "retry" in answer.json["error"]
         assert 0.25 <= time.monotonic() - started < 5
-    finally:
-        release.set()
-        holder.join()
     assert app.test_client().get("/jobs").status_code == 200   # the connection came back
 
 
@@ -356,27 +366,23 @@ def test_a_placement_on_one_node_does_not_hold_up_one_on_another(pg_url):
         with store.db.connection_context():
             store.report(job["job_id"], status_report({"node_id": node, "attempt": job["attempt"],
                                                        "status": "done", "exit_code": 0}), clock())
-    first_placed, release = threading.Event(), threading.Event()
     placed = {}
 
-    def place_on(node: str, hold: bool) -> None:
+    @contextlib.contextmanager
+    def placing_on(node: str):
         with store.db.connection_context(), scheduler.placing(only_places=True, nodes=[node]):
             placed[node] = store.dispatch(clock(), [node])
-            if hold:
-                first_placed.set()
-                release.wait(10)
+            yield
 
-    first = threading.Thread(target=place_on, args=("n1", True))
-    first.start()
-    try:
-        assert first_placed.wait(10)
-        second = threading.Thread(target=place_on, args=("n2", False))
+    def place_on(node: str) -> None:
+        with placing_on(node):
+            pass
+
+    with held_in_a_thread(lambda: placing_on("n1")):
+        second = threading.Thread(target=place_on, args=("n2",))
         second.start()
         second.join(3)  # well under the sessions' lock_timeout
         assert not second.is_alive(), "the placement on n2 waited for the one on n1"
-    finally:
-        release.set()
-        first.join(10)
     assert placed == {"n1": 1, "n2": 1}
 
 
@@ -390,25 +396,18 @@ def test_a_submit_places_on_the_free_nodes_without_waiting_for_the_others_placem
     store, scheduler, client = app.extensions["corral.store"], app.extensions["corral.scheduler"], app.test_client()
     set_nodes(store, clock, "n1", "n2", slots=1)
     held = submit(client)["node_id"] if held_node == "full" else "n1"
-    holding, release = threading.Event(), threading.Event()
 
-    def hold() -> None:
+    @contextlib.contextmanager
+    def placing_on_held():
         with store.db.connection_context(), scheduler.placing(only_places=True, nodes=[held]):
             store.dispatch(clock(), [held])
-            holding.set()
-            release.wait(10)
+            yield
 
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        assert holding.wait(10)
+    with held_in_a_thread(placing_on_held):
         started = time.monotonic()
         job = submit(client)
         assert time.monotonic() - started < 3  # well under the sessions' lock_timeout
         assert job["node_id"] not in (None, held)
-    finally:
-        release.set()
-        holder.join(10)
 
 
 def test_agents_reporting_and_claiming_at_once_on_many_nodes_overfill_none_and_run_each_job_once(pg_url):

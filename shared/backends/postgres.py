@@ -39,6 +39,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Collection
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import peewee
@@ -202,9 +203,7 @@ class PostgresDatabase(PooledPostgresqlDatabase):
         later commit that waits for the disk (a claim of those jobs, for one) flushes
         them first, the WAL being written in order. Placing commits then do not queue
         on a disk flush while they hold the placement lock."""
-        transactions = self._state.transactions
-        outermost = transactions[0] if transactions else None
-        held = getattr(outermost, "placement_scope", None) if outermost is not None else None
+        outermost, held = self._placement_scope()
         wanted = EVERY_NODE if nodes is None else frozenset(nodes)
         if held is not None and not _covers(held, wanted):
             raise RuntimeError(f"placement on {_scope_text(wanted)} in a transaction that locked "
@@ -234,9 +233,15 @@ class PostgresDatabase(PooledPostgresqlDatabase):
     def locked_nodes(self) -> frozenset | None:
         """The nodes this transaction locked for placement; None when it locked every
         node or none yet."""
-        transactions = self._state.transactions
-        held = getattr(transactions[0], "placement_scope", None) if transactions else None
+        held = self._placement_scope()[1]
         return held if isinstance(held, frozenset) else None
+
+    def _placement_scope(self) -> tuple[Any, str | frozenset | None]:
+        """This transaction's outermost level (None outside one) and the scope it locked
+        for placement (None: none yet), kept on that level so it ends with it."""
+        transactions = self._state.transactions
+        outermost = transactions[0] if transactions else None
+        return outermost, getattr(outermost, "placement_scope", None)
 
     def lost(self) -> str | None:
         return None  # a server that went away shows as failed queries (503), not here
