@@ -8,7 +8,10 @@ commit pokes their node directly, see longpoll.WaitRoom.poke).
 The interface is `ChangeFeed`:
 
 - `generation` grows by at least one after every change the feed noticed;
-- `add_listener(fn)` calls `fn()` (on the feed's thread) after each change;
+- `add_listener(fn)` calls `fn(recheck)` (on the feed's thread) after each change;
+  `recheck` is True when the feed noticed nothing and only looks again in case
+  a notice was lost (PostgreSQL's periodic re-check), so a listener may first
+  ask whether anything changed at all;
 - `wait_for_change(seen, timeout)` blocks until `generation != seen`;
 - `ring()`: this process committed work that other processes' waiters may
   want; tell them now;
@@ -46,7 +49,7 @@ class ChangeFeed:
         self._pid: int | None = None
         self._cond = threading.Condition()
         self._generation = 0
-        self._listeners: list[Callable[[], None]] = []
+        self._listeners: list[Callable[[bool], None]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -54,7 +57,7 @@ class ChangeFeed:
     def generation(self) -> int:
         return self._generation
 
-    def add_listener(self, fn: Callable[[], None]) -> None:
+    def add_listener(self, fn: Callable[[bool], None]) -> None:
         self._listeners.append(fn)
 
     def ensure_started(self) -> None:
@@ -78,14 +81,15 @@ class ChangeFeed:
         if self._thread is not None and self._thread.is_alive() and self._pid == os.getpid():
             self._thread.join(timeout)
 
-    def changed(self) -> None:
-        """Bump the generation and wake everyone: the database may have changed."""
+    def changed(self, recheck: bool = False) -> None:
+        """Bump the generation and wake everyone: the database may have changed
+        (`recheck`: nothing was noticed, this is only a look in case a notice was lost)."""
         with self._cond:
             self._generation += 1
             self._cond.notify_all()
         for fn in list(self._listeners):
             try:
-                fn()
+                fn(recheck)
             except Exception:
                 log.exception("a %s listener failed", self.name)
 

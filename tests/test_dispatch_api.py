@@ -242,8 +242,9 @@ def test_the_room_pokes_one_node_and_checks_once_per_change_for_all():
     checks = []
     work = {"n2"}
 
-    def check(nodes):
+    def check(nodes, recheck):
         checks.append(set(nodes))
+        assert recheck is False   # a change noticed: not a re-check
         return nodes & work
 
     feed = ManualFeed()
@@ -267,7 +268,7 @@ def test_the_room_pokes_one_node_and_checks_once_per_change_for_all():
 
 
 def test_a_failing_check_lets_every_waiter_look(caplog):
-    def check(nodes):
+    def check(nodes, recheck):
         raise RuntimeError("database is locked")
 
     feed = ManualFeed()
@@ -514,6 +515,46 @@ def test_retention_zero_keeps_everything(database_url):
     assert SchedulerSettings.from_env({"LONG_POLL_MAX_WAITERS": "0"}).long_poll_max_waiters == 0
     with pytest.raises(SettingError, match="JOB_PURGE_BATCH must be at least 1"):
         SchedulerSettings.from_env({"JOB_PURGE_BATCH": "0"})
+
+
+def test_a_recheck_with_no_placement_since_the_last_look_runs_no_grouped_query(database_url, clock, monkeypatch):
+    """The idle fleet's cost: a feed's periodic re-check (PostgreSQL) or a commit that
+    placed nothing (SQLite: a lease renewal) must not query every waiting node; a
+    placement, or on PostgreSQL a notification or FULL_LOOK_SECS passed, must."""
+    from corral.scheduler import app as appmod
+    app = make_app(database_url, clock)
+    client, store = app.test_client(), app.extensions["corral.store"]
+    check = app.extensions["corral.wait_room"]._check
+    looks = []
+    real = store.nodes_with_work
+    monkeypatch.setattr(store, "nodes_with_work", lambda nodes: looks.append(set(nodes)) or real(nodes))
+    set_nodes(store, clock, "n1", "n2")
+    assert check({"n1"}, True) == set() and len(looks) == 1        # the first look always queries
+    assert check({"n1"}, True) == set() and len(looks) == 1        # nothing placed since
+    submit_batch(client, [{"command": "true"}])                     # placed on n1 (round robin's first)
+    assert check({"n1", "n2"}, True) == {"n1"} and len(looks) == 2
+    assert check({"n1", "n2"}, True) == set() and len(looks) == 2
+    if store.marks_placements:
+        return   # SQLite: the placement mark is exact; no notification, no full look
+    assert check({"n1", "n2"}, False) == {"n1"} and len(looks) == 3  # a notification always looks
+    monkeypatch.setattr(appmod, "FULL_LOOK_SECS", 0.0)              # once in a while, it looks all the same
+    assert check({"n1", "n2"}, True) == {"n1"} and len(looks) == 4
+
+
+def test_the_background_pass_reads_no_node_list_when_nothing_waits_unplaced(database_url, clock, monkeypatch):
+    app = make_app(database_url, clock, max_jobs_per_node=1)
+    client, store = app.test_client(), app.extensions["corral.store"]
+    scheduler = app.extensions["corral.scheduler"]
+    set_nodes(store, clock, "n1")
+    reads = []
+    real = store.open_nodes
+    monkeypatch.setattr(store, "open_nodes", lambda: reads.append(1) or real())
+    assert scheduler.place(clock()) == 0 and reads == []               # idle: no read, no lock
+    submit_batch(client, [{"command": "a"}, {"command": "b"}])        # b waits: n1 is full
+    del reads[:]
+    assert scheduler.place(clock()) == 0 and reads == [1]
+    set_nodes(store, clock, "n1", "n2")        # a node came: the pass after the refresh places b there
+    assert reads == [1, 1] and Job.get(Job.command == "b").node_id == "n2"
 
 
 def test_the_waiters_check_counts_only_nodes_with_a_free_slot(database_url, clock):

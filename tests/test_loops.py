@@ -73,6 +73,7 @@ def test_a_leader_that_lost_its_lease_mid_pass_changes_nothing(store):
     taken_over = T0 + old.lease_ttl + 1
     assert new.tick(taken_over) is True
     store.renew_lease("n1", overdue)
+    waiting, _ = store.submit({"command": "true"}, overdue)  # work for the pass to place
     # The old leader resumes the pass it started with its old token.
     with pytest.raises(LeaseLost):
         old.store.fail_timed_out(overdue)
@@ -83,7 +84,9 @@ def test_a_leader_that_lost_its_lease_mid_pass_changes_nothing(store):
     with pytest.raises(LeaseLost):
         old._pass(overdue, 1)                      # the whole pass stops at its first write
     assert Job.get_by_id(job.id).status == "running" and Node.select().count() == 2
+    assert Job.get_by_id(waiting.id).node_id is None
     assert new.tick(overdue) is True and Job.get_by_id(job.id).status == "failed"   # the new leader's work
+    assert Job.get_by_id(waiting.id).node_id is not None
 
 
 def test_nodes_are_refreshed_and_waiting_jobs_placed(store):

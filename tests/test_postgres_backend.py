@@ -184,6 +184,26 @@ def test_replicas_wake_each_other_with_one_debounced_notification(pg_url):
         b.stop()
 
 
+def test_the_listener_tells_a_notification_from_a_periodic_recheck(pg_url):
+    """A re-check (no notification within the period) may be answered from a cheap mark;
+    another replica's notification must always be looked at (scheduler/app.py)."""
+    channel = "corral_test_recheck"
+    a = postgres.NotifyFeed(pg_url, channel, recheck=0.2)
+    b = postgres.NotifyFeed(pg_url, channel, recheck=30.0)
+    seen: list[bool] = []
+    a.add_listener(seen.append)
+    try:
+        a.wait_for_change(0, 10), b.wait_for_change(0, 10)   # both started
+        wait_for(lambda: True in seen, timeout=10, message="a periodic re-check")
+        wait_for(lambda: listeners(pg_url, channel) == 2, timeout=10, message="both listeners")
+        del seen[:]
+        b.ring()
+        wait_for(lambda: False in seen, timeout=10, message="the other replica's notification")
+    finally:
+        a.stop()
+        b.stop()
+
+
 def listeners(url: str, channel: str) -> int:
     with psycopg.connect(url, autocommit=True) as conn:
         return conn.execute("SELECT count(*) FROM pg_stat_activity WHERE query = %s",

@@ -85,6 +85,11 @@ def registry_client(settings: SchedulerSettings, **kwargs) -> RegistryClient:
                           verify=settings.registry_ca_bundle or True, **kwargs)
 
 
+# PostgreSQL: the waiters' re-check looks for work at least this often even when
+# no job event is newer than at its last look (see check_nodes).
+FULL_LOOK_SECS = 10.0
+
+
 def wait_room(settings: SchedulerSettings, feed: ChangeFeed, store_of: Callable[[], Store]) -> longpoll.WaitRoom:
     """The waiting room of this process's long-poll claims, woken by its change feed
     when another process commits (wakeup.py). `store_of()` gives the store the room
@@ -92,23 +97,35 @@ def wait_room(settings: SchedulerSettings, feed: ChangeFeed, store_of: Callable[
     max_waiters = settings.long_poll_max_waiters
     if max_waiters is None:
         max_waiters = longpoll.default_max_waiters(server.worker_threads())
-    seen_mark: list = [object()]  # the placement mark of the last look (none yet)
+    seen: dict = {"mark": object(), "at": float("-inf")}  # the mark and time of the last full look
 
-    def check_nodes(node_ids: set[str]) -> set[str]:
-        """On the change feed's thread: which waiting nodes have work. Where every
-        commit wakes it (SQLite), most commits (lease renewals, reports, submits that
-        placed nothing) placed no job, and cost one read of the placement mark
-        instead of the grouped query. The mark is read first, so the query sees every
-        placement the mark stands for."""
+    def check_nodes(node_ids: set[str], recheck: bool = False) -> set[str]:
+        """On the change feed's thread: which waiting nodes have work (one grouped
+        query), unless a cheap mark says nothing was placed since the last look.
+
+        Where every commit wakes it (SQLite), most commits (lease renewals, reports,
+        submits that placed nothing) placed no job: the placement mark, written by
+        every placement, decides. Where only placements notify (PostgreSQL), a
+        notification always looks; the feed's periodic re-check, there for a lost
+        notification, looks only when the newest job event moved (every placement
+        writes one) or FULL_LOOK_SECS passed: event ids are not committed in order,
+        so an unchanged newest id is no proof on its own. The mark is read first,
+        so the query sees every placement the mark stands for."""
         store = store_of()
+        mark: object
         with store.db.connection_context():
-            if not store.marks_placements:  # only placements woke it
-                return store.nodes_with_work(node_ids)
-            mark = store.placement_mark()
-            if mark == seen_mark[0]:
-                return set()
+            if store.marks_placements:
+                mark = store.placement_mark()
+                if mark == seen["mark"]:
+                    return set()
+            elif recheck:
+                mark = store.event_mark()
+                if mark == seen["mark"] and time.monotonic() - seen["at"] < FULL_LOOK_SECS:
+                    return set()
+            else:
+                mark = seen["mark"]
             ready = store.nodes_with_work(node_ids)
-            seen_mark[0] = mark
+            seen.update(mark=mark, at=time.monotonic())
             return ready
 
     return longpoll.WaitRoom(feed, max_waiters, check_nodes)

@@ -85,8 +85,9 @@ class Waiter:
 
 class WaitRoom:
     def __init__(self, feed: ChangeFeed, max_waiters: int,
-                 check: Callable[[set[str]], set[str]]):
-        """`check(node_ids)` answers which of those nodes have claimable work (one query)."""
+                 check: Callable[[set[str], bool], set[str]]):
+        """`check(node_ids, recheck)` answers which of those nodes have claimable work (one
+        query); `recheck` as the feed's listeners get it (shared/changefeed.py)."""
         self.feed = feed
         self.max_waiters = max_waiters
         self._check = check
@@ -151,7 +152,7 @@ class WaitRoom:
                 for waiter in waiters:
                     waiter.event.set()
 
-    def _on_change(self) -> None:
+    def _on_change(self, recheck: bool = False) -> None:
         """On the feed's thread, after a commit somewhere: one query for all waiting nodes.
 
         Snapshotting the nodes after the change was seen is enough: a waiter that
@@ -163,7 +164,7 @@ class WaitRoom:
             return
         self.checks += 1
         try:
-            ready = self._check(nodes)
+            ready = self._check(nodes, recheck)
         except Exception:
             log.exception("checking %d waiting node(s) for work failed; letting each of them look", len(nodes))
             ready = nodes

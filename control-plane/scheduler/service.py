@@ -200,6 +200,8 @@ class Scheduler:
     def place(self, now: float) -> int:
         """Placement on its own (the background pass: node changes, due retries), on
         the nodes that have a free slot (locked: the others' placements go on)."""
+        if not self.store.unplaced_due(now):
+            return 0  # nothing waits: no node list read, no lock taken
         nodes = self.store.open_nodes()
         if not nodes:
             return 0

@@ -146,6 +146,12 @@ class Store:
             SchedulerState.key == PLACEMENT_MARK))
         return rows[0][0] if rows else None
 
+    def event_mark(self) -> int | None:
+        """The newest job event's id (None: none yet). Every placement writes an event,
+        so an unchanged mark means no placement committed since, save one whose event
+        id was drawn earlier and committed later (ids are drawn before the commit)."""
+        return self._sql.rows(self.db, "event mark", lambda: JobEvent.select(fn.MAX(JobEvent.id)))[0][0]
+
     def nodes_with_work(self, node_ids: set[str]) -> set[str]:
         """Which of these nodes have something to claim: pending jobs placed on them and
         a free slot (for the waiting claims of a process: one grouped count, and the

@@ -399,7 +399,9 @@ class NotifyFeed(ChangeFeed):
                 # One notification or the re-check period, whichever comes first; this
                 # process's own are skipped (its waiters were poked at its commit).
                 got = list(conn.notifies(timeout=self.interval, stop_after=1))
-                if not got or any(n.pid != self._own_backend for n in got):
+                if not got:
+                    self.changed(recheck=True)
+                elif any(n.pid != self._own_backend for n in got):
                     self.changed()
             except psycopg.Error as exc:
                 if not failing:
