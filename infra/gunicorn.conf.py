@@ -49,8 +49,11 @@ timeout = 60
 # above this.
 graceful_timeout = 30
 
-# Seconds an idle keep-alive connection stays open (agents reuse theirs).
-keepalive = 5
+# Seconds an idle keep-alive connection stays open. Agents reuse theirs and speak
+# every 5 s (heartbeats, lease renewals): a server that closed at the same 5 s
+# would now and then close one just as the agent sent its next request on it
+# (RemoteDisconnected, retried by the agent but logged), so it waits three times longer.
+keepalive = 15
 
 # Access log: None means off; "-" sends it to stdout, which is the journal under
 # systemd. Agents poll every few seconds, so it is chatty. --access-log overrides it.

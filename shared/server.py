@@ -52,7 +52,7 @@ DEFAULTS = {
     "worker_connections": 4096,
     "timeout": 60,
     "graceful_timeout": 30,
-    "keepalive": 5,
+    "keepalive": 15,  # > the agents' 5 s between requests (infra/gunicorn.conf.py)
     "control_socket_disable": True,
     "accesslog": None,
 }

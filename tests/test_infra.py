@@ -200,10 +200,15 @@ def test_gunicorn_config_uses_only_known_settings():
     values = {k: v for k, v in runpy.run_path(GUNICORN_CONF).items() if not k.startswith("__")}
     unknown = set(values) - set(Config().settings)
     assert not unknown, f"gunicorn ignores unknown settings silently: {sorted(unknown)}"
+    from corral.agent.settings import AgentSettings
     from corral.shared.server import DEFAULTS
     assert values["worker_class"] == DEFAULTS["worker_class"] == "corral.shared.worker.BufferingWorker"
     assert values["worker_connections"] == DEFAULTS["worker_connections"] >= 1000  # a thousand idle clients fit
     assert values["graceful_timeout"] == 30
+    # An agent speaks every heartbeat interval on a kept-alive connection: a server that
+    # closed idle connections after the same time would race it (RemoteDisconnected).
+    agent = AgentSettings.from_env({"NODE_ID": "n"})
+    assert values["keepalive"] == DEFAULTS["keepalive"] >= 2 * agent.heartbeat_interval
     assert values["control_socket_disable"] is True
     assert "bind" not in values  # shared by both servers: each passes its own address
 

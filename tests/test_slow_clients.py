@@ -291,14 +291,17 @@ def test_a_request_that_stalls_gets_a_json_408_and_is_closed_after_the_read_time
 
 
 @pytest.mark.e2e
-def test_an_idle_kept_alive_connection_is_closed_silently_after_the_keepalive_timeout(start_cluster):
-    c = start_cluster(CORRAL_REQUEST_READ_TIMEOUT_SECS=READ_TIMEOUT)
+def test_an_idle_kept_alive_connection_is_closed_silently_after_the_keepalive_timeout(start_cluster, tmp_path):
+    # gunicorn's keepalive from a config file (the default's 15 s, test_infra.py, would make a slow test).
+    config = tmp_path / "keepalive.conf.py"
+    config.write_text("keepalive = 3\n")
+    c = start_cluster(["--gunicorn-config", str(config)], CORRAL_REQUEST_READ_TIMEOUT_SECS=READ_TIMEOUT)
     conn = RawConnection(c.scheduler_port).send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     try:
         assert conn.response().status == 200
         idle_since = time.monotonic()
         assert conn.read_until_closed() == b""  # closed, with nothing sent: no request was under way
-        assert 5 - 0.1 <= time.monotonic() - idle_since <= 5 + 2.5  # gunicorn's keepalive (5 s)
+        assert 3 - 0.1 <= time.monotonic() - idle_since <= 3 + 2.5
     finally:
         conn.close()
 
