@@ -527,30 +527,68 @@ def test_a_placement_that_fails_after_its_write_committed_keeps_the_write_and_it
     dbmod.close_idle(store.db)
 
 
-def test_only_a_transaction_that_only_places_commits_without_waiting_for_the_disk(pg_url, monkeypatch):
-    """A submit's job, a report and a claim commit durably (synchronous_commit as the
-    server has it); the placement that follows a submit or a report does not wait
-    for the disk (a crash may undo it, and the next pass places again)."""
+def app_with_store_spies(pg_url, monkeypatch, max_jobs_per_node: int, query: str):
+    """A test client of an app with one node, n1, and `spy(name, fail=False)`: each call
+    of Store.<name> then appends (name, what `query` answers in its transaction) to
+    `seen`; with `fail`, its first call raises instead of running."""
     from corral.scheduler.store import Store
 
     clock = Clock()
-    app = app_on(pg_url, clock, max_jobs_per_node=2)
-    store = app.extensions["corral.store"]
-    client = app.test_client()
-    set_nodes(store, clock, "n1")
-    seen: list[tuple[str, str]] = []
+    app = app_on(pg_url, clock, max_jobs_per_node=max_jobs_per_node)
+    set_nodes(app.extensions["corral.store"], clock, "n1")
+    seen: list[tuple[str, object]] = []
 
-    def spy(name):
+    def spy(name, fail=False):
         original = getattr(Store, name)
 
         def recorded(self, *args, **kwargs):
-            seen.append((name, self.db.execute_sql("SHOW synchronous_commit").fetchone()[0]))
+            seen.append((name, self.db.execute_sql(query).fetchone()[0]))
+            if fail and sum(1 for called, _ in seen if called == name) == 1:
+                raise RuntimeError("a placement bug")
             return original(self, *args, **kwargs)
         monkeypatch.setattr(Store, name, recorded)
+    return app.test_client(), seen, spy
 
+
+def test_done_reports_their_placement_and_the_claim_riding_on_them_are_one_transaction(pg_url, monkeypatch):
+    """An agent's batch of done reports frees only its own node's slots, known before it
+    is applied: one transaction (one commit) for the reports, the placement and the
+    claim; should that transaction fail, the reports still land on their own."""
+    client, seen, spy = app_with_store_spies(pg_url, monkeypatch, 1, "SELECT txid_current()")
+    for name in ("apply_reports", "dispatch", "take_placed"):
+        spy(name)
+    first = client.post("/jobs", json={"command": "a"}).json
+    client.post("/jobs", json={"command": "b"})                       # waits: n1 has one slot
+    claimed = client.post("/nodes/n1/claim", json={"max": 1, "wait_secs": 0}).json
+    assert [j["job_id"] for j in claimed] == [first["job_id"]]
+    seen.clear()
+    answer = client.post("/jobs/reports", json={"reports": [
+        {"job_id": first["job_id"], "node_id": "n1", "attempt": 1, "status": "done", "exit_code": 0}],
+        "claim": {"node_id": "n1", "max": 1}})
+    assert answer.status_code == 200 and [j["command"] for j in answer.json["claimed"]] == ["b"]
+    assert [name for name, _ in seen] == ["apply_reports", "dispatch", "take_placed"]
+    assert len({txid for _, txid in seen}) == 1                        # one transaction
+    # The same, with a placement that fails: the report lands all the same.
+    second = answer.json["claimed"][0]
+    client.post("/jobs", json={"command": "c"})
+    seen.clear()
+    spy("dispatch", fail=True)
+    answer = client.post("/jobs/reports", json={"reports": [
+        {"job_id": second["job_id"], "node_id": "n1", "attempt": second["attempt"], "status": "done",
+         "exit_code": 0}], "claim": {"node_id": "n1", "max": 1}})
+    assert answer.status_code == 200 and answer.json["results"][0]["code"] == 200
+    assert client.get(f"/jobs/{second['job_id']}").json["status"] == "done"
+
+
+def test_only_a_transaction_that_only_places_commits_without_waiting_for_the_disk(pg_url, monkeypatch):
+    """A submit's job, a report and a claim commit durably (synchronous_commit as the
+    server has it); the placement that follows a submit or a failed report (it may
+    requeue its job) does not wait for the disk (a crash may undo it, and the next
+    pass places again)."""
+    client, seen, spy = app_with_store_spies(pg_url, monkeypatch, 2, "SHOW synchronous_commit")
     for name in ("submit", "dispatch", "take_placed", "apply_reports"):
         spy(name)
-    job = client.post("/jobs", json={"command": "a"}).json
+    job = client.post("/jobs", json={"command": "a", "max_retries": 0}).json
     assert job["node_id"] == "n1"
     assert seen == [("submit", "on"), ("dispatch", "off")]
     seen.clear()
@@ -560,9 +598,10 @@ def test_only_a_transaction_that_only_places_commits_without_waiting_for_the_dis
     seen.clear()
     client.post("/jobs", json={"command": "b"})
     seen.clear()
-    # Reports without a claim: the freed slot's placement only places.
+    # A failed report (it might have sent its job back to pending): the freed slot's
+    # placement follows in a transaction of its own, which only places.
     answer = client.post("/jobs/reports", json={"reports": [
-        {"job_id": job["job_id"], "node_id": "n1", "attempt": 1, "status": "done", "exit_code": 0}]})
+        {"job_id": job["job_id"], "node_id": "n1", "attempt": 1, "status": "failed", "exit_code": 3}]})
     assert answer.status_code == 200, answer.json
     assert seen[0] == ("apply_reports", "on") and set(seen[1:]) <= {("dispatch", "off")}
     # Reports that carry a claim: that placement hands out work, and waits for the disk.
@@ -574,4 +613,4 @@ def test_only_a_transaction_that_only_places_commits_without_waiting_for_the_dis
         "claim": {"node_id": "n1", "max": 2}})
     assert seen[0] == ("apply_reports", "on") and ("take_placed", "on") in seen
     assert ("dispatch", "off") not in seen
-    dbmod.close_idle(store.db)
+    dbmod.close_idle(client.application.extensions["corral.store"].db)

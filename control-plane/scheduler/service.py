@@ -22,8 +22,11 @@ node. On SQLite a write and its placement are one transaction; on PostgreSQL
 submits and reports commit first and placement follows in a transaction of its
 own (for a submit, only when a node has a free slot), so the lock covers placement only
 (_write_then_place), and such a placement's commit does not wait for the disk:
-a crash may undo it, and the jobs are placed again. A cancel and a retry take
-the lock first and do both in one transaction.
+a crash may undo it, and the jobs are placed again. An agent's batch of `done`
+(or `running`) reports knows its nodes before it is applied, and takes their
+locks first: its reports, the placement on the slots they freed and the claim
+riding on them are one transaction. A cancel and a retry take the lock first
+and do both in one transaction.
 """
 from __future__ import annotations
 
@@ -61,7 +64,8 @@ class Scheduler:
 
     def _write_then_place(self, write: Callable[[], T], place: Callable[[T], R], nothing: R,
                           scope: Callable[[T], Collection[str] | None] = lambda result: None,
-                          new_work: bool = False, only_places: bool = True) -> tuple[T, R]:
+                          new_work: bool = False, only_places: bool = True,
+                          scope_ahead: Collection[str] | None = None) -> tuple[T, R]:
         """A write (`write()`) and the placement it calls for (`place(result)`, else
         `nothing`), on the nodes `scope(result)` names (None: any; none: no placement).
         `new_work`: the write only added work (a submit), so placement needs a free
@@ -78,11 +82,25 @@ class Scheduler:
         slot anywhere takes no lock at all. A placement that fails after the write
         committed is logged, not raised (the client must learn that its write
         stands), and gives `nothing`: the background pass places what it left.
+
+        `scope_ahead`: a superset of `scope(result)` known before the write (reports
+        that cannot send a job back to pending, so they free only their own nodes'
+        slots). Then the write and its placement share one transaction on those
+        nodes' locks, taken first: one commit instead of two for an agent's reports
+        and the claim riding on them. Should that transaction fail, the write is
+        tried alone as above, so a placement's failure never costs the write.
         """
         if one_writer(self.store.db):
             with self.placing():
                 result = write()
                 return result, place(result) if scope(result) != set() else nothing
+        if scope_ahead is not None:
+            try:
+                with self.placing(only_places=False, nodes=scope_ahead):
+                    result = write()
+                    return result, place(result) if scope(result) != set() else nothing
+            except Exception:
+                log.exception("a write and its placement in one transaction failed; the write goes alone")
         result = write()  # the store's transaction, where it needs one (a submit is one statement)
         nodes = scope(result)
         if nodes is not None and not nodes:
@@ -162,7 +180,8 @@ class Scheduler:
             return self._claim(claim[0], claim[1], now, offered=nodes is None or claim[0] in nodes)
 
         return self._write_then_place(lambda: self.store.apply_reports(items, now), place_and_claim, [],
-                                      scope=scope, only_places=claim is None)
+                                      scope=scope, only_places=claim is None,
+                                      scope_ahead=_reported_nodes(items, claim))
 
     def claim(self, node_id: str, request: dict, now: float) -> list[Job]:
         """Take up to request['max'] jobs placed on the node (see Store.take_placed). A
@@ -207,6 +226,16 @@ class Scheduler:
             return 0
         with self.placing(only_places=True, nodes=nodes, skip_busy=True):
             return self.store.dispatch(now)
+
+
+def _reported_nodes(items: list, claim: tuple[str, dict] | None) -> set[str] | None:
+    """The nodes whose slots these reports may free, with the claiming node: known
+    before they are applied when every valid one says `done` or `running` (neither
+    sends a job back to pending, which would offer work to every node); else None."""
+    reports = [body for _, body in items if isinstance(body, dict)]
+    if any(body["status"] not in ("done", "running") for body in reports):
+        return None
+    return {body["node_id"] for body in reports} | ({claim[0]} if claim else set())
 
 
 def _offered_work(applied: list[tuple[str, str]]) -> set[str] | None:
