@@ -1455,6 +1455,7 @@ class Agent:
                         ", ".join(f"{r.job_id} attempt {r.attempt} {r.status}" for r in self._outbox))
         if self.cgroups is not None and not self._jobs and not self.cgroups.list_job_cgroups():
             self.cgroups.cleanup()  # this node's cgroup directories, when no service uses them
+        self.users.flush()  # the uids the detached services keep, for the next agent
         return len(self._outbox)
 
     def detach_services(self) -> list[Key]:

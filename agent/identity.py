@@ -78,6 +78,9 @@ class JobUsers:
     def release(self, key: str) -> None:
         """The job `key` has ended and its processes are gone."""
 
+    def flush(self) -> None:
+        """Write what is kept across restarts now (the agent is stopping)."""
+
     def hold(self, key: str, uid: int | None) -> bool:
         """A re-adopted service `key` keeps `uid` (what acquire gave it before)."""
         return True
@@ -124,6 +127,9 @@ class PerJobUsers(JobUsers):
 
     def hold(self, key: str, uid: int | None) -> bool:
         return uid is not None and self.pool.hold(key, uid)
+
+    def flush(self) -> None:
+        self.pool.flush()
 
     def forget_others(self, keep: Iterable[str]) -> list[tuple[str, int]]:
         keep = set(keep)

@@ -58,6 +58,11 @@ class UidPool:
         self._lock = threading.Lock()
         self._last_given = last  # so that the first uid given is `first`
         self._held: dict[str, int] = {}
+        # The file is written behind the changes, by a thread of its own (_save).
+        self._write_wanted = threading.Event()
+        self._write_lock = threading.Lock()
+        self._writer_pid: int | None = None
+        self._changes = self._written = 0  # changes made, and the count the file has
 
     @property
     def size(self) -> int:
@@ -173,17 +178,48 @@ class UidPool:
             log.warning("could not remove the claim of uid %d: %s", uid, exc)
 
     def _save(self) -> None:
-        """Atomically (a crash leaves the old file or the new one). Not synced: a lost
-        write only lets a uid come back sooner; services keep theirs in their own state
-        files, which are."""
-        tmp = f"{self.path}.tmp-{os.getpid()}-{threading.get_ident()}"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                json.dump({"last": self._last_given, "held": self._held}, f)
-            os.replace(tmp, self.path)
-        except OSError as exc:
-            log.warning("could not write the uid allocation file %s: %s", self.path, exc)
+        """Have the file written, behind the caller: a job's start must not wait for the
+        disk, and replacing a file may (ext4 flushes the data of a file renamed over
+        another; 10-140 ms now and then, measured on a job's start path under load).
+        The file is a hint (see _write), so a change it has not reached yet costs no
+        more than a lost write would. Called under the pool's lock."""
+        self._changes += 1
+        pid = os.getpid()
+        if self._writer_pid != pid:
+            self._writer_pid = pid
+            threading.Thread(target=self._write_behind, name="uid-file", daemon=True).start()
+        self._write_wanted.set()
+
+    def flush(self) -> None:
+        """Write the file now, with every change so far (an agent stopping)."""
+        self._write()
+
+    def _write_behind(self) -> None:
+        while True:
+            self._write_wanted.wait()
+            self._write_wanted.clear()  # changes from now on ask for another write
+            self._write()
+
+    def _write(self) -> None:
+        """Atomically (a crash leaves the old file or the new one), the latest state. Not
+        synced: a lost write only lets a uid come back sooner; services keep theirs in
+        their own state files, which are, and the claims a lost write leaves are swept
+        at the next start (load)."""
+        with self._write_lock:
+            with self._lock:
+                changes = self._changes
+                data = {"last": self._last_given, "held": dict(self._held)}
+            if changes == self._written:
+                return  # the file has it already (a flush got there first)
+            tmp = f"{self.path}.tmp-{os.getpid()}-{threading.get_ident()}"
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+                with os.fdopen(fd, "w") as f:
+                    json.dump(data, f)
+                os.replace(tmp, self.path)
+                self._written = changes
+            except OSError as exc:
+                log.warning("could not write the uid allocation file %s: %s", self.path, exc)
 
 
 def processes_of(uid: int) -> list[int]:

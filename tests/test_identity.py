@@ -7,6 +7,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import threading
 
 import pytest
 
@@ -67,6 +68,7 @@ def test_the_pool_gives_the_next_free_uid_after_the_last_and_cycles(tmp_path):
     with pytest.raises(uids.UidsExhausted):
         pool.acquire("f")
     assert pool.release("nobody-held-this") is None
+    pool.flush()   # the agent stopping: the file has every change
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert json.load(open(path)) == {"last": 100, "held": {"b": 101, "c": 102, "d": 103, "e": 100}}
     # A restarted agent continues after the last uid given, and keeps what is held.
@@ -93,6 +95,7 @@ def test_agents_sharing_a_host_never_give_one_uid_to_two_jobs(tmp_path):
     one.release("a")
     assert two.acquire("c") == 100
     # An agent whose dir is gone (its state was deleted) holds nothing any more.
+    two.flush()   # its file written: nothing left to write into the dir removed next
     shutil.rmtree(tmp_path / "two")
     assert one.acquire("d") == 103  # the next after one's last (102), claimed by `two`
 
@@ -103,6 +106,7 @@ def test_a_restarted_agent_removes_the_claims_it_left_for_jobs_that_are_gone(tmp
     pool.load()
     pool.acquire("a")
     pool.acquire("b")
+    pool.flush()
     os.unlink(tmp_path / "uids.json")  # lost: only the claims remember
     again = uids.UidPool(100, 103, str(tmp_path / "uids.json"), claims)
     again.load()
@@ -122,10 +126,33 @@ def test_per_job_users_forget_what_an_earlier_agent_held_for_jobs_that_are_gone(
     first = identity.job_users(uid_range=RANGE, pool_path=path, euid=0, claims_dir=str(tmp_path / "claims"))
     first.acquire("svc-1", "/w")
     first.acquire("run-2", "/w")
+    first.flush()   # the first agent stopped
     second = identity.job_users(uid_range=RANGE, pool_path=path, euid=0, claims_dir=str(tmp_path / "claims"))
     assert second.forget_others(["svc-1"]) == [("run-2", 70001)]
     assert second.pool.held() == {"svc-1": 70000}
     assert second.acquire("new-3", "/w").uid == 70002  # not 70001 at once: reuse is delayed
+
+
+def test_the_allocation_file_is_written_behind_a_jobs_start(tmp_path, monkeypatch):
+    """Replacing the file may wait on the disk (ext4 flushes a file renamed over
+    another): giving a job its uid never waits for that write."""
+    path = str(tmp_path / "uids.json")
+    gate, writing = threading.Event(), threading.Event()
+    replace = os.replace
+
+    def slow_replace(src, dst):
+        writing.set()
+        gate.wait(10)
+        replace(src, dst)
+    monkeypatch.setattr(uids.os, "replace", slow_replace)
+    pool = uids.UidPool(100, 103, path, str(tmp_path / "claims"))
+    pool.load()
+    assert pool.acquire("a") == 100
+    assert writing.wait(10)                           # the file's writer is held up on the disk...
+    assert pool.acquire("b") == 101 and pool.release("a") == 100   # ...and no job waits for it
+    gate.set()
+    pool.flush()
+    assert json.load(open(path)) == {"last": 101, "held": {"b": 101}}
 
 
 def test_range_parsing():
