@@ -183,12 +183,10 @@ class Scheduler:
                                       scope=scope, only_places=claim is None,
                                       scope_ahead=_reported_nodes(items, claim))
 
-    def claim(self, node_id: str, request: dict, now: float, woken: bool = False) -> list[Job]:
+    def claim(self, node_id: str, request: dict, now: float) -> list[Job]:
         """Take up to request['max'] jobs placed on the node (see Store.take_placed). A
-        claim that can take nothing writes nothing (no write transaction), as read
-        first; `woken`: a waiting claim that work placed on its node woke, which skips
-        that read (it almost always finds the work)."""
-        if not woken and not self.store.may_claim(node_id, now):
+        claim that can take nothing writes nothing (no write transaction)."""
+        if not self.store.may_claim(node_id, now):
             return []  # nothing placed here and nothing to place
         with self.store.db.atomic():
             return self._claim(node_id, request, now)
