@@ -39,6 +39,7 @@ only http/1.1 (ALPN) and h2c is never looked for.
 from __future__ import annotations
 
 import errno
+import faulthandler
 import heapq
 import itertools
 import os
@@ -84,6 +85,10 @@ STOP_LINGER_SECS = 2.0
 # A stopping worker still serving requests after this long says which, and where they
 # are (their threads' stacks), then again every as long: a stop that hangs is explained.
 STOP_REPORT_SECS = 5.0
+# A worker not gone this long after SIGTERM writes every thread's stack to stderr
+# (faulthandler): where its main thread is too, which the report of the requests
+# still served cannot say when the loop itself is stuck.
+STOP_DUMP_SECS = 8.0
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 # What a connection is doing, as the loop sees it.
@@ -220,6 +225,10 @@ class BufferingWorker(ThreadWorker):
         self.buffered = 0
         self.accept_paused_until = 0.0
         super().init_process()  # loads the application, then run()
+
+    def handle_exit(self, sig, frame) -> None:
+        super().handle_exit(sig, frame)
+        faulthandler.dump_traceback_later(STOP_DUMP_SECS)  # the process exits first, normally
 
     def _ssl_context(self) -> ssl.SSLContext:
         context = gunicorn_sock.ssl_context(self.cfg)

@@ -828,6 +828,10 @@ def test_a_stopping_worker_says_which_requests_it_still_waits_for_and_where_they
                  message="the stopping worker to name the request it waits for")
         report = proc.output()
         assert "slow_app.py" in report and "time.sleep(0.05)" in report, report  # where it is
+        # Still not gone: every thread's stack, the worker's main loop among them.
+        wait_for(lambda: "(most recent call first)" in proc.output(), timeout=15,
+                 message="the stopping worker to dump its threads")
+        assert "wait_for_and_dispatch_events" in proc.output() or "_stop" in proc.output(), proc.output()
         release.touch()
         client.join(10)
         assert answers and answers[0].status_code == 200 and answers[0].text == "done"
