@@ -311,8 +311,13 @@ class BufferingWorker(ThreadWorker):
             listener.close()
 
     def _report_busy(self) -> None:
-        """Log the requests a stopping worker is still serving, with where each one is."""
+        """Log the requests a stopping worker is still serving, with where each one is,
+        and what else keeps it: the other connections' phases and time left."""
         now = time.monotonic()
+        others = sorted(f"{conn.phase} {conn.deadline - now:.1f}s" for conn in self.conns if conn.phase != BUSY)
+        if others or self.nr_conns != len(self.conns):
+            self.log.warning("stopping: %d connection(s) open (%d known), not busy: %s", self.nr_conns,
+                             len(self.conns), ", ".join(others) or "none")
         frames = sys._current_frames()
         for conn in self.conns:
             if conn.phase != BUSY:
