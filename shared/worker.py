@@ -591,7 +591,10 @@ class BufferingWorker(ThreadWorker):
         # A request pipelined behind the last one may be in gunicorn's reader already.
         leftover = conn.parser.unreader.leftover()
         conn.next_request()
-        self._set_phase(conn, IDLE, time.monotonic() + self.cfg.keepalive)
+        # A stopping worker keeps it no longer than those it had when told to stop (_stop):
+        # a request answered as the stop began would otherwise hold the stop for a whole keepalive.
+        idle = self.cfg.keepalive if self.alive else min(self.cfg.keepalive, STOP_LINGER_SECS)
+        self._set_phase(conn, IDLE, time.monotonic() + idle)
         if leftover and (self._received(conn, leftover) or conn.phase == CLOSED):
             return
         self._watch(conn, selectors.EVENT_READ)
