@@ -72,7 +72,7 @@ from corral.shared.backoff import Backoff
 from corral.shared.clients import (ClientError, Rejected, RegistryClient, SchedulerClient, Unreachable,
                                   split_batches)
 
-from . import artifacts, cgroups, identity, jobenv, launch, live_output, runner, services, uids
+from . import artifacts, cgroups, identity, jobenv, launch, live_output, runner, services, uids, warm
 from .settings import AgentSettings, safe_path_part, total_memory_mb
 
 log = logging.getLogger(__name__)
@@ -273,6 +273,8 @@ class Agent:
         self._lease_secs: float | None = None
         self._lease_lock = threading.Lock()
         self._renew_tried_at: float | None = None
+        # The job launch kept started ahead (warm.py); None when off. Made by startup().
+        self.warm: warm.WarmKeeper | None = None
 
     @property
     def node_id(self) -> str:
@@ -349,8 +351,29 @@ class Agent:
             log.info("uid %d of job %s (left by an earlier agent) is free again", uid, key)
         if not s.keep_work_dirs:
             self._remove_leftover_files(adopted)
+        self._keep_warm()
         self._started = True
         return adopted
+
+    def _keep_warm(self) -> None:
+        """Keep a launch started ahead (warm.py) when AGENT_WARM_START is on and jobs run
+        through the real runner. With a uid per job the range must have one uid more than
+        the slots: the warm launch holds one while every slot may hold one too."""
+        s = self.settings
+        if not s.warm_start or self._start_job is not runner.start:
+            return
+        if self.users.mode == "per-job" and s.uid_range[1] - s.uid_range[0] + 1 <= s.slots:
+            log.info("no warm job launch: AGENT_UID_RANGE has no uid beyond one per slot")
+            return
+        first = self.plan({"job_type": "run"})
+        self.warm = warm.WarmKeeper(self.users, self.cgroups, s.output_tail_bytes, self._private_tmp_of,
+                                    _warm_limits(first),
+                                    wanted=lambda: not self._stopping and self.free_slots() > 0,
+                                    clock=self._clock)
+
+    def _private_tmp_of(self, memory_mb: int) -> launch.PrivateTmp | None:
+        """The private /tmp of a job with `memory_mb` (None: jobs get none here)."""
+        return launch.PrivateTmp(self._fstab, memory_mb) if self.private_tmp else None
 
     def _make_dirs(self) -> None:
         """The agent's directories with their modes (DIR_MODES), also when an older agent
@@ -808,6 +831,7 @@ class Agent:
         then prepared."""
         s = self.settings
         cg = None
+        taken = None
         try:
             job_env = jobenv.job_vars(job)  # a forbidden variable fails the job before anything
             _fresh_dir(local.workdir)
@@ -823,14 +847,17 @@ class Agent:
                     command = _run_sh_command(local.workdir)
             self._check_not_ended(local)
             key = services.file_stem(local.job_id, local.attempt)
-            who = self.users.acquire(key, local.workdir)
+            taken = self.warm.take(plan.job_type, _warm_limits(plan)) if self.warm is not None else None
+            if taken is not None:
+                who = self.users.transfer(taken.key, key, local.workdir)
+            else:
+                who = self.users.acquire(key, local.workdir)
             local.user_key, local.uid = key, who.uid
             own = who.env(local.workdir)
             if not self.private_tmp:
                 own["TMPDIR"] = _tmp_dir(local.workdir)
             identity.prepare_workdir(local.workdir, who)
-            cg = self.cgroups.create(cgroup_name(local.job_id, local.attempt), plan.memory_mb,
-                                     plan.cpu_percent, plan.max_processes)
+            cg = taken.cgroup if taken is not None else self._job_cgroup(local, plan)
             fixed = {"CORRAL_JOB_ID": local.job_id, "CORRAL_NODE_ID": self.node_id,
                      "CORRAL_ATTEMPT": str(local.attempt)}
             port = _port(job)
@@ -843,19 +870,26 @@ class Agent:
                 if local.end_reason is None and self._stopping:
                     local.end_reason = END_STOPPING
                 self._check_not_ended(local)
-                local.process = self._start_job(
-                    dict(job, command=command), local.workdir, env, s.output_tail_bytes,
-                    cgroup=cg, user=who.launch_user(), output_files=local.log_files,
-                    private_tmp=launch.PrivateTmp(self._fstab, plan.memory_mb) if self.private_tmp else None)
+                if taken is not None:
+                    local.process = self._launch_warm(local, taken, command, env)
+                    taken = None
+                    if local.process is None:  # the chain is gone, and its cgroup with it
+                        cg = self._job_cgroup(local, plan)
+                if local.process is None:
+                    local.process = self._start_job(
+                        dict(job, command=command), local.workdir, env, s.output_tail_bytes,
+                        cgroup=cg, user=who.launch_user(), output_files=local.log_files,
+                        private_tmp=self._private_tmp_of(plan.memory_mb))
                 local.cgroup = cg
                 if hasattr(local.process, "on_output_closed"):
                     # The pipes close when the job exits: the work loop looks at once.
                     local.process.on_output_closed = self._work_wake.set
                 if plan.job_type == "service":
                     self._service_started(local, job, port, cg)
-            log.info("job %s attempt %s started (pid %d, %s, limits %s, timeout %s) in %s",
+            log.info("job %s attempt %s started (pid %d, %s, limits %s, cgroup %s, timeout %s) in %s",
                      local.job_id, local.attempt, local.process.pid, plan.job_type,
                      plan.limits if self.cgroups.enforced else "none",
+                     cg.name if self.cgroups.enforced else "none",
                      job.get("timeout_secs") if local.deadline is not None else "none",
                      local.workdir)
         except _Aborted:
@@ -878,11 +912,32 @@ class Agent:
             log.exception("preparing job %s attempt %s failed", local.job_id, local.attempt)
             local.start_error = (-1, f"the agent could not prepare the job: {exc!r}")
         finally:
+            if taken is not None:  # not launched: the chain goes (the job's key has its uid)
+                taken.start.discard()
+                cg = taken.cgroup
             if local.process is None and cg is not None:
                 cg.kill()
                 cg.remove()
             local.prepared.set()
             self._work_wake.set()
+
+    def _job_cgroup(self, local: LocalJob, plan: Plan) -> cgroups.JobCgroup:
+        return self.cgroups.create(cgroup_name(local.job_id, local.attempt), plan.memory_mb,
+                                   plan.cpu_percent, plan.max_processes)
+
+    def _launch_warm(self, local: LocalJob, taken: warm.Warm, command: str, env: dict
+                     ) -> runner.RunningJob | None:
+        """The job started in the warm launch it took; None when that could not take it
+        (logged; its cgroup is removed, and the job starts cold). Raises StartError as
+        runner.start does."""
+        try:
+            return taken.start.launch(command, local.workdir, env)
+        except runner.WarmGone as exc:
+            log.warning("job %s attempt %s starts without the warm launch: %s", local.job_id,
+                        local.attempt, exc)
+            taken.cgroup.kill()
+            taken.cgroup.remove()
+            return None
 
     def _check_not_ended(self, local: LocalJob) -> None:
         if local.end_reason is not None:
@@ -957,6 +1012,8 @@ class Agent:
             ended.append(self._finish(local))
         if ended:
             self.slot_freed.set()
+            if self.warm is not None:
+                self.warm.wake()
         # With long-poll, the reports of the jobs that ended ask for the next jobs too
         # (one round trip instead of a report and a claim); the claim thread asks at
         # once only for the slots still free after that.
@@ -1306,6 +1363,8 @@ class Agent:
                  threading.Thread(target=self.heartbeat_loop, name="lease", daemon=True,
                                   args=(heartbeat_stop, lambda: self._renew_if_due(lease_client), "lease renewal")),
                  threading.Thread(target=self._fence_loop, args=(heartbeat_stop,), name="fence", daemon=True)]
+        if self.warm is not None:
+            beats.append(threading.Thread(target=self.warm.run, args=(heartbeat_stop,), name="warm", daemon=True))
         if self.settings.output_interval > 0:
             sender = live_output.LiveOutput(self.node_id, self.held_jobs, self.scheduler.clone(),
                                             self.settings.output_interval)
@@ -1423,6 +1482,8 @@ class Agent:
         deliver every report. Returns how many reports are still undelivered."""
         self._stopping = True
         self._claim_wake.set()
+        if self.warm is not None:
+            self.warm.close()
         self.detach_services()
         if self._jobs:
             log.info("stopping: %d job(s) running, waiting up to %.1fs for them",
@@ -1492,6 +1553,10 @@ class Agent:
                 log.exception("checking jobs failed while stopping")
             if waiting():
                 time.sleep(TICK_SECS)
+
+
+def _warm_limits(plan: Plan) -> warm.Limits:
+    return warm.Limits(plan.memory_mb, plan.cpu_percent, plan.max_processes)
 
 
 class _JobError(Exception):

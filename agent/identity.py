@@ -75,6 +75,11 @@ class JobUsers:
         """The identity the job `key` (`<job>-<attempt>`) runs as."""
         return self.identity
 
+    def transfer(self, old_key: str, key: str, workdir: str) -> Identity:
+        """The identity acquired for `old_key` (a warm launch, warm.py), now the job
+        `key`'s (as acquire would give it)."""
+        return self.identity
+
     def release(self, key: str) -> None:
         """The job `key` has ended and its processes are gone."""
 
@@ -117,6 +122,9 @@ class PerJobUsers(JobUsers):
     def acquire(self, key: str, workdir: str) -> Identity:
         """Raises uids.UidsExhausted when every uid is held."""
         return self._identity(self.pool.acquire(key), workdir)
+
+    def transfer(self, old_key: str, key: str, workdir: str) -> Identity:
+        return self._identity(self.pool.rekey(old_key, key), workdir)
 
     def release(self, key: str) -> None:
         uid = self.pool.release(key)

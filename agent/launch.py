@@ -33,6 +33,17 @@ with the size on its command line: one program instead of three. The file system
 are named with a token of this agent process, since `mount -a` silently skips an
 entry whose source is already mounted at its target (an agent running inside a job
 of another agent would otherwise share that job's /tmp).
+
+A warm chain (`warm_argv`) is the same chain started before its job is known, in a
+cgroup made for the job to come: the cgroup join, the namespaces, the private /tmp
+and the privilege drop are done, and its last stage waits on standard input (a
+pipe) for the script `warm_script` writes once the job is claimed: change into the
+work dir, the environment, the command. (Moving a waiting process into a cgroup
+made at the claim would cost more than it saves: another process's move waits for
+an RCU grace period, several milliseconds; a thread's own join does not.) The script's last line
+says it is complete, and the script is one block, which the shell runs only once it
+has read all of it: a chain whose pipe closes before the end (the agent stopped, or
+died while writing) exits and runs none of it.
 """
 from __future__ import annotations
 
@@ -77,6 +88,12 @@ _ENV_STAGE = ('[ -r /proc/self/fd/0 ] || { echo "' + ENV_FAILED_MESSAGE + '" >&2
               'exit ' + str(SETUP_FAILED_EXIT) + '; }; '
               '. /proc/self/fd/0; exec </dev/null; exec ' + SHELL + ' -c "$1"')
 ENV_STAGE_NAME = "corral-env"
+# A warm chain's job-user stage: the same, once its script (warm_script) is complete.
+_WARM_READY = "__corral_ready"
+_WARM_STAGE = ('. /proc/self/fd/0 || exit ' + str(SETUP_FAILED_EXIT) + '; '
+               '[ "${' + _WARM_READY + '-}" = 1 ] || exit ' + str(SETUP_FAILED_EXIT) + '; '
+               'unset ' + _WARM_READY + '; exec </dev/null; exec ' + SHELL + ' -c "$1"')
+WORKDIR_FAILED_MESSAGE = f"{SETUP_FAILED_PREFIX} the job could not enter its work dir"
 
 # Fallback privilege drop when setpriv (util-linux) is missing: a few lines of Python
 # run isolated (-I: no PYTHON* variables, no user site) and without site imports (-S).
@@ -190,6 +207,26 @@ def argv(command: str, tools: Tools, cgroup_files: Sequence[str] = (), user: Use
     if user is not None:
         chain += drop_argv(user, tools)
     return chain + [SHELL, "-c", _ENV_STAGE, ENV_STAGE_NAME, command]
+
+
+def warm_argv(tools: Tools, cgroup_files: Sequence[str] = (), user: User | None = None,
+              private_tmp: PrivateTmp | None = None) -> list[str]:
+    """A warm chain (module docstring): argv's stages, ending in one that waits for
+    warm_script on its standard input."""
+    chain = setup_argv(tools, cgroup_files, private_tmp)
+    if user is not None:
+        chain += drop_argv(user, tools)
+    return chain + [SHELL, "-c", _WARM_STAGE, ENV_STAGE_NAME]
+
+
+def warm_script(command: str, workdir: str, env: Mapping[str, str]) -> bytes:
+    """What a warm chain waits for: into `workdir`, exactly `env` (env_script), then
+    `command` as the job's shell's, and last the line that says the script is whole.
+    Raises ValueError as env_script does."""
+    # One { } block: the shell runs none of it before it has read the closing brace.
+    return (f"{{\ncd -- {quote(workdir)} || {{ echo {quote(WORKDIR_FAILED_MESSAGE)} >&2; "
+            f"exit {SETUP_FAILED_EXIT}; }}\nunset OLDPWD\n").encode() \
+        + env_script(env) + f"set -- {quote(command)}\n{_WARM_READY}=1\n}}\n".encode()
 
 
 def setup_argv(tools: Tools, cgroup_files: Sequence[str] = (), private_tmp: PrivateTmp | None = None

@@ -148,6 +148,89 @@ def start(job: Mapping, workdir: str, env: Mapping[str, str], tail_bytes: int, *
     return RunningJob(proc, tail_bytes, cgroup, output_files)
 
 
+class WarmGone(Exception):
+    """The warm chain cannot take the job (it ended, or its pipe failed); it has been
+    discarded, and the job is to be started cold."""
+
+
+def start_warm(tail_bytes: int, *, cgroup=None, user: launch.User | None = None,
+               private_tmp: launch.PrivateTmp | None = None) -> "WarmStart":
+    """Start a warm chain (launch.warm_argv) for a `run` job not yet known: in `cgroup`,
+    as `user`, with `private_tmp`, in a session of its own, its output on pipes.
+    Raises StartError when the chain cannot be started."""
+    try:
+        argv = launch.warm_argv(tools(), cgroup.join_files() if cgroup is not None else (), user,
+                                private_tmp)
+    except ValueError as exc:
+        raise StartError(f"cannot start a warm chain: {exc}") from exc
+    reader, writer = os.pipe()  # neither end is inherited by anything else the agent starts
+    try:
+        if user is not None:
+            # The waiting stage reopens its standard input (/proc/self/fd/0) as `user`;
+            # a pipe is its creator's, mode 0600.
+            os.fchown(reader, user.uid, user.gid)
+        proc = subprocess.Popen(argv, cwd="/", env=launch.LAUNCH_ENV, stdin=reader,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True, close_fds=True)
+    except OSError as exc:
+        os.close(writer)
+        raise StartError(f"cannot start a warm chain: {exc}") from exc
+    finally:
+        os.close(reader)
+    return WarmStart(proc, writer, tail_bytes, cgroup)
+
+
+class WarmStart:
+    """A job's process started before the job: what start() would start, waiting for
+    its job (launch.warm_script). Either launch() it, once, or discard() it."""
+
+    def __init__(self, proc: subprocess.Popen, writer: int, tail_bytes: int, cgroup=None):
+        self.pid = proc.pid
+        self._writer: int | None = writer
+        # Its output is read from the start: a set-up failure says why on stderr.
+        self._job = RunningJob(proc, tail_bytes, cgroup)
+
+    def alive(self) -> bool:
+        return self._writer is not None and self._job.poll() is None
+
+    def launch(self, command: str, workdir: str, env: Mapping[str, str]) -> RunningJob:
+        """Run `command` in it as start() would in `workdir` with `env` (the job's cgroup
+        is the chain's). Raises StartError for a job that cannot start (the chain stays
+        usable), WarmGone when the chain cannot take it."""
+        if not isinstance(command, str) or not command.strip():
+            raise StartError("the job has no command to run")
+        try:
+            script = launch.warm_script(command, workdir, env)
+        except ValueError as exc:
+            raise StartError(f"cannot start the job: {exc}") from exc
+        if not self.alive():
+            self.discard()
+            raise WarmGone(f"the warm chain ended: {self.failure()}")
+        try:
+            view = memoryview(script)
+            while view:
+                view = view[os.write(self._writer, view):]
+        except OSError as exc:  # it ended meanwhile (EPIPE)
+            self.discard()
+            raise WarmGone(f"the warm chain could not take the job: {exc}") from exc
+        os.close(self._writer)
+        self._writer = None
+        return self._job
+
+    def discard(self) -> None:
+        """End it unused: it sees its pipe close and exits (it and its cgroup are killed
+        should they not), and is reaped. Idempotent; its cgroup is the caller's."""
+        if self._writer is not None:
+            os.close(self._writer)
+            self._writer = None
+        self._job.kill(0.5)
+
+    def failure(self) -> str:
+        """Why a chain that ended did (its stderr), for the log."""
+        result = self._job.result()
+        return f"exit {result.exit_code}: {result.stderr.strip() or 'no message'}"
+
+
 def _open_append(path: str) -> int:
     """The agent opens a service's log files (0600, its own) and the job only gets the
     descriptors: no job can open them, its own or another's."""

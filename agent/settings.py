@@ -88,6 +88,8 @@ class AgentSettings:
     # variables of the agent's environment passed to jobs beyond jobenv.FROM_AGENT.
     uid_range: tuple[int, int] = DEFAULT_UID_RANGE
     private_tmp: bool = True
+    # Keep one job launch started ahead of the next run job (warm.py).
+    warm_start: bool = True
     job_max_processes: int = DEFAULT_JOB_MAX_PROCESSES
     max_processes: int = DEFAULT_MAX_PROCESSES
     job_env_passthrough: tuple[str, ...] = ()
@@ -206,6 +208,7 @@ class AgentSettings:
             **_limits(env),
             uid_range=uid_range,
             private_tmp=env_bool(env, "AGENT_PRIVATE_TMP", True),
+            warm_start=env_bool(env, "AGENT_WARM_START", True),
             job_env_passthrough=_passthrough(env),
             **_process_limits(env),
         )

@@ -134,6 +134,17 @@ class UidPool:
             self._save()
             return True
 
+    def rekey(self, old_key: str, key: str) -> int:
+        """The uid `old_key` holds, held by `key` from now on (its host-wide claim names
+        `old_key` still: only its first line, the agent's dir, is read). One `key`
+        already holds is a bug: raises KeyError, as does an `old_key` that holds none."""
+        with self._lock:
+            if key in self._held:
+                raise KeyError(f"{key} holds uid {self._held[key]} already")
+            uid = self._held[key] = self._held.pop(old_key)
+            self._save()
+            return uid
+
     def release(self, key: str) -> int | None:
         """Give back the uid of `key`; the uid, or None when it held none."""
         with self._lock:

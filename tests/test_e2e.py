@@ -215,6 +215,13 @@ def test_timeout_and_cancel_leave_no_process_behind(tmp_path, shared_dir, databa
         recorded = wait_for(lambda: (lambda p: p if len(p) == 3 else None)(
             [int(x) for x in pids.read_text().split()] if pids.exists() else []), timeout=20,
             message="the three pids")
+        # Named after the job, or the warm launch's it took (the agent then makes another).
+        from corral.agent import cgroups
+        from corral.agent.settings import AgentSettings
+        root_name = AgentSettings(node_id="node-1", state_dir=cluster.state_dir).cgroup_root_name
+        job_cgroup = next(line.rsplit("/", 1)[1]
+                          for line in pathlib.Path(f"/proc/{recorded[0]}/cgroup").read_text().splitlines()
+                          if f"/{root_name}/" in line)
         if ending == "cancel":
             response = requests.post(f"{cluster.scheduler_url}/jobs/{job['job_id']}/cancel", json={}, timeout=10)
             assert response.status_code == 200 and response.json()["status"] == "cancelled"
@@ -223,11 +230,10 @@ def test_timeout_and_cancel_leave_no_process_behind(tmp_path, shared_dir, databa
             assert failed["exit_code"] == -1 and "job timed out" in failed["stderr"]
         wait_for(lambda: not any(pid_alive(p) for p in recorded), timeout=20,
                  message="every process of the job to be gone")
-        from corral.agent import cgroups
-        from corral.agent.settings import AgentSettings
-        root_name = AgentSettings(node_id="node-1", state_dir=cluster.state_dir).cgroup_root_name
         manager = cgroups.detect(root_name=root_name, prepare=False)
-        wait_for(lambda: manager.list_job_cgroups() == [], timeout=10, message="the job's cgroup to be removed")
+        assert job_cgroup in (f"{job['job_id']}-1", "warm-1-next")
+        wait_for(lambda: job_cgroup not in manager.list_job_cgroups(), timeout=10,
+                 message="the job's cgroup to be removed")
     finally:
         cluster.stop()
 

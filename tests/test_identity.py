@@ -80,6 +80,27 @@ def test_the_pool_gives_the_next_free_uid_after_the_last_and_cycles(tmp_path):
     assert sorted(os.listdir(claims)) == ["100", "101", "102", "103"]
 
 
+def test_a_uid_held_ahead_passes_to_the_job_that_takes_it(tmp_path):
+    """The warm launch's uid (warm.py) becomes the job's: same uid, same claim, and a
+    restarted agent sees it held by the job."""
+    path, claims = str(tmp_path / "uids.json"), str(tmp_path / "claims")
+    pool = uids.UidPool(100, 103, path, claims)
+    pool.load()
+    uid = pool.acquire("warm:1")
+    assert pool.rekey("warm:1", "job-1") == uid and pool.held() == {"job-1": uid}
+    assert os.listdir(claims) == [str(uid)]
+    with pytest.raises(KeyError):
+        pool.rekey("warm:1", "job-2")  # nothing held under it any more
+    other = pool.acquire("warm:2")
+    with pytest.raises(KeyError):
+        pool.rekey("warm:2", "job-1")  # a key holds one uid
+    assert pool.held() == {"job-1": uid, "warm:2": other}
+    pool.flush()
+    again = uids.UidPool(100, 103, path, claims)
+    again.load()
+    assert again.held() == {"job-1": uid, "warm:2": other}
+
+
 def test_agents_sharing_a_host_never_give_one_uid_to_two_jobs(tmp_path):
     claims = str(tmp_path / "claims")
     (tmp_path / "one").mkdir()

@@ -11,6 +11,7 @@ LD_AUDIT, also past every check above the runner. Needs root, cgroups, util-linu
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import textwrap
@@ -433,6 +434,102 @@ def test_a_jobs_tmp_is_its_own_and_goes_with_it(make_agent, shared_dir):
     scheduler.add(job_id="job-c", command=check)
     agent.poll_once()
     assert run_until_done(agent, scheduler, "job-c")["stdout"].count("No such file or directory") == 3
+
+
+# --- the warm launch (warm.py) ---------------------------------------------------------------------------
+
+# What a job sees of itself, with what differs between two jobs by design on marked lines.
+SELF_VIEW = ("echo pid $$; echo uid $(id -u) $(id -g) $(id -G); echo cwd $(pwd); "
+             "echo cgroups $(grep -c -e memory: -e pids: /proc/self/cgroup); "
+             "stat -f -c 'tmp %T' /tmp; ls -A /tmp /var/tmp /dev/shm; umask; ulimit -n; "
+             "[ -e /proc/self/fd/3 ] && echo fd3; env | sort")
+
+
+def _normalised(report, agent, job_id):
+    """Its lines but pid, uid and cgroups, with its work dir, id and uid replaced."""
+    text = report["stdout"]
+    uid = text.split("uid ")[1].split()[0]
+    text = text.replace(agent.work_dir(job_id, 1), "WORK").replace(job_id, "JOB").replace(uid, "UID")
+    return [line for line in text.splitlines()
+            if not line.startswith(("pid ", "uid ")) and not re.match(r"\d+:", line)]
+
+
+def test_a_job_that_takes_the_warm_launch_runs_as_a_cold_started_one(make_agent):
+    agent = make_agent()
+    scheduler = make_agent.scheduler
+    assert agent.private_tmp and agent.cgroups.enforced, agent.private_tmp_reason
+    warm = agent.warm.fill_once()
+    assert warm is not None and warm.key in agent.users.pool.held()
+    scheduler.add(job_id="job-warm", command=SELF_VIEW + "; cat /proc/self/cgroup")
+    agent.poll_once()
+    taken = run_until_done(agent, scheduler, "job-warm")
+    scheduler.add(job_id="job-cold", command=SELF_VIEW + "; cat /proc/self/cgroup")
+    agent.poll_once()  # nothing filled the keeper again: this one starts cold
+    cold = run_until_done(agent, scheduler, "job-cold")
+    assert taken["status"] == cold["status"] == "done", (taken, cold)
+    # It is the process started ahead, in the cgroup made ahead, under the uid held ahead ...
+    assert f"pid {warm.start.pid}\n" in taken["stdout"]
+    assert f"/{warm.cgroup.name}\n" in taken["stdout"] and "/job-cold-1\n" in cold["stdout"]
+    uid = taken["stdout"].split("uid ")[1].split()[0]
+    assert UID_RANGE[0] <= int(uid) <= UID_RANGE[1] and f"uid {uid} {uid} {uid}\n" in taken["stdout"]
+    assert f"uid {uid} " not in cold["stdout"]
+    # ... and sees what a job started cold sees: work dir, environment, private /tmp, limits.
+    strip = _normalised(taken, agent, "job-warm")
+    assert strip == _normalised(cold, agent, "job-cold")
+    assert "tmp tmpfs" in strip and "cgroups 2" in strip and "fd3" not in strip
+    assert not [key for key in agent.users.pool.held() if key.startswith("warm:")]
+    assert agent.cgroups.list_job_cgroups() == []
+
+
+def test_a_warm_launch_that_does_not_fit_the_job_goes_and_the_next_fits(make_agent):
+    agent = make_agent()
+    scheduler = make_agent.scheduler
+    first = agent.warm.fill_once()
+    scheduler.add(job_id="job-big", command="echo $$", memory_mb=300)
+    agent.poll_once()
+    big = run_until_done(agent, scheduler, "job-big")
+    assert big["status"] == "done" and big["stdout"] != f"{first.start.pid}\n"
+    second = agent.warm.fill_once()  # discards the first, makes one for 300 MB
+    wait_for(lambda: not os.path.exists(f"/proc/{first.start.pid}"), message="the unused chain to end")
+    assert first.cgroup.name not in agent.cgroups.list_job_cgroups()
+    assert first.key not in agent.users.pool.held() and second.key in agent.users.pool.held()
+    assert second.limits.memory_mb == 300 and second.cgroup.limits["memory_mb"] == 300
+    scheduler.add(job_id="job-big-2", command="echo $$; df -m /tmp | tail -1", memory_mb=300)
+    agent.poll_once()
+    again = run_until_done(agent, scheduler, "job-big-2")
+    assert again["stdout"].startswith(f"{second.start.pid}\n") and " 300 " in again["stdout"], again
+
+
+def test_an_unused_warm_launch_goes_with_the_agent(make_agent):
+    agent = make_agent()
+    warm = agent.warm.fill_once()
+    assert os.path.exists(f"/proc/{warm.start.pid}") and warm.cgroup.name in agent.cgroups.list_job_cgroups()
+    agent.shutdown(flush_secs=0)
+    assert not os.path.exists(f"/proc/{warm.start.pid}")
+    assert agent.cgroups.list_job_cgroups() == [] and agent.users.pool.held() == {}
+    assert agent.warm.fill_once() is None  # a stopped agent starts none
+
+
+def test_a_warm_chain_whose_agent_dies_runs_nothing(state_dir, shared_dir):
+    """The agent dies (here: its pipe closes) before or while writing the script: the
+    chain exits and no part of the script runs, also when it breaks off just before
+    its end."""
+    marker = os.path.join(shared_dir, "ran")
+    script = launch.warm_script(f"touch {marker}", "/", {"PATH": launch.LAUNCH_PATH})
+    fstab = launch.write_fstab(os.path.join(state_dir, "fstab"))
+    for cut in (0, len(script) // 2, len(script) - 2):
+        chain = launch.warm_argv(runner.tools(), (), launch.User(UID_RANGE[1], UID_RANGE[1]),
+                                 launch.PrivateTmp(fstab, 16))
+        reader, writer = os.pipe()
+        os.fchown(reader, UID_RANGE[1], UID_RANGE[1])
+        proc = subprocess.Popen(chain, stdin=reader, env=launch.LAUNCH_ENV, cwd="/", stderr=subprocess.PIPE)
+        os.close(reader)
+        os.write(writer, script[:cut])
+        os.close(writer)
+        _, err = proc.communicate(timeout=10)
+        # 125 from the missing last line, 2 from the shell (a block cut short)
+        assert proc.returncode in (launch.SETUP_FAILED_EXIT, 2), (cut, err)
+        assert not os.path.exists(marker)
 
 
 # --- a corral-agent process ----------------------------------------------------------------------------
