@@ -8,13 +8,15 @@ commit pokes their node directly, see longpoll.WaitRoom.poke).
 The interface is `ChangeFeed`:
 
 - `generation` grows by at least one after every change the feed noticed;
-- `add_listener(fn)` calls `fn(recheck)` (on the feed's thread) after each change;
-  `recheck` is True when the feed noticed nothing and only looks again in case
-  a notice was lost (PostgreSQL's periodic re-check), so a listener may first
-  ask whether anything changed at all;
+- `add_listener(fn)` calls `fn(recheck, nodes)` (on the feed's thread) after each
+  change; `recheck` is True when the feed noticed nothing and only looks again in
+  case a notice was lost (PostgreSQL's periodic re-check), so a listener may first
+  ask whether anything changed at all; `nodes` is the set of nodes the change
+  placed work on when the notice said (PostgreSQL's notifications carry them),
+  else None (anything may have changed);
 - `wait_for_change(seen, timeout)` blocks until `generation != seen`;
-- `ring()`: this process committed work that other processes' waiters may
-  want; tell them now;
+- `ring(nodes)`: this process committed work (placed on `nodes`, None: not
+  said) that other processes' waiters may want; tell them now;
 - `ensure_started()` starts the feed's thread in this process. It is called
   lazily, by the first waiter, and is guarded by `os.getpid()`: a feed created
   before gunicorn forked starts a thread of its own in every worker.
@@ -30,7 +32,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +51,7 @@ class ChangeFeed:
         self._pid: int | None = None
         self._cond = threading.Condition()
         self._generation = 0
-        self._listeners: list[Callable[[bool], None]] = []
+        self._listeners: list[Callable[[bool, set[str] | None], None]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -57,7 +59,7 @@ class ChangeFeed:
     def generation(self) -> int:
         return self._generation
 
-    def add_listener(self, fn: Callable[[bool], None]) -> None:
+    def add_listener(self, fn: Callable[[bool, set[str] | None], None]) -> None:
         self._listeners.append(fn)
 
     def ensure_started(self) -> None:
@@ -81,15 +83,17 @@ class ChangeFeed:
         if self._thread is not None and self._thread.is_alive() and self._pid == os.getpid():
             self._thread.join(timeout)
 
-    def changed(self, recheck: bool = False) -> None:
+    def changed(self, recheck: bool = False, nodes: set[str] | None = None) -> None:
         """Bump the generation and wake everyone: the database may have changed
-        (`recheck`: nothing was noticed, this is only a look in case a notice was lost)."""
+        (`recheck`: nothing was noticed, this is only a look in case a notice was lost;
+        `nodes`: the change placed work on these nodes, and did nothing else a waiter
+        may want)."""
         with self._cond:
             self._generation += 1
             self._cond.notify_all()
         for fn in list(self._listeners):
             try:
-                fn(recheck)
+                fn(recheck, nodes)
             except Exception:
                 log.exception("a %s listener failed", self.name)
 
@@ -103,9 +107,10 @@ class ChangeFeed:
     def _run(self) -> None:
         raise NotImplementedError
 
-    def ring(self) -> None:
-        """This process committed work other processes' waiters may want: tell them now
-        (a feed that cannot, does nothing; they notice at their next look)."""
+    def ring(self, nodes: Collection[str] | None = None) -> None:
+        """This process committed work other processes' waiters may want, placed on
+        `nodes` (None: not said): tell them now (a feed that cannot, does nothing; they
+        notice at their next look)."""
 
 
 class IntervalFeed(ChangeFeed):

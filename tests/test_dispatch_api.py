@@ -267,6 +267,22 @@ def test_the_room_pokes_one_node_and_checks_once_per_change_for_all():
     assert room.closed and room.enter("n5") is None
 
 
+def test_a_change_that_names_its_nodes_wakes_their_waiters_without_a_query():
+    checks = []
+
+    def check(nodes, recheck):
+        checks.append(nodes)
+        return set(nodes)
+
+    feed = ManualFeed()
+    room = longpoll.WaitRoom(feed, max_waiters=3, check=check)
+    a, b = room.enter("n1"), room.enter("n2")
+    feed.changed(nodes={"n2", "n9"})   # another replica placed work on n2 (and on n9, nobody waits)
+    assert checks == [] and room.take_poke(b) and not a.event.is_set()
+    feed.changed(recheck=True, nodes={"n2"})   # a re-check always asks
+    assert len(checks) == 1
+
+
 def test_a_failing_check_lets_every_waiter_look(caplog):
     def check(nodes, recheck):
         raise RuntimeError("database is locked")

@@ -191,7 +191,7 @@ def test_the_listener_tells_a_notification_from_a_periodic_recheck(pg_url):
     a = postgres.NotifyFeed(pg_url, channel, recheck=0.2)
     b = postgres.NotifyFeed(pg_url, channel, recheck=30.0)
     seen: list[bool] = []
-    a.add_listener(seen.append)
+    a.add_listener(lambda recheck, nodes: seen.append(recheck))
     try:
         a.wait_for_change(0, 10), b.wait_for_change(0, 10)   # both started
         wait_for(lambda: True in seen, timeout=10, message="a periodic re-check")
@@ -202,6 +202,44 @@ def test_the_listener_tells_a_notification_from_a_periodic_recheck(pg_url):
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_notification_names_the_nodes_placed_on_and_the_others_wake_only_those(pg_url):
+    """The waiters of another replica learn which nodes got work from the notification
+    itself (no grouped query); a burst names all of them together; work placed
+    without nodes, or too many names for one notification, says "look"."""
+    channel = "corral_test_named"
+    a = postgres.NotifyFeed(pg_url, channel, recheck=30.0)
+    b = postgres.NotifyFeed(pg_url, channel, recheck=30.0)
+    seen: list = []
+    b.add_listener(lambda recheck, nodes: seen.append((recheck, nodes)))
+    try:
+        a.wait_for_change(0, 10), b.wait_for_change(0, 10)
+        wait_for(lambda: listeners(pg_url, channel) == 2, timeout=10, message="both listeners")
+        del seen[:]
+        a.ring({"n1"})
+        wait_for(lambda: seen, timeout=10, message="the notification")
+        assert seen == [(False, {"n1"})]
+        del seen[:]
+        a.ring({"n2"}), a.ring({"n3", "n4"}), a.ring({"n2"})
+        wait_for(lambda: set().union(*(nodes for _, nodes in seen)) == {"n2", "n3", "n4"} if seen else False,
+                 timeout=10, message="the burst's nodes")
+        del seen[:]
+        a.ring(None)
+        wait_for(lambda: seen, timeout=10, message="the notification without nodes")
+        assert seen == [(False, None)]
+        del seen[:]
+        a.ring({f"node-{i:05d}" for i in range(postgres.MAX_PAYLOAD_BYTES // 5)})
+        wait_for(lambda: seen, timeout=10, message="the notification with too many nodes")
+        assert seen == [(False, None)]
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_notifications_name_their_nodes_together():
+    assert postgres.named_nodes(["n1", "n2,n3"]) == {"n1", "n2", "n3"}
+    assert postgres.named_nodes(["n1", ""]) is None
 
 
 def listeners(url: str, channel: str) -> int:

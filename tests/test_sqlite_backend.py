@@ -210,7 +210,7 @@ def test_the_change_feed_never_creates_the_database_file(tmp_path):
     path = tmp_path / "moved-away.db"
     feed = sqlite.DataVersionFeed(str(path), interval=0.01)
     woken = []
-    feed.add_listener(lambda recheck: woken.append(True))
+    feed.add_listener(lambda recheck, nodes: woken.append(True))
     feed.ensure_started()
     try:
         wait_for(lambda: woken, timeout=10, message="the waiters to be woken while the file is away")

@@ -7,10 +7,11 @@ process's `WaitRoom` and sleeps WITHOUT a database connection until it is poked:
 - by a commit in this process that placed a job on its node: `Store.dispatch`
   registers an after-commit callback that calls `poke(node_ids)`;
 - by the process's change feed (shared/changefeed.py), which reports every commit anywhere
-  (another worker, another replica, the background loop). On the feed's thread,
-  ONE grouped query ("which of the waiting nodes have pending jobs placed on
-  them?") answers for every waiter of the process, and only the waiters of those
-  nodes are poked. 200 waiting agents cost one query per change (at most 20 a
+  (another worker, another replica, the background loop). When the feed says
+  which nodes the commit placed work on (PostgreSQL's notifications name them),
+  their waiters are poked; else, on the feed's thread, ONE grouped query ("which
+  of the waiting nodes have pending jobs placed on them?") answers for every
+  waiter of the process, and only the waiters of those nodes are poked. 200 waiting agents cost one query per change (at most 20 a
   second with the SQLite watcher), and a waiter whose node got nothing is not
   even woken: lease renewals and reports elsewhere cost it nothing.
 
@@ -142,7 +143,7 @@ class WaitRoom:
         """After a commit that placed jobs (the store calls it): this process's waiters of
         those nodes claim now, and the other processes' watchers look now."""
         self.poke(node_ids)
-        self.feed.ring()
+        self.feed.ring(node_ids)
 
     def close(self) -> None:
         """The worker is stopping: every waiter answers now, no new one waits."""
@@ -152,12 +153,17 @@ class WaitRoom:
                 for waiter in waiters:
                     waiter.event.set()
 
-    def _on_change(self, recheck: bool = False) -> None:
-        """On the feed's thread, after a commit somewhere: one query for all waiting nodes.
+    def _on_change(self, recheck: bool = False, placed: set[str] | None = None) -> None:
+        """On the feed's thread, after a commit somewhere: the waiters of the nodes it
+        placed work on when the feed says which (no query), else one query for all
+        waiting nodes.
 
         Snapshotting the nodes after the change was seen is enough: a waiter that
         entered later made its own first claim after the change, or its change
         is seen again on the feed's next look."""
+        if placed is not None and not recheck:
+            self.poke(placed)
+            return
         with self._lock:
             nodes = set(self._by_node)
         if not nodes:

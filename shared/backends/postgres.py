@@ -77,6 +77,11 @@ CLOCK_REFRESH_SECS = 10.0
 # it reconnects are lost).
 DEBOUNCE_SECS = 0.005
 RECHECK_SECS = 1.0
+# A notification names the nodes its commits placed work on (comma-separated), so
+# that the listeners wake those nodes' claims without a query; one that would be
+# longer (PostgreSQL takes payloads below 8000 bytes), or work not tied to nodes,
+# goes out empty: "look".
+MAX_PAYLOAD_BYTES = 4000
 POLL_ONLY_INTERVAL_SECS = 0.25
 
 
@@ -342,10 +347,21 @@ class DatabaseClock:
         return self.offset
 
 
+def named_nodes(payloads: list[str]) -> set[str] | None:
+    """The nodes these notifications name together; None when one names none ("look")."""
+    nodes: set[str] = set()
+    for payload in payloads:
+        if not payload:
+            return None
+        nodes.update(payload.split(","))
+    return nodes
+
+
 class NotifyFeed(ChangeFeed):
     """Other replicas' commits, from LISTEN on a connection of its own; `ring()` sends
-    a (debounced) NOTIFY from another. Notifications of this process are skipped
-    (its own waiters were poked directly)."""
+    a (debounced) NOTIFY from another, naming the nodes placed on when it can
+    (MAX_PAYLOAD_BYTES). Notifications of this process are skipped (its own waiters
+    were poked directly)."""
 
     name = "pg-listener"
 
@@ -357,27 +373,49 @@ class NotifyFeed(ChangeFeed):
         self._wanted = threading.Event()
         self._sender_pid: int | None = None
         self._own_backend = -1
+        # What the next notification names (None: "look"), under _pending_lock.
+        self._pending_lock = threading.Lock()
+        self._pending: set[str] | None = set()
 
-    def ring(self) -> None:
+    def ring(self, nodes: Collection[str] | None = None) -> None:
         pid = os.getpid()
         if self._sender_pid != pid:
             with _START_LOCK:
                 if self._sender_pid != pid:
                     self._wanted = threading.Event()
+                    self._pending_lock = threading.Lock()
+                    self._pending = set()
                     threading.Thread(target=self._send_loop, name="corral-pg-notify", daemon=True).start()
                     self._sender_pid = pid
+        with self._pending_lock:
+            if nodes is None or self._pending is None:
+                self._pending = None
+            else:
+                self._pending.update(nodes)
         self._wanted.set()
+
+    def _payload(self) -> str:
+        """What the notification names (and nothing is pending any more)."""
+        with self._pending_lock:
+            nodes, self._pending = self._pending, set()
+        if not nodes:
+            return ""
+        payload = ",".join(sorted(nodes))
+        if len(payload.encode()) > MAX_PAYLOAD_BYTES or any("," in node for node in nodes):
+            return ""
+        return payload
 
     def _send_loop(self) -> None:
         conn = None
         while True:
             self._wanted.wait()
             self._wanted.clear()
+            payload = self._payload()
             try:
                 if conn is None or conn.closed:
                     conn = psycopg.connect(self.url, connect_timeout=CONNECT_TIMEOUT_SECS, autocommit=True)
                     self._own_backend = conn.info.backend_pid
-                conn.execute("SELECT pg_notify(%s, '')", (self.channel,))
+                conn.execute("SELECT pg_notify(%s, %s)", (self.channel, payload))
             except psycopg.Error as exc:  # the others notice at their next re-check
                 log.warning("cannot notify the other replicas (%s)", exc)
                 conn = None
@@ -398,11 +436,13 @@ class NotifyFeed(ChangeFeed):
                     self.changed()  # what was sent while we were not listening
                 # One notification or the re-check period, whichever comes first; this
                 # process's own are skipped (its waiters were poked at its commit).
-                got = list(conn.notifies(timeout=self.interval, stop_after=1))
+                got = [n for n in conn.notifies(timeout=self.interval, stop_after=1)]
                 if not got:
                     self.changed(recheck=True)
-                elif any(n.pid != self._own_backend for n in got):
-                    self.changed()
+                else:
+                    others = [n.payload for n in got if n.pid != self._own_backend]
+                    if others:
+                        self.changed(nodes=named_nodes(others))
             except psycopg.Error as exc:
                 if not failing:
                     log.warning("cannot listen for other replicas' work (%s); looking every %.0f s instead",

@@ -332,8 +332,8 @@ class DataVersionFeed(ChangeFeed):
         self.path = path
         self.doorbells = Doorbells(f"{path}-wake")
 
-    def ring(self) -> None:
-        self.doorbells.ring()
+    def ring(self, nodes: Collection[str] | None = None) -> None:
+        self.doorbells.ring()  # a byte only: the other processes' watchers look at data_version
 
     def _connect(self) -> sqlite3.Connection:
         # Autocommit (isolation_level=None): PRAGMA data_version opens no lasting
