@@ -31,6 +31,8 @@ import time
 log = logging.getLogger(__name__)
 
 CLAIMS_DIR = "/run/corral/uids"
+# How long after a change the file is written (_write_behind).
+WRITE_DELAY_SECS = 0.05
 
 
 class UidsExhausted(Exception):
@@ -208,6 +210,9 @@ class UidPool:
     def _write_behind(self) -> None:
         while True:
             self._write_wanted.wait()
+            # A moment later: the job whose start changed the pool starts first (the
+            # write competes with it for the CPU), and a burst of changes is one write.
+            time.sleep(WRITE_DELAY_SECS)
             self._write_wanted.clear()  # changes from now on ask for another write
             self._write()
 
