@@ -11,9 +11,10 @@ process's `WaitRoom` and sleeps WITHOUT a database connection until it is poked:
   which nodes the commit placed work on (PostgreSQL's notifications name them),
   their waiters are poked; else, on the feed's thread, ONE grouped query ("which
   of the waiting nodes have pending jobs placed on them?") answers for every
-  waiter of the process, and only the waiters of those nodes are poked. 200 waiting agents cost one query per change (at most 20 a
-  second with the SQLite watcher), and a waiter whose node got nothing is not
-  even woken: lease renewals and reports elsewhere cost it nothing.
+  waiter of the process, and only the waiters of those nodes are poked. 200
+  waiting agents cost one query per change (at most 20 a second with the SQLite
+  watcher), and a waiter whose node got nothing is not even woken: lease
+  renewals and reports elsewhere cost it nothing.
 
 A poked waiter runs its claim, if the request is still fresh: a request that has
 waited longer than FRESH_SECS is no proof that its agent is still alive (a host
