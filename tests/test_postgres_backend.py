@@ -237,6 +237,21 @@ def test_a_notification_names_the_nodes_placed_on_and_the_others_wake_only_those
         b.stop()
 
 
+def test_the_first_notification_leaves_from_the_ringing_thread(pg_url, monkeypatch):
+    """No hand-over to the sender thread on the dispatch path: ring() returns with the
+    notification sent; what rings within the debounce is left to the sender thread
+    (here one that sends nothing)."""
+    monkeypatch.setattr(postgres.NotifyFeed, "_send_loop", lambda self: None)
+    channel = "corral_test_first"
+    a = postgres.NotifyFeed(pg_url, channel, recheck=30.0, debounce=30.0)
+    with psycopg.connect(pg_url, autocommit=True) as listener:
+        listener.execute(f'LISTEN "{channel}"')
+        a.ring({"n1"})
+        assert [n.payload for n in listener.notifies(timeout=5, stop_after=1)] == ["n1"]
+        a.ring({"n2"})
+        assert list(listener.notifies(timeout=0.5, stop_after=1)) == []
+
+
 def test_notifications_name_their_nodes_together():
     assert postgres.named_nodes(["n1", "n2,n3"]) == {"n1", "n2", "n3"}
     assert postgres.named_nodes(["n1", ""]) is None

@@ -72,10 +72,12 @@ NODE_LOCK_CLASS = 0x436F7202
 MAX_SKEW_SECS = 2.0
 CLOCK_REFRESH_SECS = 10.0
 # LISTEN/NOTIFY: a process sends at most one notification per DEBOUNCE_SECS
-# (the first at once, the rest of a burst together), and its listener looks at
-# the database every RECHECK_SECS even without one (notifications sent while
-# it reconnects are lost).
+# (the first at once, from the thread that committed; the rest of a burst
+# together, from a thread of its own), and its listener looks at the database
+# every RECHECK_SECS even without one (notifications sent while it reconnects
+# are lost). A notification waits at most NOTIFY_TIMEOUT_MS on the server.
 DEBOUNCE_SECS = 0.005
+NOTIFY_TIMEOUT_MS = 2000
 RECHECK_SECS = 1.0
 # A notification names the nodes its commits placed work on (comma-separated), so
 # that the listeners wake those nodes' claims without a query; one that would be
@@ -361,7 +363,14 @@ class NotifyFeed(ChangeFeed):
     """Other replicas' commits, from LISTEN on a connection of its own; `ring()` sends
     a (debounced) NOTIFY from another, naming the nodes placed on when it can
     (MAX_PAYLOAD_BYTES). Notifications of this process are skipped (its own waiters
-    were poked directly)."""
+    were poked directly).
+
+    The first notification after a quiet DEBOUNCE_SECS goes out from the thread that
+    rings, at once: handing it to the sender thread cost the dispatch path most of a
+    millisecond (the committing thread goes on with its answer and holds the GIL).
+    Not from inside the committing transaction: NOTIFY holds a database-wide lock
+    until its transaction ends, which for a durable commit means across the disk
+    flush, so every notifying commit would wait for the one before."""
 
     name = "pg-listener"
 
@@ -373,9 +382,16 @@ class NotifyFeed(ChangeFeed):
         self._wanted = threading.Event()
         self._sender_pid: int | None = None
         self._own_backend = -1
-        # What the next notification names (None: "look"), under _pending_lock.
+        # What the next notification names (None: "look"; nothing to send when not
+        # _has_pending), under _pending_lock; the sending connection and when it last
+        # sent, under _send_lock.
         self._pending_lock = threading.Lock()
         self._pending: set[str] | None = set()
+        self._has_pending = False
+        self._send_lock = threading.Lock()
+        self._conn: psycopg.Connection | None = None
+        self._sent_at = float("-inf")
+        self._failed_at = float("-inf")
 
     def ring(self, nodes: Collection[str] | None = None) -> None:
         pid = os.getpid()
@@ -384,7 +400,8 @@ class NotifyFeed(ChangeFeed):
                 if self._sender_pid != pid:
                     self._wanted = threading.Event()
                     self._pending_lock = threading.Lock()
-                    self._pending = set()
+                    self._send_lock = threading.Lock()
+                    self._pending, self._has_pending, self._conn = set(), False, None
                     threading.Thread(target=self._send_loop, name="corral-pg-notify", daemon=True).start()
                     self._sender_pid = pid
         with self._pending_lock:
@@ -392,12 +409,22 @@ class NotifyFeed(ChangeFeed):
                 self._pending = None
             else:
                 self._pending.update(nodes)
+            self._has_pending = True
+        if self._send_lock.acquire(blocking=False):  # else the one sending takes this too
+            try:
+                if time.monotonic() - self._sent_at >= self.debounce and self._send():
+                    return
+            finally:
+                self._send_lock.release()
         self._wanted.set()
 
-    def _payload(self) -> str:
-        """What the notification names (and nothing is pending any more)."""
+    def _payload(self) -> str | None:
+        """What the notification names, None when nothing is pending (and nothing is
+        pending any more)."""
         with self._pending_lock:
-            nodes, self._pending = self._pending, set()
+            if not self._has_pending:
+                return None
+            nodes, self._pending, self._has_pending = self._pending, set(), False
         if not nodes:
             return ""
         payload = ",".join(sorted(nodes))
@@ -405,22 +432,43 @@ class NotifyFeed(ChangeFeed):
             return ""
         return payload
 
+    def _send(self) -> bool:
+        """Send what is pending (under _send_lock); False when it could not (it is
+        pending again)."""
+        if time.monotonic() - self._failed_at < ERROR_BACKOFF_SECS:
+            return False
+        payload = self._payload()
+        if payload is None:
+            return True
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = psycopg.connect(self.url, connect_timeout=CONNECT_TIMEOUT_SECS, autocommit=True,
+                                             options=f"-c statement_timeout={NOTIFY_TIMEOUT_MS}")
+                self._own_backend = self._conn.info.backend_pid
+            self._conn.execute("SELECT pg_notify(%s, %s)", (self.channel, payload))
+            self._sent_at = time.monotonic()
+            return True
+        except psycopg.Error as exc:  # the others notice at their next re-check
+            log.warning("cannot notify the other replicas (%s)", exc)
+            self._failed_at = time.monotonic()
+            if self._conn is not None:
+                self._conn.close()
+            self._conn = None
+            self.ring(None if payload == "" else set(payload.split(",")))  # pending again
+            return False
+
     def _send_loop(self) -> None:
-        conn = None
+        """What the committing threads left: a burst's rest, one notification per
+        DEBOUNCE_SECS; after a failure, one try per ERROR_BACKOFF_SECS."""
         while True:
             self._wanted.wait()
             self._wanted.clear()
-            payload = self._payload()
-            try:
-                if conn is None or conn.closed:
-                    conn = psycopg.connect(self.url, connect_timeout=CONNECT_TIMEOUT_SECS, autocommit=True)
-                    self._own_backend = conn.info.backend_pid
-                conn.execute("SELECT pg_notify(%s, %s)", (self.channel, payload))
-            except psycopg.Error as exc:  # the others notice at their next re-check
-                log.warning("cannot notify the other replicas (%s)", exc)
-                conn = None
-                time.sleep(ERROR_BACKOFF_SECS)
-            time.sleep(self.debounce)  # what rings meanwhile goes out as one notification
+            with self._send_lock:
+                wait = max(self._sent_at + self.debounce, self._failed_at + ERROR_BACKOFF_SECS) - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)  # what rings meanwhile goes out as one notification
+            with self._send_lock:
+                self._send()
 
     def _run(self) -> None:
         conn = None
