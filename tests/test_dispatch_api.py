@@ -23,7 +23,7 @@ T0 = 1_800_000_000.0
 
 
 # The app, client, store and clock fixtures of the API tests, and their helpers.
-from test_scheduler_api import Clock, app, client, clock, make_app, set_nodes, store  # noqa: E402,F401
+from test_scheduler_api import Clock, app, client, clock, make_app, set_nodes, store, submit  # noqa: E402,F401
 
 
 def claim(client, node_id, **body):
@@ -181,6 +181,32 @@ def test_a_claim_that_waits_answers_when_work_is_placed_on_its_node(client, stor
     client.post("/jobs", json={"command": "y", "instance_id": "n1"})
     threads[0].join(10)
     assert [j["job_id"] for j in answers["n1"][0]] == ["job-2"]
+    room.feed.stop()
+
+
+def test_a_poked_claim_reads_nothing_before_its_transaction_where_writers_do_not_wait(
+        database_url, clock, monkeypatch):
+    """On PostgreSQL a claim woken by work placed on its node goes straight to its
+    transaction; on SQLite it first reads whether it may claim (a write transaction
+    that finds nothing would hold up every other writer)."""
+    monkeypatch.setattr(longpoll, "FRESH_SECS", 60.0)   # a slow machine: no "ask again" to count
+    app = make_app(database_url, clock)
+    client, store = app.test_client(), app.extensions["corral.store"]
+    set_nodes(store, clock, "n1")
+    reads = []
+    may_claim = type(store).may_claim
+    monkeypatch.setattr(type(store), "may_claim", lambda self, node_id, now: reads.append(node_id)
+                        or may_claim(self, node_id, now))
+    answer = []
+    waiting = threading.Thread(target=lambda: answer.append(app.test_client().post(
+        "/nodes/n1/claim", json={"max": 1, "wait_secs": 20}).json))
+    waiting.start()
+    room = app.extensions["corral.wait_room"]
+    wait_for(lambda: room.waiting == 1, timeout=10, message="the claim to wait")
+    client.post("/jobs", json={"command": "x"})
+    waiting.join(10)
+    assert [j["job_id"] for j in answer[0]] == ["job-1"]
+    assert reads == (["n1"] if database_url.startswith("postgresql") else ["n1", "n1"])
     room.feed.stop()
 
 
@@ -421,11 +447,13 @@ def test_a_node_no_longer_listed_may_claim_only_within_the_slots_its_running_job
     set_nodes(store, clock, "n1", slots=3)
     submit_batch(client, [{"command": "a"}, {"command": "b"}])
     assert len(claim(client, "n1")) == 2
-    assert store.claim_room("n1", {"max": 5}) == (1, True)
+    assert store.claim_room("n1", {"max": 5}, clock()) == (1, False)  # a free slot, but nothing waits
+    submit(client, command="c", instance_id="n2")   # waits unplaced for n2, which nobody lists yet
+    assert store.claim_room("n1", {"max": 5}, clock()) == (1, True)   # placement may look first
     set_nodes(store, clock, "n2", slots=1)  # n1 is gone from the registry's list
-    assert store.claim_room("n1", {"max": 5}) == (1, False)
-    assert store.claim_room("n1", {"max": 1}) == (1, False)
-    assert store.claim_room("never-seen", {"max": 5}) == (3, False)
+    assert store.claim_room("n1", {"max": 5}, clock()) == (1, False)
+    assert store.claim_room("n1", {"max": 1}, clock()) == (1, False)
+    assert store.claim_room("never-seen", {"max": 5}, clock()) == (3, False)
 
 
 def test_a_claim_riding_on_reports_that_freed_nothing_still_places_due_work(database_url, clock):

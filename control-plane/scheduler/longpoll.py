@@ -232,7 +232,7 @@ def claim(scheduler, room: WaitRoom, node_id: str, request: dict, clock: Callabl
                 if time.monotonic() - arrived > FRESH_SECS:
                     return ClaimAnswer([], AGAIN)  # the agent's next claim (at once) takes it
                 with store.db.connection_context():
-                    jobs = scheduler.claim(node_id, request, clock())
+                    jobs = scheduler.claim(node_id, request, clock(), poked=True)
                 if jobs:
                     return ClaimAnswer(jobs, CLAIMED)
         return ClaimAnswer([], TIMED_OUT)

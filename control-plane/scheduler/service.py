@@ -183,10 +183,15 @@ class Scheduler:
                                       scope=scope, only_places=claim is None,
                                       scope_ahead=_reported_nodes(items, claim))
 
-    def claim(self, node_id: str, request: dict, now: float) -> list[Job]:
+    def claim(self, node_id: str, request: dict, now: float, poked: bool = False) -> list[Job]:
         """Take up to request['max'] jobs placed on the node (see Store.take_placed). A
-        claim that can take nothing writes nothing (no write transaction)."""
-        if not self.store.may_claim(node_id, now):
+        claim that can take nothing writes nothing (no write transaction), as read
+        first; but `poked`, a waiting claim that work placed on its node woke, skips that
+        read where writers do not wait for each other (PostgreSQL): it almost always
+        finds the work, and the read is a round trip on the dispatch path. (On SQLite
+        a write transaction that finds nothing, the node's report-riding claim having
+        taken it first, would hold up every other writer.)"""
+        if not (poked and not one_writer(self.store.db)) and not self.store.may_claim(node_id, now):
             return []  # nothing placed here and nothing to place
         with self.store.db.atomic():
             return self._claim(node_id, request, now)
@@ -194,10 +199,10 @@ class Scheduler:
     def _claim(self, node_id: str, request: dict, now: float, offered: bool = False) -> list[Job]:
         """The claim in the current transaction. `offered`: this transaction already offered
         the node's free slots the waiting work (what is left does not fit or is not due)."""
-        free, slot_open = self.store.claim_room(node_id, request)
+        free, fill_first = self.store.claim_room(node_id, request, now)
         if free <= 0:
             return []
-        if slot_open and not offered and self.store.unplaced_due(now):
+        if fill_first and not offered:
             self.store.dispatch(now, [node_id])  # a slot is free here and work waits unplaced
         return self.store.take_placed(node_id, request, free, now)
 

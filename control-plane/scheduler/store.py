@@ -434,26 +434,29 @@ class Store:
                 results.append({"index": index, "job_id": job_id, "code": 200})
         return results
 
-    def claim_room(self, node_id: str, request: dict) -> tuple[int, bool]:
+    def claim_room(self, node_id: str, request: dict, now: float) -> tuple[int, bool]:
         """How many jobs a claim of `node_id` may take now (its free slots, at most
-        request['max']), and whether a slot of it is free that placement could fill
-        first (the node is a healthy compute node with room beyond what is placed)."""
+        request['max']), and whether placement should fill a slot of it first: one is
+        free (the node is a healthy compute node with room beyond what is placed) and
+        due work waits unplaced (unplaced_due)."""
         def counted(status: str) -> peewee.Select:
             return Job.select(fn.COUNT(Job.id)).where((Job.node_id == param("node_id")) & (Job.status == status))
 
-        # The node and its running and placed jobs in one read (the (node_id, status) index).
+        # The node, its running and placed jobs (the (node_id, status) index) and whether
+        # work waits unplaced, in one read.
         rows = self._sql.rows(self.db, "claiming node", lambda: Node.select(
-            Node.slots, Node.status, Node.kind, counted("running"), counted("pending")).where(
-            Node.node_id == param("node_id")), node_id=node_id)
+            Node.slots, Node.status, Node.kind, counted("running"), counted("pending"),
+            self._unplaced_due_query()).where(Node.node_id == param("node_id")), node_id=node_id, now=now)
         if rows:
-            slots, status, kind, running, placed = rows[0]
+            slots, status, kind, running, placed, waiting = rows[0]
         else:  # not (or no longer) a known node: its jobs alone
-            slots = status = kind = None
+            slots = status = kind = waiting = None
             running, placed = self._sql.rows(self.db, "node job counts", lambda: peewee.Select(
                 columns=[counted("running"), counted("pending")]).bind(self.db), node_id=node_id)[0]
         capacity = self._capacity(slots)
         free = min(request["max"], capacity - running)
-        return free, free > 0 and status == "healthy" and kind == "compute" and running + placed < capacity
+        slot_open = free > 0 and status == "healthy" and kind == "compute" and running + placed < capacity
+        return free, slot_open and waiting is not None
 
     def may_claim(self, node_id: str, now: float) -> bool:
         """Whether a claim could take anything (read without a write transaction)."""
@@ -851,10 +854,15 @@ class Store:
         # PostgreSQL's generic plan of this prepared statement may scan the whole table
         # for a LIMIT 1 that finds nothing (2.8 ms a call against 0.05 ms, measured
         # under the capacity benchmark).
-        return bool(self._sql.rows(self.db, "unplaced due", lambda: Job.select(Job.id).where(
+        return bool(self._sql.rows(self.db, "unplaced due", self._unplaced_due_query, now=now))
+
+    @staticmethod
+    def _unplaced_due_query() -> peewee.Select:
+        """The id of one pending job placed nowhere that is due at `now` (a parameter)."""
+        return Job.select(Job.id).where(
             (Job.status == "pending") & Job.node_id.is_null()
             & (Job.next_attempt_at.is_null() | (Job.next_attempt_at <= param("now")))
-        ).order_by(Job.status, Job.node_id, Job.id).limit(1), now=now))
+        ).order_by(Job.status, Job.node_id, Job.id).limit(1)
 
     def _after_commit_placed(self, node_ids: set[str]) -> None:
         hook = self.on_placed
