@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 WARM_KEY = "warm:{n}"
 WARM_CGROUP = "warm-{n}-next"
 # After a chain was taken, this long before the next is started.
-SETTLE_SECS = 0.05
+SETTLE_SECS = 0.01
 # How often the keeper looks without being woken (a slot freed, a chain ended).
 LOOK_SECS = 1.0
 
