@@ -101,6 +101,9 @@ LEASE_TIMEOUT = (3.05, 5.0)
 TICK_SECS = 0.1
 # An idle claim thread (no free slot, lease lapsed) looks again at least this often.
 CLAIM_IDLE_SECS = 1.0
+# The longest a claim thread that got jobs waits for the work loop to take them before
+# it asks for more (Agent._handed_over).
+HANDOFF_SECS = 0.05
 # An agent that holds no job needs no lease: a claim that hands it jobs renews the
 # lease on the scheduler, and the agent counts it from when it sent the claim. It
 # renews this seldom only to learn from the answer of attempts the scheduler
@@ -255,6 +258,10 @@ class Agent:
         self._claim_lock = threading.Lock()
         self._claimed: list[tuple[Key, dict]] = []
         self._claim_wake = threading.Event()  # a slot freed: the claim thread asks at once
+        # Set when the work loop has taken what a claim queued: the claim thread asks for
+        # more only then (or after HANDOFF_SECS), so that its next request and the start
+        # of the jobs it got do not compete for the interpreter.
+        self._handed_over = threading.Event()
         self._work_wake = threading.Event()   # claimed jobs, or a job's output closed: the work loop looks
         # Claims sent and claims whose answer was handled (queued or failed), and jobs the
         # scheduler lists here that this agent does not know, with the claims sent by then
@@ -720,6 +727,7 @@ class Agent:
                 self._claimed.append((key, job))
                 keys.append(key)
         if keys:
+            self._handed_over.clear()
             self._work_wake.set()
         return keys
 
@@ -741,6 +749,7 @@ class Agent:
         taken = []
         with self._claim_lock:
             if not self._claimed or self._stopping:
+                self._handed_over.set()
                 return []
             waiting = []
             for key, job in self._claimed:
@@ -753,6 +762,7 @@ class Agent:
                     self._accept(job, key[0], key[1], self.plan(job))
                     taken.append(key)
             self._claimed = waiting
+        self._handed_over.set()
         return taken
 
     def _requeue_claimed(self) -> None:
@@ -777,8 +787,10 @@ class Agent:
                     self._claim_wake.clear()
                     continue
                 try:
-                    _, pause = self.claim_once(client, wait_secs)
+                    keys, pause = self.claim_once(client, wait_secs)
                     backoff.reset()
+                    if keys:
+                        self._handed_over.wait(HANDOFF_SECS)
                 except Rejected as exc:
                     if exc.status in (404, 405):
                         log.warning("the scheduler at %s has no claim API (%s); asking for work every "
@@ -1608,3 +1620,4 @@ def _append_line(text: str, line: str) -> str:
     if text and not text.endswith("\n"):
         text += "\n"
     return text + line
+

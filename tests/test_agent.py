@@ -1063,6 +1063,35 @@ def test_long_poll_setting():
         AgentSettings.from_env({"NODE_ID": "n1", "AGENT_LONG_POLL_SECS": "30"})
 
 
+def test_the_claim_thread_asks_again_once_the_work_loop_took_what_it_got(make_agent, scheduler, monkeypatch):
+    """Its next request and the start of the jobs it got do not compete for the
+    interpreter: the next claim leaves once they are taken (or after HANDOFF_SECS)."""
+    monkeypatch.setattr(agent_module, "HANDOFF_SECS", 30.0)
+    agent = make_agent(slots=2)
+    waits = []
+
+    class Recorded(threading.Event):
+        def wait(self, timeout=None):
+            waits.append((timeout, len(scheduler.claims)))
+            return super().wait(timeout)
+
+    agent._handed_over = Recorded()
+    scheduler.add(job_id="job-1", command="true")
+    stop = threading.Event()
+    thread = threading.Thread(target=agent._claim_loop, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: waits, timeout=10, message="the claim thread to wait for the hand-over")
+        assert waits == [(30.0, 1)] and agent.claimed_keys() == [("job-1", 1)]
+        assert agent.take_claimed() == [("job-1", 1)]
+        wait_for(lambda: len(scheduler.claims) >= 2, timeout=10, message="the next claim")
+    finally:
+        stop.set()
+        agent._claim_wake.set()
+        thread.join(10)
+        agent.shutdown(flush_secs=0)
+
+
 def test_without_the_claim_api_the_agent_falls_back_to_polling(make_agent, scheduler, api):
     api.add(responses.POST, f"{REGISTRY}/nodes/{NODE}/heartbeat", json={})
     scheduler.claim_api = False
