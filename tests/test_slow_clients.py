@@ -21,7 +21,7 @@ import requests
 from gunicorn.http import errors as e
 
 from cluster import BIN, Cluster, Proc, base_env, listening_socket
-from corral.shared import framing, refusals
+from corral.shared import framing, refusals, worker
 from helpers import wait_for
 from test_auth import make_certificates
 
@@ -839,4 +839,41 @@ def test_a_stopping_worker_says_which_requests_it_still_waits_for_and_where_they
         assert proc.popen.returncode == 0, proc.output()
     finally:
         release.touch()
+        proc.stop()
+
+
+def test_a_connection_answered_as_the_stop_began_holds_the_stop_no_longer_than_the_others(tmp_path):
+    """A request served when SIGTERM came is answered, and its connection, kept alive
+    after that answer, is closed within the stop's linger (STOP_LINGER_SECS), not after
+    the keepalive: a stop never waits out a client's idle connection."""
+    (tmp_path / "slow_app.py").write_text(SLOW_APP)
+    (tmp_path / "keepalive.conf.py").write_text("keepalive = 60\ngraceful_timeout = 60\n")
+    release, busy = tmp_path / "release", tmp_path / "busy"
+    sock = listening_socket()
+    port = sock.getsockname()[1]
+    argv = [os.path.join(BIN, "gunicorn"), "--config", str(tmp_path / "keepalive.conf.py"), "--chdir", str(tmp_path),
+            "--worker-class", "corral.shared.worker.BufferingWorker", "--workers", "1", "--threads", "2",
+            "--no-control-socket", "--bind", f"fd://{sock.fileno()}", "slow_app:app"]
+    env = {**os.environ, "RELEASE_FILE": str(release), "BUSY_FILE": str(busy)}
+    proc = Proc("gunicorn", argv, env, str(tmp_path / "gunicorn.log"), pass_fds=(sock.fileno(),))
+    sock.close()
+    conn = None
+    try:
+        wait_for(lambda: "Booting worker" in proc.output(), message="the worker to boot")
+        conn = RawConnection(port).send(b"GET /slow HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        wait_for(busy.exists, message="the request to be served")
+        proc.signal(signal.SIGTERM)
+        wait_for(lambda: "Handling signal: term" in proc.output(), message="the stop to begin")
+        release.touch()
+        answer = conn.response()
+        assert answer.status == 200 and answer.body == b"done"
+        answered = time.monotonic()
+        assert conn.read_until_closed() == b""  # the server closes it, the client never does
+        proc.popen.wait(15)
+        assert time.monotonic() - answered < worker.STOP_LINGER_SECS + 5 < 60, proc.output()
+        assert proc.popen.returncode == 0, proc.output()
+    finally:
+        release.touch()
+        if conn is not None:
+            conn.close()
         proc.stop()
