@@ -69,10 +69,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from corral.shared.backoff import Backoff
-from corral.shared.clients import (ClientError, Rejected, RegistryClient, SchedulerClient, Unreachable,
-                                  split_batches)
+from corral.shared.clients import ClientError, Rejected, RegistryClient, SchedulerClient, Unreachable
 
 from . import artifacts, cgroups, identity, jobenv, launch, live_output, runner, services, uids, warm
+from .reports import Outbox, PendingReport
 from .settings import AgentSettings, safe_path_part, total_memory_mb
 
 log = logging.getLogger(__name__)
@@ -110,13 +110,8 @@ HANDOFF_SECS = 0.05
 # believes run here (a claim whose answer was lost), which it then reconciles.
 # 500 idle agents renewing every 5 s cost the scheduler 11% of a core.
 IDLE_RENEW_SECS = 60.0
-# Reports sent in one POST /jobs/reports: at most this many, and about this many bytes.
-REPORT_BATCH_MAX = 100
-REPORT_BATCH_BYTES = 1024 * 1024
 # Bounded effort to deliver the last reports when the agent stops.
 FLUSH_SECS = 5.0
-# A report refused as too large (413) is sent once more with this much output kept.
-SHRUNK_OUTPUT_CHARS = 4096
 # How long shutdown waits for service monitors to notice they should stop.
 MONITOR_JOIN_SECS = 2.0
 
@@ -201,18 +196,6 @@ class LocalJob:
         return (self.job_id, self.attempt)
 
 
-@dataclass
-class PendingReport:
-    job_id: str
-    attempt: int
-    status: str
-    result: dict
-    next_try: float = 0.0
-    tries: int = 0
-    shrunk: bool = False
-    backoff: Backoff = field(default_factory=lambda: Backoff(1.0, 30.0))
-
-
 class _Aborted(Exception):
     """The job was ended (cancelled, timed out, agent stopping) while being prepared."""
 
@@ -243,7 +226,7 @@ class Agent:
         # Only the work loop thread adds and removes entries of these two; the
         # heartbeat thread reads len(), preparation threads change their own LocalJob.
         self._jobs: dict[Key, LocalJob] = {}
-        self._outbox: list[PendingReport] = []
+        self.outbox = Outbox(settings.node_id, scheduler, clock, self._queue_claimed, self._claim_answer_lost)
         # Monitors of ended services still removing their registry record.
         self._closing: list[services.ServiceMonitor] = []
         self._stopping = False
@@ -254,7 +237,6 @@ class Agent:
         # them into _jobs so that free slots are never counted twice or not at all).
         self.long_poll = settings.long_poll_secs > 0  # False once the scheduler turned out not to have it
         self._claiming = False      # the claim thread runs (long-poll)
-        self._claims_ride = True    # reports may carry a claim (False once a scheduler refused one)
         self._claim_lock = threading.Lock()
         self._claimed: list[tuple[Key, dict]] = []
         self._claim_wake = threading.Event()  # a slot freed: the claim thread asks at once
@@ -269,7 +251,6 @@ class Agent:
         self._claims_sent = 0
         self._claims_done = 0
         self._suspects: dict[Key, int] = {}
-        self._batch_reports = True  # False once the scheduler turned out not to have POST /jobs/reports
         # Set by the lease thread when the scheduler lists attempts running here that this
         # agent does not hold: the next reconcile must look even if the agent is idle.
         self._unknown_listed = False
@@ -310,7 +291,7 @@ class Agent:
         return self._jobs.get((job_id, attempt))
 
     def pending_reports(self) -> list[PendingReport]:
-        return list(self._outbox)
+        return list(self.outbox)
 
     def claimed_keys(self) -> list[Key]:
         """Jobs claimed but not started yet (waiting for the work loop)."""
@@ -658,7 +639,7 @@ class Agent:
                 break
             self._accept(job, job_id, attempt, plan)
             taken.append((job_id, attempt))
-        if self._outbox:
+        if self.outbox:
             self.flush_reports()  # jobs that could not start are reported at once
         return taken
 
@@ -734,7 +715,7 @@ class Agent:
     def _claim_with_reports(self) -> dict | None:
         """The claim to send with reports (POST /jobs/reports `claim`) for the slots free
         now, or None: the claim thread takes work otherwise (long-poll only)."""
-        if not (self._claiming and self.long_poll and self._claims_ride) or self._stopping \
+        if not (self._claiming and self.long_poll) or self._stopping \
                 or self.claims_blocked():
             return None
         free = self.free_slots()
@@ -757,7 +738,7 @@ class Agent:
                     waiting.append((key, job))
                 elif self.lease_lapsed():
                     log.warning("job %s attempt %s was claimed but the lease lapsed; giving it back", *key)
-                    self._enqueue_failed(*key, -1, self._node_side_message(END_FENCED), requeue=True)
+                    self.outbox.add_failed(*key, -1, self._node_side_message(END_FENCED), requeue=True)
                 else:
                     self._accept(job, key[0], key[1], self.plan(job))
                     taken.append(key)
@@ -771,7 +752,7 @@ class Agent:
         with self._claim_lock:
             claimed, self._claimed = self._claimed, []
         for key, _ in claimed:
-            self._enqueue_failed(*key, -1, STOPPED_MESSAGE, requeue=True)
+            self.outbox.add_failed(*key, -1, STOPPED_MESSAGE, requeue=True)
 
     def _claim_loop(self, stop: threading.Event) -> None:
         """The claim thread: keep one long-poll claim open while there are free slots.
@@ -821,7 +802,7 @@ class Agent:
     def _accept(self, job: dict, job_id: str, attempt: int, plan: Plan) -> None:
         if plan.error:
             log.warning("job %s attempt %s cannot run here: %s", job_id, attempt, plan.error)
-            self._enqueue_failed(job_id, attempt, -1, plan.error)
+            self.outbox.add_failed(job_id, attempt, -1, plan.error)
             return
         now = self._clock()
         timeout = job.get("timeout_secs")
@@ -1041,13 +1022,13 @@ class Agent:
         if local.end_reason == END_RECONCILED:
             return (local.job_id, local.attempt, "killed")
         if local.end_reason == END_TIMEOUT:
-            self._enqueue_failed(local.job_id, local.attempt, -1, TIMEOUT_MESSAGE)
+            self.outbox.add_failed(local.job_id, local.attempt, -1, TIMEOUT_MESSAGE)
         elif local.end_reason in NODE_SIDE_ENDS:
-            self._enqueue_failed(local.job_id, local.attempt, -1, self._node_side_message(local.end_reason),
+            self.outbox.add_failed(local.job_id, local.attempt, -1, self._node_side_message(local.end_reason),
                                  requeue=True)
         else:
             exit_code, message = local.start_error or (-1, "the agent could not start the job")
-            self._enqueue_failed(local.job_id, local.attempt, exit_code, message)
+            self.outbox.add_failed(local.job_id, local.attempt, exit_code, message)
         return (local.job_id, local.attempt, "failed")
 
     def _finish(self, local: LocalJob) -> tuple[str, int, str]:
@@ -1085,7 +1066,7 @@ class Agent:
                 stderr = _append_line(stderr, OOM_MESSAGE.format(limit))
         log.info("job %s attempt %s finished: %s (exit %s%s)", local.job_id, local.attempt, status,
                  exit_code, ", out of memory" if oom else "")
-        self._enqueue(local.job_id, local.attempt, status, exit_code=exit_code,
+        self.outbox.add(local.job_id, local.attempt, status, exit_code=exit_code,
                       stdout=result.stdout, stderr=stderr, oom_killed=oom, **usage, **extra)
         return (local.job_id, local.attempt, status)
 
@@ -1140,112 +1121,11 @@ class Agent:
 
     # --- reports --------------------------------------------------------------
 
-    def _enqueue(self, job_id: str, attempt: int, status: str, **result) -> None:
-        self._outbox.append(PendingReport(job_id, attempt, status, result))
-
-    def _enqueue_failed(self, job_id: str, attempt: int, exit_code: int, stderr: str, **extra) -> None:
-        """A job that ended without a process of its own (it never started)."""
-        self._enqueue(job_id, attempt, "failed", exit_code=exit_code, stdout="", stderr=stderr,
-                      oom_killed=False, peak_memory_bytes=None, cpu_seconds=None, **extra)
-
     def flush_reports(self, force: bool = False, claim: bool = False) -> int:
-        """Send the reports that are due (all of them with force); returns how many
-        are still undelivered. Unreachable: kept and retried with backoff.
-        Rejected: the attempt is stale or unknown, nothing to retry; dropped.
-        Several due reports go in one POST /jobs/reports (falling back to one call
-        per report when the scheduler does not have it). With `claim`, the batch also
-        claims jobs for the free slots (see _claim_with_reports)."""
-        now = self._clock()
-        due = [report for report in self._outbox if force or report.next_try <= now]
-        riding = self._claim_with_reports() if claim and due and self._batch_reports else None
-        if self._batch_reports and (len(due) >= 2 or riding is not None):
-            due = self._flush_batches(due, riding)
-            if due is None:
-                return len(self._outbox)
-        for report in due:
-            try:
-                self._send(report)
-            except Unreachable as exc:
-                delay = self._retry_later(report)
-                log.warning("could not deliver the %s report of job %s attempt %s (try %d): %s; "
-                            "retrying in %.1fs", report.status, report.job_id, report.attempt,
-                            report.tries, exc, delay)
-                break  # the scheduler is down or slow: one timeout per pass is enough
-            except Rejected as exc:
-                log.warning("the scheduler refused the %s report of job %s attempt %s (%s); "
-                            "dropping it", report.status, report.job_id, report.attempt, exc)
-            self._outbox.remove(report)
-        return len(self._outbox)
-
-    def _retry_later(self, report: PendingReport) -> float:
-        report.tries += 1
-        delay = report.backoff.next()
-        report.next_try = self._clock() + delay
-        return delay
-
-    def _flush_batches(self, due: list[PendingReport], claim: dict | None = None) -> list[PendingReport] | None:
-        """Send `due` in batches (the first one carrying `claim`). Returns the reports
-        still to send one by one, or None when the scheduler could not be reached (they
-        wait for their next try)."""
-        items = [(report, {"job_id": report.job_id, "node_id": self.node_id, "attempt": report.attempt,
-                           "status": report.status, **report.result}) for report in due]
-        chunks = split_batches(items, lambda entry: entry[1], REPORT_BATCH_MAX, REPORT_BATCH_BYTES)
-        for index, chunk in enumerate(chunks):
-            rest = [report for c in chunks[index:] for report, _ in c]
-            try:
-                sent_at = self._clock()
-                results, claimed = self.scheduler.report_and_claim([item for _, item in chunk],
-                                                                   claim if index == 0 else None)
-                self._queue_claimed(claimed, sent_at)
-            except Unreachable as exc:
-                if claim is not None and index == 0:
-                    self._claim_answer_lost()
-                for report, _ in chunk:
-                    delay = self._retry_later(report)
-                log.warning("could not deliver %d reports: %s; retrying in %.1fs", len(chunk), exc, delay)
-                return None
-            except Rejected as exc:
-                if exc.status in (404, 405):
-                    self._batch_reports = False
-                    log.info("the scheduler takes no report batches (%s); sending reports one by one", exc)
-                else:  # too large (413) or not understood: one by one handles each case
-                    log.warning("the scheduler refused a batch of %d reports (%s); sending them one by one",
-                                len(chunk), exc)
-                    if claim is not None and index == 0 and exc.status == 400:
-                        self._claims_ride = False  # a scheduler that takes no claim with reports
-                return rest
-            except ValueError as exc:
-                log.warning("%s; sending the reports one by one", exc)
-                return rest
-            for (report, _), result in zip(chunk, results):
-                code = result["code"]
-                if code == 200 or 400 <= code < 500:
-                    if code != 200:
-                        log.warning("the scheduler refused the %s report of job %s attempt %s (%s: %s); "
-                                    "dropping it", report.status, report.job_id, report.attempt, code,
-                                    result.get("error"))
-                    self._outbox.remove(report)
-                else:
-                    self._retry_later(report)
-        return []
-
-    def _send(self, report: PendingReport) -> None:
-        try:
-            self.scheduler.report(report.job_id, self.node_id, report.attempt, report.status,
-                                  **report.result)
-        except Rejected as exc:
-            if exc.status != 413 or report.shrunk:
-                raise
-            # Too large for the scheduler: keep less output rather than lose the outcome.
-            report.shrunk = True
-            for name in ("stdout", "stderr"):
-                if isinstance(report.result.get(name), str):
-                    report.result[name] = report.result[name][-SHRUNK_OUTPUT_CHARS:]
-            log.warning("the %s report of job %s attempt %s was too large; sending the last "
-                        "%d characters of output", report.status, report.job_id, report.attempt,
-                        SHRUNK_OUTPUT_CHARS)
-            self.scheduler.report(report.job_id, self.node_id, report.attempt, report.status,
-                                  **report.result)
+        """Send the reports that are due (all of them with force): Outbox.flush; with
+        `claim`, the batch also claims jobs for the free slots (_claim_with_reports).
+        How many are still undelivered."""
+        return self.outbox.flush(force, self._claim_with_reports if claim else None)
 
     # --- reconcile --------------------------------------------------------------
 
@@ -1289,7 +1169,7 @@ class Agent:
             killed.append(key)
         claims_done = self._claims_done  # before looking at the queue: what was handled is in it
         unknown = listed - set(self._jobs) - set(self.claimed_keys()) - {(r.job_id, r.attempt)
-                                                                         for r in self._outbox}
+                                                                         for r in self.outbox}
         self._suspects = {key: self._suspects.get(key, claims_sent) for key in unknown}
         for key in sorted(unknown):
             if claims_done < self._suspects[key]:
@@ -1299,7 +1179,7 @@ class Agent:
                         "but this agent does not run it; reporting it failed", *key)
             # The node's doing, not the job's (the job may never have started): it goes
             # back to pending without spending a retry, like a node loss.
-            self._enqueue_failed(*key, -1, f"the agent on node {self.node_id} was not running this job "
+            self.outbox.add_failed(*key, -1, f"the agent on node {self.node_id} was not running this job "
                                            "(it restarted or lost track of it)", requeue=True)
         return killed
 
@@ -1513,23 +1393,23 @@ class Agent:
         for local in list(self._jobs.values()):
             if not local.prepared.is_set():  # still downloading: it will never be started
                 del self._jobs[local.key]
-                self._enqueue_failed(local.job_id, local.attempt, -1, STOPPED_MESSAGE, requeue=True)
+                self.outbox.add_failed(local.job_id, local.attempt, -1, STOPPED_MESSAGE, requeue=True)
         self._requeue_claimed()
         deadline = self._clock() + flush_secs
-        while self._outbox and self._clock() < deadline:
+        while self.outbox and self._clock() < deadline:
             if self.flush_reports(force=True):
                 time.sleep(0.2)  # brief pause between tries; bounded by the deadline
             self._requeue_claimed()  # a long poll that was under way may still have answered
         end = time.monotonic() + flush_secs  # ended services leave the registry, if it answers
         for monitor in self._closing:
             monitor.join(max(0.0, end - time.monotonic()))
-        if self._outbox:
-            log.warning("stopping with %d undelivered report(s): %s", len(self._outbox),
-                        ", ".join(f"{r.job_id} attempt {r.attempt} {r.status}" for r in self._outbox))
+        if self.outbox:
+            log.warning("stopping with %d undelivered report(s): %s", len(self.outbox),
+                        ", ".join(f"{r.job_id} attempt {r.attempt} {r.status}" for r in self.outbox))
         if self.cgroups is not None and not self._jobs and not self.cgroups.list_job_cgroups():
             self.cgroups.cleanup()  # this node's cgroup directories, when no service uses them
         self.users.flush()  # the uids the detached services keep, for the next agent
-        return len(self._outbox)
+        return len(self.outbox)
 
     def detach_services(self) -> list[Key]:
         """Forget the running services without stopping them: their state files let

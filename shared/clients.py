@@ -33,6 +33,7 @@ short to try another URL.
 import json
 import uuid
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, quote, urlsplit
 
@@ -41,6 +42,7 @@ import urllib3
 
 from .settings import split_urls
 
+E = TypeVar("E")  # an entry split_batches cuts into batches
 DEFAULT_TIMEOUT = (3.05, 10.0)  # (connect, read) seconds
 # A long-poll claim may wait wait_secs before answering: its read timeout is that plus this.
 CLAIM_READ_MARGIN_SECS = 10.0
@@ -241,7 +243,7 @@ def _error_message(response: requests.Response) -> str:
     return str(body)[:200]
 
 
-def split_batches(entries: list, item_of: Callable[[object], dict], max_items: int, max_bytes: int) -> list[list]:
+def split_batches(entries: list[E], item_of: Callable[[E], dict], max_items: int, max_bytes: int) -> list[list[E]]:
     """`entries` in order, cut into batches of at most `max_items` whose items
     (`item_of(entry)`, the JSON objects sent) add up to about `max_bytes` at most; an
     item larger than that goes alone. No batch when there are no entries."""

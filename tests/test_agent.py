@@ -21,7 +21,7 @@ import requests
 import responses
 
 from corral.agent import agent as agent_module
-from corral.agent import cgroups, identity, launch, runner
+from corral.agent import cgroups, identity, launch, reports, runner
 from corral.agent.agent import (NO_RUN_SH_MESSAGE, STOPPED_MESSAGE, TIMEOUT_MESSAGE, Agent,
                                 AgentStartError, Backoff)
 from corral.agent.cli import main
@@ -759,7 +759,7 @@ def test_too_large_report_is_sent_again_with_less_output(agent, scheduler, monke
             scheduler.refuse.pop(("job-1", "done"), None)
 
     scheduler.on_report = on_report
-    monkeypatch.setattr(agent_module, "SHRUNK_OUTPUT_CHARS", 100)
+    monkeypatch.setattr(reports, "SHRUNK_OUTPUT_CHARS", 100)
     agent.poll_once()
     reap_until_ended(agent)
     assert calls == [0, 3000, 100]
@@ -1203,7 +1203,7 @@ def test_reports_go_one_by_one_when_the_scheduler_has_no_batch_api(make_agent, s
     finished_jobs(agent, scheduler, "echo a", "echo b")
     assert agent.flush_reports() == 0
     assert scheduler.batches == [] and scheduler.statuses("job-1") == scheduler.statuses("job-2") == ["done"]
-    assert agent._batch_reports is False
+    assert agent.outbox.batches is False
 
 
 def test_an_unreachable_batch_keeps_every_report(make_agent, scheduler, clock):
