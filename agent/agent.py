@@ -15,10 +15,11 @@ transition as a `running` report, with the limits it will get). The claimed jobs
 go to the work loop through a queue (`_claimed`). When jobs end, their reports
 (POST /jobs/reports) carry a claim for the slots they freed, so a busy node gets
 its next jobs with the answer to its reports, in one round trip; the claim thread
-is woken at once only for slots still free after that. Against a scheduler without the claim API (404/405) the
-agent falls back to polling: it asks `GET /jobs?node_id=..&status=pending` every
-POLL_INTERVAL_SECS and the `running` report goes first and is the claim; it also
-says which limits the job will get (`limits_enforced`, `limits`, `private_tmp`).
+is woken at once only for slots still free after that. With AGENT_LONG_POLL_SECS=0
+(the original design's agents) it polls instead: it asks `GET
+/jobs?node_id=..&status=pending` every POLL_INTERVAL_SECS and the `running` report
+goes first and is the claim; it also says which limits the job will get
+(`limits_enforced`, `limits`, `private_tmp`).
 Either way, a worker thread per job then prepares it: a fresh work dir (0700), the
 `deploy_url` zip fetched and unpacked into it (artifacts.py), a uid of the job's own
 (identity.py) that gets everything in it, a cgroup with the job's limits
@@ -235,7 +236,7 @@ class Agent:
         # Long-poll claims: jobs the claim thread took, waiting for the work loop to
         # start them ((key, job) pairs, under _claim_lock, which also covers moving
         # them into _jobs so that free slots are never counted twice or not at all).
-        self.long_poll = settings.long_poll_secs > 0  # False once the scheduler turned out not to have it
+        self.long_poll = settings.long_poll_secs > 0
         self._claiming = False      # the claim thread runs (long-poll)
         self._claim_lock = threading.Lock()
         self._claimed: list[tuple[Key, dict]] = []
@@ -659,8 +660,7 @@ class Agent:
         """One claim for as many jobs as there are free slots, waiting up to wait_secs
         for work. The jobs are already `running` in the scheduler; they are queued for
         the work loop (take_claimed). Returns their keys and whether to pause before the
-        next claim (the scheduler could not wait). Raises ClientError; a Rejected 404 or
-        405 means the scheduler has no claim API."""
+        next claim (the scheduler could not wait). Raises ClientError."""
         self._require_startup()
         client = client or self.scheduler
         if self._stopping or self.claims_blocked():
@@ -756,8 +756,7 @@ class Agent:
 
     def _claim_loop(self, stop: threading.Event) -> None:
         """The claim thread: keep one long-poll claim open while there are free slots.
-        Network failures back off and never end it; a scheduler without the claim API
-        (404/405) turns long-poll off and the work loop polls instead."""
+        Failures and refusals back off and never end it."""
         client = self.scheduler.clone()
         backoff = Backoff(1.0, 30.0)
         wait_secs = self.settings.long_poll_secs
@@ -773,13 +772,6 @@ class Agent:
                     if keys:
                         self._handed_over.wait(HANDOFF_SECS)
                 except Rejected as exc:
-                    if exc.status in (404, 405):
-                        log.warning("the scheduler at %s has no claim API (%s); asking for work every "
-                                    "%.1fs instead", self.settings.scheduler_url, exc, self.settings.poll_interval)
-                        self.long_poll = False
-                        self.slot_freed.set()
-                        self._work_wake.set()
-                        return
                     delay = backoff.next()
                     log.warning("the scheduler refused a claim (%s); retrying in %.1fs", exc, delay)
                     stop.wait(delay)

@@ -35,10 +35,6 @@ BACKOFF_CAP_SECS = 30.0
 STREAMS = ("stdout", "stderr")
 
 
-class NotSupported(Exception):
-    """The scheduler has no POST /jobs/output (404/405)."""
-
-
 class LiveOutput:
     """Sends running jobs' new output. `jobs` returns the agent's LocalJob objects
     (a snapshot); `client` is this thread's own SchedulerClient."""
@@ -53,7 +49,7 @@ class LiveOutput:
 
     def send_once(self) -> int:
         """One pass: send what changed. Returns how many jobs' updates were sent.
-        Raises NotSupported, or ClientError when the scheduler cannot be reached
+        Raises ClientError when the scheduler cannot be reached
         (nothing is marked sent then: the next pass sends the newest tails)."""
         changed = []  # (key, versions, item)
         held = set()
@@ -83,8 +79,6 @@ class LiveOutput:
         try:
             results = self.client.send_output([item for _, _, item in chunk])
         except Rejected as exc:
-            if exc.status in (404, 405):
-                raise NotSupported(str(exc)) from None
             # The same tails would be refused again (400, 413): skip them, send newer ones.
             log.warning("the scheduler refused live output of %d job(s): %s", len(chunk), exc)
             results = []
@@ -101,8 +95,7 @@ class LiveOutput:
 
     def run(self, stop: threading.Event) -> None:
         """Send every interval until `stop`; failures are logged and retried later
-        (doubling the pause up to BACKOFF_CAP_SECS); a scheduler without the route
-        ends the thread."""
+        (doubling the pause up to BACKOFF_CAP_SECS)."""
         backoff = Backoff(2 * self.interval, max(BACKOFF_CAP_SECS, self.interval))
         delay = self.interval
         try:
@@ -111,10 +104,6 @@ class LiveOutput:
                     self.send_once()
                     backoff.reset()
                     delay = self.interval
-                except NotSupported as exc:
-                    log.warning("the scheduler at %s takes no live output (%s); jobs' output shows when "
-                                "they end", self.client.base_url, exc)
-                    return
                 except ClientError as exc:
                     delay = backoff.next()
                     log.warning("sending live output failed: %s; retrying in %.1fs", exc, delay)

@@ -52,8 +52,6 @@ class Outbox:
         self._on_claimed = on_claimed
         self._on_claim_lost = on_claim_lost
         self._pending: list[PendingReport] = []
-        self.batches = True      # False once the scheduler turned out not to have POST /jobs/reports
-        self.claims_ride = True  # False once a scheduler refused a claim riding on reports
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -73,13 +71,13 @@ class Outbox:
         """Send the reports that are due (all of them with force); returns how many
         are still undelivered. Unreachable: kept and retried with backoff.
         Rejected: the attempt is stale or unknown, nothing to retry; dropped.
-        Several due reports go in one POST /jobs/reports (falling back to one call
-        per report when the scheduler does not have it). `claim()`: the claim the
-        batch carries for the free slots (None: none)."""
+        Several due reports go in one POST /jobs/reports (one by one when the
+        scheduler refuses the batch: too large, say). `claim()`: the claim the batch
+        carries for the free slots (None: none)."""
         now = self._clock()
         due = [report for report in self._pending if force or report.next_try <= now]
-        riding = claim() if claim is not None and due and self.batches and self.claims_ride else None
-        if self.batches and (len(due) >= 2 or riding is not None):
+        riding = claim() if claim is not None and due else None
+        if len(due) >= 2 or riding is not None:
             rest = self._flush_batches(due, riding)
             if rest is None:
                 return len(self._pending)
@@ -127,15 +125,9 @@ class Outbox:
                     delay = self._retry_later(report)
                 log.warning("could not deliver %d reports: %s; retrying in %.1fs", len(chunk), exc, delay)
                 return None
-            except Rejected as exc:
-                if exc.status in (404, 405):
-                    self.batches = False
-                    log.info("the scheduler takes no report batches (%s); sending reports one by one", exc)
-                else:  # too large (413) or not understood: one by one handles each case
-                    log.warning("the scheduler refused a batch of %d reports (%s); sending them one by one",
-                                len(chunk), exc)
-                    if claim is not None and index == 0 and exc.status == 400:
-                        self.claims_ride = False  # a scheduler that takes no claim with reports
+            except Rejected as exc:  # too large (413), say: one by one handles each case
+                log.warning("the scheduler refused a batch of %d reports (%s); sending them one by one",
+                            len(chunk), exc)
                 return rest
             except ValueError as exc:
                 log.warning("%s; sending the reports one by one", exc)

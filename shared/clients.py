@@ -317,7 +317,7 @@ class SchedulerClient(_Client):
     def claim(self, node_id: str, max_jobs: int, wait_secs: float, limits_enforced: bool | None = None,
               default_limits: dict | None = None, private_tmp: bool | None = None) -> ClaimResult:
         """Take up to `max_jobs` jobs placed on `node_id`, waiting up to `wait_secs` for some
-        (a long poll). A Rejected(404 or 405) means the scheduler has no claim API."""
+        (a long poll)."""
         body: dict[str, object] = {"max": max_jobs, "wait_secs": wait_secs}
         if limits_enforced is not None:
             body["limits_enforced"] = limits_enforced
@@ -359,7 +359,7 @@ class SchedulerClient(_Client):
         """Live output: the current tails of running jobs (`job_id`, `node_id`, `attempt`,
         and `stdout` and/or `stderr`); one result per item, in order (`code` 200: stored,
         409: the attempt is no longer running there). ValueError when the answer does not
-        have one result per item; a Rejected(404 or 405) means the scheduler has no such route."""
+        have one result per item."""
         answer = self._call("POST", "/jobs/output", json={"outputs": items})
         return _one_result_each(answer, len(items), "POST /jobs/output", "item")
 

@@ -59,9 +59,9 @@ def move_reported(pending: list[dict], running: list[dict], job_id: str, status:
 class FakeScheduler:
     """Just enough of the scheduler API: pending/running lists, claims and status reports.
 
-    `claim_api` / `batch_api` False: the claim route / the report batch route answer
-    404, as an older scheduler would. A claim waits (at most FAKE_WAIT_SECS) for a job
-    to be added, as a long poll does.
+    `claim_refusal` / `batch_refusal`: an HTTP status the claim route / the report batch
+    route answer instead (None: they work). A claim waits (at most FAKE_WAIT_SECS) for a
+    job to be added, as a long poll does.
     """
 
     FAKE_WAIT_SECS = 0.5
@@ -75,8 +75,8 @@ class FakeScheduler:
         self.refuse: dict[tuple[str, str], int] = {}  # (job_id, status) -> HTTP status
         self.down_for: dict[tuple[str, str], int] = {}  # (job_id, status) -> failures left
         self.on_report = None  # called with (job_id, body) before a report is applied
-        self.claim_api = True
-        self.batch_api = True
+        self.claim_refusal: int | None = None
+        self.batch_refusal: int | None = None
         self.claims: list[dict] = []     # every claim body that arrived
         self.riding_claims: list[dict] = []  # claims that came with reports (POST /jobs/reports)
         self.batches: list[list] = []    # every report batch that arrived
@@ -115,8 +115,8 @@ class FakeScheduler:
     def _claim(self, request):
         body = json.loads(request.body)
         self.claims.append(body)
-        if not self.claim_api:
-            return 404, {}, json.dumps({"error": "no such resource"})
+        if self.claim_refusal is not None:
+            return self.claim_refusal, {}, json.dumps({"error": "refused"})
         assert request.url.endswith(f"/nodes/{self.node_id}/claim")
         with self.changed:
             self.changed.wait_for(lambda: self.pending, min(body.get("wait_secs", 20), self.FAKE_WAIT_SECS))
@@ -151,8 +151,8 @@ class FakeScheduler:
         return 200, {}, json.dumps({"job_id": job_id, "status": body["status"]})
 
     def _report_batch(self, request):
-        if not self.batch_api:
-            return 404, {}, json.dumps({"error": "no such resource"})
+        if self.batch_refusal is not None:
+            return self.batch_refusal, {}, json.dumps({"error": "refused"})
         body = json.loads(request.body)
         items = body["reports"]
         self.batches.append(items)
@@ -1092,21 +1092,21 @@ def test_the_claim_thread_asks_again_once_the_work_loop_took_what_it_got(make_ag
         agent.shutdown(flush_secs=0)
 
 
-def test_without_the_claim_api_the_agent_falls_back_to_polling(make_agent, scheduler, api):
+def test_a_refused_claim_is_retried_after_a_pause_and_the_agent_never_falls_back_to_polling(
+        make_agent, scheduler, api, monkeypatch):
     api.add(responses.POST, f"{REGISTRY}/nodes/{NODE}/heartbeat", json={})
-    scheduler.claim_api = False
+    monkeypatch.setattr(agent_module, "Backoff", lambda first, cap: Backoff(0.05, 0.05))
+    scheduler.claim_refusal = 404
     agent = make_agent(clock=time.monotonic, slots=1)
-    scheduler.add(job_id="job-1", command="echo old scheduler")
     stop = threading.Event()
     thread, outcome = run_in_thread(agent, stop)
     try:
-        wait_for(lambda: scheduler.statuses("job-1") == ["running", "done"], timeout=10,
-                 message="job-1 to run through the polling path")
-        assert len(scheduler.claims) == 1 and agent.long_poll is False
-        scheduler.add(job_id="job-2", command="echo again")
-        wait_for(lambda: scheduler.statuses("job-2") == ["running", "done"], timeout=10,
-                 message="job-2 to run through the polling path")
-        assert len(scheduler.claims) == 1  # asked once, then never again
+        wait_for(lambda: len(scheduler.claims) >= 3, timeout=10, message="the claims to be sent again")
+        assert agent.long_poll
+        scheduler.claim_refusal = None
+        scheduler.add(job_id="job-1", command="echo claimed")
+        wait_for(lambda: scheduler.statuses("job-1") == ["done"], timeout=10, message="job-1 to run")
+        assert not [call for call in api.calls if "status=pending" in call.request.url]  # never polled
     finally:
         stop.set()
         thread.join(15)
@@ -1172,8 +1172,8 @@ def test_stopping_gives_claimed_jobs_that_never_started_back(make_agent, schedul
 # --- report batches ----------------------------------------------------------------------------
 
 
-def finished_jobs(agent, scheduler, *commands):
-    for n, command in enumerate(commands, 1):
+def finished_jobs(agent, scheduler, *commands, first=1):
+    for n, command in enumerate(commands, first):
         scheduler.add(job_id=f"job-{n}", command=command)
     agent.claim_once(wait_secs=0)
     agent.take_claimed()
@@ -1197,13 +1197,16 @@ def test_due_reports_go_in_one_batch(make_agent, scheduler):
     assert scheduler.statuses("job-2") == []  # refused, dropped, the others delivered
 
 
-def test_reports_go_one_by_one_when_the_scheduler_has_no_batch_api(make_agent, scheduler):
-    scheduler.batch_api = False
+@pytest.mark.parametrize("status", [404, 413])
+def test_a_refused_batch_goes_one_by_one_and_the_next_is_a_batch_again(make_agent, scheduler, status):
+    scheduler.batch_refusal = status
     agent = make_agent(slots=2)
     finished_jobs(agent, scheduler, "echo a", "echo b")
     assert agent.flush_reports() == 0
     assert scheduler.batches == [] and scheduler.statuses("job-1") == scheduler.statuses("job-2") == ["done"]
-    assert agent.outbox.batches is False
+    scheduler.batch_refusal = None
+    finished_jobs(agent, scheduler, "echo c", "echo d", first=3)
+    assert agent.flush_reports() == 0 and len(scheduler.batches) == 1
 
 
 def test_an_unreachable_batch_keeps_every_report(make_agent, scheduler, clock):

@@ -148,7 +148,9 @@ def test_deploy_artifact_is_owned_by_the_job_user(agent, scheduler, api):
 
 
 class ControlPlane:
-    """Registry and scheduler on one port: just what an agent calls."""
+    """Registry and scheduler on one port: just what a polling agent
+    (AGENT_LONG_POLL_SECS=0, the original design's) calls; no claims, report batches
+    or live output."""
 
     def __init__(self, node_id: str):
         self.lock = threading.Lock()
@@ -252,7 +254,8 @@ def agent_env(plane, node, state_dir, **extra):
                CORRAL_STATE_DIR=state_dir, POLL_INTERVAL_SECS="0.1", HEARTBEAT_INTERVAL_SECS="0.5",
                AGENT_STOP_GRACE_SECS="0.5", AGENT_KILL_GRACE_SECS="0.5",
                AGENT_HEALTH_INTERVAL_SECS="0.2", AGENT_HEALTH_TIMEOUT_SECS="0.5",
-               AGENT_SLOTS="2", CORRAL_LOG_LEVEL="INFO")
+               AGENT_SLOTS="2", CORRAL_LOG_LEVEL="INFO", AGENT_LONG_POLL_SECS="0",
+               AGENT_OUTPUT_INTERVAL_SECS="0")
     env.update(extra)
     return env
 

@@ -361,12 +361,21 @@ def test_the_sender_survives_an_unreachable_scheduler_and_sends_the_newest_tail_
     assert not thread.is_alive() and client.closed
 
 
-def test_the_sender_stops_against_a_scheduler_without_live_output():
+def test_a_refused_update_is_skipped_and_the_sender_goes_on():
+    """A refusal (here 404) drops those tails, never the thread: newer output is sent."""
     process = FakeProcess()
     process.stdout = "x\n"
     client = FakeClient(Rejected(404, "no such resource"))
     sender = LiveOutput(NODE, lambda: [held("job-1", process)], client, 0.01)
-    thread = threading.Thread(target=sender.run, args=(threading.Event(),), daemon=True)
+    stop = threading.Event()
+    thread = threading.Thread(target=sender.run, args=(stop,), daemon=True)
     thread.start()
-    thread.join(5)
-    assert not thread.is_alive() and client.closed and len(client.sent) == 1
+    try:
+        wait_for(lambda: client.sent, timeout=5, message="the first update")
+        process.stdout = "x\ny\n"
+        wait_for(lambda: any(items[0]["stdout"] == "x\ny\n" for items in client.sent), timeout=5,
+                 message="the newer tail to be sent after the refusal")
+        assert thread.is_alive()
+    finally:
+        stop.set()
+        thread.join(5)
