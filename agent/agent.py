@@ -73,6 +73,7 @@ from corral.shared.backoff import Backoff
 from corral.shared.clients import ClientError, Rejected, RegistryClient, SchedulerClient, Unreachable
 
 from . import artifacts, cgroups, identity, jobenv, launch, live_output, runner, services, uids, warm
+from .lease import Lease
 from .reports import Outbox, PendingReport
 from .settings import AgentSettings, safe_path_part, total_memory_mb
 
@@ -105,12 +106,6 @@ CLAIM_IDLE_SECS = 1.0
 # The longest a claim thread that got jobs waits for the work loop to take them before
 # it asks for more (Agent._handed_over).
 HANDOFF_SECS = 0.05
-# An agent that holds no job needs no lease: a claim that hands it jobs renews the
-# lease on the scheduler, and the agent counts it from when it sent the claim. It
-# renews this seldom only to learn from the answer of attempts the scheduler
-# believes run here (a claim whose answer was lost), which it then reconciles.
-# 500 idle agents renewing every 5 s cost the scheduler 11% of a core.
-IDLE_RENEW_SECS = 60.0
 # Bounded effort to deliver the last reports when the agent stops.
 FLUSH_SECS = 5.0
 # How long shutdown waits for service monitors to notice they should stop.
@@ -258,10 +253,7 @@ class Agent:
         # The lease with the scheduler: when the last renewal that succeeded was sent
         # (this agent's monotonic clock; a claim that handed out jobs counts too) and
         # the period the scheduler gave; when the lease thread last tried to renew.
-        self._lease_sent_at: float | None = None
-        self._lease_secs: float | None = None
-        self._lease_lock = threading.Lock()
-        self._renew_tried_at: float | None = None
+        self.lease = Lease()
         # The job launch kept started ahead (warm.py); None when off. Made by startup().
         self.warm: warm.WarmKeeper | None = None
 
@@ -467,30 +459,20 @@ class Agent:
     # --- the lease ------------------------------------------------------------------
 
     def renew_lease_once(self) -> None:
-        """Renew this node's lease with the scheduler.
-
-        The renewal counts from when it was sent, not answered: the scheduler
-        records it on arrival, which is later, so the agent's deadline always comes
-        before the one the scheduler requeues by.
-        """
+        """Renew this node's lease with the scheduler (counted from when it was sent:
+        lease.py)."""
         self._renew_with(self.scheduler)
 
     def holds_work(self) -> bool:
         """Whether this agent holds jobs (running, starting or claimed)."""
         return bool(self._jobs) or bool(self._claimed)
 
-    def lease_due(self) -> bool:
-        """Whether the lease thread renews at this beat: every heartbeat while the agent
-        holds work (or takes work by polling, where no claim renews the lease), else
-        once every IDLE_RENEW_SECS."""
-        if self.holds_work() or not self.long_poll or self._renew_tried_at is None:
-            return True
-        return self._clock() - self._renew_tried_at >= IDLE_RENEW_SECS
-
     def _renew_if_due(self, client: SchedulerClient) -> None:
-        """The lease thread's beat (see lease_due)."""
-        if self.lease_due():
-            self._renew_tried_at = self._clock()
+        """The lease thread's beat: at every one while the agent holds work or polls
+        (no claim renews the lease then), else seldom (Lease.due)."""
+        now = self._clock()
+        if self.lease.due(now, self.holds_work() or not self.long_poll):
+            self.lease.tried(now)
             self._renew_with(client)
 
     def _renew_with(self, client: SchedulerClient) -> None:
@@ -499,22 +481,11 @@ class Agent:
         self._apply_lease(sent_at, answer)
 
     def _apply_lease(self, sent_at: float, answer) -> None:
-        lease_secs = answer.get("lease_secs") if isinstance(answer, dict) else None
-        if isinstance(lease_secs, bool) or not isinstance(lease_secs, (int, float)) or lease_secs <= 0:
-            raise ValueError(f"the scheduler answered a lease without a usable lease_secs: {answer!r}")
-        if self.lease_lapsed() and self.holds_work():
-            log.warning("lease renewed again after %.1fs", sent_at - self._lease_sent_at)
-        self._lease_secs = float(lease_secs)
-        self._lease_evidence(sent_at)
-        self._end_stale(sent_at, answer.get("running"))
-
-    def _lease_evidence(self, sent_at: float) -> None:
-        """A request sent at `sent_at` renewed the lease (a renewal, or a claim that
-        handed out jobs); keep the latest such time, whichever thread got its answer
-        first."""
-        with self._lease_lock:
-            if self._lease_sent_at is None or sent_at > self._lease_sent_at:
-                self._lease_sent_at = sent_at
+        was_lapsed, last = self.lease_lapsed() and self.holds_work(), self.lease.sent_at
+        running = self.lease.renewed(sent_at, answer)
+        if was_lapsed and last is not None:
+            log.warning("lease renewed again after %.1fs", sent_at - last)
+        self._end_stale(sent_at, running)
 
     def _end_stale(self, sent_at: float, running) -> list[Key]:
         """Kill the attempts the lease answer says are no longer running here.
@@ -547,9 +518,7 @@ class Agent:
     def lease_lapsed(self) -> bool:
         """True when no renewal succeeded for a whole lease period: the scheduler may
         hand this node's run jobs to another node soon, so they must stop here."""
-        if self._lease_sent_at is None or self._lease_secs is None:
-            return False  # never renewed yet: nothing was handed out under a lease
-        return self._clock() - self._lease_sent_at > self._lease_secs
+        return self.lease.lapsed(self._clock())
 
     def claims_blocked(self) -> bool:
         """No claims while the lease is lapsed with jobs held (they are being fenced).
@@ -572,7 +541,8 @@ class Agent:
                 fenced.append(local.key)
         if fenced:
             log.error("no lease renewal for %.1fs (lease %.0fs): stopping %d run job(s) so that they do "
-                      "not run twice", self._clock() - self._lease_sent_at, self._lease_secs, len(fenced))
+                      "not run twice", self._clock() - (self.lease.sent_at or 0.0), self.lease.secs or 0.0,
+                      len(fenced))
         return fenced
 
     # --- taking work ----------------------------------------------------------
@@ -689,14 +659,14 @@ class Agent:
     def _claim_answer_lost(self) -> None:
         """A claim got no answer: it may have handed out jobs all the same. Renew at the
         lease thread's next beat, whose answer lists them (see _end_stale), instead of
-        up to IDLE_RENEW_SECS later."""
-        self._renew_tried_at = None
+        seldom later (Lease.due)."""
+        self.lease.renew_soon()
 
     def _queue_claimed(self, jobs: list, sent_at: float) -> list[Key]:
         """Queue claimed jobs (already `running` in the scheduler) for the work loop.
         The claim, sent at `sent_at`, renewed the lease when it handed out jobs."""
         if jobs:
-            self._lease_evidence(sent_at)
+            self.lease.evidence(sent_at)
         keys = []
         with self._claim_lock:
             for job in jobs:
@@ -1069,7 +1039,7 @@ class Agent:
             local.user_key = None
 
     def _node_side_message(self, end_reason: str) -> str:
-        return NODE_SIDE_ENDS[end_reason].format(self._lease_secs or 0)
+        return NODE_SIDE_ENDS[end_reason].format(self.lease.secs or 0)
 
     def _end(self, local: LocalJob, reason: str) -> bool:
         """Kill a job's process tree in the background; reap_once reports it after.

@@ -1388,7 +1388,7 @@ def test_a_job_that_exited_before_the_fence_is_reported_as_it_ended(agent, sched
     local = wait_for(lambda: agent.local_job("job-1", 1) and agent.local_job("job-1", 1).process
                      and agent.local_job("job-1", 1), message="the job to start")
     wait_for(lambda: local.process.poll() is not None, message="the job to exit")
-    agent._lease_sent_at, agent._lease_secs = agent._clock() - 100, 20.0  # lapsed meanwhile
+    agent.lease.sent_at, agent.lease.secs = agent._clock() - 100, 20.0  # lapsed meanwhile
     assert agent.fence_once() == []
     wait_for(lambda: ("job-1", 1, "done") in agent.reap_once(), message="the job to be reaped")
     final = scheduler.final("job-1")
