@@ -72,8 +72,9 @@ from dataclasses import dataclass, field
 from corral.shared.backoff import Backoff
 from corral.shared.clients import ClientError, Rejected, RegistryClient, SchedulerClient, Unreachable
 
-from . import artifacts, cgroups, identity, jobenv, launch, live_output, runner, services, uids, warm
+from . import artifacts, cgroups, identity, jobenv, launch, live_output, reconcile, runner, services, uids, warm
 from .lease import Lease
+from .reconcile import job_attempt, job_key, listed_keys
 from .reports import Outbox, PendingReport
 from .settings import AgentSettings, safe_path_part, total_memory_mb
 
@@ -127,17 +128,6 @@ __all__ = ["Agent", "AgentStartError", "Backoff", "LocalJob", "Plan", "total_mem
 
 class AgentStartError(Exception):
     """The agent must not start (AGENT_REQUIRE_CGROUPS without usable cgroups)."""
-
-
-def job_attempt(job: dict) -> int:
-    """The attempt a job dict belongs to: `attempt` if the scheduler sends one,
-    otherwise `retry_count` (the attempt number in the design's job fields)."""
-    value = job.get("attempt")
-    if value is None:
-        value = job.get("retry_count") or 0
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"job {job.get('job_id')!r} has a bad attempt number {value!r}")
-    return value
 
 
 def cgroup_name(job_id: str, attempt: int) -> str:
@@ -496,24 +486,21 @@ class Agent:
         """
         if not isinstance(running, list):
             return []
-        listed = set()
-        for item in running:
-            try:
-                listed.add((str(item["job_id"]), job_attempt(item)))
-            except (KeyError, TypeError, ValueError):
-                return []  # a malformed list proves nothing; reconcile will look again
+        listed, malformed = listed_keys(running)
+        if malformed:
+            return []  # a malformed list proves nothing; reconcile will look again
         try:
-            holding = list(self._jobs.values())
+            holding = {local.key: local for local in self._jobs.values()}
         except RuntimeError:  # the work loop changed the dict meanwhile: next renewal
             return []
-        if listed - {local.key for local in holding} - set(self.claimed_keys()):
+        if listed - set(holding) - set(self.claimed_keys()):
             self._unknown_listed = True
-        stale = [local for local in holding
-                 if local.started_at < sent_at and local.key not in listed and local.end_reason is None]
-        for local in stale:
-            log.warning("job %s attempt %s is stale according to the lease answer; killing it", *local.key)
-            self._end(local, END_RECONCILED)
-        return [local.key for local in stale]
+        stale = reconcile.stale(((key, local.started_at) for key, local in holding.items()
+                                 if local.end_reason is None), listed, sent_at)
+        for key in stale:
+            log.warning("job %s attempt %s is stale according to the lease answer; killing it", *key)
+            self._end(holding[key], END_RECONCILED)
+        return stale
 
     def lease_lapsed(self) -> bool:
         """True when no renewal succeeded for a whole lease period: the scheduler may
@@ -671,7 +658,7 @@ class Agent:
         with self._claim_lock:
             for job in jobs:
                 try:
-                    key = (str(job["job_id"]), job_attempt(job))
+                    key = job_key(job)
                 except (KeyError, TypeError, ValueError) as exc:
                     log.warning("ignoring a malformed claimed job from the scheduler (%s): %r", exc, job)
                     continue
@@ -1110,15 +1097,12 @@ class Agent:
         self._require_startup()
         self.take_claimed()
         known = set(self._jobs) | set(self.claimed_keys())
-        listed: set[Key] = set()
-        for job in self.scheduler.running_on(self.node_id):
-            try:
-                listed.add((str(job["job_id"]), job_attempt(job)))
-            except (KeyError, TypeError, ValueError) as exc:
-                log.warning("ignoring a malformed job from the scheduler (%s): %r", exc, job)
+        listed, malformed = listed_keys(self.scheduler.running_on(self.node_id))
+        for job in malformed:
+            log.warning("ignoring a malformed job from the scheduler: %r", job)
         claims_sent = self._claims_sent  # read after the list: claims that may be in it
         killed = []
-        for key in sorted(known - listed):
+        for key in reconcile.ended_there(known, listed):
             local = self._jobs.get(key)
             if local is None:
                 self._drop_claimed(key)
@@ -1130,13 +1114,9 @@ class Agent:
             self._end(local, END_RECONCILED)
             killed.append(key)
         claims_done = self._claims_done  # before looking at the queue: what was handled is in it
-        unknown = listed - set(self._jobs) - set(self.claimed_keys()) - {(r.job_id, r.attempt)
-                                                                         for r in self.outbox}
-        self._suspects = {key: self._suspects.get(key, claims_sent) for key in unknown}
-        for key in sorted(unknown):
-            if claims_done < self._suspects[key]:
-                continue  # a claim that may have taken it has not been handled yet
-            del self._suspects[key]
+        known = set(self._jobs) | set(self.claimed_keys()) | {(r.job_id, r.attempt) for r in self.outbox}
+        lost, self._suspects = reconcile.lost_here(listed, known, self._suspects, claims_sent, claims_done)
+        for key in lost:
             log.warning("job %s attempt %s is running on this node according to the scheduler, "
                         "but this agent does not run it; reporting it failed", *key)
             # The node's doing, not the job's (the job may never have started): it goes
