@@ -53,6 +53,7 @@ from typing import NamedTuple
 
 import requests
 
+from corral.shared.backoff import Backoff
 from corral.shared.clients import ClientError, Rejected
 
 from . import cgroups, runner
@@ -300,7 +301,7 @@ class ServiceMonitor:
 
     def _remove_record(self) -> None:
         deadline = time.monotonic() + REMOVE_TRY_SECS
-        delay = 0.5
+        backoff = Backoff(0.5, 8.0)
         while True:
             try:
                 self.registry.remove_service(self.job_id)
@@ -312,6 +313,7 @@ class ServiceMonitor:
                 log.warning("the registry refused to remove service job %s: %s", self.job_id, exc)
                 return
             except ClientError as exc:
+                delay = backoff.next()
                 if time.monotonic() + delay > deadline:
                     log.warning("could not remove service job %s from the registry: %s; giving "
                                 "up, the record stays until removed by hand", self.job_id, exc)
@@ -319,7 +321,6 @@ class ServiceMonitor:
                 log.warning("could not remove service job %s from the registry: %s; retrying "
                             "in %.1fs", self.job_id, exc, delay)
                 time.sleep(delay)
-                delay = min(delay * 2, 8.0)
 
     def _trim_logs(self) -> None:
         for path in self.log_files or ():

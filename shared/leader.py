@@ -15,6 +15,8 @@ from collections.abc import Callable
 
 import peewee
 
+from .backoff import Backoff
+
 log = logging.getLogger(__name__)
 
 
@@ -131,14 +133,16 @@ class LoopThread:
     def run(self) -> None:
         delay = 0.0
         failures = 0
+        backoff = Backoff(2 * self.interval, self.max_backoff)
         try:
             while not self.stop_event.wait(delay):
                 try:
                     delay = self.delay_after(self.tick(self.clock()))
                     failures = 0
+                    backoff.reset()
                 except Exception:
                     failures += 1
-                    delay = min(self.max_backoff, self.interval * (2 ** failures))
+                    delay = backoff.next()
                     log.exception("%s: pass failed (%d in a row); next try in %.1fs", self.name, failures, delay)
         finally:
             if self.on_exit is not None:
