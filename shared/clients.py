@@ -41,12 +41,12 @@ import requests
 import urllib3
 
 from .settings import split_urls
+from .wire import IDEMPOTENCY_HEADER, LONG_POLL_HEADER
 
 E = TypeVar("E")  # an entry split_batches cuts into batches
 DEFAULT_TIMEOUT = (3.05, 10.0)  # (connect, read) seconds
 # A long-poll claim may wait wait_secs before answering: its read timeout is that plus this.
 CLAIM_READ_MARGIN_SECS = 10.0
-LONG_POLL_HEADER = "X-Corral-Long-Poll"
 # State-changing requests carry this content type even without a body (shared/guards.py).
 JSON_HEADERS = {"Content-Type": "application/json"}
 # Answers of a proxy that may have passed the request on before it failed.
@@ -305,7 +305,7 @@ class ClaimResult:
 
 def _idempotent(key: str | None) -> dict[str, str]:
     """The Idempotency-Key header of one logical submit: the caller's key, else a new one."""
-    return {"Idempotency-Key": key or str(uuid.uuid4())}
+    return {IDEMPOTENCY_HEADER: key or str(uuid.uuid4())}
 
 
 class SchedulerClient(_Client):

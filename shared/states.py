@@ -26,6 +26,7 @@ class JobStatus(str, Enum):
 ALL = tuple(s.value for s in JobStatus)
 FINAL = frozenset({JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCELLED})
 ACTIVE = (JobStatus.PENDING.value, JobStatus.RUNNING.value)  # hold (or will hold) a node slot
+FINAL_STATUSES = frozenset(s.value for s in FINAL)
 
 ALLOWED = frozenset({
     (JobStatus.PENDING, JobStatus.RUNNING),    # an agent started the attempt

@@ -16,6 +16,7 @@ from corral.shared.errors import BadRequest
 from corral.shared.http import (base_app, query_choice, query_int, read_json_object, serve_openapi,
                                 serve_readiness)
 from corral.shared.states import ALL
+from corral.shared.wire import IDEMPOTENCY_HEADER, JOB_TYPES, LONG_POLL_HEADER
 
 from corral.shared.changefeed import ChangeFeed
 
@@ -32,7 +33,6 @@ MAX_PAGE = 1000
 # waiting room is full) or "stopping" (the worker is shutting down): ask again after a
 # pause; "again" (work came for the node after the claim had waited a while): ask
 # again at once. See longpoll.py.
-LONG_POLL_HEADER = "X-Corral-Long-Poll"
 
 # Who may call each route (shared/auth.py); a route missing here is operator-only.
 # Agents: claims, leases, reports, live output and the original design's poll, each
@@ -188,7 +188,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     @app.post("/jobs/batch")
     def submit_batch():
         items = validation.job_batch(read_json_object())
-        key = validation.idempotency_key(request.headers.get("Idempotency-Key"))
+        key = validation.idempotency_key(request.headers.get(IDEMPOTENCY_HEADER))
         if key is not None and len(key) > 250:
             raise BadRequest("the Idempotency-Key header of a batch must be at most 250 characters")
         jobs, created = scheduler.submit_batch(items, clock(), key)
@@ -242,7 +242,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     @app.post("/jobs")
     def submit():
         fields = validation.job_request(read_json_object())
-        key = validation.idempotency_key(request.headers.get("Idempotency-Key"))
+        key = validation.idempotency_key(request.headers.get(IDEMPOTENCY_HEADER))
         job, created = scheduler.submit(fields, clock(), key)
         metrics.submitted(store.db, "api", int(created))  # committed: store.submit has returned
         return jsonify(job_view(job)), 201 if created else 200
@@ -251,7 +251,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     def list_jobs():
         node_id = request.args.get("node_id") or None
         status = query_choice("status", ALL)
-        job_type = query_choice("job_type", validation.JOB_TYPES)
+        job_type = query_choice("job_type", JOB_TYPES)
         limit = query_int("limit", 100, 1, MAX_PAGE)
         newest_first = query_choice("order", ("asc", "desc")) == "desc"
         after = None

@@ -28,11 +28,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from corral.shared.errors import Conflict
-from corral.shared.states import FINAL, JobStatus, after_failure, check_transition
+from corral.shared.states import FINAL_STATUSES, JobStatus, after_failure, check_transition
 
 from .retry import Backoff
 
-FINAL_STATUSES = frozenset(s.value for s in FINAL)
 # A job's stdout/stderr belong to its current attempt (live output fills them while it
 # runs): a job that goes back to pending for another attempt starts without any.
 NO_OUTPUT = {"stdout": None, "stderr": None}

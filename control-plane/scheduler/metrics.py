@@ -13,11 +13,10 @@ import time
 from peewee import fn
 
 from corral.shared.metrics import DATABASE_GAUGES, Family, database_gauges, gauge, on_commit, sample_names
-from corral.shared.states import ALL, FINAL
+from corral.shared.states import ALL, FINAL_STATUSES
 
 from .models import Job, Node
 
-FINAL_STATUSES = tuple(s.value for s in FINAL)
 SOURCES = ("api", "batch", "sqs")
 
 # Seconds from submission to start: sub-second on an idle cluster, hours when
@@ -33,13 +32,13 @@ JOBS_SUBMITTED = Family("counter", "corral_jobs_submitted", "Jobs created, by wh
                         "is not counted.", ("source",), initial=[(s,) for s in SOURCES])
 JOBS_FINISHED = Family("counter", "corral_jobs_finished", "Jobs that reached a final status (done, failed: "
                        "retries exhausted, timed out or node lost; cancelled).", ("status",),
-                       initial=[(s,) for s in FINAL_STATUSES])
+                       initial=[(s,) for s in sorted(FINAL_STATUSES)])
 DISPATCH_LATENCY = Family("histogram", "corral_job_dispatch_latency_seconds", "Seconds from a job's submission "
                           "to the start of its first attempt (created_at to running_at).",
                           buckets=LATENCY_BUCKETS)
 RUN_DURATION = Family("histogram", "corral_job_run_duration_seconds", "Seconds the last attempt of a job ran "
                       "(running_at to finished_at), by the job's final status; jobs cancelled before they ran "
-                      "are not observed.", ("status",), initial=[(s,) for s in FINAL_STATUSES],
+                      "are not observed.", ("status",), initial=[(s,) for s in sorted(FINAL_STATUSES)],
                       buckets=DURATION_BUCKETS)
 RETRIES = Family("counter", "corral_job_retries", "Jobs put back to pending for another attempt: after a failed "
                  "attempt with retries left (trigger=failure), or by POST /jobs/{id}/retry (trigger=operator).",

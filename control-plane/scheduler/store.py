@@ -29,7 +29,7 @@ from peewee import fn
 from corral.shared.db import lock_placement, locked_nodes, one_writer, wakes_on_every_commit
 from corral.shared.errors import BadRequest, BatchError, Conflict, CorralError, NotFound
 from corral.shared.leader import Fence
-from corral.shared.states import ACTIVE, check_transition
+from corral.shared.states import ACTIVE, FINAL_STATUSES, check_transition
 from corral.shared.statements import Child, Statements, ValueList, param
 from corral.shared.timeutil import epoch
 
@@ -46,7 +46,6 @@ RR_CURSOR = "rr_cursor"
 # database only after a placement. On PostgreSQL only placements notify them, and a
 # row every placement writes would make placements on different nodes queue on it.
 PLACEMENT_MARK = "placement_mark"
-FINAL_STATUSES = lifecycle.FINAL_STATUSES
 # The design's default limits per job type, for a claim whose agent sent no defaults of its own.
 DESIGN_LIMITS = {"run": {"memory_mb": 512, "cpu_percent": 100},
                  "service": {"memory_mb": 1024, "cpu_percent": 200}}

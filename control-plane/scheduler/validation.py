@@ -6,13 +6,13 @@ from urllib.parse import urlsplit
 
 from corral.shared import validate as v
 from corral.shared.errors import BadRequest, BatchError, CorralError
+from corral.shared.wire import JOB_ID_RE, JOB_TYPES
 
 JOB_FIELDS = ("command", "deploy_url", "deploy_sha256", "job_type", "port", "env_vars", "instance_id",
               "name", "memory_mb", "cpu_percent", "max_processes", "health_path", "max_retries",
               "on_node_lost")
 ON_NODE_LOST = ("requeue", "fail")
 MAX_RETRIES = 20
-JOB_TYPES = ("run", "service")
 DEPLOY_SCHEMES = ("http", "https", "s3")
 MAX_COMMAND_CHARS = 64 * 1024
 REPORT_FIELDS = ("node_id", "attempt", "status", "exit_code", "stdout", "stderr", "limits_enforced",
@@ -257,7 +257,6 @@ def _output(body: dict, name: str) -> str | None:
     return value
 
 
-JOB_ID_RE = re.compile(r"^job-([1-9][0-9]{0,17})\Z")
 
 
 NODE_ID_RE = v.NAME_RE
