@@ -12,7 +12,7 @@ thread keeps one `POST /nodes/{id}/claim` waiting on the scheduler for as many
 jobs as there are free slots; the scheduler answers the moment work is placed
 here, each job already `running` for its attempt (the claim is the same
 transition as a `running` report, with the limits it will get). The claimed jobs
-go to the work loop through a queue (`_claimed`). When jobs end, their reports
+go to the work loop through the job table's queue (jobs.py). When jobs end, their reports
 (POST /jobs/reports) carry a claim for the slots they freed, so a busy node gets
 its next jobs with the answer to its reports, in one round trip; the claim thread
 is woken at once only for slots still free after that. With AGENT_LONG_POLL_SECS=0
@@ -25,8 +25,8 @@ Either way, a worker thread per job then prepares it: a fresh work dir (0700), t
 (identity.py) that gets everything in it, a cgroup with the job's limits
 (cgroups.py), its environment from an allowlist (jobenv.py); then it starts the
 process through launch.py's chain: private /tmp, cgroup, privilege drop, and only
-then the job's environment. The job holds its slot (in `_claimed`, then in
-`_jobs`) from the claim on, so reconcile never takes it for lost, and the work loop
+then the job's environment. The job holds its slot (claimed, then held, in the
+job table) from the claim on, so reconcile never takes it for lost, and the work loop
 never waits for a slow download. A job cancelled or timed out
 while it is prepared is not started.
 
@@ -67,12 +67,13 @@ import stat
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from corral.shared.backoff import Backoff
 from corral.shared.clients import ClientError, Rejected, RegistryClient, SchedulerClient, Unreachable
 
 from . import artifacts, cgroups, identity, jobenv, launch, live_output, reconcile, runner, services, uids, warm
+from .jobs import JobTable, LocalJob
 from .lease import Lease
 from .reconcile import job_attempt, job_key, listed_keys
 from .reports import Outbox, PendingReport
@@ -151,37 +152,6 @@ class Plan:
                 "max_processes": self.max_processes}
 
 
-@dataclass
-class LocalJob:
-    """One job this agent holds a slot for. The worker thread that prepares it sets
-    `process` (or `start_error`) under `lock`, then `prepared`; after that only the
-    work loop touches it."""
-    job_id: str
-    attempt: int
-    job_type: str
-    workdir: str
-    started_at: float
-    deadline: float | None
-    process: runner.RunningJob | services.AdoptedProcess | None = None
-    cgroup: cgroups.JobCgroup | None = None
-    memory_mb: int | None = None
-    end_reason: str | None = None
-    killer: threading.Thread | None = None
-    start_error: tuple[int, str] | None = None  # (exit code, stderr) when it could not start
-    monitor: services.ServiceMonitor | None = None
-    state_path: str | None = None  # services: the file the next agent re-adopts from
-    log_files: tuple[str, str] | None = None  # services: stdout and stderr files
-    uid: int | None = None  # the uid it runs as (services: recorded in their state file)
-    user_key: str | None = None  # set while it holds an identity from the agent's JobUsers
-    adopted: bool = False
-    prepared: threading.Event = field(default_factory=threading.Event)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    @property
-    def key(self) -> Key:
-        return (self.job_id, self.attempt)
-
-
 class _Aborted(Exception):
     """The job was ended (cancelled, timed out, agent stopping) while being prepared."""
 
@@ -209,22 +179,17 @@ class Agent:
         self._fstab = os.path.join(settings.agent_dir, launch.FSTAB_NAME)
         self._agent_env: dict[str, str] = {}  # what jobs get of the agent's environment
         self._started = False
-        # Only the work loop thread adds and removes entries of these two; the
-        # heartbeat thread reads len(), preparation threads change their own LocalJob.
-        self._jobs: dict[Key, LocalJob] = {}
+        # The held and claimed jobs (jobs.py): only the work loop adds and removes held
+        # ones; other threads read snapshots; a preparing thread changes its own LocalJob.
+        self.jobs = JobTable()
         self.outbox = Outbox(settings.node_id, scheduler, clock, self._queue_claimed, self._claim_answer_lost)
         # Monitors of ended services still removing their registry record.
         self._closing: list[services.ServiceMonitor] = []
         self._stopping = False
         # Set when a job ends so the work loop asks for more work at once.
         self.slot_freed = threading.Event()
-        # Long-poll claims: jobs the claim thread took, waiting for the work loop to
-        # start them ((key, job) pairs, under _claim_lock, which also covers moving
-        # them into _jobs so that free slots are never counted twice or not at all).
         self.long_poll = settings.long_poll_secs > 0
         self._claiming = False      # the claim thread runs (long-poll)
-        self._claim_lock = threading.Lock()
-        self._claimed: list[tuple[Key, dict]] = []
         self._claim_wake = threading.Event()  # a slot freed: the claim thread asks at once
         # Set when the work loop has taken what a claim queued: the claim thread asks for
         # more only then (or after HANDOFF_SECS), so that its next request and the start
@@ -252,34 +217,29 @@ class Agent:
         return self.settings.node_id
 
     def running_count(self) -> int:
-        return len(self._jobs)
+        return len(self.jobs)
 
     def free_slots(self) -> int:
         """Slots neither running a job nor holding a claimed one (under the claim lock,
         which also covers moving a job from claimed to running)."""
-        with self._claim_lock:
-            return max(0, self.settings.slots - len(self._jobs) - len(self._claimed))
+        return self.jobs.free(self.settings.slots)
 
     def running_keys(self) -> set[Key]:
-        return set(self._jobs)
+        return self.jobs.keys()
 
     def held_jobs(self) -> list[LocalJob]:
-        """The jobs this agent holds, for threads other than the work loop (live output)."""
-        try:
-            return list(self._jobs.values())
-        except RuntimeError:  # the work loop changed the dict meanwhile: the caller looks again later
-            return []
+        """The jobs this agent holds (a snapshot: live output, the lease and fence threads)."""
+        return self.jobs.snapshot()
 
     def local_job(self, job_id: str, attempt: int) -> LocalJob | None:
-        return self._jobs.get((job_id, attempt))
+        return self.jobs.get((job_id, attempt))
 
     def pending_reports(self) -> list[PendingReport]:
         return list(self.outbox)
 
     def claimed_keys(self) -> list[Key]:
         """Jobs claimed but not started yet (waiting for the work loop)."""
-        with self._claim_lock:
-            return [key for key, _ in self._claimed]
+        return self.jobs.claimed_keys()
 
     def work_dir(self, job_id: str, attempt: int) -> str:
         return os.path.join(self.settings.work_root, f"{safe_path_part(job_id)}-{attempt}")
@@ -316,9 +276,9 @@ class Agent:
         self._detect_private_tmp()
         self._agent_env = jobenv.from_agent(os.environ, s.job_env_passthrough)
         adopted = self._adopt_services()
-        keep = {self._jobs[key].cgroup.name for key in adopted if self._jobs[key].cgroup}
+        keep = {self.jobs.held(key).cgroup.name for key in adopted if self.jobs.held(key).cgroup}
         self.cgroups.remove_job_cgroups(keep, why="left over by an earlier agent")
-        for key, uid in self.users.forget_others(self._jobs[key].user_key for key in adopted):
+        for key, uid in self.users.forget_others(self.jobs.held(key).user_key for key in adopted):
             log.info("uid %d of job %s (left by an earlier agent) is free again", uid, key)
         if not s.keep_work_dirs:
             self._remove_leftover_files(adopted)
@@ -374,8 +334,8 @@ class Agent:
         its services ended while no agent ran), except those of adopted services."""
         keep = set()
         for key in adopted:
-            keep.add(self._jobs[key].workdir)
-            keep.update(self._jobs[key].log_files or ())
+            keep.add(self.jobs.held(key).workdir)
+            keep.update(self.jobs.held(key).log_files or ())
         removed = 0
         for root in (self.settings.work_root, self.settings.log_root):
             for entry in os.scandir(root):
@@ -408,7 +368,7 @@ class Agent:
             local.monitor = self._monitor(state.job_id, state.attempt, state.name, state.port,
                                           state.health_path, local.log_files, state.grant, check_first=True)
             local.prepared.set()
-            self._jobs[local.key] = local
+            self.jobs.add(local)
             adopted.append(local.key)
             log.info("re-adopted service job %s attempt %s (pid %d, port %s)", state.job_id,
                      state.attempt, state.pid, state.port)
@@ -455,7 +415,7 @@ class Agent:
 
     def holds_work(self) -> bool:
         """Whether this agent holds jobs (running, starting or claimed)."""
-        return bool(self._jobs) or bool(self._claimed)
+        return len(self.jobs) > 0 or self.jobs.has_claimed()
 
     def _renew_if_due(self, client: SchedulerClient) -> None:
         """The lease thread's beat: at every one while the agent holds work or polls
@@ -489,10 +449,7 @@ class Agent:
         listed, malformed = listed_keys(running)
         if malformed:
             return []  # a malformed list proves nothing; reconcile will look again
-        try:
-            holding = {local.key: local for local in self._jobs.values()}
-        except RuntimeError:  # the work loop changed the dict meanwhile: next renewal
-            return []
+        holding = {local.key: local for local in self.jobs.snapshot()}
         if listed - set(holding) - set(self.claimed_keys()):
             self._unknown_listed = True
         stale = reconcile.stale(((key, local.started_at) for key, local in holding.items()
@@ -519,10 +476,7 @@ class Agent:
         if not self.lease_lapsed():
             return []
         fenced = []
-        try:
-            holding = list(self._jobs.values())
-        except RuntimeError:  # the work loop changed the dict meanwhile: next tick
-            return []
+        holding = self.jobs.snapshot()
         for local in holding:
             if local.job_type == "run" and local.end_reason is None and self._end(local, END_FENCED):
                 fenced.append(local.key)
@@ -576,7 +530,7 @@ class Agent:
                 log.warning("ignoring a malformed job from the scheduler (%s): %r", exc, job)
                 continue
             # A newer attempt of a job we still run waits until reconcile ended the old one.
-            if any(local.job_id == job_id for local in self._jobs.values()):
+            if self.jobs.holds_job(job_id):
                 continue
             plan = self.plan(job)
             enforced = self.cgroups.enforced
@@ -595,7 +549,10 @@ class Agent:
                 log.warning("could not report job %s attempt %s running (%s); not starting it",
                             job_id, attempt, exc)
                 break
-            self._accept(job, job_id, attempt, plan)
+            local = self._accept(job, job_id, attempt, plan)
+            if local is not None:
+                self.jobs.add(local)
+                self._start_preparing(local, job, plan)
             taken.append((job_id, attempt))
         if self.outbox:
             self.flush_reports()  # jobs that could not start are reported at once
@@ -654,16 +611,14 @@ class Agent:
         The claim, sent at `sent_at`, renewed the lease when it handed out jobs."""
         if jobs:
             self.lease.evidence(sent_at)
-        keys = []
-        with self._claim_lock:
-            for job in jobs:
-                try:
-                    key = job_key(job)
-                except (KeyError, TypeError, ValueError) as exc:
-                    log.warning("ignoring a malformed claimed job from the scheduler (%s): %r", exc, job)
-                    continue
-                self._claimed.append((key, job))
-                keys.append(key)
+        claimed = []
+        for job in jobs:
+            try:
+                claimed.append((job_key(job), job))
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("ignoring a malformed claimed job from the scheduler (%s): %r", exc, job)
+        self.jobs.queue(claimed)
+        keys = [key for key, _ in claimed]
         if keys:
             self._handed_over.clear()
             self._work_wake.set()
@@ -684,30 +639,32 @@ class Agent:
     def take_claimed(self) -> list[Key]:
         """Start preparing the claimed jobs (work loop thread). A job whose older attempt
         still ends here waits for it; with the lease lapsed a job is given back at once."""
-        taken = []
-        with self._claim_lock:
-            if not self._claimed or self._stopping:
-                self._handed_over.set()
-                return []
-            waiting = []
-            for key, job in self._claimed:
-                if any(local.job_id == key[0] for local in self._jobs.values()):
-                    waiting.append((key, job))
-                elif self.lease_lapsed():
-                    log.warning("job %s attempt %s was claimed but the lease lapsed; giving it back", *key)
-                    self.outbox.add_failed(*key, -1, self._node_side_message(END_FENCED), requeue=True)
-                else:
-                    self._accept(job, key[0], key[1], self.plan(job))
-                    taken.append(key)
-            self._claimed = waiting
+        if self._stopping or not self.jobs.has_claimed():
+            self._handed_over.set()
+            return []
+        accepted: list[tuple[LocalJob, dict, Plan]] = []
+
+        def start(key: Key, job: dict) -> LocalJob | None:
+            if self.lease_lapsed():
+                log.warning("job %s attempt %s was claimed but the lease lapsed; giving it back", *key)
+                self.outbox.add_failed(*key, -1, self._node_side_message(END_FENCED), requeue=True)
+                return None
+            plan = self.plan(job)
+            local = self._accept(job, key[0], key[1], plan)
+            if local is not None:
+                accepted.append((local, job, plan))
+            return local
+
+        taken = self.jobs.take_claimed(start)
+        for local, job, plan in accepted:
+            self._start_preparing(local, job, plan)
         self._handed_over.set()
         return taken
 
     def _requeue_claimed(self) -> None:
         """Stopping: claimed jobs that never started go back to the scheduler (requeued
         without spending a retry)."""
-        with self._claim_lock:
-            claimed, self._claimed = self._claimed, []
+        claimed = self.jobs.take_all_claimed()
         for key, _ in claimed:
             self.outbox.add_failed(*key, -1, STOPPED_MESSAGE, requeue=True)
 
@@ -748,11 +705,13 @@ class Agent:
         finally:
             client.close()
 
-    def _accept(self, job: dict, job_id: str, attempt: int, plan: Plan) -> None:
+    def _accept(self, job: dict, job_id: str, attempt: int, plan: Plan) -> LocalJob | None:
+        """The LocalJob that holds the job's slot from now on, or None when it cannot run
+        here (reported failed)."""
         if plan.error:
             log.warning("job %s attempt %s cannot run here: %s", job_id, attempt, plan.error)
             self.outbox.add_failed(job_id, attempt, -1, plan.error)
-            return
+            return None
         now = self._clock()
         timeout = job.get("timeout_secs")
         deadline = None
@@ -761,11 +720,12 @@ class Agent:
         if plan.job_type == "run" and isinstance(timeout, (int, float)) \
                 and not isinstance(timeout, bool) and timeout > 0:
             deadline = now + timeout
-        local = LocalJob(job_id, attempt, plan.job_type, self.work_dir(job_id, attempt), now,
-                         deadline, memory_mb=plan.memory_mb)
-        self._jobs[local.key] = local
+        return LocalJob(job_id, attempt, plan.job_type, self.work_dir(job_id, attempt), now,
+                        deadline, memory_mb=plan.memory_mb)
+
+    def _start_preparing(self, local: LocalJob, job: dict, plan: Plan) -> None:
         threading.Thread(target=self._prepare, args=(local, job, plan), daemon=True,
-                         name=f"prepare-{job_id}-{attempt}").start()
+                         name=f"prepare-{local.job_id}-{local.attempt}").start()
 
     def _prepare(self, local: LocalJob, job: dict, plan: Plan) -> None:
         """On a worker thread: environment, work dir, artifact, uid and ownership, cgroup,
@@ -933,13 +893,13 @@ class Agent:
         """
         self.fence_once()
         now = self._clock()
-        for local in list(self._jobs.values()):
+        for local in self.jobs.snapshot():
             if local.end_reason is None and local.deadline is not None and now >= local.deadline:
                 log.warning("job %s attempt %s ran past its timeout; killing it",
                             local.job_id, local.attempt)
                 self._end(local, END_TIMEOUT)
         ended = []
-        for local in list(self._jobs.values()):
+        for local in self.jobs.snapshot():
             if not local.prepared.is_set():
                 continue
             if local.process is None:
@@ -965,7 +925,7 @@ class Agent:
         return ended
 
     def _finish_unstarted(self, local: LocalJob) -> tuple[str, int, str]:
-        del self._jobs[local.key]
+        self.jobs.remove(local.key)
         self._release_user(local)
         self._remove_work_dir(local)
         if local.end_reason == END_RECONCILED:
@@ -987,7 +947,7 @@ class Agent:
         oom = local.end_reason is None and cg is not None and cgroups.ended_by_oom(result.exit_code, cg)
         if cg is not None:
             cg.remove()
-        del self._jobs[local.key]
+        self.jobs.remove(local.key)
         self._release_user(local)
         self._close_monitor(local)
         services.remove_file(local.state_path)
@@ -1096,14 +1056,14 @@ class Agent:
         """
         self._require_startup()
         self.take_claimed()
-        known = set(self._jobs) | set(self.claimed_keys())
+        known = self.jobs.keys() | set(self.claimed_keys())
         listed, malformed = listed_keys(self.scheduler.running_on(self.node_id))
         for job in malformed:
             log.warning("ignoring a malformed job from the scheduler: %r", job)
         claims_sent = self._claims_sent  # read after the list: claims that may be in it
         killed = []
         for key in reconcile.ended_there(known, listed):
-            local = self._jobs.get(key)
+            local = self.jobs.get(key)
             if local is None:
                 self._drop_claimed(key)
                 continue
@@ -1114,7 +1074,7 @@ class Agent:
             self._end(local, END_RECONCILED)
             killed.append(key)
         claims_done = self._claims_done  # before looking at the queue: what was handled is in it
-        known = set(self._jobs) | set(self.claimed_keys()) | {(r.job_id, r.attempt) for r in self.outbox}
+        known = self.jobs.keys() | set(self.claimed_keys()) | {(r.job_id, r.attempt) for r in self.outbox}
         lost, self._suspects = reconcile.lost_here(listed, known, self._suspects, claims_sent, claims_done)
         for key in lost:
             log.warning("job %s attempt %s is running on this node according to the scheduler, "
@@ -1126,12 +1086,9 @@ class Agent:
         return killed
 
     def _drop_claimed(self, key: Key) -> None:
-        with self._claim_lock:
-            before = len(self._claimed)
-            self._claimed = [(k, job) for k, job in self._claimed if k != key]
-            if len(self._claimed) != before:
-                log.info("job %s attempt %s was ended by the scheduler before it started here; "
-                         "not starting it", *key)
+        if self.jobs.drop_claimed(key):
+            log.info("job %s attempt %s was ended by the scheduler before it started here; "
+                     "not starting it", *key)
 
     # --- loops ------------------------------------------------------------------
 
@@ -1225,7 +1182,7 @@ class Agent:
                 log.exception("checking the lease failed")
 
     def _only_services_left(self) -> bool:
-        return all(self._detachable(local) for local in self._jobs.values())
+        return all(self._detachable(local) for local in self.jobs.snapshot())
 
     def _work_loop(self, stop_event: threading.Event, once: bool) -> None:
         reap_backoff = Backoff(0.5, 30.0)
@@ -1319,22 +1276,22 @@ class Agent:
         if self.warm is not None:
             self.warm.close()
         self.detach_services()
-        if self._jobs:
+        if len(self.jobs):
             log.info("stopping: %d job(s) running, waiting up to %.1fs for them",
-                     len(self._jobs), self.settings.stop_grace)
+                     len(self.jobs), self.settings.stop_grace)
         self._reap_until_empty(self._clock() + self.settings.stop_grace)
         self.detach_services()
-        if self._jobs:
-            log.warning("stopping: killing %d job(s) that did not finish in time", len(self._jobs))
-            for local in list(self._jobs.values()):
+        if len(self.jobs):
+            log.warning("stopping: killing %d job(s) that did not finish in time", len(self.jobs))
+            for local in self.jobs.snapshot():
                 self._end(local, END_STOPPING)
             # kill() takes at most kill_grace, then SIGKILL and reap. A download cannot
             # be interrupted: jobs still being prepared are not waited for.
             self._reap_until_empty(self._clock() + self.settings.kill_grace + 5.0,
                                    only_started=True)
-        for local in list(self._jobs.values()):
+        for local in self.jobs.snapshot():
             if not local.prepared.is_set():  # still downloading: it will never be started
-                del self._jobs[local.key]
+                self.jobs.remove(local.key)
                 self.outbox.add_failed(local.job_id, local.attempt, -1, STOPPED_MESSAGE, requeue=True)
         self._requeue_claimed()
         deadline = self._clock() + flush_secs
@@ -1348,7 +1305,7 @@ class Agent:
         if self.outbox:
             log.warning("stopping with %d undelivered report(s): %s", len(self.outbox),
                         ", ".join(f"{r.job_id} attempt {r.attempt} {r.status}" for r in self.outbox))
-        if self.cgroups is not None and not self._jobs and not self.cgroups.list_job_cgroups():
+        if self.cgroups is not None and not len(self.jobs) and not self.cgroups.list_job_cgroups():
             self.cgroups.cleanup()  # this node's cgroup directories, when no service uses them
         self.users.flush()  # the uids the detached services keep, for the next agent
         return len(self.outbox)
@@ -1356,10 +1313,10 @@ class Agent:
     def detach_services(self) -> list[Key]:
         """Forget the running services without stopping them: their state files let
         the next agent re-adopt them. Returns their keys."""
-        detached = [local for local in self._jobs.values() if self._detachable(local)]
+        detached = [local for local in self.jobs.snapshot() if self._detachable(local)]
         for local in detached:
             local.monitor.stop(remove=False)
-            del self._jobs[local.key]
+            self.jobs.remove(local.key)
         deadline = time.monotonic() + MONITOR_JOIN_SECS
         for local in detached:
             local.monitor.join(max(0.0, deadline - time.monotonic()))
@@ -1376,7 +1333,7 @@ class Agent:
     def _reap_until_empty(self, deadline: float, only_started: bool = False) -> None:
         def waiting():
             return any(local.prepared.is_set() or not only_started
-                       for local in self._jobs.values())
+                       for local in self.jobs.snapshot())
 
         while waiting() and self._clock() < deadline:
             # A service whose start was under way when the stop began is left running too.

@@ -931,9 +931,9 @@ def test_reports_of_ended_jobs_carry_the_claim_for_the_next_ones(make_agent, sch
     agent.take_claimed()
     scheduler.add(job_id="job-3", command="echo three")
     wait_for(lambda: all(local.prepared.is_set() and local.process is not None
-                         and local.process.poll() is not None for local in agent._jobs.values()),
+                         and local.process.poll() is not None for local in agent.jobs.snapshot()),
              timeout=10, message="both jobs to exit")
-    assert len(agent.reap_once()) == 2 and not agent._jobs
+    assert len(agent.reap_once()) == 2 and not len(agent.jobs)
     # One round trip: the reports of job-1 and job-2 and a claim for the 2 slots they freed.
     assert len(scheduler.claims) == 1 and scheduler.riding_claims == [{
         "node_id": NODE, "max": 2, "limits_enforced": True, "private_tmp": False,

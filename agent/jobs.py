@@ -1,0 +1,167 @@
+"""The jobs an agent holds a slot for, and the one place other threads read them.
+
+A job is first *claimed*: the scheduler handed it over (a claim, or a report's
+riding claim) and it waits in the table's queue for the work loop, as the job dict
+the scheduler sent. The work loop takes it (Agent.take_claimed) and it becomes a
+`LocalJob`, whose `state` is then:
+
+    preparing ──▶ running ──▶ ending ──▶ (removed: its report is in the outbox)
+        │                        ▲
+        └──────── not started ───┘  (start_error, or ended while preparing)
+
+One lock covers the queue and the held jobs, so free slots are never counted twice
+or not at all while a job moves from one to the other, and readers on other threads
+(the lease and fence threads, live output, the heartbeat) get snapshots instead of
+iterating a dict the work loop changes. Only the work loop adds and removes held
+jobs; a preparing thread changes its own LocalJob under the job's own lock.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from . import cgroups, runner, services
+
+Key = tuple[str, int]  # (job_id, attempt)
+
+PREPARING = "preparing"
+RUNNING = "running"
+ENDING = "ending"
+NOT_STARTED = "not started"
+
+
+@dataclass
+class LocalJob:
+    """One job this agent holds a slot for. The worker thread that prepares it sets
+    `process` (or `start_error`) under `lock`, then `prepared`; after that only the
+    work loop touches it."""
+    job_id: str
+    attempt: int
+    job_type: str
+    workdir: str
+    started_at: float
+    deadline: float | None
+    process: runner.RunningJob | services.AdoptedProcess | None = None
+    cgroup: cgroups.JobCgroup | None = None
+    memory_mb: int | None = None
+    end_reason: str | None = None
+    killer: threading.Thread | None = None
+    start_error: tuple[int, str] | None = None  # (exit code, stderr) when it could not start
+    monitor: services.ServiceMonitor | None = None
+    state_path: str | None = None  # services: the file the next agent re-adopts from
+    log_files: tuple[str, str] | None = None  # services: stdout and stderr files
+    uid: int | None = None  # the uid it runs as (services: recorded in their state file)
+    user_key: str | None = None  # set while it holds an identity from the agent's JobUsers
+    adopted: bool = False
+    prepared: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def key(self) -> Key:
+        return (self.job_id, self.attempt)
+
+    @property
+    def state(self) -> str:
+        """preparing, running, ending (the agent ends it: timeout, cancel, fence, stop)
+        or not started (prepared without a process)."""
+        if not self.prepared.is_set():
+            return ENDING if self.end_reason is not None else PREPARING
+        if self.process is None:
+            return NOT_STARTED
+        return ENDING if self.end_reason is not None else RUNNING
+
+
+class JobTable:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[Key, LocalJob] = {}
+        self._claimed: list[tuple[Key, dict]] = []
+
+    # --- held jobs ---------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def __iter__(self) -> Iterator[LocalJob]:
+        return iter(self.snapshot())
+
+    def snapshot(self) -> list[LocalJob]:
+        with self._lock:
+            return list(self._held.values())
+
+    def keys(self) -> set[Key]:
+        with self._lock:
+            return set(self._held)
+
+    def get(self, key: Key) -> LocalJob | None:
+        with self._lock:
+            return self._held.get(key)
+
+    def held(self, key: Key) -> LocalJob:
+        """The held job `key`; KeyError when there is none."""
+        with self._lock:
+            return self._held[key]
+
+    def add(self, local: LocalJob) -> None:
+        with self._lock:
+            self._held[local.key] = local
+
+    def remove(self, key: Key) -> None:
+        with self._lock:
+            self._held.pop(key, None)
+
+    def holds_job(self, job_id: str) -> bool:
+        """Whether an attempt of `job_id` is held here."""
+        with self._lock:
+            return any(local.job_id == job_id for local in self._held.values())
+
+    # --- claimed, not taken yet ------------------------------------------------------
+
+    def queue(self, claimed: list[tuple[Key, dict]]) -> None:
+        with self._lock:
+            self._claimed.extend(claimed)
+
+    def claimed_keys(self) -> list[Key]:
+        with self._lock:
+            return [key for key, _ in self._claimed]
+
+    def has_claimed(self) -> bool:
+        with self._lock:
+            return bool(self._claimed)
+
+    def drop_claimed(self, key: Key) -> bool:
+        """Forget a claimed job (the scheduler ended it before it started); whether it was there."""
+        with self._lock:
+            before = len(self._claimed)
+            self._claimed = [(k, job) for k, job in self._claimed if k != key]
+            return len(self._claimed) != before
+
+    def take_all_claimed(self) -> list[tuple[Key, dict]]:
+        with self._lock:
+            claimed, self._claimed = self._claimed, []
+            return claimed
+
+    def take_claimed(self, start: Callable[[Key, dict], LocalJob | None]) -> list[Key]:
+        """Move the claimed jobs into the table: `start(key, job)` (under the lock)
+        returns the LocalJob that now holds the slot, or None when the job leaves the
+        queue without one (given back). A job one of whose attempts is still held here
+        waits in the queue for it to end. The keys taken."""
+        taken = []
+        with self._lock:
+            waiting = []
+            for key, job in self._claimed:
+                if any(local.job_id == key[0] for local in self._held.values()):
+                    waiting.append((key, job))
+                    continue
+                local = start(key, job)
+                if local is not None:
+                    self._held[key] = local
+                    taken.append(key)
+            self._claimed = waiting
+        return taken
+
+    def free(self, slots: int) -> int:
+        """Slots neither holding a job nor promised to a claimed one."""
+        with self._lock:
+            return max(0, slots - len(self._held) - len(self._claimed))
