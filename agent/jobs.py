@@ -25,6 +25,12 @@ from . import cgroups, runner, services
 
 Key = tuple[str, int]  # (job_id, attempt)
 
+# Why the agent ended a job itself; None means the job exited on its own.
+END_TIMEOUT = "timeout"
+END_RECONCILED = "reconciled"  # the scheduler no longer lists it: do not report
+END_STOPPING = "stopping"
+END_FENCED = "fenced"  # the lease lapsed: stopped before the scheduler requeues it
+
 PREPARING = "preparing"
 RUNNING = "running"
 ENDING = "ending"

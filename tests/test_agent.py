@@ -22,9 +22,9 @@ import responses
 
 from corral.agent import agent as agent_module
 from corral.agent import cgroups, identity, launch, reports, runner
-from corral.agent.agent import (NO_RUN_SH_MESSAGE, STOPPED_MESSAGE, TIMEOUT_MESSAGE, Agent,
-                                AgentStartError, Backoff)
+from corral.agent.agent import STOPPED_MESSAGE, TIMEOUT_MESSAGE, Agent, AgentStartError, Backoff
 from corral.agent.cli import main
+from corral.agent.prepare import NO_RUN_SH_MESSAGE
 from corral.agent.settings import AgentSettings
 from corral.shared.clients import Rejected, RegistryClient, SchedulerClient
 from corral.shared.errors import SettingError

@@ -127,7 +127,7 @@ def node_parts(state_dir):
 
 
 def start_job(parts, name, command, env_vars=None, private_tmp=True, setup=None):
-    """Prepare and start a job as the agent's _prepare does, but with `env_vars` put into
+    """Prepare and start a job as the agent's Preparer.prepare does, but with `env_vars` put into
     the environment as they are: no check of them happens above the runner."""
     workdir = os.path.join(parts["dir"], "work", name)
     os.mkdir(workdir, 0o700)

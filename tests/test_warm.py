@@ -136,7 +136,7 @@ def test_close_gives_the_chain_back_and_starts_no_other(parts):
 
 
 def test_no_name_of_it_is_a_jobs():
-    from corral.agent.agent import cgroup_name
+    from corral.agent.prepare import cgroup_name
     from corral.agent.services import file_stem
     for job_id in ("warm", "warm-1", "warm:1", "warm-1-next", "1-next"):
         for attempt in (1, 2):

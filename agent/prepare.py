@@ -1,0 +1,240 @@
+"""Preparing one job, on a worker thread of its own: its environment (checked
+first), a fresh work dir, its deploy_url archive, a uid of its own and the tree's
+ownership, a cgroup with its limits, then its process, in the warm launch when one
+fits (warm.py) or through the launch chain (launch.py). A job ended meanwhile
+(cancelled, timed out, the agent stopping) is not started; a job that cannot be set
+up gets a start_error, which the agent reports. The agent's work loop never waits
+for a download.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from . import artifacts, cgroups, identity, jobenv, launch, runner, services, uids, warm
+from .jobs import END_STOPPING, LocalJob
+from .settings import AgentSettings, safe_path_part
+
+log = logging.getLogger(__name__)
+
+NO_RUN_SH_MESSAGE = ("the job has a deploy_url but no command, and the unpacked archive has no "
+                     "run.sh at its top level to run; add run.sh to the zip or give the job a "
+                     "command")
+RUN_SH = "run.sh"
+# Jobs' temporary files without a private /tmp: TMPDIR, in the work dir.
+TMPDIR_NAME = ".tmp"
+
+def cgroup_name(job_id: str, attempt: int) -> str:
+    """A job's cgroup directory name: ASCII letters, digits, '.', '_', '-' only."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", safe_path_part(job_id))[:180] + f"-{attempt}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the agent will give a job, decided before the claim: its type, limits,
+    and an error when it cannot run here at all (it asks too much)."""
+    job_type: str
+    memory_mb: int
+    cpu_percent: int
+    max_processes: int
+    error: str | None = None
+
+    @property
+    def limits(self) -> dict:
+        return {"memory_mb": self.memory_mb, "cpu_percent": self.cpu_percent,
+                "max_processes": self.max_processes}
+
+
+class _Aborted(Exception):
+    """The job was ended (cancelled, timed out, agent stopping) while being prepared."""
+
+
+class JobError(Exception):
+    """The job cannot run as given; str() is the stderr to report."""
+
+
+
+
+@dataclass
+class Preparer:
+    """What preparing a job needs of its agent (made by Agent.startup)."""
+    settings: AgentSettings
+    node_id: str
+    users: identity.JobUsers
+    cgroup_manager: cgroups.Manager
+    warm_keeper: warm.WarmKeeper | None
+    private_tmp: bool  # jobs get a private /tmp here
+    private_tmp_of: Callable[[int], launch.PrivateTmp | None]
+    agent_env: dict[str, str]  # what jobs get of the agent's environment
+    start_job: Callable[..., runner.RunningJob]  # the runner seam
+    stopping: Callable[[], bool]
+    wake: Callable[[], None]  # the work loop looks (a job was prepared, or its output closed)
+    service_started: Callable[[LocalJob, dict, int | None, cgroups.JobCgroup], None]
+
+    def prepare(self, local: LocalJob, job: dict, plan: Plan) -> None:
+        """On a worker thread: environment, work dir, artifact, uid and ownership, cgroup,
+        then the process. Sets local.process, or local.start_error, or neither (aborted);
+        then prepared."""
+        s = self.settings
+        cg = None
+        taken = None
+        try:
+            job_env = jobenv.job_vars(job)  # a forbidden variable fails the job before anything
+            _fresh_dir(local.workdir)
+            command = job.get("command")
+            if job.get("deploy_url"):
+                unpacked = artifacts.fetch_and_unpack(job["deploy_url"], local.workdir,
+                                                      sha256=job.get("deploy_sha256"),
+                                                      limits=s.artifact_limits)
+                log.info("job %s attempt %s: unpacked %d files (%d bytes) from %s", local.job_id,
+                         local.attempt, unpacked.files, unpacked.bytes,
+                         artifacts.display_url(job["deploy_url"]))
+                if not (isinstance(command, str) and command.strip()):
+                    command = _run_sh_command(local.workdir)
+            self._check_not_ended(local)
+            key = services.file_stem(local.job_id, local.attempt)
+            taken = self.warm_keeper.take(plan.job_type, warm_limits(plan)) if self.warm_keeper is not None else None
+            if taken is not None:
+                who = self.users.transfer(taken.key, key, local.workdir)
+            else:
+                who = self.users.acquire(key, local.workdir)
+            local.user_key, local.uid = key, who.uid
+            own = who.env(local.workdir)
+            if not self.private_tmp:
+                own["TMPDIR"] = _tmp_dir(local.workdir)
+            identity.prepare_workdir(local.workdir, who)
+            cg = taken.cgroup if taken is not None else self._job_cgroup(local, plan)
+            fixed = {"CORRAL_JOB_ID": local.job_id, "CORRAL_NODE_ID": self.node_id,
+                     "CORRAL_ATTEMPT": str(local.attempt)}
+            port = _port(job)
+            if port is not None:
+                fixed["PORT"] = str(port)
+            env = jobenv.build({"env_vars": job_env}, self.agent_env, own, fixed)
+            if plan.job_type == "service":
+                local.log_files = services.log_paths(s.log_root, local.job_id, local.attempt)
+            with local.lock:
+                if local.end_reason is None and self.stopping():
+                    local.end_reason = END_STOPPING
+                self._check_not_ended(local)
+                if taken is not None:
+                    local.process = self._launch_warm(local, taken, command or "", env)
+                    taken = None
+                    if local.process is None:  # the chain is gone, and its cgroup with it
+                        cg = self._job_cgroup(local, plan)
+                if local.process is None:
+                    local.process = self.start_job(
+                        dict(job, command=command), local.workdir, env, s.output_tail_bytes,
+                        cgroup=cg, user=who.launch_user(), output_files=local.log_files,
+                        private_tmp=self.private_tmp_of(plan.memory_mb))
+                local.cgroup = cg
+                if hasattr(local.process, "on_output_closed"):
+                    # The pipes close when the job exits: the work loop looks at once.
+                    local.process.on_output_closed = self.wake
+                if plan.job_type == "service":
+                    self.service_started(local, job, port, cg)
+            log.info("job %s attempt %s started (pid %d, %s, limits %s, cgroup %s, timeout %s) in %s",
+                     local.job_id, local.attempt, local.process.pid, plan.job_type,
+                     plan.limits if self.cgroup_manager.enforced else "none",
+                     cg.name if self.cgroup_manager.enforced else "none",
+                     job.get("timeout_secs") if local.deadline is not None else "none",
+                     local.workdir)
+        except _Aborted:
+            log.info("job %s attempt %s ended (%s) before it started", local.job_id, local.attempt,
+                     local.end_reason)
+        except artifacts.ArtifactError as exc:
+            log.warning("job %s attempt %s: deploy_url: %s", local.job_id, local.attempt, exc)
+            local.start_error = (-1, f"the agent could not use the job's deploy_url: {exc}")
+        except runner.StartError as exc:
+            log.warning("job %s attempt %s could not start: %s", local.job_id, local.attempt, exc)
+            local.start_error = (exc.exit_code, f"the agent could not start the job: {exc}")
+        except (JobError, jobenv.JobEnvError, uids.UidsExhausted) as exc:
+            log.warning("job %s attempt %s cannot run: %s", local.job_id, local.attempt, exc)
+            local.start_error = (-1, str(exc))
+        except OSError as exc:  # the work dir, chown, cgroup creation (CgroupError)
+            log.warning("job %s attempt %s could not be prepared: %s", local.job_id,
+                        local.attempt, exc)
+            local.start_error = (-1, f"the agent could not prepare the job: {exc}")
+        except Exception as exc:  # a bug must fail the job, not leave it holding a slot
+            log.exception("preparing job %s attempt %s failed", local.job_id, local.attempt)
+            local.start_error = (-1, f"the agent could not prepare the job: {exc!r}")
+        finally:
+            if taken is not None:  # not launched: the chain goes (the job's key has its uid)
+                taken.start.discard()
+                cg = taken.cgroup
+            if local.process is None and cg is not None:
+                cg.kill()
+                cg.remove()
+            local.prepared.set()
+            self.wake()
+
+    def _job_cgroup(self, local: LocalJob, plan: Plan) -> cgroups.JobCgroup:
+        return self.cgroup_manager.create(cgroup_name(local.job_id, local.attempt), plan.memory_mb,
+                                   plan.cpu_percent, plan.max_processes)
+
+    def _launch_warm(self, local: LocalJob, taken: warm.Warm, command: str, env: dict
+                     ) -> runner.RunningJob | None:
+        """The job started in the warm launch it took; None when that could not take it
+        (logged; its cgroup is removed, and the job starts cold). Raises StartError as
+        runner.start does."""
+        try:
+            return taken.start.launch(command, local.workdir, env)
+        except runner.WarmGone as exc:
+            log.warning("job %s attempt %s starts without the warm launch: %s", local.job_id,
+                        local.attempt, exc)
+            taken.cgroup.kill()
+            taken.cgroup.remove()
+            return None
+
+    def _check_not_ended(self, local: LocalJob) -> None:
+        if local.end_reason is not None:
+            raise _Aborted()
+
+
+def warm_limits(plan: Plan) -> warm.Limits:
+    return warm.Limits(plan.memory_mb, plan.cpu_percent, plan.max_processes)
+
+
+def _run_sh_command(workdir: str) -> str:
+    path = os.path.join(workdir, RUN_SH)
+    try:
+        st = os.stat(path)
+    except OSError:
+        raise JobError(NO_RUN_SH_MESSAGE) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise JobError(NO_RUN_SH_MESSAGE)
+    return f"exec ./{RUN_SH}" if st.st_mode & 0o111 else f"exec /bin/sh ./{RUN_SH}"
+
+
+def _port(job: dict) -> int | None:
+    port = job.get("port")
+    if isinstance(port, int) and not isinstance(port, bool) and 1 <= port <= 65535:
+        return port
+    if port is not None:
+        log.warning("job %s has an unusable port %r; ignoring it", job.get("job_id"), port)
+    return None
+
+
+def _fresh_dir(path: str) -> None:
+    """An empty work dir, private from the start (0700): leftovers of an earlier agent's
+    run of the same attempt go."""
+    if os.path.lexists(path):
+        shutil.rmtree(path)
+    os.makedirs(path, mode=0o700)
+    os.chmod(path, 0o700)  # whatever the umask
+
+
+def _tmp_dir(workdir: str) -> str:
+    """TMPDIR of a job without a private /tmp: a directory in its work dir (prepare_workdir
+    then gives it to the job). One a deploy zip brought is used when it is a directory."""
+    path = os.path.join(workdir, TMPDIR_NAME)
+    if not os.path.lexists(path):
+        os.mkdir(path, 0o700)
+    elif not stat.S_ISDIR(os.lstat(path).st_mode):
+        raise JobError(f"the job's work dir holds {TMPDIR_NAME}, which is not a directory; the agent "
+                        "makes it the job's TMPDIR (this node gives jobs no private /tmp)")
+    return path
