@@ -3,9 +3,13 @@
 Each step is a small one-pass method (startup, register, heartbeat_once, poll_once,
 claim_once, take_claimed, reap_once, reconcile_once, flush_reports) that tests
 call directly; run_forever only schedules them on threads (work loop, claim,
-heartbeat, lease, fence, and live output: see live_output.py). The scheduler's database is the truth about
-jobs: the agent keeps in memory only the processes it runs and the reports it has
-not delivered yet, both of which die with it (services excepted: see below).
+heartbeat, lease, fence, warm launch, and live output). Its parts: the job table
+(jobs.py), a job's preparation (prepare.py), the outbox of reports (reports.py),
+the lease's state (lease.py), the reconcile decisions (reconcile.py), the warm
+launch (warm.py), live output (live_output.py). The scheduler's database is the
+truth about jobs: the agent keeps in memory only the processes it runs and the
+reports it has not delivered yet, both of which die with it (services excepted:
+see below).
 
 Taking a job. With long-poll (AGENT_LONG_POLL_SECS > 0, the default) a claim
 thread keeps one `POST /nodes/{id}/claim` waiting on the scheduler for as many
