@@ -5,8 +5,8 @@ claim_once, take_claimed, reap_once, reconcile_once, flush_reports) that tests
 call directly; run_forever only schedules them on threads (work loop, claim,
 heartbeat, lease, fence, warm launch, and live output). Its parts: the job table
 (jobs.py), a job's preparation (prepare.py), the outbox of reports (reports.py),
-the lease's state (lease.py), the reconcile decisions (reconcile.py), the warm
-launch (warm.py), live output (live_output.py). The scheduler's database is the
+the lease's state (lease.py), the reconcile decisions (reconcile.py), the work
+loop's pass (workloop.py), the warm launch (warm.py), live output (live_output.py). The scheduler's database is the
 truth about jobs: the agent keeps in memory only the processes it runs and the
 reports it has not delivered yet, both of which die with it (services excepted:
 see below).
@@ -80,6 +80,7 @@ from .prepare import Plan, Preparer, warm_limits
 from .reconcile import job_attempt, job_key, listed_keys
 from .reports import Outbox, PendingReport
 from .settings import AgentSettings, safe_path_part, total_memory_mb
+from .workloop import WorkLoop
 
 log = logging.getLogger(__name__)
 
@@ -1033,62 +1034,19 @@ class Agent:
             except Exception:
                 log.exception("checking the lease failed")
 
-    def _only_services_left(self) -> bool:
+    def only_services_left(self) -> bool:
         return all(self._detachable(local) for local in self.jobs.snapshot())
 
     def _work_loop(self, stop_event: threading.Event, once: bool) -> None:
-        reap_backoff = Backoff(0.5, 30.0)
-        poll_backoff = Backoff(1.0, 30.0)
-        next_reap = next_poll = self._clock()
-        poll_ok = True
-        polled = False  # once mode: a poll succeeded, take no more work
         claim_stop = threading.Event()
-        claimer = None
-        if self.long_poll and not once:
-            claimer = threading.Thread(target=self._claim_loop, args=(claim_stop,), name="claim", daemon=True)
-            claimer.start()
+        claims = self.long_poll and not once
+        if claims:
+            threading.Thread(target=self._claim_loop, args=(claim_stop,), name="claim", daemon=True).start()
             self._claiming = True
+        loop = WorkLoop(self, self._clock(), claims, once)
         try:
-            while not stop_event.is_set():
-                if once and polled and self._only_services_left():
-                    return
-                now = self._clock()
-                if now >= next_reap:
-                    try:
-                        self.reap_once()
-                        reap_backoff.reset()
-                    except Exception:
-                        delay = reap_backoff.next()
-                        log.exception("checking jobs failed; retrying in %.1fs", delay)
-                        next_reap = self._clock() + delay
-                self.take_claimed()
-                if claimer is not None and self.long_poll:
-                    # Long-poll: the claim thread takes work; compare with the scheduler
-                    # every poll interval (cancelled, moved, timed-out jobs end here).
-                    if now >= next_poll:
-                        next_poll = self._reconcile_paced(poll_backoff)
-                # A freed slot means poll now, unless the scheduler is failing (then the
-                # backoff decides).
-                elif now >= next_poll or (poll_ok and self.slot_freed.is_set()):
-                    self.slot_freed.clear()
-                    try:
-                        self.reconcile_once()
-                        if not (once and polled):
-                            self.poll_once()
-                            polled = True
-                        poll_backoff.reset()
-                        poll_ok = True
-                        next_poll = self._clock() + self.settings.poll_interval
-                    except Exception as exc:
-                        poll_ok = False
-                        delay = poll_backoff.next()
-                        if isinstance(exc, ClientError):
-                            log.warning("asking the scheduler for work failed: %s; retrying in %.1fs",
-                                        exc, delay)
-                        else:
-                            log.exception("asking the scheduler for work failed; retrying in %.1fs",
-                                          delay)
-                        next_poll = self._clock() + delay
+            while not stop_event.is_set() and not loop.done():
+                loop.tick(self._clock())
                 self._work_wake.wait(TICK_SECS)
                 self._work_wake.clear()
         finally:
