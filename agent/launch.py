@@ -52,10 +52,10 @@ import secrets
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from corral.shared.files import write_private
 from corral.shared.validate import ENV_NAME_RE
 
 # What the root stages run with: no variable of the job's or the agent's.
@@ -169,17 +169,7 @@ def write_fstab(path: str) -> str:
     source = f"corral-tmp-{secrets.token_hex(8)}"
     text = "".join(f"{source} {d} tmpfs defaults 0 0\n"
                    for d in PRIVATE_DIRS if os.path.isdir(d) and not os.path.islink(d))
-    fd, tmp = tempfile.mkstemp(prefix=".fstab-", dir=os.path.dirname(path))  # mode 0600
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_private(path, text)
     return path
 
 

@@ -55,6 +55,7 @@ import requests
 
 from corral.shared.backoff import Backoff
 from corral.shared.clients import ClientError, Rejected
+from corral.shared.files import write_private
 
 from . import cgroups, runner
 from .settings import safe_path_part
@@ -137,13 +138,7 @@ class ServiceState:
     def write(self, path: str) -> None:
         """Atomically: a crash leaves the old file or the new one, never half of one."""
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump({"version": STATE_VERSION, **asdict(self)}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_private(path, json.dumps({"version": STATE_VERSION, **asdict(self)}), sync=True)
 
     @classmethod
     def read(cls, path: str) -> "ServiceState":

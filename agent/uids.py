@@ -28,6 +28,8 @@ import signal
 import threading
 import time
 
+from corral.shared.files import write_private
+
 log = logging.getLogger(__name__)
 
 CLAIMS_DIR = "/run/corral/uids"
@@ -227,12 +229,8 @@ class UidPool:
                 data = {"last": self._last_given, "held": dict(self._held)}
             if changes == self._written:
                 return  # the file has it already (a flush got there first)
-            tmp = f"{self.path}.tmp-{os.getpid()}-{threading.get_ident()}"
             try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-                with os.fdopen(fd, "w") as f:
-                    json.dump(data, f)
-                os.replace(tmp, self.path)
+                write_private(self.path, json.dumps(data))
                 self._written = changes
             except OSError as exc:
                 log.warning("could not write the uid allocation file %s: %s", self.path, exc)
