@@ -10,8 +10,8 @@ A job joins its cgroup before its first instruction: the first stage of its laun
 (launch.py) writes `0` (itself) into each of `JobCgroup.join_files()`, then execs
 the next stage. On v1 those are the `tasks` files, which move the writing thread
 alone: the kernel then skips its global lock of every process's threads, whose
-writer waits for an RCU grace period (12-14 ms per job start on a busy 2-core
-machine, measured, against 0.07 ms for `tasks`); the stage is a single-threaded
+writer waits for an RCU grace period (milliseconds per job start, against a tenth
+of one for `tasks`: docs/architecture.md); the stage is a single-threaded
 shell, so its thread is the whole process. A v2 domain cgroup takes whole
 processes only (`cgroup.procs`). The pids controller (v1 hierarchy or v2 controller) is
 used when present: `pids.max` bounds the job's processes and threads, so a fork bomb
@@ -47,7 +47,7 @@ class CgroupError(OSError):
 
 
 def ended_by_oom(exit_code: int | None, job: "JobCgroup") -> bool:
-    """The notes' proof of an out-of-memory end: the job died of SIGKILL (-9 from
+    """The proof of an out-of-memory end: the job died of SIGKILL (-9 from
     Popen, or 137 when a shell reports a child killed by it: on v1 the OOM killer
     ends only the largest process) AND the cgroup's oom_kill counter went up."""
     return exit_code in (-signal.SIGKILL, 128 + signal.SIGKILL) and job.oom_killed()

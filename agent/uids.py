@@ -195,7 +195,8 @@ class UidPool:
     def _save(self) -> None:
         """Have the file written, behind the caller: a job's start must not wait for the
         disk, and replacing a file may (ext4 flushes the data of a file renamed over
-        another; 10-140 ms now and then, measured on a job's start path under load).
+        another: now and then tens of milliseconds on a job's start path under load,
+        docs/benchmarks.md, "Where the late jobs were").
         The file is a hint (see _write), so a change it has not reached yet costs no
         more than a lost write would. Called under the pool's lock."""
         self._changes += 1

@@ -128,8 +128,7 @@ class Statements:
         A column that is None in every row is left out of the statement: it is NULL
         all the same (no column of Corral's has a default in the database; peewee's
         defaults are the callers' values), and the NULLs of a job's unset fields were
-        most of the work: 500 rows of 36 columns, 30 of them NULL, took SQLite 10.7 ms
-        to insert against 1.8 ms for the 6 others alone.
+        most of the work (several times the insert of the other columns alone).
 
         Rows that need more than 50 parameters go, on PostgreSQL, as one statement
         whatever their number: each column is one array parameter, unnested (psycopg

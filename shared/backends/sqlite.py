@@ -19,9 +19,9 @@ Everything that is SQLite's own lives here:
   `<database>-wake/`, which a process that placed jobs rings for every other
   process after its commit. So a job placed by one worker for a claim waiting
   in another is seen within a millisecond, while an idle process wakes only 20
-  times a second. (Polling every 5 ms also gave quick wake-ups, but its 200
-  wake-ups a second per process, fighting hundreds of request threads for the
-  GIL, were a fifth of an idle scheduler's CPU with 500 agents.)
+  times a second. (Polling more often also gave quick wake-ups, but its wake-ups,
+  fighting hundreds of request threads for the GIL, cost an idle scheduler much
+  of its CPU: docs/dispatch.md.)
 
 SQLite connections are pooled per process (playhouse.pool): a request takes an
 open connection and gives it back at teardown. Opening one per request cost
@@ -96,11 +96,9 @@ def open_sqlite(url: str, synchronous: str = "NORMAL", pool_size: int | None = N
 
 # How often a writer asks again for the flock another process holds: from 50 µs,
 # doubling up to 200 µs, and once it has waited over 10 ms (a long transaction:
-# a batch of 1,000, a purge) up to 2 ms. Write transactions here last about
-# 0.3 ms, so a writer that slept 2 ms left the lock idle most of that time: with 8
-# clients submitting one job per request, retries every 0.5-2 ms gave 928 jobs/s
-# and 1.34 ms of server CPU per job, every 50-200 µs 1,206 jobs/s and 1.17 ms
-# (medians of 18 runs each, interleaved; 20-100 µs was no better).
+# a batch of 1,000, a purge) up to 2 ms. A write transaction is far shorter than a
+# millisecond, so a writer that slept milliseconds left the lock idle most of that
+# time (docs/dispatch.md, "Writers wait in line", has what each schedule gave).
 FLOCK_RETRY_SECS = (0.00005, 0.0002)
 FLOCK_LONG_WAIT_SECS, FLOCK_LONG_RETRY_SECS = 0.01, 0.002
 
@@ -119,8 +117,9 @@ class QueuedWritersSqlite(PooledSqliteDatabase):
 
     SQLite lets one writer in at a time; a writer that finds the lock taken sleeps
     and retries (1, 2, 5, 10 ... up to 100 ms per try), so under contention most of
-    a write's latency was sleeping past the moment the lock came free (submits from
-    8 clients: p99 ~240 ms, PYTHON-NOTES §1 calls the handler unfair). Here the
+    a write's latency was sleeping past the moment the lock came free, and the
+    handler is unfair: a writer that just arrived may win over one that has waited
+    long (docs/dispatch.md, "Writers wait in line", has the measurements). Here the
     threads of a process queue on a lock, and one of them at a time asks for the
     flock, again and again while another process holds it (see FLOCK_RETRY_SECS).
     Waiting is bounded like the busy handler's: after `lock_timeout`
