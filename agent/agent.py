@@ -4,7 +4,7 @@ Each step is a small one-pass method (startup, register, heartbeat_once, poll_on
 claim_once, take_claimed, reap_once, reconcile_once, flush_reports) that tests
 call directly; run_forever only schedules them on threads (work loop, claim,
 heartbeat, lease, fence, warm launch, and live output). Its parts: the job table
-(jobs.py), a job's preparation (prepare.py), the outbox of reports (reports.py),
+(jobs.py), the claims (claims.py), a job's preparation (prepare.py), the outbox of reports (reports.py),
 the lease's state (lease.py), the reconcile decisions (reconcile.py), the work
 loop's pass (workloop.py), the warm launch (warm.py), live output (live_output.py). The scheduler's database is the
 truth about jobs: the agent keeps in memory only the processes it runs and the
@@ -74,10 +74,11 @@ from corral.shared.backoff import Backoff
 from corral.shared.clients import ClientError, Rejected, RegistryClient, SchedulerClient, Unreachable
 
 from . import cgroups, identity, jobenv, launch, live_output, reconcile, runner, services, warm
+from .claims import Claims
 from .jobs import END_FENCED, END_RECONCILED, END_STOPPING, END_TIMEOUT, JobTable, LocalJob
 from .lease import Lease
 from .prepare import Plan, Preparer, warm_limits
-from .reconcile import job_attempt, job_key, listed_keys
+from .reconcile import job_attempt, listed_keys
 from .reports import Outbox, PendingReport
 from .settings import AgentSettings, safe_path_part, total_memory_mb
 from .workloop import WorkLoop
@@ -100,11 +101,6 @@ DIR_MODES = {"agent_dir": 0o711, "work_root": 0o711, "log_root": 0o700, "service
 LEASE_TIMEOUT = (3.05, 5.0)
 # How often the work loop looks at its processes (finish, timeout) between polls.
 TICK_SECS = 0.1
-# An idle claim thread (no free slot, lease lapsed) looks again at least this often.
-CLAIM_IDLE_SECS = 1.0
-# The longest a claim thread that got jobs waits for the work loop to take them before
-# it asks for more (Agent._handed_over).
-HANDOFF_SECS = 0.05
 # Bounded effort to deliver the last reports when the agent stops.
 FLUSH_SECS = 5.0
 # How long shutdown waits for service monitors to notice they should stop.
@@ -149,25 +145,17 @@ class Agent:
         # The held and claimed jobs (jobs.py): only the work loop adds and removes held
         # ones; other threads read snapshots; a preparing thread changes its own LocalJob.
         self.jobs = JobTable()
-        self.outbox = Outbox(settings.node_id, scheduler, clock, self._queue_claimed, self._claim_answer_lost)
+        self.long_poll = settings.long_poll_secs > 0
+        self.claims = Claims(self)
+        self.outbox = Outbox(settings.node_id, scheduler, clock, self.claims.queue, self.claims.answer_lost)
         # Monitors of ended services still removing their registry record.
         self._closing: list[services.ServiceMonitor] = []
         self._stopping = False
         # Set when a job ends so the work loop asks for more work at once.
         self.slot_freed = threading.Event()
-        self.long_poll = settings.long_poll_secs > 0
-        self._claiming = False      # the claim thread runs (long-poll)
-        self._claim_wake = threading.Event()  # a slot freed: the claim thread asks at once
-        # Set when the work loop has taken what a claim queued: the claim thread asks for
-        # more only then (or after HANDOFF_SECS), so that its next request and the start
-        # of the jobs it got do not compete for the interpreter.
-        self._handed_over = threading.Event()
         self._work_wake = threading.Event()   # claimed jobs, or a job's output closed: the work loop looks
-        # Claims sent and claims whose answer was handled (queued or failed), and jobs the
-        # scheduler lists here that this agent does not know, with the claims sent by then
-        # (see reconcile_once).
-        self._claims_sent = 0
-        self._claims_done = 0
+        # Jobs the scheduler lists here that this agent does not know, with the claims
+        # sent by then (see reconcile_once).
         self._suspects: dict[Key, int] = {}
         # Set by the lease thread when the scheduler lists attempts running here that this
         # agent does not hold: the next reconcile must look even if the agent is idle.
@@ -542,76 +530,14 @@ class Agent:
 
     def claim_once(self, client: SchedulerClient | None = None, wait_secs: float = 0.0
                    ) -> tuple[list[Key], bool]:
-        """One claim for as many jobs as there are free slots, waiting up to wait_secs
-        for work. The jobs are already `running` in the scheduler; they are queued for
-        the work loop (take_claimed). Returns their keys and whether to pause before the
-        next claim (the scheduler could not wait). Raises ClientError."""
-        self._require_startup()
-        client = client or self.scheduler
-        if self._stopping or self.claims_blocked():
-            return [], False
-        free = self.free_slots()
-        if free <= 0:
-            return [], False
-        sequence = self._claims_sent = self._claims_sent + 1
-        started = time.monotonic()
-        sent_at = self._clock()
-        try:
-            result = client.claim(self.node_id, free, wait_secs, limits_enforced=self.cgroups.enforced,
-                                  default_limits=self.default_limits(), private_tmp=bool(self.private_tmp))
-            keys = self._queue_claimed(result.jobs, sent_at)
-        except Unreachable:
-            self._claim_answer_lost()
-            raise
-        finally:
-            self._claims_done = sequence  # after the jobs are queued: see reconcile_once
-        if result.not_waited == "again":  # work came while it waited: ask again at once
-            return keys, False
-        pause = result.not_waited is not None or (
-            not keys and wait_secs > 0 and time.monotonic() - started < wait_secs / 2)
-        return keys, pause
-
-    def _claim_answer_lost(self) -> None:
-        """A claim got no answer: it may have handed out jobs all the same. Renew at the
-        lease thread's next beat, whose answer lists them (see _end_stale), instead of
-        seldom later (Lease.due)."""
-        self.lease.renew_soon()
-
-    def _queue_claimed(self, jobs: list, sent_at: float) -> list[Key]:
-        """Queue claimed jobs (already `running` in the scheduler) for the work loop.
-        The claim, sent at `sent_at`, renewed the lease when it handed out jobs."""
-        if jobs:
-            self.lease.evidence(sent_at)
-        claimed = []
-        for job in jobs:
-            try:
-                claimed.append((job_key(job), job))
-            except (KeyError, TypeError, ValueError) as exc:
-                log.warning("ignoring a malformed claimed job from the scheduler (%s): %r", exc, job)
-        self.jobs.queue(claimed)
-        keys = [key for key, _ in claimed]
-        if keys:
-            self._handed_over.clear()
-            self._work_wake.set()
-        return keys
-
-    def _claim_with_reports(self) -> dict | None:
-        """The claim to send with reports (POST /jobs/reports `claim`) for the slots free
-        now, or None: the claim thread takes work otherwise (long-poll only)."""
-        if not (self._claiming and self.long_poll) or self._stopping \
-                or self.claims_blocked():
-            return None
-        free = self.free_slots()
-        if free <= 0:
-            return None
-        return {"node_id": self.node_id, "max": free, "limits_enforced": self.cgroups.enforced,
-                "private_tmp": bool(self.private_tmp), "default_limits": self.default_limits()}
+        """One claim (Claims.claim_once)."""
+        return self.claims.claim_once(client, wait_secs)
 
     def take_claimed(self) -> list[Key]:
         """Start preparing the claimed jobs (work loop thread). A job whose older attempt
         still ends here waits for it; with the lease lapsed a job is given back at once."""
         if self._stopping or not self.jobs.has_claimed():
-            self._handed_over.set()
+            self.claims.handed_over.set()
             return []
         accepted: list[tuple[LocalJob, dict, Plan]] = []
 
@@ -629,7 +555,7 @@ class Agent:
         taken = self.jobs.take_claimed(start)
         for local, job, plan in accepted:
             self._start_preparing(local, job, plan)
-        self._handed_over.set()
+        self.claims.handed_over.set()
         return taken
 
     def _requeue_claimed(self) -> None:
@@ -638,43 +564,6 @@ class Agent:
         claimed = self.jobs.take_all_claimed()
         for key, _ in claimed:
             self.outbox.add_failed(*key, -1, STOPPED_MESSAGE, requeue=True)
-
-    def _claim_loop(self, stop: threading.Event) -> None:
-        """The claim thread: keep one long-poll claim open while there are free slots.
-        Failures and refusals back off and never end it."""
-        client = self.scheduler.clone()
-        backoff = Backoff(1.0, 30.0)
-        wait_secs = self.settings.long_poll_secs
-        try:
-            while not stop.is_set() and not self._stopping:
-                if self.claims_blocked() or self.free_slots() <= 0:
-                    self._claim_wake.wait(CLAIM_IDLE_SECS)
-                    self._claim_wake.clear()
-                    continue
-                try:
-                    keys, pause = self.claim_once(client, wait_secs)
-                    backoff.reset()
-                    if keys:
-                        self._handed_over.wait(HANDOFF_SECS)
-                except Rejected as exc:
-                    delay = backoff.next()
-                    log.warning("the scheduler refused a claim (%s); retrying in %.1fs", exc, delay)
-                    stop.wait(delay)
-                    continue
-                except ClientError as exc:
-                    delay = backoff.next()
-                    log.warning("claiming work failed: %s; retrying in %.1fs", exc, delay)
-                    stop.wait(delay)
-                    continue
-                except Exception:
-                    delay = backoff.next()
-                    log.exception("claiming work failed; retrying in %.1fs", delay)
-                    stop.wait(delay)
-                    continue
-                if pause:  # the scheduler could not wait (busy): ask again after the poll interval
-                    stop.wait(self.settings.poll_interval)
-        finally:
-            client.close()
 
     def _accept(self, job: dict, job_id: str, attempt: int, plan: Plan) -> LocalJob | None:
         """The LocalJob that holds the job's slot from now on, or None when it cannot run
@@ -774,7 +663,7 @@ class Agent:
         # once only for the slots still free after that.
         self.flush_reports(claim=bool(ended))
         if ended and self.free_slots() > 0:
-            self._claim_wake.set()
+            self.claims.wake.set()
         return ended
 
     def _finish_unstarted(self, local: LocalJob) -> tuple[str, int, str]:
@@ -885,9 +774,9 @@ class Agent:
 
     def flush_reports(self, force: bool = False, claim: bool = False) -> int:
         """Send the reports that are due (all of them with force): Outbox.flush; with
-        `claim`, the batch also claims jobs for the free slots (_claim_with_reports).
+        `claim`, the batch also claims jobs for the free slots (Claims.riding).
         How many are still undelivered."""
-        return self.outbox.flush(force, self._claim_with_reports if claim else None)
+        return self.outbox.flush(force, self.claims.riding if claim else None)
 
     # --- reconcile --------------------------------------------------------------
 
@@ -913,7 +802,7 @@ class Agent:
         listed, malformed = listed_keys(self.scheduler.running_on(self.node_id))
         for job in malformed:
             log.warning("ignoring a malformed job from the scheduler: %r", job)
-        claims_sent = self._claims_sent  # read after the list: claims that may be in it
+        claims_sent = self.claims.sent  # read after the list: claims that may be in it
         killed = []
         for key in reconcile.ended_there(known, listed):
             local = self.jobs.get(key)
@@ -926,7 +815,7 @@ class Agent:
                         "killing it", *key)
             self._end(local, END_RECONCILED)
             killed.append(key)
-        claims_done = self._claims_done  # before looking at the queue: what was handled is in it
+        claims_done = self.claims.done  # before looking at the queue: what was handled is in it
         known = self.jobs.keys() | set(self.claimed_keys()) | {(r.job_id, r.attempt) for r in self.outbox}
         lost, self._suspects = reconcile.lost_here(listed, known, self._suspects, claims_sent, claims_done)
         for key in lost:
@@ -989,7 +878,7 @@ class Agent:
     def run_forever(self, stop_event: threading.Event, once: bool = False) -> int:
         """Start up (see startup()), register, then heartbeat on a thread of its own
         and run the work loop in this thread (with long-poll, beside a claim thread:
-        see _claim_loop) until stop_event is set (or, with once,
+        see claims.py) until stop_event is set (or, with once,
         until the jobs of one successful poll have ended; services are left running).
         Then stop: see shutdown(). Returns the exit status: 0, or 1 in once mode when
         reports could not be delivered."""
@@ -1041,8 +930,8 @@ class Agent:
         claim_stop = threading.Event()
         claims = self.long_poll and not once
         if claims:
-            threading.Thread(target=self._claim_loop, args=(claim_stop,), name="claim", daemon=True).start()
-            self._claiming = True
+            threading.Thread(target=self.claims.loop, args=(claim_stop,), name="claim", daemon=True).start()
+            self.claims.running = True
         loop = WorkLoop(self, self._clock(), claims, once)
         try:
             while not stop_event.is_set() and not loop.done():
@@ -1050,9 +939,9 @@ class Agent:
                 self._work_wake.wait(TICK_SECS)
                 self._work_wake.clear()
         finally:
-            self._claiming = False
+            self.claims.running = False
             claim_stop.set()
-            self._claim_wake.set()
+            self.claims.wake.set()
 
     def _reconcile_paced(self, backoff: Backoff) -> float:
         """reconcile_once; when the next one is due. An idle agent (no job held or
@@ -1082,7 +971,7 @@ class Agent:
         seconds, kill the rest (reported failed), then try for about flush_secs to
         deliver every report. Returns how many reports are still undelivered."""
         self._stopping = True
-        self._claim_wake.set()
+        self.claims.wake.set()
         if self.warm is not None:
             self.warm.close()
         self.detach_services()

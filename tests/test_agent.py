@@ -20,7 +20,7 @@ import pytest
 import requests
 import responses
 
-from corral.agent import agent as agent_module
+from corral.agent import claims as claims_module
 from corral.agent import cgroups, identity, launch, reports, runner
 from corral.agent.agent import STOPPED_MESSAGE, TIMEOUT_MESSAGE, Agent, AgentStartError, Backoff
 from corral.agent.cli import main
@@ -924,7 +924,7 @@ def test_a_claimed_job_runs_without_a_running_report(make_agent, scheduler):
 
 def test_reports_of_ended_jobs_carry_the_claim_for_the_next_ones(make_agent, scheduler):
     agent = make_agent(slots=2, cgroup_manager=FakeCgroups())
-    agent._claiming = True  # as while the claim thread runs (long-poll)
+    agent.claims.running = True  # as while the claim thread runs (long-poll)
     scheduler.add(job_id="job-1", command="echo one")
     scheduler.add(job_id="job-2", command="echo two")
     assert agent.claim_once(wait_secs=0)[0] == [("job-1", 1), ("job-2", 1)]
@@ -940,8 +940,8 @@ def test_reports_of_ended_jobs_carry_the_claim_for_the_next_ones(make_agent, sch
         "default_limits": agent.default_limits()}]
     assert scheduler.statuses("job-1") == scheduler.statuses("job-2") == ["done"]
     assert agent.claimed_keys() == [("job-3", 1)]  # queued for the work loop, holding a slot
-    assert agent._claim_wake.is_set()  # one slot is still free: the claim thread asks for it
-    agent._claim_wake.clear()
+    assert agent.claims.wake.is_set()  # one slot is still free: the claim thread asks for it
+    agent.claims.wake.clear()
     agent.take_claimed()
     wait_for(lambda: ("job-3", 1, "done") in agent.reap_once(), timeout=10, message="job-3 to end")
     assert scheduler.statuses("job-3") == ["done"]
@@ -955,8 +955,8 @@ def test_no_claim_rides_without_the_claim_thread_or_when_stopping(make_agent, sc
     scheduler.add(job_id="job-2")
     wait_for(lambda: agent.reap_once(), timeout=10, message="job-1 to end")
     assert scheduler.riding_claims == [] and scheduler.statuses("job-1") == ["done"]  # polling agent
-    agent._claiming, agent._stopping = True, True
-    assert agent._claim_with_reports() is None
+    agent.claims.running, agent._stopping = True, True
+    assert agent.claims.riding() is None
 
 
 def test_an_idle_agent_reconciles_only_when_its_lease_lists_an_attempt_it_does_not_hold(make_agent, scheduler,
@@ -1066,7 +1066,7 @@ def test_long_poll_setting():
 def test_the_claim_thread_asks_again_once_the_work_loop_took_what_it_got(make_agent, scheduler, monkeypatch):
     """Its next request and the start of the jobs it got do not compete for the
     interpreter: the next claim leaves once they are taken (or after HANDOFF_SECS)."""
-    monkeypatch.setattr(agent_module, "HANDOFF_SECS", 30.0)
+    monkeypatch.setattr(claims_module, "HANDOFF_SECS", 30.0)
     agent = make_agent(slots=2)
     waits = []
 
@@ -1075,10 +1075,10 @@ def test_the_claim_thread_asks_again_once_the_work_loop_took_what_it_got(make_ag
             waits.append((timeout, len(scheduler.claims)))
             return super().wait(timeout)
 
-    agent._handed_over = Recorded()
+    agent.claims.handed_over = Recorded()
     scheduler.add(job_id="job-1", command="true")
     stop = threading.Event()
-    thread = threading.Thread(target=agent._claim_loop, args=(stop,), daemon=True)
+    thread = threading.Thread(target=agent.claims.loop, args=(stop,), daemon=True)
     thread.start()
     try:
         wait_for(lambda: waits, timeout=10, message="the claim thread to wait for the hand-over")
@@ -1087,7 +1087,7 @@ def test_the_claim_thread_asks_again_once_the_work_loop_took_what_it_got(make_ag
         wait_for(lambda: len(scheduler.claims) >= 2, timeout=10, message="the next claim")
     finally:
         stop.set()
-        agent._claim_wake.set()
+        agent.claims.wake.set()
         thread.join(10)
         agent.shutdown(flush_secs=0)
 
@@ -1095,7 +1095,7 @@ def test_the_claim_thread_asks_again_once_the_work_loop_took_what_it_got(make_ag
 def test_a_refused_claim_is_retried_after_a_pause_and_the_agent_never_falls_back_to_polling(
         make_agent, scheduler, api, monkeypatch):
     api.add(responses.POST, f"{REGISTRY}/nodes/{NODE}/heartbeat", json={})
-    monkeypatch.setattr(agent_module, "Backoff", lambda first, cap: Backoff(0.05, 0.05))
+    monkeypatch.setattr(claims_module, "Backoff", lambda first, cap: Backoff(0.05, 0.05))
     scheduler.claim_refusal = 404
     agent = make_agent(clock=time.monotonic, slots=1)
     stop = threading.Event()
@@ -1135,9 +1135,9 @@ def test_reconcile_waits_for_a_claim_on_its_way_before_reporting_a_job_lost(agen
     # The scheduler lists job-9 here while a claim is still out: its answer may bring it.
     scheduler.running.append({"job_id": "job-9", "node_id": NODE, "status": "running", "attempt": 3,
                               "command": "true"})
-    agent._claims_sent = 1  # a claim sent, not answered yet
+    agent.claims.sent = 1  # a claim sent, not answered yet
     assert agent.reconcile_once() == [] and agent.pending_reports() == []
-    agent._claims_done = 1  # it came back without job-9: the attempt is lost
+    agent.claims.done = 1  # it came back without job-9: the attempt is lost
     agent.reconcile_once()
     (report,) = agent.pending_reports()
     assert (report.job_id, report.attempt, report.status) == ("job-9", 3, "failed")

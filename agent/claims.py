@@ -1,0 +1,155 @@
+"""Taking work by long-poll: the claim thread, and the claims that ride on reports.
+
+The claim thread keeps one `POST /nodes/{id}/claim` waiting on the scheduler for as
+many jobs as the agent has free slots; the scheduler answers the moment work is
+placed on the node, each job already `running` for its attempt. The jobs go to the
+agent's job table (queue), and the thread asks again once the work loop has taken
+them (handed_over) or after HANDOFF_SECS. A claim that handed out jobs renewed the
+lease (counted from when it was sent); a claim whose answer never came may have, so
+the lease is renewed soon, and its answer lists what it handed out. Reports of
+ended jobs carry a claim for the slots they free (riding), so a busy node gets its
+next jobs in the same round trip. Failures and refusals back off and never end the
+thread. `sent` and `done` count the claims sent and those whose answer was handled:
+reconcile reports a job it does not know only once every claim that might bring
+it was handled.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from corral.shared.backoff import Backoff
+from corral.shared.clients import ClientError, Rejected, SchedulerClient, Unreachable
+
+from .reconcile import Key, job_key
+
+if TYPE_CHECKING:
+    from .agent import Agent
+
+log = logging.getLogger(__name__)
+
+# An idle claim thread (no free slot, lease lapsed) looks again at least this often.
+CLAIM_IDLE_SECS = 1.0
+# The longest a claim thread that got jobs waits for the work loop to take them before
+# it asks for more (Claims.handed_over).
+HANDOFF_SECS = 0.05
+
+
+class Claims:
+    def __init__(self, agent: Agent):
+        self.agent = agent
+        self.sent = 0  # claims sent
+        self.done = 0  # claims whose answer was handled (queued or failed)
+        self.running = False  # the claim thread runs
+        self.wake = threading.Event()  # a slot freed: the claim thread asks at once
+        self.handed_over = threading.Event()  # the work loop took what the last claim queued
+
+    def _limits_enforced(self) -> bool:
+        cgroups = self.agent.cgroups  # detected at the agent's start-up, before any claim
+        return cgroups is not None and cgroups.enforced
+
+    def claim_once(self, client: SchedulerClient | None = None, wait_secs: float = 0.0
+                   ) -> tuple[list[Key], bool]:
+        """One claim for as many jobs as there are free slots, waiting up to wait_secs
+        for work. The jobs are already `running` in the scheduler; they are queued for
+        the work loop (take_claimed). Returns their keys and whether to pause before the
+        next claim (the scheduler could not wait). Raises ClientError."""
+        self.agent._require_startup()
+        client = client or self.agent.scheduler
+        if self.agent._stopping or self.agent.claims_blocked():
+            return [], False
+        free = self.agent.free_slots()
+        if free <= 0:
+            return [], False
+        sequence = self.sent = self.sent + 1
+        started = time.monotonic()
+        sent_at = self.agent._clock()
+        try:
+            result = client.claim(self.agent.node_id, free, wait_secs, limits_enforced=self._limits_enforced(),
+                                  default_limits=self.agent.default_limits(), private_tmp=bool(self.agent.private_tmp))
+            keys = self.queue(result.jobs, sent_at)
+        except Unreachable:
+            self.answer_lost()
+            raise
+        finally:
+            self.done = sequence  # after the jobs are queued: see reconcile_once
+        if result.not_waited == "again":  # work came while it waited: ask again at once
+            return keys, False
+        pause = result.not_waited is not None or (
+            not keys and wait_secs > 0 and time.monotonic() - started < wait_secs / 2)
+        return keys, pause
+
+    def answer_lost(self) -> None:
+        """A claim got no answer: it may have handed out jobs all the same. Renew at the
+        lease thread's next beat, whose answer lists them (see _end_stale), instead of
+        seldom later (Lease.due)."""
+        self.agent.lease.renew_soon()
+
+    def queue(self, jobs: list, sent_at: float) -> list[Key]:
+        """Queue claimed jobs (already `running` in the scheduler) for the work loop.
+        The claim, sent at `sent_at`, renewed the lease when it handed out jobs."""
+        if jobs:
+            self.agent.lease.evidence(sent_at)
+        claimed = []
+        for job in jobs:
+            try:
+                claimed.append((job_key(job), job))
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("ignoring a malformed claimed job from the scheduler (%s): %r", exc, job)
+        self.agent.jobs.queue(claimed)
+        keys = [key for key, _ in claimed]
+        if keys:
+            self.handed_over.clear()
+            self.agent._work_wake.set()
+        return keys
+
+    def riding(self) -> dict | None:
+        """The claim to send with reports (POST /jobs/reports `claim`) for the slots free
+        now, or None: the claim thread takes work otherwise (long-poll only)."""
+        if not (self.running and self.agent.long_poll) or self.agent._stopping \
+                or self.agent.claims_blocked():
+            return None
+        free = self.agent.free_slots()
+        if free <= 0:
+            return None
+        return {"node_id": self.agent.node_id, "max": free, "limits_enforced": self._limits_enforced(),
+                "private_tmp": bool(self.agent.private_tmp), "default_limits": self.agent.default_limits()}
+
+    def loop(self, stop: threading.Event) -> None:
+        """The claim thread: keep one long-poll claim open while there are free slots.
+        Failures and refusals back off and never end it."""
+        client = self.agent.scheduler.clone()
+        backoff = Backoff(1.0, 30.0)
+        wait_secs = self.agent.settings.long_poll_secs
+        try:
+            while not stop.is_set() and not self.agent._stopping:
+                if self.agent.claims_blocked() or self.agent.free_slots() <= 0:
+                    self.wake.wait(CLAIM_IDLE_SECS)
+                    self.wake.clear()
+                    continue
+                try:
+                    keys, pause = self.claim_once(client, wait_secs)
+                    backoff.reset()
+                    if keys:
+                        self.handed_over.wait(HANDOFF_SECS)
+                except Rejected as exc:
+                    delay = backoff.next()
+                    log.warning("the scheduler refused a claim (%s); retrying in %.1fs", exc, delay)
+                    stop.wait(delay)
+                    continue
+                except ClientError as exc:
+                    delay = backoff.next()
+                    log.warning("claiming work failed: %s; retrying in %.1fs", exc, delay)
+                    stop.wait(delay)
+                    continue
+                except Exception:
+                    delay = backoff.next()
+                    log.exception("claiming work failed; retrying in %.1fs", delay)
+                    stop.wait(delay)
+                    continue
+                if pause:  # the scheduler could not wait (busy): ask again after the poll interval
+                    stop.wait(self.agent.settings.poll_interval)
+        finally:
+            client.close()
