@@ -84,15 +84,16 @@ _SETUP = ('m=$1 t=$2 z=$3; shift 3; '
           'exec "$@"')
 SETUP_NAME = "corral-setup"
 # The job's user: source the environment from standard input, then /dev/null there, exec the job.
+_RUN_JOB = 'exec </dev/null; exec ' + SHELL + ' -c "$1"'
 _ENV_STAGE = ('[ -r /proc/self/fd/0 ] || { echo "' + ENV_FAILED_MESSAGE + '" >&2; '
               'exit ' + str(SETUP_FAILED_EXIT) + '; }; '
-              '. /proc/self/fd/0; exec </dev/null; exec ' + SHELL + ' -c "$1"')
+              '. /proc/self/fd/0; ' + _RUN_JOB)
 ENV_STAGE_NAME = "corral-env"
 # A warm chain's job-user stage: the same, once its script (warm_script) is complete.
 _WARM_READY = "__corral_ready"
 _WARM_STAGE = ('. /proc/self/fd/0 || exit ' + str(SETUP_FAILED_EXIT) + '; '
                '[ "${' + _WARM_READY + '-}" = 1 ] || exit ' + str(SETUP_FAILED_EXIT) + '; '
-               'unset ' + _WARM_READY + '; exec </dev/null; exec ' + SHELL + ' -c "$1"')
+               'unset ' + _WARM_READY + '; ' + _RUN_JOB)
 WORKDIR_FAILED_MESSAGE = f"{SETUP_FAILED_PREFIX} the job could not enter its work dir"
 
 # Fallback privilege drop when setpriv (util-linux) is missing: a few lines of Python
@@ -193,20 +194,24 @@ def argv(command: str, tools: Tools, cgroup_files: Sequence[str] = (), user: Use
     """The chain of the module docstring for one job, to be run with its environment
     script (env_script) as standard input. `user` None: no switch (the agent is not
     root, or runs jobs as root by choice)."""
-    chain = setup_argv(tools, cgroup_files, private_tmp)
-    if user is not None:
-        chain += drop_argv(user, tools)
-    return chain + [SHELL, "-c", _ENV_STAGE, ENV_STAGE_NAME, command]
+    return _root_stages(tools, cgroup_files, user, private_tmp) + [SHELL, "-c", _ENV_STAGE, ENV_STAGE_NAME,
+                                                                   command]
 
 
 def warm_argv(tools: Tools, cgroup_files: Sequence[str] = (), user: User | None = None,
               private_tmp: PrivateTmp | None = None) -> list[str]:
     """A warm chain (module docstring): argv's stages, ending in one that waits for
     warm_script on its standard input."""
+    return _root_stages(tools, cgroup_files, user, private_tmp) + [SHELL, "-c", _WARM_STAGE, ENV_STAGE_NAME]
+
+
+def _root_stages(tools: Tools, cgroup_files: Sequence[str], user: User | None,
+                 private_tmp: PrivateTmp | None) -> list[str]:
+    """Every stage before the job-user one: the set-up, then the drop to `user`."""
     chain = setup_argv(tools, cgroup_files, private_tmp)
     if user is not None:
         chain += drop_argv(user, tools)
-    return chain + [SHELL, "-c", _WARM_STAGE, ENV_STAGE_NAME]
+    return chain
 
 
 def warm_script(command: str, workdir: str, env: Mapping[str, str]) -> bytes:
