@@ -109,9 +109,7 @@ def start(job: Mapping, workdir: str, env: Mapping[str, str], tail_bytes: int, *
     0600, appended to) instead of pipes. Raises StartError when the process cannot be
     started.
     """
-    command = job.get("command")
-    if not isinstance(command, str) or not command.strip():
-        raise StartError("the job has no command to run")
+    command = _runnable(job.get("command"))
     try:
         script = launch.env_script(env)
     except ValueError as exc:
@@ -146,6 +144,13 @@ def start(job: Mapping, workdir: str, env: Mapping[str, str], tail_bytes: int, *
             if isinstance(fd, int) and fd >= 0:
                 os.close(fd)
     return RunningJob(proc, tail_bytes, cgroup, output_files)
+
+
+def _runnable(command: object) -> str:
+    """The job's command; StartError when there is none to run."""
+    if not isinstance(command, str) or not command.strip():
+        raise StartError("the job has no command to run")
+    return command
 
 
 class WarmGone(Exception):
@@ -197,10 +202,8 @@ class WarmStart:
         """Run `command` in it as start() would in `workdir` with `env` (the job's cgroup
         is the chain's). Raises StartError for a job that cannot start (the chain stays
         usable), WarmGone when the chain cannot take it."""
-        if not isinstance(command, str) or not command.strip():
-            raise StartError("the job has no command to run")
         try:
-            script = launch.warm_script(command, workdir, env)
+            script = launch.warm_script(_runnable(command), workdir, env)
         except ValueError as exc:
             raise StartError(f"cannot start the job: {exc}") from exc
         if not self.alive():
