@@ -186,8 +186,7 @@ class Preparer:
         except runner.WarmGone as exc:
             log.warning("job %s attempt %s starts without the warm launch: %s", local.job_id,
                         local.attempt, exc)
-            taken.cgroup.kill()
-            taken.cgroup.remove()
+            taken.cgroup.remove()  # launch() discarded the chain, which killed its cgroup
             return None
 
     def _check_not_ended(self, local: LocalJob) -> None:

@@ -198,8 +198,7 @@ class WarmKeeper:
 
     def _release(self, warm: Warm) -> None:
         try:
-            warm.start.discard()
-            warm.cgroup.kill()
+            warm.start.discard()  # kills what is left in its cgroup too
             warm.cgroup.remove()
         finally:
             self._users.release(warm.key)
