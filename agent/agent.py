@@ -78,7 +78,7 @@ from .claims import Claims
 from .jobs import END_FENCED, END_RECONCILED, END_STOPPING, END_TIMEOUT, JobTable, LocalJob
 from .lease import Lease
 from .prepare import Plan, Preparer, warm_limits
-from .reconcile import job_attempt, listed_keys
+from .reconcile import job_key, listed_keys
 from .reports import Outbox, PendingReport
 from .settings import AgentSettings, safe_path_part, total_memory_mb
 from .workloop import WorkLoop
@@ -484,7 +484,7 @@ class Agent:
             if self.free_slots() <= 0:
                 break
             try:
-                job_id, attempt = str(job["job_id"]), job_attempt(job)
+                job_id, attempt = job_key(job)
             except (KeyError, TypeError, ValueError) as exc:
                 log.warning("ignoring a malformed job from the scheduler (%s): %r", exc, job)
                 continue

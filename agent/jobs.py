@@ -18,7 +18,7 @@ jobs; a preparing thread changes its own LocalJob under the job's own lock.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from . import cgroups, runner, services
@@ -89,9 +89,6 @@ class JobTable:
     def __len__(self) -> int:
         return len(self._held)
 
-    def __iter__(self) -> Iterator[LocalJob]:
-        return iter(self.snapshot())
-
     def snapshot(self) -> list[LocalJob]:
         with self._lock:
             return list(self._held.values())
@@ -120,7 +117,10 @@ class JobTable:
     def holds_job(self, job_id: str) -> bool:
         """Whether an attempt of `job_id` is held here."""
         with self._lock:
-            return any(local.job_id == job_id for local in self._held.values())
+            return self._holds(job_id)
+
+    def _holds(self, job_id: str) -> bool:  # under the lock
+        return any(local.job_id == job_id for local in self._held.values())
 
     # --- claimed, not taken yet ------------------------------------------------------
 
@@ -157,7 +157,7 @@ class JobTable:
         with self._lock:
             waiting = []
             for key, job in self._claimed:
-                if any(local.job_id == key[0] for local in self._held.values()):
+                if self._holds(key[0]):
                     waiting.append((key, job))
                     continue
                 local = start(key, job)
