@@ -404,12 +404,7 @@ class NotifyFeed(ChangeFeed):
                     self._pending, self._has_pending, self._conn = set(), False, None
                     threading.Thread(target=self._send_loop, name="corral-pg-notify", daemon=True).start()
                     self._sender_pid = pid
-        with self._pending_lock:
-            if nodes is None or self._pending is None:
-                self._pending = None
-            else:
-                self._pending.update(nodes)
-            self._has_pending = True
+        self._pend(nodes)
         if self._send_lock.acquire(blocking=False):  # else the one sending takes this too
             try:
                 if time.monotonic() - self._sent_at >= self.debounce and self._send():
@@ -417,6 +412,15 @@ class NotifyFeed(ChangeFeed):
             finally:
                 self._send_lock.release()
         self._wanted.set()
+
+    def _pend(self, nodes: Collection[str] | None) -> None:
+        """Have the next notification name `nodes` too (None: say "look")."""
+        with self._pending_lock:
+            if nodes is None or self._pending is None:
+                self._pending = None
+            else:
+                self._pending.update(nodes)
+            self._has_pending = True
 
     def _payload(self) -> str | None:
         """What the notification names, None when nothing is pending (and nothing is
@@ -454,7 +458,8 @@ class NotifyFeed(ChangeFeed):
             if self._conn is not None:
                 self._conn.close()
             self._conn = None
-            self.ring(None if payload == "" else set(payload.split(",")))  # pending again
+            self._pend(None if payload == "" else set(payload.split(",")))  # pending again
+            self._wanted.set()  # the sender tries it after its backoff
             return False
 
     def _send_loop(self) -> None:
