@@ -5,7 +5,7 @@ tests/test_openapi.py checks every route is listed and runs schemathesis
 against a live server to check every answer against it.
 """
 
-from corral.shared import wire
+from corral.shared import states, wire
 from corral.shared.openapi import SECURITY, SECURITY_SCHEMES, json_content_type_everywhere
 from corral.shared.openapi import COMMON_SCHEMAS, NAME_PATTERN, TIMESTAMP, error_responses, meta_paths
 from corral.shared.openapi import error as _error
@@ -15,7 +15,7 @@ from corral.shared.openapi import path_param as _path_param
 from corral.shared.openapi import query as _query
 from corral.shared.openapi import ref as _ref
 
-STATUSES = ["pending", "running", "done", "failed", "cancelled"]  # shared.states.JobStatus
+STATUSES = list(states.ALL)
 JOB_TYPES = list(wire.JOB_TYPES)
 JOB_ID_PATTERN = wire.JOB_ID_PATTERN
 
