@@ -7,23 +7,22 @@ endpoint and the real boto3 client (nothing of boto3 is stubbed).
   real SQLite store and moto.
 - End to end: real scheduler and agent processes (tests/cluster.py).
 
-"Down" is real: a second moto server on a port where nothing listens yet
-(connection refused), started later. Every ThreadedMotoServer in this process
-shares moto's in-memory state, so queues and topics created through the
-module's server are there when the late one starts.
+"Down" is real: a port where nothing listens yet (connection refused), which
+later forwards to the module's moto server and can be cut again, live
+connections and all.
 """
 import json
 import logging
 import random
 import socket
 import sqlite3
+import threading
 import types
 import uuid
 
 import boto3
 import pytest
 import requests
-from moto.server import ThreadedMotoServer
 
 from aws import CLIENT_KWARGS, REGION, moto_endpoint, set_aws_env  # noqa: F401  (fixture)
 from cluster import Cluster, wait_scheduler_sees_healthy
@@ -95,13 +94,19 @@ def aws(moto_endpoint, monkeypatch, tmp_path):  # noqa: F811
 
 
 class LateServer:
-    """A moto server on a fixed port that refuses connections until `start()`.
+    """A fixed port that refuses connections until `start()`, then forwards
+    them to the module's moto server; `stop()` closes the port and cuts every
+    connection through it, so a client's kept-alive connection cannot carry
+    a request past the outage (moto's own server, like any werkzeug server,
+    goes on serving the connections it has when it is shut down).
 
     The port is below the ephemeral range, so no client connection can be
     given it as its own source port while nothing listens there.
     """
 
-    def __init__(self):
+    def __init__(self, target: str):
+        host, _, port = target.removeprefix("http://").partition(":")
+        self.target = (host, int(port))
         for _ in range(100):
             port = random.randint(20000, 32000)
             with socket.socket() as probe:
@@ -111,25 +116,70 @@ class LateServer:
                     continue
             self.port = port
             break
-        self.server = None
+        self.listener: socket.socket | None = None
+        self.open: set[socket.socket] = set()
+        self.lock = threading.Lock()
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-        self.server.start()
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self.listener = listener
+        threading.Thread(target=self._accept, args=(listener,), name="late-server", daemon=True).start()
 
     def stop(self) -> None:
-        if self.server is not None:
-            self.server.stop()
-            self.server = None
+        listener, self.listener = self.listener, None
+        if listener is None:
+            return
+        listener.close()
+        with self.lock:
+            cut, self.open = self.open, set()
+        for sock in cut:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return                                      # stopped
+            upstream = socket.create_connection(self.target, timeout=10)
+            upstream.settimeout(None)
+            with self.lock:
+                if self.listener is not listener:           # stopped while connecting
+                    client.close()
+                    upstream.close()
+                    return
+                self.open |= {client, upstream}
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):                     # one side ended: end the pair
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
 
 @pytest.fixture
-def late_server():
-    server = LateServer()
+def late_server(moto_endpoint):  # noqa: F811
+    server = LateServer(moto_endpoint)
     try:
         yield server
     finally:
