@@ -433,9 +433,12 @@ def idle_renew_secs(cfg: Config) -> float:
     if cfg.idle_renew_secs is not None:
         return cfg.idle_renew_secs
     try:
-        from corral.agent.agent import IDLE_RENEW_SECS
+        from corral.agent.lease import IDLE_RENEW_SECS
     except ImportError:
-        return 0.0
+        try:  # a checkout from before the agent's lease had a module of its own
+            from corral.agent.agent import IDLE_RENEW_SECS  # type: ignore[attr-defined, no-redef]
+        except ImportError:
+            return 0.0
     return IDLE_RENEW_SECS
 
 
