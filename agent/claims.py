@@ -1,4 +1,5 @@
-"""Taking work by long-poll: the claim thread, and the claims that ride on reports.
+"""Taking work: by long-poll (the claim thread, and the claims that ride on
+reports), or by polling as the original design's agents do (poll_once).
 
 The claim thread keeps one `POST /nodes/{id}/claim` waiting on the scheduler for as
 many jobs as the agent has free slots; the scheduler answers the moment work is
@@ -12,6 +13,9 @@ next jobs in the same round trip. Failures and refusals back off and never end t
 thread. `sent` and `done` count the claims sent and those whose answer was handled:
 reconcile reports a job it does not know only once every claim that might bring
 it was handled.
+
+Polling (AGENT_LONG_POLL_SECS=0) asks `GET /jobs?node_id=..&status=pending`; the
+`running` report goes first and is the claim.
 """
 from __future__ import annotations
 
@@ -23,6 +27,8 @@ from typing import TYPE_CHECKING
 from corral.shared.backoff import Backoff
 from corral.shared.clients import ClientError, Rejected, SchedulerClient, Unreachable
 
+from .jobs import END_FENCED, LocalJob
+from .prepare import Plan
 from .reconcile import Key, job_key
 
 if TYPE_CHECKING:
@@ -83,15 +89,15 @@ class Claims:
 
     def answer_lost(self) -> None:
         """A claim got no answer: it may have handed out jobs all the same. Renew at the
-        lease thread's next beat, whose answer lists them (see _end_stale), instead of
+        lease thread's next beat, whose answer lists them (Membership.end_stale), instead of
         seldom later (Lease.due)."""
-        self.agent.lease.renew_soon()
+        self.agent.membership.lease.renew_soon()
 
     def queue(self, jobs: list, sent_at: float) -> list[Key]:
         """Queue claimed jobs (already `running` in the scheduler) for the work loop.
         The claim, sent at `sent_at`, renewed the lease when it handed out jobs."""
         if jobs:
-            self.agent.lease.evidence(sent_at)
+            self.agent.membership.lease.evidence(sent_at)
         claimed = []
         for job in jobs:
             try:
@@ -153,3 +159,98 @@ class Claims:
                     stop.wait(self.agent.settings.poll_interval)
         finally:
             client.close()
+
+    def poll_once(self) -> list[Key]:
+        """Ask for pending jobs placed on this node and take as many as fit.
+
+        The `running` report goes first and the job is prepared and started only if
+        it was accepted: an accepted report is the claim, so two agents never both
+        run one attempt. Returns the (job_id, attempt) pairs taken.
+        """
+        agent = self.agent
+        agent._require_startup()
+        if agent._stopping or agent.free_slots() <= 0 or agent.lease_lapsed():
+            return []
+        taken: list[Key] = []
+        for job in agent.scheduler.pending_for(agent.node_id):
+            if agent.free_slots() <= 0:
+                break
+            try:
+                job_id, attempt = job_key(job)
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("ignoring a malformed job from the scheduler (%s): %r", exc, job)
+                continue
+            # A newer attempt of a job we still run waits until reconcile ended the old one.
+            if agent.jobs.holds_job(job_id):
+                continue
+            plan = agent.plan(job)
+            enforced = self._limits_enforced()
+            try:
+                agent.scheduler.report(job_id, agent.node_id, attempt, "running", limits_enforced=enforced,
+                                       limits=agent.applied_limits(plan.limits) if enforced else None,
+                                       private_tmp=bool(agent.private_tmp))
+            except Rejected as exc:
+                log.info("job %s attempt %s is not ours to start (%s); skipping it", job_id, attempt, exc)
+                continue
+            except Unreachable as exc:
+                # We cannot know whether the claim landed. If it did, reconcile finds
+                # the job running here without a process and reports it failed.
+                log.warning("could not report job %s attempt %s running (%s); not starting it",
+                            job_id, attempt, exc)
+                break
+            local = self.accept(job, job_id, attempt, plan)
+            if local is not None:
+                agent.jobs.add(local)
+                self.start_preparing(local, job, plan)
+            taken.append((job_id, attempt))
+        if agent.outbox:
+            agent.flush_reports()  # jobs that could not start are reported at once
+        return taken
+
+    def take_claimed(self) -> list[Key]:
+        """Start preparing the claimed jobs (the work loop's thread). A job whose older attempt
+        still ends here waits for it; with the lease lapsed a job is given back at once."""
+        agent = self.agent
+        if agent._stopping or not agent.jobs.has_claimed():
+            self.handed_over.set()
+            return []
+        accepted: list[tuple[LocalJob, dict, Plan]] = []
+
+        def start(key: Key, job: dict) -> LocalJob | None:
+            if agent.lease_lapsed():
+                log.warning("job %s attempt %s was claimed but the lease lapsed; giving it back", *key)
+                agent.outbox.add_failed(*key, -1, agent.endings.node_side_message(END_FENCED), requeue=True)
+                return None
+            plan = agent.plan(job)
+            local = self.accept(job, key[0], key[1], plan)
+            if local is not None:
+                accepted.append((local, job, plan))
+            return local
+
+        taken = agent.jobs.take_claimed(start)
+        for local, job, plan in accepted:
+            self.start_preparing(local, job, plan)
+        self.handed_over.set()
+        return taken
+
+    def accept(self, job: dict, job_id: str, attempt: int, plan: Plan) -> LocalJob | None:
+        """The LocalJob that holds the job's slot from now on, or None when it cannot run
+        here (reported failed)."""
+        if plan.error:
+            log.warning("job %s attempt %s cannot run here: %s", job_id, attempt, plan.error)
+            self.agent.outbox.add_failed(job_id, attempt, -1, plan.error)
+            return None
+        now = self.agent._clock()
+        timeout = job.get("timeout_secs")
+        deadline = None
+        # Only `run` jobs time out, counted from the claim as the scheduler does; a
+        # service runs until it exits or is stopped.
+        if plan.job_type == "run" and isinstance(timeout, (int, float)) \
+                and not isinstance(timeout, bool) and timeout > 0:
+            deadline = now + timeout
+        return LocalJob(job_id, attempt, plan.job_type, self.agent.work_dir(job_id, attempt), now,
+                        deadline, memory_mb=plan.memory_mb)
+
+    def start_preparing(self, local: LocalJob, job: dict, plan: Plan) -> None:
+        threading.Thread(target=self.agent._preparer.prepare, args=(local, job, plan), daemon=True,
+                         name=f"prepare-{local.job_id}-{local.attempt}").start()

@@ -29,6 +29,7 @@ RUN_SH = "run.sh"
 # Jobs' temporary files without a private /tmp: TMPDIR, in the work dir.
 TMPDIR_NAME = ".tmp"
 
+
 def cgroup_name(job_id: str, attempt: int) -> str:
     """A job's cgroup directory name: ASCII letters, digits, '.', '_', '-' only."""
     return re.sub(r"[^A-Za-z0-9._-]", "_", safe_path_part(job_id))[:180] + f"-{attempt}"
@@ -50,14 +51,45 @@ class Plan:
                 "max_processes": self.max_processes}
 
 
+def plan_of(settings: AgentSettings, job: dict) -> Plan:
+    """The job's type and limits (its own, else the node's default for its type)."""
+    job_type = job.get("job_type") or "run"
+    defaults = settings.default_limits(job_type)
+    values, error = [], None
+    for name, default, maximum, setting in (
+            ("memory_mb", defaults[0], settings.max_memory_mb, "AGENT_MAX_MEMORY_MB"),
+            ("cpu_percent", defaults[1], settings.max_cpu_percent, "AGENT_MAX_CPU_PERCENT"),
+            ("max_processes", settings.job_max_processes, settings.max_processes, "AGENT_MAX_PROCESSES")):
+        value = job.get(name)
+        if value is None:
+            value = default
+        elif isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            error = error or f"job asks for {name}={value!r}, which is not a positive whole number"
+            value = default
+        elif value > maximum:
+            error = error or f"job asks for {name}={value} but this node allows at most {maximum} ({setting})"
+        values.append(value)
+    return Plan(job_type, values[0], values[1], values[2], error)
+
+
+def applied_limits(limits: dict, limits_processes: bool) -> dict:
+    """`limits` as a node applies them: no max_processes without a pids controller."""
+    return limits if limits_processes else dict(limits, max_processes=None)
+
+
+def default_limits(settings: AgentSettings, limits_processes: bool) -> dict:
+    """The limits a node gives jobs that ask for none, per job type (sent with claims)."""
+    return {job_type: applied_limits(dict(zip(("memory_mb", "cpu_percent"), settings.default_limits(job_type)),
+                                          max_processes=settings.job_max_processes), limits_processes)
+            for job_type in ("run", "service")}
+
+
 class _Aborted(Exception):
     """The job was ended (cancelled, timed out, agent stopping) while being prepared."""
 
 
 class JobError(Exception):
     """The job cannot run as given; str() is the stderr to report."""
-
-
 
 
 @dataclass

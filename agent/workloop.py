@@ -1,8 +1,8 @@
 """The agent's work loop, one pass at a time: `tick(now)` checks the jobs (reap:
 timeouts, ends, reports), starts what was claimed, and every POLL_INTERVAL_SECS
 compares with the scheduler (reconcile) or, when the agent polls, asks for work.
-Agent.run_forever calls it after each wake-up (a claim, a job's output closing) or
-TICK_SECS; tests drive it step by step with their own clock.
+daemon.py calls it after each wake-up (a claim, a job's output closing) or
+daemon.TICK_SECS; tests drive it step by step with their own clock.
 
 Failures never end the loop: a failed reap is retried after a backoff (0.5 s
 doubling to 30 s), a failed poll or reconcile too (1 s to 30 s), each logged.
@@ -54,7 +54,7 @@ class WorkLoop:
             # Long-poll: the claim thread takes work; compare with the scheduler every
             # poll interval (cancelled, moved, timed-out jobs end here).
             if now >= self.next_poll:
-                self.next_poll = agent._reconcile_paced(self.poll_backoff)
+                self.next_poll = agent.reconcile_paced(self.poll_backoff)
         # A freed slot means poll now, unless the scheduler is failing (then the backoff
         # decides).
         elif now >= self.next_poll or (self.poll_ok and agent.slot_freed.is_set()):

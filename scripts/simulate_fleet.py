@@ -185,7 +185,7 @@ class Fleet:
                     out[f"{phase}_{kind}_p50_ms"] = bl.ms(bl.percentile(values, 50))
                     out[f"{phase}_{kind}_p99_ms"] = bl.ms(bl.percentile(values, 99))
                     out[f"{phase}_{kind}_max_ms"] = bl.ms(max(values))
-            # The real agent gives a lease renewal 5 s (agent.LEASE_TIMEOUT) before it
+            # The real agent gives a lease renewal 5 s (membership.LEASE_TIMEOUT) before it
             # counts it as failed; 20 s of failed renewals and it stops its jobs.
             out[f"{phase}_leases_over_5s"] = sum(1 for t in self.latency.get((phase, "lease"), []) if t > 5.0)
         return out

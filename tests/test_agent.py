@@ -886,7 +886,7 @@ def test_loops_survive_an_unreachable_scheduler(make_agent, api):
     api.add(responses.GET, re.compile(re.escape(SCHEDULER) + r"/jobs.*"),
             body=requests.ConnectionError("down"))
     agent = make_agent(clock=time.monotonic)
-    agent._unknown_listed = True  # as if a lease answer listed a job it does not know: it must reconcile
+    agent.membership.unknown_listed = True  # as if a lease answer listed a job it does not know: it must reconcile
     stop = threading.Event()
     thread, outcome = run_in_thread(agent, stop)
     try:
@@ -963,15 +963,15 @@ def test_an_idle_agent_reconciles_only_when_its_lease_lists_an_attempt_it_does_n
                                                                                          api, clock):
     agent = make_agent()
     lists = lambda: len([c for c in api.calls if c.request.method == "GET" and "/jobs" in c.request.url])  # noqa: E731
-    agent._reconcile_paced(Backoff())
+    agent.reconcile_paced(Backoff())
     assert lists() == 0  # idle, nothing unknown: no request
     # A lease answer lists job-9 running here (a claim whose answer was lost): look now.
     scheduler.running.append({"job_id": "job-9", "node_id": NODE, "attempt": 1, "status": "running"})
-    agent._apply_lease(clock(), {"lease_secs": 20, "running": [{"job_id": "job-9", "attempt": 1}]})
-    agent._reconcile_paced(Backoff())
-    assert lists() == 1 and not agent._unknown_listed
+    agent.membership.apply_lease(clock(), {"lease_secs": 20, "running": [{"job_id": "job-9", "attempt": 1}]})
+    agent.reconcile_paced(Backoff())
+    assert lists() == 1 and not agent.membership.unknown_listed
     assert [(r.job_id, r.status) for r in agent.pending_reports()] == [("job-9", "failed")]  # lost here
-    agent._reconcile_paced(Backoff())
+    agent.reconcile_paced(Backoff())
     assert lists() == 1  # idle again: no request
 
 
@@ -1015,11 +1015,10 @@ def test_an_idle_agent_claims_whatever_its_lease_and_the_claim_renews_it(make_ag
 def test_an_idle_agent_renews_once_a_minute_and_a_busy_one_every_beat(make_agent, scheduler, clock, api):
     renewals = api.add(responses.POST, f"{SCHEDULER}/nodes/{NODE}/lease",
                        json={"node_id": NODE, "lease_secs": 20, "running": []})
-    agent = make_agent(slots=1)
-    agent.long_poll = True
+    agent = make_agent(slots=1)         # long-poll, as by default
     beats = []
     for _ in range(24):                 # two minutes of 5 s beats, idle
-        agent._renew_if_due(agent.scheduler)
+        agent.membership.renew_if_due(agent.scheduler)
         beats.append(renewals.call_count)
         clock.advance(5)
     assert renewals.call_count == 2     # at the start, and a minute later
@@ -1028,15 +1027,14 @@ def test_an_idle_agent_renews_once_a_minute_and_a_busy_one_every_beat(make_agent
     agent.take_claimed()
     before = renewals.call_count
     for _ in range(3):                  # holding a job: every beat
-        agent._renew_if_due(agent.scheduler)
+        agent.membership.renew_if_due(agent.scheduler)
         clock.advance(5)
     assert renewals.call_count == before + 3
     # Polling agents (no claims to renew their lease) renew every beat, idle or not.
-    poller = make_agent(slots=1)
-    poller.long_poll = False
+    poller = make_agent(slots=1, long_poll_secs=0)
     before = renewals.call_count
     for _ in range(3):
-        poller._renew_if_due(poller.scheduler)
+        poller.membership.renew_if_due(poller.scheduler)
         clock.advance(5)
     assert renewals.call_count == before + 3
 

@@ -33,7 +33,7 @@ class FakeAgent:
     def poll_once(self):
         self._step("poll")
 
-    def _reconcile_paced(self, backoff):
+    def reconcile_paced(self, backoff):
         self._step("reconcile")
         return self._clock() + self.settings.poll_interval
 

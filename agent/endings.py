@@ -1,0 +1,204 @@
+"""How a job ends on the agent: the agent ending it (timeout, cancel, fence, stop),
+noticing that it ended, and the report that says how.
+
+`end` starts a kill in the background and marks why (jobs.py: END_*); `reap`
+is the work loop's pass over the held jobs: it ends those past their deadline and
+finishes those whose process is gone, freeing the slot, the cgroup, the uid and
+the work dir, and putting the report in the outbox. What the report says follows
+from why the job ended and how its process exited (`report_of`, pure).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from . import cgroups, identity, launch, services
+from .jobs import END_FENCED, END_RECONCILED, END_STOPPING, END_TIMEOUT, JobTable, LocalJob
+from .reports import Outbox
+from .settings import AgentSettings
+
+log = logging.getLogger(__name__)
+
+TIMEOUT_MESSAGE = "job timed out"
+STOPPED_MESSAGE = "agent stopped before the job finished"
+FENCED_MESSAGE = ("the agent could not renew its lease with the scheduler for {:.0f}s and stopped the job, "
+                  "so that it does not run twice once the scheduler moves it to another node")
+OOM_MESSAGE = "job killed: out of memory (limit {} MB)"
+SETUP_MESSAGE = ("the agent could not set the job up (its cgroup, private /tmp or environment), so the "
+                 "command did not run (a problem of node {}, not of the job)")
+# Ends that are the node's doing, not the job's: reported with requeue=True, so the
+# scheduler runs the job again without spending its retry budget.
+NODE_SIDE_ENDS = {END_STOPPING: STOPPED_MESSAGE, END_FENCED: FENCED_MESSAGE}
+
+Ended = tuple[str, int, str]  # (job_id, attempt, outcome)
+
+
+@dataclass(frozen=True)
+class Report:
+    """What the agent reports of a job whose process ended."""
+    status: str
+    exit_code: int
+    stderr: str
+    requeue: bool = False
+
+
+def node_side_message(end_reason: str, lease_secs: float) -> str:
+    return NODE_SIDE_ENDS[end_reason].format(lease_secs)
+
+
+def report_of(end_reason: str | None, exit_code: int, stderr: str, *, setup_failed: bool,
+              oom_limit_mb: int | None, node_id: str, lease_secs: float) -> Report:
+    """The report of a started job that ended, `end_reason` being why the agent ended
+    it (None: on its own). A job the agent ended is failed (-1) whatever its exit
+    code; the node's own ends are requeued; a launch chain that failed before the
+    command is the node's problem; `oom_limit_mb` is set when the kernel killed it
+    for memory."""
+    if end_reason == END_TIMEOUT:
+        return Report("failed", -1, _append_line(stderr, TIMEOUT_MESSAGE))
+    if end_reason in NODE_SIDE_ENDS:
+        return Report("failed", -1, _append_line(stderr, node_side_message(end_reason, lease_secs)), requeue=True)
+    if setup_failed:
+        return Report("failed", -1, _append_line(stderr, SETUP_MESSAGE.format(node_id)))
+    if oom_limit_mb is not None:
+        stderr = _append_line(stderr, OOM_MESSAGE.format(oom_limit_mb))
+    return Report("done" if exit_code == 0 else "failed", exit_code, stderr)
+
+
+class Endings:
+    def __init__(self, settings: AgentSettings, jobs: JobTable, outbox: Outbox, users: identity.JobUsers,
+                 lease_secs: Callable[[], float], clock: Callable[[], float]):
+        self.settings = settings
+        self.jobs = jobs
+        self.outbox = outbox
+        self.users = users
+        self._lease_secs = lease_secs
+        self._clock = clock
+        # Monitors of ended services still removing their registry record.
+        self.closing: list[services.ServiceMonitor] = []
+
+    def node_side_message(self, end_reason: str) -> str:
+        return node_side_message(end_reason, self._lease_secs())
+
+    def end(self, local: LocalJob, reason: str) -> bool:
+        """Kill a job's process tree in the background; reap reports it after.
+        A job still being prepared is simply not started. False when there was nothing
+        to end (being ended already, or exited on its own)."""
+        with local.lock:
+            if local.end_reason is not None:
+                return False  # already being ended; the first reason is the one reported
+            process = local.process
+            if reason != END_RECONCILED and process is not None and process.poll() is not None:
+                # It exited on its own before this (the work loop, busy with a slow
+                # scheduler, had not reaped it yet): reap reports how it ended, a
+                # result that must not be discarded as stopped and run again.
+                return False
+            local.end_reason = reason
+        self.close_monitor(local)  # out of the load balancer before it is killed
+        if process is None:
+            return True
+        # kill() waits up to kill_grace for the group to leave; the work loop must not.
+        local.killer = threading.Thread(target=process.kill, args=(self.settings.kill_grace,),
+                                        name=f"kill-{local.job_id}-{local.attempt}", daemon=True)
+        local.killer.start()
+        return True
+
+    def reap(self) -> list[Ended]:
+        """End the jobs past their deadline; finish those whose process is gone (or
+        never started). Returns (job_id, attempt, outcome) for each job finished: the
+        reported status, or "killed" for a job the scheduler had already ended (not
+        reported)."""
+        now = self._clock()
+        for local in self.jobs.snapshot():
+            if local.end_reason is None and local.deadline is not None and now >= local.deadline:
+                log.warning("job %s attempt %s ran past its timeout; killing it", local.job_id, local.attempt)
+                self.end(local, END_TIMEOUT)
+        ended = []
+        for local in self.jobs.snapshot():
+            if not local.prepared.is_set():
+                continue
+            if local.process is None:
+                ended.append(self._finish_unstarted(local))
+                continue
+            # While a kill is in progress the group may still have members: the slot
+            # is free only once the whole tree is gone.
+            if local.killer is not None and local.killer.is_alive():
+                continue
+            if local.process.poll() is None:
+                continue
+            ended.append(self._finish(local))
+        return ended
+
+    def _finish_unstarted(self, local: LocalJob) -> Ended:
+        self._free(local)
+        if local.end_reason == END_RECONCILED:
+            return (local.job_id, local.attempt, "killed")
+        if local.end_reason == END_TIMEOUT:
+            self.outbox.add_failed(local.job_id, local.attempt, -1, TIMEOUT_MESSAGE)
+        elif local.end_reason in NODE_SIDE_ENDS:
+            self.outbox.add_failed(local.job_id, local.attempt, -1, self.node_side_message(local.end_reason),
+                                   requeue=True)
+        else:
+            exit_code, message = local.start_error or (-1, "the agent could not start the job")
+            self.outbox.add_failed(local.job_id, local.attempt, exit_code, message)
+        return (local.job_id, local.attempt, "failed")
+
+    def _finish(self, local: LocalJob) -> Ended:
+        assert local.process is not None  # reap finishes only started jobs here
+        result = local.process.result()
+        cg = local.cgroup
+        usage = cg.stats() if cg is not None else {"peak_memory_bytes": None, "cpu_seconds": None}
+        oom = local.end_reason is None and cg is not None and cgroups.ended_by_oom(result.exit_code, cg)
+        if cg is not None:
+            cg.remove()
+        self._free(local)
+        if local.end_reason == END_RECONCILED:
+            log.info("job %s attempt %s was ended by the scheduler; killed (exit %s), not reported",
+                     local.job_id, local.attempt, result.exit_code)
+            return (local.job_id, local.attempt, "killed")
+        limit = ((cg.limits.get("memory_mb") if cg is not None else None) or local.memory_mb) if oom else None
+        report = report_of(local.end_reason, result.exit_code, result.stderr,
+                           setup_failed=launch.setup_failed(result.exit_code, result.stderr),
+                           oom_limit_mb=limit, node_id=self.settings.node_id, lease_secs=self._lease_secs())
+        log.info("job %s attempt %s finished: %s (exit %s%s)", local.job_id, local.attempt, report.status,
+                 report.exit_code, ", out of memory" if oom else "")
+        extra = {"requeue": True} if report.requeue else {}
+        self.outbox.add(local.job_id, local.attempt, report.status, exit_code=report.exit_code,
+                        stdout=result.stdout, stderr=report.stderr, oom_killed=oom, **usage, **extra)
+        return (local.job_id, local.attempt, report.status)
+
+    def _free(self, local: LocalJob) -> None:
+        """The slot, uid, service record and files of a job whose processes are gone."""
+        self.jobs.remove(local.key)
+        if local.user_key is not None:
+            self.users.release(local.user_key)
+            local.user_key = None
+        self.close_monitor(local)
+        services.remove_file(local.state_path)
+        self._remove_work_dir(local)
+
+    def close_monitor(self, local: LocalJob) -> None:
+        """Stop a service's checks and remove its registry record (in the background)."""
+        with local.lock:
+            monitor = local.monitor
+        if monitor is not None and monitor not in self.closing:
+            monitor.stop(remove=True)
+            self.closing = [m for m in self.closing if m.is_alive()] + [monitor]
+
+    def _remove_work_dir(self, local: LocalJob) -> None:
+        if self.settings.keep_work_dirs:
+            if self.users.mode == "per-job" and os.path.isdir(local.workdir):
+                identity.disown_workdir(local.workdir)
+            return
+        shutil.rmtree(local.workdir, ignore_errors=True)
+        for path in local.log_files or ():
+            services.remove_file(path)
+
+
+def _append_line(text: str, line: str) -> str:
+    if text and not text.endswith("\n"):
+        text += "\n"
+    return text + line

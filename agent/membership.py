@@ -1,0 +1,205 @@
+"""The agent's standing with the control plane: registered with the registry and
+heartbeating there, its lease with the scheduler renewed, and its run jobs fenced
+when the lease lapses.
+
+The registry heartbeat and the lease renewal run on threads of their own (`beat`),
+so a slow registry never delays a renewal nor the other way round; failures are
+retried sooner than the interval, never later. The lease's bookkeeping is pure
+(lease.py); here are its I/O and what its answers mean for the jobs held: an
+attempt the scheduler no longer lists is stale and ended. Fencing runs on a thread
+of its own too (`fence_loop`), since the work loop can spend seconds in calls to a
+scheduler it cannot reach.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+
+from corral.shared.backoff import Backoff
+from corral.shared.clients import ClientError, Rejected, RegistryClient, SchedulerClient
+
+from . import reconcile
+from .jobs import END_FENCED, END_RECONCILED, JobTable, LocalJob
+from .lease import Lease
+from .reconcile import Key, listed_keys
+from .settings import AgentSettings, total_memory_mb
+
+log = logging.getLogger(__name__)
+
+# Lease renewals must not hang for long: a renewal stuck on a slow read is one that
+# cannot be retried before the lease runs out.
+LEASE_TIMEOUT = (3.05, 5.0)
+# How often the fence thread looks at the lease.
+FENCE_SECS = 0.1
+
+
+class Membership:
+    def __init__(self, settings: AgentSettings, registry: RegistryClient, scheduler: SchedulerClient,
+                 jobs: JobTable, end: Callable[[LocalJob, str], bool], clock: Callable[[], float]):
+        """`end` ends a held job for a reason (Endings.end)."""
+        self.settings = settings
+        self.registry = registry
+        self.scheduler = scheduler
+        self.jobs = jobs
+        self._end = end
+        self._clock = clock
+        self.long_poll = settings.long_poll_secs > 0
+        # When the last renewal that succeeded was sent (this agent's monotonic clock;
+        # a claim that handed out jobs counts too) and the period the scheduler gave.
+        self.lease = Lease()
+        # Set when a lease answer lists attempts running here that this agent does not
+        # hold: the next reconcile must look even if the agent is idle.
+        self.unknown_listed = False
+
+    # --- the registry -----------------------------------------------------------
+
+    def node_info(self) -> dict:
+        s = self.settings
+        return {"node_id": s.node_id, "address": s.address, "kind": "compute", "slots": s.slots,
+                "cpus": os.cpu_count(), "memory_mb": total_memory_mb(), "max_memory_mb": s.max_memory_mb,
+                "max_cpu_percent": s.max_cpu_percent, "labels": dict(s.labels)}
+
+    def register(self) -> dict:
+        answer = self.registry.register_node(self.node_info())
+        log.info("registered node %s (%d slots) with %s", self.settings.node_id, self.settings.slots,
+                 self.settings.registry_url)
+        return answer
+
+    def register_until_done(self, stop_event: threading.Event) -> bool:
+        """Register, retrying with backoff until the registry answers; False if stopped first."""
+        backoff = Backoff(1.0, 30.0)
+        while not stop_event.is_set():
+            try:
+                self.register()
+                return True
+            except ClientError as exc:
+                delay = backoff.next()
+                log.warning("registering node %s failed: %s; retrying in %.1fs", self.settings.node_id,
+                            exc, delay)
+            except Exception:
+                delay = backoff.next()
+                log.exception("registering node %s failed; retrying in %.1fs", self.settings.node_id, delay)
+            stop_event.wait(delay)
+        return False
+
+    def heartbeat_once(self) -> None:
+        try:
+            self.registry.heartbeat(self.settings.node_id, running=len(self.jobs))
+        except Rejected as exc:
+            if exc.status != 404:
+                raise
+            # The registry lost its state (or expired us): it needs the full node again.
+            log.warning("the registry does not know node %s (%s); registering again",
+                        self.settings.node_id, exc.message)
+            self.register()
+
+    def beat(self, stop_event: threading.Event, beat: Callable[[], None] | None = None,
+             what: str = "heartbeat") -> None:
+        """Call `beat` (the registry heartbeat by default) every heartbeat interval.
+
+        Failures are retried sooner than the interval, never later: a late
+        heartbeat is what gets a healthy node marked unhealthy, and a late lease
+        renewal what makes it stop its jobs.
+        """
+        beat = beat or self.heartbeat_once
+        interval = self.settings.heartbeat_interval
+        backoff = Backoff(min(0.5, interval), interval)
+        while not stop_event.is_set():
+            try:
+                beat()
+                backoff.reset()
+                delay = interval
+            except ClientError as exc:
+                delay = backoff.next()
+                log.warning("%s failed: %s; retrying in %.1fs", what, exc, delay)
+            except Exception:
+                delay = backoff.next()
+                log.exception("%s failed; retrying in %.1fs", what, delay)
+            stop_event.wait(delay)
+
+    # --- the lease --------------------------------------------------------------
+
+    def holds_work(self) -> bool:
+        """Whether this agent holds jobs (running, starting or claimed)."""
+        return len(self.jobs) > 0 or self.jobs.has_claimed()
+
+    def renew_with(self, client: SchedulerClient) -> None:
+        """Renew this node's lease (counted from when it was sent: lease.py)."""
+        sent_at = self._clock()
+        answer = client.renew_lease(self.settings.node_id)
+        self.apply_lease(sent_at, answer)
+
+    def renew_if_due(self, client: SchedulerClient) -> None:
+        """The lease thread's beat: at every one while the agent holds work or polls
+        (no claim renews the lease then), else seldom (Lease.due)."""
+        now = self._clock()
+        if self.lease.due(now, self.holds_work() or not self.long_poll):
+            self.lease.tried(now)
+            self.renew_with(client)
+
+    def lease_client(self) -> SchedulerClient:
+        client = self.scheduler.clone()
+        client.timeout = LEASE_TIMEOUT
+        return client
+
+    def apply_lease(self, sent_at: float, answer) -> None:
+        was_lapsed, last = self.lapsed() and self.holds_work(), self.lease.sent_at
+        running = self.lease.renewed(sent_at, answer)
+        if was_lapsed and last is not None:
+            log.warning("lease renewed again after %.1fs", sent_at - last)
+        self.end_stale(sent_at, running)
+
+    def end_stale(self, sent_at: float, running) -> list[Key]:
+        """Kill the attempts the lease answer says are no longer running here.
+
+        Only jobs accepted before the renewal was sent count: the scheduler had
+        them running then, so one missing from its list was ended there (moved,
+        cancelled, timed out) and its process here is stale.
+        """
+        if not isinstance(running, list):
+            return []
+        listed, malformed = listed_keys(running)
+        if malformed:
+            return []  # a malformed list proves nothing; reconcile will look again
+        holding = {local.key: local for local in self.jobs.snapshot()}
+        if listed - set(holding) - set(self.jobs.claimed_keys()):
+            self.unknown_listed = True
+        stale = reconcile.stale(((key, local.started_at) for key, local in holding.items()
+                                 if local.end_reason is None), listed, sent_at)
+        for key in stale:
+            log.warning("job %s attempt %s is stale according to the lease answer; killing it", *key)
+            self._end(holding[key], END_RECONCILED)
+        return stale
+
+    def lapsed(self) -> bool:
+        """True when no renewal succeeded for a whole lease period: the scheduler may
+        hand this node's run jobs to another node soon, so they must stop here."""
+        return self.lease.lapsed(self._clock())
+
+    def claims_blocked(self) -> bool:
+        """No claims while the lease is lapsed with jobs held (they are being fenced).
+        An idle agent may claim whatever its lease: a claim that hands it jobs
+        renews the lease on the scheduler, counted here from when it was sent."""
+        return self.lapsed() and self.holds_work()
+
+    def fence_once(self) -> list[Key]:
+        """Stop every run job while the lease is lapsed (self-fencing). Services are
+        not fenced: a cut-off node keeps serving until it can be told otherwise."""
+        if not self.lapsed():
+            return []
+        fenced = [local.key for local in self.jobs.snapshot()
+                  if local.job_type == "run" and local.end_reason is None and self._end(local, END_FENCED)]
+        if fenced:
+            log.error("no lease renewal for %.1fs (lease %.0fs): stopping %d run job(s) so that they do "
+                      "not run twice", self._clock() - (self.lease.sent_at or 0.0), self.lease.secs or 0.0,
+                      len(fenced))
+        return fenced
+
+    def fence_loop(self, stop_event: threading.Event) -> None:
+        while not stop_event.wait(FENCE_SECS):
+            try:
+                self.fence_once()
+            except Exception:
+                log.exception("checking the lease failed")

@@ -1,0 +1,68 @@
+"""What the agent does once when it starts, before it takes work: its directories,
+whether jobs get a private /tmp, and the leftovers an earlier agent of this node
+left behind (work dirs and service logs; cgroups and uids are swept by their own
+modules). Agent.startup runs these in order, with the cgroup and uid detection and
+the adoption of the services still running (servicejobs.py).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Iterable
+
+from . import launch, runner, services
+from .settings import AgentSettings
+
+log = logging.getLogger(__name__)
+
+# The directories of the agent: its dir and `work` may be traversed (a job reaches its
+# own work dir by its absolute path) but not listed; logs and service state are its own.
+DIR_MODES = {"agent_dir": 0o711, "work_root": 0o711, "log_root": 0o700, "service_state_root": 0o700}
+
+
+def make_dirs(settings: AgentSettings) -> None:
+    """The agent's directories with their modes (DIR_MODES), also when an older agent
+    made them with others."""
+    for attr, mode in DIR_MODES.items():
+        path = getattr(settings, attr)
+        os.makedirs(path, mode=mode, exist_ok=True)
+        os.chmod(path, mode)
+
+
+def detect_private_tmp(settings: AgentSettings, fstab: str, forced: bool | None) -> tuple[bool, str]:
+    """Whether jobs get a private /tmp here, and why not when they do not; `forced`
+    (a test's choice) skips the detection. Writes the fstab the launch mounts from."""
+    if forced is not False and settings.private_tmp:
+        launch.write_fstab(fstab)
+    if forced is None:
+        problem = "AGENT_PRIVATE_TMP is false" if not settings.private_tmp else \
+            launch.private_tmp_problem(runner.tools(), settings.work_root, fstab)
+        enabled, reason = problem is None, problem or ""
+    else:
+        enabled, reason = forced, ""
+    if enabled:
+        log.info("jobs get a private /tmp, /var/tmp and /dev/shm")
+    else:
+        log.warning("jobs share /tmp with the node (TMPDIR points into their work dir): %s",
+                    reason or "turned off")
+    return enabled, reason
+
+
+def remove_leftover_files(settings: AgentSettings, keep: Iterable[str]) -> None:
+    """Work dirs and service logs an earlier agent left behind (it was killed, or
+    its services ended while no agent ran), except the paths in `keep` (those of
+    adopted services)."""
+    kept = set(keep)
+    removed = 0
+    for root in (settings.work_root, settings.log_root):
+        for entry in os.scandir(root):
+            if entry.path in kept:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                services.remove_file(entry.path)
+            removed += 1
+    if removed:
+        log.info("removed %d work dir(s) and log file(s) left by an earlier agent", removed)
