@@ -219,6 +219,7 @@ class Claims:
         def start(key: Key, job: dict) -> LocalJob | None:
             if agent.lease_lapsed():
                 log.warning("job %s attempt %s was claimed but the lease lapsed; giving it back", *key)
+                assert agent.endings is not None  # made by startup, before any claim
                 agent.outbox.add_failed(*key, -1, agent.endings.node_side_message(END_FENCED), requeue=True)
                 return None
             plan = agent.plan(job)
@@ -252,5 +253,6 @@ class Claims:
                         deadline, memory_mb=plan.memory_mb)
 
     def start_preparing(self, local: LocalJob, job: dict, plan: Plan) -> None:
+        assert self.agent._preparer is not None  # made by startup, before any claim
         threading.Thread(target=self.agent._preparer.prepare, args=(local, job, plan), daemon=True,
                          name=f"prepare-{local.job_id}-{local.attempt}").start()

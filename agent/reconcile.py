@@ -12,11 +12,12 @@ list was read has been handled, since such a claim may be bringing it.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 Key = tuple[str, int]  # (job_id, attempt)
 
 
-def job_attempt(job: dict) -> int:
+def job_attempt(job: dict[str, Any]) -> int:
     """The attempt a job dict belongs to: `attempt` if the scheduler sends one,
     otherwise `retry_count` (the attempt number in the design's job fields)."""
     value = job.get("attempt")
@@ -27,12 +28,12 @@ def job_attempt(job: dict) -> int:
     return value
 
 
-def job_key(job: dict) -> Key:
+def job_key(job: dict[str, Any]) -> Key:
     """(job_id, attempt) of a job dict; ValueError, KeyError or TypeError when it has none."""
     return str(job["job_id"]), job_attempt(job)
 
 
-def listed_keys(jobs: Iterable) -> tuple[set[Key], list]:
+def listed_keys(jobs: Iterable[Any]) -> tuple[set[Key], list[Any]]:
     """The keys of the jobs a list names, and the items that are not jobs."""
     keys, malformed = set(), []
     for job in jobs:

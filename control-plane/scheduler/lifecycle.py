@@ -25,7 +25,7 @@ A node loss is not the job's fault: it keeps its retry budget, counted in
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from corral.shared.errors import Conflict
 from corral.shared.states import FINAL_STATUSES, JobStatus, after_failure, check_transition
@@ -38,6 +38,25 @@ NO_OUTPUT = {"stdout": None, "stderr": None}
 # What an operator's retry clears: the last attempt's result.
 NO_RESULT = {"exit_code": None, "stdout": None, "stderr": None, "oom_killed": None,
              "peak_memory_bytes": None, "cpu_seconds": None}
+
+
+class JobFacts(Protocol):
+    """What the lifecycle reads of a job: a row of the store's Job model, or a
+    test's stand-in."""
+
+    job_id: str
+    job_type: str
+    status: str
+    attempt: int
+    retry_count: int
+    max_retries: int
+    node_id: str | None
+    node_losses: int
+    on_node_lost: str
+    running_at: float | None
+
+
+Report = dict[str, Any]  # a validated report (validation.status_report)
 
 
 @dataclass(frozen=True)
@@ -71,7 +90,7 @@ class Transition:
         return self.final
 
 
-def _to(job, new: str, reason: str, **changes) -> Transition:
+def _to(job: JobFacts, new: str, reason: str, **changes: Any) -> Transition:
     check_transition(job.status, new)
     return Transition(job.status, new, reason, changes)
 
@@ -82,7 +101,7 @@ def tail(text: str | None, limit: int) -> str | None:
     return text[-limit:]
 
 
-def outcome(report: dict, policy: Policy) -> dict:
+def outcome(report: Report, policy: Policy) -> dict[str, Any]:
     """The result fields of a finished attempt, as its agent reported them."""
     return {"exit_code": report["exit_code"],
             "stdout": tail(report["stdout"], policy.output_tail_bytes),
@@ -97,19 +116,19 @@ def _append(text: str | None, line: str) -> str:
 
 # ---- the events -----------------------------------------------------------------------------
 
-def started(job, now: float, limits_enforced: bool | None, limits: dict | None,
+def started(job: JobFacts, now: float, limits_enforced: bool | None, limits: dict[str, Any] | None,
             private_tmp: bool | None, reason: str) -> Transition:
     """The node took the attempt (a claim, or the original design's `running` report)."""
     return _to(job, "running", reason, running_at=now, limits_enforced=limits_enforced, limits=limits,
                private_tmp=private_tmp)
 
 
-def past_timeout(job, now: float, policy: Policy) -> bool:
+def past_timeout(job: JobFacts, now: float, policy: Policy) -> bool:
     return (job.job_type == "run" and job.running_at is not None
             and now - job.running_at >= policy.job_timeout_secs)
 
 
-def finished(job, report: dict, now: float, policy: Policy) -> Transition:
+def finished(job: JobFacts, report: Report, now: float, policy: Policy) -> Transition:
     """A `done` or `failed` report of the job's current attempt."""
     result = outcome(report, policy)
     if report["status"] == "done":
@@ -129,7 +148,7 @@ def finished(job, report: dict, now: float, policy: Policy) -> Transition:
     return _to(job, "failed", f"{why}; no retries left", finished_at=now, **result)
 
 
-def node_lost(job, now: float, why: str, policy: Policy, result: dict | None = None) -> Transition:
+def node_lost(job: JobFacts, now: float, why: str, policy: Policy, result: dict[str, Any] | None = None) -> Transition:
     """The attempt ended through no fault of the job's: run it again elsewhere without
     spending its retry budget, unless it asked not to (on_node_lost=fail) or has lost
     its node too often (max_node_losses)."""
@@ -146,14 +165,14 @@ def node_lost(job, now: float, why: str, policy: Policy, result: dict | None = N
                node_losses=job.node_losses + 1, **NO_OUTPUT)
 
 
-def timed_out(job, now: float) -> Transition:
+def timed_out(job: JobFacts, now: float) -> Transition:
     """The watcher's backstop: a `run` job still running past its timeout (its agent
     died, or cannot report)."""
     return replace(_to(job, "failed", "timed out", finished_at=now, exit_code=-1, stderr="job timed out"),
                    timed_out=True)
 
 
-def is_late_success(job, report: dict, started_attempts: list[tuple[int, str]]) -> bool:
+def is_late_success(job: JobFacts, report: Report, started_attempts: list[tuple[int, str]]) -> bool:
     """A `done` report of an attempt the scheduler gave up on (its node seemed lost:
     its agent, or the scheduler itself, was cut off or paused) while the job waits
     to run again. `started_attempts`: (attempt, node) of every attempt from the
@@ -167,14 +186,14 @@ def is_late_success(job, report: dict, started_attempts: list[tuple[int, str]]) 
     return started_attempts == [(report["attempt"], report["node_id"])]
 
 
-def late_success(job, report: dict, now: float, policy: Policy) -> Transition:
+def late_success(job: JobFacts, report: Report, now: float, policy: Policy) -> Transition:
     return _to(job, "done", f"attempt {report['attempt']} finished on node {report['node_id']} (exit code 0) "
                             f"after it had been requeued; its result is kept",
                finished_at=now, attempt=report["attempt"], node_id=report["node_id"], next_attempt_at=None,
                **outcome(report, policy))
 
 
-def cancelled(job, now: float) -> Transition | None:
+def cancelled(job: JobFacts, now: float) -> Transition | None:
     """None: already cancelled (a repeat changes nothing). Done and failed jobs stay."""
     if job.status == "cancelled":
         return None
@@ -183,7 +202,7 @@ def cancelled(job, now: float) -> Transition | None:
     return _to(job, "cancelled", "cancelled by request", finished_at=now)
 
 
-def retried(job, now: float) -> Transition:
+def retried(job: JobFacts, now: float) -> Transition:
     """An operator puts a failed job back to pending with a fresh retry budget."""
     if job.status != "failed":
         raise Conflict(f"{job.job_id} is {job.status}; only failed jobs can be retried")

@@ -4,6 +4,7 @@ Pure: no database, no HTTP, no clock. The store hands in what it read inside
 its transaction and writes back what `plan` decides, so other policies (spread,
 bin-pack by memory, labels) can sit beside this one with the same signature.
 """
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -34,7 +35,7 @@ def _within(requested: int | None, maximum: int | None) -> bool:
 
 
 def next_node(order: list[str], free: dict[str, int], cursor: str | None,
-              allowed=lambda node_id: True) -> str | None:
+              allowed: Callable[[str], bool] = lambda node_id: True) -> str | None:
     """The first allowed node after `cursor` (wrapping around) that has a free slot."""
     if not order:
         return None
