@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test check bench venv clean
+.PHONY: run test check bench venv clean settings-doc
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,10 @@ check: venv
 
 bench: venv
 	@$(BIN)/python scripts/bench.py $(BENCH_ARGS)
+
+# docs/settings.md from the settings' definitions (tests/test_settings_doc.py checks it).
+settings-doc: venv
+	$(BIN)/python -m corral.shared.settings_doc docs/settings.md
 
 clean:
 	rm -rf $(VENV) var .pytest_cache

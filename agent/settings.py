@@ -1,7 +1,9 @@
 """The agent's settings, read from environment variables (flags override them in cli.py).
 
-Every variable is parsed and checked here, once, so a bad value stops the agent at
-start with one clear SettingError instead of failing later in a loop.
+Every variable is defined once in SETTINGS (at the end: name, field, kind, default,
+bounds, meaning; docs/settings.md is generated from it) and checked at start, so a
+bad value stops the agent with one clear SettingError instead of failing later in a
+loop. The rules that tie settings together are in from_env.
 
 Limits: a job's `memory_mb` / `cpu_percent` (null: the node's default for its job
 type) may not exceed AGENT_MAX_MEMORY_MB / AGENT_MAX_CPU_PERCENT. A per-type default
@@ -20,8 +22,7 @@ from urllib.parse import urlsplit
 
 from corral.shared.credentials import token_node
 from corral.shared.errors import SettingError
-from corral.shared.settings import (env_bool, env_file, env_float, env_int, env_str, env_urls, split_urls,
-                                    state_dir)
+from corral.shared.settings import STATE_DIR, Setting, by_name, env_str, read_all, split_urls
 from corral.shared.validate import NAME_RE
 
 from .artifacts import Limits as ArtifactLimits
@@ -159,70 +160,29 @@ class AgentSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "AgentSettings":
-        node_id = env_str(env, "NODE_ID", None) or socket.gethostname()
-        if not NAME_RE.match(node_id):
-            # The registry would refuse it on every registration attempt; say so now.
-            raise SettingError(f"NODE_ID must be 1-128 letters, digits, '.', '_' or '-', "
-                               f"starting with a letter or digit; got {node_id!r}")
-        job_user = env_str(env, "AGENT_JOB_USER", None)
-        run_as_root = env_bool(env, "AGENT_RUN_AS_ROOT", False)
-        if run_as_root and job_user is not None:
-            raise SettingError(f"AGENT_RUN_AS_ROOT=true and AGENT_JOB_USER={job_user} contradict "
+        values = read_all(SETTINGS, env)
+        if values["run_as_root"] and values["job_user"] is not None:
+            raise SettingError(f"AGENT_RUN_AS_ROOT=true and AGENT_JOB_USER={values['job_user']} contradict "
                                "each other; set only one")
-        registry_url = env_urls(env, "REGISTRY_URL", cls.registry_url)
-        slots = env_int(env, "AGENT_SLOTS", os.cpu_count() or 1, minimum=1)
-        uid_range = _uid_range(env, slots, per_job=job_user is None and not run_as_root)
-        return cls(
-            node_id=node_id,
-            registry_url=registry_url,
-            scheduler_url=env_urls(env, "SCHEDULER_URL", cls.scheduler_url),
-            poll_interval=_positive_float(env, "POLL_INTERVAL_SECS", 3.0),
-            long_poll_secs=env_float(env, "AGENT_LONG_POLL_SECS", 20.0, minimum=0, maximum=MAX_LONG_POLL_SECS),
-            heartbeat_interval=_positive_float(env, "HEARTBEAT_INTERVAL_SECS", 5.0),
-            state_dir=state_dir(env),
-            slots=slots,
-            address=env_str(env, "AGENT_ADDRESS", None) or route_address(split_urls(registry_url)[0]),
-            labels=parse_labels(env_str(env, "AGENT_LABELS", "") or ""),
-            output_tail_bytes=env_int(env, "CORRAL_OUTPUT_TAIL_BYTES", 65536, minimum=0,
-                                      maximum=MAX_TAIL_BYTES),
-            output_interval=env_float(env, "AGENT_OUTPUT_INTERVAL_SECS", 2.0, minimum=0),
-            stop_grace=env_float(env, "AGENT_STOP_GRACE_SECS", 10.0, minimum=0),
-            keep_work_dirs=env_bool(env, "CORRAL_KEEP_WORK_DIRS", False),
-            token=node_credential(env, node_id),
-            ca_bundle=env_file(env, "AGENT_CA_BUNDLE"),
-            kill_grace=env_float(env, "AGENT_KILL_GRACE_SECS", 5.0, minimum=0),
-            job_user=job_user,
-            run_as_root=run_as_root,
-            require_cgroups=env_bool(env, "AGENT_REQUIRE_CGROUPS", False),
-            health_interval=_positive_float(env, "AGENT_HEALTH_INTERVAL_SECS", 5.0),
-            health_timeout=_positive_float(env, "AGENT_HEALTH_TIMEOUT_SECS", 2.0),
-            service_log_max_bytes=env_int(env, "AGENT_SERVICE_LOG_MAX_BYTES", 64 * MiB, minimum=1),
-            max_artifact_bytes=env_int(env, "AGENT_MAX_ARTIFACT_BYTES", 512 * MiB, minimum=1),
-            max_unpacked_bytes=env_int(env, "AGENT_MAX_UNPACKED_BYTES", 2048 * MiB, minimum=1),
-            max_artifact_entries=env_int(env, "AGENT_MAX_ARTIFACT_ENTRIES", 10_000, minimum=1),
-            max_artifact_ratio=_positive_float(env, "AGENT_MAX_ARTIFACT_RATIO", 100.0),
-            artifact_connect_timeout=_positive_float(env, "AGENT_ARTIFACT_CONNECT_TIMEOUT_SECS", 10.0),
-            artifact_read_timeout=_positive_float(env, "AGENT_ARTIFACT_READ_TIMEOUT_SECS", 60.0),
-            # 0 means no bound on a whole download (the read timeout still applies).
-            artifact_timeout=env_float(env, "AGENT_ARTIFACT_TIMEOUT_SECS", 1800.0, minimum=0) or None,
-            **_limits(env),
-            uid_range=uid_range,
-            private_tmp=env_bool(env, "AGENT_PRIVATE_TMP", True),
-            warm_start=env_bool(env, "AGENT_WARM_START", True),
-            job_env_passthrough=_passthrough(env),
-            **_process_limits(env),
-        )
+        values["address"] = values["address"] or route_address(split_urls(values["registry_url"])[0])
+        values["token"] = node_credential(env, values["token"], values["node_id"])
+        # 0 means no bound on a whole download (the read timeout still applies).
+        values["artifact_timeout"] = values["artifact_timeout"] or None
+        for name, max_name in DEFAULT_LIMITS:
+            default, maximum = _SETTING[name], _SETTING[max_name]
+            values[default.field] = _fit(env, default, values[default.field], maximum, values[maximum.field])
+        _check_uid_range(values)
+        return cls(**values)
 
 
-def node_credential(env: Mapping[str, str], node_id: str) -> str | None:
-    """CORRAL_NODE_TOKEN: this node's credential (shared/credentials.py), checked to be
-    one for NODE_ID. The cluster's agent secret itself must not be on a node: whoever
-    holds it can act as every node."""
+def node_credential(env: Mapping[str, str], token: str | None, node_id: str) -> str | None:
+    """CORRAL_NODE_TOKEN (`token`): this node's credential (shared/credentials.py),
+    checked to be one for NODE_ID. The cluster's agent secret itself must not be on a
+    node: whoever holds it can act as every node."""
     if env_str(env, "CORRAL_AGENT_TOKEN", None) is not None:
         raise SettingError("CORRAL_AGENT_TOKEN is the cluster's agent secret and belongs on the registry and "
                            "the scheduler only; give this agent its node credential in CORRAL_NODE_TOKEN "
                            "(`corral-scheduler node-token NODE` prints it)")
-    token = env_str(env, "CORRAL_NODE_TOKEN", None)
     if token is None:
         return None
     named = token_node(token)
@@ -249,66 +209,57 @@ def total_memory_mb() -> int | None:
         return None
 
 
-def _limits(env: Mapping[str, str]) -> dict:
-    """The per-type default limits and the node maximums, checked against each other."""
-    max_memory = env_int(env, "AGENT_MAX_MEMORY_MB", total_memory_mb() or DEFAULT_SERVICE_MEMORY_MB,
-                         minimum=1)
-    max_cpu = env_int(env, "AGENT_MAX_CPU_PERCENT", (os.cpu_count() or 1) * 100, minimum=1)
-    return {
-        "max_memory_mb": max_memory,
-        "max_cpu_percent": max_cpu,
-        "run_memory_mb": _default_limit(env, "AGENT_RUN_MEMORY_MB", DEFAULT_RUN_MEMORY_MB,
-                                        max_memory, "AGENT_MAX_MEMORY_MB"),
-        "run_cpu_percent": _default_limit(env, "AGENT_RUN_CPU_PERCENT", DEFAULT_RUN_CPU_PERCENT,
-                                          max_cpu, "AGENT_MAX_CPU_PERCENT"),
-        "service_memory_mb": _default_limit(env, "AGENT_SERVICE_MEMORY_MB", DEFAULT_SERVICE_MEMORY_MB,
-                                            max_memory, "AGENT_MAX_MEMORY_MB"),
-        "service_cpu_percent": _default_limit(env, "AGENT_SERVICE_CPU_PERCENT", DEFAULT_SERVICE_CPU_PERCENT,
-                                              max_cpu, "AGENT_MAX_CPU_PERCENT"),
-    }
-
-
-def _default_limit(env: Mapping[str, str], name: str, default: int, maximum: int, max_name: str) -> int:
-    explicit = env_str(env, name, None) is not None
-    value = env_int(env, name, default, minimum=1)
+def _fit(env: Mapping[str, str], setting: Setting, value: int, max_setting: Setting, maximum: int) -> int:
+    """A per-type default limit against the node's maximum: lowered to it when the
+    design's default does not fit a small node, an error when set above it."""
     if value <= maximum:
         return value
-    if explicit:
-        raise SettingError(f"{name}={value} is more than {max_name}={maximum}; jobs "
+    if setting.is_set(env):
+        raise SettingError(f"{setting.name}={value} is more than {max_setting.name}={maximum}; jobs "
                            f"using the default could never run on this node")
-    return maximum  # a small node: the design's default does not fit
+    return maximum
 
 
-def _uid_range(env: Mapping[str, str], slots: int, per_job: bool) -> tuple[int, int]:
-    """AGENT_UID_RANGE; with a uid per job, it must hold a uid for every slot."""
-    raw = env_str(env, "AGENT_UID_RANGE", None)
-    try:
-        first, last = parse_range(raw) if raw is not None else DEFAULT_UID_RANGE
-    except ValueError as exc:
-        raise SettingError(f"AGENT_UID_RANGE {exc}") from None
+def _check_uid_range(values: dict) -> None:
+    """With a uid per job, AGENT_UID_RANGE must hold a uid for every slot."""
+    (first, last), slots = values["uid_range"], values["slots"]
+    per_job = values["job_user"] is None and not values["run_as_root"]
     if per_job and last - first + 1 < slots:
         raise SettingError(f"AGENT_UID_RANGE={first}-{last} holds {last - first + 1} uid(s), fewer than "
                            f"AGENT_SLOTS={slots}: every running job needs a uid of its own")
-    return first, last
 
 
-def _passthrough(env: Mapping[str, str]) -> tuple[str, ...]:
-    """AGENT_JOB_ENV_PASSTHROUGH: comma-separated names of the agent's environment."""
-    names = tuple(n.strip() for n in (env_str(env, "AGENT_JOB_ENV_PASSTHROUGH", "") or "").split(",")
-                  if n.strip())
-    for name in names:
-        problem = passthrough_problem(name)
+def _uid_range(name: str, value: str) -> tuple[int, int]:
+    try:
+        return parse_range(value)
+    except ValueError as exc:
+        raise SettingError(f"{name} {exc}") from None
+
+
+def _passthrough(name: str, value: str) -> tuple[str, ...]:
+    """Comma-separated names of the agent's environment."""
+    names = tuple(n.strip() for n in value.split(",") if n.strip())
+    for passed in names:
+        problem = passthrough_problem(passed)
         if problem:
-            raise SettingError(f"AGENT_JOB_ENV_PASSTHROUGH cannot pass {problem}")
+            raise SettingError(f"{name} cannot pass {problem}")
     return names
 
 
-def _process_limits(env: Mapping[str, str]) -> dict:
-    """AGENT_JOB_MAX_PROCESSES (jobs that ask for none) and AGENT_MAX_PROCESSES."""
-    maximum = env_int(env, "AGENT_MAX_PROCESSES", DEFAULT_MAX_PROCESSES, minimum=1)
-    return {"max_processes": maximum,
-            "job_max_processes": _default_limit(env, "AGENT_JOB_MAX_PROCESSES", DEFAULT_JOB_MAX_PROCESSES,
-                                                maximum, "AGENT_MAX_PROCESSES")}
+def _node_id(name: str, value: str) -> str:
+    if not NAME_RE.match(value):
+        # The registry would refuse it on every registration attempt; say so now.
+        raise SettingError(f"{name} must be 1-128 letters, digits, '.', '_' or '-', "
+                           f"starting with a letter or digit; got {value!r}")
+    return value
+
+
+def _cpus() -> int:
+    return os.cpu_count() or 1
+
+
+def _memory_mb() -> int:
+    return total_memory_mb() or DEFAULT_SERVICE_MEMORY_MB
 
 
 def route_address(url: str) -> str:
@@ -346,8 +297,118 @@ def safe_path_part(value: str) -> str:
     return cleaned.lstrip(".") or "_"
 
 
-def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
-    value = env_float(env, name, default)
-    if value <= 0:
-        raise SettingError(f"{name} must be greater than 0, got {value}")
-    return value
+def _labels(name: str, value: str) -> dict[str, str]:
+    return parse_labels(value)
+
+
+# Every variable the agent reads, in the order docs/settings.md lists them (the first
+# bad one is the error). CORRAL_STATE_DIR is every process's (shared/settings.py).
+SETTINGS = (
+    Setting("NODE_ID", "node_id", "text", socket.gethostname,
+            "this node's id: 1-128 letters, digits, `.`, `_`, `-`, starting with a letter or digit",
+            parse=_node_id, form="a name", shown="the host name", flag="--node-id"),
+    Setting("REGISTRY_URL", "registry_url", "urls", "http://127.0.0.1:9000",
+            "the registry; several URLs: its replicas, tried in order", flag="--registry-url"),
+    Setting("SCHEDULER_URL", "scheduler_url", "urls", "http://127.0.0.1:9001",
+            "the scheduler; several URLs: its replicas, tried in order", flag="--scheduler-url"),
+    Setting("AGENT_CA_BUNDLE", "ca_bundle", "file", None,
+            "CA certificates that verify `https://` `REGISTRY_URL` and `SCHEDULER_URL`", shown="the system's CAs"),
+    Setting("CORRAL_NODE_TOKEN", "token", "text", None,
+            "this node's credential (`corral-scheduler node-token NODE` prints it), sent to the registry and "
+            "the scheduler, never passed to jobs; `CORRAL_AGENT_TOKEN` (the cluster's secret) set on a node "
+            "stops the agent", form="NODE.HEX"),
+    STATE_DIR,
+    Setting("AGENT_LONG_POLL_SECS", "long_poll_secs", "float", 20.0,
+            "how long a claim may wait on the scheduler; `0`: poll instead", minimum=0, maximum=MAX_LONG_POLL_SECS),
+    Setting("POLL_INTERVAL_SECS", "poll_interval", "float", 3.0,
+            "how often to ask for work when not long-polling (with long-poll: how often an agent holding jobs "
+            "reconciles them with the scheduler)", above=0),
+    Setting("HEARTBEAT_INTERVAL_SECS", "heartbeat_interval", "float", 5.0,
+            "how often to heartbeat, and to renew the lease while holding jobs (once a minute when idle); keep "
+            "it well under `HEARTBEAT_TIMEOUT_SECS`", above=0),
+    Setting("AGENT_SLOTS", "slots", "int", _cpus, "jobs run at once; advertised to the scheduler",
+            minimum=1, shown="the number of CPUs", flag="--slots"),
+    Setting("AGENT_ADDRESS", "address", "text", None, "the address registered for this node (and its services)",
+            form="a host name or address",
+            shown="this host's address on the route to (the first) `REGISTRY_URL`"),
+    Setting("AGENT_LABELS", "labels", "text", "", "labels recorded with the node", parse=_labels,
+            form="`k=v,k2=v2`", shown="none"),
+    Setting("AGENT_UID_RANGE", "uid_range", "text", "%d-%d" % DEFAULT_UID_RANGE,
+            "uids (and gids) jobs run as when the agent is root, one per running job; must hold at least "
+            "`AGENT_SLOTS` uids (one more for the warm launch) and no id of a user or group of the node",
+            parse=_uid_range, form="FIRST-LAST"),
+    Setting("AGENT_JOB_USER", "job_user", "text", None,
+            "one existing user every job runs as instead, when the agent is root", form="a user name",
+            shown="unset: a uid per job"),
+    Setting("AGENT_RUN_AS_ROOT", "run_as_root", "bool", False,
+            "run jobs as root instead (an explicit choice; an error together with `AGENT_JOB_USER`)"),
+    Setting("AGENT_PRIVATE_TMP", "private_tmp", "bool", True,
+            "give each job its own `/tmp`, `/var/tmp`, `/dev/shm` and IPC namespace where the node allows it "
+            "(else `TMPDIR` in its work dir)"),
+    Setting("AGENT_WARM_START", "warm_start", "bool", True,
+            "keep one job launch started ahead (cgroup, private /tmp, uid), so that the next `run` job with the "
+            "same limits starts in about the time of its own shell"),
+    Setting("AGENT_JOB_ENV_PASSTHROUGH", "job_env_passthrough", "text", "",
+            "names of the agent's environment variables jobs get too, beyond `PATH`, `LANG`, `LC_*`, `TZ`; "
+            "never a `CORRAL_*TOKEN`, `LD_PRELOAD` or `LD_AUDIT`", parse=_passthrough,
+            form="names, comma-separated", shown="none"),
+    Setting("AGENT_RUN_MEMORY_MB", "run_memory_mb", "int", DEFAULT_RUN_MEMORY_MB,
+            "memory limit of `run` jobs that ask for none (lowered to `AGENT_MAX_MEMORY_MB` when unset and "
+            "above it)", minimum=1),
+    Setting("AGENT_RUN_CPU_PERCENT", "run_cpu_percent", "int", DEFAULT_RUN_CPU_PERCENT,
+            "CPU limit (percent of one CPU) of `run` jobs that ask for none (lowered to `AGENT_MAX_CPU_PERCENT` "
+            "when unset and above it)", minimum=1),
+    Setting("AGENT_SERVICE_MEMORY_MB", "service_memory_mb", "int", DEFAULT_SERVICE_MEMORY_MB,
+            "memory limit of `service` jobs that ask for none (lowered like `AGENT_RUN_MEMORY_MB`)", minimum=1),
+    Setting("AGENT_SERVICE_CPU_PERCENT", "service_cpu_percent", "int", DEFAULT_SERVICE_CPU_PERCENT,
+            "CPU limit of `service` jobs that ask for none (lowered like `AGENT_RUN_CPU_PERCENT`)", minimum=1),
+    Setting("AGENT_MAX_MEMORY_MB", "max_memory_mb", "int", _memory_mb,
+            "the most memory a job may ask for here (advertised to the scheduler)", minimum=1,
+            shown="the node's memory"),
+    Setting("AGENT_MAX_CPU_PERCENT", "max_cpu_percent", "int", lambda: _cpus() * 100,
+            "the most CPU a job may ask for here (advertised to the scheduler)", minimum=1, shown="100 per CPU"),
+    Setting("AGENT_JOB_MAX_PROCESSES", "job_max_processes", "int", DEFAULT_JOB_MAX_PROCESSES,
+            "processes and threads a job may run at once (`pids.max`) when it asks for no `max_processes` "
+            "(lowered to `AGENT_MAX_PROCESSES` when unset and above it)", minimum=1),
+    Setting("AGENT_MAX_PROCESSES", "max_processes", "int", DEFAULT_MAX_PROCESSES,
+            "the most `max_processes` a job may ask for here", minimum=1),
+    Setting("AGENT_REQUIRE_CGROUPS", "require_cgroups", "bool", False,
+            "refuse to start when limits cannot be enforced"),
+    Setting("AGENT_HEALTH_INTERVAL_SECS", "health_interval", "float", 5.0, "how often services' health is checked",
+            above=0),
+    Setting("AGENT_HEALTH_TIMEOUT_SECS", "health_timeout", "float", 2.0, "how long a service's health check may take",
+            above=0),
+    Setting("AGENT_SERVICE_LOG_MAX_BYTES", "service_log_max_bytes", "int", 64 * MiB,
+            "a service's log file is emptied past this size", minimum=1),
+    Setting("AGENT_MAX_ARTIFACT_BYTES", "max_artifact_bytes", "int", 512 * MiB, "largest `deploy_url` download",
+            minimum=1),
+    Setting("AGENT_MAX_UNPACKED_BYTES", "max_unpacked_bytes", "int", 2048 * MiB, "largest unpacked tree",
+            minimum=1),
+    Setting("AGENT_MAX_ARTIFACT_ENTRIES", "max_artifact_entries", "int", 10_000, "most entries in a zip",
+            minimum=1),
+    Setting("AGENT_MAX_ARTIFACT_RATIO", "max_artifact_ratio", "float", 100.0,
+            "highest compression ratio of an entry over 1 MB (zip bombs)", above=0),
+    Setting("AGENT_ARTIFACT_CONNECT_TIMEOUT_SECS", "artifact_connect_timeout", "float", 10.0,
+            "download connect timeout", above=0),
+    Setting("AGENT_ARTIFACT_READ_TIMEOUT_SECS", "artifact_read_timeout", "float", 60.0,
+            "download timeout between bytes", above=0),
+    Setting("AGENT_ARTIFACT_TIMEOUT_SECS", "artifact_timeout", "float", 1800.0,
+            "timeout of a whole download; `0`: none", minimum=0),
+    Setting("CORRAL_OUTPUT_TAIL_BYTES", "output_tail_bytes", "int", 65536,
+            "how much of the end of stdout and stderr is kept and reported", minimum=0, maximum=MAX_TAIL_BYTES),
+    Setting("AGENT_OUTPUT_INTERVAL_SECS", "output_interval", "float", 2.0,
+            "live output: how often running jobs' new output (its tail) goes to the scheduler, one request for "
+            "all of them; `0`: only at the end", minimum=0),
+    Setting("AGENT_KILL_GRACE_SECS", "kill_grace", "float", 5.0,
+            "a job being killed gets SIGTERM, then SIGKILL after this", minimum=0),
+    Setting("AGENT_STOP_GRACE_SECS", "stop_grace", "float", 10.0,
+            "on SIGTERM, how long `run` jobs may finish before they are killed", minimum=0),
+    Setting("CORRAL_KEEP_WORK_DIRS", "keep_work_dirs", "bool", False,
+            "keep finished jobs' work dirs and logs (for debugging)"),
+)
+_SETTING = by_name(SETTINGS)
+# Each per-type default limit and the node maximum it must fit under.
+DEFAULT_LIMITS = (("AGENT_RUN_MEMORY_MB", "AGENT_MAX_MEMORY_MB"), ("AGENT_RUN_CPU_PERCENT", "AGENT_MAX_CPU_PERCENT"),
+                  ("AGENT_SERVICE_MEMORY_MB", "AGENT_MAX_MEMORY_MB"),
+                  ("AGENT_SERVICE_CPU_PERCENT", "AGENT_MAX_CPU_PERCENT"),
+                  ("AGENT_JOB_MAX_PROCESSES", "AGENT_MAX_PROCESSES"))

@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .errors import SettingError
-from .settings import env_str
+from .settings import Setting, read_all
 from .validate import NAME_RE
 
 OPERATOR_ROLE = "operator"
@@ -132,9 +132,8 @@ def server_credentials(env: Mapping[str, str]) -> Credentials:
     """CORRAL_API_TOKEN, CORRAL_AGENT_TOKEN and CORRAL_AGENT_TOKEN_PREVIOUS, checked.
     Raises SettingError (never showing a value) for a configuration that would leave
     a role open or let one credential stand for another."""
-    operator = _secret(env, "CORRAL_API_TOKEN")
-    agent = _secret(env, "CORRAL_AGENT_TOKEN")
-    previous = _secret(env, "CORRAL_AGENT_TOKEN_PREVIOUS")
+    tokens = read_all(TOKENS, env)
+    operator, agent, previous = tokens["operator"], tokens["agent_secret"], tokens["previous_secret"]
     if operator is not None and agent is None:
         raise SettingError("CORRAL_API_TOKEN is set but CORRAL_AGENT_TOKEN is not: set both (the agents' "
                            "routes would be open to anyone) or neither (loopback only)")
@@ -145,15 +144,27 @@ def server_credentials(env: Mapping[str, str]) -> Credentials:
         raise SettingError("CORRAL_AGENT_TOKEN_PREVIOUS needs CORRAL_AGENT_TOKEN (the current secret)")
     if operator is not None and operator in (agent, previous):
         raise SettingError("CORRAL_API_TOKEN and the agent secret (CORRAL_AGENT_TOKEN, _PREVIOUS) must differ")
-    return Credentials(operator, agent, previous)
+    return Credentials(**tokens)
 
 
-def _secret(env: Mapping[str, str], name: str) -> str | None:
-    value = env_str(env, name, None)
-    if value is None:
-        return None
+def _secret(name: str, value: str) -> str:
     if len(value) < MIN_SECRET_CHARS:
         raise SettingError(f"{name} must be at least {MIN_SECRET_CHARS} characters (e.g. `openssl rand -hex 32`)")
     if not all("!" <= c <= "~" for c in value):
         raise SettingError(f"{name} may hold only printable ASCII characters without spaces")
     return value
+
+
+_SECRET_FORM = f"a secret of {MIN_SECRET_CHARS}+ printable characters"
+# The servers' credentials, read into Credentials: both tokens or neither.
+TOKENS = (
+    Setting("CORRAL_API_TOKEN", "operator", "text", None,
+            "the operators' bearer token ([security.md](security.md)); set both tokens or neither (then loopback only)",
+            parse=_secret, form=_SECRET_FORM),
+    Setting("CORRAL_AGENT_TOKEN", "agent_secret", "text", None,
+            "the cluster's agent secret, held by the registry and the scheduler only (give both the same): "
+            "node credentials are derived from it", parse=_secret, form=_SECRET_FORM),
+    Setting("CORRAL_AGENT_TOKEN_PREVIOUS", "previous_secret", "text", None,
+            "the previous agent secret, during a rotation: its node credentials stay valid",
+            parse=_secret, form=_SECRET_FORM),
+)

@@ -58,12 +58,23 @@ class DatabaseOptions:
 
     @classmethod
     def from_database_env(cls, env: Mapping[str, str]) -> "DatabaseOptions":
-        size = s.env_str(env, "CORRAL_DB_POOL_SIZE", None)
-        return cls(pool_size=None if size is None else s.env_int(env, "CORRAL_DB_POOL_SIZE", 16, minimum=1,
-                                                                  maximum=10_000),
-                   pool_wait_secs=None if s.env_str(env, "CORRAL_DB_POOL_WAIT_SECS", None) is None else
-                   s.env_float(env, "CORRAL_DB_POOL_WAIT_SECS", 0.0, minimum=0.0, maximum=300.0),
-                   poll_only=s.env_bool(env, "CORRAL_PG_POLL_ONLY", False))
+        return cls(**s.read_all(POOL, env))
+
+
+# The CORRAL_DB_* settings, read into DatabaseOptions.
+POOL = (
+    s.Setting("CORRAL_DB_POOL_SIZE", "pool_size", "int", None,
+              "database connections one server process (a gunicorn worker) keeps at most; a request holds one "
+              "only while it runs its queries (a waiting claim holds none). On PostgreSQL at least 5, and "
+              "replicas × workers × this must fit in the server's `max_connections`",
+              minimum=1, maximum=10_000, shown="`32` on SQLite, `16` on PostgreSQL"),
+    s.Setting("CORRAL_DB_POOL_WAIT_SECS", "pool_wait_secs", "float", None,
+              "how long a request waits for a free connection before it answers `503` (retry)",
+              minimum=0.0, maximum=300.0, shown="`10` on SQLite, `5` on PostgreSQL"),
+    s.Setting("CORRAL_PG_POLL_ONLY", "poll_only", "bool", False,
+              "PostgreSQL: replicas look for each other's work every 0.25 s instead of `LISTEN`/`NOTIFY` "
+              "(for PgBouncer in transaction mode, where `LISTEN` does nothing)"),
+)
 
 
 PG_DEFAULT_POOL_SIZE = 16

@@ -34,15 +34,23 @@ from .auth import Access, access_check
 from .credentials import Credentials
 from .errors import BadRequest
 from .http import UnsupportedMediaType
-from .settings import env_str
+from .settings import Setting
 
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 def allowed_hosts(env: Mapping[str, str]) -> frozenset[str]:
     """CORRAL_ALLOWED_HOSTS: comma-separated host names (no ports), lower-cased."""
-    raw = env_str(env, "CORRAL_ALLOWED_HOSTS", "") or ""
-    return frozenset(name.strip().lower().rstrip(".") for name in raw.split(",") if name.strip())
+    return ALLOWED_HOSTS.read(env)
+
+
+def _host_names(name: str, value: str) -> frozenset[str]:
+    return frozenset(host.strip().lower().rstrip(".") for host in value.split(",") if host.strip())
+
+
+ALLOWED_HOSTS = Setting("CORRAL_ALLOWED_HOSTS", "allowed_hosts", "text", "",
+                        "host names a loopback-only server accepts besides loopback ones (a proxy's names)",
+                        parse=_host_names, form="host names, comma-separated", shown="unset")
 
 
 def host_name(header: str) -> str:

@@ -1,15 +1,118 @@
-"""Reading settings from the environment, with one clear error per bad value.
+"""Settings: each environment variable defined once, as a `Setting`, and read with
+one clear error per bad value.
 
-Each process has its own settings dataclass (registry/settings.py, ...) built
-from these helpers, so that every variable is parsed and checked in one place.
+A `Setting` is one row of a declarative table: the variable's name (and the
+names read when it is unset), the settings field it fills, its kind, default,
+bounds and a one-line meaning. Each process's table sits beside its settings
+dataclass (registry/settings.py, scheduler/settings.py, agent/settings.py, and
+for what several processes read: this module, shared/server_settings.py,
+shared/db.py, shared/credentials.py, shared/guards.py); `from_env` reads its
+table with `read_all`, then applies the rules that tie settings together (a
+dead-letter queue other than the intake queue, per-type limits lowered on a
+small node...) in code beside it. docs/settings.md is generated from the same
+tables (shared/settings_doc.py).
+
+Why a table of our own and not pydantic-settings: the fields are a hundred
+scalars whose parsers (env_int, env_float, ...) already give the one-line errors
+operators and tests rely on ("MAX_JOB_RETRIES must be at most 20, got 99");
+pydantic reports several lines per error and would need its messages rewritten
+back into these, its alias machinery for the fallback names, and a model beside
+the frozen dataclasses the rest of the code builds with keyword arguments. A
+table the existing parsers interpret keeps the messages as they are, adds no
+dependency, and is plain data the generator can print.
 """
+from __future__ import annotations
+
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from .errors import SettingError
 
 DEV_STATE_DIR = "./var"
 SYNCHRONOUS_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+# What a Setting's value is, as the parsers below read it. `text` is the raw string,
+# or what the setting's `parse` makes of it.
+KINDS = ("int", "float", "bool", "choice", "text", "urls", "file")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One environment variable: how it is read, checked and documented."""
+
+    name: str
+    field: str                     # the settings field it fills
+    kind: str                      # one of KINDS
+    default: Any                   # the value when unset; a callable is computed at start
+    meaning: str                   # one line, for docs/settings.md
+    minimum: float | None = None
+    maximum: float | None = None
+    above: float | None = None     # a lower bound the value must exceed (a period that cannot be 0)
+    choices: tuple[str, ...] = ()
+    fallbacks: tuple[str, ...] = ()  # names read in order while the ones before are unset
+    # `text` settings: (name read, value) -> the field's value; raises SettingError.
+    # It gets a text default too (`70000-79999` -> (70000, 79999)).
+    parse: Callable[[str, str], Any] | None = None
+    form: str = ""                 # `text` settings: what a value looks like, for the docs
+    shown: str | None = None       # the default as the docs say it, when the value does not
+    flag: str | None = None        # the command-line flag that overrides it
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"{self.name}: unknown kind {self.kind!r}")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.name, *self.fallbacks)
+
+    def source(self, env: Mapping[str, str]) -> str:
+        """The name the value is read from: the first of `names` that is set."""
+        return next((name for name in self.names if env_str(env, name, None) is not None), self.name)
+
+    def is_set(self, env: Mapping[str, str]) -> bool:
+        return any(env_str(env, name, None) is not None for name in self.names)
+
+    def default_value(self) -> Any:
+        """The field's value when no name of this setting is set."""
+        default = self.default() if callable(self.default) else self.default
+        if self.parse is not None and isinstance(default, str):
+            return self.parse(self.name, default)
+        return default
+
+    def read(self, env: Mapping[str, str]) -> Any:
+        """The field's value from `env`, checked; SettingError names the variable read."""
+        name = self.source(env)
+        if self.kind in ("int", "float"):
+            if env_str(env, name, None) is None:
+                return self.default_value()
+            parse_number = env_int if self.kind == "int" else env_float
+            value = parse_number(env, name, 0, self.minimum, self.maximum)
+            if self.above is not None and value <= self.above:
+                raise SettingError(f"{name} must be greater than {self.above:g}, got {value}")
+            return value
+        if self.kind == "bool":
+            return env_bool(env, name, self.default_value())
+        if self.kind == "choice":
+            return env_choice(env, name, self.default_value(), self.choices)
+        if self.kind == "urls":
+            return env_urls(env, name, self.default_value())
+        if self.kind == "file":
+            return env_file(env, name)
+        raw = env_str(env, name, None)
+        if raw is None:
+            return self.default_value()
+        return self.parse(name, raw) if self.parse is not None else raw
+
+
+def read_all(settings: Iterable[Setting], env: Mapping[str, str]) -> dict[str, Any]:
+    """{field: value} of every setting, read in order (the first bad one raises)."""
+    return {setting.field: setting.read(env) for setting in settings}
+
+
+def by_name(settings: Iterable[Setting]) -> dict[str, Setting]:
+    return {setting.name: setting for setting in settings}
 
 
 def env_str(env: Mapping[str, str], name: str, default: str | None) -> str | None:
@@ -111,27 +214,64 @@ def _check_range(name, value, minimum, maximum):
         raise SettingError(f"{name} must be at most {maximum}, got {value}")
 
 
+def _absolute(name: str, value: str) -> str:
+    return os.path.abspath(value)
+
+
+def _shared_database_url(name: str, value: str) -> str:
+    if value.startswith("sqlite"):
+        # Both services have a `node` table: in one SQLite file they would collide.
+        raise SettingError(f"{name} is shared by the registry and the scheduler, so it must be a "
+                           "postgresql:// URL; for SQLite leave it unset (a file per service under "
+                           "CORRAL_STATE_DIR) or give each service its own DATABASE_URL")
+    return value
+
+
+# ---- read by every process ----------------------------------------------------------
+
+STATE_DIR = Setting(
+    "CORRAL_STATE_DIR", "state_dir", "text", DEV_STATE_DIR,
+    "SQLite files, metrics files and the agents' work dirs (under `agent-<node_id>/`); the flag is the "
+    "agent's", parse=_absolute, form="a directory", shown="`./var` (the systemd units: `/var/lib/corral`)",
+    flag="--state-dir")
+# Read by shared/server.py and agent/cli.py.
+LOG_LEVEL = Setting("CORRAL_LOG_LEVEL", "log_level", "choice", "INFO",
+                    "how much the process logs; the flag is the agent's", choices=LOG_LEVELS, flag="--log-level")
+COMMON = (STATE_DIR, LOG_LEVEL)
+
+# ---- the registry's and the scheduler's database ---------------------------------------
+
+DATABASE_URL = Setting(
+    "DATABASE_URL", "database_url", "text", None,
+    "this service's peewee database URL, `sqlite:///PATH` or `postgresql://…` (with SQLite, writers queue "
+    "on `<file>-writers.lock` beside it and migrations on `<file>-migrate.lock`; the scheduler's workers "
+    "also keep `<file>-wake/`, a socket each to wake waiting claims)",
+    form="a database URL",
+    shown="`CORRAL_DATABASE_URL`, else `sqlite:///$CORRAL_STATE_DIR/registry.db` (the scheduler: `scheduler.db`)")
+SHARED_DATABASE_URL = Setting(
+    "CORRAL_DATABASE_URL", "database_url", "text", None,
+    "the registry's and the scheduler's database when their own `DATABASE_URL` is unset: one "
+    "`postgresql://` database for both, each service in its own schema (`corral_registry`, "
+    "`corral_scheduler`); a `sqlite://` URL here is refused (both have a `node` table)",
+    parse=_shared_database_url, form="a `postgresql://` URL")
+SQLITE_SYNCHRONOUS = Setting(
+    "CORRAL_SQLITE_SYNCHRONOUS", "sqlite_synchronous", "choice", "NORMAL",
+    "SQLite's `synchronous`: `NORMAL` survives any process crash, `FULL` also a power loss (see "
+    "\"Durability\" below)", choices=SYNCHRONOUS_MODES)
+DATABASE = (DATABASE_URL, SHARED_DATABASE_URL, SQLITE_SYNCHRONOUS)
+
+
 def state_dir(env: Mapping[str, str]) -> str:
-    return os.path.abspath(env_str(env, "CORRAL_STATE_DIR", DEV_STATE_DIR))
+    return STATE_DIR.read(env)
 
 
 def database_url(env: Mapping[str, str], filename: str) -> str:
     """The service's own DATABASE_URL; else CORRAL_DATABASE_URL, which both services
     fall back on (one PostgreSQL database, each service in a schema of its own); else
     a SQLite file named `filename` under the state dir (a file per service)."""
-    url = env_str(env, "DATABASE_URL", None)
-    if url:
-        return url
-    shared = env_str(env, "CORRAL_DATABASE_URL", None)
-    if shared:
-        if shared.startswith("sqlite"):
-            # Both services have a `node` table: in one SQLite file they would collide.
-            raise SettingError("CORRAL_DATABASE_URL is shared by the registry and the scheduler, so it must be a "
-                               "postgresql:// URL; for SQLite leave it unset (a file per service under "
-                               "CORRAL_STATE_DIR) or give each service its own DATABASE_URL")
-        return shared
-    return "sqlite:///" + os.path.join(state_dir(env), filename)
+    return (DATABASE_URL.read(env) or SHARED_DATABASE_URL.read(env)
+            or "sqlite:///" + os.path.join(state_dir(env), filename))
 
 
 def sqlite_synchronous(env: Mapping[str, str]) -> str:
-    return env_choice(env, "CORRAL_SQLITE_SYNCHRONOUS", "NORMAL", SYNCHRONOUS_MODES)
+    return SQLITE_SYNCHRONOUS.read(env)

@@ -105,10 +105,14 @@ def shared_function_vars() -> dict[str, set[str]]:
 
 
 def vars_read_by(process: str) -> set[str]:
-    """Every environment variable `process` reads: literally in its own modules, or
-    through a shared/ function they call (such as database_url or run_service)."""
+    """Every environment variable `process` reads: each of its settings' definitions
+    (shared/settings_doc.py; tests/test_settings_doc.py checks that they are read), and
+    any read literally in its own modules or through a shared/ function they call
+    (such as run_service)."""
+    from corral.shared.settings_doc import read_by
+
     shared = shared_function_vars()
-    names: set[str] = set()
+    names = {name for setting in read_by(process) for name in setting.names}
     for path in _py_files(PROCESS_SOURCES[process]):
         source = _read(path)
         names |= set(ENV_READ_RE.findall(source))

@@ -1,13 +1,13 @@
-"""Registry settings, read from the environment (see the README for each)."""
+"""Registry settings, read from the environment. The registry reads only settings it
+shares with the scheduler (shared/server_settings.py); docs/settings.md lists them."""
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from corral.shared import settings as s
 from corral.shared.db import DatabaseOptions
-from corral.shared.credentials import Credentials, server_credentials
-from corral.shared.guards import allowed_hosts
+from corral.shared.credentials import Credentials
 from corral.shared.http import DEFAULT_MAX_BODY_BYTES
+from corral.shared.server_settings import server_fields
 
 
 @dataclass(frozen=True)
@@ -25,12 +25,4 @@ class RegistrySettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "RegistrySettings":
-        return cls(
-            database_url=s.database_url(env, "registry.db"),
-            sqlite_synchronous=s.sqlite_synchronous(env),
-            db_options=DatabaseOptions.from_database_env(env),
-            heartbeat_timeout_secs=s.env_float(env, "HEARTBEAT_TIMEOUT_SECS", 20.0, minimum=0.1),
-            max_body_bytes=s.env_int(env, "CORRAL_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, minimum=1024),
-            credentials=server_credentials(env),
-            allowed_hosts=allowed_hosts(env),
-        )
+        return cls(**server_fields(env, "registry.db"))

@@ -1,15 +1,16 @@
-"""Scheduler settings, read from the environment (see the README for each;
-SQS and SNS in docs/sqs-sns.md)."""
+"""Scheduler settings, read from the environment: the table of each (SETTINGS, AWS)
+is below the dataclass, those both servers read are in shared/server_settings.py,
+and docs/settings.md lists them all (SQS and SNS: docs/sqs-sns.md)."""
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from corral.shared import settings as s
 from corral.shared.db import DatabaseOptions
-from corral.shared.credentials import Credentials, server_credentials
-from corral.shared.guards import allowed_hosts
+from corral.shared.credentials import Credentials
 from corral.shared.errors import SettingError
 from corral.shared.http import DEFAULT_MAX_BODY_BYTES
+from corral.shared.server_settings import server_fields
 
 from .retry import Backoff
 
@@ -79,76 +80,117 @@ class SchedulerSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "SchedulerSettings":
-        return cls(
-            database_url=s.database_url(env, "scheduler.db"),
-            sqlite_synchronous=s.sqlite_synchronous(env),
-            db_options=DatabaseOptions.from_database_env(env),
-            registry_url=s.env_urls(env, "REGISTRY_URL", "http://127.0.0.1:9000"),
-            registry_ca_bundle=s.env_file(env, "REGISTRY_CA_BUNDLE"),
-            credentials=server_credentials(env),
-            allowed_hosts=allowed_hosts(env),
-            max_jobs_per_node=s.env_int(env, "MAX_JOBS_PER_NODE", 1, minimum=1, maximum=10_000),
-            max_job_retries=s.env_int(env, "MAX_JOB_RETRIES", 1, minimum=0, maximum=20),
-            retry_base_secs=s.env_float(env, "RETRY_BASE_SECS", 2.0, minimum=0.0, maximum=86400.0),
-            retry_factor=s.env_float(env, "RETRY_FACTOR", 2.0, minimum=1.0, maximum=10.0),
-            retry_cap_secs=s.env_float(env, "RETRY_CAP_SECS", 300.0, minimum=0.0, maximum=7 * 86400.0),
-            job_timeout_secs=s.env_float(env, "JOB_TIMEOUT_SECS", 3600.0, minimum=0.1),
-            timeout_check_secs=s.env_float(env, "TIMEOUT_CHECK_SECS", 10.0, minimum=0.05),
-            node_refresh_secs=s.env_float(env, "NODE_REFRESH_SECS", 2.0, minimum=0.05),
-            dispatch_interval_secs=s.env_float(env, "DISPATCH_INTERVAL_SECS", 1.0, minimum=0.05),
-            heartbeat_timeout_secs=s.env_float(env, "HEARTBEAT_TIMEOUT_SECS", 20.0, minimum=0.1),
-            node_lost_grace_secs=s.env_float(env, "NODE_LOST_GRACE_SECS", 15.0, minimum=0.0),
-            max_node_losses=s.env_int(env, "MAX_NODE_LOSSES", 3, minimum=0, maximum=100),
-            output_tail_bytes=s.env_int(env, "CORRAL_OUTPUT_TAIL_BYTES", 64 * 1024, minimum=256),
-            max_body_bytes=s.env_int(env, "CORRAL_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, minimum=1024),
-            page_max_bytes=s.env_int(env, "CORRAL_PAGE_MAX_BYTES", 8 * 1024 * 1024, minimum=4096),
-            long_poll_max_waiters=_optional_int(env, "LONG_POLL_MAX_WAITERS", minimum=0, maximum=100_000),
-            job_retention_secs=s.env_float(env, "JOB_RETENTION_SECS", 7 * 86400.0, minimum=0.0),
-            job_purge_batch=s.env_int(env, "JOB_PURGE_BATCH", 500, minimum=1, maximum=100_000),
-            **aws_settings(env),
-        )
+        return cls(**server_fields(env, "scheduler.db"), **s.read_all(SETTINGS, env), **aws_settings(env))
 
 
 def aws_settings(env: Mapping[str, str]) -> dict:
     """The SQS/SNS fields of SchedulerSettings, checked."""
-    sqs_url = _queue_url(env, "SQS_URL")
-    dlq_url = _queue_url(env, "SQS_DLQ_URL")
-    if sqs_url and dlq_url == sqs_url:
+    values = s.read_all(AWS, env)
+    if values["sqs_url"] and values["sqs_dlq_url"] == values["sqs_url"]:
         raise SettingError("SQS_DLQ_URL must be another queue than SQS_URL")
-    topic = s.env_str(env, "SNS_TOPIC_ARN", None)
-    if topic is not None and not (topic.startswith("arn:") and topic.count(":") >= 5):
-        raise SettingError(f"SNS_TOPIC_ARN must be a topic ARN (arn:aws:sns:REGION:ACCOUNT:NAME), got {topic!r}")
-    general_endpoint = s.env_str(env, "AWS_ENDPOINT_URL", None)
-    return dict(
-        sqs_url=sqs_url,
-        sqs_dlq_url=dlq_url,
-        sns_topic_arn=topic,
-        sqs_wait_time_secs=s.env_int(env, "SQS_WAIT_TIME_SECS", 20, minimum=0, maximum=20),
-        sqs_visibility_timeout_secs=s.env_int(env, "SQS_VISIBILITY_TIMEOUT_SECS", 60, minimum=1, maximum=43200),
-        sqs_max_receives=s.env_int(env, "SQS_MAX_RECEIVES", 5, minimum=1, maximum=1000),
-        sqs_backoff_cap_secs=s.env_float(env, "SQS_BACKOFF_CAP_SECS", 60.0, minimum=0.1, maximum=3600.0),
-        sns_publish_batch=s.env_int(env, "SNS_PUBLISH_BATCH", 10, minimum=1, maximum=10),
-        sns_poll_interval_secs=s.env_float(env, "SNS_POLL_INTERVAL_SECS", 1.0, minimum=0.05, maximum=60.0),
-        sns_backoff_cap_secs=s.env_float(env, "SNS_BACKOFF_CAP_SECS", 60.0, minimum=0.1, maximum=3600.0),
-        sns_backlog_warn_secs=s.env_float(env, "SNS_BACKLOG_WARN_SECS", 300.0, minimum=1.0),
-        sns_retention_secs=s.env_float(env, "SNS_RETENTION_SECS", 7 * 86400.0, minimum=0.0),
-        aws_region=s.env_str(env, "AWS_REGION", None) or s.env_str(env, "AWS_DEFAULT_REGION", None),
-        sqs_endpoint_url=s.env_str(env, "AWS_ENDPOINT_URL_SQS", None) or general_endpoint,
-        sns_endpoint_url=s.env_str(env, "AWS_ENDPOINT_URL_SNS", None) or general_endpoint,
-        aws_connect_timeout_secs=s.env_float(env, "CORRAL_AWS_CONNECT_TIMEOUT_SECS", 5.0, minimum=0.1,
-                                             maximum=300.0),
-        aws_read_timeout_secs=s.env_float(env, "CORRAL_AWS_READ_TIMEOUT_SECS", 10.0, minimum=0.1, maximum=300.0),
-    )
+    return values
 
 
-def _optional_int(env: Mapping[str, str], name: str, minimum: int, maximum: int) -> int | None:
-    if s.env_str(env, name, None) is None:
-        return None
-    return s.env_int(env, name, 0, minimum=minimum, maximum=maximum)
-
-
-def _queue_url(env: Mapping[str, str], name: str) -> str | None:
-    url = s.env_str(env, name, None)
-    if url is not None and not url.startswith(("https://", "http://")):
+def _queue_url(name: str, url: str) -> str:
+    if not url.startswith(("https://", "http://")):
         raise SettingError(f"{name} must be a queue URL (https://sqs.REGION.amazonaws.com/ACCOUNT/NAME), got {url!r}")
     return url
+
+
+def _topic_arn(name: str, topic: str) -> str:
+    if not (topic.startswith("arn:") and topic.count(":") >= 5):
+        raise SettingError(f"{name} must be a topic ARN (arn:aws:sns:REGION:ACCOUNT:NAME), got {topic!r}")
+    return topic
+
+
+# The scheduler's own settings (besides those both servers read: shared/server_settings.py).
+SETTINGS = (
+    s.Setting("REGISTRY_URL", "registry_url", "urls", "http://127.0.0.1:9000",
+              "where the node list comes from (read with `CORRAL_API_TOKEN`); several URLs: the registry's "
+              "replicas, tried in order"),
+    s.Setting("REGISTRY_CA_BUNDLE", "registry_ca_bundle", "file", None,
+              "CA certificates that verify an `https://` `REGISTRY_URL`", shown="the system's CAs"),
+    s.Setting("MAX_JOBS_PER_NODE", "max_jobs_per_node", "int", 1,
+              "running jobs a node may hold at once (an agent may advertise fewer slots)", minimum=1, maximum=10_000),
+    s.Setting("MAX_JOB_RETRIES", "max_job_retries", "int", 1,
+              "a failed job goes back to pending this many times, then stays failed", minimum=0, maximum=20),
+    s.Setting("JOB_TIMEOUT_SECS", "job_timeout_secs", "float", 3600.0,
+              "a `run` job running longer is failed, exit code -1, stderr `job timed out`", minimum=0.1),
+    s.Setting("TIMEOUT_CHECK_SECS", "timeout_check_secs", "float", 10.0,
+              "how often the scheduler looks for timed-out jobs", minimum=0.05),
+    s.Setting("NODE_REFRESH_SECS", "node_refresh_secs", "float", 2.0,
+              "how often the node list is fetched from the registry", minimum=0.05),
+    s.Setting("DISPATCH_INTERVAL_SECS", "dispatch_interval_secs", "float", 1.0,
+              "how often the background pass places waiting jobs (submits and finished jobs also place at once)",
+              minimum=0.05),
+    s.Setting("NODE_LOST_GRACE_SECS", "node_lost_grace_secs", "float", 15.0,
+              "how long after a lapsed lease running jobs are requeued (keep above `AGENT_KILL_GRACE_SECS`)",
+              minimum=0.0),
+    s.Setting("MAX_NODE_LOSSES", "max_node_losses", "int", 3,
+              "a job whose node is lost more often than this is failed", minimum=0, maximum=100),
+    s.Setting("RETRY_BASE_SECS", "retry_base_secs", "float", 2.0,
+              "backoff before the first retry (upper bound; the wait is random below it)",
+              minimum=0.0, maximum=86400.0),
+    s.Setting("RETRY_FACTOR", "retry_factor", "float", 2.0,
+              "each further retry may wait this many times longer", minimum=1.0, maximum=10.0),
+    s.Setting("RETRY_CAP_SECS", "retry_cap_secs", "float", 300.0,
+              "the longest a retry waits", minimum=0.0, maximum=7 * 86400.0),
+    s.Setting("LONG_POLL_MAX_WAITERS", "long_poll_max_waiters", "int", None,
+              "claims that may wait at once in one server process; `0`: none waits", minimum=0, maximum=100_000,
+              shown="threads per worker − 8, at most half (120)"),
+    s.Setting("JOB_RETENTION_SECS", "job_retention_secs", "float", 7 * 86400.0,
+              "finished jobs older than this are purged with their events; `0` keeps them", minimum=0.0),
+    s.Setting("JOB_PURGE_BATCH", "job_purge_batch", "int", 500,
+              "most jobs purged per background pass", minimum=1, maximum=100_000),
+    s.Setting("CORRAL_OUTPUT_TAIL_BYTES", "output_tail_bytes", "int", 64 * 1024,
+              "the tail of stdout and of stderr that is stored", minimum=256),
+    s.Setting("CORRAL_PAGE_MAX_BYTES", "page_max_bytes", "int", 8 * 1024 * 1024,
+              "a page of `GET /jobs` stops at about this many bytes (one job at least) and links the next",
+              minimum=4096),
+)
+
+# SQS intake and SNS notifications (docs/sqs-sns.md).
+AWS = (
+    s.Setting("SQS_URL", "sqs_url", "text", None, "queue to take job requests from; unset: no intake",
+              parse=_queue_url, form="a queue URL"),
+    s.Setting("SQS_DLQ_URL", "sqs_dlq_url", "text", None,
+              "queue for messages that are not valid job requests (another than `SQS_URL`); unset: they are "
+              "deleted with an ERROR log line", parse=_queue_url, form="a queue URL"),
+    s.Setting("SNS_TOPIC_ARN", "sns_topic_arn", "text", None,
+              "topic for final job states; unset: no notifications", parse=_topic_arn, form="a topic ARN"),
+    s.Setting("SQS_WAIT_TIME_SECS", "sqs_wait_time_secs", "int", 20,
+              "long-poll wait of each `ReceiveMessage`", minimum=0, maximum=20),
+    s.Setting("SQS_VISIBILITY_TIMEOUT_SECS", "sqs_visibility_timeout_secs", "int", 60,
+              "visibility timeout asked for on receive: how long before an undeleted message is delivered again",
+              minimum=1, maximum=43200),
+    s.Setting("SQS_MAX_RECEIVES", "sqs_max_receives", "int", 5,
+              "receives after which a message that keeps failing unexpectedly goes to the DLQ (database errors "
+              "never count)", minimum=1, maximum=1000),
+    s.Setting("SQS_BACKOFF_CAP_SECS", "sqs_backoff_cap_secs", "float", 60.0,
+              "longest wait between tries while SQS fails (doubling from 1 s)", minimum=0.1, maximum=3600.0),
+    s.Setting("SNS_PUBLISH_BATCH", "sns_publish_batch", "int", 10,
+              "notifications per `PublishBatch` call", minimum=1, maximum=10),
+    s.Setting("SNS_POLL_INTERVAL_SECS", "sns_poll_interval_secs", "float", 1.0,
+              "how often an empty outbox is looked at: the usual delay of a notification",
+              minimum=0.05, maximum=60.0),
+    s.Setting("SNS_BACKOFF_CAP_SECS", "sns_backoff_cap_secs", "float", 60.0,
+              "longest wait between tries while SNS fails (doubling from 1 s)", minimum=0.1, maximum=3600.0),
+    s.Setting("SNS_BACKLOG_WARN_SECS", "sns_backlog_warn_secs", "float", 300.0,
+              "warn (every 30 s) while the oldest pending notification is older than this", minimum=1.0),
+    s.Setting("SNS_RETENTION_SECS", "sns_retention_secs", "float", 7 * 86400.0,
+              "published notifications are deleted from the outbox after this", minimum=0.0),
+    s.Setting("AWS_REGION", "aws_region", "text", None,
+              "the region; unset: the region in `SQS_URL` / `SNS_TOPIC_ARN`, else boto3's configuration",
+              fallbacks=("AWS_DEFAULT_REGION",), form="a region name"),
+    s.Setting("AWS_ENDPOINT_URL_SQS", "sqs_endpoint_url", "text", None,
+              "an SQS-compatible endpoint; `AWS_ENDPOINT_URL` sets one for both services; unset: AWS",
+              fallbacks=("AWS_ENDPOINT_URL",), form="a URL"),
+    s.Setting("AWS_ENDPOINT_URL_SNS", "sns_endpoint_url", "text", None,
+              "an SNS-compatible endpoint; `AWS_ENDPOINT_URL` sets one for both services; unset: AWS",
+              fallbacks=("AWS_ENDPOINT_URL",), form="a URL"),
+    s.Setting("CORRAL_AWS_CONNECT_TIMEOUT_SECS", "aws_connect_timeout_secs", "float", 5.0,
+              "connect timeout of every SQS and SNS call", minimum=0.1, maximum=300.0),
+    s.Setting("CORRAL_AWS_READ_TIMEOUT_SECS", "aws_read_timeout_secs", "float", 10.0,
+              "read timeout of every SQS and SNS call (a receive gets `SQS_WAIT_TIME_SECS` on top)",
+              minimum=0.1, maximum=300.0),
+)

@@ -1,0 +1,52 @@
+"""The settings both servers (the registry and the scheduler) read, defined once.
+
+`server_fields(env, filename)` reads those that fill fields of both settings
+dataclasses; the rest are read where they act: CORRAL_REQUEST_READ_TIMEOUT_SECS
+by the gunicorn worker (shared/worker.py), CORRAL_INSECURE by shared/auth.py,
+PROMETHEUS_MULTIPROC_DIR by shared/metrics.py.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from . import settings as s
+from .credentials import TOKENS, server_credentials
+from .db import POOL, DatabaseOptions
+from .guards import ALLOWED_HOSTS, allowed_hosts
+from .http import DEFAULT_MAX_BODY_BYTES
+
+HEARTBEAT_TIMEOUT = s.Setting(
+    "HEARTBEAT_TIMEOUT_SECS", "heartbeat_timeout_secs", "float", 20.0,
+    "silence after which the registry marks a node `unhealthy`, and the scheduler's lease period for an "
+    "agent's jobs: give both the same", minimum=0.1)
+MAX_BODY_BYTES = s.Setting("CORRAL_MAX_BODY_BYTES", "max_body_bytes", "int", DEFAULT_MAX_BODY_BYTES,
+                           "larger request bodies get `413`", minimum=1024)
+REQUEST_READ_TIMEOUT = s.Setting(
+    "CORRAL_REQUEST_READ_TIMEOUT_SECS", "read_timeout_secs", "float", 10.0,
+    "seconds a client may take to send one request (line, headers, body); past it `408` and the connection "
+    "is closed", minimum=0.1, maximum=3600.0)
+INSECURE = s.Setting("CORRAL_INSECURE", "insecure", "bool", False,
+                     "serve a non-loopback address with neither token set (also `--insecure`)")
+METRICS_DIR = s.Setting(
+    "PROMETHEUS_MULTIPROC_DIR", "metrics_dir", "text", None,
+    "where the workers keep their metrics (its `*.db` files are removed at start)", form="a directory",
+    shown="`$CORRAL_STATE_DIR/metrics/<program>-<pid>`")
+
+# In the order docs/settings.md lists them.
+SERVERS = (*s.DATABASE, *POOL, HEARTBEAT_TIMEOUT, MAX_BODY_BYTES, REQUEST_READ_TIMEOUT, METRICS_DIR,
+           *TOKENS, INSECURE, ALLOWED_HOSTS)
+
+
+def server_fields(env: Mapping[str, str], filename: str) -> dict[str, Any]:
+    """The fields RegistrySettings and SchedulerSettings share, read from `env`;
+    `filename`: the service's SQLite file under the state dir."""
+    return dict(
+        database_url=s.database_url(env, filename),
+        sqlite_synchronous=s.sqlite_synchronous(env),
+        db_options=DatabaseOptions.from_database_env(env),
+        heartbeat_timeout_secs=HEARTBEAT_TIMEOUT.read(env),
+        max_body_bytes=MAX_BODY_BYTES.read(env),
+        credentials=server_credentials(env),
+        allowed_hosts=allowed_hosts(env),
+    )
