@@ -122,8 +122,8 @@ def env_str(env: Mapping[str, str], name: str, default: str | None) -> str | Non
     return value.strip()
 
 
-def env_int(env: Mapping[str, str], name: str, default: int, minimum: int | None = None,
-            maximum: int | None = None) -> int:
+def env_int(env: Mapping[str, str], name: str, default: int, minimum: float | None = None,
+            maximum: float | None = None) -> int:
     raw = env_str(env, name, None)
     if raw is None:
         return default

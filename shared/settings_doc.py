@@ -83,8 +83,9 @@ def sections() -> tuple[Section, ...]:
     return (
         Section("All processes", "Read by the registry, the scheduler and the agent.", COMMON),
         Section("Registry and scheduler", "Read by both servers; give both the same values unless said "
-                "otherwise. The registry reads no others.", server_settings.SERVERS, DURABILITY),
-        Section("Scheduler (`corral-scheduler`)", "", scheduler.SETTINGS),
+                "otherwise. The registry reads these and those of all processes only.",
+                server_settings.SERVERS, DURABILITY),
+        Section("Scheduler (`corral-scheduler`)", "Besides those of both servers.", scheduler.SETTINGS),
         Section("Scheduler: SQS and SNS", "Off while `SQS_URL` and `SNS_TOPIC_ARN` are unset; "
                 "[sqs-sns.md](sqs-sns.md) describes both.", scheduler.AWS,
                 "Credentials come from boto3's usual chain (environment, `~/.aws`, instance or task role).\n"),
