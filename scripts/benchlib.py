@@ -3,7 +3,7 @@ production timings, API feature probes, /proc readings, statistics and output.
 
 The cluster is tests/cluster.py's `Cluster` (real gunicorn servers on sockets
 bound here and passed as fd://N, real agents, teardown by process group), with
-the production defaults of the README instead of the tests' short timings, and
+the production defaults (docs/settings.md) instead of the tests' short timings, and
 extra gunicorn flags (`--threads`) per server. Process trees and /proc/<pid>/stat
 parsing come from scripts/run_local.py.
 
@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 from cluster import BIN, Cluster, Proc, base_env, world_traversable_dir  # noqa: E402  (tests/cluster.py)
 from run_local import _proc_stat, descendants  # noqa: E402  (scripts/run_local.py)
 
-# The README's defaults, stated explicitly: tests/cluster.py shortens them for tests.
+# The documented defaults (docs/settings.md), stated explicitly: tests/cluster.py shortens them for tests.
 PRODUCTION_SCHEDULER_ENV = {"TIMEOUT_CHECK_SECS": 10, "NODE_REFRESH_SECS": 2, "DISPATCH_INTERVAL_SECS": 1,
                             "HEARTBEAT_TIMEOUT_SECS": 20, "RETRY_BASE_SECS": 2}
 PRODUCTION_AGENT_ENV = {"POLL_INTERVAL_SECS": 3, "HEARTBEAT_INTERVAL_SECS": 5}
@@ -61,7 +61,7 @@ def emit(record: dict) -> None:
 
 class BenchCluster(Cluster):
     """tests/cluster.py's Cluster with production timings, per-server gunicorn flags
-    and agents started with the README's defaults unless told otherwise.
+    and agents started with the documented defaults unless told otherwise.
 
     `backend` (scripts/benchdb.py) gives the scheduler and the registry each a fresh
     database of their own (their tables share names), dropped after stop(); without

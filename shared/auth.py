@@ -147,7 +147,7 @@ def bind_refusal(binds: list[str]) -> str | None:
         if not _is_local(bind):
             return (f"refusing to listen on {bind} without CORRAL_API_TOKEN and CORRAL_AGENT_TOKEN: "
                     f"anyone who reaches it could submit jobs that run on every node; "
-                    f"set the tokens (README: Security), or pass --insecure (CORRAL_INSECURE=1)")
+                    f"set the tokens (docs/security.md), or pass --insecure (CORRAL_INSECURE=1)")
     return None
 
 

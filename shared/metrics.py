@@ -217,7 +217,8 @@ def database_gauges(db) -> list:
         gauge("corral_db_live_tuples", "Live rows of each of this service's tables (PostgreSQL's estimate).",
               ("table",), {(name,): live for name, (live, _) in tables.items()}),
         gauge("corral_db_dead_tuples", "Dead rows of each of this service's tables not yet vacuumed; a number "
-              "that keeps growing means autovacuum cannot keep up (see the README, Running on PostgreSQL).",
+              "that keeps growing means autovacuum cannot keep up (see docs/operations.md, "
+              "Keeping the queue table healthy).",
               ("table",), {(name,): dead for name, (_, dead) in tables.items()}),
         gauge("corral_db_oldest_transaction_age_seconds", "Age of the oldest open transaction in the database "
               "(any client): a long one holds vacuum back.", (), {(): seen["oldest_transaction_secs"]}),

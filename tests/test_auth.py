@@ -381,7 +381,7 @@ def test_a_server_without_tokens_refuses_a_non_loopback_address(tmp_path, script
         lines = [line for line in result.stderr.splitlines() if "error" in line]
         assert lines == [f"{script}: error: refusing to listen on 0.0.0.0:{port} without CORRAL_API_TOKEN and "
                          "CORRAL_AGENT_TOKEN: anyone who reaches it could submit jobs that run on every node; "
-                         "set the tokens (README: Security), or pass --insecure (CORRAL_INSECURE=1)"], \
+                         "set the tokens (docs/security.md), or pass --insecure (CORRAL_INSECURE=1)"], \
             result.stderr
 
 

@@ -1,4 +1,4 @@
-"""GET /metrics on the registry and the scheduler (README "Metrics").
+"""GET /metrics on the registry and the scheduler (docs/operations.md, "Metrics").
 
 The live tests run a real cluster (gunicorn, 2 workers per server, a real agent),
 run jobs that end every way, and check that every scrape — whichever worker

@@ -1,4 +1,4 @@
-"""The registry's Prometheus metrics (GET /metrics; README "Metrics").
+"""The registry's Prometheus metrics (GET /metrics; docs/operations.md, "Metrics").
 
 Counters are updated by the routes after their transaction committed; nodes
 and services are counted from the database at scrape time.

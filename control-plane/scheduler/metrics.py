@@ -1,4 +1,4 @@
-"""The scheduler's Prometheus metrics (GET /metrics; README "Metrics").
+"""The scheduler's Prometheus metrics (GET /metrics; docs/operations.md, "Metrics").
 
 The store, the app and the SQS intake call the one-line helpers below. Each
 counts only what was committed: inside a transaction the update is deferred to
