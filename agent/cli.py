@@ -27,7 +27,7 @@ import threading
 
 from corral.shared.clients import RegistryClient, SchedulerClient
 from corral.shared.errors import SettingError
-from corral.shared.settings import env_choice, split_urls
+from corral.shared.settings import LOG_LEVEL, LOG_LEVELS, split_urls
 from corral.shared.signals import SignalWatch
 
 from . import cgroups, identity, launch
@@ -38,7 +38,6 @@ from .settings import AgentSettings
 CHECK_TIMEOUT_SECS = 3.0
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s"
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 # flag destination -> the environment variable it overrides
 FLAG_ENV = {
@@ -87,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         settings = settings_from(args)
-        level = args.log_level or env_choice(os.environ, "CORRAL_LOG_LEVEL", "INFO", LOG_LEVELS)
+        level = args.log_level or LOG_LEVEL.read(os.environ)
     except SettingError as exc:
         print(f"corral-agent: error: {exc.message}", file=sys.stderr)
         return 2

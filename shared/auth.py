@@ -31,7 +31,7 @@ from flask import g, request
 from .credentials import AGENT_ROLE, OPERATOR_ROLE, Credentials
 from .errors import Forbidden
 from .http import error_response
-from .settings import env_bool
+from .settings import Setting
 
 OPEN_PATHS = ("/healthz", "/readyz", "/metrics", "/openapi.json", "/ui")
 OPEN_PREFIXES = ("/ui/",)
@@ -70,9 +70,13 @@ def either(node: str) -> Access:
 ROLE_NAMES = {OPERATOR_ROLE: "the operator token", AGENT_ROLE: "a node credential (CORRAL_NODE_TOKEN)"}
 
 
+INSECURE = Setting("CORRAL_INSECURE", "insecure", "bool", False,
+                     "serve a non-loopback address with neither token set (also `--insecure`)")
+
+
 def insecure_allowed(env: Mapping[str, str]) -> bool:
     """CORRAL_INSECURE: serve on non-loopback addresses without any token."""
-    return env_bool(env, "CORRAL_INSECURE", False)
+    return INSECURE.read(env)
 
 
 # ---- the request check ----------------------------------------------------------------

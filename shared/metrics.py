@@ -29,11 +29,15 @@ from collections.abc import Callable, Iterable
 from flask import Flask, Response
 
 from .errors import SettingError
-from .settings import state_dir
+from .settings import Setting, state_dir
 
 log = logging.getLogger(__name__)
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+METRICS_DIR = Setting(
+    MULTIPROC_ENV, "metrics_dir", "text", None,
+    "where the workers keep their metrics (its `*.db` files are removed at start)", form="a directory",
+    shown="`$CORRAL_STATE_DIR/metrics/<program>-<pid>`")
 # Private directories (when PROMETHEUS_MULTIPROC_DIR is unset): <state dir>/metrics/<prog>-<master pid>.
 PRIVATE_PARENT = "metrics"
 
@@ -52,7 +56,7 @@ def prepare_multiprocess_dir(prog: str) -> str:
     an earlier run), else a private directory under the state dir, named for this
     master's pid; private directories of masters that are gone are removed.
     """
-    configured = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "").strip()
+    configured = METRICS_DIR.read(os.environ)
     if configured:
         path = os.path.abspath(configured)
     else:
@@ -94,7 +98,7 @@ def install_gunicorn_hooks(cfg) -> None:
 def worker_exited(pid: int) -> None:
     """A worker ended: let prometheus_client drop its live gauges (its counters and
     histograms stay in the sums, so a restart loses no counts)."""
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    if os.environ.get(MULTIPROC_ENV):
         from prometheus_client import multiprocess
         multiprocess.mark_process_dead(pid)
 
@@ -281,8 +285,8 @@ def serve_metrics(app: Flask, families: Iterable[Family], scrape: Callable[[], l
     def metrics():
         from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
         registry = CollectorRegistry(auto_describe=False)
-        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-            registry.register(_AllWorkers(os.environ["PROMETHEUS_MULTIPROC_DIR"]))
+        if os.environ.get(MULTIPROC_ENV):
+            registry.register(_AllWorkers(os.environ[MULTIPROC_ENV]))
         else:
             registry.register(_ThisProcess())
         if scrape is not None:

@@ -24,6 +24,7 @@ from . import auth, metrics, signals, worker
 from . import db as dbmod
 from .credentials import server_credentials
 from .errors import CorralError
+from .settings import LOG_LEVEL
 from .validate import NAME_RE
 
 log = logging.getLogger(__name__)
@@ -174,8 +175,7 @@ def on_stop_signal(callback: Callable[[], None]) -> None:
     _stop_callbacks.callbacks.append(callback)
 
 
-def setup_logging() -> None:
-    level = os.environ.get("CORRAL_LOG_LEVEL", "INFO").upper()
+def setup_logging(level: str = "INFO") -> None:
     logging.basicConfig(level=getattr(logging, level, logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s")
 
@@ -214,9 +214,9 @@ def migrate_command(prog: str, argv: list[str], migrate: Callable[[bool], list[s
     parser.add_argument("--check", action="store_true",
                         help="print the pending steps and exit 1 when there are any (0 when up to date)")
     args = parser.parse_args(argv)
-    setup_logging()
     os.umask(0o077)  # a database (and lock file) made here is the server's own, as in run_service
     try:
+        setup_logging(LOG_LEVEL.read(os.environ))
         steps = migrate(args.check)
     except CorralError as exc:
         print(f"{prog}: error: {exc.message}", file=sys.stderr)
@@ -255,7 +255,11 @@ def run_service(prog: str, default_port: int, prepare: Callable[[], object],
                         help="allow non-loopback addresses without CORRAL_API_TOKEN/CORRAL_AGENT_TOKEN "
                              "(CORRAL_INSECURE=1)")
     args = parser.parse_args(argv)
-    setup_logging()
+    try:
+        setup_logging(LOG_LEVEL.read(os.environ))
+    except CorralError as exc:
+        print(f"{prog}: error: {exc.message}", file=sys.stderr)
+        sys.exit(2)
     if args.port is not None and not 0 < args.port < 65536:
         parser.error("--port must be between 1 and 65535")
     if bool(args.certfile) != bool(args.keyfile):

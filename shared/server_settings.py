@@ -1,9 +1,10 @@
 """The settings both servers (the registry and the scheduler) read, defined once.
 
 `server_fields(env, filename)` reads those that fill fields of both settings
-dataclasses; the rest are read where they act: CORRAL_REQUEST_READ_TIMEOUT_SECS
-by the gunicorn worker (shared/worker.py), CORRAL_INSECURE by shared/auth.py,
-PROMETHEUS_MULTIPROC_DIR by shared/metrics.py.
+dataclasses; the rest are defined and read where they act, and listed here for
+the docs: CORRAL_REQUEST_READ_TIMEOUT_SECS by the gunicorn worker
+(shared/worker.py), CORRAL_INSECURE by shared/auth.py, PROMETHEUS_MULTIPROC_DIR
+by shared/metrics.py, CORRAL_LOG_LEVEL (shared/settings.py) by shared/server.py.
 """
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ from typing import Any
 from . import settings as s
 from .credentials import TOKENS, server_credentials
 from .db import POOL, DatabaseOptions
+from .auth import INSECURE
 from .guards import ALLOWED_HOSTS, allowed_hosts
 from .http import DEFAULT_MAX_BODY_BYTES
+from .metrics import METRICS_DIR
+from .worker import REQUEST_READ_TIMEOUT
 
 HEARTBEAT_TIMEOUT = s.Setting(
     "HEARTBEAT_TIMEOUT_SECS", "heartbeat_timeout_secs", "float", 20.0,
@@ -22,16 +26,6 @@ HEARTBEAT_TIMEOUT = s.Setting(
     "agent's jobs: give both the same", minimum=0.1)
 MAX_BODY_BYTES = s.Setting("CORRAL_MAX_BODY_BYTES", "max_body_bytes", "int", DEFAULT_MAX_BODY_BYTES,
                            "larger request bodies get `413`", minimum=1024)
-REQUEST_READ_TIMEOUT = s.Setting(
-    "CORRAL_REQUEST_READ_TIMEOUT_SECS", "read_timeout_secs", "float", 10.0,
-    "seconds a client may take to send one request (line, headers, body); past it `408` and the connection "
-    "is closed", minimum=0.1, maximum=3600.0)
-INSECURE = s.Setting("CORRAL_INSECURE", "insecure", "bool", False,
-                     "serve a non-loopback address with neither token set (also `--insecure`)")
-METRICS_DIR = s.Setting(
-    "PROMETHEUS_MULTIPROC_DIR", "metrics_dir", "text", None,
-    "where the workers keep their metrics (its `*.db` files are removed at start)", form="a directory",
-    shown="`$CORRAL_STATE_DIR/metrics/<program>-<pid>`")
 
 # In the order docs/settings.md lists them.
 SERVERS = (*s.DATABASE, *POOL, HEARTBEAT_TIMEOUT, MAX_BODY_BYTES, REQUEST_READ_TIMEOUT, METRICS_DIR,

@@ -66,9 +66,13 @@ from werkzeug.exceptions import RequestTimeout
 
 from . import framing, refusals
 from .http import DEFAULT_MAX_BODY_BYTES
-from .settings import env_float
+from .settings import Setting
 
 DEFAULT_READ_TIMEOUT_SECS = 10.0
+REQUEST_READ_TIMEOUT = Setting(
+    "CORRAL_REQUEST_READ_TIMEOUT_SECS", "read_timeout_secs", "float", DEFAULT_READ_TIMEOUT_SECS,
+    "seconds a client may take to send one request (line, headers, body); past it `408` and the connection "
+    "is closed", minimum=0.1, maximum=3600.0)
 RECV_BYTES = 64 * 1024
 # Every connection may buffer this much whatever the others hold: heads and the
 # bodies of submits, claims and leases fit, so those are never held back.
@@ -102,8 +106,7 @@ CLOSED = "closed"
 
 def read_timeout_secs(env: Mapping[str, str] = os.environ) -> float:
     """CORRAL_REQUEST_READ_TIMEOUT_SECS: how long a client may take to send one request."""
-    return env_float(env, "CORRAL_REQUEST_READ_TIMEOUT_SECS", DEFAULT_READ_TIMEOUT_SECS,
-                     minimum=0.1, maximum=3600.0)
+    return REQUEST_READ_TIMEOUT.read(env)
 
 
 class RequestReadTimeout(RequestTimeout):

@@ -175,6 +175,10 @@ def test_the_agents_flags_are_those_of_its_settings():
     ("corral-scheduler", {"MAX_JOB_RETRIES": "99"}, "MAX_JOB_RETRIES must be at most 20, got 99"),
     ("corral-registry", {"CORRAL_DB_POOL_SIZE": "0"}, "CORRAL_DB_POOL_SIZE must be at least 1, got 0"),
     ("corral-agent", {"NODE_ID": "n1", "AGENT_SLOTS": "zero"}, "AGENT_SLOTS must be a whole number, got 'zero'"),
+    ("corral-registry", {"CORRAL_LOG_LEVEL": "loud"},
+     "CORRAL_LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL, got 'loud'"),
+    ("corral-agent", {"NODE_ID": "n1", "CORRAL_LOG_LEVEL": "loud"},
+     "CORRAL_LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL, got 'loud'"),
 ])
 def test_a_bad_setting_stops_the_process_with_one_line_and_exit_2(tmp_path, program, env, line):
     full = {"PATH": os.environ.get("PATH", ""), "CORRAL_STATE_DIR": str(tmp_path), **env}
