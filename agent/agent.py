@@ -206,12 +206,12 @@ class Agent:
         adopted = [self.jobs.held(key) for key in self.services.adopt(self.cgroups, self.users)]
         self.cgroups.remove_job_cgroups({local.cgroup.name for local in adopted if local.cgroup},
                                         why="left over by an earlier agent")
-        for key, uid in self.users.forget_others(local.user_key for local in adopted):
+        for key, uid in self.users.forget_others(local.user_key for local in adopted if local.user_key):
             log.info("uid %d of job %s (left by an earlier agent) is free again", uid, key)
         if not s.keep_work_dirs:
             startup.remove_leftover_files(s, [path for local in adopted
                                               for path in (local.workdir, *(local.log_files or ()))])
-        self._keep_warm()
+        self._keep_warm(self.users, self.cgroups)
         self._preparer = Preparer(s, self.node_id, self.users, self.cgroups, self.warm, bool(self.private_tmp),
                                   self._private_tmp_of, jobenv.from_agent(os.environ, s.job_env_passthrough),
                                   self._start_job, stopping=lambda: self._stopping, wake=self._work_wake.set,
@@ -219,17 +219,17 @@ class Agent:
         self._started = True
         return [local.key for local in adopted]
 
-    def _keep_warm(self) -> None:
+    def _keep_warm(self, users: identity.JobUsers, cgroup_manager: cgroups.Manager) -> None:
         """Keep a launch started ahead (warm.py) when AGENT_WARM_START is on and jobs run
         through the real runner. With a uid per job the range must have one uid more than
         the slots: the warm launch holds one while every slot may hold one too."""
         s = self.settings
         if not s.warm_start or self._start_job is not runner.start:
             return
-        if self.users.mode == "per-job" and s.uid_range[1] - s.uid_range[0] + 1 <= s.slots:
+        if users.mode == "per-job" and s.uid_range[1] - s.uid_range[0] + 1 <= s.slots:
             log.info("no warm job launch: AGENT_UID_RANGE has no uid beyond one per slot")
             return
-        self.warm = warm.WarmKeeper(self.users, self.cgroups, s.output_tail_bytes, self._private_tmp_of,
+        self.warm = warm.WarmKeeper(users, cgroup_manager, s.output_tail_bytes, self._private_tmp_of,
                                     warm_limits(self.plan({"job_type": "run"})),
                                     wanted=lambda: not self._stopping and self.free_slots() > 0,
                                     clock=self._clock)
@@ -271,10 +271,14 @@ class Agent:
         return plan_of(self.settings, job)
 
     def default_limits(self) -> dict:
-        return default_limits(self.settings, self.cgroups.limits_processes)
+        return default_limits(self.settings, self._limits_processes())
 
     def applied_limits(self, limits: dict) -> dict:
-        return applied_limits(limits, self.cgroups.limits_processes)
+        return applied_limits(limits, self._limits_processes())
+
+    def _limits_processes(self) -> bool:
+        """Whether jobs' process counts are limited here (a pids controller; known after startup)."""
+        return self.cgroups is not None and self.cgroups.limits_processes
 
     def poll_once(self) -> list[Key]:
         """Take work by polling (Claims.poll_once)."""
@@ -291,15 +295,20 @@ class Agent:
 
     # --- ending jobs (endings.py) -----------------------------------------------
 
+    def _endings(self) -> Endings:
+        self._require_startup()
+        assert self.endings is not None  # made by startup()
+        return self.endings
+
     def _end(self, local: LocalJob, reason: str) -> bool:
-        return self.endings.end(local, reason)
+        return self._endings().end(local, reason)
 
     def reap_once(self) -> list[tuple[str, int, str]]:
         """Kill jobs past their timeout, report jobs that ended, retry due reports.
         Returns (job_id, attempt, outcome) for each job that ended in this pass
         (Endings.reap)."""
         self.fence_once()
-        ended = self.endings.reap()
+        ended = self._endings().reap()
         if ended:
             self.slot_freed.set()
             if self.warm is not None:
