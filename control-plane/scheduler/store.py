@@ -851,8 +851,7 @@ class Store:
     def _unplaced_due(self, now: float) -> bool:
         # Ordered as the (status, node_id, id) index is, as in dispatch: without an order,
         # PostgreSQL's generic plan of this prepared statement may scan the whole table
-        # for a LIMIT 1 that finds nothing (tens of times slower under the capacity
-        # benchmark).
+        # for a LIMIT 1 that finds nothing (much slower under load; see docs/benchmarks.md).
         return bool(self._sql.rows(self.db, "unplaced due", self._unplaced_due_query, now=now))
 
     @staticmethod
