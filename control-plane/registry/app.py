@@ -1,31 +1,28 @@
 """The registry's HTTP API (Flask). Run by `corral-registry` under gunicorn."""
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from flask import Flask, jsonify, request
+from flask import Flask, request
 from peewee import fn
 
 from corral.shared import auth, guards, server
 from corral.shared import db as dbmod
 from corral.shared import migrations
-from corral.shared import validate as v
+from corral.shared.contract import respond
 from corral.shared.errors import Conflict, Forbidden, NotFound
 from corral.shared.http import base_app, query_choice, read_json_object, serve_openapi, serve_readiness
 from corral.shared.metrics import serve_metrics
 from corral.shared.timeutil import iso
 
-from . import metrics, openapi
+from . import contract, metrics, openapi
 from .migrations import MIGRATIONS
 from .models import Node, Service, database
 from .settings import RegistrySettings
 
 SERVICE = "registry"  # its PostgreSQL schema: corral_registry
-NODE_FIELDS = ("node_id", "address", "kind", "slots", "cpus", "memory_mb", "max_memory_mb", "max_cpu_percent",
-               "labels")
-SERVICE_FIELDS = ("job_id", "name", "node_id", "address", "port", "healthy", "attempt", "grant")
-KIND_RE = re.compile(r"^[a-z][a-z0-9-]{0,31}\Z")
+NODE_FIELDS = tuple(contract.NodeRegistration.model_fields)
+SERVICE_FIELDS = tuple(contract.ServiceRegistration.model_fields)
 
 # Who may call each route (shared/auth.py); a route missing here is operator-only.
 # Agents register, heartbeat and record services for the node of their credential
@@ -109,50 +106,38 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
     serve_readiness(app, ready)
     serve_metrics(app, metrics.FAMILIES, lambda: metrics.scrape(liveness.cutoff(clock()), db))
 
-    def node_view(node: Node, now: float) -> dict:
-        return {
+    def node_view(node: Node, now: float) -> contract.Node:
+        return contract.Node.model_validate({
             "node_id": node.node_id, "address": node.address, "kind": node.kind,
             "slots": node.slots, "cpus": node.cpus, "memory_mb": node.memory_mb,
             "max_memory_mb": node.max_memory_mb, "max_cpu_percent": node.max_cpu_percent,
             "labels": node.labels or {}, "running": node.running, "drained": node.drained,
             "status": liveness.status(node.last_heartbeat, now),
             "registered_at": iso(node.registered_at), "last_heartbeat": iso(node.last_heartbeat),
-        }
+        })
 
     def healthy_node_ids(now: float):
         return Node.select(Node.node_id).where(Node.last_heartbeat >= liveness.cutoff(now))
 
-    def service_view(svc: Service, node_healthy: bool) -> dict:
+    def service_view(svc: Service, node_healthy: bool) -> contract.Service:
         """A service is healthy when its check passes and its node is healthy: a lost
         node's services are not served to load balancers, whatever they said last."""
-        return {
+        return contract.Service.model_validate({
             "job_id": svc.job_id, "name": svc.name, "node_id": svc.node_id, "address": svc.address,
             "port": svc.port, "attempt": svc.attempt,
             "healthy": svc.healthy if node_healthy or svc.healthy is None else False,
             "node_healthy": node_healthy, "checked_at": iso(svc.checked_at),
             "registered_at": iso(svc.registered_at),
-        }
+        })
 
-    def one_service_view(svc: Service) -> dict:
+    def one_service_view(svc: Service) -> contract.Service:
         node = Node.get_or_none(Node.node_id == svc.node_id)
         return service_view(svc, node is not None and liveness.status(node.last_heartbeat, clock()) == "healthy")
 
     @app.post("/nodes")
     def register_node():
-        body = read_json_object()
-        v.reject_unknown(body, NODE_FIELDS)
-        fields = {
-            "address": v.req_str(body, "address", max_len=255),
-            "kind": v.opt_str(body, "kind", pattern=KIND_RE, what="a lower-case word") or "compute",
-            "slots": v.opt_int(body, "slots", 1, 10_000) or 1,
-            "cpus": v.opt_int(body, "cpus", 1, 100_000),
-            "memory_mb": v.opt_int(body, "memory_mb", 0, 1 << 40),
-            "max_memory_mb": v.opt_int(body, "max_memory_mb", 1, 1 << 40),
-            "max_cpu_percent": v.opt_int(body, "max_cpu_percent", 1, 10_000_000),
-            "labels": v.str_map(body, "labels"),
-        }
-        node_id = v.req_str(body, "node_id", pattern=v.NAME_RE,
-                            what="letters, digits, '.', '_' or '-' (at most 128)")
+        registration = contract.NodeRegistration.check(read_json_object())
+        node_id, fields = registration.node_id, registration.columns()
         auth.require_node(node_id)
         now = clock()
         with db.atomic():
@@ -164,7 +149,7 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
                 conflict_target=[Node.node_id], update={"last_heartbeat": now, **fields}).execute()
             node = Node.get_by_id(node_id)
         metrics.registered(is_new)  # after the commit
-        return jsonify(node_view(node, now)), 201 if is_new else 200
+        return respond(node_view(node, now), 201 if is_new else 200)
 
     @app.get("/nodes")
     def list_nodes():
@@ -181,7 +166,7 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
             query = query.where(Node.last_heartbeat < liveness.cutoff(now))
         if drained is not None:
             query = query.where(Node.drained == (drained == "true"))
-        return jsonify([node_view(n, now) for n in query])
+        return respond([node_view(n, now) for n in query], of=list[contract.Node])
 
     def get_node(node_id: str) -> Node:
         node = Node.get_or_none(Node.node_id == node_id)
@@ -191,26 +176,24 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
 
     @app.get("/nodes/<node_id>")
     def read_node(node_id):
-        return jsonify(node_view(get_node(node_id), clock()))
+        return respond(node_view(get_node(node_id), clock()))
 
     @app.post("/nodes/<node_id>/heartbeat")
     def heartbeat(node_id):
-        body = read_json_object() if request.get_data(cache=True).strip() else {}
-        v.reject_unknown(body, ("running",))
-        running = v.opt_int(body, "running", 0, 1_000_000)
+        running = contract.Heartbeat.check(read_json_object() if request.get_data(cache=True).strip() else {}).running
         now = clock()
         with db.atomic():
             changed = Node.update(last_heartbeat=now, running=running).where(Node.node_id == node_id).execute()
         if not changed:
             raise NotFound(f"no node {node_id!r}; register it first (POST /nodes)")
         metrics.heartbeat()
-        return jsonify(node_view(get_node(node_id), now))
+        return respond(node_view(get_node(node_id), now))
 
     def set_drained(node_id: str, drained: bool):
         with db.atomic():
             if not Node.update(drained=drained).where(Node.node_id == node_id).execute():
                 raise NotFound(f"no node {node_id!r}")
-        return jsonify(node_view(get_node(node_id), clock()))
+        return respond(node_view(get_node(node_id), clock()))
 
     @app.post("/nodes/<node_id>/drain")
     def drain(node_id):
@@ -226,22 +209,12 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
         node = get_node(node_id)
         with db.atomic():
             node.delete_instance()
-        return jsonify(node_view(node, clock()))
+        return respond(node_view(node, clock()))
 
     @app.post("/services")
     def register_service():
-        body = read_json_object()
-        v.reject_unknown(body, SERVICE_FIELDS)
-        job_id = v.req_str(body, "job_id", max_len=64, pattern=v.NAME_RE, what="a job id")
-        fields = {
-            "name": v.req_str(body, "name", max_len=255),
-            "node_id": v.req_str(body, "node_id", pattern=v.NAME_RE, what="a node id"),
-            "address": v.req_str(body, "address", max_len=255),
-            "port": v.req_int(body, "port", 1, 65535),
-            "healthy": v.opt_bool(body, "healthy"),
-            "attempt": v.opt_int(body, "attempt", 0, 1_000_000_000),
-        }
-        grant = v.opt_str(body, "grant", max_len=128)
+        registration = contract.ServiceRegistration.check(read_json_object())
+        job_id, fields, grant = registration.job_id, registration.columns(), registration.grant
         auth.require_node(fields["node_id"])
         by_node = auth.calling_node() is not None
         if by_node and (fields["attempt"] is None or grant is None or not settings.credentials.grant_valid(
@@ -260,7 +233,7 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
             Service.insert(job_id=job_id, registered_at=now, **fields).on_conflict(
                 conflict_target=[Service.job_id], update=fields).execute()
             svc = Service.get_by_id(job_id)
-        return jsonify(one_service_view(svc)), 200 if existing is not None else 201
+        return respond(one_service_view(svc), 200 if existing is not None else 201)
 
     def _check_replace(existing: Service, fields: dict, by_node: bool) -> None:
         """An older attempt never replaces a newer one's record; a node replaces another
@@ -288,7 +261,7 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
         for name in ("name", "node_id"):
             if request.args.get(name):
                 query = query.where(getattr(Service, name) == request.args[name])
-        return jsonify([service_view(s, s.node_id in healthy_nodes) for s in query])
+        return respond([service_view(s, s.node_id in healthy_nodes) for s in query], of=list[contract.Service])
 
     @app.delete("/services/<job_id>")
     def remove_service(job_id):
@@ -298,6 +271,6 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
         auth.require_node(svc.node_id)
         with db.atomic():
             svc.delete_instance()
-        return jsonify(one_service_view(svc))
+        return respond(one_service_view(svc))
 
     return app

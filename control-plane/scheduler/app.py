@@ -3,7 +3,7 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlencode
 
-from flask import Flask, jsonify, request
+from flask import Flask, request
 import peewee
 from peewee import fn
 
@@ -12,6 +12,7 @@ from corral.shared import db as dbmod
 from corral.shared import migrations
 from corral.shared.metrics import serve_metrics
 from corral.shared.clients import RegistryClient
+from corral.shared.contract import encode, respond
 from corral.shared.errors import BadRequest
 from corral.shared.http import (base_app, query_choice, query_int, read_json_object, serve_openapi,
                                 serve_readiness)
@@ -20,7 +21,7 @@ from corral.shared.wire import IDEMPOTENCY_HEADER, JOB_TYPES, LONG_POLL_HEADER
 
 from corral.shared.changefeed import ChangeFeed
 
-from . import longpoll, loops, metrics, openapi, pages, sns_outbox, sqs_intake, ui, validation, views
+from . import contract, longpoll, loops, metrics, openapi, pages, sns_outbox, sqs_intake, ui, validation, views
 from .migrations import MIGRATIONS
 from .models import Node, database
 from .settings import SchedulerSettings
@@ -174,16 +175,18 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
         if settings.sns_topic_arn:
             app.extensions["corral.sns_outbox"] = sns_outbox.start(store, clock)
 
-    def job_view(job) -> dict:
+    def job_view(job) -> contract.Job:
         return views.job(job, settings)
+
+    jobs_answer = list[contract.Job]
 
     @app.get("/stats")
     def stats():
-        return jsonify(views.stats(store.job_counts(), store.counters(), settings, *store.outbox_backlog(clock())))
+        return respond(views.stats(store.job_counts(), store.counters(), settings, *store.outbox_backlog(clock())))
 
     @app.get("/nodes")
     def list_nodes():
-        return jsonify([views.node(*row) for row in store.nodes_and_slots()])
+        return respond([views.node(*row) for row in store.nodes_and_slots()], of=list[contract.SchedulerNode])
 
     @app.post("/jobs/batch")
     def submit_batch():
@@ -192,17 +195,15 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
         if key is not None and len(key) > 250:
             raise BadRequest("the Idempotency-Key header of a batch must be at most 250 characters")
         jobs, created = scheduler.submit_batch(items, clock(), key)
-        return jsonify([job_view(j) for j in jobs]), 201 if created else 200
+        return respond([job_view(j) for j in jobs], 201 if created else 200, of=jobs_answer)
 
-    def agent_view(job) -> dict:
+    def agent_view(job) -> contract.Job:
         """A job as its node's agent gets it: with the grant that lets the node record the
         job's service in the registry (shared/credentials.py; none without tokens)."""
-        view = job_view(job)
+        grant = None
         if job.job_type == "service" and job.node_id is not None:
             grant = settings.credentials.service_grant(job.job_id, job.attempt, job.node_id)
-            if grant is not None:
-                view["service_grant"] = grant
-        return view
+        return views.job(job, settings, grant)
 
     def require_items_node(items) -> None:
         """Every item of an agent's batch must be about the agent's own node."""
@@ -220,13 +221,13 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
         answer = {"results": results}
         if claim is not None:
             answer["claimed"] = [agent_view(j) for j in claimed]
-        return jsonify(answer)
+        return respond(contract.ReportResults.model_validate(answer))
 
     @app.post("/jobs/output")
     def live_output():
         items = validation.output_batch(read_json_object())
         require_items_node(items)
-        return jsonify({"results": store.store_output(items)})
+        return respond(contract.OutputResults.model_validate({"results": store.store_output(items)}))
 
     @app.post("/nodes/<node_id>/claim")
     def claim(node_id):
@@ -234,7 +235,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
             raise BadRequest("the node id must be letters, digits, '.', '_' or '-' (at most 128)")
         body = validation.claim_request(read_json_object())
         answer = longpoll.claim(scheduler, room, node_id, body, clock, request.environ.get("gunicorn.socket"))
-        response = jsonify([agent_view(j) for j in answer.jobs])
+        response = respond([agent_view(j) for j in answer.jobs], of=jobs_answer)
         if answer.outcome in (longpoll.BUSY, longpoll.STOPPING, longpoll.AGAIN):
             response.headers[LONG_POLL_HEADER] = answer.outcome
         return response
@@ -245,7 +246,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
         key = validation.idempotency_key(request.headers.get(IDEMPOTENCY_HEADER))
         job, created = scheduler.submit(fields, clock(), key)
         metrics.submitted(store.db, "api", int(created))  # committed: store.submit has returned
-        return jsonify(job_view(job)), 201 if created else 200
+        return respond(job_view(job), 201 if created else 200)
 
     @app.get("/jobs")
     def list_jobs():
@@ -265,7 +266,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
             jobs = store.iter_jobs(node_id=node_id, status=status, job_type=job_type, after=after,
                                    limit=limit, newest_first=newest_first)
         view = agent_view if auth.calling_node() is not None else job_view
-        page = pages.cut(((j.job_id, app.json.dumps(view(j)).encode()) for j in jobs), limit,
+        page = pages.cut(((j.job_id, encode(view(j))) for j in jobs), limit,
                          settings.page_max_bytes)
         response = app.response_class(page.body(), mimetype="application/json")
         if page.next_after is not None:
@@ -276,32 +277,31 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
 
     @app.get("/jobs/<job_id>")
     def read_job(job_id):
-        return jsonify(job_view(store.get(job_id)))
+        return respond(job_view(store.get(job_id)))
 
     @app.post("/jobs/<job_id>/cancel")
     def cancel(job_id):
-        return jsonify(job_view(scheduler.cancel(job_id, clock())))
+        return respond(job_view(scheduler.cancel(job_id, clock())))
 
     @app.post("/nodes/<node_id>/lease")
     def renew_lease(node_id):
         if not validation.NODE_ID_RE.match(node_id):
             raise BadRequest("the node id must be letters, digits, '.', '_' or '-' (at most 128)")
         running = store.renew_lease(node_id, clock())
-        return jsonify({"node_id": node_id, "lease_secs": settings.heartbeat_timeout_secs,
-                        "running": [{"job_id": j.job_id, "attempt": j.attempt} for j in running]})
+        return respond(views.lease(node_id, settings.heartbeat_timeout_secs, running))
 
     @app.post("/jobs/<job_id>/retry")
     def retry(job_id):
-        return jsonify(job_view(scheduler.retry(job_id, clock())))
+        return respond(job_view(scheduler.retry(job_id, clock())))
 
     @app.get("/jobs/<job_id>/events")
     def job_events(job_id):
-        return jsonify([views.event(e) for e in store.events(job_id)])
+        return respond([views.event(e) for e in store.events(job_id)], of=list[contract.JobEvent])
 
     @app.post("/jobs/<job_id>/status")
     def report(job_id):
         body = validation.status_report(read_json_object())
         auth.require_node(body["node_id"])
-        return jsonify(job_view(scheduler.report(job_id, body, clock())))
+        return respond(job_view(scheduler.report(job_id, body, clock())))
 
     return app

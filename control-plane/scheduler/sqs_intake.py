@@ -9,8 +9,9 @@ message:
   it has one, else `sqs:<MessageId>`. A redelivered message (same MessageId)
   or a producer's re-send with the same key finds the job created first, so a
   message never makes two jobs. The message is deleted only after that commit.
-- a message that is not a job request (not JSON, not an object, refused by
-  `validation.job_request`, a bad key, a key already used for another request)
+- a message that is not a job request (not JSON, not an object, refused by the
+  JobRequest model as POST /jobs refuses it, a bad key, a key already used for
+  another request)
   is sent to SQS_DLQ_URL with attributes saying why, then deleted; without a
   DLQ it is deleted with an ERROR log line. Either way it is counted.
 - a database error makes the message visible again at once (visibility 0) and
@@ -33,6 +34,7 @@ from corral.shared.errors import BadRequest, CorralError
 from corral.shared.leader import Fence, LeaseLost, holder_id
 
 from . import aws_clients, metrics, validation
+from .contract import JobRequest
 from .retry import Backoff
 from .service import Scheduler
 
@@ -57,7 +59,7 @@ PROCESSING_ERROR = "processing_error"
 
 @dataclass(frozen=True)
 class Accepted:
-    fields: dict            # the job's columns, as validation.job_request returns them
+    fields: dict            # the job's columns, as JobRequest.columns() gives them
     idempotency_key: str
 
 
@@ -76,7 +78,7 @@ def parse_message(message: dict) -> Accepted | Rejected:
     if not isinstance(body, dict):
         return Rejected(NOT_AN_OBJECT, "the body must be a JSON object: a job request as for POST /jobs")
     try:
-        fields = validation.job_request(body)
+        fields = JobRequest.check(body).columns()  # the model of a POST /jobs body
     except CorralError as exc:
         return Rejected(INVALID_JOB_REQUEST, exc.message)
     try:

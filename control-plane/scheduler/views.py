@@ -1,19 +1,21 @@
-"""What the scheduler's API answers: jobs, events, nodes and /stats as JSON objects,
-built from the rows the store reads. Pure: no database, no Flask."""
+"""What the scheduler's API answers: jobs, events, nodes and /stats as the answer
+models of contract.py, filled from the rows the store reads. Pure: no database, no Flask."""
 from corral.shared.states import ALL
 from corral.shared.timeutil import iso
 
+from . import contract
 from .models import Job, JobEvent, Node
 from .settings import SchedulerSettings
 
 
-def job(row: Job, settings: SchedulerSettings) -> dict:
+def job(row: Job, settings: SchedulerSettings, service_grant: str | None = None) -> contract.Job:
+    """A job as the API shows it; a node's agent gets the job's `service_grant` too."""
     # The row's values read from its data dict, as each field's descriptor would
     # (absent: None): a batch answers 500 of these, and the 36 descriptor calls
     # each were a fifth of a batch's CPU.
     d = row.__data__.get
     job_type = d("job_type")
-    return {
+    fields = {
         "job_id": row.job_id, "name": d("name"), "node_id": d("node_id"), "instance_id": d("instance_id"),
         "command": d("command"), "deploy_url": d("deploy_url"), "deploy_sha256": d("deploy_sha256"),
         "job_type": job_type, "port": d("port"), "health_path": d("health_path"),
@@ -30,29 +32,33 @@ def job(row: Job, settings: SchedulerSettings) -> dict:
         "created_at": iso(d("created_at")), "placed_at": iso(d("placed_at")),
         "running_at": iso(d("running_at")), "finished_at": iso(d("finished_at")),
     }
+    if service_grant is not None:
+        fields["service_grant"] = service_grant
+    return contract.Job.model_validate(fields)
 
 
-def event(row: JobEvent) -> dict:
-    return {"at": iso(row.at), "from": row.from_status, "to": row.to_status,
-            "attempt": row.attempt, "node_id": row.node_id, "reason": row.reason}
+def event(row: JobEvent) -> contract.JobEvent:
+    return contract.JobEvent.model_validate({
+        "at": iso(row.at), "from": row.from_status, "to": row.to_status,
+        "attempt": row.attempt, "node_id": row.node_id, "reason": row.reason})
 
 
-def node(row: Node, capacity: int, slots_used: int) -> dict:
+def node(row: Node, capacity: int, slots_used: int) -> contract.SchedulerNode:
     """A node of the scheduler's cached list (GET /nodes), with the slots its jobs hold."""
-    return {
+    return contract.SchedulerNode.model_validate({
         "node_id": row.node_id, "address": row.address, "kind": row.kind,
         # Placement counts a healthy drained node as `drained`; here health and drain are apart.
         "status": "healthy" if row.status in ("healthy", "drained") else "unhealthy", "drained": bool(row.drained),
         "slots": row.slots, "capacity": capacity, "slots_used": slots_used,
         "max_memory_mb": row.max_memory_mb, "max_cpu_percent": row.max_cpu_percent,
         "last_heartbeat": iso(row.last_heartbeat), "synced_at": iso(row.synced_at),
-    }
+    })
 
 
 def stats(by_status: dict[str, int], counters: dict[str, int], settings: SchedulerSettings,
-          outbox_pending: int, outbox_oldest_age: float | None) -> dict:
+          outbox_pending: int, outbox_oldest_age: float | None) -> contract.Stats:
     """Job counts by status, SQS intake counters and the SNS outbox backlog (GET /stats)."""
-    return {
+    return contract.Stats.model_validate({
         "jobs": {status: by_status.get(status, 0) for status in ALL},
         "sqs": {"enabled": bool(settings.sqs_url), "dead_letter_queue": bool(settings.sqs_dlq_url),
                 **{name: counters.get(f"sqs_{name}", 0) for name in
@@ -62,4 +68,10 @@ def stats(by_status: dict[str, int], counters: dict[str, int], settings: Schedul
                 "oldest_pending_age_secs": None if outbox_oldest_age is None else round(outbox_oldest_age, 3),
                 "published": counters.get("sns_published", 0),
                 "publish_failures": counters.get("sns_publish_failures", 0)},
-    }
+    })
+
+
+def lease(node_id: str, lease_secs: float, running: list[Job]) -> contract.Lease:
+    """A renewed lease (POST /nodes/{node_id}/lease) and the attempts running on the node."""
+    return contract.Lease(node_id=node_id, lease_secs=lease_secs,
+                          running=[contract.RunningAttempt(job_id=j.job_id, attempt=j.attempt) for j in running])

@@ -1,0 +1,524 @@
+"""The scheduler's HTTP contract: every request and answer body as a pydantic model.
+
+The requests are checked with these models (validation.py turns them into the
+store's columns); the views fill the answers; openapi.py generates the document
+from both. An SQS message is a POST /jobs body: the same JobRequest.
+"""
+import typing
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from corral.shared import states, wire
+from corral.shared.contract import (MAP_SAYS, MAX_MAP_ENTRIES, MapValue, Answer, Name, NodeId,
+                                    Request, Says, Text, Timestamp, optional_key, refused)
+from corral.shared.validate import ENV_NAME_PATTERN, forbidden_env_var
+
+if typing.TYPE_CHECKING:
+    JobType = str
+    StatusName = str
+else:  # the choices come from shared.wire and shared.states, never a copy
+    JobType = Literal[wire.JOB_TYPES]
+    StatusName = Literal[states.ALL]
+
+ON_NODE_LOST = ("requeue", "fail")
+MAX_RETRIES = 20
+DEPLOY_SCHEMES = ("http", "https", "s3")
+MAX_COMMAND_CHARS = 64 * 1024
+SHA256_PATTERN = r"^[0-9a-fA-F]{64}$"
+HEALTH_PATH_PATTERN = r"^/[\x21-\x7e]{0,1023}$"  # printable ASCII, no spaces
+MAX_MEMORY_MB = 1024 * 1024      # 1 TiB
+MAX_CPU_PERCENT = 100_000        # 1,000 CPUs
+MAX_PROCESSES = 4_194_304        # Linux's largest pid_max
+MAX_OUTPUT_CHARS = 512 * 1024
+MAX_ATTEMPT = 1_000_000_000
+# Batches (POST /jobs/batch, POST /jobs/reports, POST /jobs/output) and claims.
+MAX_BATCH = 1000
+MAX_CLAIM = 1000
+MAX_WAIT_SECS = 25.0
+DEFAULT_WAIT_SECS = 20.0
+
+JobId = Annotated[str, Field(min_length=1, max_length=1024, pattern=wire.JOB_ID_PATTERN),
+                  Says(what="a job id such as job-42")]
+Output = Annotated[str | None, Field(max_length=MAX_OUTPUT_CHARS), Says(hint="send its tail")]
+EnvName = Annotated[str, Field(pattern=ENV_NAME_PATTERN)]
+EnvVars = Annotated[dict[EnvName, MapValue] | None, Field(max_length=MAX_MAP_ENTRIES),
+                    Says(what="an environment variable name", every=MAP_SAYS.every)]
+
+
+# ---- requests --------------------------------------------------------------------
+
+class JobRequest(Request):
+    """A job to run. `command` or `deploy_url` (non-null) is required; null counts as not
+    given for every optional field."""
+
+    # Declared in the order they are checked: the first refusal is about the first bad field.
+    command: Text | None = Field(None, max_length=MAX_COMMAND_CHARS, examples=["python etl.py --day 2026-11-29"])
+    """Shell command, run in the job's work dir. Must not be blank or contain NUL characters."""
+    deploy_url: Text | None = Field(None, max_length=2048, examples=["s3://builds/etl-42.zip"])
+    """A zip fetched and unpacked into the work dir before the command runs: http(s)://host/... or s3://bucket/key."""
+    job_type: JobType | None = "run"
+    """`run` waits for exit; `service` is kept running until cancelled."""
+    deploy_sha256: Annotated[str | None, Says(what="64 hexadecimal digits")] = Field(
+        None, min_length=1, pattern=SHA256_PATTERN)
+    """SHA-256 of the deploy_url zip, checked before unpacking."""
+    port: int | None = Field(None, ge=1, le=65535)
+    """The port a service listens on."""
+    env_vars: EnvVars = Field(None, examples=[{"STAGE": "prod"}])
+    """Added to the command's environment. Keys are environment variable names: a letter or '_', then
+    letters, digits or '_' (at most 256). Values must not contain NUL characters."""
+    instance_id: NodeId | None = Field(None, max_length=1024)
+    """Pin the job to this node."""
+    name: Name | None = Field(None, max_length=1024)
+    """A name for the job; a service is registered under it (default: the job id)."""
+    memory_mb: int | None = Field(None, ge=4, le=MAX_MEMORY_MB)
+    """Memory limit; default 512 for `run`, 1024 for `service` (the node's settings). Refused when no
+    known node allows it."""
+    cpu_percent: int | None = Field(None, ge=1, le=MAX_CPU_PERCENT)
+    """CPU limit in percent of one CPU; default 100 for `run`, 200 for `service`."""
+    max_processes: int | None = Field(None, ge=1, le=MAX_PROCESSES)
+    """The most processes (and threads) the job may have at once; default the node's
+    AGENT_JOB_MAX_PROCESSES (1,024)."""
+    health_path: Annotated[str | None, Says(what="a URL path starting with '/' (printable ASCII, no spaces)")] = Field(
+        None, min_length=1, pattern=HEALTH_PATH_PATTERN)
+    """For services with a port: checked with HTTP GET (2xx/3xx is healthy) instead of a TCP connect."""
+    max_retries: int | None = Field(None, ge=0, le=MAX_RETRIES)
+    """How many times a failed attempt is retried (default MAX_JOB_RETRIES)."""
+    on_node_lost: Literal["requeue", "fail"] | None = "requeue"
+    """When the job's node is lost while it runs: run it again elsewhere (not counted as a retry), or
+    fail it (for jobs that must not run twice)."""
+
+    # Rules across fields that JSON Schema can say (the validators below check them).
+    model_config = ConfigDict(json_schema_extra={"anyOf": [
+        {"required": ["command"], "properties": {"command": {"type": "string"}}},
+        {"required": ["deploy_url"], "properties": {"deploy_url": {"type": "string"}}}]})
+
+    @field_validator("command")
+    @classmethod
+    def _not_blank(cls, command: str | None) -> str | None:
+        if command is not None and not command.strip():
+            raise refused("'command' must not be blank")
+        return command
+
+    @field_validator("deploy_url")
+    @classmethod
+    def _deploy_url(cls, url: str | None) -> str | None:
+        if url is not None:
+            check_deploy_url(url)
+        return url
+
+    @field_validator("env_vars")
+    @classmethod
+    def _loader_variables(cls, env_vars: dict[str, str] | None) -> dict[str, str] | None:
+        refused_name = forbidden_env_var(env_vars or ())
+        if refused_name is not None:
+            raise refused(f"'env_vars' may not set {refused_name}: it would make the dynamic loader run "
+                          f"code of the job's choosing in every program the job starts")
+        return env_vars
+
+    @model_validator(mode="after")
+    def _together(self) -> "JobRequest":
+        if self.command is None and self.deploy_url is None:
+            raise refused("a job needs 'command' or 'deploy_url'")
+        if self.deploy_sha256 is not None and self.deploy_url is None:
+            raise refused("'deploy_sha256' needs 'deploy_url'")
+        if self.health_path is not None and ((self.job_type or "run") != "service" or self.port is None):
+            raise refused("'health_path' is for service jobs with a 'port'")
+        return self
+
+    def columns(self) -> dict:
+        """The new job's columns (what `request_hash` digests: a repeated submission hashes alike)."""
+        return {
+            "command": self.command, "deploy_url": self.deploy_url,
+            "deploy_sha256": None if self.deploy_sha256 is None else self.deploy_sha256.lower(),
+            "job_type": self.job_type or "run", "port": self.port, "env_vars": self.env_vars or {},
+            "instance_id": self.instance_id, "name": self.name, "memory_mb": self.memory_mb,
+            "cpu_percent": self.cpu_percent, "max_processes": self.max_processes,
+            "health_path": self.health_path, "max_retries": self.max_retries,
+            "on_node_lost": self.on_node_lost or "requeue",
+        }
+
+
+def check_deploy_url(url: str) -> None:
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 -- parses the port; raises ValueError when it is not a number
+    except ValueError as exc:
+        raise refused(f"'deploy_url' is not a valid URL: {exc}") from None
+    if parts.scheme not in DEPLOY_SCHEMES:
+        raise refused(f"'deploy_url' must start with {', '.join(s + '://' for s in DEPLOY_SCHEMES)}")
+    if not parts.netloc:
+        raise refused("'deploy_url' has no host (or bucket)")
+    if parts.scheme == "s3" and not parts.path.strip("/"):
+        raise refused("'deploy_url' must name an object: s3://bucket/key")
+
+
+class JobBatch(Request):
+    """Up to 1,000 job requests, stored in ONE transaction: all of them or, when any item is invalid, none."""
+
+    jobs: list[JobRequest] = Field(min_length=1, max_length=MAX_BATCH)
+    """Each item is a POST /jobs body."""
+
+
+class Limits(Request):
+    """Cgroup limits of a job."""
+
+    memory_mb: int = Field(ge=1, le=MAX_MEMORY_MB)
+    cpu_percent: int = Field(ge=1, le=MAX_CPU_PERCENT)
+    max_processes: int | None = Field(None, ge=1, le=MAX_PROCESSES)
+
+    def columns(self) -> dict:
+        """As stored: max_processes only when the node sets a pids limit."""
+        return self.model_dump(exclude_none=True)
+
+
+LIMITS_SAYS = Says(every="must be an object with memory_mb, cpu_percent and max_processes")
+
+
+class StatusReport(Request):
+    """An agent's report on one attempt of a job placed on its node. `done` and `failed` need
+    `exit_code`; `done` needs exit_code 0."""
+
+    status: Literal["running", "done", "failed"]
+    node_id: NodeId = Field(max_length=1024)
+    """The reporting node."""
+    attempt: int = Field(ge=0, le=MAX_ATTEMPT)
+    """The attempt the report is about (the job's `attempt` when it was claimed)."""
+    exit_code: int | None = Field(None, ge=-255, le=255)
+    stdout: Output = None
+    """Output tail; the scheduler keeps the last CORRAL_OUTPUT_TAIL_BYTES."""
+    stderr: Output = None
+    limits_enforced: bool | None = None
+    """With `running`: whether the node applies cgroup limits."""
+    limits: Annotated[Limits | None, LIMITS_SAYS] = None
+    """With `running`: the limits the node applies."""
+    private_tmp: bool | None = None
+    """With `running`: whether the job gets its own /tmp, /var/tmp and /dev/shm (a private mount namespace)."""
+    oom_killed: bool | None = None
+    """With `failed`: the kernel killed the job at its memory limit."""
+    peak_memory_bytes: int | None = Field(None, ge=0, le=1 << 62)
+    cpu_seconds: Annotated[float | None, Says(every="must be a number of seconds, 0 or more")] = Field(
+        None, ge=0, lt=1e12)
+    requeue: bool | None = None
+    """With `failed`: the node gave the attempt up (its agent stopped, or its lease lapsed); the job is
+    requeued without spending a retry."""
+
+    # Rules across fields that JSON Schema can say (the validator below checks them).
+    model_config = ConfigDict(json_schema_extra={"anyOf": [
+        {"properties": {"status": {"const": "running"}}},
+        {"required": ["exit_code"], "properties": {"status": {"const": "done"}, "exit_code": {"const": 0}}},
+        {"required": ["exit_code"], "properties": {"status": {"const": "failed"}, "exit_code": {"type": "integer"}}},
+    ]})
+
+    @model_validator(mode="after")
+    def _together(self) -> typing.Self:
+        if self.requeue and self.status != "failed":
+            raise refused("'requeue' goes with a 'failed' report")
+        if self.status in ("done", "failed") and self.exit_code is None:
+            raise refused(f"a {self.status!r} report needs 'exit_code'")
+        if self.status == "done" and self.exit_code != 0:
+            raise refused("a 'done' report must have exit_code 0; report 'failed' otherwise")
+        return self
+
+    def columns(self) -> dict:
+        """The report as the store applies it."""
+        return {
+            "node_id": self.node_id, "attempt": self.attempt, "status": self.status, "exit_code": self.exit_code,
+            "stdout": self.stdout, "stderr": self.stderr, "limits_enforced": self.limits_enforced,
+            "limits": None if self.limits is None else self.limits.columns(), "private_tmp": self.private_tmp,
+            "oom_killed": self.oom_killed, "peak_memory_bytes": self.peak_memory_bytes,
+            "cpu_seconds": self.cpu_seconds, "requeue": bool(self.requeue),
+        }
+
+
+class JobRef(Request):
+    """The job an item of a batch is about (its other fields are the item's model's)."""
+
+    model_config = ConfigDict(extra="ignore")
+    job_id: JobId
+
+
+class BatchReport(StatusReport):
+    """One item of a report batch: a POST /jobs/{job_id}/status body plus the job's id."""
+
+    job_id: JobId
+
+
+class DefaultLimits(Request):
+    """The node's limits for jobs that ask for none, per job type."""
+
+    run: Annotated[Limits | None, LIMITS_SAYS] = None
+    service: Annotated[Limits | None, LIMITS_SAYS] = None
+
+
+class ClaimRequest(Request):
+    """What an agent asks for: up to `max` jobs, waiting up to `wait_secs` for work."""
+
+    wait_secs: Annotated[float | None, Says(every=f"must be a number of seconds from 0 to {MAX_WAIT_SECS:g}")] = Field(
+        DEFAULT_WAIT_SECS, ge=0, le=MAX_WAIT_SECS)
+    """How long to wait when nothing is claimable; 0 answers at once."""
+    default_limits: Annotated[DefaultLimits | None,
+                                     Says(every="must be an object with 'run' and 'service' limits")] = None
+    max: int = Field(ge=1, le=MAX_CLAIM)
+    """The most jobs to take (the agent's free slots); the scheduler never gives more than the node's
+    free slots either."""
+    limits_enforced: bool | None = None
+    """Whether the node applies cgroup limits (recorded on each job)."""
+    private_tmp: bool | None = None
+    """Whether the node gives each job its own /tmp (recorded on each job)."""
+
+    def columns(self) -> dict:
+        defaults = self.default_limits
+        return {
+            "max": self.max, "wait_secs": DEFAULT_WAIT_SECS if self.wait_secs is None else float(self.wait_secs),
+            "limits_enforced": self.limits_enforced, "private_tmp": self.private_tmp,
+            "default_limits": {} if defaults is None else {
+                job_type: limits.columns() for job_type in wire.JOB_TYPES
+                if (limits := getattr(defaults, job_type)) is not None},
+        }
+
+
+class RidingClaim(ClaimRequest):
+    """Also claim the node's next jobs, after the reports freed their slots, in the same transaction
+    (as POST /nodes/{node_id}/claim with wait_secs 0: a wait_secs given is ignored). The jobs come back
+    in `claimed`."""
+
+    node_id: NodeId = Field(max_length=1024)
+
+    def columns(self) -> dict:
+        return {**super().columns(), "wait_secs": 0.0}  # a claim riding on reports answers at once
+
+
+class ReportBatch(Request):
+    """Up to 1,000 status reports (agents). Each is applied on its own: a refused one changes nothing
+    and does not stop the others."""
+
+    reports: list[BatchReport] = Field(min_length=1, max_length=MAX_BATCH)
+    claim: Annotated[RidingClaim | None, Says(
+        every="must be an object: node_id, max, limits_enforced, private_tmp, default_limits")] = None
+
+
+class OutputItem(Request):
+    """The tail of one attempt's output so far. A stream left out (or null) stays as stored."""
+
+    job_id: JobId
+    node_id: NodeId = Field(max_length=1024)
+    attempt: int = Field(ge=0, le=MAX_ATTEMPT)
+    stdout: Output = None
+    stderr: Output = None
+
+    def columns(self) -> dict:
+        return {"node_id": self.node_id, "attempt": self.attempt, "stdout": self.stdout, "stderr": self.stderr}
+
+
+class OutputBatch(Request):
+    """Live output (agents): the current tails of running jobs' output, up to 1,000 items. Each is
+    applied on its own: a refused one changes nothing and does not stop the others."""
+
+    outputs: list[OutputItem] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+# ---- answers ---------------------------------------------------------------------
+
+class Job(Answer):
+    job_id: str = Field(pattern=r"^job-[1-9][0-9]*$", examples=["job-42"])
+    name: str | None
+    node_id: str | None
+    """The node it is placed on, if any."""
+    instance_id: str | None
+    """The node it is pinned to, if any."""
+    command: str | None
+    deploy_url: str | None
+    deploy_sha256: str | None
+    job_type: JobType
+    port: int | None = Field(ge=1, le=65535)
+    health_path: str | None
+    env_vars: dict[str, str]
+    memory_mb: int | None
+    """Requested; null: the node's default."""
+    cpu_percent: int | None
+    """Requested; null: the node's default."""
+    max_processes: int | None
+    """Requested; null: the node's default."""
+    status: StatusName
+    """`failed` is final: retries are exhausted."""
+    attempt: int = Field(ge=0)
+    """Incremented each time the job is placed; reports must carry it."""
+    retry_count: int = Field(ge=0)
+    max_retries: int = Field(ge=0)
+    """The job's retry budget (MAX_JOB_RETRIES unless the request set it)."""
+    next_attempt_at: Timestamp | None
+    """A retry waiting out its backoff is not placed before this."""
+    on_node_lost: Literal["requeue", "fail"]
+    node_losses: int = Field(ge=0)
+    """How often the job was requeued because its node was lost."""
+    exit_code: int | None = Field(ge=-255, le=255)
+    """Null until finished; -1 when the job timed out."""
+    stdout: str | None
+    stderr: str | None
+    oom_killed: bool | None
+    peak_memory_bytes: int | None
+    cpu_seconds: float | None
+    limits_enforced: bool | None
+    """False when the node could not apply cgroup limits."""
+    limits: Limits | None
+    """The limits the node applied."""
+    private_tmp: bool | None
+    """Whether the node gave the job its own /tmp, /var/tmp and /dev/shm; false: TMPDIR points into its work dir."""
+    timeout_secs: float | None
+    """JOB_TIMEOUT_SECS for `run` jobs; null for `service` jobs."""
+    created_at: Timestamp
+    placed_at: Timestamp | None
+    """When the current attempt was placed on a node."""
+    running_at: Timestamp | None
+    """When the current attempt started."""
+    finished_at: Timestamp | None
+    """When the job reached done or failed."""
+    service_grant: str = optional_key(pattern=r"^[0-9a-f]{64}$")
+    """Only in what a node's agent gets for a service job placed on it (with tokens): the proof the
+    registry asks for to record the job's service (POST /services `grant`)."""
+
+
+class JobEvent(Answer):
+    """One status change or placement in a job's history."""
+
+    at: Timestamp
+    from_: StatusName | None = Field(alias="from")
+    """Null for the submission."""
+    to: StatusName
+    attempt: int = Field(ge=0)
+    node_id: str | None
+    reason: str = Field(examples=["placed on node-7"])
+
+
+class SchedulerNode(Answer):
+    """A node as the scheduler sees it: its copy of the registry's node list (refreshed every
+    NODE_REFRESH_SECS) and the slots the node's jobs hold."""
+
+    node_id: str
+    address: str
+    kind: str = Field(examples=["compute"])
+    status: Literal["healthy", "unhealthy"]
+    """Health as of the last refresh of the node list."""
+    drained: bool
+    """A drained node gets no new work."""
+    slots: int = Field(ge=0)
+    """The slots the agent advertises."""
+    capacity: int = Field(ge=0)
+    """Jobs the node may hold at once: min(MAX_JOBS_PER_NODE, slots)."""
+    slots_used: int = Field(ge=0)
+    """Its jobs that hold a slot: placed and pending, or running."""
+    max_memory_mb: int | None
+    max_cpu_percent: int | None
+    last_heartbeat: Timestamp | None
+    """The node's last heartbeat, as the registry last reported it."""
+    synced_at: Timestamp
+
+
+class JobCounts(Answer):
+    """How many jobs are in each status."""
+
+    pending: int = Field(ge=0)
+    running: int = Field(ge=0)
+    done: int = Field(ge=0)
+    failed: int = Field(ge=0)
+    cancelled: int = Field(ge=0)
+
+
+class SqsStats(Answer):
+    """The SQS intake (SQS_URL). Messages are counted each time they are received."""
+
+    enabled: bool
+    """SQS_URL is set."""
+    dead_letter_queue: bool
+    """SQS_DLQ_URL is set."""
+    received: int = Field(ge=0)
+    """Messages received."""
+    jobs_created: int = Field(ge=0)
+    """Jobs created from messages."""
+    duplicates: int = Field(ge=0)
+    """Messages whose job already existed (a redelivery, or a re-send with the same idempotency key)."""
+    rejected: int = Field(ge=0)
+    """Messages that are not a valid job request."""
+    dead_lettered: int = Field(ge=0)
+    """Rejected messages moved to SQS_DLQ_URL."""
+    dropped: int = Field(ge=0)
+    """Rejected messages deleted because no SQS_DLQ_URL is set."""
+    requeued: int = Field(ge=0)
+    """Messages made visible again after a database error."""
+
+
+class SnsStats(Answer):
+    """The SNS notification outbox (SNS_TOPIC_ARN)."""
+
+    enabled: bool
+    """SNS_TOPIC_ARN is set."""
+    pending: int = Field(ge=0)
+    """Notifications committed but not yet published."""
+    oldest_pending_age_secs: float | None = Field(ge=0)
+    """Age of the oldest pending notification; null when none is pending."""
+    published: int = Field(ge=0)
+    """Notifications published."""
+    publish_failures: int = Field(ge=0)
+    """Failed publishes of a notification (each is retried)."""
+
+
+class Stats(Answer):
+    """Counts for dashboards and alerts. Counters are totals since the database was created."""
+
+    jobs: JobCounts
+    sqs: SqsStats
+    sns: SnsStats
+
+
+class RunningAttempt(Answer):
+    job_id: str
+    attempt: int
+
+
+class Lease(Answer):
+    """A renewed lease and the attempts the scheduler has running on the node."""
+
+    node_id: str
+    lease_secs: float
+    running: list[RunningAttempt]
+
+
+class ItemResult(Answer):
+    index: int = Field(ge=0)
+    job_id: str
+    """As sent (empty when it was missing)."""
+    error: str = optional_key()
+    """With any other code than 200: why it was refused."""
+
+
+class ReportResult(ItemResult):
+    code: Literal[200, 400, 404, 409]
+    """What POST /jobs/{job_id}/status would have answered."""
+    job_status: StatusName = optional_key()
+    """With code 200: the job's status after the report."""
+    attempt: int = optional_key(ge=0)
+    """With code 200."""
+
+
+class ReportResults(Answer):
+    results: list[ReportResult]
+    """One result per report, in the order sent."""
+    claimed: list[Job] = optional_key()
+    """Only when the request had a `claim`: the jobs it took, now `running` on the node."""
+
+
+class OutputResult(ItemResult):
+    code: Literal[200, 400, 404, 409]
+    """200: stored; 400: the item is invalid; 404: no such job; 409: the job is not running on that node
+    for that attempt (another node, a stale attempt, or it already ended)."""
+
+
+class OutputResults(Answer):
+    results: list[OutputResult]
+    """One result per item, in the order sent."""
+
+
+if tuple(JobCounts.model_fields) != states.ALL:  # a new status must be counted (and documented)
+    raise AssertionError(f"JobCounts has {tuple(JobCounts.model_fields)}, the statuses are {states.ALL}")
