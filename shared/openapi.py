@@ -1,14 +1,22 @@
-"""Building blocks of the services' OpenAPI 3.0.3 documents (served at /openapi.json).
+"""Building the services' OpenAPI 3.1.0 documents (served at /openapi.json).
 
-Each service's openapi.py describes its own routes with these; the parts every
-service shares (errors, /healthz, /openapi.json, timestamps) are defined here once.
+Each service's openapi.py lists its routes (operations, parameters, answers) and
+names the pydantic models of their bodies; `build` generates every schema from
+those models (3.1's schemas are the JSON Schema pydantic writes). The parts every
+service shares (errors, /healthz, /readyz, /metrics, /openapi.json) are here once.
 """
+import typing
+from typing import Any
 
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"  # shared.validate.NAME_RE
+from pydantic import BaseModel
+from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 
-TIMESTAMP = {"type": "string", "format": "date-time",
-             "description": "ISO-8601 UTC, milliseconds (e.g. 2026-11-29T08:00:00.000Z)."}
+from . import contract
+from .validate import NAME_PATTERN
 
+OPENAPI_VERSION = "3.1.0"
+NAME_PATTERN_PARAM = {"type": "string", "pattern": NAME_PATTERN}
+REF_TEMPLATE = "#/components/schemas/{model}"
 
 # With tokens (README: Security) every route but /healthz, /readyz, /metrics, /openapi.json
 # and the dashboard's files takes a bearer token: the operator token, or a node's
@@ -20,15 +28,27 @@ SECURITY_SCHEMES = {"bearer": {"type": "http", "scheme": "bearer",
 SECURITY = [{"bearer": []}, {}]
 
 
-def ref(name: str) -> dict:
-    return {"$ref": f"#/components/schemas/{name}"}
+class _Schemas(GenerateJsonSchema):
+    """Pydantic's JSON Schema without a title on every property (the name says it)."""
+
+    def field_title_should_be_set(self, schema: Any) -> bool:
+        return False
 
 
-def json_response(schema: dict, description: str, headers: dict | None = None) -> dict:
+def json_response(schema: Any, description: str, headers: dict | None = None) -> dict:
+    """An answer whose body is `schema`: a model, `list[Model]`, or a schema of its own."""
     response = {"description": description, "content": {"application/json": {"schema": schema}}}
     if headers:
         response["headers"] = headers
     return response
+
+
+def body(model: type[contract.Request], required: bool = True, description: str | None = None) -> dict:
+    """A request body of `model`."""
+    request_body: dict = {"required": required, "content": {"application/json": {"schema": model}}}
+    if description:
+        request_body["description"] = description
+    return request_body
 
 
 def error(name: str) -> dict:
@@ -44,49 +64,18 @@ def path_param(name: str, description: str, schema: dict) -> dict:
     return {"name": name, "in": "path", "required": True, "description": description, "schema": schema}
 
 
-def nullable_timestamp(description: str | None = None) -> dict:
-    stamp = dict(TIMESTAMP, nullable=True)
-    if description:
-        stamp["description"] = description
-    return stamp
-
-
-COMMON_SCHEMAS = {
-    "Error": {
-        "type": "object",
-        "description": "Every error answer.",
-        "required": ["error"],
-        "properties": {"error": {"type": "string", "description": "What was wrong, for a human."}},
-    },
-    "Readiness": {
-        "type": "object",
-        "required": ["status", "checks"],
-        "properties": {
-            "status": {"type": "string", "enum": ["ready", "not ready"]},
-            "error": {"type": "string", "description": "Why it is not ready."},
-            "checks": {"type": "object", "description": "What was checked, and what it found."},
-        },
-    },
-    "Health": {
-        "type": "object",
-        "required": ["status"],
-        "properties": {"status": {"type": "string", "enum": ["ok"]}},
-    },
-}
-
-
 def error_responses(not_found: str, conflict: str | None = None) -> dict:
     responses = {
-        "BadRequest": json_response(ref("Error"), "The request is malformed (bad field, parameter or JSON)."),
-        "NotFound": json_response(ref("Error"), not_found),
-        "PayloadTooLarge": json_response(ref("Error"), "The body is larger than CORRAL_MAX_BODY_BYTES "
-                                                       "(default 2 MiB)."),
-        "UnsupportedMediaType": json_response(ref("Error"), "Content-Type is not application/json (which every "
-                                                            "POST, PUT, PATCH and DELETE must say, with or "
-                                                            "without a body)."),
+        "BadRequest": json_response(contract.Error, "The request is malformed (bad field, parameter or JSON)."),
+        "NotFound": json_response(contract.Error, not_found),
+        "PayloadTooLarge": json_response(contract.Error, "The body is larger than CORRAL_MAX_BODY_BYTES "
+                                                         "(default 2 MiB)."),
+        "UnsupportedMediaType": json_response(contract.Error, "Content-Type is not application/json (which every "
+                                                              "POST, PUT, PATCH and DELETE must say, with or "
+                                                              "without a body)."),
     }
     if conflict:
-        responses["Conflict"] = json_response(ref("Error"), conflict)
+        responses["Conflict"] = json_response(contract.Error, conflict)
     return responses
 
 
@@ -111,7 +100,7 @@ def meta_paths(service: str) -> dict:
         "/healthz": {
             "get": {
                 "operationId": "healthz", "tags": ["meta"], "summary": "Liveness check.",
-                "responses": {"200": json_response(ref("Health"), f"The {service} is serving.")},
+                "responses": {"200": json_response(contract.Health, f"The {service} is serving.")},
             },
         },
         "/readyz": {
@@ -120,8 +109,8 @@ def meta_paths(service: str) -> dict:
                 "description": "200 when the database answers (the scheduler also needs a node list refreshed "
                                "within three NODE_REFRESH_SECS, or a registry that answers); 503 otherwise.",
                 "responses": {
-                    "200": json_response(ref("Readiness"), f"The {service} can serve."),
-                    "503": json_response(ref("Readiness"), f"The {service} cannot serve; `error` says why."),
+                    "200": json_response(contract.Readiness, f"The {service} can serve."),
+                    "503": json_response(contract.Readiness, f"The {service} cannot serve; `error` says why."),
                 },
             },
         },
@@ -138,7 +127,64 @@ def meta_paths(service: str) -> dict:
         "/openapi.json": {
             "get": {
                 "operationId": "getOpenAPI", "tags": ["meta"], "summary": "This document.",
-                "responses": {"200": json_response({"type": "object"}, "The OpenAPI 3.0.3 document.")},
+                "responses": {"200": json_response({"type": "object"}, f"The OpenAPI {OPENAPI_VERSION} document.")},
             },
         },
     }
+
+
+def build(info: dict, tags: list[dict], paths: dict, responses: dict) -> dict:
+    """The OpenAPI document of `paths` and shared `responses`: each model named in them
+    becomes a schema in components (a request's as pydantic validates it, an answer's as
+    it serializes it) and a `$ref` where it was named; `list[Model]`, an array of them."""
+    models: dict[type[BaseModel], None] = {}
+    _models_in([paths, responses], models)
+    refs, schemas = models_json_schema(
+        [(model, "validation" if issubclass(model, contract.Request) else "serialization") for model in models],
+        ref_template=REF_TEMPLATE, schema_generator=_Schemas)
+    ref_of = {model: ref for (model, _), ref in refs.items()}
+    return {
+        "openapi": OPENAPI_VERSION,
+        "info": info,
+        "tags": tags,
+        "paths": _with_refs(json_content_type_everywhere(paths), ref_of),
+        "components": {"schemas": schemas.get("$defs", {}), "responses": _with_refs(responses, ref_of),
+                       "securitySchemes": SECURITY_SCHEMES},
+        "security": SECURITY,
+    }
+
+
+def _model(value: Any) -> type[BaseModel] | None:
+    return value if isinstance(value, type) and issubclass(value, BaseModel) else None
+
+
+def _listed_model(value: Any) -> type[BaseModel] | None:
+    if typing.get_origin(value) is list:
+        return _model(typing.get_args(value)[0])
+    return None
+
+
+def _models_in(node: Any, found: dict) -> None:
+    model = _model(node) or _listed_model(node)
+    if model is not None:
+        found[model] = None
+    elif isinstance(node, dict):
+        for value in node.values():
+            _models_in(value, found)
+    elif isinstance(node, list):
+        for value in node:
+            _models_in(value, found)
+
+
+def _with_refs(node: Any, ref_of: dict) -> Any:
+    """`node` with each model replaced by its schema reference."""
+    if _model(node) is not None:
+        return ref_of[node]
+    listed = _listed_model(node)
+    if listed is not None:
+        return {"type": "array", "items": ref_of[listed]}
+    if isinstance(node, dict):
+        return {key: _with_refs(value, ref_of) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_with_refs(value, ref_of) for value in node]
+    return node

@@ -23,6 +23,7 @@ import schemathesis
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
+from schemathesis.generation.case import Case
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     response_headers_conformance,
@@ -176,7 +177,7 @@ def test_document_lists_every_route(make_app, tmp_path):
 @pytest.mark.parametrize("make_app", [make_registry_app, make_scheduler_app], ids=["registry", "scheduler"])
 def test_document_is_well_formed(make_app, tmp_path):
     document = make_app(tmp_path).test_client().get("/openapi.json").get_json()
-    assert document["openapi"] == "3.0.3"
+    assert document["openapi"] == "3.1.0"
     assert document["info"]["title"] and document["info"]["version"]
     resolve_refs(document, document)
     error = document["components"]["schemas"]["Error"]
@@ -209,7 +210,7 @@ def test_live_document_is_served(live, service):
     assert response.status_code == 200
     assert response.headers["Content-Type"] == "application/json"
     document = json.loads(response.text)
-    assert document["openapi"] == "3.0.3"
+    assert document["openapi"] == "3.1.0"
     module = registry_openapi if service == "registry" else scheduler_openapi
     assert document == json.loads(json.dumps(module.DOCUMENT))
 
@@ -269,9 +270,26 @@ def test_scheduler_answers_as_documented(scheduler_schema, label):
     check_operation(scheduler_schema, label)
 
 
+@pytest.fixture
+def surrogates_leave_validity_unknown(monkeypatch):
+    """A body a link changed is checked again against its schema with jsonschema_rs,
+    which cannot take the lone surrogates the hooks put in strings (UnicodeEncodeError):
+    for such a body, whether it is valid is left unknown, as schemathesis does for a
+    schema its validator cannot read. The request is still sent and its answer checked."""
+    original = Case._validate_component
+
+    def validate_component(self, location, value, validator_cls):
+        try:
+            return original(self, location, value, validator_cls)
+        except UnicodeEncodeError:
+            return None
+
+    monkeypatch.setattr(Case, "_validate_component", validate_component)
+
+
 @e2e
 @pytest.mark.parametrize("service", ["registry", "scheduler"])
-def test_stateful_sequences_answer_as_documented(request, service):
+def test_stateful_sequences_answer_as_documented(request, service, surrogates_leave_validity_unknown):
     """Sequences that feed one answer into the next request (submit, then read, report...)."""
     schema = request.getfixturevalue(f"{service}_schema")
 
