@@ -1,9 +1,11 @@
-"""The agent's logic against a mocked HTTP API (responses) and real job processes.
+"""The agent's logic against the real scheduler and real job processes.
 
-A small in-test fake of the scheduler's job list and status reports answers the
-agent's calls; tests drive the agent through its one-pass methods and wait on
-conditions with deadlines.
+The scheduler is its real app on a SQLite file of the test's own, reached by the
+agent's HTTP clients through `responses` (scheduler_double.py), with the test's
+faults in between; the registry is mocked. Tests drive the agent through its
+one-pass methods and wait on conditions with deadlines.
 """
+import contextlib
 import hashlib
 import io
 import json
@@ -14,7 +16,6 @@ import threading
 import time
 import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import requests
@@ -28,11 +29,9 @@ from corral.agent.prepare import NO_RUN_SH_MESSAGE
 from corral.agent.settings import AgentSettings
 from corral.shared.clients import Rejected, RegistryClient, SchedulerClient
 from corral.shared.errors import SettingError
+from fake_scheduler import FakeScheduler  # noqa: F401 (test_agent_services and test_isolation import it from here)
 from helpers import process_gone, stop_held_jobs, wait_for
-
-REGISTRY = "http://registry.test"
-SCHEDULER = "http://scheduler.test"
-NODE = "node-1"
+from scheduler_double import NODE, REGISTRY, SCHEDULER, serving
 
 
 class FakeClock:
@@ -44,139 +43,6 @@ class FakeClock:
 
     def advance(self, secs: float) -> None:
         self.now += secs
-
-
-def move_reported(pending: list[dict], running: list[dict], job_id: str, status: str) -> list[dict]:
-    """A fake scheduler's lists after a report: `running` moves the job from `pending`
-    (changed in place) to running; any other status ends it. Returns the running list."""
-    if status == "running":
-        job = next(j for j in pending if j["job_id"] == job_id)
-        pending.remove(job)
-        return [*running, dict(job, status="running")]
-    return [j for j in running if j["job_id"] != job_id]
-
-
-class FakeScheduler:
-    """Just enough of the scheduler API: pending/running lists, claims and status reports.
-
-    `claim_refusal` / `batch_refusal`: an HTTP status the claim route / the report batch
-    route answer instead (None: they work). A claim waits (at most FAKE_WAIT_SECS) for a
-    job to be added, as a long poll does.
-    """
-
-    FAKE_WAIT_SECS = 0.5
-
-    def __init__(self, api: responses.RequestsMock, node_id: str = NODE):
-        self.node_id = node_id
-        self.pending: list[dict] = []
-        self.running: list[dict] = []
-        self.reports: list[tuple[str, dict]] = []  # (job_id, body) of accepted reports
-        self.attempts: list[tuple[str, dict]] = []  # every report that arrived
-        self.refuse: dict[tuple[str, str], int] = {}  # (job_id, status) -> HTTP status
-        self.down_for: dict[tuple[str, str], int] = {}  # (job_id, status) -> failures left
-        self.on_report = None  # called with (job_id, body) before a report is applied
-        self.claim_refusal: int | None = None
-        self.batch_refusal: int | None = None
-        self.claims: list[dict] = []     # every claim body that arrived
-        self.riding_claims: list[dict] = []  # claims that came with reports (POST /jobs/reports)
-        self.batches: list[list] = []    # every report batch that arrived
-        self.changed = threading.Condition(threading.RLock())
-        api.add_callback(responses.GET, re.compile(re.escape(SCHEDULER) + r"/jobs(\?.*)?$"),
-                         callback=self._list)
-        api.add_callback(responses.POST, re.compile(re.escape(SCHEDULER) + r"/jobs/reports$"),
-                         callback=self._report_batch)
-        api.add_callback(responses.POST, re.compile(re.escape(SCHEDULER) + r"/jobs/(job-[^/]+)/status$"),
-                         callback=self._report)
-        api.add_callback(responses.POST, re.compile(re.escape(SCHEDULER) + r"/nodes/([^/]+)/claim$"),
-                         callback=self._claim)
-
-    def add(self, job_id="job-1", command="echo hello", attempt=1, **fields) -> dict:
-        job = {"job_id": job_id, "node_id": self.node_id, "command": command, "deploy_url": None,
-               "job_type": "run", "env_vars": {}, "status": "pending", "attempt": attempt,
-               "retry_count": 0, "timeout_secs": None, **fields}
-        with self.changed:
-            self.pending.append(job)
-            self.changed.notify_all()
-        return job
-
-    def statuses(self, job_id: str) -> list[str]:
-        return [body["status"] for jid, body in self.reports if jid == job_id]
-
-    def final(self, job_id: str) -> dict:
-        return [body for jid, body in self.reports if jid == job_id and body["status"] != "running"][-1]
-
-    def _list(self, request):
-        query = parse_qs(urlsplit(request.url).query)
-        assert query["node_id"] == [self.node_id]
-        with self.changed:
-            jobs = list(self.pending if query["status"] == ["pending"] else self.running)
-        return 200, {}, json.dumps(jobs)
-
-    def _claim(self, request):
-        body = json.loads(request.body)
-        self.claims.append(body)
-        if self.claim_refusal is not None:
-            return self.claim_refusal, {}, json.dumps({"error": "refused"})
-        assert request.url.endswith(f"/nodes/{self.node_id}/claim")
-        with self.changed:
-            self.changed.wait_for(lambda: self.pending, min(body.get("wait_secs", 20), self.FAKE_WAIT_SECS))
-            claimed = self._take(body["max"])
-        return 200, {}, json.dumps(claimed)
-
-    def _take(self, count: int) -> list[dict]:
-        """Claim up to `count` pending jobs (they become running); call holding `changed`."""
-        taken = self.pending[:count]
-        del self.pending[:len(taken)]
-        claimed = [dict(job, status="running") for job in taken]
-        self.running += claimed
-        return claimed
-
-    def _report(self, request):
-        job_id = request.url.rsplit("/", 2)[-2]
-        return self._apply(job_id, json.loads(request.body))
-
-    def _apply(self, job_id, body):
-        self.attempts.append((job_id, body))
-        if self.on_report:
-            self.on_report(job_id, body)
-        key = (job_id, body["status"])
-        if self.down_for.get(key, 0) > 0:
-            self.down_for[key] -= 1
-            return requests.ConnectionError("scheduler is down")
-        if key in self.refuse:
-            return self.refuse[key], {}, json.dumps({"error": "refused by the test"})
-        with self.changed:
-            self.reports.append((job_id, body))
-            self.running = move_reported(self.pending, self.running, job_id, body["status"])
-        return 200, {}, json.dumps({"job_id": job_id, "status": body["status"]})
-
-    def _report_batch(self, request):
-        if self.batch_refusal is not None:
-            return self.batch_refusal, {}, json.dumps({"error": "refused"})
-        body = json.loads(request.body)
-        items = body["reports"]
-        self.batches.append(items)
-        claim = body.get("claim")
-        if claim is not None:
-            self.riding_claims.append(claim)
-        if any(self.down_for.get((item["job_id"], item["status"]), 0) > 0 for item in items):
-            for item in items:
-                key = (item["job_id"], item["status"])
-                if self.down_for.get(key, 0) > 0:
-                    self.down_for[key] -= 1
-            return requests.ConnectionError("scheduler is down")
-        results = []
-        for index, item in enumerate(items):
-            body = {k: v for k, v in item.items() if k != "job_id"}
-            status, _, answer = self._apply(item["job_id"], body)
-            result = {"index": index, "job_id": item["job_id"], "code": status}
-            result.update({"job_status": body["status"]} if status == 200 else json.loads(answer))
-            results.append(result)
-        if claim is None:
-            return 200, {}, json.dumps({"results": results})
-        with self.changed:  # the claim riding on the reports: taken after them, never waits
-            claimed = self._take(claim["max"])
-        return 200, {}, json.dumps({"results": results, "claimed": claimed})
 
 
 class FakeJobCgroup(cgroups.NullJobCgroup):
@@ -228,8 +94,17 @@ def api():
 
 
 @pytest.fixture
-def scheduler(api):
-    return FakeScheduler(api)
+def scheduler(api, tmp_path):
+    with serving(api, str(tmp_path / "scheduler.db"), NODE, SCHEDULER) as double:
+        yield double
+
+
+@pytest.fixture
+def make_scheduler(api, tmp_path):
+    """The real scheduler with settings of the test's choosing (one per test)."""
+    with contextlib.ExitStack() as stack:
+        yield lambda **settings: stack.enter_context(
+            serving(api, str(tmp_path / "scheduler.db"), NODE, SCHEDULER, **settings))
 
 
 @pytest.fixture
@@ -418,7 +293,9 @@ def test_the_job_environment_holds_none_of_the_agents_own(make_agent, scheduler,
 @pytest.mark.parametrize("name", ["LD_PRELOAD", "LD_AUDIT"])
 def test_a_job_setting_a_loader_variable_is_failed_and_nothing_starts(agent, scheduler, tmp_path, name):
     marker = tmp_path / "ran"
-    scheduler.add(command=f"touch {marker}", env_vars={name: "/tmp/evil.so"})
+    scheduler.add(job_id="job-1", command=f"touch {marker}")
+    # The scheduler's API refuses such a job: the row is written straight in its database.
+    scheduler.set_row("job-1", env_vars={name: "/tmp/evil.so"})
     assert agent.poll_once() == [("job-1", 1)]
     assert reap_until_ended(agent) == [("job-1", 1, "failed")]
     final = scheduler.final("job-1")
@@ -527,7 +404,14 @@ def test_sigkill_without_the_oom_counter_is_not_an_oom(make_agent, scheduler):
     ("max_processes", True, "job asks for max_processes=True, which is not a positive whole number"),
 ])
 def test_a_job_over_the_node_maximum_fails_clearly(agent, scheduler, field, value, message):
-    scheduler.add(command="touch ran", **{field: value})
+    if field == "max_processes" and value is True:  # no column holds it: the answer is altered
+        scheduler.add(job_id="job-1", command="touch ran")
+        scheduler.altered["job-1"] = {field: value}
+    elif value == 0:  # refused by the scheduler's API: written straight in its database
+        scheduler.add(job_id="job-1", command="touch ran")
+        scheduler.set_row("job-1", **{field: value})
+    else:
+        scheduler.add(job_id="job-1", command="touch ran", **{field: value})
     assert agent.poll_once() == [("job-1", 1)]
     assert agent.running_count() == 0
     assert scheduler.statuses("job-1") == ["running", "failed"]
@@ -688,7 +572,7 @@ def test_slow_download_does_not_block_and_a_cancel_stops_the_start(agent, schedu
     assert agent.reap_once() == []
     assert agent.reconcile_once() == []  # listed as running: it holds its slot, not lost
 
-    scheduler.running.clear()  # cancelled while it downloads
+    scheduler.cancel("job-1")  # cancelled while it downloads
     assert agent.reconcile_once() == [("job-1", 1)]
     web.held["/slow.zip"].set()
     assert reap_until_ended(agent) == [("job-1", 1, "killed")]
@@ -769,10 +653,10 @@ def test_too_large_report_is_sent_again_with_less_output(agent, scheduler, monke
 # --- timeouts and reconcile -------------------------------------------------------------------
 
 
-def test_job_past_its_timeout_is_killed_and_reported(agent, scheduler, clock, tmp_path):
+def test_job_past_its_timeout_is_killed_and_reported(agent, make_scheduler, clock, tmp_path):
+    scheduler = make_scheduler(job_timeout_secs=5)  # handed to the agent as the job's timeout_secs
     pid_file = tmp_path / "child.pid"
-    scheduler.add(command=f"sh -c 'echo $$ > {pid_file}; exec sleep 60' & echo begun; wait",
-                  timeout_secs=5)
+    scheduler.add(job_id="job-1", command=f"sh -c 'echo $$ > {pid_file}; exec sleep 60' & echo begun; wait")
     agent.poll_once()
     child = int(wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=5,
                          message="the job's child to start"))
@@ -787,8 +671,9 @@ def test_job_past_its_timeout_is_killed_and_reported(agent, scheduler, clock, tm
     assert process_gone(child)
 
 
-def test_service_jobs_have_no_timeout(agent, scheduler, clock):
-    scheduler.add(command="sleep 60", job_type="service", timeout_secs=1)
+def test_service_jobs_have_no_timeout(agent, make_scheduler, clock):
+    scheduler = make_scheduler(job_timeout_secs=1)  # for run jobs only
+    scheduler.add(command="sleep 60", job_type="service")
     agent.poll_once()
     clock.advance(100)
     assert agent.reap_once() == []
@@ -803,24 +688,28 @@ def test_reconcile_kills_a_job_the_scheduler_no_longer_lists(agent, scheduler, t
                          message="the job's child to start"))
     assert agent.reconcile_once() == []  # still listed as running here: left alone
 
-    scheduler.running.clear()  # the scheduler timed it out or moved it
+    scheduler.cancel("job-1")  # no longer running here (as when timed out or moved)
     assert agent.reconcile_once() == [("job-1", 1)]
     assert reap_until_ended(agent) == [("job-1", 1, "killed")]
     assert process_gone(child)
     assert scheduler.statuses("job-1") == ["running"]  # not reported
+    assert scheduler.job("job-1")["status"] == "cancelled"
     assert agent.pending_reports() == []
 
 
-def test_reconcile_reports_a_job_listed_here_that_the_agent_does_not_run(agent, scheduler):
-    scheduler.running.append({"job_id": "job-9", "node_id": NODE, "status": "running",
-                              "attempt": 3, "command": "true"})
+def test_reconcile_reports_a_job_listed_here_that_the_agent_does_not_run(agent, make_scheduler):
+    scheduler = make_scheduler(max_node_losses=3)
+    job_id = scheduler.add(command="true", attempt=3)["job_id"]
+    assert [j["job_id"] for j in scheduler.claim_unseen()] == [job_id]  # its answer never came
     assert agent.reconcile_once() == []
     agent.flush_reports()
-    final = scheduler.final("job-9")
+    final = scheduler.final(job_id)
     assert (final["status"], final["attempt"], final["exit_code"]) == ("failed", 3, -1)
     # The node's doing, not the job's (a claim whose answer was lost never started it):
     # the scheduler requeues it without spending a retry.
     assert final["requeue"] is True and "was not running this job" in final["stderr"]
+    job = scheduler.job(job_id)
+    assert (job["status"], job["retry_count"], job["node_losses"]) == ("pending", 2, 1)
 
 
 # --- the loops --------------------------------------------------------------------------------
@@ -965,12 +854,15 @@ def test_an_idle_agent_reconciles_only_when_its_lease_lists_an_attempt_it_does_n
     lists = lambda: len([c for c in api.calls if c.request.method == "GET" and "/jobs" in c.request.url])  # noqa: E731
     agent.reconcile_paced(Backoff())
     assert lists() == 0  # idle, nothing unknown: no request
-    # A lease answer lists job-9 running here (a claim whose answer was lost): look now.
-    scheduler.running.append({"job_id": "job-9", "node_id": NODE, "attempt": 1, "status": "running"})
-    agent.membership.apply_lease(clock(), {"lease_secs": 20, "running": [{"job_id": "job-9", "attempt": 1}]})
+    # A lease answer lists a job running here (a claim whose answer was lost): look now.
+    job_id = scheduler.add(command="true")["job_id"]
+    scheduler.claim_unseen()
+    lease = scheduler.call("POST", f"/nodes/{NODE}/lease", {})  # the scheduler's answer to a renewal
+    assert lease["running"] == [{"job_id": job_id, "attempt": 1}]
+    agent.membership.apply_lease(clock(), lease)
     agent.reconcile_paced(Backoff())
     assert lists() == 1 and not agent.membership.unknown_listed
-    assert [(r.job_id, r.status) for r in agent.pending_reports()] == [("job-9", "failed")]  # lost here
+    assert [(r.job_id, r.status) for r in agent.pending_reports()] == [(job_id, "failed")]  # lost here
     agent.reconcile_paced(Backoff())
     assert lists() == 1  # idle again: no request
 
@@ -1111,15 +1003,20 @@ def test_a_refused_claim_is_retried_after_a_pause_and_the_agent_never_falls_back
     assert outcome["code"] == 0
 
 
-def test_a_newer_attempt_waits_until_the_older_one_ended_here(make_agent, scheduler, tmp_path):
+# Attempt 1 holds on (ignoring SIGTERM); any later attempt says so and ends.
+FIRST_ATTEMPT_HOLDS = "if [ \"$CORRAL_ATTEMPT\" = 1 ]; then trap '' TERM; sleep 60; else echo second; fi"
+
+
+def test_a_newer_attempt_waits_until_the_older_one_ended_here(make_agent, make_scheduler, tmp_path):
+    scheduler = make_scheduler(max_node_losses=3)
     agent = make_agent(slots=2)
-    scheduler.add(job_id="job-1", command="trap '' TERM; sleep 60")
+    scheduler.add(job_id="job-1", command=FIRST_ATTEMPT_HOLDS)
     agent.claim_once(wait_secs=0)
     agent.take_claimed()
     wait_for(lambda: agent.local_job("job-1", 1).prepared.is_set(), timeout=5, message="job-1 to start")
-    # The scheduler moved it and placed it here again with attempt 2.
-    scheduler.running.clear()
-    scheduler.add(job_id="job-1", command="echo second", attempt=2)
+    # The scheduler gave the node up for lost and placed the job here again: attempt 2.
+    assert scheduler.lose_node() == ["job-1"]
+    assert (scheduler.job("job-1")["attempt"], scheduler.job("job-1")["node_id"]) == (2, NODE)
     agent.claim_once(wait_secs=0)
     assert agent.take_claimed() == [] and agent.claimed_keys() == [("job-1", 2)]
     assert agent.reconcile_once() == [("job-1", 1)]  # attempt 1 is no longer listed: killed
@@ -1130,27 +1027,27 @@ def test_a_newer_attempt_waits_until_the_older_one_ended_here(make_agent, schedu
 
 
 def test_reconcile_waits_for_a_claim_on_its_way_before_reporting_a_job_lost(agent, scheduler):
-    # The scheduler lists job-9 here while a claim is still out: its answer may bring it.
-    scheduler.running.append({"job_id": "job-9", "node_id": NODE, "status": "running", "attempt": 3,
-                              "command": "true"})
+    # The scheduler lists a job here while a claim is still out: its answer may bring it.
+    job_id = scheduler.add(command="true", attempt=3)["job_id"]
+    scheduler.claim_unseen()
     agent.claims.sent = 1  # a claim sent, not answered yet
     assert agent.reconcile_once() == [] and agent.pending_reports() == []
-    agent.claims.done = 1  # it came back without job-9: the attempt is lost
+    agent.claims.done = 1  # it came back without the job: the attempt is lost
     agent.reconcile_once()
     (report,) = agent.pending_reports()
-    assert (report.job_id, report.attempt, report.status) == ("job-9", 3, "failed")
+    assert (report.job_id, report.attempt, report.status) == (job_id, 3, "failed")
 
 
-def test_reconcile_drops_a_claimed_job_the_scheduler_ended_before_it_started(make_agent, scheduler):
+def test_reconcile_drops_a_claimed_job_the_scheduler_ended_before_it_started(make_agent, make_scheduler):
+    scheduler = make_scheduler(max_node_losses=3)
     agent = make_agent(slots=2)
-    scheduler.add(job_id="job-1", command="trap '' TERM; sleep 60")
+    scheduler.add(job_id="job-1", command=FIRST_ATTEMPT_HOLDS)
     agent.claim_once(wait_secs=0)
     agent.take_claimed()
-    scheduler.running.clear()  # moved: placed here again as attempt 2, which waits for attempt 1
-    scheduler.add(job_id="job-1", command="echo second", attempt=2)
+    scheduler.lose_node()  # moved: placed here again as attempt 2, which waits for attempt 1
     agent.claim_once(wait_secs=0)
     assert agent.take_claimed() == [] and agent.claimed_keys() == [("job-1", 2)]
-    scheduler.running.clear()  # and attempt 2 is cancelled before it could start
+    scheduler.cancel("job-1")  # and attempt 2 is cancelled before it could start
     assert agent.reconcile_once() == [("job-1", 1)]
     assert agent.claimed_keys() == []
     wait_for(lambda: ("job-1", 1, "killed") in agent.reap_once(), timeout=10, message="attempt 1 to end")
@@ -1158,13 +1055,16 @@ def test_reconcile_drops_a_claimed_job_the_scheduler_ended_before_it_started(mak
     assert scheduler.reports == []  # nothing reported: the scheduler ended both
 
 
-def test_stopping_gives_claimed_jobs_that_never_started_back(make_agent, scheduler):
+def test_stopping_gives_claimed_jobs_that_never_started_back(make_agent, make_scheduler):
+    scheduler = make_scheduler(max_node_losses=3)
     agent = make_agent(slots=2)
     scheduler.add(job_id="job-1", command="true")
     agent.claim_once(wait_secs=0)
     assert agent.shutdown(flush_secs=2) == 0
     final = scheduler.final("job-1")
     assert (final["status"], final["requeue"], final["stderr"]) == ("failed", True, STOPPED_MESSAGE)
+    job = scheduler.job("job-1")  # to run again, without spending a retry
+    assert (job["status"], job["retry_count"], job["node_losses"]) == ("pending", 0, 1)
 
 
 # --- report batches ----------------------------------------------------------------------------

@@ -1,33 +1,34 @@
 """The agent with everything real on this host: cgroup limits and OOM detection, the
 jobs' own uids, killing a whole tree on cancel, deploy artifacts; and `corral-agent`
 processes (their CLI, SIGTERM, re-adoption of a service by the next process)
-against a small fake control plane served over HTTP on 127.0.0.1.
+against the real registry and scheduler served by gunicorn on 127.0.0.1.
+
+The Agent class itself meets the real scheduler app through `responses`
+(scheduler_double.py) and a mocked registry.
 
 Needs root and a writable cgroup v1 or v2 hierarchy; CI runs as root.
 """
 import io
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
-import threading
 import uuid
 import zipfile
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import requests
 import responses
 
 from corral.agent import cgroups, services
-from corral.agent.agent import Agent
+from corral.agent.agent import STOPPED_MESSAGE, Agent
 from corral.agent.settings import AgentSettings
 from corral.shared.clients import RegistryClient, SchedulerClient
+from cluster import Cluster
+from fake_control_plane import plane  # noqa: F401 (test_isolation's agents still use it, through start_agent)
 from helpers import process_gone, wait_for
-from test_agent import REGISTRY, SCHEDULER, FakeScheduler, move_reported
+from scheduler_double import REGISTRY, SCHEDULER, serving
 from test_agent_services import PYTHON3, FakeRegistry, _skip_reason, free_port, http_server
 
 pytestmark = pytest.mark.root
@@ -59,9 +60,10 @@ def remove_node_cgroups(node, state_dir):
 
 
 @pytest.fixture
-def scheduler(api, node):
+def scheduler(api, node, tmp_path):
     FakeRegistry(api, node)
-    return FakeScheduler(api, node)
+    with serving(api, str(tmp_path / "scheduler.db"), node, SCHEDULER) as double:
+        yield double
 
 
 @pytest.fixture
@@ -123,7 +125,7 @@ def test_cancel_kills_the_whole_tree_through_the_cgroup(agent, scheduler):
     workdir = agent.work_dir("job-1", 1)
     pids = wait_for(lambda: [int(open(os.path.join(workdir, n)).read()) for n in
                              ("main.pid", "grandchild.pid")], message="both pids")
-    scheduler.running.clear()
+    scheduler.cancel("job-1")
     assert agent.reconcile_once() == [("job-1", 1)]
     assert reap_until(agent) == [("job-1", 1, "killed")]
     assert all(process_gone(pid) for pid in pids)
@@ -144,130 +146,58 @@ def test_deploy_artifact_is_owned_by_the_job_user(agent, scheduler, api):
     assert 70000 <= int(scheduler.final("job-1")["stdout"]) <= 79999
 
 
-# --- corral-agent processes against a fake control plane -------------------------------------------
+# --- corral-agent processes against the real registry and scheduler -------------------------------
 
 
-class ControlPlane:
-    """Registry and scheduler on one port: just what a polling agent
-    (AGENT_LONG_POLL_SECS=0, the original design's) calls; no claims, report batches
-    or live output."""
-
-    def __init__(self, node_id: str):
-        self.lock = threading.Lock()
-        self.node_id = node_id
-        self.pending: list[dict] = []
-        self.running: list[dict] = []
-        self.reports: list[tuple[str, dict]] = []
-        self.services: dict[str, dict] = {}
-        self.upserts: list[dict] = []
-        plane = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def _answer(self, status, body):
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _body(self):
-                return json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-
-            def do_GET(self):
-                url = urlsplit(self.path)
-                if url.path == "/healthz":
-                    return self._answer(200, {"status": "ok"})
-                if url.path == "/jobs":
-                    status = parse_qs(url.query)["status"][0]
-                    with plane.lock:
-                        return self._answer(200, list(plane.pending if status == "pending"
-                                                      else plane.running))
-                self._answer(404, {"error": "not here"})
-
-            def do_POST(self):
-                body = self._body()
-                path = urlsplit(self.path).path
-                with plane.lock:
-                    if path == "/nodes":
-                        return self._answer(201, body)
-                    if path.endswith("/heartbeat"):
-                        return self._answer(200, {})
-                    if path == "/services":
-                        plane.upserts.append(body)
-                        plane.services[body["job_id"]] = body
-                        return self._answer(200, body)
-                    match = re.fullmatch(r"/jobs/([^/]+)/status", path)
-                    if match:
-                        job_id = match.group(1)
-                        plane.reports.append((job_id, body))
-                        plane.running = move_reported(plane.pending, plane.running, job_id, body["status"])
-                        return self._answer(200, body)
-                self._answer(404, {"error": "not here"})
-
-            def do_DELETE(self):
-                job_id = self.path.rsplit("/", 1)[-1]
-                with plane.lock:
-                    found = plane.services.pop(job_id, None)
-                self._answer(200 if found else 404, found or {"error": "no such service"})
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def add(self, job_id, **fields):
-        with self.lock:
-            self.pending.append({"job_id": job_id, "node_id": self.node_id, "attempt": 1,
-                                 "job_type": "run", "env_vars": {}, "status": "pending",
-                                 "deploy_url": None, **fields})
-
-    def statuses(self, job_id):
-        with self.lock:
-            return [b["status"] for j, b in self.reports if j == job_id]
-
-    def final(self, job_id):
-        with self.lock:
-            return [b for j, b in self.reports if j == job_id and b["status"] != "running"][-1]
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+AGENT_SLOTS = 2
 
 
 @pytest.fixture
-def plane(node):
-    p = ControlPlane(node)
+def cluster(tmp_path, request):
+    """The real registry and scheduler under gunicorn (conftest's `cluster`), with room
+    for as many jobs on a node as its agent has slots."""
+    c = Cluster(tmp_path, MAX_JOBS_PER_NODE=AGENT_SLOTS)
     try:
-        yield p
+        c.start()
+        yield c
     finally:
-        p.close()
+        c.stop()
+        failed = getattr(request.node, "rep_call", None)
+        if failed is not None and failed.failed:
+            print(c.logs())
 
 
-def agent_env(plane, node, state_dir, **extra):
+def agent_env(node, state_dir, registry_url, scheduler_url, **extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CORRAL_", "AGENT_"))}
-    env.update(NODE_ID=node, REGISTRY_URL=plane.url, SCHEDULER_URL=plane.url,
+    env.update(NODE_ID=node, REGISTRY_URL=registry_url, SCHEDULER_URL=scheduler_url,
                CORRAL_STATE_DIR=state_dir, POLL_INTERVAL_SECS="0.1", HEARTBEAT_INTERVAL_SECS="0.5",
                AGENT_STOP_GRACE_SECS="0.5", AGENT_KILL_GRACE_SECS="0.5",
                AGENT_HEALTH_INTERVAL_SECS="0.2", AGENT_HEALTH_TIMEOUT_SECS="0.5",
-               AGENT_SLOTS="2", CORRAL_LOG_LEVEL="INFO", AGENT_LONG_POLL_SECS="0",
-               AGENT_OUTPUT_INTERVAL_SECS="0")
+               AGENT_SLOTS=str(AGENT_SLOTS), CORRAL_LOG_LEVEL="INFO", AGENT_OUTPUT_INTERVAL_SECS="0")
     env.update(extra)
     return env
 
 
+def control_plane_env(request) -> dict:
+    """Where a test's agents find the registry and the scheduler: the real services
+    (`cluster`), or test_isolation's fake control plane (`plane`), which answers
+    polling agents only."""
+    if "plane" in request.fixturenames:
+        fake = request.getfixturevalue("plane")
+        return {"registry_url": fake.url, "scheduler_url": fake.url, "AGENT_LONG_POLL_SECS": "0"}
+    real = request.getfixturevalue("cluster")
+    return {"registry_url": real.registry_url, "scheduler_url": real.scheduler_url}
+
+
 @pytest.fixture
-def start_agent(plane, node, state_dir):
+def start_agent(request, node, state_dir):
+    where = control_plane_env(request)
     procs = []
 
     def start(**extra):
         log = open(os.path.join(state_dir, f"agent-{len(procs)}.log"), "wb")
         proc = subprocess.Popen([os.path.join(BIN, "corral-agent")],
-                                env=agent_env(plane, node, state_dir, **extra),
+                                env=agent_env(node, state_dir, **{**where, **extra}),
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
         log.close()
@@ -289,10 +219,21 @@ def agent_log(state_dir, n):
         return f.read()
 
 
-def test_check_against_a_live_control_plane(plane, node, state_dir):
+def moves(cluster, job_id):
+    """The statuses the job moved to after it was submitted (placements left out)."""
+    return [e["to"] for e in cluster.events(job_id) if e["from"] not in (None, e["to"])]
+
+
+def service_record(cluster, job_id):
+    """The registry's record of the job's service, or None."""
+    records = requests.get(cluster.registry_url + "/services", timeout=10).json()
+    return next((r for r in records if r["job_id"] == job_id), None)
+
+
+def test_check_against_a_live_control_plane(cluster, node, state_dir):
     result = subprocess.run([os.path.join(BIN, "corral-agent"), "--check", "--json"],
-                            env=agent_env(plane, node, state_dir), capture_output=True, text=True,
-                            timeout=30)
+                            env=agent_env(node, state_dir, cluster.registry_url, cluster.scheduler_url),
+                            capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
     assert report["ok"] and report["limits_enforced"] and report["cgroups"]["mode"] in ("v1", "v2")
@@ -304,40 +245,44 @@ def test_check_against_a_live_control_plane(plane, node, state_dir):
 
 
 def test_agent_restart_leaves_services_running_and_the_next_agent_adopts_them(
-        plane, node, state_dir, start_agent):
+        cluster, node, state_dir, start_agent):
     port = free_port()
-    plane.add("job-1", job_type="service", command=http_server(port), port=port, name="web",
-              health_path="/")
-    plane.add("job-2", command="sleep 300")
+    service = cluster.submit(job_type="service", command=http_server(port), port=port, name="web",
+                             health_path="/", instance_id=node)["job_id"]
+    # Failed, not requeued, when its node gives it up: it stays with the first agent.
+    run = cluster.submit(command="sleep 300", instance_id=node, on_node_lost="fail")["job_id"]
     first = start_agent()
-    wait_for(lambda: plane.services.get("job-1", {}).get("healthy") is True, timeout=15,
+    wait_for(lambda: (service_record(cluster, service) or {}).get("healthy") is True, timeout=15,
              message="the service to be healthy")
-    wait_for(lambda: plane.statuses("job-2") == ["running"], message="the run job to start")
-    state_file = services.state_path(os.path.join(state_dir, f"agent-{node}", "services"), "job-1", 1)
+    wait_for(lambda: moves(cluster, run) == ["running"], message="the run job to start")
+    state_file = services.state_path(os.path.join(state_dir, f"agent-{node}", "services"), service, 1)
     with open(state_file) as f:
         pid = json.load(f)["pid"]
 
     first.send_signal(signal.SIGTERM)
     assert first.wait(20) == 0, agent_log(state_dir, 0)
-    assert plane.final("job-2")["stderr"].endswith("agent stopped before the job finished")
+    ended = cluster.job(run)  # given up by the node (requeue), which on_node_lost=fail ends
+    assert (ended["status"], moves(cluster, run)) == ("failed", ["running", "failed"])
+    assert "gave the attempt up" in cluster.events(run)[-1]["reason"]
+    assert ended["stderr"].splitlines()[-2].endswith(STOPPED_MESSAGE)
     assert not process_gone(pid)
-    assert "job-1" in plane.services and plane.statuses("job-1") == ["running"]
-    upserts = len(plane.upserts)
+    recorded = service_record(cluster, service)
+    assert recorded is not None and moves(cluster, service) == ["running"]
 
     second = start_agent()
-    wait_for(lambda: "re-adopted service job job-1 attempt 1" in agent_log(state_dir, 1),
+    wait_for(lambda: f"re-adopted service job {service} attempt 1" in agent_log(state_dir, 1),
              message="the second agent to adopt the service")
-    wait_for(lambda: len(plane.upserts) > upserts and plane.services["job-1"]["healthy"] is True,
-             message="the second agent to record the service")
-    assert plane.statuses("job-1") == ["running"]  # not started again, not reported
+    wait_for(lambda: (lambda r: r["healthy"] is True and r["checked_at"] > recorded["checked_at"])(
+        service_record(cluster, service)), message="the second agent to record the service")
+    assert moves(cluster, service) == ["running"]  # not started again, not reported
     assert requests.get(f"http://127.0.0.1:{port}/", timeout=5).ok
 
-    with plane.lock:  # cancelled
-        plane.running = [j for j in plane.running if j["job_id"] != "job-1"]
+    assert cluster.job(service)["status"] == "running"
+    requests.post(f"{cluster.scheduler_url}/jobs/{service}/cancel", json={}, timeout=10).raise_for_status()
     wait_for(lambda: process_gone(pid), message="the service to be killed")
-    wait_for(lambda: "job-1" not in plane.services, message="the record to be removed")
+    wait_for(lambda: service_record(cluster, service) is None, message="the record to be removed")
     wait_for(lambda: not os.path.exists(state_file), message="the state file to be removed")
-    assert plane.statuses("job-1") == ["running"]
+    assert moves(cluster, service) == ["running", "cancelled"]  # nothing reported
 
     second.send_signal(signal.SIGTERM)
     assert second.wait(20) == 0, agent_log(state_dir, 1)
