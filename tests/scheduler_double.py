@@ -18,8 +18,9 @@ records.
   a number belongs).
 - recorded: `claims` (every claim body), `riding_claims` (claims that came with
   reports), `batches` (the reports of every batch that got past `batch_refusal`),
-  `attempts` (every report that arrived) and `reports` (those the scheduler
-  accepted).
+  `attempts` (every report that arrived), `answers` ((job_id, status, HTTP status)
+  of each report answered, by the scheduler or a fault) and `reports` (those the
+  scheduler accepted).
 
 A claim waits at most CLAIM_WAIT_SECS (the agent's 20 s long poll shortened) so
 that a test's stop is not held by a waiting request. The scheduler's settings
@@ -80,6 +81,7 @@ class SchedulerDouble:
         self.store = self.app.extensions["corral.store"]
         self.reports: list[tuple[str, dict]] = []
         self.attempts: list[tuple[str, dict]] = []
+        self.answers: list[tuple[str, str, int]] = []
         self.refuse: dict[tuple[str, str], int] = {}
         self.down_for: dict[tuple[str, str], int] = {}
         self.on_report = None
@@ -146,6 +148,16 @@ class SchedulerDouble:
 
     def cancel(self, job_id: str) -> dict:
         return self.call("POST", f"/jobs/{job_id}/cancel")
+
+    def purge(self, job_id: str) -> None:
+        """The job ends (cancelled) and the retention purge deletes it, as the background
+        pass does once it is old enough. SQLite's newest row is never purged (its id
+        would be handed out again): a later job, placed nowhere, is submitted first."""
+        self.cancel(job_id)
+        self.call("POST", "/jobs", {"command": "true", "instance_id": "nowhere"}, 201)
+        with self.store.db.connection_context():
+            assert self.store.purge_finished(time.time() + 1, 1000) == 1
+        self.call("GET", f"/jobs/{job_id}", expect=404)
 
     def lose_node(self) -> list[str]:
         """The scheduler gives the node up for lost (no lease renewal it can see), as its
@@ -224,10 +236,10 @@ class SchedulerDouble:
     def _report(self, request):
         job_id = urlsplit(request.url).path.split("/")[-2]
         body = json.loads(request.body)
-        fault = self._arrived(job_id, body)
-        if fault is not None:
-            return fault
-        answer = self._send(request)
+        answer = self._arrived(job_id, body) or self._send(request)
+        if isinstance(answer, Exception):  # unreachable: no answer
+            return answer
+        self.answers.append((job_id, body["status"], answer[0]))
         if answer[0] == 200:
             self.reports.append((job_id, body))
         return answer
@@ -269,4 +281,6 @@ class SchedulerDouble:
                                 {k: v for k, v in claim.items() if k != "node_id"} | {"wait_secs": 0})
             answer["claimed"] = claimed
         answer["results"] = results
+        self.answers += [(item["job_id"], item["status"], result["code"])
+                         for item, result in zip(items, answer["results"])]
         return self._alter((200, {"Content-Type": "application/json"}, json.dumps(answer)))

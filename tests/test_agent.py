@@ -235,11 +235,20 @@ def test_work_dir_is_kept_when_asked(make_agent, scheduler):
 @pytest.mark.parametrize("status", [409, 404])
 def test_refused_running_report_means_the_job_is_not_started(agent, scheduler, status):
     scheduler.add(command="touch started")
-    scheduler.refuse[("job-1", "running")] = status
+
+    def on_report(job_id, body):
+        # Between the agent's poll and its report the job was cancelled (the scheduler
+        # refuses the report: 409), or also purged (404).
+        if status == 409:
+            scheduler.cancel(job_id)
+        else:
+            scheduler.purge(job_id)
+
+    scheduler.on_report = on_report
     assert agent.poll_once() == []
     assert agent.running_count() == 0
     assert not os.path.exists(agent.work_dir("job-1", 1))
-    assert [body["status"] for _, body in scheduler.attempts] == ["running"]
+    assert scheduler.answers == [("job-1", "running", status)]
 
 
 def test_unreachable_running_report_starts_nothing(agent, scheduler):
@@ -624,29 +633,24 @@ def test_unreachable_final_report_is_kept_and_delivered_later(agent, scheduler, 
 
 def test_refused_final_report_is_dropped(agent, scheduler):
     scheduler.add()
-    scheduler.refuse[("job-1", "done")] = 409
+    # Cancelled as it ended: the scheduler refuses its report as stale (409).
+    scheduler.on_report = lambda job_id, body: body["status"] == "done" and scheduler.cancel(job_id)
     agent.poll_once()
     reap_until_ended(agent)
     assert agent.pending_reports() == []
-    assert [body["status"] for _, body in scheduler.attempts] == ["running", "done"]
+    assert scheduler.answers == [("job-1", "running", 200), ("job-1", "done", 409)]
 
 
-def test_too_large_report_is_sent_again_with_less_output(agent, scheduler, monkeypatch):
+def test_too_large_report_is_sent_again_with_less_output(agent, make_scheduler, monkeypatch):
+    scheduler = make_scheduler(max_body_bytes=2048)  # a body with 3000 characters of output is refused
     scheduler.add(command="head -c 3000 /dev/zero | tr '\\0' x")
     calls = []
-
-    def on_report(job_id, body):
-        calls.append(len(body.get("stdout") or ""))
-        if body["status"] == "done" and len(calls) == 2:
-            scheduler.refuse[("job-1", "done")] = 413
-        else:
-            scheduler.refuse.pop(("job-1", "done"), None)
-
-    scheduler.on_report = on_report
+    scheduler.on_report = lambda job_id, body: calls.append(len(body.get("stdout") or ""))
     monkeypatch.setattr(reports, "SHRUNK_OUTPUT_CHARS", 100)
     agent.poll_once()
     reap_until_ended(agent)
     assert calls == [0, 3000, 100]
+    assert [code for _, _, code in scheduler.answers] == [200, 413, 200]
     assert scheduler.statuses("job-1") == ["running", "done"]
 
 
@@ -1086,8 +1090,9 @@ def finished_jobs(agent, scheduler, *commands, first=1):
 def test_due_reports_go_in_one_batch(make_agent, scheduler):
     agent = make_agent(slots=3)
     finished_jobs(agent, scheduler, "echo a", "exit 3", "echo c")
-    scheduler.refuse[("job-2", "failed")] = 409  # a stale one among them
+    scheduler.cancel("job-2")  # its report is stale (409) among them
     assert agent.flush_reports() == 0
+    assert sorted(scheduler.answers) == [("job-1", "done", 200), ("job-2", "failed", 409), ("job-3", "done", 200)]
     (batch,) = scheduler.batches
     assert sorted(item["job_id"] for item in batch) == ["job-1", "job-2", "job-3"]
     assert all(item["node_id"] == NODE and item["attempt"] == 1 for item in batch)
