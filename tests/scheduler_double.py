@@ -25,8 +25,9 @@ records.
 A claim waits at most CLAIM_WAIT_SECS (the agent's 20 s long poll shortened) so
 that a test's stop is not held by a waiting request. The scheduler's settings
 default to a failed or given-up attempt being final (MAX_JOB_RETRIES=0,
-MAX_NODE_LOSSES=0), as a test expects unless it asks for more; its node list has
-the test's node, healthy.
+MAX_NODE_LOSSES=0), as a test expects unless it asks for more. Its node list has
+the test's node, healthy, with more slots than a test's agent has: the agent's own
+count of free slots is what the tests exercise.
 """
 import contextlib
 import json
@@ -75,7 +76,6 @@ class SchedulerDouble:
     def __init__(self, api: responses.RequestsMock, db_path: str, node_id: str, url: str,
                  slots: int = 64, **settings):
         self.node_id = node_id
-        self.url = url
         self.settings = SchedulerSettings(database_url=f"sqlite:///{db_path}", **{**DEFAULTS, **settings})
         self.app = create_app(self.settings)
         self.store = self.app.extensions["corral.store"]
