@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import errno
 import faulthandler
+import gc
 import heapq
 import itertools
 import os
@@ -254,6 +255,11 @@ class BufferingWorker(ThreadWorker):
     # ---- the event loop ----------------------------------------------------------------
 
     def run(self) -> None:
+        # What the worker holds by now (modules, the app, the contract models and their
+        # validators, the OpenAPI documents) lives as long as the process: moved out of
+        # the collector's generations, it is no longer walked by every full collection,
+        # a pause that otherwise lands in whichever request happens to trigger one.
+        gc.freeze()
         self.limits = self._limits()
         self.buffer_budget = max(MIN_BUFFER_BUDGET, 4 * self.limits.body)
         self.poller.register(self.method_queue.fileno(), selectors.EVENT_READ, self.method_queue.run_callbacks)
