@@ -1,4 +1,6 @@
-"""Test helpers: wait on conditions with a deadline instead of sleeping."""
+"""Test helpers: wait on conditions with a deadline instead of sleeping, free ports,
+servers on threads."""
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -31,6 +33,13 @@ def process_gone(pid: int) -> bool:
         return True
     # The state letter follows the parenthesised command name, which may hold spaces.
     return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listened on a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def serve_in_thread(handler_class):

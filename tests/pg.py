@@ -16,14 +16,13 @@ import pwd
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
 
 import psycopg
 
-from helpers import process_gone, wait_for
+from helpers import free_port, process_gone, wait_for
 
 PACKAGE = "the apt package postgresql (.ci/run installs it)"
 SUPERUSER = "postgres"  # the role initdb creates; the URLs connect as it
@@ -65,12 +64,6 @@ def missing() -> str | None:
         except KeyError:
             return f"needs the system user {SERVER_USER!r} to run PostgreSQL as root: install {PACKAGE}"
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

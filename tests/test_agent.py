@@ -22,27 +22,16 @@ import requests
 import responses
 
 from corral.agent import claims as claims_module
-from corral.agent import cgroups, identity, launch, reports, runner
+from corral.agent import cgroups, launch, reports, runner
 from corral.agent.agent import STOPPED_MESSAGE, TIMEOUT_MESSAGE, Agent, AgentStartError, Backoff
 from corral.agent.cli import main
 from corral.agent.prepare import NO_RUN_SH_MESSAGE
 from corral.agent.settings import AgentSettings
 from corral.shared.clients import Rejected, RegistryClient, SchedulerClient
 from corral.shared.errors import SettingError
-from fake_scheduler import FakeScheduler  # noqa: F401 (test_agent_services and test_isolation import it from here)
+from agent_support import SAME_USER, FakeClock
 from helpers import process_gone, stop_held_jobs, wait_for
 from scheduler_double import NODE, REGISTRY, SCHEDULER, serving
-
-
-class FakeClock:
-    def __init__(self, now: float = 1000.0):
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, secs: float) -> None:
-        self.now += secs
 
 
 class FakeJobCgroup(cgroups.NullJobCgroup):
@@ -79,10 +68,6 @@ class FakeCgroups(cgroups.Manager):
         cg = FakeJobCgroup(name, memory_mb, cpu_percent, max_processes, self)
         self.created.append(cg)
         return cg
-
-
-# Jobs run as the test's own user: tmp_path is not reachable by `nobody`.
-SAME_USER = identity.resolve(run_as_root=os.geteuid() == 0)
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import uuid
 import zipfile
 
@@ -25,20 +24,20 @@ from corral.agent import cgroups, services
 from corral.agent.agent import STOPPED_MESSAGE, Agent
 from corral.agent.settings import AgentSettings
 from corral.shared.clients import RegistryClient, SchedulerClient
+from agent_support import AGENT_SLOTS, BIN, PYTHON3, agent_env, http_server, remove_node_cgroups, skip_reason
 from cluster import Cluster
+from fake_registry import FakeRegistry
 from fake_control_plane import plane  # noqa: F401 (test_isolation's agents still use it, through start_agent)
-from helpers import process_gone, wait_for
+from helpers import free_port, process_gone, wait_for
 from scheduler_double import REGISTRY, SCHEDULER, serving
-from test_agent_services import PYTHON3, FakeRegistry, _skip_reason, free_port, http_server
 
 pytestmark = pytest.mark.root
 
-BIN = os.path.dirname(sys.executable)
 
 
 @pytest.fixture(autouse=True)
 def _requirements():
-    reason = _skip_reason()
+    reason = skip_reason()
     if reason:
         pytest.skip(reason)
 
@@ -46,14 +45,6 @@ def _requirements():
 @pytest.fixture
 def node():
     return f"int-{uuid.uuid4().hex[:8]}"
-
-
-def remove_node_cgroups(node, state_dir):
-    """End what the node's agent left (services) and remove its cgroup directories."""
-    root_name = AgentSettings(node_id=node, state_dir=state_dir).cgroup_root_name
-    manager = cgroups.detect(root_name=root_name)
-    manager.remove_job_cgroups()
-    assert manager.cleanup(), f"could not remove {manager.roots}"
 
 
 # --- the Agent class, real cgroups, mocked API ---------------------------------------------------
@@ -149,9 +140,6 @@ def test_deploy_artifact_is_owned_by_the_job_user(agent, scheduler, api):
 # --- corral-agent processes against the real registry and scheduler -------------------------------
 
 
-AGENT_SLOTS = 2
-
-
 @pytest.fixture
 def cluster(tmp_path, request):
     """The real registry and scheduler under gunicorn (conftest's `cluster`), with room
@@ -165,17 +153,6 @@ def cluster(tmp_path, request):
         failed = getattr(request.node, "rep_call", None)
         if failed is not None and failed.failed:
             print(c.logs())
-
-
-def agent_env(node, state_dir, registry_url, scheduler_url, **extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CORRAL_", "AGENT_"))}
-    env.update(NODE_ID=node, REGISTRY_URL=registry_url, SCHEDULER_URL=scheduler_url,
-               CORRAL_STATE_DIR=state_dir, POLL_INTERVAL_SECS="0.1", HEARTBEAT_INTERVAL_SECS="0.5",
-               AGENT_STOP_GRACE_SECS="0.5", AGENT_KILL_GRACE_SECS="0.5",
-               AGENT_HEALTH_INTERVAL_SECS="0.2", AGENT_HEALTH_TIMEOUT_SECS="0.5",
-               AGENT_SLOTS=str(AGENT_SLOTS), CORRAL_LOG_LEVEL="INFO", AGENT_OUTPUT_INTERVAL_SECS="0")
-    env.update(extra)
-    return env
 
 
 def control_plane_env(request) -> dict:

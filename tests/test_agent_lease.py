@@ -2,7 +2,7 @@
 import responses
 
 from helpers import process_gone, wait_for
-from test_agent import NODE, SCHEDULER, FakeScheduler  # noqa: F401 (fixtures below use them)
+from scheduler_double import NODE, SCHEDULER
 from test_agent import api, clock, make_agent, scheduler  # noqa: F401 (pytest fixtures)
 
 

@@ -6,85 +6,30 @@ hierarchy; CI runs as root."""
 import json
 import os
 import re
-import shutil
 import signal
-import socket
 import stat
 import uuid
 
 import pytest
-import responses
 
 from corral.agent import cgroups, services
 from corral.agent.agent import Agent
 from corral.agent.settings import AgentSettings
 from corral.shared.clients import RegistryClient, SchedulerClient
-from helpers import process_gone, stop_held_jobs, wait_for
-from test_agent import REGISTRY, SCHEDULER, FakeScheduler
+from agent_support import http_server, skip_reason
+from fake_registry import FakeRegistry
+from fake_scheduler import FakeScheduler
+from helpers import free_port, process_gone, stop_held_jobs, wait_for
+from scheduler_double import REGISTRY, SCHEDULER
 
 pytestmark = pytest.mark.root
-
-SKIP_REASON = "needs root and a writable cgroup v1 or v2 hierarchy: "
-# The job's uid must be able to run it: not a python under /root.
-PYTHON3 = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
-
-
-def _skip_reason():
-    if os.geteuid() != 0:
-        return SKIP_REASON + f"not root (euid {os.geteuid()})"
-    manager = cgroups.detect(root_name="corral-probe", prepare=False)
-    if not manager.enforced:
-        return SKIP_REASON + manager.reason
-    if PYTHON3 is None:
-        return "needs a python3 in /usr/local/bin, /usr/bin or /bin that any user can run"
-    return None
 
 
 @pytest.fixture(autouse=True)
 def _requirements():
-    reason = _skip_reason()
+    reason = skip_reason()
     if reason:
         pytest.skip(reason)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http_server(port: int) -> str:
-    return f"exec {PYTHON3} -u -m http.server --bind 127.0.0.1 {port}"
-
-
-class FakeRegistry:
-    """POST /nodes, heartbeats, and the service records (upsert and delete)."""
-
-    def __init__(self, api: responses.RequestsMock, node_id: str):
-        self.records: dict[str, dict] = {}
-        self.upserts: list[dict] = []
-        self.deletes: list[str] = []
-        api.add(responses.POST, REGISTRY + "/nodes", json={"node_id": node_id}, status=201)
-        api.add(responses.POST, re.compile(re.escape(REGISTRY) + r"/nodes/[^/]+/heartbeat$"), json={})
-        api.add_callback(responses.POST, REGISTRY + "/services", callback=self._upsert)
-        api.add_callback(responses.DELETE, re.compile(re.escape(REGISTRY) + r"/services/[^/]+$"),
-                         callback=self._delete)
-
-    def _upsert(self, request):
-        body = json.loads(request.body)
-        self.upserts.append(body)
-        self.records[body["job_id"]] = body
-        return 200, {}, json.dumps(body)
-
-    def _delete(self, request):
-        job_id = request.url.rsplit("/", 1)[-1]
-        self.deletes.append(job_id)
-        if self.records.pop(job_id, None) is None:
-            return 404, {}, json.dumps({"error": "no such service"})
-        return 200, {}, "{}"
-
-    def healthy(self, job_id):
-        return (self.records.get(job_id) or {}).get("healthy")
 
 
 @pytest.fixture

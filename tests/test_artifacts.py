@@ -1,57 +1,25 @@
 """deploy_url artifacts: download (a real HTTP server and moto's S3 in server mode,
 both on 127.0.0.1), checksum, and the safe unpacking of hostile zips."""
 import hashlib
-import io
 import os
 import socket
 import stat
 import subprocess
 import threading
 import time
-import warnings
-import zipfile
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import boto3
 import pytest
 
 from aws import CLIENT_KWARGS, aws_env, moto_endpoint  # noqa: F401  (fixtures)
 from corral.agent.artifacts import ArtifactError, Limits, Unpacked, display_url, fetch_and_unpack
+from zips import ZipHandler, dir_entry, file_entry, link_entry, make_zip
 
 BUCKET = "builds"
 FAST = Limits(connect_timeout=2.0, read_timeout=2.0)
 
-# --- building zips ---------------------------------------------------------------
-
-
-def file_entry(name, data, mode=0o644, deflate=False):
-    info = zipfile.ZipInfo(name)
-    info.external_attr = (stat.S_IFREG | mode) << 16
-    if deflate:
-        info.compress_type = zipfile.ZIP_DEFLATED
-    return info, data
-
-
-def dir_entry(name):
-    info = zipfile.ZipInfo(name.rstrip("/") + "/")
-    info.external_attr = ((stat.S_IFDIR | 0o755) << 16) | 0x10
-    return info, b""
-
-
-def link_entry(name, target):
-    info = zipfile.ZipInfo(name)
-    info.external_attr = (stat.S_IFLNK | 0o777) << 16
-    return info, target.encode()
-
-
-def make_zip(*entries) -> bytes:
-    buf = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # duplicate names are built on purpose
-        with zipfile.ZipFile(buf, "w") as zf:
-            for info, data in entries:
-                zf.writestr(info, data)
-    return buf.getvalue()
+# --- a good zip --------------------------------------------------------------------
 
 
 RUN_SH = b"#!/bin/sh\necho \"hello from $(basename \"$PWD\")\"\ncat bin/data\n"
@@ -88,40 +56,9 @@ def assert_nothing_written(dest):
 # --- servers -----------------------------------------------------------------------
 
 
-class Handler(BaseHTTPRequestHandler):
-    # HTTP/1.0: a body without Content-Length ends when the connection closes.
-    def do_GET(self):
-        path = self.path.split("?", 1)[0]
-        if path == "/endless":
-            self.send_response(200)
-            self.send_header("Content-Type", "application/zip")
-            self.end_headers()
-            try:
-                while True:  # until the client hangs up
-                    self.wfile.write(b"\0" * 65536)
-            except OSError:
-                return
-        body = self.server.files.get(path)
-        if body is None:
-            self.send_error(404, "Not Found")
-            return
-        self.send_response(200)
-        self.send_header("Content-Type", "application/zip")
-        if not path.startswith("/nolength/"):
-            self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        try:
-            self.wfile.write(body)
-        except OSError:
-            pass
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture(scope="module")
 def web():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), ZipHandler)
     server.daemon_threads = True
     server.files = {}
     thread = threading.Thread(target=server.serve_forever, name="test-http", daemon=True)

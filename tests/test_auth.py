@@ -2,10 +2,7 @@
 identities derived from the agent secret, every route of both services against every
 credential, no open server on a non-loopback address, tokens kept out of logs, jobs
 and records, and TLS with a CA bundle."""
-import datetime
-import ipaddress
 import os
-import socket
 import shutil
 import subprocess
 import time
@@ -15,7 +12,8 @@ import requests
 from click.testing import CliRunner
 
 from cluster import BIN, Cluster, Proc, base_env, listening_socket, wait_scheduler_sees_healthy
-from helpers import wait_for
+from certs import make_certificates
+from helpers import free_port, wait_for
 
 from corral.agent.settings import AgentSettings
 from corral.cli.main import cli
@@ -351,10 +349,6 @@ def test_only_loopback_binds_are_served_without_tokens(bind, local):
 
 # ---- the console scripts -----------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _start(tmp_path, script, argv, **env) -> Proc:
@@ -370,7 +364,7 @@ def _answers(url: str, **kwargs) -> bool:
 @pytest.mark.e2e
 @pytest.mark.parametrize("script", ["corral-registry", "corral-scheduler"])
 def test_a_server_without_tokens_refuses_a_non_loopback_address(tmp_path, script):
-    port = _free_port()
+    port = free_port()
     conf = tmp_path / "gunicorn.conf.py"
     conf.write_text(f'bind = ["0.0.0.0:{port}"]\n')
     env = base_env(str(tmp_path / "state"))
@@ -391,7 +385,7 @@ def test_a_server_without_tokens_refuses_a_non_loopback_address(tmp_path, script
                                               ("CORRAL_AGENT_TOKEN", "CORRAL_API_TOKEN")])
 def test_a_server_with_one_token_only_refuses_to_start(tmp_path, script, present, missing):
     env = base_env(str(tmp_path / "state"), **{present: TOKEN_ENV[present]})
-    result = subprocess.run([os.path.join(BIN, script), "--port", str(_free_port())], env=env,
+    result = subprocess.run([os.path.join(BIN, script), "--port", str(free_port())], env=env,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
@@ -415,7 +409,7 @@ def test_node_token_prints_the_credential_a_node_is_accepted_with(tmp_path, scri
 @pytest.mark.e2e
 @pytest.mark.parametrize("how", ["--insecure", "CORRAL_INSECURE=1", "tokens"])
 def test_insecure_or_a_token_lets_a_server_listen_on_every_interface(tmp_path, how):
-    port = _free_port()
+    port = free_port()
     argv = ["--host", "0.0.0.0", "--port", str(port), "--workers", "1"]
     env = {"CORRAL_INSECURE": "1"} if how == "CORRAL_INSECURE=1" else TOKEN_ENV if how == "tokens" else {}
     proc = _start(tmp_path, "corral-registry", argv + (["--insecure"] if how == "--insecure" else []), **env)
@@ -499,7 +493,7 @@ def test_a_node_cannot_act_for_another_against_real_servers(tmp_path):
         c.start_agent(NODE, slots=2, CORRAL_NODE_TOKEN=NODE_TOKEN, AGENT_HEALTH_INTERVAL_SECS=0.5)
         c.start_agent(OTHER_NODE, CORRAL_NODE_TOKEN=OTHER_NODE_TOKEN)
         wait_scheduler_sees_healthy(c.scheduler_url, (NODE, OTHER_NODE), 30, OPERATOR_TOKEN)
-        port = _free_port()
+        port = free_port()
         service = api.post(c.scheduler_url + "/jobs", timeout=10, json={
             "job_type": "service", "instance_id": NODE, "port": port, "name": "auth-web",
             "command": f"exec {PYTHON3} -m http.server --bind 127.0.0.1 {port}"}).json()
@@ -553,42 +547,6 @@ def test_a_node_cannot_act_for_another_against_real_servers(tmp_path):
 
 # ---- TLS -------------------------------------------------------------------------------------
 
-def make_certificates(directory) -> tuple[str, str, str]:
-    """A CA made here, and a server certificate it signed for 127.0.0.1: (ca, cert, key) paths."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    now = datetime.datetime.now(datetime.timezone.utc)
-    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "corral test CA")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-          .not_valid_after(now + datetime.timedelta(days=1))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                       content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
-          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-          .sign(ca_key, hashes.SHA256()))
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
-            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                                                        x509.DNSName("localhost")]), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-            .sign(ca_key, hashes.SHA256()))
-    paths = [str(directory / name) for name in ("ca.pem", "server.pem", "server.key")]
-    for path, data in zip(paths, (ca.public_bytes(serialization.Encoding.PEM),
-                                  cert.public_bytes(serialization.Encoding.PEM),
-                                  key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                    serialization.NoEncryption()))):
-        with open(path, "wb") as f:
-            f.write(data)
-    return tuple(paths)
 
 
 def serve_tls(tmp_path, script: str, cert: str, key: str, ca: str, procs: list, **env) -> str:

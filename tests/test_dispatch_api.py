@@ -23,7 +23,8 @@ T0 = 1_800_000_000.0
 
 
 # The app, client, store and clock fixtures of the API tests, and their helpers.
-from test_scheduler_api import Clock, app, client, clock, make_app, set_nodes, store, submit  # noqa: E402,F401
+from scheduler_app import make_app, set_nodes, submit  # noqa: E402
+from test_scheduler_api import app, client, clock, store  # noqa: E402,F401
 
 
 def claim(client, node_id, **body):

@@ -7,13 +7,13 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 
 import pytest
 import requests
 
 from cluster import BIN, Proc, base_env, listening_socket
-from helpers import wait_for
+from make_run import run_local
+from helpers import free_port, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INFRA = os.path.join(ROOT, "infra")
@@ -294,13 +294,6 @@ def test_example_env_files_are_valid_environment_files():
 
 # ---- scripts/run_local.py (make run) ---------------------------------------------
 
-RUN_LOCAL = os.path.join(ROOT, "scripts", "run_local.py")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _descendants(pid: int) -> list[int]:
@@ -326,20 +319,10 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _run_local(tmp_path, **env) -> tuple[subprocess.Popen, str]:
-    log = str(tmp_path / "run_local.log")
-    full = base_env(str(tmp_path / "state"), POLL_INTERVAL_SECS=0.2, HEARTBEAT_INTERVAL_SECS=0.5,
-                    AGENT_STOP_GRACE_SECS=2, AGENT_KILL_GRACE_SECS=1, **env)
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, RUN_LOCAL], env=full, stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    return proc, log
-
-
 @pytest.mark.e2e
 def test_run_local_runs_a_job_and_stops_cleanly_on_ctrl_c(tmp_path):
-    registry_port, scheduler_port = _free_port(), _free_port()
-    proc, log = _run_local(tmp_path, CORRAL_REGISTRY_PORT=registry_port, CORRAL_SCHEDULER_PORT=scheduler_port)
+    registry_port, scheduler_port = free_port(), free_port()
+    proc, log = run_local(tmp_path, CORRAL_REGISTRY_PORT=registry_port, CORRAL_SCHEDULER_PORT=scheduler_port)
     output = lambda: open(log, errors="replace").read()  # noqa: E731
     try:
         wait_for(lambda: "Ctrl-C stops everything" in output() or proc.poll() is not None, timeout=60,
@@ -379,7 +362,7 @@ def test_run_local_says_when_a_port_is_taken(tmp_path):
     sock = listening_socket()
     try:
         port = sock.getsockname()[1]
-        proc, log = _run_local(tmp_path, CORRAL_REGISTRY_PORT=port, CORRAL_SCHEDULER_PORT=_free_port())
+        proc, log = run_local(tmp_path, CORRAL_REGISTRY_PORT=port, CORRAL_SCHEDULER_PORT=free_port())
         try:
             code = proc.wait(30)
         finally:

@@ -23,11 +23,13 @@ from corral.agent import artifacts, cgroups, identity, jobenv, launch, runner
 from corral.agent.agent import Agent
 from corral.agent.settings import AgentSettings
 from corral.shared.clients import RegistryClient, SchedulerClient
+from agent_support import BIN, PYTHON3
+from fake_registry import FakeRegistry
+from fake_scheduler import FakeScheduler
 from helpers import serve_in_thread, stop_held_jobs, wait_for
-from test_agent import REGISTRY, SCHEDULER, FakeScheduler
-from test_agent_integration import BIN, plane, start_agent  # noqa: F401  (fixtures)
-from test_agent_services import PYTHON3, FakeRegistry
-from test_artifacts import Handler, file_entry, make_zip
+from scheduler_double import REGISTRY, SCHEDULER
+from zips import ZipHandler, file_entry, make_zip
+from test_agent_integration import plane, start_agent  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.root
 
@@ -153,7 +155,7 @@ def test_a_library_from_a_deploy_zip_never_runs_as_root(node_parts, evil_so, rec
         monkeypatch.setattr(runner, "_TOOLS", launch.Tools(None, tools.unshare, tools.mount))
     with open(evil_so, "rb") as f:
         payload = make_zip(file_entry("evil.so", f.read(), 0o755), file_entry("run.sh", b"id -u\n", 0o755))
-    server = serve_in_thread(Handler)
+    server = serve_in_thread(ZipHandler)
     server.files = {"/app.zip": payload}
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/app.zip"
@@ -603,7 +605,7 @@ def test_a_job_row_given_ld_preload_directly_in_the_database_runs_nothing_as_roo
     import requests
     with open(evil_so, "rb") as f:
         payload = make_zip(file_entry("evil.so", f.read(), 0o755), file_entry("run.sh", b"id -u\n", 0o755))
-    server = serve_in_thread(Handler)
+    server = serve_in_thread(ZipHandler)
     server.files = {"/app.zip": payload}
     node = "preload-node"
     try:

@@ -34,7 +34,8 @@ from corral.shared import migrations
 from corral.shared import settings as shared_settings
 from corral.shared.errors import SettingError
 
-from helpers import wait_for
+from helpers import free_port, wait_for
+from make_run import run_local
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS)
@@ -508,10 +509,8 @@ def test_a_non_editable_install_ships_the_migration_scripts(tmp_path):
 def test_make_run_brings_the_local_cluster_up_on_corral_database_url(tmp_path, pg_url):
     """`CORRAL_DATABASE_URL=postgresql://... make run`: scripts/run_local.py passes it on,
     and both servers keep their tables in that one database."""
-    from test_infra import _free_port, _run_local
-
-    scheduler_port = _free_port()
-    proc, log = _run_local(tmp_path, CORRAL_REGISTRY_PORT=_free_port(), CORRAL_SCHEDULER_PORT=scheduler_port,
+    scheduler_port = free_port()
+    proc, log = run_local(tmp_path, CORRAL_REGISTRY_PORT=free_port(), CORRAL_SCHEDULER_PORT=scheduler_port,
                            CORRAL_DATABASE_URL=pg_url)
     try:
         ready = wait_for(lambda: proc.poll() is not None or "Ctrl-C stops everything" in open(log).read(),

@@ -14,19 +14,14 @@ import requests
 
 from cluster import Cluster, Proc, world_traversable_dir
 from helpers import wait_for
-from test_auth import make_certificates
+from certs import make_certificates
+from helpers import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SITE = os.path.join(ROOT, "infra", "nginx", "corral.conf")
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
 
 pytestmark = pytest.mark.skipif(NGINX is None, reason="needs nginx (apt package nginx; .ci/run installs it)")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def site_for_test(ports: dict[str, int], upstreams: dict[str, int], cert: str, key: str) -> str:

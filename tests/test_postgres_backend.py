@@ -26,7 +26,7 @@ from corral.shared.backends import postgres
 from corral.shared.changefeed import IntervalFeed
 from corral.shared.errors import SettingError
 from helpers import wait_for
-from test_scheduler_api import Clock, set_nodes, submit
+from scheduler_app import Clock, set_nodes, submit
 
 pytestmark = pytest.mark.e2e  # starts a PostgreSQL server
 

@@ -3,29 +3,14 @@ SQLite file and a real PostgreSQL database (`database_url`)."""
 import peewee
 import pytest
 
-from corral.scheduler.app import create_app
 from corral.scheduler.service import Scheduler
 from corral.scheduler.models import Job
-from corral.scheduler.settings import SchedulerSettings
-
-
-class Clock:
-    def __init__(self, now=1_800_000_000.0):
-        self.now = now
-
-    def __call__(self):
-        return self.now
+from scheduler_app import Clock, make_app, set_nodes, submit
 
 
 @pytest.fixture
 def clock():
     return Clock()
-
-
-def make_app(database_url, clock, **overrides):
-    overrides.setdefault("retry_base_secs", 0.0)  # retries are placed at once unless a test says otherwise
-    settings = SchedulerSettings(database_url=database_url, **overrides)
-    return create_app(settings, clock=clock)
 
 
 @pytest.fixture
@@ -41,23 +26,6 @@ def client(app):
 @pytest.fixture
 def store(app):
     return app.extensions["corral.store"]
-
-
-def set_nodes(store, clock, *nodes, slots=4):
-    """Nodes as the registry would list them: a name, or (name, status)."""
-    listed = []
-    for node in nodes:
-        node_id, status = (node, "healthy") if isinstance(node, str) else node
-        listed.append({"node_id": node_id, "address": "127.0.0.1", "kind": "compute",
-                       "slots": slots, "status": status})
-    store.sync_nodes(listed, clock())
-    Scheduler(store).place(clock())  # what the background pass does after a refresh
-
-
-def submit(client, **body):
-    response = client.post("/jobs", json=body or {"command": "true"})
-    assert response.status_code == 201, response.json
-    return response.json
 
 
 def report(client, job, status, **extra):

@@ -23,7 +23,7 @@ from gunicorn.http import errors as e
 from cluster import BIN, Cluster, Proc, base_env, listening_socket
 from corral.shared import framing, refusals, worker
 from helpers import wait_for
-from test_auth import make_certificates
+from certs import make_certificates
 
 LIMITS = framing.Limits(request_line=4094, head=framing.head_limit(4094, 100, 8190), body=1000)
 POST_HEAD = (b"POST /jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
