@@ -28,7 +28,8 @@ test: venv
 	$(BIN)/pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 
 # mypy reads the packages from a tree of links named as they are imported
-# (control-plane/ is no package); the tests that start no server processes run on 2 cores.
+# (control-plane/ is no package); the tests that start no server processes run on 2 cores,
+# an idle core taking tests still queued for the other (a few tests take seconds each).
 TYPECHECK := $(VENV)/typecheck
 check: venv
 	$(BIN)/ruff check shared control-plane agent cli scripts tests
@@ -36,12 +37,12 @@ check: venv
 	@for p in shared agent cli; do ln -s $(CURDIR)/$$p $(TYPECHECK)/corral/$$p; done
 	@for p in registry scheduler; do ln -s $(CURDIR)/control-plane/$$p $(TYPECHECK)/corral/$$p; done
 	cd $(TYPECHECK) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/setup.cfg
-	$(BIN)/pytest -q -n 2 -p no:cacheprovider -m "not e2e and not root"
+	$(BIN)/pytest -q -n 2 --dist worksteal -p no:cacheprovider -m "not e2e and not root"
 
 bench: venv
 	@$(BIN)/python scripts/bench.py $(BENCH_ARGS)
 
-# docs/settings.md from the settings' definitions (tests/test_settings_doc.py checks it).
+# docs/settings.md from the settings' definitions (tests/shared/test_settings_doc.py checks it).
 settings-doc: venv
 	$(BIN)/python -m corral.shared.settings_doc docs/settings.md
 

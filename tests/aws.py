@@ -1,29 +1,13 @@
-"""AWS for tests: moto in server mode (real HTTP on 127.0.0.1), and boto3's environment.
-
-Import the fixtures into a test module (`from aws import aws_env, moto_endpoint`)
-or into conftest.py. One server per module (and so per xdist worker); it is
-stopped when the module's tests are done.
+"""AWS for tests: boto3's environment pointed at moto in server mode (real HTTP on
+127.0.0.1; the fixtures `moto_endpoint` and `aws_env` are in conftest.py), and the
+credentials of clients a test builds itself.
 """
-import pytest
-from moto.server import ThreadedMotoServer
 
 REGION = "us-east-1"
 # Explicit credentials for clients a test builds itself (the code under test reads
 # the same values from the environment set by aws_env).
 CLIENT_KWARGS = dict(region_name=REGION, aws_access_key_id="testing",
                      aws_secret_access_key="testing")
-
-
-@pytest.fixture(scope="module")
-def moto_endpoint():
-    """The URL of a moto server (S3, SQS, SNS, ...) listening on 127.0.0.1."""
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
 
 
 def set_aws_env(monkeypatch, tmp_path, endpoint: str) -> None:
@@ -42,8 +26,3 @@ def set_aws_env(monkeypatch, tmp_path, endpoint: str) -> None:
     monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
 
 
-@pytest.fixture
-def aws_env(moto_endpoint, monkeypatch, tmp_path):
-    """The environment of one test points boto3 at the module's moto server."""
-    set_aws_env(monkeypatch, tmp_path, moto_endpoint)
-    return moto_endpoint

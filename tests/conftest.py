@@ -8,6 +8,7 @@ import pytest
 import responses
 
 import pg
+from aws import set_aws_env
 from cluster import Cluster, world_traversable_dir
 
 
@@ -121,3 +122,25 @@ def database_url(request, tmp_path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/corral.db"
     return request.getfixturevalue("pg_url")
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint():
+    """The URL of a moto server (S3, SQS, SNS, ...) listening on 127.0.0.1: one per
+    module (and so per xdist worker), stopped when the module's tests are done."""
+    from moto.server import ThreadedMotoServer  # moto is slow to import: only where a test needs it
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def aws_env(moto_endpoint, monkeypatch, tmp_path):
+    """The environment of one test points boto3 at the module's moto server."""
+    set_aws_env(monkeypatch, tmp_path, moto_endpoint)
+    return moto_endpoint

@@ -1,6 +1,6 @@
 """The small fake control plane (registry and scheduler on one port, just what a
-polling agent calls) that test_isolation still runs `corral-agent` processes against,
-through test_agent_integration's `plane` and `start_agent` fixtures.
+polling agent calls) that test_isolation still runs `corral-agent` processes against
+(its `plane` fixture, through the agent tests' `start_agent`).
 test_agent_integration's own tests run agents against the real services instead.
 """
 import json
@@ -8,8 +8,6 @@ import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
-
-import pytest
 
 from fake_scheduler import move_reported
 
@@ -106,10 +104,3 @@ class ControlPlane:
         self.server.server_close()
 
 
-@pytest.fixture
-def plane(node):
-    p = ControlPlane(node)
-    try:
-        yield p
-    finally:
-        p.close()

@@ -1,5 +1,5 @@
 """The in-test fake of the scheduler that test_agent_services and test_isolation
-still use (imported through test_agent): pending/running lists, claims and reports
+still use: pending/running lists, claims and reports
 applied by its own rules. test_agent and test_agent_integration run against the real
 scheduler instead (scheduler_double.py); these modules are to follow.
 """

@@ -5,9 +5,9 @@ import subprocess
 import sys
 
 from cluster import base_env
+from paths import REPO
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RUN_LOCAL = os.path.join(ROOT, "scripts", "run_local.py")
+RUN_LOCAL = os.path.join(REPO, "scripts", "run_local.py")
 
 
 def run_local(tmp_path, **env) -> tuple[subprocess.Popen, str]:

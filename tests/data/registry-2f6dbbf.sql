@@ -2,7 +2,7 @@
 -- Made by tests/data/make_old_databases.py: that commit's own registry, scheduler and
 -- two agents ran from a git worktree of it and were given jobs, a service and drained
 -- nodes through their HTTP APIs; the file is Python's sqlite3 iterdump of the result.
--- tests/test_migrations.py loads it into a new file and upgrades it in place.
+-- tests/shared/test_migrations.py loads it into a new file and upgrades it in place.
 --
 BEGIN TRANSACTION;
 CREATE TABLE "node" ("node_id" VARCHAR(128) NOT NULL PRIMARY KEY, "address" VARCHAR(255) NOT NULL, "kind" VARCHAR(32) NOT NULL, "slots" INTEGER NOT NULL, "cpus" INTEGER, "memory_mb" INTEGER, "max_memory_mb" INTEGER, "max_cpu_percent" INTEGER, "labels" TEXT NOT NULL, "registered_at" REAL NOT NULL, "last_heartbeat" REAL NOT NULL, "running" INTEGER, "drained" INTEGER NOT NULL);

@@ -2,7 +2,7 @@
 -- Made by tests/data/make_old_databases.py: that commit's own registry, scheduler and
 -- two agents ran from a git worktree of it and were given jobs, a service and drained
 -- nodes through their HTTP APIs; the file is Python's sqlite3 iterdump of the result.
--- tests/test_migrations.py loads it into a new file and upgrades it in place.
+-- tests/shared/test_migrations.py loads it into a new file and upgrades it in place.
 --
 BEGIN TRANSACTION;
 CREATE TABLE "counter" ("name" VARCHAR(64) NOT NULL PRIMARY KEY, "value" INTEGER NOT NULL);

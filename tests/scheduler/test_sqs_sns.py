@@ -24,7 +24,7 @@ import boto3
 import pytest
 import requests
 
-from aws import CLIENT_KWARGS, REGION, moto_endpoint, set_aws_env  # noqa: F401  (fixture)
+from aws import CLIENT_KWARGS, REGION, set_aws_env
 from cluster import Cluster, wait_scheduler_sees_healthy
 from corral.scheduler import aws_clients, sns_outbox, sqs_intake
 from corral.scheduler.notifications import notification
@@ -88,7 +88,7 @@ class Aws:
 
 
 @pytest.fixture
-def aws(moto_endpoint, monkeypatch, tmp_path):  # noqa: F811
+def aws(moto_endpoint, monkeypatch, tmp_path):
     set_aws_env(monkeypatch, tmp_path, moto_endpoint)  # inherited by the cluster's processes
     return Aws(moto_endpoint)
 
@@ -178,7 +178,7 @@ class LateServer:
 
 
 @pytest.fixture
-def late_server(moto_endpoint):  # noqa: F811
+def late_server(moto_endpoint):
     server = LateServer(moto_endpoint)
     try:
         yield server

@@ -13,10 +13,9 @@ from playhouse.db_url import connect
 
 import pg
 from helpers import process_gone
+from paths import TESTS
 
 pytestmark = pytest.mark.e2e  # starts a PostgreSQL server
-
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 needs_postgres = pytest.mark.skipif(pg.missing() is not None, reason=pg.missing() or "")
 
@@ -108,7 +107,7 @@ def test_tests_do_not_see_each_others_data_and_the_server_ends_with_the_session(
     test_file.write_text(SESSION)
     record = str(tmp_path / "record-")
     # No third-party plugins (schemathesis, hypothesis...): they would only slow the start.
-    env = {**os.environ, "PYTHONPATH": TESTS_DIR, "PG_RECORD": record, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    env = {**os.environ, "PYTHONPATH": TESTS, "PG_RECORD": record, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conftest",
                            str(test_file)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90)
     assert "2 passed" in done.stdout, done.stdout + done.stderr

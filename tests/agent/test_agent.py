@@ -29,8 +29,8 @@ from corral.agent.prepare import NO_RUN_SH_MESSAGE
 from corral.agent.settings import AgentSettings
 from corral.shared.clients import Rejected, RegistryClient, SchedulerClient
 from corral.shared.errors import SettingError
-from agent_support import SAME_USER, FakeClock
-from helpers import process_gone, stop_held_jobs, wait_for
+from agent_support import SAME_USER
+from helpers import process_gone, wait_for
 from scheduler_double import NODE, REGISTRY, SCHEDULER, serving
 
 
@@ -71,17 +71,10 @@ class FakeCgroups(cgroups.Manager):
 
 
 @pytest.fixture
-def api():
-    with responses.RequestsMock(assert_all_requests_are_fired=False) as mock:
-        mock.add(responses.POST, REGISTRY + "/nodes", json={"node_id": NODE}, status=201)
-        mock.add_passthru(re.compile(r"http://127\.0\.0\.1:\d+/"))  # local test servers
-        yield mock
-
-
-@pytest.fixture
-def scheduler(api, tmp_path):
-    with serving(api, str(tmp_path / "scheduler.db"), NODE, SCHEDULER) as double:
-        yield double
+def api(api):
+    """conftest's `api`, with the registry's answer to this node's registration."""
+    api.add(responses.POST, REGISTRY + "/nodes", json={"node_id": NODE}, status=201)
+    return api
 
 
 @pytest.fixture
@@ -90,32 +83,6 @@ def make_scheduler(api, tmp_path):
     with contextlib.ExitStack() as stack:
         yield lambda **settings: stack.enter_context(
             serving(api, str(tmp_path / "scheduler.db"), NODE, SCHEDULER, **settings))
-
-
-@pytest.fixture
-def clock():
-    return FakeClock()
-
-
-@pytest.fixture
-def make_agent(tmp_path, api, clock):
-    agents = []
-
-    def make(clock=clock, cgroup_manager=None, **overrides):
-        values = dict(node_id=NODE, registry_url=REGISTRY, scheduler_url=SCHEDULER,
-                      state_dir=str(tmp_path / "state"), slots=2, poll_interval=0.05,
-                      heartbeat_interval=0.05, labels={"zone": "a"}, output_tail_bytes=4096,
-                      stop_grace=0.2, kill_grace=0.3, max_memory_mb=4096, max_cpu_percent=400)
-        values.update(overrides)
-        agent = Agent(AgentSettings(**values), RegistryClient(REGISTRY), SchedulerClient(SCHEDULER),
-                      clock=clock, job_identity=SAME_USER,
-                      cgroup_manager=cgroup_manager or cgroups.NoCgroups("unit tests", "corral-unit"))
-        agent.startup()
-        agents.append(agent)
-        return agent
-
-    yield make
-    stop_held_jobs(agents)  # no job process outlives its test
 
 
 @pytest.fixture

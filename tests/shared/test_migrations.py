@@ -36,10 +36,8 @@ from corral.shared.errors import SettingError
 
 from helpers import free_port, wait_for
 from make_run import run_local
+from paths import DATA, REPO
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(TESTS)
-DATA = os.path.join(TESTS, "data")
 BIN = os.path.dirname(sys.executable)
 # The commits whose databases tests/data holds (tests/data/make_old_databases.py):
 # the last before the node-identity work, and the code when migrations began.

@@ -13,12 +13,11 @@ import pytest
 import requests
 
 from cluster import Cluster, Proc, world_traversable_dir
-from helpers import wait_for
 from certs import make_certificates
-from helpers import free_port
+from helpers import free_port, wait_for
+from paths import REPO
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SITE = os.path.join(ROOT, "infra", "nginx", "corral.conf")
+SITE = os.path.join(REPO, "infra", "nginx", "corral.conf")
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
 
 pytestmark = pytest.mark.skipif(NGINX is None, reason="needs nginx (apt package nginx; .ci/run installs it)")

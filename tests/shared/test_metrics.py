@@ -21,15 +21,15 @@ import requests
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
-from aws import CLIENT_KWARGS, aws_env, moto_endpoint  # noqa: F401  (fixtures)
+from aws import CLIENT_KWARGS
 from cluster import Cluster, one_node_cluster
 from corral.registry import metrics as registry_metrics
 from corral.scheduler import metrics as scheduler_metrics
 from corral.shared.metrics import DATABASE_GAUGES
 from helpers import process_gone, wait_for
+from paths import REPO
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DASHBOARD = os.path.join(ROOT, "infra", "grafana", "corral-dashboard.json")
+DASHBOARD = os.path.join(REPO, "infra", "grafana", "corral-dashboard.json")
 NODE = "metrics-node-1"
 PARKED_NODE = "metrics-absent-node"  # no such node: jobs pinned to it wait until cancelled
 
@@ -175,7 +175,7 @@ def test_metrics_count_what_happened_across_workers(metrics_cluster):
     # Only names the module declares (dashboards rely on them); SNS gauges need SNS_TOPIC_ARN.
     names = {name for name, _ in samples}
     assert names <= scheduler_metrics.exported_names()
-    # (The database's health gauges are PostgreSQL's: tests/test_postgres_backend.py.)
+    # (The database's health gauges are PostgreSQL's: tests/shared/test_postgres_backend.py.)
     assert scheduler_metrics.exported_names() - names == {"corral_sns_pending", "corral_sns_oldest_pending_age_seconds",
                                                           *DATABASE_GAUGES}
 
@@ -376,7 +376,7 @@ def test_metrics_dashboard_uses_only_exported_metrics():
 
 
 def test_metrics_readme_documents_every_metric():
-    with open(os.path.join(ROOT, "docs", "operations.md")) as f:
+    with open(os.path.join(REPO, "docs", "operations.md")) as f:
         readme = f.read()
     declared = ({f.name for f in scheduler_metrics.FAMILIES + registry_metrics.FAMILIES}
                 | set(scheduler_metrics.SCRAPE_GAUGES) | set(registry_metrics.SCRAPE_GAUGES))

@@ -3,7 +3,6 @@ import responses
 
 from helpers import process_gone, wait_for
 from scheduler_double import NODE, SCHEDULER
-from test_agent import api, clock, make_agent, scheduler  # noqa: F401 (pytest fixtures)
 
 
 def lease_answer(api, lease_secs=20, status=200):

@@ -12,7 +12,7 @@ from http.server import ThreadingHTTPServer
 import boto3
 import pytest
 
-from aws import CLIENT_KWARGS, aws_env, moto_endpoint  # noqa: F401  (fixtures)
+from aws import CLIENT_KWARGS
 from corral.agent.artifacts import ArtifactError, Limits, Unpacked, display_url, fetch_and_unpack
 from zips import ZipHandler, dir_entry, file_entry, link_entry, make_zip
 

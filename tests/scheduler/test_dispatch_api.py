@@ -18,13 +18,9 @@ from corral.scheduler.settings import SchedulerSettings
 from corral.shared.changefeed import ChangeFeed
 from corral.shared.errors import SettingError
 from helpers import wait_for
+from scheduler_app import make_app, set_nodes, submit
 
 T0 = 1_800_000_000.0
-
-
-# The app, client, store and clock fixtures of the API tests, and their helpers.
-from scheduler_app import make_app, set_nodes, submit  # noqa: E402
-from test_scheduler_api import app, client, clock, store  # noqa: E402,F401
 
 
 def claim(client, node_id, **body):

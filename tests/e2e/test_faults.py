@@ -2,7 +2,7 @@
 with every assertion made from the API (and so the database), not from counters.
 The kill -9 tests and the scheduler stopped past the lease run on both storage
 backends (SQLite files; one PostgreSQL database for both services); two replicas
-on PostgreSQL and the database's own faults: tests/test_ha.py."""
+on PostgreSQL and the database's own faults: tests/e2e/test_ha.py."""
 import concurrent.futures
 import os
 import signal

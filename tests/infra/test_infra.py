@@ -12,11 +12,11 @@ import pytest
 import requests
 
 from cluster import BIN, Proc, base_env, listening_socket
-from make_run import run_local
 from helpers import free_port, wait_for
+from paths import REPO, TESTS
+from make_run import run_local
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-INFRA = os.path.join(ROOT, "infra")
+INFRA = os.path.join(REPO, "infra")
 UNITS = {name: os.path.join(INFRA, "systemd", f"corral-{name}.service")
          for name in ("registry", "scheduler", "agent")}
 GUNICORN_CONF = os.path.join(INFRA, "gunicorn.conf.py")
@@ -24,11 +24,11 @@ INSTALL_BIN = "/opt/corral/venv/bin/"
 
 # The source of each process; names read from the environment there must be in infra/env/<name>.env.
 PROCESS_SOURCES = {
-    "registry": os.path.join(ROOT, "control-plane", "registry"),
-    "scheduler": os.path.join(ROOT, "control-plane", "scheduler"),
-    "agent": os.path.join(ROOT, "agent"),
+    "registry": os.path.join(REPO, "control-plane", "registry"),
+    "scheduler": os.path.join(REPO, "control-plane", "scheduler"),
+    "agent": os.path.join(REPO, "agent"),
 }
-SHARED = os.path.join(ROOT, "shared")
+SHARED = os.path.join(REPO, "shared")
 # In the env files but read by the systemd unit (ExecStart=), not by Corral's code.
 UNIT_ONLY_VARS = {"registry": {"CORRAL_SERVER_FLAGS"}, "scheduler": {"CORRAL_SERVER_FLAGS"}, "agent": set()}
 
@@ -106,7 +106,7 @@ def shared_function_vars() -> dict[str, set[str]]:
 
 def vars_read_by(process: str) -> set[str]:
     """Every environment variable `process` reads: each of its settings' definitions
-    (shared/settings_doc.py; tests/test_settings_doc.py checks that they are read), and
+    (shared/settings_doc.py; tests/shared/test_settings_doc.py checks that they are read), and
     any read literally in its own modules or through a shared/ function they call
     (such as run_service)."""
     from corral.shared.settings_doc import read_by
@@ -245,16 +245,18 @@ def test_server_starts_with_the_gunicorn_config_and_notifies_systemd(tmp_path):
 
 
 def test_no_test_module_defines_a_test_twice():
-    """A second test of the same name replaces the first, which then never runs (and ruff's
-    redefinition check is off in tests, where imported fixtures look like redefinitions)."""
+    """A second test of the same name replaces the first, which then never runs."""
     twice = []
-    for name in sorted(os.listdir(os.path.dirname(__file__))):
-        if name.startswith("test_") and name.endswith(".py"):
-            with open(os.path.join(os.path.dirname(__file__), name)) as f:
-                tree = ast.parse(f.read())
-            names = [node.name for node in tree.body
-                     if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")]
-            twice += [f"{name}::{test}" for test in sorted(set(names)) if names.count(test) > 1]
+    for folder, _, files in sorted(os.walk(TESTS)):
+        for name in sorted(files):
+            if name.startswith("test_") and name.endswith(".py"):
+                path = os.path.join(folder, name)
+                with open(path) as f:
+                    tree = ast.parse(f.read())
+                names = [node.name for node in tree.body
+                         if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")]
+                where = os.path.relpath(path, TESTS)
+                twice += [f"{where}::{test}" for test in sorted(set(names)) if names.count(test) > 1]
     assert twice == []
 
 

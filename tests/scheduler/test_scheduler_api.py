@@ -5,27 +5,7 @@ import pytest
 
 from corral.scheduler.service import Scheduler
 from corral.scheduler.models import Job
-from scheduler_app import Clock, make_app, set_nodes, submit
-
-
-@pytest.fixture
-def clock():
-    return Clock()
-
-
-@pytest.fixture
-def app(database_url, clock):
-    return make_app(database_url, clock, max_jobs_per_node=4)
-
-
-@pytest.fixture
-def client(app):
-    return app.test_client()
-
-
-@pytest.fixture
-def store(app):
-    return app.extensions["corral.store"]
+from scheduler_app import make_app, set_nodes, submit
 
 
 def report(client, job, status, **extra):

@@ -27,7 +27,6 @@ from corral.shared.clients import RegistryClient, SchedulerClient
 from agent_support import AGENT_SLOTS, BIN, PYTHON3, agent_env, http_server, remove_node_cgroups, skip_reason
 from cluster import Cluster
 from fake_registry import FakeRegistry
-from fake_control_plane import plane  # noqa: F401 (test_isolation's agents still use it, through start_agent)
 from helpers import free_port, process_gone, wait_for
 from scheduler_double import REGISTRY, SCHEDULER, serving
 
@@ -153,42 +152,6 @@ def cluster(tmp_path, request):
         failed = getattr(request.node, "rep_call", None)
         if failed is not None and failed.failed:
             print(c.logs())
-
-
-def control_plane_env(request) -> dict:
-    """Where a test's agents find the registry and the scheduler: the real services
-    (`cluster`), or test_isolation's fake control plane (`plane`), which answers
-    polling agents only."""
-    if "plane" in request.fixturenames:
-        fake = request.getfixturevalue("plane")
-        return {"registry_url": fake.url, "scheduler_url": fake.url, "AGENT_LONG_POLL_SECS": "0"}
-    real = request.getfixturevalue("cluster")
-    return {"registry_url": real.registry_url, "scheduler_url": real.scheduler_url}
-
-
-@pytest.fixture
-def start_agent(request, node, state_dir):
-    where = control_plane_env(request)
-    procs = []
-
-    def start(**extra):
-        log = open(os.path.join(state_dir, f"agent-{len(procs)}.log"), "wb")
-        proc = subprocess.Popen([os.path.join(BIN, "corral-agent")],
-                                env=agent_env(node, state_dir, **{**where, **extra}),
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-        log.close()
-        procs.append(proc)
-        return proc
-
-    try:
-        yield start
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(5)
-        remove_node_cgroups(node, state_dir)  # also ends any service left running
 
 
 def agent_log(state_dir, n):

@@ -17,10 +17,10 @@ import pytest
 
 import pg
 from helpers import wait_for
+from paths import REPO
 
 pytestmark = pytest.mark.e2e
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH_NUMBERS = {
     "submit_single": ["jobs_per_sec", "request_p50_ms"],
     "submit_batch": ["jobs_per_sec", "ratio_to_submit_single"],
@@ -81,7 +81,7 @@ def processes_with(marker: str) -> list[int]:
 def run_scripts(commands: dict[str, list[str]], marker: str, timeout: float) -> dict[str, str]:
     """Run the scripts in parallel (the marker in their environment); their stdout by name."""
     env = dict(os.environ, BENCH_SMOKE_MARKER=marker)
-    procs = {name: subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    procs = {name: subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     text=True, start_new_session=True) for name, argv in commands.items()}
     outputs = {}
     try:
@@ -224,11 +224,11 @@ def check_targets(line: dict, expected: list[tuple[str, str]]) -> None:
 
 
 def test_a_full_run_checks_its_medians_against_the_targets():
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    sys.path.insert(0, os.path.join(REPO, "scripts"))
     try:
         import bench
     finally:
-        sys.path.remove(os.path.join(ROOT, "scripts"))
+        sys.path.remove(os.path.join(REPO, "scripts"))
     lines = [{"scenario": "submit_single", "backend": "postgresql", "jobs_per_sec": 1000.0},
              {"scenario": "submit_single", "backend": "sqlite", "jobs_per_sec": 10.0},  # no target on SQLite
              {"scenario": "dispatch_latency", "backend": "sqlite", "p50_ms": 15.2, "p99_ms": 30.0},

@@ -1,7 +1,7 @@
 """Several URLs of one service: the settings that take URL lists, `corral-agent --check`
 at every URL, and, with real processes, two schedulers on one database with an agent,
 a submit and the CLI moving from a replica that is gone, or that never answers, to the
-other. (The clients' failover rules themselves: tests/test_clients.py.)"""
+other. (The clients' failover rules themselves: tests/shared/test_clients.py.)"""
 import json
 import os
 import socket

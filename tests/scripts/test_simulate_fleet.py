@@ -5,13 +5,13 @@ import os
 import sys
 
 from corral.agent.lease import IDLE_RENEW_SECS
+from paths import REPO
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def load_simulator(monkeypatch):
-    monkeypatch.syspath_prepend(os.path.join(ROOT, "scripts"))  # as when run as a script
-    spec = importlib.util.spec_from_file_location("simulate_fleet", os.path.join(ROOT, "scripts", "simulate_fleet.py"))
+    monkeypatch.syspath_prepend(os.path.join(REPO, "scripts"))  # as when run as a script
+    spec = importlib.util.spec_from_file_location("simulate_fleet", os.path.join(REPO, "scripts", "simulate_fleet.py"))
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look themselves up there
     spec.loader.exec_module(module)

@@ -20,6 +20,7 @@ import pytest
 import requests
 
 from cluster import Cluster, one_node_cluster
+from paths import REPO
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -27,7 +28,6 @@ NODE = "ui-node-1"
 WAIT_SECS = 30
 OPERATOR_TOKEN = "ui-operator-token-0123456789"
 AGENT_TOKEN = "ui-agent-token-0123456789"
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STATIC_FILES = ("index.html", "dashboard.js", "dashboard.css")
 
 

@@ -24,12 +24,12 @@ from corral.agent.agent import Agent
 from corral.agent.settings import AgentSettings
 from corral.shared.clients import RegistryClient, SchedulerClient
 from agent_support import BIN, PYTHON3
+from fake_control_plane import ControlPlane
 from fake_registry import FakeRegistry
 from fake_scheduler import FakeScheduler
 from helpers import serve_in_thread, stop_held_jobs, wait_for
 from scheduler_double import REGISTRY, SCHEDULER
 from zips import ZipHandler, file_entry, make_zip
-from test_agent_integration import plane, start_agent  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.root
 
@@ -71,6 +71,15 @@ def _requirements():
         pytest.skip("needs gcc (and libc6-dev) to build the attacker's library")
     if PYTHON3 is None:
         pytest.skip("needs a python3 in /usr/local/bin, /usr/bin or /bin that any user can run")
+
+
+@pytest.fixture
+def plane(node):
+    p = ControlPlane(node)
+    try:
+        yield p
+    finally:
+        p.close()
 
 
 @pytest.fixture
