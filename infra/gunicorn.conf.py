@@ -8,7 +8,7 @@
 # below), then this file, then the command-line flags (--host/--port/--bind,
 # --workers, --threads, --access-log). Any gunicorn setting may be added here; see
 # https://docs.gunicorn.org/en/stable/settings.html. Names gunicorn does not know
-# are silently ignored, so check the spelling (tests/test_infra.py does for this copy).
+# are silently ignored, so check the spelling (tests/infra/test_infra.py does for this copy).
 #
 # Both servers read this one file, so it sets no listen address: each server has its
 # own port (9000, 9001). Use --host/--port or --bind, for instance

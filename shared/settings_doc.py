@@ -3,7 +3,7 @@
     python -m corral.shared.settings_doc [PATH]     # or: make settings-doc
 
 writes the file (PATH: docs/settings.md of this source tree); `--check` only
-says whether it is current (exit 1 when not). tests/test_settings_doc.py fails
+says whether it is current (exit 1 when not). tests/shared/test_settings_doc.py fails
 while the file and the definitions differ.
 """
 from __future__ import annotations
