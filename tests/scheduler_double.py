@@ -28,6 +28,10 @@ default to a failed or given-up attempt being final (MAX_JOB_RETRIES=0,
 MAX_NODE_LOSSES=0), as a test expects unless it asks for more. Its node list has
 the test's node, healthy, with more slots than a test's agent has: the agent's own
 count of free slots is what the tests exercise.
+
+With `credentials` in its settings (tokens on), the test's own calls are an
+operator's (those it makes as the node, the node's), and the agent must present
+`node_token`; a service job then comes with the grant of `grant(job_id, attempt)`.
 """
 import contextlib
 import json
@@ -43,6 +47,7 @@ from corral.scheduler.models import Job
 from corral.scheduler.service import Scheduler
 from corral.scheduler.settings import SchedulerSettings
 from corral.scheduler.validation import parse_job_id
+from corral.shared.credentials import node_token
 
 REGISTRY = "http://registry.test"
 SCHEDULER = "http://scheduler.test"
@@ -79,6 +84,9 @@ class SchedulerDouble:
         self.settings = SchedulerSettings(database_url=f"sqlite:///{db_path}", **{**DEFAULTS, **settings})
         self.app = create_app(self.settings)
         self.store = self.app.extensions["corral.store"]
+        credentials = self.settings.credentials
+        self.tokens = {"operator": credentials.operator,
+                       "node": node_token(credentials.agent_secret, node_id) if credentials.enabled else None}
         self.reports: list[tuple[str, dict]] = []
         self.attempts: list[tuple[str, dict]] = []
         self.answers: list[tuple[str, str, int]] = []
@@ -109,10 +117,14 @@ class SchedulerDouble:
 
     # ---- the test's side: the real API, as an operator ---------------------------------
 
-    def call(self, method: str, path: str, body: dict | None = None, expect: int | None = 200) -> dict:
+    def call(self, method: str, path: str, body: dict | None = None, expect: int | None = 200,
+             caller: str = "operator") -> dict:
+        """`caller`: "operator", or "node" (the test's node, as its agent would call)."""
         if body is None and method == "POST":
             body = {}  # a POST is JSON even without a body
-        response = self.app.test_client().open(path, method=method, json=body)
+        token = self.tokens[caller]
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        response = self.app.test_client().open(path, method=method, json=body, headers=headers)
         if expect is not None:
             assert response.status_code == expect, (method, path, response.status_code, response.get_data())
         return response.json
@@ -139,12 +151,13 @@ class SchedulerDouble:
         the agent); the scheduler retries it."""
         job = self.job(job_id)
         body = {"node_id": job["node_id"], "attempt": job["attempt"]}
-        self.call("POST", f"/jobs/{job_id}/status", {**body, "status": "running"})
-        return self.call("POST", f"/jobs/{job_id}/status", {**body, "status": "failed", "exit_code": 1})
+        self.call("POST", f"/jobs/{job_id}/status", {**body, "status": "running"}, caller="node")
+        return self.call("POST", f"/jobs/{job_id}/status", {**body, "status": "failed", "exit_code": 1},
+                         caller="node")
 
     def claim_unseen(self, max_jobs: int = 1) -> list[dict]:
         """A claim of the test's node whose answer the agent never sees (lost on the way)."""
-        return self.call("POST", f"/nodes/{self.node_id}/claim", {"max": max_jobs, "wait_secs": 0})
+        return self.call("POST", f"/nodes/{self.node_id}/claim", {"max": max_jobs, "wait_secs": 0}, caller="node")
 
     def cancel(self, job_id: str) -> dict:
         return self.call("POST", f"/jobs/{job_id}/cancel")
@@ -174,6 +187,15 @@ class SchedulerDouble:
         refuses (an older scheduler's rows, or a database written by hand)."""
         with self.store.db.connection_context():
             assert Job.update(**columns).where(Job.id == parse_job_id(job_id)).execute() == 1
+
+    @property
+    def node_token(self) -> str | None:
+        """The credential the test's agent presents (tokens on)."""
+        return self.tokens["node"]
+
+    def grant(self, job_id: str, attempt: int) -> str | None:
+        """The grant the scheduler hands out with the attempt of a service job here."""
+        return self.settings.credentials.service_grant(job_id, attempt, self.node_id)
 
     def job(self, job_id: str) -> dict:
         return self.call("GET", f"/jobs/{job_id}")
@@ -278,7 +300,8 @@ class SchedulerDouble:
                     self.reports.append((item["job_id"], {k: v for k, v in item.items() if k != "job_id"}))
         elif claim is not None:  # every report was the test's to refuse: the claim alone
             claimed = self.call("POST", f"/nodes/{claim['node_id']}/claim",
-                                {k: v for k, v in claim.items() if k != "node_id"} | {"wait_secs": 0})
+                                {k: v for k, v in claim.items() if k != "node_id"} | {"wait_secs": 0},
+                                caller="node")
             answer["claimed"] = claimed
         answer["results"] = results
         self.answers += [(item["job_id"], item["status"], result["code"])

@@ -1,26 +1,44 @@
-"""The agent's tests' shared fixtures: the real scheduler app behind `responses`, a clock
-the test moves and Agents built on them (test_agent, test_agent_lease); `corral-agent`
-processes against the real services or test_isolation's fake control plane
-(test_agent_integration, test_isolation)."""
+"""The agent's tests' shared fixtures: the real scheduler app behind `responses` for the
+test's node (a module with real processes gives each test a node of its own) and the
+mocked registry beside it, a clock the test moves and Agents built on them;
+`corral-agent` processes against the real registry and scheduler served on loopback."""
 import os
 import signal
 import subprocess
 
 import pytest
 
-from agent_support import BIN, SAME_USER, FakeClock, agent_env, remove_node_cgroups
+from agent_support import AGENT_SLOTS, BIN, SAME_USER, FakeClock, agent_env, remove_node_cgroups
+from cluster import Cluster
 from corral.agent import cgroups
 from corral.agent.agent import Agent
 from corral.agent.settings import AgentSettings
 from corral.shared.clients import RegistryClient, SchedulerClient
+from fake_registry import FakeRegistry
 from helpers import stop_held_jobs
 from scheduler_double import NODE, REGISTRY, SCHEDULER, serving
 
 
 @pytest.fixture
-def scheduler(api, tmp_path):
-    with serving(api, str(tmp_path / "scheduler.db"), NODE, SCHEDULER) as double:
+def node():
+    return NODE
+
+
+@pytest.fixture
+def scheduler_settings():
+    """The scheduler double's settings beyond its defaults (a module may override it)."""
+    return {}
+
+
+@pytest.fixture
+def scheduler(api, tmp_path, node, scheduler_settings):
+    with serving(api, str(tmp_path / "scheduler.db"), node, SCHEDULER, **scheduler_settings) as double:
         yield double
+
+
+@pytest.fixture
+def registry(api, node):
+    return FakeRegistry(api, node)
 
 
 @pytest.fixture
@@ -49,20 +67,24 @@ def make_agent(tmp_path, api, clock):
     stop_held_jobs(agents)  # no job process outlives its test
 
 
-def control_plane_env(request) -> dict:
-    """Where a test's agents find the registry and the scheduler: the real services
-    (`cluster`), or test_isolation's fake control plane (`plane`), which answers
-    polling agents only."""
-    if "plane" in request.fixturenames:
-        fake = request.getfixturevalue("plane")
-        return {"registry_url": fake.url, "scheduler_url": fake.url, "AGENT_LONG_POLL_SECS": "0"}
-    real = request.getfixturevalue("cluster")
-    return {"registry_url": real.registry_url, "scheduler_url": real.scheduler_url}
+@pytest.fixture
+def cluster(tmp_path, request):
+    """The real registry and scheduler under gunicorn (tests/conftest.py's `cluster`),
+    with room for as many jobs on a node as its agent has slots."""
+    c = Cluster(tmp_path, MAX_JOBS_PER_NODE=AGENT_SLOTS)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+        failed = getattr(request.node, "rep_call", None)
+        if failed is not None and failed.failed:
+            print(c.logs())
 
 
 @pytest.fixture
-def start_agent(request, node, state_dir):
-    where = control_plane_env(request)
+def start_agent(cluster, node, state_dir):
+    where = {"registry_url": cluster.registry_url, "scheduler_url": cluster.scheduler_url}
     procs = []
 
     def start(**extra):

@@ -24,14 +24,11 @@ from corral.agent import cgroups, services
 from corral.agent.agent import STOPPED_MESSAGE, Agent
 from corral.agent.settings import AgentSettings
 from corral.shared.clients import RegistryClient, SchedulerClient
-from agent_support import AGENT_SLOTS, BIN, PYTHON3, agent_env, http_server, remove_node_cgroups, skip_reason
-from cluster import Cluster
-from fake_registry import FakeRegistry
+from agent_support import BIN, PYTHON3, agent_env, http_server, remove_node_cgroups, skip_reason
 from helpers import free_port, process_gone, wait_for
-from scheduler_double import REGISTRY, SCHEDULER, serving
+from scheduler_double import REGISTRY, SCHEDULER
 
 pytestmark = pytest.mark.root
-
 
 
 @pytest.fixture(autouse=True)
@@ -50,14 +47,7 @@ def node():
 
 
 @pytest.fixture
-def scheduler(api, node, tmp_path):
-    FakeRegistry(api, node)
-    with serving(api, str(tmp_path / "scheduler.db"), node, SCHEDULER) as double:
-        yield double
-
-
-@pytest.fixture
-def agent(state_dir, node, scheduler):
+def agent(state_dir, node, scheduler, registry):
     settings = AgentSettings(node_id=node, registry_url=REGISTRY, scheduler_url=SCHEDULER,
                              state_dir=state_dir, slots=2, output_tail_bytes=4096, stop_grace=0.2,
                              kill_grace=0.3)
@@ -137,21 +127,6 @@ def test_deploy_artifact_is_owned_by_the_job_user(agent, scheduler, api):
 
 
 # --- corral-agent processes against the real registry and scheduler -------------------------------
-
-
-@pytest.fixture
-def cluster(tmp_path, request):
-    """The real registry and scheduler under gunicorn (conftest's `cluster`), with room
-    for as many jobs on a node as its agent has slots."""
-    c = Cluster(tmp_path, MAX_JOBS_PER_NODE=AGENT_SLOTS)
-    try:
-        c.start()
-        yield c
-    finally:
-        c.stop()
-        failed = getattr(request.node, "rep_call", None)
-        if failed is not None and failed.failed:
-            print(c.logs())
 
 
 def agent_log(state_dir, n):

@@ -1,8 +1,9 @@
 """Service jobs with real processes, real cgroups, a uid of their own and a private
 /tmp: registry record, health checks, log files, cancellation, and re-adoption by a
-new Agent on the same state dir (which keeps the service's uid). The HTTP API is mocked with `responses` (health checks
-to 127.0.0.1 pass through to the real services). Needs root and a writable cgroup
-hierarchy; CI runs as root."""
+new Agent on the same state dir (which keeps the service's uid). The agent meets the
+real scheduler app, with tokens on, through `responses` (scheduler_double.py) and a
+mocked registry; health checks to 127.0.0.1 pass through to the real services. Needs
+root and a writable cgroup hierarchy; CI runs as root."""
 import json
 import os
 import re
@@ -16,9 +17,8 @@ from corral.agent import cgroups, services
 from corral.agent.agent import Agent
 from corral.agent.settings import AgentSettings
 from corral.shared.clients import RegistryClient, SchedulerClient
+from corral.shared.credentials import Credentials
 from agent_support import http_server, skip_reason
-from fake_registry import FakeRegistry
-from fake_scheduler import FakeScheduler
 from helpers import free_port, process_gone, stop_held_jobs, wait_for
 from scheduler_double import REGISTRY, SCHEDULER
 
@@ -38,13 +38,9 @@ def node():
 
 
 @pytest.fixture
-def scheduler(api, node):
-    return FakeScheduler(api, node)
-
-
-@pytest.fixture
-def registry(api, node):
-    return FakeRegistry(api, node)
+def scheduler_settings():
+    """Tokens on: a service job comes with the scheduler's grant for its record."""
+    return {"credentials": Credentials(operator="o" * 32, agent_secret="a" * 32)}
 
 
 @pytest.fixture
@@ -57,7 +53,8 @@ def make_agent(state_dir, node, scheduler, registry):
                       stop_grace=0.2, kill_grace=0.5, health_interval=0.2, health_timeout=0.5,
                       address="10.1.2.3")
         values.update(overrides)
-        agent = Agent(AgentSettings(**values), RegistryClient(REGISTRY), SchedulerClient(SCHEDULER))
+        agent = Agent(AgentSettings(**values), RegistryClient(REGISTRY),
+                      SchedulerClient(SCHEDULER, token=scheduler.node_token))
         agents.append(agent)
         return agent
 
@@ -86,7 +83,7 @@ def test_service_is_recorded_health_checked_and_removed_on_cancel(make_agent, sc
     agent.startup()
     port = free_port()
     scheduler.add(job_id="job-1", job_type="service", command=http_server(port), port=port,
-                  name="web", health_path="/", service_grant="9" * 64)
+                  name="web", health_path="/")
     agent.poll_once()
     pid = the_pid(agent, "job-1")
     local = agent.local_job("job-1", 1)
@@ -95,7 +92,8 @@ def test_service_is_recorded_health_checked_and_removed_on_cancel(make_agent, sc
     # and carries the scheduler's grant for it (the registry asks for it with tokens).
     first = wait_for(lambda: registry.upserts and registry.upserts[0], message="a service record")
     assert first == {"job_id": "job-1", "name": "web", "node_id": node, "address": "10.1.2.3",
-                     "port": port, "attempt": 1, "grant": "9" * 64, "healthy": None}
+                     "port": port, "attempt": 1, "grant": scheduler.grant("job-1", 1), "healthy": None}
+    assert first["grant"] is not None
     wait_for(lambda: registry.healthy("job-1") is True, message="the service to be healthy")
 
     # Its own cgroup, its own uid, detached from the agent (own session), output to files
@@ -126,7 +124,7 @@ def test_service_is_recorded_health_checked_and_removed_on_cancel(make_agent, sc
     wait_for(lambda: registry.healthy("job-1") is True, message="the service to recover")
 
     # Cancelled: the scheduler stops listing it. Killed, record removed, not reported.
-    scheduler.running.clear()
+    scheduler.cancel("job-1")
     assert agent.reconcile_once() == [("job-1", 1)]
     assert reap_until(agent) == [("job-1", 1, "killed")]
     assert process_gone(pid)
@@ -140,7 +138,7 @@ def test_service_that_exits_is_reported_with_its_log_tails(make_agent, scheduler
     agent = make_agent(service_log_max_bytes=2000)
     agent.startup()
     # No port: never recorded nor checked; its logs are still trimmed.
-    scheduler.add(job_id="job-1", job_type="service", port=None,
+    scheduler.add(job_id="job-1", job_type="service",
                   command="head -c 20000 /dev/zero | tr '\\0' x; echo; echo to-err >&2; "
                           "while [ ! -e stop ]; do sleep 0.05; done; echo last-line; exit 3")
     agent.poll_once()
@@ -164,17 +162,17 @@ def test_a_service_with_a_tcp_check_exits_and_leaves_the_registry(make_agent, sc
     agent = make_agent()
     agent.startup()
     port = free_port()
-    scheduler.add(job_id="job-2", job_type="service", command=http_server(port), port=port)
+    scheduler.add(job_id="job-1", job_type="service", command=http_server(port), port=port)
     agent.poll_once()
-    pid = the_pid(agent, "job-2")
-    wait_for(lambda: registry.healthy("job-2") is True, message="a healthy TCP check")
-    assert registry.records["job-2"]["name"] == "job-2"  # no name: the job id
+    pid = the_pid(agent, "job-1")
+    wait_for(lambda: registry.healthy("job-1") is True, message="a healthy TCP check")
+    assert registry.records["job-1"]["name"] == "job-1"  # no name: the job id
     os.kill(pid, signal.SIGTERM)
-    assert reap_until(agent) == [("job-2", 1, "failed")]
-    final = scheduler.final("job-2")
+    assert reap_until(agent) == [("job-1", 1, "failed")]
+    final = scheduler.final("job-1")
     assert final["exit_code"] == -signal.SIGTERM
     assert f"Serving HTTP on 127.0.0.1 port {port}" in final["stdout"]
-    wait_for(lambda: "job-2" not in registry.records, message="the record to be removed")
+    wait_for(lambda: "job-1" not in registry.records, message="the record to be removed")
 
 
 def test_a_new_agent_re_adopts_a_running_service(make_agent, scheduler, registry, node):
@@ -182,7 +180,7 @@ def test_a_new_agent_re_adopts_a_running_service(make_agent, scheduler, registry
     first.startup()
     port = free_port()
     scheduler.add(job_id="job-1", job_type="service", command=http_server(port), port=port,
-                  name="web", health_path="/", service_grant="7" * 64)
+                  name="web", health_path="/")
     scheduler.add(job_id="job-2", command="sleep 60")  # a run job: ended by the stop
     first.poll_once()
     pid = the_pid(first, "job-1")
@@ -222,7 +220,7 @@ def test_a_new_agent_re_adopts_a_running_service(make_agent, scheduler, registry
     # Still health-checked by the new agent, which records it with the grant it was started with.
     wait_for(lambda: len(registry.upserts) > checks_before and registry.healthy("job-1") is True,
              message="the new agent to record the service")
-    assert (registry.upserts[-1]["attempt"], registry.upserts[-1]["grant"]) == (1, "7" * 64)
+    assert (registry.upserts[-1]["attempt"], registry.upserts[-1]["grant"]) == (1, scheduler.grant("job-1", 1))
     os.kill(pid, signal.SIGSTOP)
     try:
         wait_for(lambda: registry.healthy("job-1") is False, message="the adopted service unhealthy")
@@ -245,17 +243,18 @@ def test_a_new_agent_re_adopts_a_running_service(make_agent, scheduler, registry
 def test_a_service_that_died_while_no_agent_watched_is_reported_failed(make_agent, scheduler,
                                                                         registry):
     agent = make_agent()
-    state_file = services.state_path(agent.settings.service_state_root, "job-5", 2)
-    dead = services.ServiceState("job-5", 2, 999_999_999, 1, "job-5-2", 8080, "web", None,
-                                 agent.work_dir("job-5", 2), "/nonexistent.out", "/nonexistent.err")
+    # Its second attempt runs here as far as the scheduler knows (claimed by this node).
+    scheduler.add(job_id="job-1", job_type="service", command="sleep 300", attempt=2)
+    assert [j["job_id"] for j in scheduler.claim_unseen()] == ["job-1"]
+    state_file = services.state_path(agent.settings.service_state_root, "job-1", 2)
+    dead = services.ServiceState("job-1", 2, 999_999_999, 1, "job-1-2", 8080, "web", None,
+                                 agent.work_dir("job-1", 2), "/nonexistent.out", "/nonexistent.err")
     dead.write(state_file)
-    scheduler.running.append({"job_id": "job-5", "attempt": 2, "status": "running",
-                              "job_type": "service"})
     assert agent.startup() == []
     assert not os.path.exists(state_file)
     agent.reconcile_once()
     agent.flush_reports()
-    final = scheduler.final("job-5")
+    final = scheduler.final("job-1")
     assert (final["status"], final["attempt"], final["exit_code"]) == ("failed", 2, -1)
 
 
@@ -277,7 +276,7 @@ def test_a_cancelled_adopted_service_is_killed_through_its_cgroup(make_agent, sc
 
     second = make_agent()
     assert second.startup() == [("job-1", 1)]
-    scheduler.running.clear()  # cancelled
+    scheduler.cancel("job-1")
     assert second.reconcile_once() == [("job-1", 1)]
     assert reap_until(second) == [("job-1", 1, "killed")]
     popen.poll()

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import sqlite3
 import subprocess
 import textwrap
 import uuid
@@ -24,9 +25,6 @@ from corral.agent.agent import Agent
 from corral.agent.settings import AgentSettings
 from corral.shared.clients import RegistryClient, SchedulerClient
 from agent_support import BIN, PYTHON3
-from fake_control_plane import ControlPlane
-from fake_registry import FakeRegistry
-from fake_scheduler import FakeScheduler
 from helpers import serve_in_thread, stop_held_jobs, wait_for
 from scheduler_double import REGISTRY, SCHEDULER
 from zips import ZipHandler, file_entry, make_zip
@@ -71,15 +69,6 @@ def _requirements():
         pytest.skip("needs gcc (and libc6-dev) to build the attacker's library")
     if PYTHON3 is None:
         pytest.skip("needs a python3 in /usr/local/bin, /usr/bin or /bin that any user can run")
-
-
-@pytest.fixture
-def plane(node):
-    p = ControlPlane(node)
-    try:
-        yield p
-    finally:
-        p.close()
 
 
 @pytest.fixture
@@ -219,11 +208,10 @@ def node():
 
 
 @pytest.fixture
-def make_agent(state_dir, node, api):
-    """Agents on `state_dir` with real cgroups, uids and private /tmp, against a mocked
-    control plane; nothing they started outlives the test."""
-    FakeRegistry(api, node)
-    scheduler = FakeScheduler(api, node)
+def make_agent(state_dir, node, scheduler, registry):
+    """Agents on `state_dir` with real cgroups, uids and private /tmp, against the real
+    scheduler app through `responses` and a mocked registry; nothing they started
+    outlives the test."""
     agents = []
 
     def make(**overrides):
@@ -259,7 +247,9 @@ def test_the_agents_preparation_never_runs_a_loader_variable_as_root(make_agent,
     monkeypatch.setattr(jobenv, "forbidden_env_var", lambda names: None)
     agent = make_agent()
     assert agent.private_tmp, agent.private_tmp_reason
-    make_agent.scheduler.add(command="id -u", env_vars={"LD_PRELOAD": evil_so, "LD_AUDIT": evil_so})
+    make_agent.scheduler.add(job_id="job-1", command="id -u")
+    # Past the scheduler's own submit check too: the row holds them.
+    make_agent.scheduler.set_row("job-1", env_vars={"LD_PRELOAD": evil_so, "LD_AUDIT": evil_so})
     agent.poll_once()
     final = run_until_done(agent, make_agent.scheduler, "job-1")
     uid = int(final["stdout"])
@@ -276,32 +266,32 @@ def test_two_jobs_cannot_reach_each_other_nor_the_agents_files(make_agent, share
     with open(secret_db, "w") as f:
         f.write("SQLite format 3")
     os.chmod(secret_db, 0o600)
-    # A: a run job with a secret in its environment, a file in its work dir and output.
-    scheduler.add(job_id="job-a", env_vars={"A_SECRET": "s3cret-a"},
+    # A (job-1): a run job with a secret in its environment, a file in its work dir and output.
+    scheduler.add(job_id="job-1", env_vars={"A_SECRET": "s3cret-a"},
                   command=f"echo $$ > {shared_dir}/a.pid; echo private > private.txt; echo a-output-s3cret; "
                           f"while [ ! -e {shared_dir}/b.done ]; do sleep 0.05; done; echo finished")
-    # C: a service writing its log file.
-    scheduler.add(job_id="job-c", job_type="service", command="echo service-s3cret; exec sleep 300")
+    # C (job-2): a service writing its log file.
+    scheduler.add(job_id="job-2", job_type="service", command="echo service-s3cret; exec sleep 300")
     agent.poll_once()
     a_pid = int(wait_for(lambda: open(f"{shared_dir}/a.pid").read().strip(), message="A's pid"))
-    c_log = os.path.join(s.log_root, "job-c-1.out")
+    c_log = os.path.join(s.log_root, "job-2-1.out")
     wait_for(lambda: os.path.exists(c_log) and "service-s3cret" in open(c_log).read(), message="C's log")
-    c_pid = agent.local_job("job-c", 1).process.pid
+    c_pid = agent.local_job("job-2", 1).process.pid
     attack = os.path.join(shared_dir, "attack.py")
     with open(attack, "w") as f:
-        f.write(ATTACK.format(a_pid=a_pid, c_pid=c_pid, a_work=agent.work_dir("job-a", 1), agent_dir=s.agent_dir,
+        f.write(ATTACK.format(a_pid=a_pid, c_pid=c_pid, a_work=agent.work_dir("job-1", 1), agent_dir=s.agent_dir,
                               work_root=s.work_root, c_log=c_log, secret_db=secret_db,
                               state_root=s.service_state_root, done=f"{shared_dir}/b.done"))
-    scheduler.add(job_id="job-b", command=f"{PYTHON3} {attack}")
+    scheduler.add(job_id="job-3", command=f"{PYTHON3} {attack}")
     agent.poll_once()
-    b = run_until_done(agent, scheduler, "job-b")
+    b = run_until_done(agent, scheduler, "job-3")
     assert b["status"] == "done", b
     outcome = json.loads(b["stdout"])
     assert outcome.pop("same_uid") is False
     assert outcome == {name: "refused" for name in outcome}, outcome
     assert len(outcome) == 14
     assert "s3cret" not in b["stdout"] + b["stderr"]
-    a = run_until_done(agent, scheduler, "job-a")
+    a = run_until_done(agent, scheduler, "job-1")
     assert (a["status"], a["stdout"]) == ("done", "a-output-s3cret\nfinished\n")
 
 
@@ -396,6 +386,8 @@ FORK_UNTIL_REFUSED = (f"{PYTHON3} -c \"import os, time\nn = 0\nfor _ in range(60
                       "    if pid == 0: time.sleep(60); os._exit(0)\n    n += 1\nprint(n)\"")
 
 
+# The scheduler hands every run job its JOB_TIMEOUT_SECS as the job's timeout_secs.
+@pytest.mark.parametrize("scheduler_settings", [{"job_timeout_secs": 5}], ids=["timeout-5s"])
 def test_a_fork_bomb_stays_inside_its_job(make_agent):
     agent = make_agent()
     scheduler = make_agent.scheduler
@@ -405,8 +397,7 @@ def test_a_fork_bomb_stays_inside_its_job(make_agent):
     assert first["status"] == "done" and int(first["stdout"]) < 20, first  # no 20th process, let alone a 50th
     assert scheduler.reports[0][1]["limits"]["max_processes"] == 20
     # The real thing, ended by its timeout: the node and the agent carry on.
-    scheduler.add(job_id="job-2", command="bomb() { bomb | bomb & }; bomb; sleep 60", max_processes=50,
-                  timeout_secs=2)
+    scheduler.add(job_id="job-2", command="bomb() { bomb | bomb & }; bomb; sleep 60", max_processes=50)
     agent.poll_once()
     bomb = run_until_done(agent, scheduler, "job-2", timeout=30)
     assert (bomb["status"], bomb["exit_code"]) == ("failed", -1) and "job timed out" in bomb["stderr"]
@@ -422,7 +413,7 @@ def test_a_jobs_tmp_is_its_own_and_goes_with_it(make_agent, shared_dir):
     agent = make_agent()
     scheduler = make_agent.scheduler
     name = f"mine-{uuid.uuid4().hex[:8]}"
-    scheduler.add(job_id="job-a", command=f"for d in /tmp /var/tmp /dev/shm; do echo a > $d/{name}; done; "
+    scheduler.add(job_id="job-1", command=f"for d in /tmp /var/tmp /dev/shm; do echo a > $d/{name}; done; "
                                           f"echo $$ > {shared_dir}/a.pid; "
                                           f"while [ ! -e {shared_dir}/go ]; do sleep 0.05; done")
     agent.poll_once()
@@ -435,16 +426,16 @@ def test_a_jobs_tmp_is_its_own_and_goes_with_it(make_agent, shared_dir):
     assert os.readlink(f"/proc/{a_pid}/ns/ipc") != os.readlink("/proc/self/ns/ipc")
     # ... nor for another job running beside it,
     check = f"ls /tmp/{name} /var/tmp/{name} /dev/shm/{name} 2>&1; grep -c ' /tmp ' /proc/self/mountinfo"
-    scheduler.add(job_id="job-b", command=check)
+    scheduler.add(job_id="job-2", command=check)
     agent.poll_once()
-    b = run_until_done(agent, scheduler, "job-b")
+    b = run_until_done(agent, scheduler, "job-2")
     assert b["stdout"].count("No such file or directory") == 3 and b["stdout"].endswith("1\n"), b
     # ... and after A ended, no trace: its file systems went with its namespace.
     open(f"{shared_dir}/go", "w").close()
-    assert run_until_done(agent, scheduler, "job-a")["status"] == "done"
-    scheduler.add(job_id="job-c", command=check)
+    assert run_until_done(agent, scheduler, "job-1")["status"] == "done"
+    scheduler.add(job_id="job-3", command=check)
     agent.poll_once()
-    assert run_until_done(agent, scheduler, "job-c")["stdout"].count("No such file or directory") == 3
+    assert run_until_done(agent, scheduler, "job-3")["stdout"].count("No such file or directory") == 3
 
 
 # --- the warm launch (warm.py) ---------------------------------------------------------------------------
@@ -471,22 +462,22 @@ def test_a_job_that_takes_the_warm_launch_runs_as_a_cold_started_one(make_agent)
     assert agent.private_tmp and agent.cgroups.enforced, agent.private_tmp_reason
     warm = agent.warm.fill_once()
     assert warm is not None and warm.key in agent.users.pool.held()
-    scheduler.add(job_id="job-warm", command=SELF_VIEW + "; cat /proc/self/cgroup")
+    scheduler.add(job_id="job-1", command=SELF_VIEW + "; cat /proc/self/cgroup")
     agent.poll_once()
-    taken = run_until_done(agent, scheduler, "job-warm")
-    scheduler.add(job_id="job-cold", command=SELF_VIEW + "; cat /proc/self/cgroup")
+    taken = run_until_done(agent, scheduler, "job-1")
+    scheduler.add(job_id="job-2", command=SELF_VIEW + "; cat /proc/self/cgroup")
     agent.poll_once()  # nothing filled the keeper again: this one starts cold
-    cold = run_until_done(agent, scheduler, "job-cold")
+    cold = run_until_done(agent, scheduler, "job-2")
     assert taken["status"] == cold["status"] == "done", (taken, cold)
     # It is the process started ahead, in the cgroup made ahead, under the uid held ahead ...
     assert f"pid {warm.start.pid}\n" in taken["stdout"]
-    assert f"/{warm.cgroup.name}\n" in taken["stdout"] and "/job-cold-1\n" in cold["stdout"]
+    assert f"/{warm.cgroup.name}\n" in taken["stdout"] and "/job-2-1\n" in cold["stdout"]
     uid = taken["stdout"].split("uid ")[1].split()[0]
     assert UID_RANGE[0] <= int(uid) <= UID_RANGE[1] and f"uid {uid} {uid} {uid}\n" in taken["stdout"]
     assert f"uid {uid} " not in cold["stdout"]
     # ... and sees what a job started cold sees: work dir, environment, private /tmp, limits.
-    strip = _normalised(taken, agent, "job-warm")
-    assert strip == _normalised(cold, agent, "job-cold")
+    strip = _normalised(taken, agent, "job-1")
+    assert strip == _normalised(cold, agent, "job-2")
     assert "tmp tmpfs" in strip and "cgroups 2" in strip and "fd3" not in strip
     assert not [key for key in agent.users.pool.held() if key.startswith("warm:")]
     assert agent.cgroups.list_job_cgroups() == []
@@ -496,18 +487,18 @@ def test_a_warm_launch_that_does_not_fit_the_job_goes_and_the_next_fits(make_age
     agent = make_agent()
     scheduler = make_agent.scheduler
     first = agent.warm.fill_once()
-    scheduler.add(job_id="job-big", command="echo $$", memory_mb=300)
+    scheduler.add(job_id="job-1", command="echo $$", memory_mb=300)
     agent.poll_once()
-    big = run_until_done(agent, scheduler, "job-big")
+    big = run_until_done(agent, scheduler, "job-1")
     assert big["status"] == "done" and big["stdout"] != f"{first.start.pid}\n"
     second = agent.warm.fill_once()  # discards the first, makes one for 300 MB
     wait_for(lambda: not os.path.exists(f"/proc/{first.start.pid}"), message="the unused chain to end")
     assert first.cgroup.name not in agent.cgroups.list_job_cgroups()
     assert first.key not in agent.users.pool.held() and second.key in agent.users.pool.held()
     assert second.limits.memory_mb == 300 and second.cgroup.limits["memory_mb"] == 300
-    scheduler.add(job_id="job-big-2", command="echo $$; df -m /tmp | tail -1", memory_mb=300)
+    scheduler.add(job_id="job-2", command="echo $$; df -m /tmp | tail -1", memory_mb=300)
     agent.poll_once()
-    again = run_until_done(agent, scheduler, "job-big-2")
+    again = run_until_done(agent, scheduler, "job-2")
     assert again["stdout"].startswith(f"{second.start.pid}\n") and " 300 " in again["stdout"], again
 
 
@@ -545,17 +536,30 @@ def test_a_warm_chain_whose_agent_dies_runs_nothing(state_dir, shared_dir):
 
 # --- a corral-agent process ----------------------------------------------------------------------------
 
-def final_report(plane, job_id, timeout=20):
-    return wait_for(lambda: plane.statuses(job_id)[-1:] in (["done"], ["failed"]) and plane.final(job_id),
-                    timeout=timeout, message=f"{job_id} to end")
+def final_report(cluster, job_id, timeout=20):
+    return cluster.wait_status(job_id, "done", "failed", timeout=timeout)
 
 
-def test_the_agent_refuses_a_job_that_sets_a_loader_variable(plane, start_agent, evil_so, records, shared_dir):
-    plane.add("job-1", command=f"touch {shared_dir}/ran", env_vars={"LD_PRELOAD": evil_so})
-    plane.add("job-2", command=f"touch {shared_dir}/ran", env_vars={"LD_AUDIT": evil_so})
+def write_env_vars(cluster, job_id, env_vars):
+    """The job's row in the scheduler's database given `env_vars`, which its submit check
+    refuses (a restored backup, a bug, someone with the file)."""
+    database = os.path.join(cluster.state_dir, "scheduler.db")
+    with sqlite3.connect(database, timeout=10) as db:
+        db.execute("UPDATE job SET env_vars = ? WHERE id = ?", (json.dumps(env_vars), int(job_id[4:])))
+    assert cluster.job(job_id)["env_vars"] == env_vars
+
+
+def test_the_agent_refuses_a_job_that_sets_a_loader_variable(cluster, node, start_agent, evil_so, records,
+                                                             shared_dir):
+    names = {}
+    for name in ("LD_PRELOAD", "LD_AUDIT"):
+        # Pinned to a node that is not up yet, so the row is changed before a claim.
+        job_id = cluster.submit(command=f"touch {shared_dir}/ran", instance_id=node, max_retries=0)["job_id"]
+        write_env_vars(cluster, job_id, {name: evil_so})
+        names[job_id] = name
     start_agent()
-    for job_id, name in (("job-1", "LD_PRELOAD"), ("job-2", "LD_AUDIT")):
-        final = final_report(plane, job_id)
+    for job_id, name in names.items():
+        final = final_report(cluster, job_id)
         assert (final["status"], final["exit_code"]) == ("failed", -1)
         assert "the agent could not start the job" not in final["stderr"]
         assert final["stderr"].startswith(f"the agent refuses to run a job whose env_vars set {name}")
@@ -563,29 +567,29 @@ def test_the_agent_refuses_a_job_that_sets_a_loader_variable(plane, start_agent,
 
 
 @pytest.mark.parametrize("passthrough", [None, "FOO"])
-def test_the_agents_environment_does_not_reach_jobs(plane, start_agent, passthrough):
+def test_the_agents_environment_does_not_reach_jobs(cluster, node, start_agent, passthrough):
     extra = {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE", "AWS_SECRET_ACCESS_KEY": "agent-secret", "FOO": "foo",
              "CORRAL_TOKEN": "operator-token", "GITHUB_TOKEN": "gh-token", "LANG": "C.UTF-8", "TZ": "UTC",
              "PATH": "/usr/local/bin:/usr/bin:/bin"}
     if passthrough:
         extra["AGENT_JOB_ENV_PASSTHROUGH"] = passthrough
-    plane.add("job-1", command="cat /proc/$$/environ", env_vars={"STAGE": "prod"})
+    job_id = cluster.submit(command="cat /proc/$$/environ", instance_id=node, env_vars={"STAGE": "prod"})["job_id"]
     start_agent(**extra)
-    final = final_report(plane, "job-1")
+    final = final_report(cluster, job_id)
     assert final["status"] == "done", final
     environ = dict(item.split("=", 1) for item in final["stdout"].split("\0") if item)
     work = environ["HOME"]
     user = environ["USER"]
     expected = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TZ": "UTC", "HOME": work,
-                "USER": user, "LOGNAME": user, "STAGE": "prod", "CORRAL_JOB_ID": "job-1",
-                "CORRAL_NODE_ID": plane.node_id, "CORRAL_ATTEMPT": "1"}
+                "USER": user, "LOGNAME": user, "STAGE": "prod", "CORRAL_JOB_ID": job_id,
+                "CORRAL_NODE_ID": node, "CORRAL_ATTEMPT": "1"}
     if passthrough:
         expected["FOO"] = "foo"
     assert environ == expected
-    assert work.endswith("/work/job-1-1") and user.startswith("corral-7")
-    running = [body for job_id, body in plane.reports if body["status"] == "running"][0]
-    assert running["private_tmp"] is True  # so no TMPDIR: /tmp is the job's own
-    assert running["limits"]["max_processes"] == 1024
+    assert work.endswith(f"/work/{job_id}-1") and user.startswith("corral-7")
+    # What the agent's running report said, as the scheduler keeps it.
+    assert final["private_tmp"] is True  # so no TMPDIR: /tmp is the job's own
+    assert final["limits"]["max_processes"] == 1024
 
 
 def test_a_kept_work_dir_is_roots_once_its_uid_is_given_back(make_agent):
@@ -609,8 +613,6 @@ def test_a_job_row_given_ld_preload_directly_in_the_database_runs_nothing_as_roo
     holds it anyway (a restored backup, a bug, someone with the file). With the library in
     the job's deploy zip and in an earlier job's /tmp: the agent refuses both jobs, nothing
     of them runs, and the library never runs as root."""
-    import sqlite3
-
     import requests
     with open(evil_so, "rb") as f:
         payload = make_zip(file_entry("evil.so", f.read(), 0o755), file_entry("run.sh", b"id -u\n", 0o755))
@@ -624,12 +626,8 @@ def test_a_job_row_given_ld_preload_directly_in_the_database_runs_nothing_as_roo
         # Pinned to a node that is not up yet, so each row can be changed before a claim.
         from_zip = cluster.submit(deploy_url=zip_url, instance_id=node, env_vars={"STAGE": "x"}, max_retries=0)
         from_tmp = cluster.submit(command="id -u", instance_id=node, env_vars={"STAGE": "x"}, max_retries=0)
-        database = os.path.join(cluster.state_dir, "scheduler.db")
-        with sqlite3.connect(database, timeout=10) as db:
-            for job, value in ((from_zip, "./evil.so"), (from_tmp, "/tmp/evil.so")):
-                db.execute("UPDATE job SET env_vars = ? WHERE id = ?",
-                           (json.dumps({"LD_PRELOAD": value, "LD_AUDIT": value}), int(job["job_id"][4:])))
-        assert cluster.job(from_zip["job_id"])["env_vars"]["LD_PRELOAD"] == "./evil.so"
+        for job, value in ((from_zip, "./evil.so"), (from_tmp, "/tmp/evil.so")):
+            write_env_vars(cluster, job["job_id"], {"LD_PRELOAD": value, "LD_AUDIT": value})
         cluster.start_agent(node, slots=1)
         assert cluster.wait_status(planted["job_id"], "done", timeout=30)["stdout"] == "planted\n"
         for job in (from_zip, from_tmp):
