@@ -83,7 +83,9 @@ def test_environment_and_working_directory(tmp_path):
 
 def test_the_job_process_has_exactly_its_environment_and_no_extra_descriptor(tmp_path):
     value = "it's $HOME `id` \\ \"q\"\nsecond line; $(touch pwned)"
-    command = "cat /proc/$$/environ; echo; ls /proc/$$/fd | tr '\\n' ' '; echo; ls"
+    # The shell's descriptors are listed by a child it forks with no pipe: while it sets up
+    # a pipeline, the shell itself holds the pipe's ends, which a child may see.
+    command = "cat /proc/$$/environ; echo; ls /proc/$$/fd > ../fds; tr '\\n' ' ' < ../fds; echo; ls"
     result = start(tmp_path, command, env_vars={"ODD": value, "EMPTY": ""},
                    agent_env={"PATH": os.environ["PATH"]}).result()
     assert result.exit_code == 0, result
