@@ -83,9 +83,9 @@ def test_environment_and_working_directory(tmp_path):
 
 def test_the_job_process_has_exactly_its_environment_and_no_extra_descriptor(tmp_path):
     value = "it's $HOME `id` \\ \"q\"\nsecond line; $(touch pwned)"
-    # The shell's descriptors are listed by a child it forks with no pipe: while it sets up
-    # a pipeline, the shell itself holds the pipe's ends, which a child may see.
-    command = "cat /proc/$$/environ; echo; ls /proc/$$/fd > ../fds; tr '\\n' ' ' < ../fds; echo; ls"
+    # The shell's descriptors are listed by a plain child: for a pipeline or a redirection
+    # the shell itself holds extra descriptors for a moment, which the listing may see.
+    command = "cat /proc/$$/environ; echo; ls /proc/$$/fd; echo ---; ls"
     result = start(tmp_path, command, env_vars={"ODD": value, "EMPTY": ""},
                    agent_env={"PATH": os.environ["PATH"]}).result()
     assert result.exit_code == 0, result
@@ -93,7 +93,7 @@ def test_the_job_process_has_exactly_its_environment_and_no_extra_descriptor(tmp
     assert dict(item.split("=", 1) for item in environ.split("\x00")) == {
         "PATH": os.environ["PATH"], "HOME": str(tmp_path / "work"), "ODD": value, "EMPTY": "",
         "CORRAL_JOB_ID": "job-7", "CORRAL_NODE_ID": "node-1", "CORRAL_ATTEMPT": "2"}
-    _, fds, files = listing.split("\n", 2)
+    fds, files = listing.split("---\n", 1)
     assert fds.split() == ["0", "1", "2"]  # the environment's memfd is not inherited
     assert "pwned" not in files  # nothing in a value was evaluated
 
