@@ -387,7 +387,7 @@ FORK_UNTIL_REFUSED = (f"{PYTHON3} -c \"import os, time\nn = 0\nfor _ in range(60
 
 
 # The scheduler hands every run job its JOB_TIMEOUT_SECS as the job's timeout_secs.
-@pytest.mark.parametrize("scheduler_settings", [{"job_timeout_secs": 5}], ids=["timeout-5s"])
+@pytest.mark.parametrize("scheduler_settings", [{"job_timeout_secs": 10}], ids=["timeout-10s"])
 def test_a_fork_bomb_stays_inside_its_job(make_agent):
     agent = make_agent()
     scheduler = make_agent.scheduler
