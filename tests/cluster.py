@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 
 import requests
 
@@ -335,3 +336,16 @@ def one_node_cluster(state_dir, node_id: str, slots: int = 1, on_exit=None, **sc
         if on_exit is not None:
             on_exit(cluster)
         cluster.stop()
+
+
+@contextlib.contextmanager
+def started(c: Cluster, request) -> Iterator[Cluster]:
+    """`c` started, stopped afterwards; its logs printed when the test failed."""
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+        failed = getattr(request.node, "rep_call", None)
+        if failed is not None and failed.failed:
+            print(c.logs())

@@ -1,4 +1,3 @@
-import contextlib
 import os
 import re
 import shutil
@@ -9,7 +8,7 @@ import responses
 
 import pg
 from aws import set_aws_env
-from cluster import Cluster, world_traversable_dir
+from cluster import Cluster, started, world_traversable_dir
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -21,19 +20,6 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = f"skipped, but CORRAL_NO_SKIPS=1 forbids skips: {report.longrepr}"
     setattr(item, "rep_" + report.when, report)
     return report
-
-
-@contextlib.contextmanager
-def started(c: Cluster, request) -> Iterator[Cluster]:
-    """`c` started, stopped afterwards; its logs printed when the test failed."""
-    try:
-        c.start()
-        yield c
-    finally:
-        c.stop()
-        failed = getattr(request.node, "rep_call", None)
-        if failed is not None and failed.failed:
-            print(c.logs())
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from agent_support import AGENT_SLOTS, BIN, SAME_USER, FakeClock, agent_env, remove_node_cgroups
-from cluster import Cluster
+from cluster import Cluster, started
 from corral.agent import cgroups
 from corral.agent.agent import Agent
 from corral.agent.settings import AgentSettings
@@ -71,15 +71,8 @@ def make_agent(tmp_path, api, clock):
 def cluster(tmp_path, request):
     """The real registry and scheduler under gunicorn (tests/conftest.py's `cluster`),
     with room for as many jobs on a node as its agent has slots."""
-    c = Cluster(tmp_path, MAX_JOBS_PER_NODE=AGENT_SLOTS)
-    try:
-        c.start()
+    with started(Cluster(tmp_path, MAX_JOBS_PER_NODE=AGENT_SLOTS), request) as c:
         yield c
-    finally:
-        c.stop()
-        failed = getattr(request.node, "rep_call", None)
-        if failed is not None and failed.failed:
-            print(c.logs())
 
 
 @pytest.fixture
