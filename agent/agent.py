@@ -79,6 +79,7 @@ from . import cgroups, daemon, identity, jobenv, launch, reconcile, runner, star
 from .claims import Claims
 from .endings import STOPPED_MESSAGE, TIMEOUT_MESSAGE, Endings
 from .jobs import END_RECONCILED, JobTable, LocalJob
+from .lease import Lease
 from .membership import Membership
 from .prepare import Plan, Preparer, applied_limits, default_limits, plan_of, warm_limits
 from .reconcile import Key, listed_keys
@@ -122,9 +123,7 @@ class Agent:
         # The held and claimed jobs (jobs.py): only the work loop adds and removes held
         # ones; other threads read snapshots; a preparing thread changes its own LocalJob.
         self.jobs = JobTable()
-        self.long_poll = settings.long_poll_secs > 0
         self.membership = Membership(settings, registry, scheduler, self.jobs, self._end, clock)
-        self.lease = self.membership.lease
         self.claims = Claims(self)
         self.outbox = Outbox(settings.node_id, scheduler, clock, self.claims.queue, self.claims.answer_lost)
         self.services = ServiceJobs(settings, registry, self.jobs, clock)
@@ -143,6 +142,15 @@ class Agent:
     @property
     def node_id(self) -> str:
         return self.settings.node_id
+
+    @property
+    def long_poll(self) -> bool:
+        """Work comes by long-poll claims (else by polling)."""
+        return self.membership.long_poll
+
+    @property
+    def lease(self) -> Lease:
+        return self.membership.lease
 
     def running_count(self) -> int:
         return len(self.jobs)
