@@ -429,16 +429,10 @@ class Fleet:
 
 def idle_renew_secs(cfg: Config) -> float:
     """How often an idle simulated agent renews its lease: --idle-renew-secs, else the
-    agent's own IDLE_RENEW_SECS (every heartbeat for an agent that has none)."""
+    agent's own IDLE_RENEW_SECS."""
     if cfg.idle_renew_secs is not None:
         return cfg.idle_renew_secs
-    try:
-        from corral.agent.lease import IDLE_RENEW_SECS
-    except ImportError:
-        try:  # a checkout from before the agent's lease had a module of its own
-            from corral.agent.agent import IDLE_RENEW_SECS  # type: ignore[attr-defined, no-redef]
-        except ImportError:
-            return 0.0
+    from corral.agent.lease import IDLE_RENEW_SECS
     return IDLE_RENEW_SECS
 
 
