@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from agent_support import AGENT_SLOTS, BIN, SAME_USER, FakeClock, agent_env, remove_node_cgroups
+from agent_support import AGENT_SLOTS, BIN, SAME_USER, FakeClock, agent_env, remove_node_cgroups, skip_reason
 from cluster import Cluster, started
 from corral.agent import cgroups
 from corral.agent.agent import Agent
@@ -17,6 +17,15 @@ from corral.shared.clients import RegistryClient, SchedulerClient
 from fake_registry import FakeRegistry
 from helpers import stop_held_jobs
 from scheduler_double import NODE, REGISTRY, SCHEDULER, serving
+
+
+@pytest.fixture
+def real_node():
+    """Skips the test where agents cannot run jobs for real: not root, no usable cgroups,
+    no python3 every user may run (agent_support.skip_reason)."""
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
 
 
 @pytest.fixture

@@ -24,18 +24,11 @@ from corral.agent import cgroups, services
 from corral.agent.agent import STOPPED_MESSAGE, Agent
 from corral.agent.settings import AgentSettings
 from corral.shared.clients import RegistryClient, SchedulerClient
-from agent_support import BIN, PYTHON3, agent_env, http_server, remove_node_cgroups, skip_reason
+from agent_support import BIN, PYTHON3, agent_env, http_server, remove_node_cgroups
 from helpers import free_port, process_gone, wait_for
 from scheduler_double import REGISTRY, SCHEDULER
 
-pytestmark = pytest.mark.root
-
-
-@pytest.fixture(autouse=True)
-def _requirements():
-    reason = skip_reason()
-    if reason:
-        pytest.skip(reason)
+pytestmark = [pytest.mark.root, pytest.mark.usefixtures("real_node")]
 
 
 @pytest.fixture

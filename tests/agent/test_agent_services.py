@@ -18,18 +18,11 @@ from corral.agent.agent import Agent
 from corral.agent.settings import AgentSettings
 from corral.shared.clients import RegistryClient, SchedulerClient
 from corral.shared.credentials import Credentials
-from agent_support import http_server, skip_reason
+from agent_support import http_server
 from helpers import free_port, process_gone, stop_held_jobs, wait_for
 from scheduler_double import REGISTRY, SCHEDULER
 
-pytestmark = pytest.mark.root
-
-
-@pytest.fixture(autouse=True)
-def _requirements():
-    reason = skip_reason()
-    if reason:
-        pytest.skip(reason)
+pytestmark = [pytest.mark.root, pytest.mark.usefixtures("real_node")]
 
 
 @pytest.fixture
