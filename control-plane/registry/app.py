@@ -21,8 +21,6 @@ from .models import Node, Service, database
 from .settings import RegistrySettings
 
 SERVICE = "registry"  # its PostgreSQL schema: corral_registry
-NODE_FIELDS = tuple(contract.NodeRegistration.model_fields)
-SERVICE_FIELDS = tuple(contract.ServiceRegistration.model_fields)
 
 # Who may call each route (shared/auth.py); a route missing here is operator-only.
 # Agents register, heartbeat and record services for the node of their credential

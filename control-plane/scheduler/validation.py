@@ -15,10 +15,6 @@ from corral.shared.wire import JOB_ID_RE
 from .contract import (BatchReport, ClaimRequest, JobBatch, JobRef, JobRequest, OutputBatch, OutputItem,
                        ReportBatch, RidingClaim, StatusReport)
 
-JOB_FIELDS = tuple(JobRequest.model_fields)
-REPORT_FIELDS = tuple(StatusReport.model_fields)
-CLAIM_FIELDS = tuple(ClaimRequest.model_fields)
-OUTPUT_FIELDS = tuple(OutputItem.model_fields)
 
 
 def job_request(body: dict) -> dict:

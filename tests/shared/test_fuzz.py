@@ -21,8 +21,15 @@ import pytest
 from hypothesis import strategies as st
 
 import hostile
-from corral.registry.app import NODE_FIELDS, SERVICE_FIELDS
-from corral.scheduler.validation import CLAIM_FIELDS, JOB_FIELDS, OUTPUT_FIELDS, REPORT_FIELDS
+from corral.registry.contract import NodeRegistration, ServiceRegistration
+from corral.scheduler.contract import ClaimRequest, JobRequest, OutputItem, StatusReport
+
+JOB_FIELDS = tuple(JobRequest.model_fields)
+REPORT_FIELDS = tuple(StatusReport.model_fields)
+CLAIM_FIELDS = tuple(ClaimRequest.model_fields)
+OUTPUT_FIELDS = tuple(OutputItem.model_fields)
+NODE_FIELDS = tuple(NodeRegistration.model_fields)
+SERVICE_FIELDS = tuple(ServiceRegistration.model_fields)
 
 # Examples per route: many of valid bodies made hostile (those reach the database
 # writes), fewer of the other kinds (refused early); 910 in all.
