@@ -1,5 +1,6 @@
 """What the scheduler's API answers: jobs, events, nodes and /stats as the answer
 models of contract.py, filled from the rows the store reads. Pure: no database, no Flask."""
+from corral.shared.contract import built
 from corral.shared.states import ALL
 from corral.shared.timeutil import iso
 
@@ -14,7 +15,7 @@ def job(row: Job, settings: SchedulerSettings, service_grant: str | None = None)
     # (absent: None): a batch answers 500 of these, and the 36 descriptor calls
     # each were a fifth of a batch's CPU.
     d = row.__data__.get
-    job_type = d("job_type")
+    job_type, limits = d("job_type"), d("limits")
     fields = {
         "job_id": row.job_id, "name": d("name"), "node_id": d("node_id"), "instance_id": d("instance_id"),
         "command": d("command"), "deploy_url": d("deploy_url"), "deploy_sha256": d("deploy_sha256"),
@@ -27,14 +28,15 @@ def job(row: Job, settings: SchedulerSettings, service_grant: str | None = None)
         "exit_code": d("exit_code"),
         "stdout": d("stdout"), "stderr": d("stderr"), "oom_killed": d("oom_killed"),
         "peak_memory_bytes": d("peak_memory_bytes"), "cpu_seconds": d("cpu_seconds"),
-        "limits_enforced": d("limits_enforced"), "limits": d("limits"), "private_tmp": d("private_tmp"),
+        "limits_enforced": d("limits_enforced"), "limits": limits and built(contract.Limits, limits),
+        "private_tmp": d("private_tmp"),
         "timeout_secs": settings.job_timeout_secs if job_type == "run" else None,
         "created_at": iso(d("created_at")), "placed_at": iso(d("placed_at")),
         "running_at": iso(d("running_at")), "finished_at": iso(d("finished_at")),
     }
     if service_grant is not None:
         fields["service_grant"] = service_grant
-    return contract.Job.model_validate(fields)
+    return built(contract.Job, fields)
 
 
 def event(row: JobEvent) -> contract.JobEvent:

@@ -5,7 +5,7 @@ import pytest
 
 from corral.registry import contract as registry
 from corral.scheduler import contract as scheduler
-from corral.shared.contract import encode
+from corral.shared.contract import built, encode
 from corral.shared.errors import BadRequest
 
 
@@ -77,3 +77,26 @@ def test_an_answer_leaves_out_what_its_view_did_not_set():
     event = scheduler.JobEvent.model_validate({"at": "2026-11-29T08:00:00.000Z", "from": None, "to": "pending",
                                                "attempt": 0, "node_id": None, "reason": "submitted"})
     assert b'"from":null' in encode(event)
+
+
+JOB_ANSWER = {
+    "job_id": "job-7", "name": "etl", "node_id": "node-1", "instance_id": None, "command": "echo hi",
+    "deploy_url": None, "deploy_sha256": None, "job_type": "run", "port": None, "health_path": None,
+    "env_vars": {"A": "b"}, "memory_mb": 256, "cpu_percent": None, "max_processes": None, "status": "running",
+    "attempt": 1, "retry_count": 0, "max_retries": 1, "next_attempt_at": None, "on_node_lost": "requeue",
+    "node_losses": 0, "exit_code": None, "stdout": "", "stderr": None, "oom_killed": None,
+    "peak_memory_bytes": None, "cpu_seconds": None, "limits_enforced": True, "limits": None, "private_tmp": True,
+    "timeout_secs": 3600.0, "created_at": "2026-11-29T08:00:00.000Z", "placed_at": "2026-11-29T08:00:00.010Z",
+    "running_at": "2026-11-29T08:00:00.020Z", "finished_at": None}
+
+
+@pytest.mark.parametrize("limits", [None, {"memory_mb": 256, "cpu_percent": 100},
+                                    {"memory_mb": 256, "cpu_percent": 100, "max_processes": 64}])
+@pytest.mark.parametrize("grant", [None, "ab" * 32])
+def test_an_answer_built_without_validation_serializes_as_a_validated_one(limits, grant):
+    fields = dict(JOB_ANSWER, limits=limits, **({"service_grant": grant} if grant else {}))
+    validated = encode(scheduler.Job.model_validate(fields))
+    fast = encode(built(scheduler.Job, dict(fields, limits=limits and built(scheduler.Limits, limits))))
+    assert fast == validated
+    assert (b'"service_grant"' in fast) == bool(grant) and (b'"max_processes":64' in fast) == bool(
+        limits and "max_processes" in limits)
