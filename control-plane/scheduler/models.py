@@ -60,16 +60,32 @@ class Job(BaseModel):
     placed_at = peewee.DoubleField(null=True)
     running_at = peewee.DoubleField(null=True)
     finished_at = peewee.DoubleField(null=True)
+    # Scheduling (migration 0004): see placement.py and waiting.py.
+    priority = peewee.IntegerField(default=50)
+    queue_at = peewee.DoubleField(default=0.0)        # placement's order: placement.queue_at
+    run_at = peewee.DoubleField(null=True)            # not placed before (next_attempt_at holds it too)
+    constraints = JSONField(null=True)                # [[label, op, value], ...]
+    pool = peewee.CharField(max_length=128, null=True)
+    array_id = peewee.BigIntegerField(null=True)
+    array_index = peewee.IntegerField(null=True)
+    concurrency_key = peewee.CharField(max_length=128, null=True)
+    reserved_memory_mb = peewee.IntegerField(null=True)    # on its node, from placement until it ends
+    reserved_cpu_percent = peewee.IntegerField(null=True)
+    dependencies_left = peewee.IntegerField(default=0)     # placed only at 0
+    on_dependency_failure = peewee.CharField(max_length=8, default="cancel")  # or "run"
+    pending_reason = JSONField(null=True)             # what placement last said (waiting.Reason.as_dict)
+    pending_code = peewee.CharField(max_length=32, null=True)  # its code, for GET /jobs?pending_reason=
 
     class Meta:
         table_name = "job"
         indexes = (
             (("node_id", "status"), False),
             (("finished_at",), False),   # the retention purge (created on start in older databases too)
-            # placement: the oldest unplaced first (migration 0002; also what the
-            # (status, node_id) index served, dropped by migration 0003)
-            (("status", "node_id", "id"), False),
+            # placement: the first unplaced in queue order; a node's claims (migration 0004)
+            (("status", "node_id", "queue_at", "id"), False),
             (("instance_id",), False),   # placement: the jobs pinned to a node
+            (("array_id",), False),
+            (("concurrency_key",), False),
         )
 
     @property
@@ -105,6 +121,10 @@ class Node(BaseModel):
                                                       # while the node is healthy), shown by GET /nodes
     last_heartbeat = peewee.DoubleField(null=True)   # as the registry last saw it
     synced_at = peewee.DoubleField()
+    labels = JSONField(default=dict)
+    default_limits = JSONField(null=True)             # {"run": {"memory_mb", "cpu_percent"}, "service": ...}
+    reserve_memory_mb = peewee.IntegerField(default=0)  # the agent's system reserve
+    reserve_cpu_percent = peewee.IntegerField(default=0)
 
     class Meta:
         table_name = "node"
@@ -119,6 +139,8 @@ class NodeLease(BaseModel):
 
     node_id = peewee.CharField(primary_key=True, max_length=128)
     renewed_at = peewee.DoubleField()
+    used_memory_mb = peewee.IntegerField(null=True)   # what its jobs use, as the agent last said
+    used_cpu_percent = peewee.IntegerField(null=True)
 
     class Meta:
         table_name = "node_lease"
@@ -167,6 +189,43 @@ class OutboxEvent(BaseModel):
         indexes = ((("published_at", "id"), False),)
 
 
+class JobDependency(BaseModel):
+    """A job waiting for another to end a certain way (`depends_on`, Slurm's afterok,
+    afternotok, afterany)."""
+
+    id = peewee.BigAutoField()
+    job_id = peewee.BigIntegerField(index=True)        # the job that waits
+    depends_on = peewee.BigIntegerField(index=True)    # the job it waits for
+    condition = peewee.CharField(max_length=16)        # done, failed or finished
+    state = peewee.CharField(max_length=16, default="waiting")  # waiting, met or unmeetable
+
+    class Meta:
+        table_name = "job_dependency"
+
+
+class JobArray(BaseModel):
+    """N jobs submitted as one, at most `parallel` of them placed or running at once."""
+
+    id = peewee.BigAutoField()
+    count = peewee.IntegerField()
+    parallel = peewee.IntegerField()
+    created_at = peewee.DoubleField()
+
+    class Meta:
+        table_name = "job_array"
+
+
+class ConcurrencyLimit(BaseModel):
+    """At most `limit` jobs with this concurrency key placed or running at once, cluster-wide."""
+
+    key = peewee.CharField(primary_key=True, max_length=128)
+    limit = peewee.IntegerField()
+
+    class Meta:
+        table_name = "concurrency_limit"
+
+
 Lease.bind(database)  # the shared lease table lives in the scheduler's database
 
-MODELS = [Job, JobEvent, Node, NodeLease, SchedulerState, Counter, OutboxEvent, Lease]
+MODELS = [Job, JobEvent, Node, NodeLease, SchedulerState, Counter, OutboxEvent, Lease, JobDependency, JobArray,
+          ConcurrencyLimit]

@@ -1,76 +1,453 @@
-"""Placement policy: round-robin over healthy nodes with free slots.
+"""Placement: which waiting job goes to which node, and why the others wait.
 
-Pure: no database, no HTTP, no clock. The store hands in what it read inside
-its transaction and writes back what `plan` decides, so other policies (spread,
-bin-pack by memory, labels) can sit beside this one with the same signature.
+Pure: no database, no HTTP, no clock. The store reads inside its placement
+transaction the compute nodes (free slots, labels, reservations) and the jobs
+that may be placed, in queue order (`queue_at`: priority with aging, then age),
+and offers them to a `Planner`, page by page, until it has no capacity left;
+then it writes back the placements and the reasons the planner gives for the
+jobs it could not place (waiting.py words them).
+
+A job goes only to a node that is healthy and not drained, satisfies all its
+constraints and its pool, is its pin (when pinned), allows the limits it asks
+for (the node's maximum), has a free slot, and has room for its reservation:
+the memory and CPU it asks for, or the node's default for its type, within the
+node's allocatable capacity (its maximum minus its system reserve) less what
+the jobs placed or running there reserve. A node whose allocatable capacity is
+unknown (an agent that advertises none) is not counted on that resource. Arrays
+and concurrency keys limit how many of their jobs are placed or running at once.
+
+Among the nodes that qualify, the policy chooses:
+
+    round-robin  the first after the cursor, in node id order (the cursor moves on)
+    binpack      the least free memory after placement, then the least free CPU
+    spread       the most free memory after placement, then the most free CPU
+
+(binpack breaks a full tie by the lower node id, spread by the higher.)
+
+Speed: jobs that ask the same (type, pin, resources, constraints, pool) share a
+shape, whose candidate nodes are found once per pass and kept ordered as the
+policy reads them; a shape that fits nowhere turns its later jobs away at once
+(room only shrinks during a pass); the pass stops when no slot is left.
 """
-from collections.abc import Callable
-from dataclasses import dataclass
+from __future__ import annotations
+
+import bisect
+import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import waiting
+from .waiting import Reason
+
+POLICIES = ("round-robin", "binpack", "spread")
+DEFAULT_POOL = "default"
+DEFAULT_PRIORITY = 50
+# A node whose allocatable capacity is unknown has this much of it free (sorts as the roomiest).
+UNCOUNTED = 1 << 62
+
+Constraint = tuple[str, str, "str | tuple[str, ...] | None"]  # (label, op, value)
+Limits = tuple[int, int]  # (memory_mb, cpu_percent)
+Shape = tuple[str, "str | None", "int | None", "int | None", "tuple[Constraint, ...]", "str | None"]
+
+
+def queue_at(eligible_at: float, priority: int, aging_secs: float) -> float:
+    """Where a job stands in the queue (lower goes first): the time it became eligible,
+    moved earlier by `aging_secs` for each point of priority above the default (later,
+    below it). So a job's effective priority is its priority plus one point per
+    `aging_secs` it has waited, and ordering by that at any moment is ordering by this
+    fixed value: no job waits forever behind a stream of higher-priority ones (a job of
+    priority p is overtaken only by jobs of priority p' that became eligible less than
+    (p' - p) * aging_secs after it)."""
+    return eligible_at - (priority - DEFAULT_PRIORITY) * aging_secs
+
+
+def satisfies(labels: Mapping[str, str], constraint: Constraint) -> bool:
+    """Whether a node's labels satisfy one constraint. A label the node lacks satisfies
+    `!=`, `not_in` and `not_exists` only."""
+    label, op, value = constraint
+    have = labels.get(label)
+    if op == "=":
+        return have == value
+    if op == "!=":
+        return have != value
+    if op == "in":
+        return have is not None and have in value  # type: ignore[operator]
+    if op == "not_in":
+        return have is None or have not in value  # type: ignore[operator]
+    if op == "exists":
+        return have is not None
+    if op == "not_exists":
+        return have is None
+    raise ValueError(f"unknown constraint operator {op!r}")
+
+
+def pool_of(labels: Mapping[str, str]) -> str:
+    return labels.get("pool") or DEFAULT_POOL
 
 
 @dataclass(frozen=True)
-class NodeSlots:
+class NodeInfo:
+    """A compute node as placement sees it (the scheduler's copy of the registry's
+    list, the slots and reservations of the jobs it holds)."""
+
     node_id: str
-    free: int  # capacity (min of MAX_JOBS_PER_NODE and the node's slots) minus jobs it holds
-    max_memory_mb: int | None = None    # the largest limits a job may ask for; None: unknown
+    free_slots: int  # its capacity (min of MAX_JOBS_PER_NODE and its slots) less the jobs it holds
+    status: str = "healthy"  # or "unhealthy"; drained is apart
+    drained: bool = False
+    labels: Mapping[str, str] = field(default_factory=dict)
+    max_memory_mb: int | None = None     # the largest limits a job may ask for; None: unknown
     max_cpu_percent: int | None = None
+    reserve_memory_mb: int = 0           # the agent's system reserve
+    reserve_cpu_percent: int = 0
+    reserved_memory_mb: int = 0          # what its jobs (placed or running) reserve
+    reserved_cpu_percent: int = 0
+    default_limits: Mapping[str, Limits] = field(default_factory=dict)  # job type -> (memory, cpu)
+
+    @property
+    def pool(self) -> str:
+        return pool_of(self.labels)
+
+    @property
+    def takes_work(self) -> bool:
+        return self.status == "healthy" and not self.drained
+
+    @property
+    def allocatable_memory_mb(self) -> int | None:
+        return None if self.max_memory_mb is None else max(0, self.max_memory_mb - self.reserve_memory_mb)
+
+    @property
+    def allocatable_cpu_percent(self) -> int | None:
+        return None if self.max_cpu_percent is None else max(0, self.max_cpu_percent - self.reserve_cpu_percent)
 
 
 @dataclass(frozen=True)
-class Unplaced:
+class Ask:
+    """A job that may be placed, as placement reads it."""
+
     job_id: int
-    instance_id: str | None = None  # pins the job to this node
-    memory_mb: int | None = None    # requested limits; None: the node's default
+    job_type: str = "run"
+    pin: str | None = None               # instance_id: only this node
+    memory_mb: int | None = None         # requested; None: the node's default
     cpu_percent: int | None = None
+    constraints: tuple[Constraint, ...] = ()
+    pool: str | None = None              # None: any pool
+    array_id: int | None = None
+    concurrency_key: str | None = None
+
+    @property
+    def shape(self) -> Shape:
+        return (self.job_type, self.pin, self.memory_mb, self.cpu_percent, self.constraints, self.pool)
 
 
-def fits(job: Unplaced, node: NodeSlots) -> bool:
+@dataclass(frozen=True)
+class Throttle:
+    """A limit on how many jobs of a group (an array, a concurrency key) are placed or
+    running at once, and how many are."""
+
+    limit: int
+    active: int
+
+
+@dataclass(frozen=True)
+class Placed:
+    job_id: int
+    node_id: str
+    memory_mb: int  # what the job reserves there
+    cpu_percent: int
+
+
+@dataclass
+class Plan:
+    placed: list[Placed]
+    waiting: dict[int, Reason]  # the jobs offered and not placed, with why
+    cursor: str | None          # the round-robin cursor after this pass
+    exhausted: bool             # no slot is left: the jobs not offered wait for capacity too
+
+
+def fits_maximum(ask: Ask, node: NodeInfo) -> bool:
     """Whether the node allows the limits the job asks for (an unknown maximum allows all)."""
-    return (_within(job.memory_mb, node.max_memory_mb)
-            and _within(job.cpu_percent, node.max_cpu_percent))
+    return (_within(ask.memory_mb, node.max_memory_mb)
+            and _within(ask.cpu_percent, node.max_cpu_percent))
 
 
 def _within(requested: int | None, maximum: int | None) -> bool:
     return requested is None or maximum is None or requested <= maximum
 
 
-def next_node(order: list[str], free: dict[str, int], cursor: str | None,
-              allowed: Callable[[str], bool] = lambda node_id: True) -> str | None:
-    """The first allowed node after `cursor` (wrapping around) that has a free slot."""
-    if not order:
+def matches(ask: Ask, node: NodeInfo) -> bool:
+    """Whether the node is one the job may go to, room aside: its pin, pool,
+    constraints and maximum limits."""
+    return ((ask.pin is None or ask.pin == node.node_id)
+            and (ask.pool is None or ask.pool == node.pool)
+            and all(satisfies(node.labels, c) for c in ask.constraints)
+            and fits_maximum(ask, node))
+
+
+class _Room:
+    """A node's room during a pass: free slots, and free allocatable memory and CPU
+    (UNCOUNTED when unknown)."""
+
+    __slots__ = ("node", "slots", "memory", "cpu", "shapes")
+
+    def __init__(self, node: NodeInfo):
+        self.node = node
+        self.slots = max(0, node.free_slots)
+        memory, cpu = node.allocatable_memory_mb, node.allocatable_cpu_percent
+        self.memory = UNCOUNTED if memory is None else memory - node.reserved_memory_mb
+        self.cpu = UNCOUNTED if cpu is None else cpu - node.reserved_cpu_percent
+        self.shapes: list[_Shape] = []  # the shapes whose candidates include this node
+
+    def need(self, ask: Ask, fallback: Mapping[str, Limits]) -> Limits:
+        """What the job reserves here: what it asks, else this node's default for its type."""
+        default = self.node.default_limits.get(ask.job_type) or fallback.get(ask.job_type) or (0, 0)
+        return (default[0] if ask.memory_mb is None else ask.memory_mb,
+                default[1] if ask.cpu_percent is None else ask.cpu_percent)
+
+    def lacks(self, need: Limits) -> str | None:
+        if self.slots <= 0:
+            return "slot"
+        if self.memory < need[0]:
+            return "memory"
+        if self.cpu < need[1]:
+            return "cpu"
         return None
-    start = 0
-    if cursor is not None:
-        # Resume after the cursor even if that node has since gone away.
-        start = next((i for i, node_id in enumerate(order) if node_id > cursor), 0)
-    for offset in range(len(order)):
-        node_id = order[(start + offset) % len(order)]
-        if free[node_id] > 0 and allowed(node_id):
-            return node_id
-    return None
 
 
-def plan(jobs: list[Unplaced], nodes: list[NodeSlots], cursor: str | None
-         ) -> tuple[list[tuple[int, str]], str | None]:
-    """Assign `jobs` in order; returns [(job_id, node_id)] and the new round-robin cursor.
+class _Shape:
+    """The candidates of one shape, ordered as the policy reads them."""
 
-    A job that does not fit stays out of the result and waits for the next
-    pass. A pinned job goes only to its node and does not move the cursor. A
-    node whose maximum limits are below what a job asks for is skipped for it.
-    """
-    by_id = {n.node_id: n for n in nodes}
-    order = sorted(by_id)
-    free = {n.node_id: max(0, n.free) for n in nodes}
-    assignments: list[tuple[int, str]] = []
-    for job in jobs:
-        if job.instance_id is not None:
-            node = by_id.get(job.instance_id)
-            target = job.instance_id if node and free[node.node_id] > 0 and fits(job, node) else None
+    def __init__(self, ask: Ask, rooms: list[_Room], policy: str, fallback: Mapping[str, Limits]):
+        self.ask = ask
+        self.policy = policy
+        self.fallback = fallback
+        self.rooms = [r for r in rooms if r.node.takes_work and matches(ask, r.node)]  # node id order
+        self.full: Reason | None = None  # set once it fits nowhere this pass
+        for room in self.rooms:
+            room.shapes.append(self)
+        # binpack, spread: (free memory after, free CPU after, node id) ascending, for nodes with a slot.
+        self.keys: list[tuple[int, int, str]] = []
+        self.key_of: dict[str, tuple[int, int, str]] = {}
+        self.by_id = {r.node.node_id: r for r in self.rooms}
+        if policy != "round-robin":
+            for room in self.rooms:
+                self._add(room)
         else:
-            target = next_node(order, free, cursor, lambda node_id: fits(job, by_id[node_id]))
-            if target is not None:
-                cursor = target
-        if target is not None:
-            free[target] -= 1
-            assignments.append((job.job_id, target))
-    return assignments, cursor
+            self.ids = [r.node.node_id for r in self.rooms]
+
+    def _key(self, room: _Room) -> tuple[int, int, str]:
+        memory, cpu = room.need(self.ask, self.fallback)
+        return (room.memory - memory, room.cpu - cpu, room.node.node_id)
+
+    def _add(self, room: _Room) -> None:
+        if room.slots <= 0:
+            return
+        key = self._key(room)
+        bisect.insort(self.keys, key)
+        self.key_of[room.node.node_id] = key
+
+    def changed(self, room: _Room) -> None:
+        """A job was placed on `room`: its place in this shape's order moves."""
+        if self.policy == "round-robin":
+            return
+        old = self.key_of.pop(room.node.node_id, None)
+        if old is not None:
+            del self.keys[bisect.bisect_left(self.keys, old)]
+        self._add(room)
+
+    def choose(self, cursor: str | None) -> _Room | None:
+        if self.policy == "round-robin":
+            return self._next_after(cursor)
+        keys = self.keys
+        if self.policy == "binpack":
+            for i in range(bisect.bisect_left(keys, (0, -UNCOUNTED, "")), len(keys)):
+                memory_after, cpu_after, node_id = keys[i]
+                if cpu_after >= 0:
+                    return self.by_id[node_id]
+            return None
+        for i in range(len(keys) - 1, -1, -1):  # spread
+            memory_after, cpu_after, node_id = keys[i]
+            if memory_after < 0:
+                return None
+            if cpu_after >= 0:
+                return self.by_id[node_id]
+        return None
+
+    def _next_after(self, cursor: str | None) -> _Room | None:
+        ids = self.ids
+        if not ids:
+            return None
+        # Resume after the cursor even if that node has since gone away.
+        start = 0 if cursor is None else bisect.bisect_right(ids, cursor) % len(ids)
+        for offset in range(len(ids)):
+            room = self.by_id[ids[(start + offset) % len(ids)]]
+            if room.lacks(room.need(self.ask, self.fallback)) is None:
+                return room
+        return None
+
+
+class Planner:
+    """One placement pass. `offer` the jobs in queue order (in pages, if need be) while
+    not `exhausted`; then `plan()`.
+
+    `throttles`: ("array", array_id) or ("key", concurrency_key) -> Throttle, for the
+    groups the offered jobs belong to (a key with no limit set has none). `fallback`:
+    the limits per job type of a node that advertises no defaults."""
+
+    def __init__(self, nodes: Iterable[NodeInfo], policy: str = "round-robin", cursor: str | None = None,
+                 throttles: Mapping[tuple[str, object], Throttle] | None = None,
+                 fallback: Mapping[str, Limits] | None = None):
+        if policy not in POLICIES:
+            raise ValueError(f"unknown placement policy {policy!r}")
+        self.policy = policy
+        self.cursor = cursor
+        self.nodes = sorted(nodes, key=lambda n: n.node_id)
+        self.rooms = [_Room(n) for n in self.nodes]
+        self.fallback = dict(fallback or {})
+        self.free = sum(r.slots for r in self.rooms if r.node.takes_work)
+        # With no node taking work at all, the jobs are still offered: each gets its reason
+        # (no healthy node, drained, its pin) at the cost of one look per shape.
+        self.any_open = any(r.node.takes_work for r in self.rooms)
+        self.room_left = dict((group, t.limit - t.active) for group, t in (throttles or {}).items())
+        self.throttles = dict(throttles or {})
+        self.shapes: dict[Shape, _Shape] = {}
+        self.placed: list[Placed] = []
+        self.waiting: dict[int, Reason] = {}
+
+    @property
+    def exhausted(self) -> bool:
+        """Every slot of the nodes that take work is taken (there are such nodes)."""
+        return self.any_open and self.free <= 0
+
+    def offer(self, asks: Iterable[Ask]) -> None:
+        for ask in asks:
+            if self.exhausted:
+                return
+            reason = self._throttled(ask)
+            if reason is None:
+                reason = self._place(ask)
+            if reason is not None:
+                self.waiting[ask.job_id] = reason
+
+    def plan(self) -> Plan:
+        return Plan(self.placed, self.waiting, self.cursor, self.exhausted)
+
+    def _throttled(self, ask: Ask) -> Reason | None:
+        if ask.array_id is not None and self.room_left.get(("array", ask.array_id), 1) <= 0:
+            limit = self.throttles[("array", ask.array_id)].limit
+            return waiting.array_throttle(ask.array_id, limit, limit - self.room_left[("array", ask.array_id)])
+        key = ask.concurrency_key
+        if key is not None and self.room_left.get(("key", key), 1) <= 0:
+            limit = self.throttles[("key", key)].limit
+            return waiting.concurrency_limit(key, limit, limit - self.room_left[("key", key)])
+        return None
+
+    def _place(self, ask: Ask) -> Reason | None:
+        shape = self.shapes.get(ask.shape)
+        if shape is None:
+            shape = self.shapes[ask.shape] = _Shape(ask, self.rooms, self.policy, self.fallback)
+        if shape.full is not None:
+            return shape.full
+        room = shape.choose(self.cursor)
+        if room is None:
+            shape.full = self._why_not(shape)
+            return shape.full
+        memory, cpu = room.need(ask, self.fallback)
+        room.slots -= 1
+        room.memory -= memory
+        room.cpu -= cpu
+        self.free -= 1
+        for other in room.shapes:
+            other.changed(room)
+        if self.policy == "round-robin" and ask.pin is None:
+            # A pinned job does not take the node's turn.
+            self.cursor = room.node.node_id
+        for group, value in (("array", ask.array_id), ("key", ask.concurrency_key)):
+            if value is not None and (group, value) in self.room_left:
+                self.room_left[(group, value)] -= 1
+        self.placed.append(Placed(ask.job_id, room.node.node_id, memory, cpu))
+        return None
+
+    def _why_not(self, shape: _Shape) -> Reason:
+        """Why a shape fits no node now: no room on those it may go to, or none it may go to."""
+        if shape.rooms:
+            lacking = {r.lacks(r.need(shape.ask, self.fallback)) for r in shape.rooms}
+            return waiting.no_capacity(len(shape.rooms), [x for x in ("slot", "memory", "cpu") if x in lacking])
+        return unmatched(shape.ask, self.nodes)
+
+
+def _requirements(ask: Ask) -> list[tuple[Constraint, Callable[[NodeInfo], bool]]]:
+    """The job's pool and constraints, each with its test of a node."""
+    checks: list[tuple[Constraint, Callable[[NodeInfo], bool]]] = []
+    pool = ask.pool
+    if pool is not None:
+        checks.append((("pool", "=", pool), lambda node: node.pool == pool))
+    for constraint in ask.constraints:
+        checks.append((constraint, functools.partial(_meets, constraint)))
+    return checks
+
+
+def _meets(constraint: Constraint, node: NodeInfo) -> bool:
+    return satisfies(node.labels, constraint)
+
+
+def unmatched(ask: Ask, nodes: Sequence[NodeInfo]) -> Reason:
+    """Why no node may take the job, room aside: its pin, no healthy node, the first
+    requirement no healthy node meets (or none meets them all), drained nodes, or
+    limits beyond what the nodes it may go to allow."""
+    if ask.pin is not None:
+        node = next((n for n in nodes if n.node_id == ask.pin), None)
+        if node is None or node.status != "healthy":
+            return waiting.pinned_node_unavailable(ask.pin, "not a known compute node" if node is None
+                                                   else node.status)
+        nodes = [node]
+    healthy = [n for n in nodes if n.status == "healthy"]
+    if not healthy:
+        return waiting.no_healthy_node(len(nodes))
+    checks = _requirements(ask)
+    for constraint, test in checks:
+        if not any(test(n) for n in healthy):
+            return waiting.constraints_unmet([constraint])
+    meeting = [n for n in healthy if all(test(n) for _, test in checks)]
+    if not meeting:
+        return waiting.constraints_unmet([c for c, _ in checks], every=True)
+    undrained = [n for n in meeting if not n.drained]
+    if not undrained:
+        return waiting.draining([n.node_id for n in meeting])
+    return waiting.no_capacity(len(undrained), ["limits"])
+
+
+def shortfalls(ask: Ask, nodes: Iterable[NodeInfo], fallback: Mapping[str, Limits] | None = None,
+               limit: int = 5) -> list[dict[str, Any]]:
+    """The nodes that came closest to taking the job, each with what it lacks (fewest
+    first, then by node id): for GET /jobs/{id}/why."""
+    found = []
+    for node in nodes:
+        lacks = []
+        if ask.pin is not None and ask.pin != node.node_id:
+            lacks.append(f"the job is pinned to {ask.pin}")
+        if node.status != "healthy":
+            lacks.append(f"the node is {node.status}")
+        if node.drained:
+            lacks.append("the node is drained")
+        for i, (constraint, test) in enumerate(_requirements(ask)):
+            if not test(node):
+                label = constraint[0]
+                has = node.pool if i == 0 and ask.pool is not None else node.labels.get(label)
+                lacks.append(f"{waiting.describe(constraint)} (the node has "
+                             + (f"{label}={has})" if has is not None else f"no label {label})"))
+        if not _within(ask.memory_mb, node.max_memory_mb):
+            lacks.append(f"memory_mb {ask.memory_mb} is over the node's maximum {node.max_memory_mb}")
+        if not _within(ask.cpu_percent, node.max_cpu_percent):
+            lacks.append(f"cpu_percent {ask.cpu_percent} is over the node's maximum {node.max_cpu_percent}")
+        room = _Room(node)
+        memory, cpu = room.need(ask, fallback or {})
+        if room.slots <= 0:
+            lacks.append("no free slot")
+        if room.memory < memory:
+            lacks.append(f"needs {memory} MB of memory, {max(0, room.memory)} MB unreserved")
+        if room.cpu < cpu:
+            lacks.append(f"needs {cpu}% CPU, {max(0, room.cpu)}% unreserved")
+        found.append({"node_id": node.node_id, "lacks": lacks})
+    found.sort(key=lambda item: (len(item["lacks"]), item["node_id"]))
+    return found[:limit]

@@ -191,7 +191,7 @@ class Store:
         # this insert (several writers at once: PostgreSQL): the insert then adds
         # nothing (ON CONFLICT DO NOTHING, no failed statement to roll back) and
         # this request answers with the twin's job, as if it had come second.
-        inserted = self._insert_jobs([dict(columns, created_at=now, idempotency_key=idempotency_key,
+        inserted = self._insert_jobs([dict(columns, created_at=now, queue_at=now, idempotency_key=idempotency_key,
                                            request_hash=digest)], now, skip_duplicate_key=bool(idempotency_key))
         if not inserted:
             return self._by_key(idempotency_key, digest), False
@@ -290,7 +290,7 @@ class Store:
                         existing[index] = job
             new = [i for i in range(len(items)) if i not in existing]
             rows = [dict(items[i], max_retries=self.settings.max_job_retries if items[i].get("max_retries") is None
-                         else items[i]["max_retries"], created_at=now, idempotency_key=keys[i],
+                         else items[i]["max_retries"], created_at=now, queue_at=now, idempotency_key=keys[i],
                          request_hash=digests[i]) for i in new]
             created = self._insert_jobs(rows, now)
             ids = [job.id for job in created]
@@ -485,7 +485,7 @@ class Store:
         with self._tx():
             def placed_here():
                 query = (Job.select().where((Job.status == "pending") & (Job.node_id == param("node_id")))
-                         .order_by(Job.id).limit(param("limit")))
+                         .order_by(Job.status, Job.node_id, Job.queue_at, Job.id).limit(param("limit")))
                 return query.for_update(skip_locked=True) if getattr(self.db, "for_update", False) else query
 
             decided = [(job, lifecycle.started(job, now, bool(request["limits_enforced"]), _claim_limits(job, request),
@@ -657,7 +657,7 @@ class Store:
             # no free slot.
             lock_placement(self.db, nodes=nodes)
             slots = self._free_slots(nodes)
-            total_free = sum(s.free for s in slots)
+            total_free = sum(max(0, s.free_slots) for s in slots)
             if total_free <= 0:
                 return 0
             # The round robin turns in placements of new work; filling the slots a node's
@@ -666,8 +666,8 @@ class Store:
             cursor, cursor_stored = self._cursor() if rotate else (None, False)
             before = cursor
             def unplaced(pinned):
-                # Ordered as the (status, node_id, id) index is: status and node_id are the
-                # same in every row, so this is id order, read from the index up to the
+                # Ordered as the (status, node_id, queue_at, id) index is: status and node_id are the
+                # same in every row, so this is queue order, read from the index up to the
                 # limit. Ordered by id alone, PostgreSQL walks the primary key past every
                 # finished job, and SQLite sorts every queued one. On PostgreSQL,
                 # placements on other nodes run meanwhile: each skips the jobs another
@@ -675,22 +675,24 @@ class Store:
                 query = Job.select(Job.id, Job.attempt, Job.instance_id, Job.memory_mb, Job.cpu_percent).where(
                     (Job.status == "pending") & Job.node_id.is_null()
                     & (Job.next_attempt_at.is_null() | (Job.next_attempt_at <= param("now"))) & pinned
-                ).order_by(Job.status, Job.node_id, Job.id).limit(param("limit"))
+                ).order_by(Job.status, Job.node_id, Job.queue_at, Job.id).limit(param("limit"))
                 return query.for_update(skip_locked=True) if getattr(self.db, "for_update", False) else query
 
             # The oldest due jobs that an open node may take: unpinned, or pinned to one of them.
-            open_nodes = ValueList(self.db, "open", sorted(s.node_id for s in slots if s.free > 0))
+            open_nodes = ValueList(self.db, "open", sorted(s.node_id for s in slots if s.free_slots > 0))
             candidates = self._sql.rows(
                 self.db, ("unplaced", open_nodes.size),
                 lambda: unplaced(Job.instance_id.is_null() | open_nodes.matches(Job.instance_id)),
                 now=now, limit=total_free, **open_nodes.values)
-            assignments, cursor = placement.plan(
-                [placement.Unplaced(job_id, pin, memory, cpu) for job_id, _, pin, memory, cpu in candidates],
-                slots, cursor)
+            planner = placement.Planner(slots, "round-robin", cursor)
+            planner.offer(placement.Ask(job_id, pin=pin, memory_mb=memory, cpu_percent=cpu)
+                          for job_id, _, pin, memory, cpu in candidates)
+            plan = planner.plan()
+            cursor = plan.cursor
             attempts = {row[0]: row[1] for row in candidates}
             by_node: dict[str, list[int]] = {}
-            for job_id, node_id in assignments:
-                by_node.setdefault(node_id, []).append(job_id)
+            for chosen_node in plan.placed:
+                by_node.setdefault(chosen_node.node_id, []).append(chosen_node.job_id)
             placed = []
             for node_id, ids in by_node.items():  # one conditional update per node
                 chosen = ValueList(self.db, "ids", ids)
@@ -806,9 +808,9 @@ class Store:
 
     def open_nodes(self) -> list[str]:
         """The healthy compute nodes with a free slot (one read, no lock)."""
-        return [s.node_id for s in self._free_slots() if s.free > 0]
+        return [s.node_id for s in self._free_slots() if s.free_slots > 0]
 
-    def _free_slots(self, only: Collection[str] | None = None) -> list[placement.NodeSlots]:
+    def _free_slots(self, only: Collection[str] | None = None) -> list[placement.NodeInfo]:
         """The healthy compute nodes (`only` these, when given) and their free slots."""
         if only is not None and not only:
             return []
@@ -824,7 +826,8 @@ class Store:
 
         rows = self._sql.rows(self.db, ("open nodes", chosen and chosen.size), open_nodes,
                               **(chosen.values if chosen else {}))
-        return [placement.NodeSlots(node_id, self._capacity(slots) - held, max_memory, max_cpu)
+        return [placement.NodeInfo(node_id, self._capacity(slots) - held, max_memory_mb=max_memory,
+                                   max_cpu_percent=max_cpu)
                 for node_id, slots, max_memory, max_cpu, held in rows]
 
     def _held_slots(self) -> dict[str, int]:
@@ -849,7 +852,7 @@ class Store:
         return bool(placed) or self._unplaced_due(now)
 
     def _unplaced_due(self, now: float) -> bool:
-        # Ordered as the (status, node_id, id) index is, as in dispatch: without an order,
+        # Ordered as the (status, node_id, queue_at, id) index is, as in dispatch: without an order,
         # PostgreSQL's generic plan of this prepared statement may scan the whole table
         # for a LIMIT 1 that finds nothing (much slower under load; see docs/benchmarks.md).
         return bool(self._sql.rows(self.db, "unplaced due", self._unplaced_due_query, now=now))
@@ -860,7 +863,7 @@ class Store:
         return Job.select(Job.id).where(
             (Job.status == "pending") & Job.node_id.is_null()
             & (Job.next_attempt_at.is_null() | (Job.next_attempt_at <= param("now")))
-        ).order_by(Job.status, Job.node_id, Job.id).limit(1)
+        ).order_by(Job.status, Job.node_id, Job.queue_at, Job.id).limit(1)
 
     def _after_commit_placed(self, node_ids: set[str]) -> None:
         hook = self.on_placed
@@ -883,9 +886,10 @@ class Store:
         if known is None:
             known = list(Node.select().where(Node.kind == "compute"))
         nodes = [n for n in known if not fields.get("instance_id") or n.node_id == fields["instance_id"]]
-        job = placement.Unplaced(0, fields.get("instance_id"), fields.get("memory_mb"), fields.get("cpu_percent"))
-        if nodes and not any(placement.fits(job, placement.NodeSlots(n.node_id, 1, n.max_memory_mb,
-                                                                     n.max_cpu_percent)) for n in nodes):
+        job = placement.Ask(0, pin=fields.get("instance_id"), memory_mb=fields.get("memory_mb"),
+                            cpu_percent=fields.get("cpu_percent"))
+        if nodes and not any(placement.fits_maximum(job, placement.NodeInfo(
+                n.node_id, 1, max_memory_mb=n.max_memory_mb, max_cpu_percent=n.max_cpu_percent)) for n in nodes):
             largest = ", ".join(f"{n.node_id}: memory_mb<={n.max_memory_mb}, cpu_percent<={n.max_cpu_percent}"
                                 for n in nodes[:5])
             raise BadRequest(f"no node allows memory_mb={job.memory_mb}, cpu_percent={job.cpu_percent} "

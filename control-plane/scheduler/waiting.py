@@ -1,0 +1,152 @@
+"""Why a pending job waits: its `pending_reason`, one code with a message and the
+details of that code.
+
+Pure. Placement gives the reasons it finds when it offers a job and cannot
+place it (no_healthy_node, constraints_unmet, no_capacity,
+pinned_node_unavailable, draining, array_throttle, concurrency_limit); the
+store keeps the last one with the job, written only when it changes. The
+others follow from the job's own fields at the moment it is read (`current`):
+placed (on a node, waiting for it to start the job), scheduled and backoff
+(until a time), dependency (on which job). A pending job placement has not
+offered yet waits for capacity: the jobs ahead of it took every slot.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from corral.shared.timeutil import iso
+
+CODES = ("placed", "no_healthy_node", "constraints_unmet", "no_capacity", "pinned_node_unavailable",
+         "scheduled", "backoff", "dependency", "array_throttle", "concurrency_limit", "draining")
+# Codes placement gives (stored with the job); the others are derived from its fields.
+PLACEMENT_CODES = ("no_healthy_node", "constraints_unmet", "no_capacity", "pinned_node_unavailable",
+                   "draining", "array_throttle", "concurrency_limit")
+
+
+@dataclass(frozen=True)
+class Reason:
+    code: str
+    message: str
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """As the API shows it (and the store keeps it): code, message, then the details."""
+        return {"code": self.code, "message": self.message, **self.details}
+
+    @classmethod
+    def from_dict(cls, value: Mapping[str, Any]) -> Reason:
+        details = {k: v for k, v in value.items() if k not in ("code", "message")}
+        return cls(value["code"], value["message"], details)
+
+
+def describe(constraint: Sequence[Any]) -> str:
+    label, op, value = constraint
+    if op in ("exists", "not_exists"):
+        return f"{label} {op}"
+    if op in ("in", "not_in"):
+        return f"{label} {op} [{', '.join(value)}]"
+    return f"{label} {op} {value}"
+
+
+def constraint_dict(constraint: Sequence[Any]) -> dict[str, Any]:
+    label, op, value = constraint
+    out: dict[str, Any] = {"label": label, "op": op}
+    if value is not None:
+        out["value"] = list(value) if isinstance(value, (list, tuple)) else value
+    return out
+
+
+# ---- given by placement ---------------------------------------------------------------
+
+def no_healthy_node(known: int) -> Reason:
+    return Reason("no_healthy_node", f"no healthy compute node ({known} known)" if known
+                  else "no compute node has registered")
+
+
+def pinned_node_unavailable(node_id: str, status: str) -> Reason:
+    return Reason("pinned_node_unavailable", f"its node {node_id} is {status}", {"node_id": node_id})
+
+
+def constraints_unmet(unmet: Sequence[Sequence[Any]], every: bool = False) -> Reason:
+    """`unmet`: the one requirement no healthy node satisfies; `every`: each is met by
+    some node, but no node meets them all."""
+    if every:
+        return Reason("constraints_unmet", "no healthy node satisfies all of "
+                      + "; ".join(describe(c) for c in unmet),
+                      {"constraints": [constraint_dict(c) for c in unmet]})
+    constraint = unmet[0]
+    return Reason("constraints_unmet", f"no healthy node satisfies {describe(constraint)}",
+                  {"constraint": constraint_dict(constraint)})
+
+
+def draining(node_ids: Sequence[str]) -> Reason:
+    shown = ", ".join(node_ids[:5]) + (f" and {len(node_ids) - 5} more" if len(node_ids) > 5 else "")
+    return Reason("draining", f"the nodes it may go to are drained ({shown})", {"node_ids": list(node_ids[:20])})
+
+
+def no_capacity(nodes: int, lacking: Sequence[str]) -> Reason:
+    """`lacking`: what the `nodes` it may go to lack (slot, memory, cpu; limits: it
+    asks more than they allow)."""
+    if list(lacking) == ["limits"]:
+        return Reason("no_capacity", f"it asks for more than the {_nodes(nodes)} it may go to allow",
+                      {"nodes": nodes, "lacking": ["limits"]})
+    words = {"slot": "a free slot", "memory": "free memory", "cpu": "free CPU"}
+    return Reason("no_capacity", f"no room on the {_nodes(nodes)} it may go to (short of "
+                  + " or ".join(words[x] for x in lacking) + ")", {"nodes": nodes, "lacking": list(lacking)})
+
+
+def array_throttle(array_id: int, parallel: int, active: int) -> Reason:
+    return Reason("array_throttle", f"{active} of its array's jobs are placed or running (parallel {parallel})",
+                  {"array_id": f"array-{array_id}", "parallel": parallel, "active": active})
+
+
+def concurrency_limit(key: str, limit: int, active: int) -> Reason:
+    return Reason("concurrency_limit", f"{active} jobs with concurrency key {key!r} are placed or running "
+                  f"(limit {limit})", {"key": key, "limit": limit, "active": active})
+
+
+def _nodes(n: int) -> str:
+    return "1 node" if n == 1 else f"{n} nodes"
+
+
+# ---- derived from the job ---------------------------------------------------------------
+
+def placed(node_id: str) -> Reason:
+    return Reason("placed", f"placed on {node_id}, waiting for it to start the job", {"node_id": node_id})
+
+
+def scheduled(until: float) -> Reason:
+    return Reason("scheduled", f"not before {iso(until)}", {"until": iso(until)})
+
+
+def backoff(until: float, attempt: int) -> Reason:
+    return Reason("backoff", f"attempt {attempt} failed; the next waits until {iso(until)}", {"until": iso(until)})
+
+
+def dependency(job_id: str, condition: str) -> Reason:
+    return Reason("dependency", f"waiting for {job_id} to be {condition}", {"job_id": job_id,
+                                                                            "condition": condition})
+
+
+def waiting_for_capacity() -> Reason:
+    return Reason("no_capacity", "the jobs ahead of it in the queue took every free slot", {"lacking": ["slot"]})
+
+
+def current(*, node_id: str | None, next_attempt_at: float | None, attempt: int, retry_count: int,
+            stored: Mapping[str, Any] | None, now: float,
+            dependency_on: tuple[str, str] | None = None) -> Reason:
+    """A pending job's reason at `now`, from its fields: placed, then a dependency it
+    waits on, then a time it may not start before, then what placement last said."""
+    if node_id is not None:
+        return placed(node_id)
+    if dependency_on is not None:
+        return dependency(*dependency_on)
+    if next_attempt_at is not None and next_attempt_at > now:
+        if retry_count > 0 or attempt > 0:
+            return backoff(next_attempt_at, attempt)
+        return scheduled(next_attempt_at)
+    if stored:
+        return Reason.from_dict(stored)
+    return waiting_for_capacity()
