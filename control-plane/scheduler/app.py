@@ -14,7 +14,7 @@ from corral.shared.metrics import serve_metrics
 from corral.shared.clients import RegistryClient
 from corral.shared.contract import encode, respond
 from corral.shared.errors import BadRequest
-from corral.shared.http import (base_app, query_choice, query_int, read_json_object, serve_openapi,
+from corral.shared.http import (base_app, query_choice, query_int, read_json_object, request_body, serve_openapi,
                                 serve_readiness)
 from corral.shared.states import ALL
 from corral.shared.wire import IDEMPOTENCY_HEADER, JOB_TYPES, LONG_POLL_HEADER
@@ -287,7 +287,9 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     def renew_lease(node_id):
         if not validation.NODE_ID_RE.match(node_id):
             raise BadRequest("the node id must be letters, digits, '.', '_' or '-' (at most 128)")
-        running = store.renew_lease(node_id, clock())
+        renewal = contract.LeaseRenewal.check(read_json_object() if request_body().strip() else {})
+        usage = renewal.usage
+        running = store.renew_lease(node_id, clock(), None if usage is None else (usage.memory_mb, usage.cpu_percent))
         return respond(views.lease(node_id, settings.heartbeat_timeout_secs, running))
 
     @app.post("/jobs/<job_id>/retry")

@@ -252,6 +252,22 @@ class DefaultLimits(Request):
     service: Annotated[Limits | None, LIMITS_SAYS] = None
 
 
+class Usage(Request):
+    """What the jobs of a node use now, as its agent reads their cgroups."""
+
+    memory_mb: int = Field(ge=0, le=16 * MAX_MEMORY_MB)
+    """Their memory, in MB."""
+    cpu_percent: int = Field(ge=0, le=MAX_CPU_PERCENT)
+    """Their CPU since the agent's previous renewal, in percent of one CPU."""
+
+
+class LeaseRenewal(Request):
+    """A lease renewal. The body may be empty."""
+
+    usage: Annotated[Usage | None, Says(every="must be an object with memory_mb and cpu_percent")] = None
+    """What the node's jobs use (GET /nodes shows it)."""
+
+
 class ClaimRequest(Request):
     """What an agent asks for: up to `max` jobs, waiting up to `wait_secs` for work."""
 

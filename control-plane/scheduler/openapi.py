@@ -236,6 +236,7 @@ PATHS = {
                            "NODE_LOST_GRACE_SECS later. The answer "
                            "lists the attempts the scheduler has running on the node: an attempt the agent runs "
                            "that is not listed is stale and the agent ends it.",
+            "requestBody": _body(contract.LeaseRenewal, required=False),
             "responses": {
                 "200": _json(contract.Lease, "The lease is renewed."),
                 "400": _error("BadRequest"),

@@ -603,14 +603,19 @@ class Store:
         return list(Job.select().where((Job.status == "pending") & Job.node_id.is_null(False)
                                        & Job.node_id.not_in(healthy)))
 
-    def renew_lease(self, node_id: str, now: float) -> list[Job]:
-        """Record that `node_id`'s agent is alive; returns the jobs the scheduler has running there.
+    def renew_lease(self, node_id: str, now: float, usage: tuple[int, int] | None = None) -> list[Job]:
+        """Record that `node_id`'s agent is alive, and what its jobs use (memory MB, CPU
+        percent) when it says; returns the jobs the scheduler has running there.
 
         The agent compares that list with what it runs: an attempt it runs that is
         not listed is stale (moved, cancelled, timed out) and gets killed.
         """
         with self.db.atomic():
             self._touch_lease(node_id, now)
+            if usage is not None:
+                self._sql.execute(self.db, "lease usage", lambda: NodeLease.update(
+                    used_memory_mb=param("memory"), used_cpu_percent=param("cpu")).where(
+                    NodeLease.node_id == param("node_id")), memory=usage[0], cpu=usage[1], node_id=node_id)
         return self._sql.select(Job, "running on node", lambda: Job.select(Job.id, Job.attempt).where(
             (Job.node_id == param("node_id")) & (Job.status == "running")), node_id=node_id)
 

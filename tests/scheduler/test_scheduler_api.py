@@ -4,7 +4,7 @@ import peewee
 import pytest
 
 from corral.scheduler.service import Scheduler
-from corral.scheduler.models import Job
+from corral.scheduler.models import Job, NodeLease
 from scheduler_app import make_app, set_nodes, submit
 
 
@@ -438,6 +438,22 @@ def test_the_lease_answer_lists_the_attempts_running_on_the_node(client, store, 
     assert answer == {"node_id": "n1", "lease_secs": 20.0, "running": [{"job_id": a["job_id"], "attempt": 1}]}
     assert client.post("/nodes/n2/lease", json={}).json["running"] == []
     assert client.post("/nodes/bad%20id/lease", json={}).status_code == 400
+
+
+def test_a_lease_renewal_may_say_what_the_node_s_jobs_use(client, store, clock):
+    set_nodes(store, clock, "n1")
+    assert client.post("/nodes/n1/lease", data="", content_type="application/json").status_code == 200
+    assert client.post("/nodes/n1/lease", json={"usage": {"memory_mb": 300, "cpu_percent": 150}}).status_code == 200
+    lease = NodeLease.get(NodeLease.node_id == "n1")
+    assert (lease.used_memory_mb, lease.used_cpu_percent) == (300, 150)
+    for bad, says in [({"usage": {"memory_mb": -1, "cpu_percent": 0}}, "'memory_mb' must be between 0"),
+                      ({"usage": {"memory_mb": 1}}, "'cpu_percent'"),
+                      ({"usage": "lots"}, "'usage' must be an object with memory_mb and cpu_percent"),
+                      ({"used": 1}, "'used'")]:
+        refused = client.post("/nodes/n1/lease", json=bad)
+        assert refused.status_code == 400 and says in refused.json["error"], refused.json
+    lease = NodeLease.get(NodeLease.node_id == "n1")
+    assert (lease.used_memory_mb, lease.used_cpu_percent) == (300, 150)  # a refused renewal changed nothing
 
 
 def test_a_busy_database_is_a_503_not_a_500(client, store, monkeypatch):
