@@ -109,7 +109,9 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
             "node_id": node.node_id, "address": node.address, "kind": node.kind,
             "slots": node.slots, "cpus": node.cpus, "memory_mb": node.memory_mb,
             "max_memory_mb": node.max_memory_mb, "max_cpu_percent": node.max_cpu_percent,
-            "labels": node.labels or {}, "running": node.running, "drained": node.drained,
+            "labels": node.labels or {}, "default_limits": node.default_limits,
+            "reserved_memory_mb": node.reserved_memory_mb or 0, "reserved_cpu_percent": node.reserved_cpu_percent or 0,
+            "running": node.running, "drained": node.drained,
             "status": liveness.status(node.last_heartbeat, now),
             "registered_at": iso(node.registered_at), "last_heartbeat": iso(node.last_heartbeat),
         })

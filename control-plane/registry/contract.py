@@ -5,18 +5,46 @@ document from them.
 """
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from corral.shared.contract import (MAP_SAYS, MAX_MAP_ENTRIES, Answer, MapValue, Name, NodeId, Request, Says, Text,
-                                    Timestamp)
+                                    Timestamp, refused)
 from corral.shared.validate import NAME_PATTERN
 
 KIND_PATTERN = r"^[a-z][a-z0-9-]{0,31}$"
 MAX_MEMORY_MB = 1 << 40
 MAX_SLOTS = 10_000
+# The bounds of a job's limits, as the scheduler takes them.
+MIN_LIMIT_MEMORY_MB = 4
+MAX_LIMIT_MEMORY_MB = 1024 * 1024
+MAX_LIMIT_CPU_PERCENT = 100_000
+MAX_LIMIT_PROCESSES = 4_194_304
 
 Labels = Annotated[dict[Annotated[str, Field(pattern=NAME_PATTERN)], MapValue] | None,
                    Field(max_length=MAX_MAP_ENTRIES), Says(what="a name", every=MAP_SAYS.every)]
+
+
+class Limits(Request):
+    """The limits a node gives a job that asks for none."""
+
+    memory_mb: int = Field(ge=MIN_LIMIT_MEMORY_MB, le=MAX_LIMIT_MEMORY_MB)
+    cpu_percent: int = Field(ge=1, le=MAX_LIMIT_CPU_PERCENT)
+    """Percent of one CPU."""
+    max_processes: int | None = Field(None, ge=1, le=MAX_LIMIT_PROCESSES)
+    """Its processes and threads at once; null when the node sets no such limit."""
+
+
+LIMITS_SAYS = Says(every="must be an object with memory_mb and cpu_percent (and max_processes)")
+
+
+class DefaultLimits(Request):
+    """The node's limits for jobs that ask for none, per job type."""
+
+    run: Annotated[Limits, LIMITS_SAYS]
+    service: Annotated[Limits, LIMITS_SAYS]
+
+    def columns(self) -> dict:
+        return self.model_dump()
 
 
 class NodeRegistration(Request):
@@ -39,14 +67,35 @@ class NodeRegistration(Request):
     labels: Labels = None
     """Free-form string labels. Keys are letters, digits, '.', '_' or '-' (at most 128, starting with a
     letter or digit); values must not contain NUL characters."""
+    default_limits: Annotated[DefaultLimits | None,
+                              Says(every="must be an object with 'run' and 'service' limits")] = None
+    """The limits the node gives jobs that ask for none, per job type (placement reserves them for such
+    jobs); null: not said."""
+    reserved_memory_mb: int | None = Field(0, ge=0, le=MAX_LIMIT_MEMORY_MB)
+    """Memory the node keeps for the system: placement counts its allocatable memory as max_memory_mb
+    minus this."""
+    reserved_cpu_percent: int | None = Field(0, ge=0, le=MAX_LIMIT_CPU_PERCENT)
+    """CPU (percent of one CPU) the node keeps for the system: placement counts its allocatable CPU as
+    max_cpu_percent minus this."""
     node_id: Name = Field(max_length=1024)  # last: a refusal names the node's other fields first
     """Letters, digits, '.', '_' or '-', at most 128 characters."""
+
+    @model_validator(mode="after")
+    def _reserves(self) -> "NodeRegistration":
+        for reserve, maximum in (("reserved_memory_mb", "max_memory_mb"), ("reserved_cpu_percent", "max_cpu_percent")):
+            kept, most = getattr(self, reserve), getattr(self, maximum)
+            if kept and most is not None and kept > most:
+                raise refused(f"'{reserve}' ({kept}) is more than '{maximum}' ({most})")
+        return self
 
     def columns(self) -> dict:
         """What the node's row records of it (all but its id)."""
         return {"address": self.address, "kind": self.kind or "compute", "slots": self.slots or 1,
                 "cpus": self.cpus, "memory_mb": self.memory_mb, "max_memory_mb": self.max_memory_mb,
-                "max_cpu_percent": self.max_cpu_percent, "labels": self.labels or {}}
+                "max_cpu_percent": self.max_cpu_percent, "labels": self.labels or {},
+                "default_limits": None if self.default_limits is None else self.default_limits.columns(),
+                "reserved_memory_mb": self.reserved_memory_mb or 0,
+                "reserved_cpu_percent": self.reserved_cpu_percent or 0}
 
 
 class Heartbeat(Request):
@@ -80,6 +129,17 @@ class ServiceRegistration(Request):
                 "healthy": self.healthy, "attempt": self.attempt}
 
 
+class LimitsView(Answer):
+    memory_mb: int
+    cpu_percent: int
+    max_processes: int | None
+
+
+class DefaultLimitsView(Answer):
+    run: LimitsView
+    service: LimitsView
+
+
 class Node(Answer):
     node_id: str
     address: str
@@ -90,6 +150,12 @@ class Node(Answer):
     max_memory_mb: int | None
     max_cpu_percent: int | None
     labels: dict[str, str]
+    default_limits: DefaultLimitsView | None
+    """The limits the node gives jobs that ask for none, per job type; null when its agent did not say."""
+    reserved_memory_mb: int = Field(ge=0)
+    """Memory kept for the system (0: none)."""
+    reserved_cpu_percent: int = Field(ge=0)
+    """CPU kept for the system, in percent of one CPU (0: none)."""
     running: int | None = Field(ge=0)
     """Jobs running, as last reported by the node's heartbeat."""
     drained: bool

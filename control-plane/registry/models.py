@@ -21,6 +21,12 @@ class Node(BaseModel):
     max_memory_mb = peewee.IntegerField(null=True)     # the largest limits a job may ask for here
     max_cpu_percent = peewee.IntegerField(null=True)
     labels = JSONField(default=dict)
+    # What placement needs beyond the node's size, as its agent says: the limits of jobs
+    # that ask for none ({"run": {...}, "service": {...}}; null: not said) and the
+    # system's reserve.
+    default_limits = JSONField(null=True)
+    reserved_memory_mb = peewee.IntegerField(default=0)
+    reserved_cpu_percent = peewee.IntegerField(default=0)
     registered_at = peewee.DoubleField()
     last_heartbeat = peewee.DoubleField(index=True)
     running = peewee.IntegerField(null=True)

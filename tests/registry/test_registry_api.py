@@ -117,6 +117,103 @@ def test_bad_registrations_are_refused(client, body):
     assert client.get("/nodes").json == []
 
 
+DEFAULTS = {"run": {"memory_mb": 512, "cpu_percent": 100, "max_processes": 1024},
+            "service": {"memory_mb": 1024, "cpu_percent": 200, "max_processes": None}}
+PLACED = dict(NODE, max_memory_mb=16000, max_cpu_percent=800, default_limits=DEFAULTS,
+              reserved_memory_mb=1024, reserved_cpu_percent=50)
+
+
+def test_a_nodes_default_limits_and_reserve_are_stored_and_listed(client):
+    answer = client.post("/nodes", json=PLACED)
+    assert answer.status_code == 201, answer.json
+    for node in (answer.json, client.get("/nodes/node-1").json, client.get("/nodes").json[0]):
+        assert node["default_limits"] == DEFAULTS
+        assert (node["reserved_memory_mb"], node["reserved_cpu_percent"]) == (1024, 50)
+    # max_processes may be left out (a node without a pids limit): null.
+    unlimited = {"run": {"memory_mb": 4, "cpu_percent": 1}, "service": {"memory_mb": 1048576, "cpu_percent": 100000}}
+    client.post("/nodes", json=dict(PLACED, node_id="node-2", default_limits=unlimited))
+    assert client.get("/nodes/node-2").json["default_limits"]["run"] == {"memory_mb": 4, "cpu_percent": 1,
+                                                                          "max_processes": None}
+
+
+def test_a_node_that_says_nothing_of_them_has_no_defaults_and_no_reserve(client):
+    node = client.post("/nodes", json=NODE).json
+    assert (node["default_limits"], node["reserved_memory_mb"], node["reserved_cpu_percent"]) == (None, 0, 0)
+    nulls = client.post("/nodes", json=dict(NODE, node_id="node-2", default_limits=None, reserved_memory_mb=None,
+                                            reserved_cpu_percent=None)).json
+    assert (nulls["default_limits"], nulls["reserved_memory_mb"], nulls["reserved_cpu_percent"]) == (None, 0, 0)
+
+
+def test_reregistration_replaces_the_default_limits_and_reserve(client):
+    client.post("/nodes", json=PLACED)
+    smaller = {"run": {"memory_mb": 256, "cpu_percent": 50}, "service": {"memory_mb": 512, "cpu_percent": 100}}
+    again = client.post("/nodes", json=dict(PLACED, default_limits=smaller, reserved_memory_mb=2048))
+    assert again.status_code == 200
+    node = client.get("/nodes/node-1").json
+    assert node["default_limits"]["run"] == {"memory_mb": 256, "cpu_percent": 50, "max_processes": None}
+    assert (node["reserved_memory_mb"], node["reserved_cpu_percent"]) == (2048, 50)
+    # Left out: back to not said, and nothing reserved.
+    client.post("/nodes", json=NODE)
+    node = client.get("/nodes/node-1").json
+    assert (node["default_limits"], node["reserved_memory_mb"], node["reserved_cpu_percent"]) == (None, 0, 0)
+
+
+def limits(run=None, service=None):
+    return {"run": {"memory_mb": 512, "cpu_percent": 100, **(run or {})},
+            "service": {"memory_mb": 1024, "cpu_percent": 200, **(service or {})}}
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"default_limits": "512"}, "'default_limits' must be an object with 'run' and 'service' limits"),
+    ({"default_limits": {"run": {"memory_mb": 512, "cpu_percent": 100}}}, "'service' is required"),
+    ({"default_limits": {**limits(), "batch": {}}}, "unknown field 'batch'; allowed fields: run, service"),
+    ({"default_limits": limits(run={"memory_mb": 3})}, "'memory_mb' must be between 4 and 1048576"),
+    ({"default_limits": limits(service={"memory_mb": 1048577})}, "'memory_mb' must be between 4 and 1048576"),
+    ({"default_limits": limits(run={"cpu_percent": 0})}, "'cpu_percent' must be between 1 and 100000"),
+    ({"default_limits": limits(service={"cpu_percent": 100001})}, "'cpu_percent' must be between 1 and 100000"),
+    ({"default_limits": limits(run={"cpu_percent": "100"})}, "'cpu_percent' must be a whole number"),
+    ({"default_limits": limits(run={"max_processes": 0})}, "'max_processes' must be between 1 and 4194304"),
+    ({"default_limits": limits(run={"swap_mb": 1})},
+     "unknown field 'swap_mb'; allowed fields: cpu_percent, max_processes, memory_mb"),
+    ({"default_limits": {"run": 512, "service": 1024}},
+     "'run' must be an object with memory_mb and cpu_percent (and max_processes)"),
+    ({"reserved_memory_mb": -1}, "'reserved_memory_mb' must be between 0 and 1048576"),
+    ({"reserved_memory_mb": 1048577}, "'reserved_memory_mb' must be between 0 and 1048576"),
+    ({"reserved_memory_mb": 1.5}, "'reserved_memory_mb' must be a whole number"),
+    ({"reserved_cpu_percent": -1}, "'reserved_cpu_percent' must be between 0 and 100000"),
+    ({"reserved_cpu_percent": 100001}, "'reserved_cpu_percent' must be between 0 and 100000"),
+    ({"reserved_cpu_percent": True}, "'reserved_cpu_percent' must be a whole number"),
+    ({"max_memory_mb": 1000, "reserved_memory_mb": 1001},
+     "'reserved_memory_mb' (1001) is more than 'max_memory_mb' (1000)"),
+    ({"max_cpu_percent": 400, "reserved_cpu_percent": 401},
+     "'reserved_cpu_percent' (401) is more than 'max_cpu_percent' (400)"),
+    ({"reserved_gpus": 1}, "unknown field 'reserved_gpus'"),
+])
+def test_bad_default_limits_and_reserves_are_refused_in_one_line_and_nothing_is_stored(client, fields, message):
+    client.post("/nodes", json=PLACED)
+    response = client.post("/nodes", json=dict(PLACED, node_id="node-2", **fields))
+    assert response.status_code == 400
+    assert response.json["error"].startswith(message) and "\n" not in response.json["error"], response.json
+    again = client.post("/nodes", json=dict(PLACED, **fields))  # nor is a registered node changed
+    assert again.status_code == 400
+    assert [n["node_id"] for n in client.get("/nodes").json] == ["node-1"]
+    node = client.get("/nodes/node-1").json
+    assert (node["default_limits"], node["reserved_memory_mb"]) == (DEFAULTS, 1024)
+
+
+def test_the_openapi_document_shows_the_default_limits_and_reserve(client):
+    schemas = client.get("/openapi.json").json["components"]["schemas"]
+    registration, node = schemas["NodeRegistration"]["properties"], schemas["Node"]["properties"]
+    for name in ("default_limits", "reserved_memory_mb", "reserved_cpu_percent"):
+        assert name in registration and name in node and "description" in registration[name]
+    assert registration["reserved_memory_mb"]["anyOf"][0] == {"type": "integer", "minimum": 0, "maximum": 1048576}
+    limits_schema = schemas["Limits"]
+    assert set(limits_schema["required"]) == {"memory_mb", "cpu_percent"}
+    assert limits_schema["properties"]["memory_mb"] == {"type": "integer", "minimum": 4, "maximum": 1048576}
+    assert set(schemas["DefaultLimits"]["required"]) == {"run", "service"}
+    assert limits_schema["additionalProperties"] is False
+
+
 def test_services(client, clock):
     client.post("/nodes", json=NODE)
     svc = {"job_id": "job-7", "name": "web", "node_id": "node-1", "address": "10.0.0.5", "port": 8080}
