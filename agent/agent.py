@@ -123,7 +123,8 @@ class Agent:
         # The held and claimed jobs (jobs.py): only the work loop adds and removes held
         # ones; other threads read snapshots; a preparing thread changes its own LocalJob.
         self.jobs = JobTable()
-        self.membership = Membership(settings, registry, scheduler, self.jobs, self._end, clock)
+        self.membership = Membership(settings, registry, scheduler, self.jobs, self._end, clock,
+                                     self.default_limits, self.limits_enforced)
         self.claims = Claims(self)
         self.outbox = Outbox(settings.node_id, scheduler, clock, self.claims.queue, self.claims.answer_lost)
         self.services = ServiceJobs(settings, registry, self.jobs, clock)
@@ -283,6 +284,11 @@ class Agent:
 
     def applied_limits(self, limits: dict) -> dict:
         return applied_limits(limits, self._limits_processes())
+
+    def limits_enforced(self) -> bool:
+        """Whether jobs run in cgroups with their limits here (detected at start-up, before
+        any claim or renewal)."""
+        return self.cgroups is not None and self.cgroups.enforced
 
     def _limits_processes(self) -> bool:
         """Whether jobs' process counts are limited here (a pids controller; known after startup)."""

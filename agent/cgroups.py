@@ -1,4 +1,5 @@
-"""Per-job cgroups: memory, CPU and process-count limits, OOM detection, usage, and
+"""Per-job cgroups: memory, CPU and process-count limits, OOM detection, what a job
+uses (its peak at the end; its memory and CPU time so far, for lease renewals), and
 killing a whole process tree (double forks and setsid included). cgroup v2 and v1
 are detected from /proc/self/cgroup and /proc/self/mountinfo; no third-party library.
 
@@ -202,7 +203,20 @@ class JobCgroup:
         return (self.oom_kills() or 0) > 0
 
     def stats(self) -> dict:
-        return {"peak_memory_bytes": None, "cpu_seconds": None}
+        return {"peak_memory_bytes": None, "cpu_seconds": self.cpu_seconds()}
+
+    def usage(self) -> dict:
+        """What the job uses now: {"memory_bytes", "cpu_seconds"} (its CPU since it
+        started); None where unknown (not limited here, or its cgroup is gone)."""
+        return {"memory_bytes": self.memory_bytes(), "cpu_seconds": self.cpu_seconds()}
+
+    def memory_bytes(self) -> int | None:
+        """The memory the job's processes hold now (page cache included, as the limit counts it)."""
+        return None
+
+    def cpu_seconds(self) -> float | None:
+        """The CPU time the job's processes used since the cgroup was made."""
+        return None
 
     def kill(self, timeout: float = 5.0) -> bool:
         """SIGKILL every process in the cgroup, forks and setsid included, until it is
@@ -273,9 +287,15 @@ class V2JobCgroup(JobCgroup):
         return _keyed(_read(os.path.join(self.dir, "memory.events")), "oom_kill")
 
     def stats(self) -> dict:
-        usec = _keyed(_read(os.path.join(self.dir, "cpu.stat")), "usage_usec")
         return {"peak_memory_bytes": _int(_read(os.path.join(self.dir, "memory.peak"))),
-                "cpu_seconds": None if usec is None else usec / 1e6}
+                "cpu_seconds": self.cpu_seconds()}
+
+    def memory_bytes(self) -> int | None:
+        return _int(_read(os.path.join(self.dir, "memory.current")))
+
+    def cpu_seconds(self) -> float | None:
+        usec = _keyed(_read(os.path.join(self.dir, "cpu.stat")), "usage_usec")
+        return None if usec is None else usec / 1e6
 
     def kill(self, timeout: float = 5.0) -> bool:
         deadline = time.monotonic() + timeout
@@ -312,13 +332,20 @@ class V1JobCgroup(JobCgroup):
         return _keyed(_read(os.path.join(d, "memory.oom_control")), "oom_kill") if d else None
 
     def stats(self) -> dict:
-        peak = cpu = None
-        if "memory" in self.dirs:
-            peak = _int(_read(os.path.join(self.dirs["memory"], "memory.max_usage_in_bytes")))
-        if "cpuacct" in self.dirs:
-            ns = _int(_read(os.path.join(self.dirs["cpuacct"], "cpuacct.usage")))
-            cpu = None if ns is None else ns / 1e9
-        return {"peak_memory_bytes": peak, "cpu_seconds": cpu}
+        return {"peak_memory_bytes": self._memory_file("memory.max_usage_in_bytes"),
+                "cpu_seconds": self.cpu_seconds()}
+
+    def memory_bytes(self) -> int | None:
+        return self._memory_file("memory.usage_in_bytes")
+
+    def cpu_seconds(self) -> float | None:
+        if "cpuacct" not in self.dirs:
+            return None
+        ns = _int(_read(os.path.join(self.dirs["cpuacct"], "cpuacct.usage")))
+        return None if ns is None else ns / 1e9
+
+    def _memory_file(self, name: str) -> int | None:
+        return _int(_read(os.path.join(self.dirs["memory"], name))) if "memory" in self.dirs else None
 
     def _freezer(self, state: str) -> bool:
         d = self.dirs.get("freezer")

@@ -52,10 +52,6 @@ class Claims:
         self.wake = threading.Event()  # a slot freed: the claim thread asks at once
         self.handed_over = threading.Event()  # the work loop took what the last claim queued
 
-    def _limits_enforced(self) -> bool:
-        cgroups = self.agent.cgroups  # detected at the agent's start-up, before any claim
-        return cgroups is not None and cgroups.enforced
-
     def claim_once(self, client: SchedulerClient | None = None, wait_secs: float = 0.0
                    ) -> tuple[list[Key], bool]:
         """One claim for as many jobs as there are free slots, waiting up to wait_secs
@@ -73,7 +69,7 @@ class Claims:
         started = time.monotonic()
         sent_at = self.agent._clock()
         try:
-            result = client.claim(self.agent.node_id, free, wait_secs, limits_enforced=self._limits_enforced(),
+            result = client.claim(self.agent.node_id, free, wait_secs, limits_enforced=self.agent.limits_enforced(),
                                   default_limits=self.agent.default_limits(), private_tmp=bool(self.agent.private_tmp))
             keys = self.queue(result.jobs, sent_at)
         except Unreachable:
@@ -120,7 +116,7 @@ class Claims:
         free = self.agent.free_slots()
         if free <= 0:
             return None
-        return {"node_id": self.agent.node_id, "max": free, "limits_enforced": self._limits_enforced(),
+        return {"node_id": self.agent.node_id, "max": free, "limits_enforced": self.agent.limits_enforced(),
                 "private_tmp": bool(self.agent.private_tmp), "default_limits": self.agent.default_limits()}
 
     def loop(self, stop: threading.Event) -> None:
@@ -184,7 +180,7 @@ class Claims:
             if agent.jobs.holds_job(job_id):
                 continue
             plan = agent.plan(job)
-            enforced = self._limits_enforced()
+            enforced = self.agent.limits_enforced()
             try:
                 agent.scheduler.report(job_id, agent.node_id, attempt, "running", limits_enforced=enforced,
                                        limits=agent.applied_limits(plan.limits) if enforced else None,

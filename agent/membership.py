@@ -9,6 +9,12 @@ retried sooner than the interval, never later. The lease's bookkeeping is pure
 attempt the scheduler no longer lists is stale and ended. Fencing runs on a thread
 of its own too (`fence_loop`), since the work loop can spend seconds in calls to a
 scheduler it cannot reach.
+
+The registration says what placement needs of the node beyond its size: the
+limits it gives jobs that ask for none and what it keeps for the system; each
+renewal carries what the jobs use (usage.py). A registry or scheduler of the
+previous release refuses these unknown fields: the agent then registers or renews
+without them rather than not at all.
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ from .jobs import END_FENCED, END_RECONCILED, JobTable, LocalJob
 from .lease import Lease
 from .reconcile import Key, listed_keys
 from .settings import AgentSettings, total_memory_mb
+from .usage import Meter
 
 log = logging.getLogger(__name__)
 
@@ -37,14 +44,22 @@ FENCE_SECS = 0.1
 
 class Membership:
     def __init__(self, settings: AgentSettings, registry: RegistryClient, scheduler: SchedulerClient,
-                 jobs: JobTable, end: Callable[[LocalJob, str], bool], clock: Callable[[], float]):
-        """`end` ends a held job for a reason (Endings.end)."""
+                 jobs: JobTable, end: Callable[[LocalJob, str], bool], clock: Callable[[], float],
+                 default_limits: Callable[[], dict], limits_enforced: Callable[[], bool]):
+        """`end` ends a held job for a reason (Endings.end); `default_limits` the limits
+        jobs that ask for none get here, per job type (what claims say too);
+        `limits_enforced` whether jobs run in cgroups here."""
         self.settings = settings
         self.registry = registry
         self.scheduler = scheduler
         self.jobs = jobs
         self._end = end
         self._clock = clock
+        self._default_limits = default_limits
+        self.usage = Meter(jobs.snapshot, limits_enforced, clock)
+        # Warned once each: the registry or the scheduler is of a release that refuses
+        # the node's placement fields (the agent goes on without them).
+        self._warned: set[str] = set()
         self.long_poll = settings.long_poll_secs > 0
         # When the last renewal that succeeded was sent (this agent's monotonic clock;
         # a claim that handed out jobs counts too) and the period the scheduler gave.
@@ -61,8 +76,16 @@ class Membership:
                 "cpus": os.cpu_count(), "memory_mb": total_memory_mb(), "max_memory_mb": s.max_memory_mb,
                 "max_cpu_percent": s.max_cpu_percent, "labels": dict(s.labels)}
 
+    def placement_info(self) -> dict:
+        """What the registry keeps for placement beyond the node's size."""
+        s = self.settings
+        return {"default_limits": self._default_limits(), "reserved_memory_mb": s.reserved_memory_mb,
+                "reserved_cpu_percent": s.reserved_cpu_percent}
+
     def register(self) -> dict:
-        answer = self.registry.register_node(self.node_info())
+        info = self.node_info()
+        answer = self._refused_without(lambda extra: self.registry.register_node({**info, **extra}),
+                                       self.placement_info(), "registry", "the node's default limits and reserve")
         log.info("registered node %s (%d slots) with %s", self.settings.node_id, self.settings.slots,
                  self.settings.registry_url)
         return answer
@@ -128,8 +151,29 @@ class Membership:
     def renew_with(self, client: SchedulerClient) -> None:
         """Renew this node's lease (counted from when it was sent: lease.py)."""
         sent_at = self._clock()
-        answer = client.renew_lease(self.settings.node_id)
+        usage = self.usage.read()
+        node_id = self.settings.node_id
+        if usage is None:
+            answer = client.renew_lease(node_id)
+        else:
+            answer = self._refused_without(lambda extra: client.renew_lease(node_id, **extra), {"usage": usage},
+                                           "scheduler", "the jobs' usage")
         self.apply_lease(sent_at, answer)
+
+    def _refused_without(self, send: Callable[[dict], dict], extra: dict, who: str, what: str) -> dict:
+        """send(extra); when that is refused as a bad request (a release that does not
+        know these fields; one out of its bounds), send({}) instead: a request refused
+        for anything else is refused again, and raised."""
+        try:
+            return send(extra)
+        except Rejected as exc:
+            if exc.status != 400:
+                raise
+            if who not in self._warned:
+                self._warned.add(who)
+                log.warning("the %s refused a request with %s (%s); sending it without them", who, what,
+                            exc.message)
+            return send({})
 
     def renew_if_due(self, client: SchedulerClient) -> None:
         """The lease thread's beat: at every one while the agent holds work or polls

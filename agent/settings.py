@@ -9,7 +9,8 @@ Limits: a job's `memory_mb` / `cpu_percent` (null: the node's default for its jo
 type) may not exceed AGENT_MAX_MEMORY_MB / AGENT_MAX_CPU_PERCENT. A per-type default
 that was left unset is lowered to the maximum on a small node (a 1-CPU node runs
 services at 100%, not 200%); one that was set explicitly above the maximum is a
-SettingError.
+SettingError. AGENT_RESERVED_MEMORY_MB / AGENT_RESERVED_CPU_PERCENT, kept for the
+system, may not exceed the maximum either.
 """
 from __future__ import annotations
 
@@ -46,6 +47,12 @@ DEFAULT_SERVICE_CPU_PERCENT = 200
 DEFAULT_UID_RANGE = (70000, 79999)
 DEFAULT_JOB_MAX_PROCESSES = 1024
 DEFAULT_MAX_PROCESSES = 32768
+# The per-type default limits the registry and the scheduler take (a node whose
+# defaults were outside them could not register); 4 MB: the least a job may ask for.
+MIN_LIMIT_MEMORY_MB = 4
+MAX_LIMIT_MEMORY_MB = 1024 * 1024
+MAX_LIMIT_CPU_PERCENT = 100_000
+MAX_LIMIT_PROCESSES = 4_194_304  # Linux's largest pid_max
 
 
 @dataclass(frozen=True)
@@ -82,6 +89,10 @@ class AgentSettings:
     service_cpu_percent: int = DEFAULT_SERVICE_CPU_PERCENT
     max_memory_mb: int = field(default_factory=lambda: total_memory_mb() or DEFAULT_SERVICE_MEMORY_MB)
     max_cpu_percent: int = field(default_factory=lambda: (os.cpu_count() or 1) * 100)
+    # Kept for the system: placement counts a node's allocatable capacity as the
+    # maximum minus these.
+    reserved_memory_mb: int = 0
+    reserved_cpu_percent: int = 0
     require_cgroups: bool = False
     # Jobs' isolation: a uid per job from this range (when the agent is root and neither
     # job_user nor run_as_root is set), a private /tmp where the kernel allows it, the
@@ -171,6 +182,9 @@ class AgentSettings:
         for name, max_name in DEFAULT_LIMITS:
             default, maximum = _SETTING[name], _SETTING[max_name]
             values[default.field] = _fit(env, default, values[default.field], maximum, values[maximum.field])
+        for name, max_name in RESERVES:
+            _check_reserve(_SETTING[name], values[_SETTING[name].field], _SETTING[max_name],
+                           values[_SETTING[max_name].field])
         _check_uid_range(values)
         return cls(**values)
 
@@ -218,6 +232,12 @@ def _fit(env: Mapping[str, str], setting: Setting, value: int, max_setting: Sett
         raise SettingError(f"{setting.name}={value} is more than {max_setting.name}={maximum}; jobs "
                            f"using the default could never run on this node")
     return maximum
+
+
+def _check_reserve(setting: Setting, value: int, max_setting: Setting, maximum: int) -> None:
+    if value > maximum:
+        raise SettingError(f"{setting.name}={value} is more than {max_setting.name}={maximum}; the node "
+                           f"cannot keep more for the system than it has")
 
 
 def _check_uid_range(values: dict) -> None:
@@ -354,22 +374,32 @@ SETTINGS = (
             form="names, comma-separated", shown="none"),
     Setting("AGENT_RUN_MEMORY_MB", "run_memory_mb", "int", DEFAULT_RUN_MEMORY_MB,
             "memory limit of `run` jobs that ask for none (lowered to `AGENT_MAX_MEMORY_MB` when unset and "
-            "above it)", minimum=1),
+            "above it)", minimum=MIN_LIMIT_MEMORY_MB, maximum=MAX_LIMIT_MEMORY_MB),
     Setting("AGENT_RUN_CPU_PERCENT", "run_cpu_percent", "int", DEFAULT_RUN_CPU_PERCENT,
             "CPU limit (percent of one CPU) of `run` jobs that ask for none (lowered to `AGENT_MAX_CPU_PERCENT` "
-            "when unset and above it)", minimum=1),
+            "when unset and above it)", minimum=1, maximum=MAX_LIMIT_CPU_PERCENT),
     Setting("AGENT_SERVICE_MEMORY_MB", "service_memory_mb", "int", DEFAULT_SERVICE_MEMORY_MB,
-            "memory limit of `service` jobs that ask for none (lowered like `AGENT_RUN_MEMORY_MB`)", minimum=1),
+            "memory limit of `service` jobs that ask for none (lowered like `AGENT_RUN_MEMORY_MB`)",
+            minimum=MIN_LIMIT_MEMORY_MB, maximum=MAX_LIMIT_MEMORY_MB),
     Setting("AGENT_SERVICE_CPU_PERCENT", "service_cpu_percent", "int", DEFAULT_SERVICE_CPU_PERCENT,
-            "CPU limit of `service` jobs that ask for none (lowered like `AGENT_RUN_CPU_PERCENT`)", minimum=1),
+            "CPU limit of `service` jobs that ask for none (lowered like `AGENT_RUN_CPU_PERCENT`)", minimum=1,
+            maximum=MAX_LIMIT_CPU_PERCENT),
     Setting("AGENT_MAX_MEMORY_MB", "max_memory_mb", "int", _memory_mb,
-            "the most memory a job may ask for here (advertised to the scheduler)", minimum=1,
+            "the most memory a job may ask for here (advertised to the scheduler)", minimum=MIN_LIMIT_MEMORY_MB,
             shown="the node's memory"),
     Setting("AGENT_MAX_CPU_PERCENT", "max_cpu_percent", "int", lambda: _cpus() * 100,
             "the most CPU a job may ask for here (advertised to the scheduler)", minimum=1, shown="100 per CPU"),
+    Setting("AGENT_RESERVED_MEMORY_MB", "reserved_memory_mb", "int", 0,
+            "memory kept for the system: placement counts the node's allocatable memory as "
+            "`AGENT_MAX_MEMORY_MB` minus this (at most `AGENT_MAX_MEMORY_MB`)", minimum=0,
+            maximum=MAX_LIMIT_MEMORY_MB),
+    Setting("AGENT_RESERVED_CPU_PERCENT", "reserved_cpu_percent", "int", 0,
+            "CPU (percent of one CPU) kept for the system: placement counts the node's allocatable CPU as "
+            "`AGENT_MAX_CPU_PERCENT` minus this (at most `AGENT_MAX_CPU_PERCENT`)", minimum=0,
+            maximum=MAX_LIMIT_CPU_PERCENT),
     Setting("AGENT_JOB_MAX_PROCESSES", "job_max_processes", "int", DEFAULT_JOB_MAX_PROCESSES,
             "processes and threads a job may run at once (`pids.max`) when it asks for no `max_processes` "
-            "(lowered to `AGENT_MAX_PROCESSES` when unset and above it)", minimum=1),
+            "(lowered to `AGENT_MAX_PROCESSES` when unset and above it)", minimum=1, maximum=MAX_LIMIT_PROCESSES),
     Setting("AGENT_MAX_PROCESSES", "max_processes", "int", DEFAULT_MAX_PROCESSES,
             "the most `max_processes` a job may ask for here", minimum=1),
     Setting("AGENT_REQUIRE_CGROUPS", "require_cgroups", "bool", False,
@@ -412,3 +442,6 @@ DEFAULT_LIMITS = (("AGENT_RUN_MEMORY_MB", "AGENT_MAX_MEMORY_MB"), ("AGENT_RUN_CP
                   ("AGENT_SERVICE_MEMORY_MB", "AGENT_MAX_MEMORY_MB"),
                   ("AGENT_SERVICE_CPU_PERCENT", "AGENT_MAX_CPU_PERCENT"),
                   ("AGENT_JOB_MAX_PROCESSES", "AGENT_MAX_PROCESSES"))
+# Each system reserve and the node maximum it is kept out of.
+RESERVES = (("AGENT_RESERVED_MEMORY_MB", "AGENT_MAX_MEMORY_MB"),
+            ("AGENT_RESERVED_CPU_PERCENT", "AGENT_MAX_CPU_PERCENT"))

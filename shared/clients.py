@@ -395,10 +395,11 @@ class SchedulerClient(_Client):
         """What the agents poll: the pending jobs placed on `node_id`, up to its free slots."""
         return self.list_jobs(node_id=node_id, status="pending")
 
-    def renew_lease(self, node_id: str) -> dict:
-        """Tell the scheduler this node's agent is alive; answers lease_secs and the
-        attempts it has running on the node."""
-        return self._call("POST", f"/nodes/{node_id}/lease", json={})
+    def renew_lease(self, node_id: str, usage: dict | None = None) -> dict:
+        """Tell the scheduler this node's agent is alive, and what its jobs use
+        ({"memory_mb", "cpu_percent"}) when given; answers lease_secs and the attempts
+        it has running on the node."""
+        return self._call("POST", f"/nodes/{node_id}/lease", json={} if usage is None else {"usage": usage})
 
     def running_on(self, node_id: str) -> list[dict]:
         return self.list_jobs(node_id=node_id, status="running", limit=1000)

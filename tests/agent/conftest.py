@@ -1,18 +1,22 @@
 """The agent's tests' shared fixtures: the real scheduler app behind `responses` for the
 test's node (a module with real processes gives each test a node of its own) and the
-mocked registry beside it, a clock the test moves and Agents built on them;
+mocked registry beside it (lease renewals reach the app with `leases`), a clock the
+test moves and Agents built on them;
 `corral-agent` processes against the real registry and scheduler served on loopback."""
 import os
+import re
 import signal
 import subprocess
 
 import pytest
+import responses
 
 from agent_support import AGENT_SLOTS, BIN, SAME_USER, FakeClock, agent_env, remove_node_cgroups, skip_reason
 from cluster import Cluster, started
 from corral.agent import cgroups
 from corral.agent.agent import Agent
 from corral.agent.settings import AgentSettings
+from corral.scheduler.models import NodeLease
 from corral.shared.clients import RegistryClient, SchedulerClient
 from fake_registry import FakeRegistry
 from helpers import stop_held_jobs
@@ -43,6 +47,22 @@ def scheduler_settings():
 def scheduler(api, tmp_path, node, scheduler_settings):
     with serving(api, str(tmp_path / "scheduler.db"), node, SCHEDULER, **scheduler_settings) as double:
         yield double
+
+
+@pytest.fixture
+def leases(api, scheduler, node):
+    """Lease renewals reach the scheduler double's app (its `_forward`: the real route);
+    returns a reader of the node's lease row: (used_memory_mb, used_cpu_percent), or
+    None before any renewal."""
+    api.add_callback(responses.POST, re.compile(re.escape(SCHEDULER) + r"/nodes/[^/]+/lease$"),
+                     callback=scheduler._forward)
+
+    def used() -> tuple[int | None, int | None] | None:
+        with scheduler.store.db.connection_context():
+            row = NodeLease.get_or_none(NodeLease.node_id == node)
+        return None if row is None else (row.used_memory_mb, row.used_cpu_percent)
+
+    return used
 
 
 @pytest.fixture

@@ -1198,6 +1198,15 @@ def test_a_uid_range_smaller_than_the_slots_stops_the_agent_with_exit_2(capsys, 
                    "every running job needs a uid of its own\n")
 
 
+def test_a_reserve_above_the_nodes_maximum_stops_the_agent_with_exit_2(capsys, monkeypatch):
+    monkeypatch.setenv("AGENT_MAX_MEMORY_MB", "800")
+    monkeypatch.setenv("AGENT_RESERVED_MEMORY_MB", "900")
+    assert main(["--node-id", "n1"]) == 2
+    assert capsys.readouterr().err == ("corral-agent: error: AGENT_RESERVED_MEMORY_MB=900 is more than "
+                                       "AGENT_MAX_MEMORY_MB=800; the node cannot keep more for the system than it "
+                                       "has\n")
+
+
 def test_settings_from_env():
     s = AgentSettings.from_env({
         "NODE_ID": "n1", "AGENT_JOB_USER": "daemon", "AGENT_MAX_MEMORY_MB": "2048",
@@ -1210,6 +1219,10 @@ def test_settings_from_env():
     small = AgentSettings.from_env({"NODE_ID": "n1", "AGENT_MAX_CPU_PERCENT": "100",
                                     "AGENT_MAX_MEMORY_MB": "700"})
     assert (small.service_cpu_percent, small.service_memory_mb, small.run_memory_mb) == (100, 700, 512)
+    assert (s.reserved_memory_mb, s.reserved_cpu_percent) == (0, 0)
+    reserving = AgentSettings.from_env({"NODE_ID": "n1", "AGENT_MAX_MEMORY_MB": "2048", "AGENT_MAX_CPU_PERCENT": "400",
+                                        "AGENT_RESERVED_MEMORY_MB": "2048", "AGENT_RESERVED_CPU_PERCENT": "50"})
+    assert (reserving.reserved_memory_mb, reserving.reserved_cpu_percent) == (2048, 50)
 
 
 @pytest.mark.parametrize("env, message", [
@@ -1229,6 +1242,15 @@ def test_settings_from_env():
     ({"AGENT_JOB_MAX_PROCESSES": "200", "AGENT_MAX_PROCESSES": "100"},
      "AGENT_JOB_MAX_PROCESSES=200 is more than AGENT_MAX_PROCESSES=100"),
     ({"AGENT_MAX_PROCESSES": "0"}, "AGENT_MAX_PROCESSES must be at least 1"),
+    ({"AGENT_RESERVED_MEMORY_MB": "900", "AGENT_MAX_MEMORY_MB": "800"},
+     "AGENT_RESERVED_MEMORY_MB=900 is more than AGENT_MAX_MEMORY_MB=800"),
+    ({"AGENT_RESERVED_CPU_PERCENT": "500", "AGENT_MAX_CPU_PERCENT": "400"},
+     "AGENT_RESERVED_CPU_PERCENT=500 is more than AGENT_MAX_CPU_PERCENT=400"),
+    ({"AGENT_RESERVED_CPU_PERCENT": "-1"}, "AGENT_RESERVED_CPU_PERCENT must be at least 0"),
+    ({"AGENT_RESERVED_MEMORY_MB": "1.5"}, "AGENT_RESERVED_MEMORY_MB must be a whole number"),
+    # Defaults the registry and the scheduler would refuse: the node could not register.
+    ({"AGENT_RUN_MEMORY_MB": "2"}, "AGENT_RUN_MEMORY_MB must be at least 4"),
+    ({"AGENT_SERVICE_CPU_PERCENT": "100001"}, "AGENT_SERVICE_CPU_PERCENT must be at most 100000"),
 ])
 def test_bad_new_settings_are_one_clear_error(env, message):
     with pytest.raises(SettingError, match=re.escape(message)):

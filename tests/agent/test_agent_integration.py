@@ -119,6 +119,22 @@ def test_deploy_artifact_is_owned_by_the_job_user(agent, scheduler, api):
     assert 70000 <= int(scheduler.final("job-1")["stdout"]) <= 79999
 
 
+def test_lease_renewals_carry_what_the_jobs_use(agent, scheduler, leases):
+    """Read from the job's cgroup, reaching the scheduler's lease row: its 40 MB, and its
+    busy loop's CPU (at most its 100% limit, give or take a CFS period)."""
+    scheduler.add(command=f"{PYTHON3} -c \"b = bytearray(40 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\n"
+                          f"while True: pass\"", memory_mb=128)
+    agent.poll_once()
+
+    def renewed_with_usage():
+        agent.renew_lease_once()
+        memory, cpu = leases()
+        return (memory, cpu) if memory >= 40 and cpu >= 30 else None
+
+    memory, cpu = wait_for(renewed_with_usage, timeout=20, interval=0.3, message="the job's usage in its lease")
+    assert memory < 128 and cpu <= 150, (memory, cpu)
+
+
 # --- corral-agent processes against the real registry and scheduler -------------------------------
 
 
@@ -150,6 +166,15 @@ def test_check_against_a_live_control_plane(cluster, node, state_dir):
     assert report["registry"]["ok"] and report["scheduler"]["ok"]
     # --check only looks: it created no cgroup directory for this node.
     assert not any(os.path.exists(d) for d in report["cgroups"]["dirs"].values())
+
+
+def test_the_registry_lists_the_nodes_default_limits_and_reserve(cluster, node, start_agent):
+    start_agent(AGENT_RESERVED_MEMORY_MB="256", AGENT_RESERVED_CPU_PERCENT="50", AGENT_RUN_MEMORY_MB="300")
+    listed = wait_for(lambda: next((n for n in requests.get(cluster.registry_url + "/nodes", timeout=10).json()
+                                    if n["node_id"] == node), None), timeout=30, message="the node registered")
+    assert (listed["reserved_memory_mb"], listed["reserved_cpu_percent"]) == (256, 50)
+    assert listed["default_limits"]["run"]["memory_mb"] == 300
+    assert listed["default_limits"]["service"]["memory_mb"] == min(1024, listed["max_memory_mb"])
 
 
 def test_agent_restart_leaves_services_running_and_the_next_agent_adopts_them(

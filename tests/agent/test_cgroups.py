@@ -213,6 +213,31 @@ def test_v2_without_a_pids_controller_sets_no_process_limit(tmp_path):
     assert not (own / "corral" / "job-1-1" / "pids.max").exists()
 
 
+def test_v2_usage_reads_memory_current_and_cpu_stat(tmp_path):
+    own, proc, mountinfo = fake_v2_tree(tmp_path, "cpu memory")
+    m = cgroups.detect(str(proc), str(mountinfo), euid=0)
+    (own / "corral" / "cgroup.subtree_control").write_text("memory cpu")
+    cg = m.create("job-1-1", 64, 100)
+    d = own / "corral" / "job-1-1"
+    assert cg.usage() == {"memory_bytes": None, "cpu_seconds": None}  # nothing written yet
+    (d / "memory.current").write_text("5242880\n")
+    (d / "cpu.stat").write_text("usage_usec 1500000\nuser_usec 1000000\nsystem_usec 500000\n")
+    assert cg.usage() == {"memory_bytes": 5242880, "cpu_seconds": 1.5}
+
+
+def test_v1_usage_reads_usage_in_bytes_and_cpuacct(tmp_path):
+    memory, cpuacct = tmp_path / "memory", tmp_path / "cpuacct"
+    memory.mkdir()
+    cpuacct.mkdir()
+    (memory / "memory.usage_in_bytes").write_text("7340032\n")
+    (cpuacct / "cpuacct.usage").write_text("2500000000\n")
+    cg = cgroups.V1JobCgroup("job-1-1", {"memory": str(memory), "cpuacct": str(cpuacct)}, 64, 100)
+    assert cg.usage() == {"memory_bytes": 7340032, "cpu_seconds": 2.5}
+    without_cpuacct = cgroups.V1JobCgroup("job-1-1", {"memory": str(memory)}, 64, 100)
+    assert without_cpuacct.usage() == {"memory_bytes": 7340032, "cpu_seconds": None}
+    assert cgroups.NullJobCgroup("job-1-1").usage() == {"memory_bytes": None, "cpu_seconds": None}
+
+
 def test_bad_names_and_limits_are_refused(manager):
     for name in ("../x", "", "a/b", ".hidden"):
         with pytest.raises(ValueError):
@@ -261,6 +286,21 @@ def test_job_under_the_limit_exits_0(cgroup_factory, workroot):
     peak = cg.stats()["peak_memory_bytes"]
     # 20 MB touched plus the interpreter, well under the limit.
     assert peak is not None and 20 * 2**20 < peak < 64 * 2**20, peak
+
+
+def test_a_running_jobs_usage_is_read_from_its_cgroup(cgroup_factory, workroot):
+    cg = cgroup_factory(memory_mb=64, cpu_percent=100)
+    busy = TOUCH_20MB.replace("print('survived')", "import time\nwhile True: pass")
+    run(cgroup_factory, workroot, busy, cg)
+
+    def touched_and_busy():
+        used = cg.usage()
+        return used if (used["memory_bytes"] or 0) > 20 * 2**20 and (used["cpu_seconds"] or 0) > 0.2 else None
+
+    used = wait_for(touched_and_busy, timeout=20, message="the job's memory and CPU in its cgroup")
+    assert used["memory_bytes"] < 64 * 2**20, used
+    assert cg.kill() and cg.remove()
+    assert cg.usage() == {"memory_bytes": None, "cpu_seconds": None}  # gone: unknown, never an error
 
 
 BUSY = f"{PY} -c \"import time\nend = time.monotonic() + 1.5\nwhile time.monotonic() < end: pass\""

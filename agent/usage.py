@@ -1,0 +1,86 @@
+"""What a node's jobs use, sent with each lease renewal: their memory now, summed,
+and the CPU they used since the previous renewal, in percent of one CPU.
+
+The arithmetic (`usage`) is pure, time passed in. CPU is counted per job, from the
+job's own CPU time in both readings: a job that ended between them is simply not in
+the second (its cgroup is gone), and one that started between them, or was not
+readable the time before, counts from its first reading on, so neither makes the
+figure negative, nor huge with CPU time it used before the interval (a service an
+earlier agent started). The first reading has no interval yet: CPU 0.
+
+`Meter` reads the running jobs' cgroups (cgroups.JobCgroup.usage) and keeps the
+previous reading. Without cgroups (limits not enforced) there is nothing to read:
+no usage is sent. Reading never stops a renewal: any error is no usage that time.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass
+
+from .jobs import LocalJob
+
+log = logging.getLogger(__name__)
+
+MiB = 1024 * 1024
+# The most a renewal's usage may say (the scheduler's LeaseRenewal); a figure past
+# them is sent as the bound, not refused with the renewal.
+MAX_MEMORY_MB = 16 * 1024 * 1024
+MAX_CPU_PERCENT = 100_000
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One reading: when (the agent's monotonic clock) and, per job, its memory in
+    bytes and its CPU seconds since it started (None where unknown)."""
+    at: float
+    jobs: Mapping[Hashable, tuple[int | None, float | None]]
+
+
+def usage(previous: Sample | None, current: Sample) -> dict:
+    """{"memory_mb", "cpu_percent"}: the jobs' memory in `current`, and their CPU
+    between `previous` and `current` (module docstring)."""
+    memory = sum(m for m, _ in current.jobs.values() if m is not None and m > 0)
+    elapsed = 0.0 if previous is None else current.at - previous.at
+    used = 0.0
+    if previous is not None and elapsed > 0:
+        for key, (_, now) in current.jobs.items():
+            before = previous.jobs.get(key, (None, None))[1]
+            if now is not None and before is not None and now > before:
+                used += now - before
+    percent = round(used / elapsed * 100) if elapsed > 0 else 0
+    return {"memory_mb": min(memory // MiB, MAX_MEMORY_MB), "cpu_percent": min(percent, MAX_CPU_PERCENT)}
+
+
+class Meter:
+    """Reads the held jobs' cgroups for each lease renewal (`read`)."""
+
+    def __init__(self, jobs: Callable[[], Iterable[LocalJob]], enforced: Callable[[], bool],
+                 clock: Callable[[], float]):
+        """`jobs`: the jobs held now; `enforced`: whether jobs run in cgroups here."""
+        self._jobs = jobs
+        self._enforced = enforced
+        self._clock = clock
+        self._lock = threading.Lock()  # the lease thread and a test's own renewal may both read
+        self._previous: Sample | None = None
+
+    def read(self) -> dict | None:
+        """The usage to send now, or None: no cgroups here, or reading them failed."""
+        try:
+            if not self._enforced():
+                return None
+            with self._lock:
+                current = Sample(self._clock(), {local.key: _of(local) for local in self._jobs()
+                                                 if local.cgroup is not None})
+                previous, self._previous = self._previous, current
+            return usage(previous, current)
+        except Exception:
+            log.debug("reading the jobs' usage failed; this renewal carries none", exc_info=True)
+            return None
+
+
+def _of(local: LocalJob) -> tuple[int | None, float | None]:
+    assert local.cgroup is not None
+    read = local.cgroup.usage()
+    return read["memory_bytes"], read["cpu_seconds"]
