@@ -166,9 +166,11 @@ def env_choice(env: Mapping[str, str], name: str, default: str, choices: tuple[s
     raw = env_str(env, name, None)
     if raw is None:
         return default
-    if raw.upper() not in choices:
+    # Case does not matter; the value is the choice as spelled in `choices`.
+    chosen = next((choice for choice in choices if choice.upper() == raw.upper()), None)
+    if chosen is None:
         raise SettingError(f"{name} must be one of {', '.join(choices)}, got {raw!r}")
-    return raw.upper()
+    return chosen
 
 
 def env_file(env: Mapping[str, str], name: str) -> str | None:

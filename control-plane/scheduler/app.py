@@ -21,7 +21,8 @@ from corral.shared.wire import IDEMPOTENCY_HEADER, JOB_TYPES, LONG_POLL_HEADER
 
 from corral.shared.changefeed import ChangeFeed
 
-from . import contract, longpoll, loops, metrics, openapi, pages, sns_outbox, sqs_intake, ui, validation, views
+from . import (contract, longpoll, loops, metrics, openapi, pages, sns_outbox, sqs_intake, ui, validation, views,
+               waiting)
 from .migrations import MIGRATIONS
 from .models import Node, database
 from .settings import SchedulerSettings
@@ -45,6 +46,7 @@ ACCESS = {
     "submit_batch": auth.OPERATOR,
     "list_jobs": auth.either(auth.NODE_IN_QUERY),
     "read_job": auth.OPERATOR,
+    "why_it_waits": auth.OPERATOR,
     "job_events": auth.OPERATOR,
     "cancel": auth.OPERATOR,
     "retry": auth.OPERATOR,
@@ -176,7 +178,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
             app.extensions["corral.sns_outbox"] = sns_outbox.start(store, clock)
 
     def job_view(job) -> contract.Job:
-        return views.job(job, settings)
+        return views.job(job, settings, clock())
 
     jobs_answer = list[contract.Job]
 
@@ -203,7 +205,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
         grant = None
         if job.job_type == "service" and job.node_id is not None:
             grant = settings.credentials.service_grant(job.job_id, job.attempt, job.node_id)
-        return views.job(job, settings, grant)
+        return views.job(job, settings, clock(), grant)
 
     def require_items_node(items) -> None:
         """Every item of an agent's batch must be about the agent's own node."""
@@ -253,6 +255,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
         node_id = request.args.get("node_id") or None
         status = query_choice("status", ALL)
         job_type = query_choice("job_type", JOB_TYPES)
+        pending_reason = query_choice("pending_reason", waiting.CODES)
         limit = query_int("limit", 100, 1, MAX_PAGE)
         newest_first = query_choice("order", ("asc", "desc")) == "desc"
         after = None
@@ -260,11 +263,13 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
             after = validation.parse_job_id(request.args["after"])
             if after is None:
                 raise BadRequest("query parameter 'after' must be a job id such as job-42")
-        if node_id and status == "pending" and job_type is None and after is None and not newest_first:
+        if (node_id and status == "pending" and job_type is None and pending_reason is None and after is None
+                and not newest_first):
             jobs = store.pending_for_agent(node_id, limit)  # the agents' poll: at most its free slots
         else:
             jobs = store.iter_jobs(node_id=node_id, status=status, job_type=job_type, after=after,
-                                   limit=limit, newest_first=newest_first)
+                                   limit=limit, newest_first=newest_first, pending_reason=pending_reason,
+                                   now=clock())
         view = agent_view if auth.calling_node() is not None else job_view
         page = pages.cut(((j.job_id, encode(view(j))) for j in jobs), limit,
                          settings.page_max_bytes)
@@ -278,6 +283,13 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     @app.get("/jobs/<job_id>")
     def read_job(job_id):
         return respond(job_view(store.get(job_id)))
+
+    @app.get("/jobs/<job_id>/why")
+    def why_it_waits(job_id):
+        job, closest = store.why(job_id)
+        view = job_view(job)
+        return respond(contract.WhyItWaits.model_validate({
+            "job_id": job.job_id, "pending_reason": view.pending_reason, "closest_nodes": closest}))
 
     @app.post("/jobs/<job_id>/cancel")
     def cancel(job_id):

@@ -4,6 +4,8 @@ The requests are checked with these models (validation.py turns them into the
 store's columns); the views fill the answers; openapi.py generates the document
 from both. An SQS message is a POST /jobs body: the same JobRequest.
 """
+import datetime
+import time
 import typing
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
@@ -11,9 +13,11 @@ from urllib.parse import urlsplit
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from corral.shared import states, wire
-from corral.shared.contract import (MAP_SAYS, MAX_MAP_ENTRIES, MapValue, Answer, Name, NodeId,
+from corral.shared.contract import (MAP_SAYS, MAX_MAP_ENTRIES, NO_NUL_PATTERN, MapValue, Answer, Name, NodeId,
                                     Request, Says, Text, Timestamp, optional_key, refused)
 from corral.shared.validate import ENV_NAME_PATTERN, forbidden_env_var
+
+from . import waiting
 
 if typing.TYPE_CHECKING:
     JobType = str
@@ -48,6 +52,60 @@ EnvVars = Annotated[dict[EnvName, MapValue] | None, Field(max_length=MAX_MAP_ENT
 
 
 # ---- requests --------------------------------------------------------------------
+
+CONSTRAINT_OPS = ("=", "!=", "in", "not_in", "exists", "not_exists")
+MAX_CONSTRAINTS = 32
+MAX_CONSTRAINT_VALUES = 64
+MAX_PRIORITY = 100
+MAX_DELAY_SECS = 366 * 86400.0   # run_at and delay_secs: at most a year (and a day) ahead
+if typing.TYPE_CHECKING:
+    ConstraintOp = str
+else:
+    ConstraintOp = Literal[CONSTRAINT_OPS]
+LabelValue = Annotated[str, Field(max_length=1024, pattern=NO_NUL_PATTERN)]
+
+
+class Constraint(Request):
+    """A condition on a node's labels (its agent's AGENT_LABELS). A label the node lacks
+    satisfies `!=`, `not_in` and `not_exists` only."""
+
+    label: Name = Field(max_length=128, examples=["zone"])
+    op: ConstraintOp
+    """`=` and `!=` take a string `value`, `in` and `not_in` a list of strings, `exists` and
+    `not_exists` none."""
+    value: LabelValue | list[LabelValue] | None = Field(None, examples=["a"])
+
+    @model_validator(mode="after")
+    def _value_fits_op(self) -> "Constraint":
+        if self.op in ("=", "!="):
+            if not isinstance(self.value, str):
+                raise refused(f"a constraint with op {self.op!r} needs a string 'value'")
+        elif self.op in ("in", "not_in"):
+            if not isinstance(self.value, list) or not self.value:
+                raise refused(f"a constraint with op {self.op!r} needs a 'value' that is a non-empty list of strings")
+            if len(self.value) > MAX_CONSTRAINT_VALUES:
+                raise refused(f"a constraint's 'value' may list at most {MAX_CONSTRAINT_VALUES} strings")
+        elif self.value is not None:
+            raise refused(f"a constraint with op {self.op!r} takes no 'value'")
+        return self
+
+    def column(self) -> list:
+        return [self.label, self.op, self.value]
+
+
+def parse_run_at(text: str, now: float) -> float:
+    """An ISO-8601 time with `Z` or a UTC offset, at most MAX_DELAY_SECS ahead, as epoch seconds."""
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise refused("'run_at' must be an ISO-8601 time such as 2026-12-24T02:00:00Z") from None
+    if when.tzinfo is None:
+        raise refused("'run_at' needs a zone: end it with Z or an offset such as +01:00")
+    at = when.timestamp()
+    if at - now > MAX_DELAY_SECS:
+        raise refused("'run_at' must be at most a year ahead")
+    return at
+
 
 class JobRequest(Request):
     """A job to run. `command` or `deploy_url` (non-null) is required; null counts as not
@@ -88,6 +146,20 @@ class JobRequest(Request):
     on_node_lost: Literal["requeue", "fail"] | None = "requeue"
     """When the job's node is lost while it runs: run it again elsewhere (not counted as a retry), or
     fail it (for jobs that must not run twice)."""
+    constraints: Annotated[list[Constraint] | None, Says(every="must be a list of constraints")] = Field(
+        None, max_length=MAX_CONSTRAINTS, examples=[[{"label": "zone", "op": "=", "value": "a"},
+                                                     {"label": "gpu", "op": "exists"}]])
+    """Conditions on node labels, all of which the job's node must meet. A job no known node meets is
+    accepted and waits (nodes may join later)."""
+    pool: Name | None = Field(None, max_length=128)
+    """Only nodes of this pool (a node's `pool` label; unlabelled nodes are in `default`); none: any."""
+    priority: int | None = Field(None, ge=0, le=MAX_PRIORITY)
+    """0–100, default 50: among jobs that could be placed, higher first, then older first. A waiting
+    job gains a point for every PRIORITY_AGING_SECS it waits."""
+    run_at: Text | None = Field(None, max_length=64, examples=["2026-12-24T02:00:00Z"])
+    """Not placed before this time (ISO-8601 with Z or a UTC offset, at most a year ahead)."""
+    delay_secs: float | None = Field(None, ge=0, le=MAX_DELAY_SECS)
+    """Not placed before this many seconds from now (not with run_at)."""
 
     # Rules across fields that JSON Schema can say (the validators below check them).
     model_config = ConfigDict(json_schema_extra={"anyOf": [
@@ -125,6 +197,10 @@ class JobRequest(Request):
             raise refused("'deploy_sha256' needs 'deploy_url'")
         if self.health_path is not None and ((self.job_type or "run") != "service" or self.port is None):
             raise refused("'health_path' is for service jobs with a 'port'")
+        if self.run_at is not None and self.delay_secs is not None:
+            raise refused("give 'run_at' or 'delay_secs', not both")
+        if self.run_at is not None:
+            parse_run_at(self.run_at, time.time())
         return self
 
     def columns(self) -> dict:
@@ -137,6 +213,11 @@ class JobRequest(Request):
             "cpu_percent": self.cpu_percent, "max_processes": self.max_processes,
             "health_path": self.health_path, "max_retries": self.max_retries,
             "on_node_lost": self.on_node_lost or "requeue",
+            "constraints": [c.column() for c in self.constraints] if self.constraints else None,
+            "pool": self.pool, "priority": 50 if self.priority is None else self.priority,
+            # When it may start: resolved against the clock when stored (Store.submit).
+            "run_at": None if self.run_at is None else parse_run_at(self.run_at, time.time()),
+            "delay_secs": self.delay_secs,
         }
 
 
@@ -337,6 +418,55 @@ class OutputBatch(Request):
 
 # ---- answers ---------------------------------------------------------------------
 
+class Resources(Answer):
+    memory_mb: int | None
+    cpu_percent: int | None
+
+
+class JobConstraint(Answer):
+    label: str
+    op: ConstraintOp
+    value: str | list[str] = optional_key()
+
+
+if typing.TYPE_CHECKING:
+    ReasonCode = str
+else:
+    ReasonCode = Literal[waiting.CODES]
+
+
+class PendingReason(Answer):
+    """Why a pending job waits: a code, a sentence, and the details of its code."""
+
+    code: ReasonCode
+    message: str
+    node_id: str = optional_key()
+    """placed, pinned_node_unavailable: the node."""
+    node_ids: list[str] = optional_key()
+    """draining: the drained nodes it may go to."""
+    until: str = optional_key(examples=["2026-12-24T02:00:00.000Z"])
+    """scheduled, backoff: when it may start (ISO-8601 UTC)."""
+    job_id: str = optional_key()
+    """dependency: the job it waits for."""
+    condition: str = optional_key()
+    """dependency: how that job must end."""
+    constraint: JobConstraint = optional_key()
+    """constraints_unmet: the one no healthy node meets."""
+    constraints: list[JobConstraint] = optional_key()
+    """constraints_unmet: all of them, when each is met by some node but no node meets them all."""
+    nodes: int = optional_key()
+    """no_capacity: how many nodes it may go to."""
+    lacking: list[Literal["slot", "memory", "cpu", "limits"]] = optional_key()
+    """no_capacity: what they lack (limits: it asks more than they allow)."""
+    array_id: str = optional_key()
+    parallel: int = optional_key()
+    key: str = optional_key()
+    """concurrency_limit: the key."""
+    limit: int = optional_key()
+    active: int = optional_key()
+    """array_throttle, concurrency_limit: its group's jobs placed or running."""
+
+
 class Job(Answer):
     job_id: str = Field(pattern=r"^job-[1-9][0-9]*$", examples=["job-42"])
     name: str | None
@@ -391,9 +521,33 @@ class Job(Answer):
     """When the current attempt started."""
     finished_at: Timestamp | None
     """When the job reached done or failed."""
+    priority: int = Field(ge=0, le=MAX_PRIORITY)
+    constraints: list[JobConstraint] | None
+    pool: str | None
+    run_at: Timestamp | None
+    """Not placed before this time (as asked with run_at or delay_secs)."""
+    reserved: Resources | None
+    """What it reserves on its node while placed or running (null: not placed)."""
+    pending_reason: PendingReason | None
+    """Why it waits (pending jobs only)."""
     service_grant: str = optional_key(pattern=r"^[0-9a-f]{64}$")
     """Only in what a node's agent gets for a service job placed on it (with tokens): the proof the
     registry asks for to record the job's service (POST /services `grant`)."""
+
+
+class NodeShortfall(Answer):
+    node_id: str
+    lacks: list[str]
+    """What keeps the job off this node, in words (empty: nothing now; it goes at the next placement)."""
+
+
+class WhyItWaits(Answer):
+    """Why a pending job waits, and the nodes that came closest to taking it."""
+
+    job_id: str
+    pending_reason: PendingReason
+    closest_nodes: list[NodeShortfall]
+    """At most five, fewest shortfalls first."""
 
 
 class JobEvent(Answer):
@@ -427,6 +581,15 @@ class SchedulerNode(Answer):
     """Its jobs that hold a slot: placed and pending, or running."""
     max_memory_mb: int | None
     max_cpu_percent: int | None
+    labels: dict[str, str]
+    """As its agent advertises them (AGENT_LABELS); its pool is its `pool` label, else `default`."""
+    pool: str
+    allocatable: Resources
+    """What jobs may reserve there: its maximum less the agent's system reserve (null: unknown)."""
+    reserved: Resources
+    """What its jobs (placed or running) reserve: what each asked for, else the node's default for its type."""
+    used: Resources | None
+    """What its jobs use, as its agent last said with its lease renewal (null: not said)."""
     last_heartbeat: Timestamp | None
     """The node's last heartbeat, as the registry last reported it."""
     synced_at: Timestamp

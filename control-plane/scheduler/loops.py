@@ -97,8 +97,19 @@ class Background:
                 log.warning("%s timed out after %.0fs; failed", job_id, self.settings.job_timeout_secs)
         # Placement: the node list changed, slots freed, retries came due.
         self.scheduler.place(now)
+        self.store.explain(now)
         self.purge(now)
         return True
+
+    def delay_after(self, now: float) -> float:
+        """How long the loop sleeps after a pass: DISPATCH_INTERVAL_SECS, or less when a
+        waiting job comes due sooner (a run_at, a retry's backoff), so that it is placed
+        when it comes due rather than at the next regular pass."""
+        interval = self.settings.dispatch_interval_secs
+        if self.token is None:
+            return interval  # another process runs the passes
+        due = self.store.next_due(now)
+        return interval if due is None else max(0.0, min(interval, due - now))
 
     def purge(self, now: float) -> int:
         """One bounded chunk of the retention purge, when it is due."""
@@ -186,6 +197,11 @@ def run_in_background(store: Store, loop: LoopThread, fence: Fence, join_timeout
 
 def start(store: Store, registry: RegistryClient, clock: Callable[[], float] = time.time) -> LoopThread:
     background = Background(store, registry)
-    loop = LoopThread("scheduler-loops", store.settings.dispatch_interval_secs, background.tick, clock=clock,
-                      max_backoff=MAX_BACKOFF_SECS)
+
+    def tick(now: float) -> float:
+        background.tick(now)
+        return background.delay_after(clock())
+
+    loop = PacedLoopThread("scheduler-loops", store.settings.dispatch_interval_secs, tick, clock=clock,
+                           max_backoff=MAX_BACKOFF_SECS)
     return run_in_background(store, loop, background.fence)

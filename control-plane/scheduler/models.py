@@ -86,6 +86,7 @@ class Job(BaseModel):
             (("instance_id",), False),   # placement: the jobs pinned to a node
             (("array_id",), False),
             (("concurrency_key",), False),
+            (("next_attempt_at",), False),  # the background pass: the next job to come due
         )
 
     @property

@@ -15,7 +15,7 @@ from corral.shared.openapi import json_response as _json
 from corral.shared.openapi import path_param as _path_param
 from corral.shared.openapi import query as _query
 
-from . import contract
+from . import contract, waiting
 
 STATUSES = list(states.ALL)
 JOB_TYPES = list(wire.JOB_TYPES)
@@ -99,6 +99,8 @@ PATHS = {
                 _query("node_id", "Only jobs placed on this node.", {"type": "string"}),
                 _query("status", "Only jobs in this status.", {"type": "string", "enum": STATUSES}),
                 _query("job_type", "Only jobs of this type.", {"type": "string", "enum": JOB_TYPES}),
+                _query("pending_reason", "Only pending jobs waiting for this reason now (its `code`).",
+                       {"type": "string", "enum": list(waiting.CODES)}),
                 _query("limit", "Page size.", {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100}),
                 _query("order", "`asc` (oldest first) or `desc` (newest first).",
                        {"type": "string", "enum": ["asc", "desc"], "default": "asc"}),
@@ -116,6 +118,18 @@ PATHS = {
         "get": {
             "operationId": "getJob", "tags": ["jobs"], "summary": "Read one job.",
             "responses": {"200": _json(contract.Job, "The job."), "404": _error("NotFound")},
+        },
+    },
+    "/jobs/{job_id}/why": {
+        "parameters": [JOB_ID_PARAM],
+        "get": {
+            "operationId": "whyJobWaits", "tags": ["jobs"], "summary": "Why a pending job waits.",
+            "description": "The job's `pending_reason` and, computed now, the nodes that came closest to "
+                           "taking it, each with what it lacks (its pin, health, drain, constraints and pool, "
+                           "maximum limits, free slots, unreserved memory and CPU). 409 for a job that is not "
+                           "pending.",
+            "responses": {"200": _json(contract.WhyItWaits, "Why it waits."), "404": _error("NotFound"),
+                          "409": _error("Conflict")},
         },
     },
     "/jobs/{job_id}/cancel": {

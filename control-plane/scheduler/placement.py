@@ -292,15 +292,18 @@ class Planner:
 
     `throttles`: ("array", array_id) or ("key", concurrency_key) -> Throttle, for the
     groups the offered jobs belong to (a key with no limit set has none). `fallback`:
-    the limits per job type of a node that advertises no defaults."""
+    the limits per job type of a node that advertises no defaults. `explain`: every job
+    offered is looked at, none turned away unseen because no slot is left (a pass that
+    only finds the reasons, placing nothing)."""
 
     def __init__(self, nodes: Iterable[NodeInfo], policy: str = "round-robin", cursor: str | None = None,
                  throttles: Mapping[tuple[str, object], Throttle] | None = None,
-                 fallback: Mapping[str, Limits] | None = None):
+                 fallback: Mapping[str, Limits] | None = None, explain: bool = False):
         if policy not in POLICIES:
             raise ValueError(f"unknown placement policy {policy!r}")
         self.policy = policy
         self.cursor = cursor
+        self.explain = explain
         self.nodes = sorted(nodes, key=lambda n: n.node_id)
         self.rooms = [_Room(n) for n in self.nodes]
         self.fallback = dict(fallback or {})
@@ -314,6 +317,13 @@ class Planner:
         self.placed: list[Placed] = []
         self.waiting: dict[int, Reason] = {}
 
+    def add_throttles(self, throttles: Mapping[tuple[str, object], Throttle]) -> None:
+        """More groups' limits (of jobs about to be offered); a group already known keeps its count."""
+        for group, throttle in throttles.items():
+            if group not in self.throttles:
+                self.throttles[group] = throttle
+                self.room_left[group] = throttle.limit - throttle.active
+
     @property
     def exhausted(self) -> bool:
         """Every slot of the nodes that take work is taken (there are such nodes)."""
@@ -321,7 +331,7 @@ class Planner:
 
     def offer(self, asks: Iterable[Ask]) -> None:
         for ask in asks:
-            if self.exhausted:
+            if self.exhausted and not self.explain:
                 return
             reason = self._throttled(ask)
             if reason is None:

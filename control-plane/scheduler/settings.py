@@ -12,6 +12,7 @@ from corral.shared.errors import SettingError
 from corral.shared.http import DEFAULT_MAX_BODY_BYTES
 from corral.shared.server_settings import server_fields
 
+from . import placement
 from .retry import Backoff
 
 
@@ -32,6 +33,10 @@ class SchedulerSettings:
     # CORRAL_ALLOWED_HOSTS: Host names a loopback-only server accepts besides loopback ones.
     allowed_hosts: frozenset[str] = frozenset()
     max_jobs_per_node: int = 1
+    # How placement chooses among the nodes a job fits (placement.POLICIES), and how
+    # many seconds of waiting are worth one point of priority (placement.queue_at).
+    placement_policy: str = "round-robin"
+    priority_aging_secs: float = 60.0
     max_job_retries: int = 1
     retry_base_secs: float = 2.0
     retry_factor: float = 2.0
@@ -112,6 +117,14 @@ SETTINGS = (
               "CA certificates that verify an `https://` `REGISTRY_URL`", shown="the system's CAs"),
     s.Setting("MAX_JOBS_PER_NODE", "max_jobs_per_node", "int", 1,
               "running jobs a node may hold at once (an agent may advertise fewer slots)", minimum=1, maximum=10_000),
+    s.Setting("PLACEMENT_POLICY", "placement_policy", "choice", "round-robin",
+              "how a job's node is chosen among those it fits: `round-robin` (the next in turn), `binpack` (the "
+              "least free memory after placement, then CPU) or `spread` (the most free memory after placement)",
+              choices=placement.POLICIES),
+    s.Setting("PRIORITY_AGING_SECS", "priority_aging_secs", "float", 60.0,
+              "a waiting job gains one point of priority for each this many seconds it waits (so a job of "
+              "priority 0 waits at most 100 times this behind priority-100 work); applies to jobs as they queue",
+              minimum=0.0, maximum=86400.0),
     s.Setting("MAX_JOB_RETRIES", "max_job_retries", "int", 1,
               "a failed job goes back to pending this many times, then stays failed", minimum=0, maximum=20),
     s.Setting("JOB_TIMEOUT_SECS", "job_timeout_secs", "float", 3600.0,

@@ -19,6 +19,7 @@ publishes it).
 """
 import contextlib
 import copy
+import json
 import logging
 import os
 from collections.abc import Callable, Collection
@@ -33,8 +34,9 @@ from corral.shared.states import ACTIVE, FINAL_STATUSES, check_transition
 from corral.shared.statements import Child, Statements, ValueList, param
 from corral.shared.timeutil import epoch
 
-from . import lifecycle, metrics, notifications, placement
-from .models import Counter, Job, JobEvent, Node, NodeLease, OutboxEvent, SchedulerState
+from . import lifecycle, metrics, notifications, placement, waiting
+from .models import (ConcurrencyLimit, Counter, Job, JobArray, JobEvent, Node, NodeLease, OutboxEvent,
+                     SchedulerState)
 from .settings import SchedulerSettings
 from .validation import parse_job_id, request_hash
 
@@ -49,8 +51,20 @@ PLACEMENT_MARK = "placement_mark"
 # The design's default limits per job type, for a claim whose agent sent no defaults of its own.
 DESIGN_LIMITS = {"run": {"memory_mb": 512, "cpu_percent": 100},
                  "service": {"memory_mb": 1024, "cpu_percent": 200}}
+FALLBACK_LIMITS = {job_type: (limits["memory_mb"], limits["cpu_percent"])
+                   for job_type, limits in DESIGN_LIMITS.items()}
 # Rows per INSERT of a batch (well under every database's limit of bound parameters).
 INSERT_CHUNK = 500
+# What placement reads of a queued job (_ask), then its stored reason and its place in the queue.
+QUEUED = (Job.id, Job.attempt, Job.job_type, Job.instance_id, Job.memory_mb, Job.cpu_percent, Job.constraints,
+          Job.pool, Job.array_id, Job.concurrency_key, Job.pending_reason, Job.queue_at)
+# A placement pass reads the queue in pages of this many jobs after the first (as many
+# as there are free slots) while it has room, and looks at most this far down the
+# queue: jobs further down wait for a later pass (the jobs ahead of them fit nowhere).
+QUEUE_PAGE = 500
+PLACEMENT_SCAN_MAX = 10_000
+# The background pass gives this many jobs at the head of the queue their reasons.
+EXPLAIN_MAX = 1000
 # What a lifecycle decision reads of a job (lifecycle.py), with its metrics
 # (metrics.moved) and its notification (notifications.py): not the output or the request.
 DECIDING = (Job.id, Job.status, Job.attempt, Job.node_id, Job.job_type, Job.running_at, Job.retry_count,
@@ -114,10 +128,14 @@ class Store:
                                    limit=limit, newest_first=newest_first))
 
     def iter_jobs(self, *, node_id=None, status=None, job_type=None, after: int | None = None,
-                  limit: int = 100, newest_first: bool = False):
+                  limit: int = 100, newest_first: bool = False, pending_reason: str | None = None,
+                  now: float | None = None):
         """The jobs of a list, read one row at a time (a page of large jobs is never all in
-        memory at once; pages.cut decides where it ends)."""
+        memory at once; pages.cut decides where it ends). `pending_reason`: only pending
+        jobs that wait for that reason at `now` (waiting.current)."""
         query = Job.select()
+        if pending_reason is not None:
+            query = query.where(_waiting_for(pending_reason, now if now is not None else 0.0))
         if node_id is not None:
             query = query.where(Job.node_id == node_id)
         if status is not None:
@@ -127,6 +145,17 @@ class Store:
         if after is not None:
             query = query.where(Job.id < after if newest_first else Job.id > after)
         return query.order_by(Job.id.desc() if newest_first else Job.id).limit(limit).iterator()
+
+    def why(self, job_id: str) -> tuple[Job, list[dict]]:
+        """A pending job and the nodes that came closest to taking it, each with what it
+        lacks (placement.shortfalls); Conflict for a job that does not wait."""
+        job = self.get(job_id)
+        if job.status != "pending":
+            raise Conflict(f"{job.job_id} is {job.status}: it does not wait")
+        if job.node_id is not None:
+            return job, []
+        ask = _ask(tuple(getattr(job, f.name) for f in QUEUED))
+        return job, placement.shortfalls(ask, self._placement_nodes(), FALLBACK_LIMITS)
 
     def pending_for_agent(self, node_id: str, limit: int) -> list[Job]:
         """The pending jobs placed on `node_id`, at most its free slots (what agents poll)."""
@@ -179,8 +208,7 @@ class Store:
         created first (and False); the same key with another request is a Conflict.
         """
         digest = request_hash(fields) if idempotency_key else None
-        columns = dict(fields, max_retries=self.settings.max_job_retries if fields.get("max_retries") is None
-                       else fields["max_retries"])
+        columns = self._new_job(fields, now)
         # No transaction of its own: the insert (with its event) is the one write, and
         # the reads before it decide nothing that a write between them could change.
         existing = self._by_key(idempotency_key, digest)
@@ -191,11 +219,29 @@ class Store:
         # this insert (several writers at once: PostgreSQL): the insert then adds
         # nothing (ON CONFLICT DO NOTHING, no failed statement to roll back) and
         # this request answers with the twin's job, as if it had come second.
-        inserted = self._insert_jobs([dict(columns, created_at=now, queue_at=now, idempotency_key=idempotency_key,
+        inserted = self._insert_jobs([dict(columns, idempotency_key=idempotency_key,
                                            request_hash=digest)], now, skip_duplicate_key=bool(idempotency_key))
         if not inserted:
             return self._by_key(idempotency_key, digest), False
         return inserted[0], True
+
+    def _new_job(self, fields: dict, now: float) -> dict:
+        """A validated request's columns as a new job's: its retry budget, and when it
+        may start and where it queues (a delay counted from `now`; placement.queue_at)."""
+        columns = dict(fields, created_at=now)
+        delay = columns.pop("delay_secs", None)
+        if columns.get("max_retries") is None:
+            columns["max_retries"] = self.settings.max_job_retries
+        if delay is not None:
+            columns["run_at"] = now + delay
+        eligible = now
+        if columns.get("run_at") is not None:
+            columns["next_attempt_at"] = columns["run_at"]
+            eligible = max(now, columns["run_at"])
+        priority = columns.get("priority")
+        columns["queue_at"] = placement.queue_at(
+            eligible, placement.DEFAULT_PRIORITY if priority is None else priority, self.settings.priority_aging_secs)
+        return columns
 
     def _insert_jobs(self, rows: list[dict], now: float, skip_duplicate_key: bool = False) -> list[Job]:
         """Insert jobs (dicts of Job fields; defaults fill the rest) in the order given,
@@ -289,9 +335,8 @@ class Store:
                     if job is not None:
                         existing[index] = job
             new = [i for i in range(len(items)) if i not in existing]
-            rows = [dict(items[i], max_retries=self.settings.max_job_retries if items[i].get("max_retries") is None
-                         else items[i]["max_retries"], created_at=now, queue_at=now, idempotency_key=keys[i],
-                         request_hash=digests[i]) for i in new]
+            rows = [dict(self._new_job(items[i], now), idempotency_key=keys[i], request_hash=digests[i])
+                    for i in new]
             created = self._insert_jobs(rows, now)
             ids = [job.id for job in created]
             metrics.submitted(self.db, "batch", len(ids))
@@ -567,6 +612,11 @@ class Store:
             "slots": int(n.get("slots") or 1), "status": _placement_status(n), "synced_at": now,
             "max_memory_mb": n.get("max_memory_mb"), "max_cpu_percent": n.get("max_cpu_percent"),
             "drained": bool(n.get("drained")), "last_heartbeat": epoch(n.get("last_heartbeat")),
+            # As the columns store them (insert_rows): JSON as text.
+            "labels": Node.labels.db_value(n.get("labels") or {}),
+            "default_limits": Node.default_limits.db_value(n.get("default_limits")),
+            "reserve_memory_mb": n.get("reserved_memory_mb") or 0,
+            "reserve_cpu_percent": n.get("reserved_cpu_percent") or 0,
         } for n in nodes]
         with self.db.atomic():
             self.check_fence()
@@ -647,22 +697,25 @@ class Store:
         return ended
 
     def dispatch(self, now: float, nodes: Collection[str] | None = None) -> int:
-        """Place waiting jobs on nodes with free slots (pure placement.plan over the
-        snapshot, each assignment a conditional update); the number placed. `nodes`:
-        only these may take work (the nodes whose slots just freed: new work was
-        offered to every node when it came), else every node the transaction locked
-        for placement (service.Scheduler: on PostgreSQL, new work locks the nodes
-        that had a free slot), and the round robin turns."""
+        """Place waiting jobs on nodes with room (placement.Planner over the snapshot,
+        the jobs offered in queue order, page by page, until no slot is left; each
+        assignment a conditional update); the number placed. `nodes`: only these may
+        take work (the nodes whose slots just freed: new work was offered to every
+        node when it came), else every node the transaction locked for placement
+        (service.Scheduler: on PostgreSQL, new work locks the nodes that had a free
+        slot), and the round robin turns. A pass that may place on every node also
+        keeps the reasons of the jobs it could not place (waiting.py)."""
         with self._tx():
             rotate = nodes is None
             if nodes is None:
                 nodes = locked_nodes(self.db)
+            every_node = nodes is None
             # One placement at a time on each node across every process (the caller
             # usually took the lock first; taking it again is free). Most calls find
             # no free slot.
             lock_placement(self.db, nodes=nodes)
-            slots = self._free_slots(nodes)
-            total_free = sum(max(0, s.free_slots) for s in slots)
+            infos = self._placement_nodes(nodes)
+            total_free = sum(max(0, n.free_slots) for n in infos if n.takes_work)
             if total_free <= 0:
                 return 0
             # The round robin turns in placements of new work; filling the slots a node's
@@ -670,55 +723,158 @@ class Store:
             # placements on different nodes would otherwise queue on).
             cursor, cursor_stored = self._cursor() if rotate else (None, False)
             before = cursor
-            def unplaced(pinned):
-                # Ordered as the (status, node_id, queue_at, id) index is: status and node_id are the
-                # same in every row, so this is queue order, read from the index up to the
-                # limit. Ordered by id alone, PostgreSQL walks the primary key past every
-                # finished job, and SQLite sorts every queued one. On PostgreSQL,
-                # placements on other nodes run meanwhile: each skips the jobs another
-                # is placing, rather than waiting for its commit to find them placed.
-                query = Job.select(Job.id, Job.attempt, Job.instance_id, Job.memory_mb, Job.cpu_percent).where(
-                    (Job.status == "pending") & Job.node_id.is_null()
-                    & (Job.next_attempt_at.is_null() | (Job.next_attempt_at <= param("now"))) & pinned
-                ).order_by(Job.status, Job.node_id, Job.queue_at, Job.id).limit(param("limit"))
-                return query.for_update(skip_locked=True) if getattr(self.db, "for_update", False) else query
-
-            # The oldest due jobs that an open node may take: unpinned, or pinned to one of them.
-            open_nodes = ValueList(self.db, "open", sorted(s.node_id for s in slots if s.free_slots > 0))
-            candidates = self._sql.rows(
-                self.db, ("unplaced", open_nodes.size),
-                lambda: unplaced(Job.instance_id.is_null() | open_nodes.matches(Job.instance_id)),
-                now=now, limit=total_free, **open_nodes.values)
-            planner = placement.Planner(slots, "round-robin", cursor)
-            planner.offer(placement.Ask(job_id, pin=pin, memory_mb=memory, cpu_percent=cpu)
-                          for job_id, _, pin, memory, cpu in candidates)
+            planner = placement.Planner(infos, self.settings.placement_policy, cursor, fallback=FALLBACK_LIMITS)
+            open_ids = sorted(n.node_id for n in infos if n.takes_work and n.free_slots > 0)
+            candidates = self._offer_queue(planner, open_ids, now, total_free)
             plan = planner.plan()
             cursor = plan.cursor
-            attempts = {row[0]: row[1] for row in candidates}
-            by_node: dict[str, list[int]] = {}
-            for chosen_node in plan.placed:
-                by_node.setdefault(chosen_node.node_id, []).append(chosen_node.job_id)
-            placed = []
-            for node_id, ids in by_node.items():  # one conditional update per node
-                chosen = ValueList(self.db, "ids", ids)
-                done = {row[0] for row in self._sql.rows(self.db, ("place", chosen.size), lambda: Job.update(
-                        node_id=param("node_id"), attempt=Job.attempt + 1, placed_at=param("now"),
-                        next_attempt_at=None).where(
-                        chosen.matches(Job.id) & (Job.status == "pending") & Job.node_id.is_null()).returning(Job.id),
-                        node_id=node_id, now=now, **chosen.values)}
-                placed += [(job_id, node_id) for job_id in ids if job_id in done]
+            placed = self._write_placements(plan.placed, {row[0]: row[1] for row in candidates}, now)
+            if every_node:
+                self._keep_reasons(plan.waiting, {row[0]: row[2] for row in candidates})
             state = {}
             if placed:
                 self._after_commit_placed({node_id for _, node_id in placed})
                 if self.marks_placements:
                     state[PLACEMENT_MARK] = os.urandom(8).hex()
-                self._events([{"job": job_id, "at": now, "old": "pending", "new": "pending",
-                               "attempt": attempts[job_id] + 1, "node_id": node_id,
-                               "reason": f"placed on {node_id}"} for job_id, node_id in placed])
             if rotate and (not cursor_stored or cursor != before):
                 state[RR_CURSOR] = cursor
             self._set_state(state)
             return len(placed)
+
+    def _offer_queue(self, planner: placement.Planner, open_ids: list[str], now: float, first: int) -> list[tuple]:
+        """Offer the planner the due jobs an open node may take (unpinned, or pinned to
+        one of them), in queue order: `first` of them, then pages of QUEUE_PAGE while it
+        has room, up to PLACEMENT_SCAN_MAX. Returns (id, attempt, stored reason) of each."""
+        def unplaced(after: bool):
+            # Ordered as the (status, node_id, queue_at, id) index is: status and node_id are the
+            # same in every row, so this is queue order, read from the index up to the
+            # limit. Ordered by id alone, PostgreSQL walks the primary key past every
+            # finished job, and SQLite sorts every queued one. On PostgreSQL,
+            # placements on other nodes run meanwhile: each skips the jobs another
+            # is placing, rather than waiting for its commit to find them placed.
+            where = ((Job.status == "pending") & Job.node_id.is_null() & (Job.dependencies_left == 0)
+                     & (Job.next_attempt_at.is_null() | (Job.next_attempt_at <= param("now")))
+                     & (Job.instance_id.is_null() | open_nodes.matches(Job.instance_id)))
+            if after:
+                where &= peewee.Tuple(Job.queue_at, Job.id) > peewee.Tuple(param("after_at"), param("after_id"))
+            query = Job.select(*QUEUED).where(where).order_by(
+                Job.status, Job.node_id, Job.queue_at, Job.id).limit(param("limit"))
+            return query.for_update(skip_locked=True) if getattr(self.db, "for_update", False) else query
+
+        open_nodes = ValueList(self.db, "open", open_ids)
+        seen: list[tuple] = []
+        limit, after = first, None
+        while not planner.exhausted and len(seen) < PLACEMENT_SCAN_MAX:
+            extra = {} if after is None else {"after_at": after[0], "after_id": after[1]}
+            rows = self._sql.rows(self.db, ("unplaced", open_nodes.size, after is not None),
+                                  lambda: unplaced(after is not None), now=now, limit=limit,
+                                  **open_nodes.values, **extra)
+            asks = [_ask(row) for row in rows]
+            self._add_throttles(planner, asks)
+            planner.offer(asks)
+            seen += [(row[0], row[1], row[-2]) for row in rows]
+            if len(rows) < limit:
+                break
+            limit, after = QUEUE_PAGE, (rows[-1][-1], rows[-1][0])
+        return seen
+
+    def _write_placements(self, chosen: list[placement.Placed], attempts: dict[int, int], now: float
+                          ) -> list[tuple[int, str]]:
+        """Place the chosen jobs: one conditional update per node and reservation, and
+        an event each. Returns (job row id, node) of those placed (not taken meanwhile)."""
+        groups: dict[tuple[str, int, int], list[int]] = {}
+        for p in chosen:
+            groups.setdefault((p.node_id, p.memory_mb, p.cpu_percent), []).append(p.job_id)
+        placed = []
+        for (node_id, memory, cpu), ids in groups.items():
+            ids_list = ValueList(self.db, "ids", ids)
+            done = {row[0] for row in self._sql.rows(self.db, ("place", ids_list.size), lambda: Job.update(
+                    node_id=param("node_id"), attempt=Job.attempt + 1, placed_at=param("now"),
+                    next_attempt_at=None, reserved_memory_mb=param("memory"), reserved_cpu_percent=param("cpu"),
+                    pending_reason=None, pending_code=None).where(
+                    ids_list.matches(Job.id) & (Job.status == "pending") & Job.node_id.is_null()).returning(Job.id),
+                    node_id=node_id, now=now, memory=memory, cpu=cpu, **ids_list.values)}
+            placed += [(job_id, node_id) for job_id in ids if job_id in done]
+        if placed:
+            self._events([{"job": job_id, "at": now, "old": "pending", "new": "pending",
+                           "attempt": attempts[job_id] + 1, "node_id": node_id,
+                           "reason": f"placed on {node_id}"} for job_id, node_id in placed])
+        return placed
+
+    def _keep_reasons(self, reasons: dict[int, waiting.Reason], stored: dict[int, str | None]) -> int:
+        """Keep the reason of each job placement could not place, where it changed: one
+        update per distinct reason (in the caller's transaction, else one of its own).
+        Returns how many changed."""
+        changed: dict[str, tuple[waiting.Reason, list[int]]] = {}
+        for job_id, reason in reasons.items():
+            value = reason.as_dict()
+            if _json(stored.get(job_id)) != value:
+                changed.setdefault(json.dumps(value, sort_keys=True), (reason, []))[1].append(job_id)
+        if not changed:
+            return 0
+        with self._tx():
+            self.check_fence()
+            for reason, ids in changed.values():
+                for start in range(0, len(ids), INSERT_CHUNK):
+                    Job.update(pending_reason=reason.as_dict(), pending_code=reason.code).where(
+                        Job.id.in_(ids[start:start + INSERT_CHUNK]) & (Job.status == "pending")
+                        & Job.node_id.is_null()).execute()
+        return sum(len(ids) for _, ids in changed.values())
+
+    def explain(self, now: float, limit: int = EXPLAIN_MAX) -> int:
+        """Why the first `limit` due jobs in the queue are not placed, against every
+        node (the background pass: the reasons of jobs no placement looks at, such as
+        when no node has a free slot or none is healthy). Reads without a lock and
+        writes only the reasons that changed; returns how many."""
+        rows = self._sql.rows(self.db, "explain queue", lambda: Job.select(*QUEUED).where(
+            (Job.status == "pending") & Job.node_id.is_null() & (Job.dependencies_left == 0)
+            & (Job.next_attempt_at.is_null() | (Job.next_attempt_at <= param("now")))
+        ).order_by(Job.status, Job.node_id, Job.queue_at, Job.id).limit(param("limit")), now=now, limit=limit)
+        if not rows:
+            return 0
+        planner = placement.Planner(self._placement_nodes(), self.settings.placement_policy,
+                                    fallback=FALLBACK_LIMITS, explain=True)
+        asks = [_ask(row) for row in rows]
+        self._add_throttles(planner, asks)
+        planner.offer(asks)
+        # A job the planner could place waits only for the next placement: it keeps its reason.
+        return self._keep_reasons(planner.plan().waiting, {row[0]: row[-2] for row in rows})
+
+    def next_due(self, now: float) -> float | None:
+        """The earliest time after `now` an unplaced job comes due (a run_at, a retry's
+        backoff), for the background pass to wake then; None when none waits for a time."""
+        return self._sql.rows(self.db, "next due", lambda: Job.select(fn.MIN(Job.next_attempt_at)).where(
+            (Job.next_attempt_at > param("now")) & (Job.status == "pending") & Job.node_id.is_null()),
+            now=now)[0][0]
+
+    def _add_throttles(self, planner: placement.Planner, asks: list[placement.Ask]) -> None:
+        """Tell the planner the limits of the arrays and concurrency keys of these jobs
+        it does not know yet, and how many of their jobs are placed or running."""
+        known = set(planner.throttles)
+        arrays = {a.array_id for a in asks if a.array_id is not None and ("array", a.array_id) not in known}
+        keys = {a.concurrency_key for a in asks if a.concurrency_key is not None
+                and ("key", a.concurrency_key) not in known}
+        if not arrays and not keys:
+            return
+        holding = (Job.status == "running") | ((Job.status == "pending") & Job.node_id.is_null(False))
+        found: dict[tuple[str, object], placement.Throttle] = {}
+        if arrays:
+            active = dict(Job.select(Job.array_id, fn.COUNT(Job.id)).where(
+                Job.array_id.in_(sorted(arrays)) & holding).group_by(Job.array_id).tuples())
+            for array_id, parallel in JobArray.select(JobArray.id, JobArray.parallel).where(
+                    JobArray.id.in_(sorted(arrays))).tuples():
+                found[("array", array_id)] = placement.Throttle(parallel, active.get(array_id, 0))
+        if keys:
+            limits = dict(ConcurrencyLimit.select(ConcurrencyLimit.key, ConcurrencyLimit.limit).where(
+                ConcurrencyLimit.key.in_(sorted(keys))).tuples())
+            if limits:
+                active = dict(Job.select(Job.concurrency_key, fn.COUNT(Job.id)).where(
+                    Job.concurrency_key.in_(sorted(limits)) & holding).group_by(Job.concurrency_key).tuples())
+                for key, limit in limits.items():
+                    found[("key", key)] = placement.Throttle(limit, active.get(key, 0))
+            for key in keys - set(limits):  # no limit set: unlimited (and not asked again this pass)
+                found[("key", key)] = placement.Throttle(placement.UNCOUNTED, 0)
+        planner.add_throttles(found)
 
     def _set_state(self, values: dict[str, str | None]) -> None:
         """Store scheduler_state values (key → value), all in one statement."""
@@ -798,10 +954,14 @@ class Store:
         """How many jobs there are in each status."""
         return dict(Job.select(Job.status, fn.COUNT(Job.id)).group_by(Job.status).tuples())
 
-    def nodes_and_slots(self) -> list[tuple[Node, int, int]]:
-        """The cached node list, each node with its capacity and the slots its jobs hold."""
-        held = self._held_slots()
-        return [(n, self._capacity(n.slots), held.get(n.node_id, 0)) for n in Node.select().order_by(Node.node_id)]
+    def nodes_and_slots(self) -> list[tuple[Node, int, placement.NodeInfo, tuple[int | None, int | None] | None]]:
+        """The cached node list, each node with its capacity, what its jobs hold (as
+        placement sees it) and what they use (as its agent last said; None: never)."""
+        infos = {info.node_id: info for info in self._placement_nodes(include_others=True)}
+        used = {node_id: (memory, cpu) for node_id, memory, cpu in NodeLease.select(
+            NodeLease.node_id, NodeLease.used_memory_mb, NodeLease.used_cpu_percent).tuples()}
+        return [(n, self._capacity(n.slots), infos[n.node_id], used.get(n.node_id))
+                for n in Node.select().order_by(Node.node_id)]
 
     # ---- helpers -----------------------------------------------------------
 
@@ -813,33 +973,41 @@ class Store:
 
     def open_nodes(self) -> list[str]:
         """The healthy compute nodes with a free slot (one read, no lock)."""
-        return [s.node_id for s in self._free_slots() if s.free_slots > 0]
+        return [n.node_id for n in self._placement_nodes() if n.takes_work and n.free_slots > 0]
 
-    def _free_slots(self, only: Collection[str] | None = None) -> list[placement.NodeInfo]:
-        """The healthy compute nodes (`only` these, when given) and their free slots."""
+    def _placement_nodes(self, only: Collection[str] | None = None, include_others: bool = False
+                         ) -> list[placement.NodeInfo]:
+        """The compute nodes (`only` these, when given; `include_others`: nodes of every
+        kind) as placement sees them: status, labels, limits, free slots and what their
+        jobs reserve."""
         if only is not None and not only:
             return []
         chosen = ValueList(self.db, "only", sorted(only)) if only is not None else None
 
-        def open_nodes():
-            # Each node with the count of its jobs that hold a slot (the (node_id, status) index).
-            held = Job.select(fn.COUNT(Job.id)).where((Job.node_id == Node.node_id) & Job.status.in_(ACTIVE))
-            where = (Node.status == "healthy") & (Node.kind == "compute")
+        def compute_nodes():
+            # Each node with the count of its jobs that hold a slot and what they reserve
+            # (the (node_id, status) index).
+            holding = (Job.node_id == Node.node_id) & Job.status.in_(ACTIVE)
+            held = Job.select(fn.COUNT(Job.id)).where(holding)
+            memory = Job.select(fn.COALESCE(fn.SUM(Job.reserved_memory_mb), 0)).where(holding)
+            cpu = Job.select(fn.COALESCE(fn.SUM(Job.reserved_cpu_percent), 0)).where(holding)
+            where = None if include_others else Node.kind == "compute"
             if chosen is not None:
-                where &= chosen.matches(Node.node_id)
-            return Node.select(Node.node_id, Node.slots, Node.max_memory_mb, Node.max_cpu_percent, held).where(where)
+                where = chosen.matches(Node.node_id) if where is None else where & chosen.matches(Node.node_id)
+            return Node.select(Node.node_id, Node.slots, Node.status, Node.max_memory_mb, Node.max_cpu_percent,
+                               Node.labels, Node.default_limits, Node.reserve_memory_mb, Node.reserve_cpu_percent,
+                               held, memory, cpu).where(where if where is not None else peewee.SQL("1 = 1"))
 
-        rows = self._sql.rows(self.db, ("open nodes", chosen and chosen.size), open_nodes,
+        rows = self._sql.rows(self.db, ("placement nodes", chosen and chosen.size, include_others), compute_nodes,
                               **(chosen.values if chosen else {}))
-        return [placement.NodeInfo(node_id, self._capacity(slots) - held, max_memory_mb=max_memory,
-                                   max_cpu_percent=max_cpu)
-                for node_id, slots, max_memory, max_cpu, held in rows]
-
-    def _held_slots(self) -> dict[str, int]:
-        """Node id → its jobs that hold a slot (placed and pending, or running)."""
-        return dict(self._sql.rows(self.db, "held slots", lambda: Job.select(Job.node_id, fn.COUNT(Job.id))
-                                   .where(Job.status.in_(ACTIVE) & Job.node_id.is_null(False))
-                                   .group_by(Job.node_id)))
+        return [placement.NodeInfo(
+            node_id, self._capacity(slots) - held, status="healthy" if status in ("healthy", "drained") else status,
+            drained=status == "drained", labels=_json(labels) or {}, max_memory_mb=max_memory,
+            max_cpu_percent=max_cpu, reserve_memory_mb=reserve_memory or 0, reserve_cpu_percent=reserve_cpu or 0,
+            reserved_memory_mb=int(reserved_memory or 0), reserved_cpu_percent=int(reserved_cpu or 0),
+            default_limits=_limits_by_type(_json(defaults)))
+            for (node_id, slots, status, max_memory, max_cpu, labels, defaults, reserve_memory, reserve_cpu,
+                 held, reserved_memory, reserved_cpu) in rows]
 
     def _touch_lease(self, node_id: str, now: float) -> None:
         if self._sql.execute(self.db, "touch lease", lambda: NodeLease.update(
@@ -1029,3 +1197,44 @@ def _placement_status(node: dict) -> str:
     (what it runs finishes), so for placement it is not `healthy`."""
     status = node.get("status") or "unhealthy"
     return "drained" if status == "healthy" and node.get("drained") else status
+
+
+def _json(value):
+    """A JSON column's value as a SELECT of raw rows gives it (text), parsed."""
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _limits_by_type(defaults: dict | None) -> dict[str, placement.Limits]:
+    """A node's default limits per job type, as its agent advertised them."""
+    return {job_type: (limits["memory_mb"], limits["cpu_percent"]) for job_type, limits in (defaults or {}).items()
+            if isinstance(limits, dict) and "memory_mb" in limits and "cpu_percent" in limits}
+
+
+def _ask(row: tuple) -> placement.Ask:
+    """A queued job (a row of QUEUED) as placement reads it."""
+    job_id, _, job_type, pin, memory, cpu, constraints, pool, array_id, key = row[:10]
+    return placement.Ask(job_id, job_type=job_type, pin=pin, memory_mb=memory, cpu_percent=cpu,
+                         constraints=tuple((label, op, tuple(value) if isinstance(value, list) else value)
+                                           for label, op, value in (_json(constraints) or ())),
+                         pool=pool, array_id=array_id, concurrency_key=key)
+
+
+def _waiting_for(code: str, now: float) -> peewee.Expression:
+    """The pending jobs whose reason at `now` has this code, as waiting.current decides it."""
+    pending = Job.status == "pending"
+    if code == "placed":
+        return pending & Job.node_id.is_null(False)
+    unplaced = pending & Job.node_id.is_null()
+    if code == "dependency":
+        return unplaced & (Job.dependencies_left > 0)
+    free = unplaced & (Job.dependencies_left == 0)
+    later = Job.next_attempt_at > now
+    first_attempt = (Job.attempt == 0) & (Job.retry_count == 0)
+    if code == "scheduled":
+        return free & later & first_attempt
+    if code == "backoff":
+        return free & later & ~first_attempt
+    due = free & (Job.next_attempt_at.is_null() | (Job.next_attempt_at <= now))
+    if code == "no_capacity":  # also the jobs placement has not looked at: the queue ahead took every slot
+        return due & ((Job.pending_code == code) | Job.pending_code.is_null())
+    return due & (Job.pending_code == code)

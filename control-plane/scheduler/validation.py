@@ -119,9 +119,17 @@ def idempotency_key(value: str | None) -> str | None:
     return value
 
 
+# Fields job requests gained later, with the value a request that does not give them
+# has: left out of the digest at that value, so that a request stored before they
+# existed and sent again with the same Idempotency-Key still digests alike.
+LATER_FIELDS = {"constraints": None, "pool": None, "priority": 50, "run_at": None, "delay_secs": None}
+
+
 def request_hash(fields: dict) -> str:
     """A digest of a validated job request, to tell a repeated submission from a different one."""
-    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    kept = {name: value for name, value in fields.items()
+            if name not in LATER_FIELDS or value != LATER_FIELDS[name]}
+    canonical = json.dumps(kept, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 

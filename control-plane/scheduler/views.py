@@ -4,25 +4,27 @@ from corral.shared.contract import built
 from corral.shared.states import ALL
 from corral.shared.timeutil import iso
 
-from . import contract
+from . import contract, waiting
 from .models import Job, JobEvent, Node
+from .placement import NodeInfo
 from .settings import SchedulerSettings
 
 
-def job(row: Job, settings: SchedulerSettings, service_grant: str | None = None) -> contract.Job:
-    """A job as the API shows it; a node's agent gets the job's `service_grant` too."""
+def job(row: Job, settings: SchedulerSettings, now: float, service_grant: str | None = None) -> contract.Job:
+    """A job as the API shows it at `now`; a node's agent gets the job's `service_grant` too."""
     # The row's values read from its data dict, as each field's descriptor would
     # (absent: None): a batch answers 500 of these, and the 36 descriptor calls
     # each were a fifth of a batch's CPU.
     d = row.__data__.get
-    job_type, limits = d("job_type"), d("limits")
+    job_type, limits, constraints = d("job_type"), d("limits"), d("constraints")
+    node_id, status = d("node_id"), d("status")
     fields = {
-        "job_id": row.job_id, "name": d("name"), "node_id": d("node_id"), "instance_id": d("instance_id"),
+        "job_id": row.job_id, "name": d("name"), "node_id": node_id, "instance_id": d("instance_id"),
         "command": d("command"), "deploy_url": d("deploy_url"), "deploy_sha256": d("deploy_sha256"),
         "job_type": job_type, "port": d("port"), "health_path": d("health_path"),
         "env_vars": d("env_vars") or {}, "memory_mb": d("memory_mb"), "cpu_percent": d("cpu_percent"),
         "max_processes": d("max_processes"),
-        "status": d("status"), "attempt": d("attempt"), "retry_count": d("retry_count"),
+        "status": status, "attempt": d("attempt"), "retry_count": d("retry_count"),
         "max_retries": d("max_retries"), "next_attempt_at": iso(d("next_attempt_at")),
         "on_node_lost": d("on_node_lost"), "node_losses": d("node_losses"),
         "exit_code": d("exit_code"),
@@ -33,10 +35,34 @@ def job(row: Job, settings: SchedulerSettings, service_grant: str | None = None)
         "timeout_secs": settings.job_timeout_secs if job_type == "run" else None,
         "created_at": iso(d("created_at")), "placed_at": iso(d("placed_at")),
         "running_at": iso(d("running_at")), "finished_at": iso(d("finished_at")),
+        "priority": d("priority"), "constraints": constraints and [_constraint(c) for c in constraints],
+        "pool": d("pool"), "run_at": iso(d("run_at")),
+        "reserved": None if node_id is None or d("reserved_memory_mb") is None else built(contract.Resources, {
+            "memory_mb": d("reserved_memory_mb"), "cpu_percent": d("reserved_cpu_percent")}),
+        "pending_reason": None if status != "pending" else _reason(waiting.current(
+            node_id=node_id, next_attempt_at=d("next_attempt_at"), attempt=d("attempt"),
+            retry_count=d("retry_count"), stored=d("pending_reason"), now=now,
+            waits_on_dependency=bool(d("dependencies_left")))),
     }
     if service_grant is not None:
         fields["service_grant"] = service_grant
     return built(contract.Job, fields)
+
+
+def _constraint(column: list) -> contract.JobConstraint:
+    label, op, value = column
+    return built(contract.JobConstraint, {"label": label, "op": op} if value is None else
+                 {"label": label, "op": op, "value": value})
+
+
+def _reason(reason: waiting.Reason) -> contract.PendingReason:
+    fields = reason.as_dict()
+    for name in ("constraint", "constraints"):
+        if name in fields:
+            value = fields[name]
+            fields[name] = (_constraint([value["label"], value["op"], value.get("value")]) if name == "constraint"
+                            else [_constraint([c["label"], c["op"], c.get("value")]) for c in value])
+    return built(contract.PendingReason, fields)
 
 
 def event(row: JobEvent) -> contract.JobEvent:
@@ -45,14 +71,20 @@ def event(row: JobEvent) -> contract.JobEvent:
         "attempt": row.attempt, "node_id": row.node_id, "reason": row.reason})
 
 
-def node(row: Node, capacity: int, slots_used: int) -> contract.SchedulerNode:
-    """A node of the scheduler's cached list (GET /nodes), with the slots its jobs hold."""
+def node(row: Node, capacity: int, info: NodeInfo, used: tuple[int | None, int | None] | None
+         ) -> contract.SchedulerNode:
+    """A node of the scheduler's cached list (GET /nodes), with the slots and resources
+    its jobs hold (`info`, as placement sees it) and use (`used`, from its lease)."""
     return contract.SchedulerNode.model_validate({
         "node_id": row.node_id, "address": row.address, "kind": row.kind,
         # Placement counts a healthy drained node as `drained`; here health and drain are apart.
         "status": "healthy" if row.status in ("healthy", "drained") else "unhealthy", "drained": bool(row.drained),
-        "slots": row.slots, "capacity": capacity, "slots_used": slots_used,
+        "slots": row.slots, "capacity": capacity, "slots_used": capacity - info.free_slots,
         "max_memory_mb": row.max_memory_mb, "max_cpu_percent": row.max_cpu_percent,
+        "labels": info.labels, "pool": info.pool,
+        "allocatable": {"memory_mb": info.allocatable_memory_mb, "cpu_percent": info.allocatable_cpu_percent},
+        "reserved": {"memory_mb": info.reserved_memory_mb, "cpu_percent": info.reserved_cpu_percent},
+        "used": None if used is None or used[0] is None else {"memory_mb": used[0], "cpu_percent": used[1]},
         "last_heartbeat": iso(row.last_heartbeat), "synced_at": iso(row.synced_at),
     })
 

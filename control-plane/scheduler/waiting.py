@@ -135,14 +135,14 @@ def waiting_for_capacity() -> Reason:
 
 
 def current(*, node_id: str | None, next_attempt_at: float | None, attempt: int, retry_count: int,
-            stored: Mapping[str, Any] | None, now: float,
-            dependency_on: tuple[str, str] | None = None) -> Reason:
+            stored: Mapping[str, Any] | None, now: float, waits_on_dependency: bool = False) -> Reason:
     """A pending job's reason at `now`, from its fields: placed, then a dependency it
-    waits on, then a time it may not start before, then what placement last said."""
+    waits on (the stored reason names it), then a time it may not start before, then
+    what placement last said."""
     if node_id is not None:
         return placed(node_id)
-    if dependency_on is not None:
-        return dependency(*dependency_on)
+    if waits_on_dependency and stored and stored.get("code") == "dependency":
+        return Reason.from_dict(stored)
     if next_attempt_at is not None and next_attempt_at > now:
         if retry_count > 0 or attempt > 0:
             return backoff(next_attempt_at, attempt)

@@ -10,7 +10,18 @@ def test_minimal_request_gets_defaults():
     assert job_request({"command": "echo hi"}) == {
         "command": "echo hi", "deploy_url": None, "deploy_sha256": None, "job_type": "run", "port": None,
         "env_vars": {}, "instance_id": None, "name": None, "memory_mb": None, "cpu_percent": None,
-        "max_processes": None, "health_path": None, "max_retries": None, "on_node_lost": "requeue"}
+        "max_processes": None, "health_path": None, "max_retries": None, "on_node_lost": "requeue",
+        "constraints": None, "pool": None, "priority": 50, "run_at": None, "delay_secs": None}
+
+
+def test_a_request_digests_as_before_the_scheduling_fields_when_it_gives_none():
+    # The digest an Idempotency-Key is checked against, as a release without them stored it.
+    before = {"command": "echo hi", "deploy_url": None, "deploy_sha256": None, "job_type": "run", "port": None,
+              "env_vars": {}, "instance_id": None, "name": None, "memory_mb": None, "cpu_percent": None,
+              "max_processes": None, "health_path": None, "max_retries": None, "on_node_lost": "requeue"}
+    assert validation.request_hash(job_request({"command": "echo hi"})) == validation.request_hash(before)
+    assert validation.request_hash(job_request({"command": "echo hi", "priority": 60})) != \
+        validation.request_hash(before)
 
 
 def test_full_request():

@@ -83,6 +83,7 @@ SCHEDULER_ROUTES = {
     "list_jobs": ("GET", f"/jobs?node_id={NODE}&status=running", None, "both-own"),
     "read_job": ("GET", "/jobs/job-1", None, "operator"),
     "job_events": ("GET", "/jobs/job-1/events", None, "operator"),
+    "why_it_waits": ("GET", "/jobs/job-2/why", None, "operator"),
     "cancel": ("POST", "/jobs/job-2/cancel", None, "operator"),
     "retry": ("POST", "/jobs/job-2/retry", None, "operator"),
     "claim": ("POST", f"/nodes/{NODE}/claim", {"max": 1, "wait_secs": 0}, "node"),

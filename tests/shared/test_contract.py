@@ -87,7 +87,8 @@ JOB_ANSWER = {
     "node_losses": 0, "exit_code": None, "stdout": "", "stderr": None, "oom_killed": None,
     "peak_memory_bytes": None, "cpu_seconds": None, "limits_enforced": True, "limits": None, "private_tmp": True,
     "timeout_secs": 3600.0, "created_at": "2026-11-29T08:00:00.000Z", "placed_at": "2026-11-29T08:00:00.010Z",
-    "running_at": "2026-11-29T08:00:00.020Z", "finished_at": None}
+    "running_at": "2026-11-29T08:00:00.020Z", "finished_at": None, "priority": 50, "constraints": None,
+    "pool": None, "run_at": None, "reserved": None, "pending_reason": None}
 
 
 @pytest.mark.parametrize("limits", [None, {"memory_mb": 256, "cpu_percent": 100},

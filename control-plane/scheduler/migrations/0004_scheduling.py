@@ -14,7 +14,8 @@ The columns that may not be null have defaults in the database too, so that
 servers of the previous release, which do not name them, keep inserting jobs
 and nodes during a rolling upgrade (their jobs queue at 0: first).
 
-Placement's index becomes (status, node_id, queue_at, id): the first waiting
+The background pass wakes at the earliest time a waiting job comes due: an index
+on next_attempt_at finds it. Placement's index becomes (status, node_id, queue_at, id): the first waiting
 jobs in queue order, read up to a limit; it replaces (status, node_id, id),
 which the claims of a node (now in queue order too) no longer read. Existing
 jobs queue as of their creation, at the default priority.
@@ -97,7 +98,7 @@ def up(migrator, db):
     steps = []
     if NEW_JOB_INDEX not in indexes:
         steps.append(migrator.add_index("job", NEW_JOB_INDEX, False))
-    for columns in (("array_id",), ("concurrency_key",)):
+    for columns in (("array_id",), ("concurrency_key",), ("next_attempt_at",)):
         if columns not in indexes:
             steps.append(migrator.add_index("job", columns, False))
     if OLD_JOB_INDEX in indexes:
