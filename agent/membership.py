@@ -12,9 +12,9 @@ scheduler it cannot reach.
 
 The registration says what placement needs of the node beyond its size: the
 limits it gives jobs that ask for none and what it keeps for the system; each
-renewal carries what the jobs use (usage.py). A registry or scheduler of the
-previous release refuses these unknown fields: the agent then registers or renews
-without them rather than not at all.
+renewal carries what the jobs use (usage.py). Agents ship with the control plane
+and speak its current API (upgrade the control plane first: it takes what older
+agents send).
 """
 from __future__ import annotations
 
@@ -57,9 +57,6 @@ class Membership:
         self._clock = clock
         self._default_limits = default_limits
         self.usage = Meter(jobs.snapshot, limits_enforced, clock)
-        # Warned once each: the registry or the scheduler is of a release that refuses
-        # the node's placement fields (the agent goes on without them).
-        self._warned: set[str] = set()
         self.long_poll = settings.long_poll_secs > 0
         # When the last renewal that succeeded was sent (this agent's monotonic clock;
         # a claim that handed out jobs counts too) and the period the scheduler gave.
@@ -83,9 +80,7 @@ class Membership:
                 "reserved_cpu_percent": s.reserved_cpu_percent}
 
     def register(self) -> dict:
-        info = self.node_info()
-        answer = self._refused_without(lambda extra: self.registry.register_node({**info, **extra}),
-                                       self.placement_info(), "registry", "the node's default limits and reserve")
+        answer = self.registry.register_node({**self.node_info(), **self.placement_info()})
         log.info("registered node %s (%d slots) with %s", self.settings.node_id, self.settings.slots,
                  self.settings.registry_url)
         return answer
@@ -153,27 +148,8 @@ class Membership:
         sent_at = self._clock()
         usage = self.usage.read()
         node_id = self.settings.node_id
-        if usage is None:
-            answer = client.renew_lease(node_id)
-        else:
-            answer = self._refused_without(lambda extra: client.renew_lease(node_id, **extra), {"usage": usage},
-                                           "scheduler", "the jobs' usage")
+        answer = client.renew_lease(node_id) if usage is None else client.renew_lease(node_id, usage=usage)
         self.apply_lease(sent_at, answer)
-
-    def _refused_without(self, send: Callable[[dict], dict], extra: dict, who: str, what: str) -> dict:
-        """send(extra); when that is refused as a bad request (a release that does not
-        know these fields; one out of its bounds), send({}) instead: a request refused
-        for anything else is refused again, and raised."""
-        try:
-            return send(extra)
-        except Rejected as exc:
-            if exc.status != 400:
-                raise
-            if who not in self._warned:
-                self._warned.add(who)
-                log.warning("the %s refused a request with %s (%s); sending it without them", who, what,
-                            exc.message)
-            return send({})
 
     def renew_if_due(self, client: SchedulerClient) -> None:
         """The lease thread's beat: at every one while the agent holds work or polls

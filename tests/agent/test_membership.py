@@ -3,7 +3,6 @@ default limits of jobs that ask for none, and the system's reserve) reaches the
 real registry app, and its lease renewals carry what its jobs use to the real
 scheduler app (scheduler_double.py), when jobs run under cgroups."""
 import json
-import re
 
 import pytest
 import responses
@@ -12,7 +11,7 @@ from corral.agent import cgroups
 from corral.registry.app import create_app as registry_app
 from corral.registry.settings import RegistrySettings
 from helpers import wait_for
-from scheduler_double import NODE, REGISTRY, SCHEDULER
+from scheduler_double import NODE, REGISTRY
 
 MiB = 1024 * 1024
 
@@ -94,28 +93,6 @@ def test_without_a_pids_controller_the_registered_defaults_limit_no_processes(ma
     assert (node["reserved_memory_mb"], node["reserved_cpu_percent"]) == (0, 0)
 
 
-def test_a_registry_that_refuses_the_new_fields_gets_the_node_without_them(make_agent, api, caplog):
-    """A registry of the previous release knows none of them: the node registers all the same."""
-    bodies = []
-
-    def previous_release(request):
-        body = json.loads(request.body)
-        bodies.append(body)
-        if "default_limits" in body:
-            return 400, {}, json.dumps({"error": "unknown field 'default_limits'; allowed fields: address, cpus"})
-        return 201, {}, json.dumps({"node_id": NODE})
-
-    api.add_callback(responses.POST, REGISTRY + "/nodes", callback=previous_release)
-    agent = make_agent(reserved_memory_mb=100)
-    assert agent.register() == {"node_id": NODE}
-    assert [sorted(set(b) & {"default_limits", "reserved_memory_mb", "reserved_cpu_percent"}) for b in bodies] \
-        == [["default_limits", "reserved_cpu_percent", "reserved_memory_mb"], []]
-    assert "the registry refused a request with the node's default limits and reserve" in caplog.text
-
-
-# --- usage with lease renewals ---------------------------------------------------------------
-
-
 def test_a_lease_renewal_carries_what_the_jobs_use(make_agent, scheduler, leases, clock, api):
     fake = Metered()
     agent = make_agent(cgroup_manager=fake)
@@ -147,18 +124,3 @@ def test_a_failed_reading_renews_the_lease_without_usage(make_agent, scheduler, 
     agent.renew_lease_once()
     assert lease_bodies(api) == [{}] and leases() == (None, None)
     assert agent.lease.sent_at == clock.now  # renewed all the same
-
-
-def test_a_scheduler_that_refuses_usage_still_renews_the_lease(make_agent, scheduler, api, clock):
-    """A scheduler of the previous release refuses the unknown field: the renewal goes again without it."""
-    def previous_release(request):
-        if json.loads(request.body or "{}"):
-            return 400, {}, json.dumps({"error": "unknown field 'usage'; allowed fields: "})
-        return 200, {}, json.dumps({"node_id": NODE, "lease_secs": 20, "running": []})
-
-    api.add_callback(responses.POST, re.compile(re.escape(SCHEDULER) + r"/nodes/[^/]+/lease$"),
-                     callback=previous_release)
-    agent = make_agent(cgroup_manager=Metered())
-    agent.renew_lease_once()
-    assert lease_bodies(api) == [{"usage": {"memory_mb": 0, "cpu_percent": 0}}, {}]
-    assert agent.lease.sent_at == clock.now and not agent.lease_lapsed()
