@@ -17,7 +17,7 @@ from corral.shared.contract import (MAP_SAYS, MAX_MAP_ENTRIES, NO_NUL_PATTERN, M
                                     Request, Says, Text, Timestamp, optional_key, refused)
 from corral.shared.validate import ENV_NAME_PATTERN, forbidden_env_var
 
-from . import waiting
+from . import dependencies, waiting
 
 if typing.TYPE_CHECKING:
     JobType = str
@@ -93,6 +93,33 @@ class Constraint(Request):
         return [self.label, self.op, self.value]
 
 
+if typing.TYPE_CHECKING:
+    Condition = str
+else:
+    Condition = Literal[dependencies.CONDITIONS]
+MAX_DEPENDENCIES = 100
+
+
+class Dependency(Request):
+    """A job this one waits for, and how it must end: `done` (the default), `failed`, or
+    `finished` (any final status, cancelled included)."""
+
+    job_id: JobId | None = None
+    index: int | None = Field(None, ge=0, lt=MAX_BATCH)
+    """In POST /jobs/batch only: an earlier item of the same batch, instead of `job_id`."""
+    condition: Condition | None = "done"
+
+    @model_validator(mode="after")
+    def _one_target(self) -> "Dependency":
+        if (self.job_id is None) == (self.index is None):
+            raise refused("a dependency names a 'job_id' or (in a batch) an earlier item's 'index'")
+        return self
+
+    def column(self) -> list:
+        target = ["index", self.index] if self.index is not None else ["job", int(self.job_id[4:])]  # type: ignore[index]
+        return [*target, self.condition or "done"]
+
+
 def parse_run_at(text: str, now: float) -> float:
     """An ISO-8601 time with `Z` or a UTC offset, at most MAX_DELAY_SECS ahead, as epoch seconds."""
     try:
@@ -160,6 +187,11 @@ class JobRequest(Request):
     """Not placed before this time (ISO-8601 with Z or a UTC offset, at most a year ahead)."""
     delay_secs: float | None = Field(None, ge=0, le=MAX_DELAY_SECS)
     """Not placed before this many seconds from now (not with run_at)."""
+    depends_on: Annotated[list[Dependency] | None, Says(every="must be a list of dependencies")] = Field(
+        None, max_length=MAX_DEPENDENCIES, examples=[[{"job_id": "job-7", "condition": "done"}]])
+    """Jobs this one waits for; it is placed once every condition holds. Each must exist."""
+    on_dependency_failure: Literal["cancel", "run"] | None = "cancel"
+    """When a condition can never hold: cancel this job (and its own dependents), or run it anyway."""
 
     # Rules across fields that JSON Schema can say (the validators below check them).
     model_config = ConfigDict(json_schema_extra={"anyOf": [
@@ -218,6 +250,8 @@ class JobRequest(Request):
             # When it may start: resolved against the clock when stored (Store.submit).
             "run_at": None if self.run_at is None else parse_run_at(self.run_at, time.time()),
             "delay_secs": self.delay_secs,
+            "depends_on": [d.column() for d in self.depends_on] if self.depends_on else None,
+            "on_dependency_failure": self.on_dependency_failure or "cancel",
         }
 
 
@@ -239,7 +273,17 @@ class JobBatch(Request):
     """Up to 1,000 job requests, stored in ONE transaction: all of them or, when any item is invalid, none."""
 
     jobs: list[JobRequest] = Field(min_length=1, max_length=MAX_BATCH)
-    """Each item is a POST /jobs body."""
+    """Each item is a POST /jobs body. A dependency of an item may name an earlier item by its `index`."""
+
+    @model_validator(mode="after")
+    def _earlier_items(self) -> "JobBatch":
+        for position, job in enumerate(self.jobs):
+            for dependency in job.depends_on or ():
+                if dependency.index is not None and dependency.index >= position:
+                    raise refused(f"item {position}: a dependency's 'index' must name an earlier item "
+                                  f"(0 to {position - 1})" if position else
+                                  "item 0: a dependency's 'index' must name an earlier item; the first has none")
+        return self
 
 
 class Limits(Request):

@@ -17,6 +17,7 @@ come in, a `Transition` (or a refusal) goes out.
     timed out (the watcher)       running  -> failed
     late success                  pending  -> done      (a run given up for lost had finished)
     cancelled                     pending, running -> cancelled
+    a dependency can never hold   pending  -> cancelled (dependencies.py)
     retried (an operator)         failed   -> pending   (a fresh retry budget)
 
 A node loss is not the job's fault: it keeps its retry budget, counted in
@@ -200,6 +201,11 @@ def cancelled(job: JobFacts, now: float) -> Transition | None:
     if job.status in ("done", "failed"):
         raise Conflict(f"{job.job_id} is already {job.status}; only pending or running jobs can be cancelled")
     return _to(job, "cancelled", "cancelled by request", finished_at=now)
+
+
+def dependency_failed(job: JobFacts, now: float, reason: str) -> Transition:
+    """A job waiting on another that ended so that its condition can never hold."""
+    return _to(job, "cancelled", reason, finished_at=now)
 
 
 def retried(job: JobFacts, now: float) -> Transition:

@@ -34,9 +34,9 @@ from corral.shared.states import ACTIVE, FINAL_STATUSES, check_transition
 from corral.shared.statements import Child, Statements, ValueList, param
 from corral.shared.timeutil import epoch
 
-from . import lifecycle, metrics, notifications, placement, waiting
-from .models import (ConcurrencyLimit, Counter, Job, JobArray, JobEvent, Node, NodeLease, OutboxEvent,
-                     SchedulerState)
+from . import dependencies, lifecycle, metrics, notifications, placement, waiting
+from .models import (ConcurrencyLimit, Counter, Job, JobArray, JobDependency, JobEvent, Node, NodeLease,
+                     OutboxEvent, SchedulerState)
 from .settings import SchedulerSettings
 from .validation import parse_job_id, request_hash
 
@@ -215,20 +215,41 @@ class Store:
         if existing is not None:
             return existing, False
         self._check_limits(fields)
-        # A twin request with the same key may commit between the look above and
-        # this insert (several writers at once: PostgreSQL): the insert then adds
-        # nothing (ON CONFLICT DO NOTHING, no failed statement to roll back) and
-        # this request answers with the twin's job, as if it had come second.
-        inserted = self._insert_jobs([dict(columns, idempotency_key=idempotency_key,
-                                           request_hash=digest)], now, skip_duplicate_key=bool(idempotency_key))
-        if not inserted:
-            return self._by_key(idempotency_key, digest), False
+        depends_on = [(other, condition) for _, other, condition in fields.get("depends_on") or ()]
+        with self._tx() if depends_on else contextlib.nullcontext():
+            # The jobs it waits for, read in the transaction that records the wait: one that
+            # ends meanwhile decides its condition then (_settle_dependents), or here.
+            known = self._statuses_of([other for other, _ in depends_on]) if depends_on else {}
+            missing = [other for other, _ in depends_on if other not in known]
+            if missing:
+                raise BadRequest(f"'depends_on' names job-{missing[0]}, which does not exist")
+            on_failure = columns.get("on_dependency_failure") or "cancel"
+            extra, cancel = self._dependency_columns(depends_on, known, on_failure)
+            # A twin request with the same key may commit between the look above and
+            # this insert (several writers at once: PostgreSQL): the insert then adds
+            # nothing (ON CONFLICT DO NOTHING, no failed statement to roll back) and
+            # this request answers with the twin's job, as if it had come second.
+            inserted = self._insert_jobs([dict(columns, idempotency_key=idempotency_key, request_hash=digest,
+                                               **extra)], now, skip_duplicate_key=bool(idempotency_key))
+            if not inserted:
+                return self._by_key(idempotency_key, digest), False
+            if depends_on:
+                self._link(inserted[0], depends_on, known, now, cancel)
         return inserted[0], True
+
+    @staticmethod
+    def _statuses_of(ids: list[int]) -> dict[int, str]:
+        found: dict[int, str] = {}
+        wanted = sorted(set(ids))
+        for start in range(0, len(wanted), INSERT_CHUNK):
+            found.update(Job.select(Job.id, Job.status).where(Job.id.in_(wanted[start:start + INSERT_CHUNK])).tuples())
+        return found
 
     def _new_job(self, fields: dict, now: float) -> dict:
         """A validated request's columns as a new job's: its retry budget, and when it
         may start and where it queues (a delay counted from `now`; placement.queue_at)."""
         columns = dict(fields, created_at=now)
+        columns.pop("depends_on", None)  # not a column: the job_dependency rows (_link)
         delay = columns.pop("delay_secs", None)
         if columns.get("max_retries") is None:
             columns["max_retries"] = self.settings.max_job_retries
@@ -335,14 +356,57 @@ class Store:
                     if job is not None:
                         existing[index] = job
             new = [i for i in range(len(items)) if i not in existing]
-            rows = [dict(self._new_job(items[i], now), idempotency_key=keys[i], request_hash=digests[i])
-                    for i in new]
+            waits = self._batch_dependencies(items, new, existing)
+            rows = [dict(self._new_job(items[i], now), idempotency_key=keys[i], request_hash=digests[i],
+                         **waits[i][1]) for i in new]
             created = self._insert_jobs(rows, now)
             ids = [job.id for job in created]
+            by_index = dict(zip(new, created))
+            by_index.update(existing)
+            # Their conditions, then the cancellations (down the chain), once every row exists.
+            cancels = []
+            for i in new:
+                depends_on, _, known, cancel = waits[i]
+                resolved = [(by_index[other[1]].id if isinstance(other, tuple) else other, condition)
+                            for other, condition in depends_on]
+                statuses = {(by_index[k[1]].id if isinstance(k, tuple) else k): v for k, v in known.items()}
+                self._link(by_index[i], resolved, statuses, now, None)
+                if cancel is not None:
+                    cancels.append((by_index[i], cancel))
+            for job, cancel in cancels:
+                if job.status == "pending":
+                    self._apply(job, lifecycle.dependency_failed(job, now, cancel), now)
             metrics.submitted(self.db, "batch", len(ids))
-        by_index = dict(zip(new, created))
-        by_index.update(existing)
         return [by_index[i] for i in range(len(items))], bool(ids)
+
+    def _batch_dependencies(self, items: list[dict], new: list[int], existing: dict[int, Job]) -> dict:
+        """For each new item of a batch: its conditions (an earlier item as ("index", i)),
+        its columns for them, the statuses they were decided on, and the reason it is
+        cancelled at once (None: it is not). A job named that does not exist: BatchError."""
+        named = [other for i in new for kind, other, _ in items[i].get("depends_on") or () if kind == "job"]
+        known_jobs = self._statuses_of(named) if named else {}
+        errors, waits = [], {}
+        for i in new:
+            depends_on, known = [], {}
+            for kind, other, condition in items[i].get("depends_on") or ():
+                if kind == "index":
+                    # An earlier item: new, so pending (or created by an earlier copy of this batch).
+                    earlier = existing.get(other)
+                    key = ("index", other)
+                    known[key] = earlier.status if earlier is not None and earlier.status else "pending"
+                    depends_on.append((key, condition))
+                elif other not in known_jobs:
+                    errors.append({"index": i, "error": f"'depends_on' names job-{other}, which does not exist"})
+                    break
+                else:
+                    known[other] = known_jobs[other]
+                    depends_on.append((other, condition))
+            extra, cancel = self._dependency_columns(depends_on, known, items[i].get("on_dependency_failure")
+                                                     or "cancel")
+            waits[i] = (depends_on, extra, known, cancel)
+        if errors:
+            raise BatchError(errors)
+        return waits
 
     @staticmethod
     def reload(jobs: list[Job]) -> list[Job]:
@@ -1080,14 +1144,15 @@ class Store:
             raise _changed_meanwhile(job)
 
     def _apply_all(self, decided: list[tuple[Job, lifecycle.Transition]], now: float,
-                   on_node: str | None = None) -> list[Job]:
+                   on_node: str | None = None, settle: bool = True) -> list[Job]:
         """The one place lifecycle decisions are written. For each (job, transition): a
         compare-and-set on the job's status and attempt (and node, `on_node`: a claim),
         its event row (all of them in one statement), its metrics on commit, and its notification in the outbox
         when it is final; each instance then says what its row says. Decisions that
         change the same fields share one UPDATE (_update_jobs). Returns
         the jobs whose row had changed meanwhile: nothing is written for them and their
-        instances are as they were. A job appears at most once."""
+        instances are as they were. A job appears at most once. The jobs that waited on
+        those that ended are decided then (`settle`: _settle_dependents)."""
         groups: dict[tuple, list[tuple[Job, lifecycle.Transition]]] = {}
         for job, transition in decided:
             check_transition(job.status, transition.new)
@@ -1114,7 +1179,95 @@ class Store:
                     OutboxEvent.create(event_id=message["event_id"], job_id=job.id, status=new, message=message,
                                        created_at=now)
         self._events(rows)
+        if settle:
+            ended = [job for job, _ in decided if job.status in FINAL_STATUSES and job not in stale]
+            if ended:
+                self._settle_dependents(ended, now)
         return stale
+
+    # ---- dependencies ---------------------------------------------------------
+
+    def _settle_dependents(self, ended: list[Job], now: float) -> None:
+        """Decide the conditions that waited on these jobs, which just ended
+        (dependencies.py): a job whose last condition is met queues from now; one whose
+        condition can never hold is cancelled, and its own dependents are decided in
+        turn, down the chain. Each condition is decided once (a conditional update)."""
+        while ended:
+            statuses = {job.id: (job.job_id, job.status) for job in ended}
+            waiting = list(JobDependency.select().where(JobDependency.depends_on.in_(sorted(statuses))
+                                                        & (JobDependency.state == "waiting")))
+            if not waiting:
+                return
+            dependents = {job.id: job for job in Job.select(*DECIDING, Job.priority, Job.on_dependency_failure)
+                          .where(Job.id.in_(sorted({row.job_id for row in waiting})))}
+            cancelled: list[tuple[Job, lifecycle.Transition]] = []
+            touched = set()
+            for row in waiting:
+                other_id, status = statuses[row.depends_on]
+                outcome = dependencies.outcome(row.condition, status)
+                if outcome is None or JobDependency.update(state=outcome).where(
+                        (JobDependency.id == row.id) & (JobDependency.state == "waiting")).execute() != 1:
+                    continue
+                job = dependents.get(row.job_id)
+                if job is None or job.status != "pending" or any(j is job for j, _ in cancelled):
+                    continue
+                if dependencies.cancels(outcome, job.on_dependency_failure):
+                    cancelled.append((job, lifecycle.dependency_failed(
+                        job, now, dependencies.reason(other_id, row.condition, status))))
+                else:
+                    Job.update(dependencies_left=Job.dependencies_left - 1).where(Job.id == job.id).execute()
+                    touched.add(job.id)
+            self._queue_released(touched, now)
+            stale = self._apply_all(cancelled, now, settle=False)
+            ended = [job for job, _ in cancelled if job not in stale]
+
+    def _queue_released(self, job_ids: set[int], now: float) -> None:
+        """Jobs one of whose conditions was just met: those with none left queue from
+        now (placement.queue_at); the others name the next job they wait for."""
+        if not job_ids:
+            return
+        for job in Job.select(Job.id, Job.dependencies_left, Job.priority).where(Job.id.in_(sorted(job_ids))):
+            if job.dependencies_left <= 0:
+                Job.update(dependencies_left=0, pending_reason=None, pending_code=None,
+                           queue_at=placement.queue_at(now, job.priority, self.settings.priority_aging_secs)).where(
+                    Job.id == job.id).execute()
+                continue
+            row = (JobDependency.select().where((JobDependency.job_id == job.id) & (JobDependency.state == "waiting"))
+                   .order_by(JobDependency.id).first())
+            if row is not None:
+                reason = waiting.dependency(f"job-{row.depends_on}", row.condition)
+                Job.update(pending_reason=reason.as_dict(), pending_code=reason.code).where(
+                    Job.id == job.id).execute()
+
+    @staticmethod
+    def _dependency_columns(depends_on: list, known: dict, on_failure: str) -> tuple[dict, str | None]:
+        """A new job's columns for its conditions on jobs of `known` statuses (id ->
+        status; an earlier item of its batch is pending): how many wait, and the reason
+        it is cancelled at once when one can never hold (None: it is not)."""
+        left = [(other, condition) for other, condition in depends_on
+                if dependencies.outcome(condition, known[other]) is None]
+        for other, condition in depends_on:
+            outcome = dependencies.outcome(condition, known[other])
+            if outcome is not None and dependencies.cancels(outcome, on_failure):
+                return {}, dependencies.reason(f"job-{other}", condition, known[other])
+        return ({"dependencies_left": len(left)} if left else {}), None
+
+    def _link(self, job: Job, depends_on: list[tuple[int, str]], known: dict[int, str], now: float,
+              cancel_reason: str | None) -> None:
+        """Record a new job's conditions (each decided already, or waiting), name the
+        first it waits for, and cancel it when one can never hold."""
+        rows = [{"job_id": job.id, "depends_on": other, "condition": condition,
+                 "state": dependencies.outcome(condition, known[other]) or "waiting"}
+                for other, condition in depends_on]
+        if rows:
+            JobDependency.insert_many(rows).execute()
+        first = next((row for row in rows if row["state"] == "waiting"), None)
+        if first is not None and cancel_reason is None:
+            reason = waiting.dependency(f"job-{first['depends_on']}", first["condition"])
+            Job.update(pending_reason=reason.as_dict(), pending_code=reason.code).where(Job.id == job.id).execute()
+            job.pending_reason, job.pending_code = reason.as_dict(), reason.code
+        if cancel_reason is not None:
+            self._apply(job, lifecycle.dependency_failed(job, now, cancel_reason), now)
 
     def _update_jobs(self, members: list[tuple[Job, lifecycle.Transition]], old: str, attempt: int, new: str,
                      on_node: str | None) -> set[int]:

@@ -19,7 +19,10 @@ from .contract import (BatchReport, ClaimRequest, JobBatch, JobRef, JobRequest, 
 
 def job_request(body: dict) -> dict:
     """The columns of a new job, from a POST /jobs body (or an SQS message)."""
-    return JobRequest.check(body).columns()
+    columns = JobRequest.check(body).columns()
+    if any(kind == "index" for kind, _, _ in columns["depends_on"] or ()):
+        raise BadRequest("a dependency's 'index' names an item of the same POST /jobs/batch; here give 'job_id'")
+    return columns
 
 
 def job_batch(body: dict) -> list[dict]:
@@ -122,7 +125,8 @@ def idempotency_key(value: str | None) -> str | None:
 # Fields job requests gained later, with the value a request that does not give them
 # has: left out of the digest at that value, so that a request stored before they
 # existed and sent again with the same Idempotency-Key still digests alike.
-LATER_FIELDS = {"constraints": None, "pool": None, "priority": 50, "run_at": None, "delay_secs": None}
+LATER_FIELDS = {"constraints": None, "pool": None, "priority": 50, "run_at": None, "delay_secs": None,
+                "depends_on": None, "on_dependency_failure": "cancel"}
 
 
 def request_hash(fields: dict) -> str:
