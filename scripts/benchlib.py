@@ -110,6 +110,9 @@ class BenchCluster(Cluster):
 
     def start_agent(self, node_id: str, slots: int = 1, **env) -> Proc:
         settings = dict(PRODUCTION_AGENT_ENV, **AGENT_STOP_ENV)
+        # A default run job's CPU (100%) in each slot: placement reserves each job's CPU,
+        # and the scenarios measure what the slots allow, as before reservations.
+        settings["AGENT_MAX_CPU_PERCENT"] = 100 * slots
         settings.update(env)
         full = base_env(self.state_dir, NODE_ID=node_id, REGISTRY_URL=self.registry_url,
                         SCHEDULER_URL=self.scheduler_url, AGENT_SLOTS=slots, **settings)

@@ -236,10 +236,13 @@ class Cluster:
 
     def start_agent(self, node_id: str, slots: int = 1, **env) -> Proc:
         """`env` adds to the agent's environment or overrides it (SCHEDULER_URL too: by
-        default every scheduler replica's URL, comma-separated)."""
+        default every scheduler replica's URL, comma-separated). The agent advertises
+        CPU for a default service job (200%) in each slot, so that its slots, not this
+        machine's CPUs, bound what it runs at once (placement reserves each job's CPU)."""
         full = base_env(self.state_dir, **{
             "NODE_ID": node_id, "REGISTRY_URL": self.registry_url, "SCHEDULER_URL": ",".join(self.scheduler_urls),
-            "AGENT_SLOTS": slots, "POLL_INTERVAL_SECS": 0.2, "HEARTBEAT_INTERVAL_SECS": 0.5,
+            "AGENT_SLOTS": slots, "AGENT_MAX_CPU_PERCENT": 200 * slots,
+            "POLL_INTERVAL_SECS": 0.2, "HEARTBEAT_INTERVAL_SECS": 0.5,
             "AGENT_STOP_GRACE_SECS": 2, "AGENT_KILL_GRACE_SECS": 1, **env})
         proc = Proc(node_id, [os.path.join(BIN, "corral-agent")], full, os.path.join(self.dir, f"{node_id}.log"))
         self.procs[node_id] = proc
