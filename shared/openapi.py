@@ -5,6 +5,7 @@ names the pydantic models of their bodies; `build` generates every schema from
 those models (3.1's schemas are the JSON Schema pydantic writes). The parts every
 service shares (errors, /healthz, /readyz, /metrics, /openapi.json) are here once.
 """
+import types
 import typing
 from typing import Any
 
@@ -136,7 +137,8 @@ def meta_paths(service: str) -> dict:
 def build(info: dict, tags: list[dict], paths: dict, responses: dict) -> dict:
     """The OpenAPI document of `paths` and shared `responses`: each model named in them
     becomes a schema in components (a request's as pydantic validates it, an answer's as
-    it serializes it) and a `$ref` where it was named; `list[Model]`, an array of them."""
+    it serializes it) and a `$ref` where it was named; `list[Model]`, an array of them;
+    `A | B`, one of them."""
     models: dict[type[BaseModel], None] = {}
     _models_in([paths, responses], models)
     refs, schemas = models_json_schema(
@@ -164,10 +166,21 @@ def _listed_model(value: Any) -> type[BaseModel] | None:
     return None
 
 
+def _united_models(value: Any) -> list[type[BaseModel]] | None:
+    """The models of `A | B` (an answer that is one or the other)."""
+    if typing.get_origin(value) in (types.UnionType, typing.Union):
+        models = [_model(arg) for arg in typing.get_args(value)]
+        if all(models):
+            return models  # type: ignore[return-value]
+    return None
+
+
 def _models_in(node: Any, found: dict) -> None:
     model = _model(node) or _listed_model(node)
     if model is not None:
         found[model] = None
+    elif _united_models(node):
+        found.update(dict.fromkeys(_united_models(node) or ()))
     elif isinstance(node, dict):
         for value in node.values():
             _models_in(value, found)
@@ -183,6 +196,9 @@ def _with_refs(node: Any, ref_of: dict) -> Any:
     listed = _listed_model(node)
     if listed is not None:
         return {"type": "array", "items": ref_of[listed]}
+    united = _united_models(node)
+    if united:
+        return {"oneOf": [ref_of[model] for model in united]}
     if isinstance(node, dict):
         return {key: _with_refs(value, ref_of) for key, value in node.items()}
     if isinstance(node, list):

@@ -42,6 +42,7 @@ VALID_BODIES = {
                                     "claim": {"node_id": "node-1", "max": 1}},
     ("scheduler", "live_output"): {"outputs": [{"job_id": "job-1", "node_id": "node-1", "attempt": 1,
                                                 "stdout": "out"}]},
+    ("scheduler", "set_concurrency"): {"limit": 3},
     ("scheduler", "renew_lease"): {"usage": {"memory_mb": 100, "cpu_percent": 50}},
     ("scheduler", "claim"): {"max": 1, "wait_secs": 0, "default_limits": {"run": {"memory_mb": 64,
                                                                                    "cpu_percent": 50}}},

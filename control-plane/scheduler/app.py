@@ -47,6 +47,11 @@ ACCESS = {
     "list_jobs": auth.either(auth.NODE_IN_QUERY),
     "read_job": auth.OPERATOR,
     "why_it_waits": auth.OPERATOR,
+    "read_array": auth.OPERATOR,
+    "cancel_array": auth.OPERATOR,
+    "list_concurrency": auth.OPERATOR,
+    "set_concurrency": auth.OPERATOR,
+    "remove_concurrency": auth.OPERATOR,
     "job_events": auth.OPERATOR,
     "cancel": auth.OPERATOR,
     "retry": auth.OPERATOR,
@@ -246,9 +251,43 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     def submit():
         fields = validation.job_request(read_json_object())
         key = validation.idempotency_key(request.headers.get(IDEMPOTENCY_HEADER))
+        if fields["array"] is not None:
+            if key is not None and len(key) > 245:
+                raise BadRequest("the Idempotency-Key header of an array must be at most 245 characters")
+            array, first, last, created = scheduler.submit_array(fields, clock(), key)
+            return respond(views.array_created(array, first, last), 201 if created else 200)
         job, created = scheduler.submit(fields, clock(), key)
         metrics.submitted(store.db, "api", int(created))  # committed: store.submit has returned
         return respond(job_view(job), 201 if created else 200)
+
+    @app.get("/arrays/<array_id>")
+    def read_array(array_id):
+        return respond(views.array_summary(*store.array(array_id)))
+
+    @app.post("/arrays/<array_id>/cancel")
+    def cancel_array(array_id):
+        scheduler.cancel_array(array_id, clock())
+        return respond(views.array_summary(*store.array(array_id)))
+
+    @app.get("/concurrency")
+    def list_concurrency():
+        return respond([views.concurrency(*row) for row in store.concurrency_limits()],
+                       of=list[contract.ConcurrencyLimitAnswer])
+
+    @app.put("/concurrency/<key>")
+    def set_concurrency(key):
+        key = validation.concurrency_key(key)
+        limit = contract.ConcurrencyLimitRequest.check(read_json_object()).limit
+        store.set_concurrency_limit(key, limit)
+        scheduler.limits_changed(clock())
+        return respond(views.concurrency(*store.concurrency_limits(key)[0]))
+
+    @app.delete("/concurrency/<key>")
+    def remove_concurrency(key):
+        key = validation.concurrency_key(key)
+        store.remove_concurrency_limit(key)
+        scheduler.limits_changed(clock())
+        return app.response_class(status=204)
 
     @app.get("/jobs")
     def list_jobs():

@@ -120,6 +120,25 @@ class Dependency(Request):
         return [*target, self.condition or "done"]
 
 
+MAX_ARRAY = 10_000
+MAX_CONCURRENCY_LIMIT = 100_000
+
+
+class ArraySpec(Request):
+    """N copies of the job, one transaction, at most `parallel` placed or running at once."""
+
+    count: int = Field(ge=1, le=MAX_ARRAY)
+    """How many jobs; each gets CORRAL_ARRAY_INDEX (0 to count - 1) and CORRAL_ARRAY_COUNT."""
+    parallel: int | None = Field(None, ge=1, le=MAX_ARRAY)
+    """At most this many placed or running at once (default: count)."""
+
+    @model_validator(mode="after")
+    def _parallel_within_count(self) -> "ArraySpec":
+        if self.parallel is not None and self.parallel > self.count:
+            raise refused("'parallel' must be at most 'count'")
+        return self
+
+
 def parse_run_at(text: str, now: float) -> float:
     """An ISO-8601 time with `Z` or a UTC offset, at most MAX_DELAY_SECS ahead, as epoch seconds."""
     try:
@@ -192,6 +211,11 @@ class JobRequest(Request):
     """Jobs this one waits for; it is placed once every condition holds. Each must exist."""
     on_dependency_failure: Literal["cancel", "run"] | None = "cancel"
     """When a condition can never hold: cancel this job (and its own dependents), or run it anyway."""
+    concurrency_key: Name | None = Field(None, max_length=128, examples=["db-migrations"])
+    """At most the key's limit (PUT /concurrency/{key}) of the jobs with this key are placed or running at
+    once, cluster-wide; a key with no limit set is unlimited."""
+    array: Annotated[ArraySpec | None, Says(every="must be an object with 'count' (and 'parallel')")] = None
+    """Submit `count` copies at once (POST /jobs only; the answer is the array, not a job)."""
 
     # Rules across fields that JSON Schema can say (the validators below check them).
     model_config = ConfigDict(json_schema_extra={"anyOf": [
@@ -252,6 +276,9 @@ class JobRequest(Request):
             "delay_secs": self.delay_secs,
             "depends_on": [d.column() for d in self.depends_on] if self.depends_on else None,
             "on_dependency_failure": self.on_dependency_failure or "cancel",
+            "concurrency_key": self.concurrency_key,
+            "array": None if self.array is None else {"count": self.array.count,
+                                                      "parallel": self.array.parallel or self.array.count},
         }
 
 
@@ -278,6 +305,8 @@ class JobBatch(Request):
     @model_validator(mode="after")
     def _earlier_items(self) -> "JobBatch":
         for position, job in enumerate(self.jobs):
+            if job.array is not None:
+                raise refused(f"item {position}: an array cannot be part of a batch; submit it with POST /jobs")
             for dependency in job.depends_on or ():
                 if dependency.index is not None and dependency.index >= position:
                     raise refused(f"item {position}: a dependency's 'index' must name an earlier item "
@@ -745,3 +774,31 @@ class OutputResults(Answer):
 
 if tuple(JobCounts.model_fields) != states.ALL:  # a new status must be counted (and documented)
     raise AssertionError(f"JobCounts has {tuple(JobCounts.model_fields)}, the statuses are {states.ALL}")
+
+
+class ArrayCreated(Answer):
+    """What POST /jobs answers for an array."""
+
+    array_id: str = Field(examples=["array-7"])
+    count: int
+    parallel: int
+    first_job_id: str
+    last_job_id: str
+
+
+class ArraySummary(ArrayCreated):
+    created_at: Timestamp
+    jobs: JobCounts
+    """Its jobs by status."""
+
+
+class ConcurrencyLimitAnswer(Answer):
+    key: str
+    limit: int
+    active: int
+    """Jobs with the key placed or running now."""
+
+
+class ConcurrencyLimitRequest(Request):
+    limit: int = Field(ge=1, le=MAX_CONCURRENCY_LIMIT)
+    """At most this many jobs with the key placed or running at once."""

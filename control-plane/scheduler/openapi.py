@@ -41,6 +41,9 @@ LINK_HEADER = {
     },
 }
 
+ARRAY_ID_PARAM = {"name": "array_id", "in": "path", "required": True, "description": "An array id.",
+                  "schema": {"type": "string", "pattern": r"^array-[1-9][0-9]{0,17}$"}}
+
 PATHS = {
     **meta_paths("scheduler"),
     "/stats": {
@@ -82,8 +85,10 @@ PATHS = {
                             "schema": {"type": "string", "pattern": r"^[\x21-\x7e]{1,255}$"}}],
             "requestBody": _body(contract.JobRequest),
             "responses": {
-                "201": _json(contract.Job, "The new job."),
-                "200": _json(contract.Job, "A repeat of an earlier request with the same Idempotency-Key: that job."),
+                "201": _json(contract.Job | contract.ArrayCreated,
+                             "The new job; for a request with `array`, the new array."),
+                "200": _json(contract.Job | contract.ArrayCreated,
+                             "A repeat of an earlier request with the same Idempotency-Key: that job (or array)."),
                 "400": _error("BadRequest"),
                 "409": _error("Conflict"),
                 "413": _error("PayloadTooLarge"),
@@ -130,6 +135,48 @@ PATHS = {
                            "pending.",
             "responses": {"200": _json(contract.WhyItWaits, "Why it waits."), "404": _error("NotFound"),
                           "409": _error("Conflict")},
+        },
+    },
+    "/arrays/{array_id}": {
+        "parameters": [ARRAY_ID_PARAM],
+        "get": {
+            "operationId": "getArray", "tags": ["jobs"], "summary": "An array and its jobs by status.",
+            "responses": {"200": _json(contract.ArraySummary, "The array."), "404": _error("NotFound")},
+        },
+    },
+    "/arrays/{array_id}/cancel": {
+        "parameters": [ARRAY_ID_PARAM],
+        "post": {
+            "operationId": "cancelArray", "tags": ["jobs"], "summary": "Cancel what has not finished of an array.",
+            "description": "Every pending or running job of the array is cancelled, in one transaction (running "
+                           "ones are ended by their nodes); done and failed ones stay.",
+            "responses": {"200": _json(contract.ArraySummary, "The array after the cancel."),
+                          "404": _error("NotFound")},
+        },
+    },
+    "/concurrency": {
+        "get": {
+            "operationId": "listConcurrencyLimits", "tags": ["jobs"], "summary": "The concurrency limits set.",
+            "responses": {"200": _json(list[contract.ConcurrencyLimitAnswer], "Every limit, by key.")},
+        },
+    },
+    "/concurrency/{key}": {
+        "parameters": [{"name": "key", "in": "path", "required": True, "description": "A concurrency key.",
+                        "schema": {"type": "string", "pattern": r"^[A-Za-z0-9._-]{1,128}$"}}],
+        "put": {
+            "operationId": "setConcurrencyLimit", "tags": ["jobs"], "summary": "Set a key's limit.",
+            "description": "At most `limit` jobs with this `concurrency_key` are placed or running at once, "
+                           "across the cluster. Lowering it ends nothing: jobs over the limit finish.",
+            "requestBody": _body(contract.ConcurrencyLimitRequest),
+            "responses": {"200": _json(contract.ConcurrencyLimitAnswer, "The limit."),
+                          "400": _error("BadRequest"), "404": _error("NotFound"),
+                          "413": _error("PayloadTooLarge")},
+        },
+        "delete": {
+            "operationId": "removeConcurrencyLimit", "tags": ["jobs"], "summary": "Remove a key's limit.",
+            "description": "The key is unlimited from then on.",
+            "responses": {"204": {"description": "Removed."}, "400": _error("BadRequest"),
+                          "404": _error("NotFound")},
         },
     },
     "/jobs/{job_id}/cancel": {

@@ -145,6 +145,26 @@ class Scheduler:
             return self.store.reload(jobs), created
         return (self.store.with_placements(jobs) if placed else jobs), created
 
+    def submit_array(self, fields: dict, now: float, idempotency_key: str | None = None):
+        """An array of jobs (Store.submit_array), placed as far as nodes have room and
+        its `parallel` allows."""
+        def add():
+            array, first, last, created = self.store.submit_array(fields, now, idempotency_key)
+            return (array, first, last), created
+        (result, created), _ = self._add_then_place(add, now)
+        return (*result, created)
+
+    def cancel_array(self, array_id: str, now: float) -> None:
+        """Cancel what has not finished of an array; the slots it held go to waiting work."""
+        with self.placing():
+            freed = self.store.cancel_array(array_id, now)
+            if freed:
+                self.store.dispatch(now, freed)
+
+    def limits_changed(self, now: float) -> int:
+        """A concurrency limit was set or raised: place what it held back."""
+        return self.place(now)
+
     def report(self, job_id: str, report: dict, now: float) -> Job:
         """An agent's report; a job that ended (or went back to pending) freed its slot."""
         def offered(job: Job) -> set[str] | None:

@@ -223,18 +223,23 @@ class Intake:
                 outcome.reject.append((message, parsed))
                 continue
             try:
-                job, created = self.scheduler.submit(parsed.fields, now, parsed.idempotency_key)
+                if parsed.fields.get("array") is not None:
+                    array, _, _, created = self.scheduler.submit_array(parsed.fields, now, parsed.idempotency_key)
+                    what = f"array-{array.id} ({array.count} jobs)"
+                else:
+                    job, created = self.scheduler.submit(parsed.fields, now, parsed.idempotency_key)
+                    what = job.job_id
             except Exception as exc:  # noqa: BLE001 -- classified below; nothing escapes the pass
                 self.submit_failed(message, exc, outcome)
                 continue
             outcome.delete.append(message)
             if created:
                 outcome.created += 1
-                log.info("SQS message %s: created %s", message["MessageId"], job.job_id)
+                log.info("SQS message %s: created %s", message["MessageId"], what)
             else:
                 outcome.duplicates += 1
                 log.info("SQS message %s (received %d times): %s already exists for key %r; not created again",
-                         message["MessageId"], receive_count(message), job.job_id, parsed.idempotency_key)
+                         message["MessageId"], receive_count(message), what, parsed.idempotency_key)
         return outcome
 
     def submit_failed(self, message: dict, exc: Exception, outcome: Outcome) -> None:

@@ -237,6 +237,93 @@ class Store:
                 self._link(inserted[0], depends_on, known, now, cancel)
         return inserted[0], True
 
+    def submit_array(self, fields: dict, now: float, idempotency_key: str | None = None
+                     ) -> tuple[JobArray, int, int, bool]:
+        """Create `fields["array"]["count"]` jobs in one transaction, sharing a new array,
+        each with CORRAL_ARRAY_INDEX and CORRAL_ARRAY_COUNT in its environment. Returns the
+        array, its first and last job row ids, and whether it was created: with an
+        idempotency key, job i is stored under `KEY:i`, and a repeat answers the array
+        the first request created."""
+        count, parallel = fields["array"]["count"], fields["array"]["parallel"]
+        digest = request_hash(fields) if idempotency_key else None
+        keys = [f"{idempotency_key}:{i}" if idempotency_key else None for i in range(count)]
+        depends_on = [(other, condition) for _, other, condition in fields.get("depends_on") or ()]
+        with self.db.atomic():
+            first = self._by_key(keys[0], digest)
+            if first is not None:
+                array = JobArray.get_by_id(first.array_id)
+                return array, *self._array_ends(array.id), False
+            self._check_limits(fields)
+            known = self._statuses_of([other for other, _ in depends_on]) if depends_on else {}
+            missing = [other for other, _ in depends_on if other not in known]
+            if missing:
+                raise BadRequest(f"'depends_on' names job-{missing[0]}, which does not exist")
+            extra, cancel = self._dependency_columns(depends_on, known, fields.get("on_dependency_failure") or "cancel")
+            array = JobArray.create(count=count, parallel=parallel, created_at=now)
+            env = fields.get("env_vars") or {}
+            rows = [dict(self._new_job(dict(fields, env_vars={**env, "CORRAL_ARRAY_INDEX": str(i),
+                                                                "CORRAL_ARRAY_COUNT": str(count)}), now),
+                         array_id=array.id, array_index=i, idempotency_key=keys[i], request_hash=digest, **extra)
+                    for i in range(count)]
+            created: list[Job] = []
+            for start in range(0, count, INSERT_CHUNK):
+                created += self._insert_jobs(rows[start:start + INSERT_CHUNK], now)
+            for job in created if depends_on else ():
+                self._link(job, depends_on, known, now, cancel)
+            metrics.submitted(self.db, "array", count)
+        return array, created[0].id, created[-1].id, True
+
+    @staticmethod
+    def _array_ends(array_id: int) -> tuple[int, int]:
+        return Job.select(fn.MIN(Job.id), fn.MAX(Job.id)).where(Job.array_id == array_id).tuples().get()
+
+    def array(self, array_id: str) -> tuple[JobArray, int, int, dict[str, int]]:
+        """An array, its first and last job row ids, and its jobs by status."""
+        number = _array_number(array_id)
+        array = JobArray.get_or_none(JobArray.id == number) if number else None
+        if array is None:
+            raise NotFound(f"no array {array_id!r}")
+        counts = dict(Job.select(Job.status, fn.COUNT(Job.id)).where(Job.array_id == array.id)
+                      .group_by(Job.status).tuples())
+        return array, *self._array_ends(array.id), counts
+
+    def cancel_array(self, array_id: str, now: float) -> list[str]:
+        """Cancel every job of the array that has not finished, in one transaction (their
+        dependents are decided as for any cancel); returns the nodes whose slots freed."""
+        array = self.array(array_id)[0]
+        with self._tx():
+            jobs = list(Job.select(*DECIDING).where((Job.array_id == array.id) & Job.status.in_(ACTIVE)))
+            decided = [(job, transition) for job in jobs if (transition := lifecycle.cancelled(job, now)) is not None]
+            held = {job.node_id for job, _ in decided if job.node_id is not None}
+            self._apply_all(decided, now)
+        return sorted(held)
+
+    # ---- concurrency limits --------------------------------------------------
+
+    @staticmethod
+    def concurrency_limits(key: str | None = None) -> list[tuple[str, int, int]]:
+        """(key, limit, jobs with the key placed or running), of every limit set (or of `key`'s)."""
+        query = ConcurrencyLimit.select()
+        if key is not None:
+            query = query.where(ConcurrencyLimit.key == key)
+        limits = {row.key: row.limit for row in query.order_by(ConcurrencyLimit.key)}
+        if not limits:
+            return []
+        holding = (Job.status == "running") | ((Job.status == "pending") & Job.node_id.is_null(False))
+        active = dict(Job.select(Job.concurrency_key, fn.COUNT(Job.id)).where(
+            Job.concurrency_key.in_(sorted(limits)) & holding).group_by(Job.concurrency_key).tuples())
+        return [(k, limit, active.get(k, 0)) for k, limit in limits.items()]
+
+    def set_concurrency_limit(self, key: str, limit: int) -> None:
+        with self._tx():
+            ConcurrencyLimit.insert(key=key, limit=limit).on_conflict(
+                conflict_target=[ConcurrencyLimit.key], preserve=[ConcurrencyLimit.limit]).execute()
+
+    def remove_concurrency_limit(self, key: str) -> None:
+        with self._tx():
+            if ConcurrencyLimit.delete().where(ConcurrencyLimit.key == key).execute() == 0:
+                raise NotFound(f"no concurrency limit is set for {key!r}")
+
     @staticmethod
     def _statuses_of(ids: list[int]) -> dict[int, str]:
         found: dict[int, str] = {}
@@ -250,6 +337,7 @@ class Store:
         may start and where it queues (a delay counted from `now`; placement.queue_at)."""
         columns = dict(fields, created_at=now)
         columns.pop("depends_on", None)  # not a column: the job_dependency rows (_link)
+        columns.pop("array", None)       # not a column: the job_array row (submit_array)
         delay = columns.pop("delay_secs", None)
         if columns.get("max_retries") is None:
             columns["max_retries"] = self.settings.max_job_retries
@@ -1391,3 +1479,8 @@ def _waiting_for(code: str, now: float) -> peewee.Expression:
     if code == "no_capacity":  # also the jobs placement has not looked at: the queue ahead took every slot
         return due & ((Job.pending_code == code) | Job.pending_code.is_null())
     return due & (Job.pending_code == code)
+
+
+def _array_number(array_id: str) -> int | None:
+    prefix, _, number = array_id.partition("-")
+    return int(number) if prefix == "array" and number.isdigit() and 0 < len(number) <= 18 else None

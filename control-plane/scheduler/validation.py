@@ -126,7 +126,7 @@ def idempotency_key(value: str | None) -> str | None:
 # has: left out of the digest at that value, so that a request stored before they
 # existed and sent again with the same Idempotency-Key still digests alike.
 LATER_FIELDS = {"constraints": None, "pool": None, "priority": 50, "run_at": None, "delay_secs": None,
-                "depends_on": None, "on_dependency_failure": "cancel"}
+                "depends_on": None, "on_dependency_failure": "cancel", "concurrency_key": None, "array": None}
 
 
 def request_hash(fields: dict) -> str:
@@ -140,3 +140,10 @@ def request_hash(fields: dict) -> str:
 def parse_job_id(job_id: str) -> int | None:
     match = JOB_ID_RE.match(job_id)
     return int(match.group(1)) if match else None
+
+
+def concurrency_key(key: str) -> str:
+    """A concurrency key named in a path, checked as the jobs' `concurrency_key` is."""
+    if not v.NAME_RE.match(key) or len(key) > 128:
+        raise BadRequest("the concurrency key must be letters, digits, '.', '_' or '-' (at most 128)")
+    return key

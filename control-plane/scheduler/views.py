@@ -5,7 +5,7 @@ from corral.shared.states import ALL
 from corral.shared.timeutil import iso
 
 from . import contract, waiting
-from .models import Job, JobEvent, Node
+from .models import Job, JobArray, JobEvent, Node
 from .placement import NodeInfo
 from .settings import SchedulerSettings
 
@@ -63,6 +63,23 @@ def _reason(reason: waiting.Reason) -> contract.PendingReason:
             fields[name] = (_constraint([value["label"], value["op"], value.get("value")]) if name == "constraint"
                             else [_constraint([c["label"], c["op"], c.get("value")]) for c in value])
     return built(contract.PendingReason, fields)
+
+
+def array_created(array: JobArray, first: int, last: int) -> contract.ArrayCreated:
+    return contract.ArrayCreated.model_validate({
+        "array_id": f"array-{array.id}", "count": array.count, "parallel": array.parallel,
+        "first_job_id": f"job-{first}", "last_job_id": f"job-{last}"})
+
+
+def array_summary(array: JobArray, first: int, last: int, counts: dict[str, int]) -> contract.ArraySummary:
+    return contract.ArraySummary.model_validate({
+        "array_id": f"array-{array.id}", "count": array.count, "parallel": array.parallel,
+        "first_job_id": f"job-{first}", "last_job_id": f"job-{last}", "created_at": iso(array.created_at),
+        "jobs": {status: counts.get(status, 0) for status in ALL}})
+
+
+def concurrency(key: str, limit: int, active: int) -> contract.ConcurrencyLimitAnswer:
+    return contract.ConcurrencyLimitAnswer(key=key, limit=limit, active=active)
 
 
 def event(row: JobEvent) -> contract.JobEvent:

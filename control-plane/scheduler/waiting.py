@@ -103,8 +103,9 @@ def array_throttle(array_id: int, parallel: int, active: int) -> Reason:
 
 
 def concurrency_limit(key: str, limit: int, active: int) -> Reason:
-    return Reason("concurrency_limit", f"{active} jobs with concurrency key {key!r} are placed or running "
-                  f"(limit {limit})", {"key": key, "limit": limit, "active": active})
+    jobs = "1 job with" if active == 1 else f"{active} jobs with"
+    return Reason("concurrency_limit", f"{jobs} concurrency key {key!r} placed or running (limit {limit})",
+                  {"key": key, "limit": limit, "active": active})
 
 
 def _nodes(n: int) -> str:

@@ -12,7 +12,7 @@ def test_minimal_request_gets_defaults():
         "env_vars": {}, "instance_id": None, "name": None, "memory_mb": None, "cpu_percent": None,
         "max_processes": None, "health_path": None, "max_retries": None, "on_node_lost": "requeue",
         "constraints": None, "pool": None, "priority": 50, "run_at": None, "delay_secs": None, "depends_on": None,
-        "on_dependency_failure": "cancel"}
+        "on_dependency_failure": "cancel", "concurrency_key": None, "array": None}
 
 
 def test_a_request_digests_as_before_the_scheduling_fields_when_it_gives_none():
