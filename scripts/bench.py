@@ -24,6 +24,8 @@ Scenarios (see docs/benchmarks.md for what each measures and why):
                     that "run" each job for 0 s and report as a real agent does (a batch of
                     reports with the next claim riding on it); two schedulers on PostgreSQL
   idle_fleet        1,000 simulated idle agents spread over two schedulers: their CPU
+  placement         no cluster: one placement pass (placement.Planner) over 10,000 waiting jobs
+                    of four shapes and 500 labelled nodes, per policy, in memory
   node_floor        no scheduler: how fast this machine starts `true` jobs the way an agent
                     does (private /tmp, cgroup, a uid of its own, the environment from a memfd,
                     sh), from 4 threads: the ceiling of `throughput`
@@ -70,10 +72,10 @@ import simulate_fleet as sf
 from cluster import wait_scheduler_sees_healthy  # tests/cluster.py (benchlib puts tests/ on sys.path)
 
 SCENARIOS = ("submit_single", "submit_batch", "dispatch_latency", "dispatch_cross_replica", "throughput", "baseline",
-             "cpu_bound", "memory", "capacity", "idle_fleet", "node_floor")
+             "cpu_bound", "memory", "capacity", "idle_fleet", "placement", "node_floor")
 PROFILER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profile_requests.py")
 # Scenarios that touch no database: run once per round, whatever the backends.
-NO_DATABASE = ("node_floor",)
+NO_DATABASE = ("placement", "node_floor")
 # What a backend's line compares with the first backend's, as ratios of medians.
 COMPARED = {"submit_single": ("jobs_per_sec", "scheduler_cpu_ms_per_job"), "submit_batch": ("jobs_per_sec",),
             "dispatch_latency": ("p50_ms", "p99_ms"), "dispatch_cross_replica": ("p50_ms", "p99_ms"),
@@ -92,6 +94,8 @@ TARGETS = (
     ("capacity", "sqlite", "jobs_per_sec", "min", 1500),
     ("capacity", "postgresql", "jobs_per_sec", "min", 800),
     ("idle_fleet", None, "schedulers_cpu_pct", "max", 20),
+    ("placement", None, "round_robin_ms", "max", 50), ("placement", None, "binpack_ms", "max", 50),
+    ("placement", None, "spread_ms", "max", 50),
 )
 
 
@@ -120,6 +124,8 @@ class Config:
     submit_secs: float = 60.0
     batch_size: int = 500
     latency_jobs: int = 200
+    placement_jobs: int = 10_000
+    placement_nodes: int = 500
     latency_secs: float = 90.0        # a polling agent takes ~1.5 s a job: stop at this bound
     latency_job_timeout: float = 15.0
     throughput_jobs: int = 2000
@@ -157,6 +163,44 @@ QUICK = Config(repeat=1, submit_jobs=100, batch_size=50, latency_jobs=5, latency
 
 class Skip(Exception):
     """This scenario cannot run here; the message says why."""
+
+
+def placement_pass(cfg: Config) -> dict:
+    """One placement pass in memory (the pure placement.Planner, no database): 500 nodes
+    of 8 free slots in three zones, a tenth with a GPU label, a fiftieth in pool
+    `batch`, each with some memory already reserved; 10,000 waiting jobs of four
+    shapes (six in ten asking nothing, two a zone and 2 GB, one a GPU and 8 GB, one the
+    batch pool). Per policy, the median of 7 passes that place until no slot is left,
+    and of 7 that give every job its reason (the background pass's explain)."""
+    from corral.scheduler.placement import Ask, NodeInfo, Planner
+
+    rnd = random.Random(7)
+    nodes = []
+    for i in range(cfg.placement_nodes):
+        labels = {"zone": "abc"[i % 3], **({"gpu": "a100"} if i % 10 == 0 else {}),
+                  **({"pool": "batch"} if i % 50 == 0 else {})}
+        nodes.append(NodeInfo(f"node-{i:04d}", 8, labels=labels, max_memory_mb=32_768, max_cpu_percent=800,
+                              reserved_memory_mb=rnd.choice([0, 4096, 8192]),
+                              default_limits={"run": (512, 100), "service": (1024, 200)}))
+    shapes = [lambda i: Ask(i)] * 6 + [
+        lambda i: Ask(i, memory_mb=2048, cpu_percent=50, constraints=(("zone", "=", "abc"[i % 3]),))] * 2 + [
+        lambda i: Ask(i, memory_mb=8192, constraints=(("gpu", "exists", None),)),
+        lambda i: Ask(i, pool="batch", memory_mb=1024)]
+    asks = [shapes[i % 10](i) for i in range(cfg.placement_jobs)]
+    out: dict = {"jobs": len(asks), "nodes": len(nodes)}
+    for policy in ("round-robin", "binpack", "spread"):
+        for explain in (False, True):
+            times, placed = [], 0
+            for _ in range(7):
+                started = time.perf_counter()
+                planner = Planner(nodes, policy, explain=explain)
+                planner.offer(asks)
+                placed = len(planner.plan().placed)
+                times.append(time.perf_counter() - started)
+            name = policy.replace("-", "_") + ("_explain" if explain else "")
+            out[f"{name}_ms"] = round(1000 * statistics.median(times), 2)
+            out[f"{name}_placed"] = placed
+    return out
 
 
 def node_floor(cfg: Config) -> dict:
@@ -516,6 +560,7 @@ class Bench:
                 for self.backend in names if r % 2 == 0 else names[::-1]:
                     self.round(self.backend)
                 self.backend = None
+                self.record("placement", placement_pass, self.cfg)
                 if self.local:
                     self.record("node_floor", node_floor, self.cfg)
         finally:

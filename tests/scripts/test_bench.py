@@ -32,7 +32,9 @@ BENCH_NUMBERS = {
     "capacity": ["jobs_per_sec", "scheduler_cpu_ms_per_job", "registry_cpu_ms_per_job", "simulator_cpu_ms_per_job"],
     "idle_fleet": ["schedulers_cpu_pct", "registry_cpu_pct", "simulator_cpu_pct"],
     "node_floor": ["jobs_per_sec", "starter_cpu_ms_per_job", "job_processes_cpu_ms_per_job"],
+    "placement": ["round_robin_ms", "binpack_ms", "spread_ms", "round_robin_explain_ms"],
 }
+NO_DATABASE = ("node_floor", "placement")
 # What only a PostgreSQL backend measures: the server's own CPU.
 PG_NUMBERS = {"capacity": ["database_cpu_ms_per_job"], "idle_fleet": ["database_cpu_pct"]}
 PG_SETTINGS = ("version", "fsync", "synchronous_commit", "shared_buffers", "max_connections", "wal_level")
@@ -123,7 +125,7 @@ def test_the_benchmark_scripts_print_json_lines_and_leave_nothing_running():
     check_meta(bench[0])
     assert list(bench[0]["backends"]) == ["sqlite"]
     check_targets(bench[-1], [("dispatch_latency", "sqlite")] * 2 + [("dispatch_cross_replica", "sqlite")] * 2
-                  + [("capacity", "sqlite"), ("idle_fleet", "sqlite")])
+                  + [("capacity", "sqlite"), ("idle_fleet", "sqlite")] + [("placement", None)] * 3)
     bench = bench[:-1]
     by_name = {r["scenario"]: r for r in bench[1:]}
     assert set(by_name) == {*BENCH_NUMBERS, "cpu_bound"}, list(by_name)
@@ -131,7 +133,7 @@ def test_the_benchmark_scripts_print_json_lines_and_leave_nothing_running():
     assert isinstance(by_name["cpu_bound"].get("skipped"), str)
     for scenario, fields in BENCH_NUMBERS.items():
         record = by_name[scenario]
-        assert record["backend"] == (None if scenario == "node_floor" else "sqlite"), record
+        assert record["backend"] == (None if scenario in NO_DATABASE else "sqlite"), record
         check_scenario(scenario, record, fields)
     # Two schedulers where the scenario says so; every simulated job done, none failed.
     assert by_name["dispatch_cross_replica"]["settings"]["schedulers"] == 2
