@@ -8,7 +8,9 @@ lease row decides which one does the work. One pass:
 - unplaces pending jobs of nodes that turned unhealthy;
 - requeues running jobs of nodes whose agent stopped renewing its lease;
 - fails `run` jobs past JOB_TIMEOUT_SECS (every TIMEOUT_CHECK_SECS);
-- places waiting jobs (the node list changed, slots freed, retries came due);
+- decides the dependencies a job's end missed (Store.settle_missed);
+- places waiting jobs (the node list changed, slots freed, retries came due),
+  and keeps the reasons of the jobs at the head of the queue (Store.explain);
 - deletes finished jobs older than JOB_RETENTION_SECS with their events, at most
   JOB_PURGE_BATCH per pass (one short transaction), every PURGE_INTERVAL_SECS
   or on the next pass while a backlog remains.
@@ -95,6 +97,7 @@ class Background:
             self.next_timeout_check = now + self.settings.timeout_check_secs
             for job_id in self.store.fail_timed_out(now):
                 log.warning("%s timed out after %.0fs; failed", job_id, self.settings.job_timeout_secs)
+        self.store.settle_missed(now)
         # Placement: the node list changed, slots freed, retries came due.
         self.scheduler.place(now)
         self.store.explain(now)

@@ -72,6 +72,7 @@ class Job(BaseModel):
     reserved_memory_mb = peewee.IntegerField(null=True)    # on its node, from placement until it ends
     reserved_cpu_percent = peewee.IntegerField(null=True)
     dependencies_left = peewee.IntegerField(default=0)     # placed only at 0
+    has_dependents = peewee.BooleanField(default=False)    # other jobs wait on how this one ends
     on_dependency_failure = peewee.CharField(max_length=8, default="cancel")  # or "run"
     pending_reason = JSONField(null=True)             # what placement last said (waiting.Reason.as_dict)
     pending_code = peewee.CharField(max_length=32, null=True)  # its code, for GET /jobs?pending_reason=

@@ -19,6 +19,7 @@ publishes it).
 """
 import contextlib
 import copy
+import functools
 import json
 import logging
 import os
@@ -55,6 +56,11 @@ FALLBACK_LIMITS = {job_type: (limits["memory_mb"], limits["cpu_percent"])
                    for job_type, limits in DESIGN_LIMITS.items()}
 # Rows per INSERT of a batch (well under every database's limit of bound parameters).
 INSERT_CHUNK = 500
+# What a claim reads of the jobs it takes: what their answer shows (views.job) and
+# their transition reads; not the bookkeeping of how they queued.
+CLAIMED = tuple(field for field in Job._meta.sorted_fields if field.name not in (
+    "idempotency_key", "request_hash", "queue_at", "array_id", "array_index", "concurrency_key",
+    "dependencies_left", "has_dependents", "on_dependency_failure", "pending_reason", "pending_code"))
 # What placement reads of a queued job (_ask), then its stored reason and its place in the queue.
 QUEUED = (Job.id, Job.attempt, Job.job_type, Job.instance_id, Job.memory_mb, Job.cpu_percent, Job.constraints,
           Job.pool, Job.array_id, Job.concurrency_key, Job.pending_reason, Job.queue_at)
@@ -69,7 +75,7 @@ EXPLAIN_MAX = 1000
 # (metrics.moved) and its notification (notifications.py): not the output or the request.
 DECIDING = (Job.id, Job.status, Job.attempt, Job.node_id, Job.job_type, Job.running_at, Job.retry_count,
             Job.max_retries, Job.on_node_lost, Job.node_losses, Job.name, Job.exit_code, Job.finished_at,
-            Job.created_at)
+            Job.created_at, Job.has_dependents)
 
 
 class Store:
@@ -681,7 +687,7 @@ class Store:
         """
         with self._tx():
             def placed_here():
-                query = (Job.select().where((Job.status == "pending") & (Job.node_id == param("node_id")))
+                query = (Job.select(*CLAIMED).where((Job.status == "pending") & (Job.node_id == param("node_id")))
                          .order_by(Job.status, Job.node_id, Job.queue_at, Job.id).limit(param("limit")))
                 return query.for_update(skip_locked=True) if getattr(self.db, "for_update", False) else query
 
@@ -1268,7 +1274,9 @@ class Store:
                                        created_at=now)
         self._events(rows)
         if settle:
-            ended = [job for job, _ in decided if job.status in FINAL_STATUSES and job not in stale]
+            # Only jobs others wait on (a job read without the flag counts as one).
+            ended = [job for job, _ in decided if job.status in FINAL_STATUSES and job not in stale
+                     and job.__data__.get("has_dependents", True)]
             if ended:
                 self._settle_dependents(ended, now)
         return stale
@@ -1308,6 +1316,21 @@ class Store:
             self._queue_released(touched, now)
             stale = self._apply_all(cancelled, now, settle=False)
             ended = [job for job, _ in cancelled if job not in stale]
+
+    def settle_missed(self, now: float) -> int:
+        """Decide the conditions still waiting on jobs that have ended (the background
+        pass): a job's end decides its dependents' conditions in its own transaction,
+        but on PostgreSQL a dependency recorded while that transaction ran is not
+        seen by it. Returns how many ended jobs it settled."""
+        final = Job.select(Job.id).where(Job.status.in_(sorted(FINAL_STATUSES)))
+        ids = [row[0] for row in JobDependency.select(JobDependency.depends_on).where(
+            (JobDependency.state == "waiting") & JobDependency.depends_on.in_(final)).distinct().limit(1000).tuples()]
+        if not ids:
+            return 0
+        with self._tx():
+            self.check_fence()
+            self._settle_dependents(list(Job.select(*DECIDING).where(Job.id.in_(ids))), now)
+        return len(ids)
 
     def _queue_released(self, job_ids: set[int], now: float) -> None:
         """Jobs one of whose conditions was just met: those with none left queue from
@@ -1349,6 +1372,9 @@ class Store:
                 for other, condition in depends_on]
         if rows:
             JobDependency.insert_many(rows).execute()
+            waited_on = sorted({row["depends_on"] for row in rows if row["state"] == "waiting"})
+            if waited_on:
+                Job.update(has_dependents=True).where(Job.id.in_(waited_on)).execute()
         first = next((row for row in rows if row["state"] == "waiting"), None)
         if first is not None and cancel_reason is None:
             reason = waiting.dependency(f"job-{first['depends_on']}", first["condition"])
@@ -1441,8 +1467,15 @@ def _placement_status(node: dict) -> str:
 
 
 def _json(value):
-    """A JSON column's value as a SELECT of raw rows gives it (text), parsed."""
-    return json.loads(value) if isinstance(value, str) else value
+    """A JSON column's value as a SELECT of raw rows gives it (text), parsed. The same
+    texts come back on every placement (a node's labels and defaults, the jobs' few
+    constraint sets): they are parsed once. The result is shared: never change it."""
+    return _parsed(value) if isinstance(value, str) else value
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed(text: str):
+    return json.loads(text)
 
 
 def _limits_by_type(defaults: dict | None) -> dict[str, placement.Limits]:

@@ -5,7 +5,8 @@ order: the time a job became eligible, moved earlier by its priority), a time
 before which they are not placed (`run_at`), constraints on node labels and a
 pool, the array and concurrency key they belong to, the memory and CPU they
 reserve on their node while placed or running, the count of their unmet
-dependencies and what to do when one can no longer be met, and the reason
+dependencies and what to do when one can no longer be met, whether others wait
+on them, and the reason
 placement last gave for not placing them. Three tables: job_dependency,
 job_array and concurrency_limit. Nodes get their labels, their agent's default
 limits and system reserve; node leases, what the agent last said it uses.
@@ -38,6 +39,7 @@ JOB_COLUMNS = {
     "reserved_memory_mb": peewee.IntegerField(null=True),
     "reserved_cpu_percent": peewee.IntegerField(null=True),
     "dependencies_left": peewee.IntegerField(default=0, constraints=[SQL("DEFAULT 0")]),
+    "has_dependents": peewee.BooleanField(default=False, constraints=[SQL("DEFAULT FALSE")]),
     "on_dependency_failure": peewee.CharField(max_length=8, default="cancel", constraints=[SQL("DEFAULT 'cancel'")]),
     "pending_reason": peewee.TextField(null=True),
     "pending_code": peewee.CharField(max_length=32, null=True),
