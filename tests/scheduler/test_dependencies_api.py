@@ -132,3 +132,18 @@ def test_bad_dependencies_are_refused_and_change_nothing(client, store, clock):
         refused = client.post("/jobs/batch", json={"jobs": jobs})
         assert refused.status_code == 400 and says in str(refused.json), refused.json
     assert client.get("/jobs").json == []
+
+
+def test_the_background_pass_settles_a_condition_a_concurrent_end_missed(client, store, clock):
+    """On PostgreSQL a job may end in a transaction that cannot see a dependency recorded
+    meanwhile; the background pass decides it."""
+    from corral.scheduler.models import Job
+    set_nodes(store, clock, "n1")
+    a = submit(client, command="a")
+    b = submit(client, command="b", depends_on=[{"job_id": a["job_id"]}])
+    Job.update(status="done", finished_at=clock()).where(Job.id == int(a["job_id"][4:])).execute()  # unseen
+    assert client.get(f"/jobs/{b['job_id']}").json["pending_reason"]["code"] == "dependency"
+    assert store.settle_missed(clock()) == 1
+    assert store.settle_missed(clock()) == 0
+    place(store, clock)
+    assert state(client, b["job_id"]) == ("pending", True)
