@@ -34,7 +34,6 @@ from corral.shared.errors import BadRequest, CorralError
 from corral.shared.leader import Fence, LeaseLost, holder_id
 
 from . import aws_clients, metrics, validation
-from .contract import JobRequest
 from .retry import Backoff
 from .service import Scheduler
 
@@ -78,7 +77,7 @@ def parse_message(message: dict) -> Accepted | Rejected:
     if not isinstance(body, dict):
         return Rejected(NOT_AN_OBJECT, "the body must be a JSON object: a job request as for POST /jobs")
     try:
-        fields = JobRequest.check(body).columns()  # the model of a POST /jobs body
+        fields = validation.job_request(body)  # exactly as a POST /jobs body
     except CorralError as exc:
         return Rejected(INVALID_JOB_REQUEST, exc.message)
     try:

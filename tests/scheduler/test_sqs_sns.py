@@ -268,6 +268,18 @@ def test_a_valid_message_is_a_job_request_keyed_on_the_message_id():
     assert parsed.fields["job_type"] == "run"
 
 
+def test_a_message_carries_the_scheduling_fields_as_post_jobs_does():
+    body = {"command": "x", "priority": 90, "pool": "gpu", "delay_secs": 30, "concurrency_key": "etl",
+            "constraints": [{"label": "zone", "op": "in", "value": ["a", "b"]}],
+            "depends_on": [{"job_id": "job-7", "condition": "finished"}], "array": {"count": 4, "parallel": 2}}
+    fields = sqs_intake.parse_message(message(body)).fields
+    assert [fields[k] for k in ("priority", "pool", "delay_secs", "concurrency_key")] == [90, "gpu", 30, "etl"]
+    assert fields["constraints"] == [["zone", "in", ["a", "b"]]]
+    assert fields["depends_on"] == [["job", 7, "finished"]] and fields["array"] == {"count": 4, "parallel": 2}
+    rejected = sqs_intake.parse_message(message({"command": "x", "depends_on": [{"index": 0}]}))
+    assert rejected.reason == sqs_intake.INVALID_JOB_REQUEST and "POST /jobs/batch" in rejected.detail
+
+
 @pytest.mark.parametrize("name", ["idempotency_key", "Idempotency-Key"])
 def test_the_producers_key_wins_over_the_message_id(name):
     attributes = {name: {"DataType": "String", "StringValue": "order-42"}}
