@@ -4,8 +4,10 @@ import time
 
 import click
 
-from corral.shared.clients import RegistryClient, Rejected, SchedulerClient, Unreachable
+from corral.shared.clients import RegistryClient, Rejected, Unreachable
 from corral.shared.settings import split_urls
+
+from .client import CliSchedulerClient
 
 # Seams for the tests: what time it is, and how to wait between polls.
 clock = time.time
@@ -50,9 +52,9 @@ class Env:
         self._scheduler = self._registry = None
 
     @property
-    def scheduler(self) -> SchedulerClient:
+    def scheduler(self) -> CliSchedulerClient:
         if self._scheduler is None:
-            self._scheduler = SchedulerClient(self.addrs, token=self.token, verify=self.verify)
+            self._scheduler = CliSchedulerClient(self.addrs, token=self.token, verify=self.verify)
         return self._scheduler
 
     @property

@@ -4,15 +4,14 @@ import sys
 
 import click
 
-from corral.shared.clients import Unreachable
-
+from . import arrays
 from . import format as fmt
+from . import scheduling as sched
 from .common import CliError, Env, echo_json, json_option, note
+from .polling import SIGINT_EXIT, Poller
+from .scheduling import Checked
 
-POLL_SECS = 0.5  # how often --wait and logs -f ask for the job
-LOST_LIMIT_SECS = 60.0  # how long they keep trying while the scheduler cannot be reached
 STATUSES = ("pending", "running", "done", "failed", "cancelled")
-SIGINT_EXIT = 130
 STATUS_TAIL_LINES = 10  # output lines `job status` shows
 
 
@@ -68,6 +67,9 @@ def progress(job: dict, now: float) -> str:
     line = f"{job['job_id']}: {status}"
     details = []
     if status == "pending":
+        reason = job.get("pending_reason") or {}
+        if reason.get("code") not in (None, "placed", "backoff"):  # those two are said below
+            details.append(reason.get("message"))
         if job.get("retry_count"):
             details.append(f"retry {job['retry_count']} of {job.get('max_retries', '?')}")
         after = fmt.parse_time(job.get("next_attempt_at"))
@@ -98,6 +100,17 @@ def job_row(job: dict, now: float) -> list:
 JOB_HEADERS = ["ID", "NAME", "STATUS", "TYPE", "NODE", "ATTEMPT", "EXIT", "CREATED", "DURATION"]
 
 
+def job_headers(jobs: list[dict]) -> list[str]:
+    """WAITING (a pending job's reason) when some job has one: schedulers before pending
+    reasons do not send them."""
+    return JOB_HEADERS + ["WAITING"] if any(j.get("pending_reason") for j in jobs) else JOB_HEADERS
+
+
+def job_list_row(job: dict, now: float, with_reason: bool) -> list:
+    row = job_row(job, now)
+    return row + [sched.reason_text(job.get("pending_reason"))] if with_reason else row
+
+
 def size(n: int | None) -> str:
     if n is None:
         return "-"
@@ -124,6 +137,11 @@ def job_fields(job: dict, now: float) -> list[tuple[str, object]]:
             value = f"{value:.2f}s"
         elif key == "timeout_secs" and value is not None:
             value = fmt.duration(value)
+        elif key == "constraints" and value:
+            value = ", ".join(sched.constraint_text(c) for c in value)
+        elif key == "pending_reason" and value:
+            details = sched.reason_details(value)
+            value = sched.reason_text(value) + (f" ({details})" if details else "")
         pairs.append((key, value))
     return pairs
 
@@ -151,33 +169,6 @@ def write_output(text: str, err: bool = False) -> None:
     if not text.endswith("\n") and stream.isatty():
         text += "\n"
     click.echo(text, nl=False, err=err)
-
-
-class Poller:
-    """Reads a job again and again; rides out a scheduler that is briefly unreachable."""
-
-    def __init__(self, env: Env, job_id: str, quiet: bool = False):
-        self.env, self.job_id, self.quiet = env, job_id, quiet
-        self.lost_since: float | None = None
-
-    def next(self) -> dict:
-        while True:
-            self.env.sleep(POLL_SECS)
-            try:
-                fresh = self.env.scheduler.get_job(self.job_id)
-            except Unreachable as exc:
-                now = self.env.now()
-                if self.lost_since is None:
-                    self.lost_since = now
-                    if not self.quiet:
-                        note(f"corral: cannot reach the scheduler ({exc.reason}); still trying")
-                elif now - self.lost_since > LOST_LIMIT_SECS:
-                    raise
-                continue
-            if self.lost_since is not None and not self.quiet:
-                note("corral: the scheduler answers again")
-            self.lost_since = None
-            return fresh
 
 
 def shell_command(words: tuple[str, ...]) -> str:
@@ -216,11 +207,31 @@ def job() -> None:
 @click.option("--health-path", metavar="PATH", help="A service's HTTP health check path.")
 @click.option("--on-node-lost", type=click.Choice(["requeue", "fail"]), help="What to do when the node is lost.")
 @click.option("--idempotency-key", metavar="KEY", help="Sending the same request with the same key creates one job.")
-@click.option("--wait", is_flag=True, help="Follow the job to its end and exit with its exit code.")
-@json_option("Print the job's JSON (with --wait: the final job's).")
+@click.option("--constraint", "constraints", multiple=True, type=Checked(sched.parse_constraint, "EXPR"),
+              help="A condition on the node's labels (repeatable, all must hold): LABEL=V, LABEL!=V, "
+                   "LABEL:in=A,B, LABEL:not_in=A,B, LABEL:exists, LABEL:not_exists.")
+@click.option("--pool", type=Checked(sched.parse_name, "POOL"), help="Only nodes of this pool (their `pool` label).")
+@click.option("--priority", type=Checked(sched.parse_priority, "N"),
+              help="0-100 (default 50): higher is placed first.")
+@click.option("--at", "start", type=Checked(sched.parse_start, "TIME"),
+              help="Not before TIME: ISO-8601 with a zone (2026-12-24T02:00:00Z), or from now: +30s, +10m, +2h, +1d.")
+@click.option("--after", "after", multiple=True, type=Checked(sched.parse_dependency, "JOB[:COND]"),
+              help="Wait for JOB to be done (repeatable); JOB:failed, JOB:finished (any end) or JOB:done.")
+@click.option("--on-dependency-failure", type=sched.choice("cancel", "run"),
+              help="When an --after condition can never hold: cancel this job (default) or run it anyway.")
+@click.option("--array", type=Checked(sched.parse_count(1, sched.MAX_ARRAY), "N"),
+              help="Submit N copies (each gets CORRAL_ARRAY_INDEX 0..N-1 and CORRAL_ARRAY_COUNT); prints the array id.")
+@click.option("--parallel", type=Checked(sched.parse_count(1, sched.MAX_ARRAY), "M"),
+              help="With --array: at most M of its jobs placed or running at once.")
+@click.option("--concurrency-key", type=Checked(sched.parse_name, "KEY"),
+              help="Share the key's limit (`corral concurrency set KEY N`) with the other jobs that name it.")
+@click.option("--wait", is_flag=True, help="Follow the job (or every job of an --array) to its end and exit with "
+                                           "its exit code (an array: 0 when all are done, else 1).")
+@json_option("Print the job's JSON (with --wait: the final job's; an array: its summary).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[--] CMD [ARG]...")
 @click.pass_obj
-def run(env: Env, command: tuple[str, ...], env_vars, idempotency_key, wait, as_json, **fields) -> None:
+def run(env: Env, command: tuple[str, ...], env_vars, idempotency_key, wait, as_json, constraints, pool, priority,
+        start, after, on_dependency_failure, array, parallel, concurrency_key, **fields) -> None:
     """Submit a job.
 
     The words of CMD are joined with shell quoting (shlex.join) into the job's command,
@@ -228,6 +239,8 @@ def run(env: Env, command: tuple[str, ...], env_vars, idempotency_key, wait, as_
     line, so `corral job run -- 'make test | tee log'` works as typed. Options go before
     CMD: everything from CMD on is part of the command."""
     request = {key: value for key, value in fields.items() if value is not None}
+    request.update(sched.scheduling_fields(constraints, pool, priority, start, after, on_dependency_failure,
+                                           array, parallel, concurrency_key))
     if command:
         request["command"] = shell_command(command)
     if env_vars:
@@ -235,6 +248,9 @@ def run(env: Env, command: tuple[str, ...], env_vars, idempotency_key, wait, as_
     if "command" not in request and "deploy_url" not in request:
         raise click.UsageError("give a command (after --) or --deploy-url")
     submitted = env.scheduler.submit(request, idempotency_key=idempotency_key)
+    if "array_id" in submitted:
+        arrays.submitted(env, submitted, wait, as_json)
+        return
     job_id = submitted["job_id"]
     env.subject = job_id
     if not wait:
@@ -263,7 +279,8 @@ def follow(env: Env, current: dict, quiet: bool = False) -> dict:
     seen = None
     try:
         while True:
-            key = (current.get("status"), current.get("attempt"), current.get("node_id"))
+            key = (current.get("status"), current.get("attempt"), current.get("node_id"),
+                   (current.get("pending_reason") or {}).get("code"))
             if key != seen and not quiet:
                 note(progress(current, env.now()))
             seen = key
@@ -279,14 +296,16 @@ def follow(env: Env, current: dict, quiet: bool = False) -> dict:
 @click.option("--status", type=click.Choice(STATUSES), help="Only jobs in this status.")
 @click.option("--node", "node_id", metavar="NODE", help="Only jobs placed on this node.")
 @click.option("--type", "job_type", type=click.Choice(["run", "service"]), help="Only jobs of this type.")
+@click.option("--pending-reason", type=sched.choice(*sched.PENDING_REASONS),
+              help="Only pending jobs waiting for this reason.")
 @click.option("--limit", type=click.IntRange(1, 1000), help="Jobs per page (default 20; 100 with --all).")
 @click.option("--all", "all_pages", is_flag=True, help="Follow the pages to the oldest job.")
 @json_option()
 @click.pass_obj
-def list_jobs(env: Env, status, node_id, job_type, limit, all_pages, as_json) -> None:
-    """List jobs, newest first."""
+def list_jobs(env: Env, status, node_id, job_type, pending_reason, limit, all_pages, as_json) -> None:
+    """List jobs, newest first (pending ones with why they wait)."""
     query = {"order": "desc", "status": status, "node_id": node_id, "job_type": job_type,
-             "limit": limit or (100 if all_pages else 20)}
+             "pending_reason": pending_reason, "limit": limit or (100 if all_pages else 20)}
     jobs, next_query = env.scheduler.list_jobs_page(**query)
     while all_pages and next_query:
         page, following = env.scheduler.list_jobs_page(**next_query)
@@ -301,7 +320,9 @@ def list_jobs(env: Env, status, node_id, job_type, limit, all_pages, as_json) ->
         note("no jobs")
         return
     now = env.now()
-    fmt.emit(fmt.table(JOB_HEADERS, [job_row(j, now) for j in jobs], wide=("NAME",)))
+    headers = job_headers(jobs)
+    rows = [job_list_row(j, now, "WAITING" in headers) for j in jobs]
+    fmt.emit(fmt.table(headers, rows, wide=("NAME", "WAITING")))
     if next_query and not all_pages:
         note(f"(more jobs: --all, or --limit above {query['limit']})")
 
@@ -406,3 +427,27 @@ def retry(env: Env, job_id: str, as_json: bool) -> None:
     env.subject = job_id
     answer = env.scheduler.retry(job_id)
     echo_json(answer) if as_json else click.echo(progress(answer, env.now()))
+
+
+@job.command("why")
+@click.argument("job_id")
+@json_option()
+@click.pass_obj
+def why(env: Env, job_id: str, as_json: bool) -> None:
+    """Why a pending job waits, and what the nodes closest to taking it lack."""
+    env.subject = job_id
+    answer = env.scheduler.why(job_id)
+    if as_json:
+        echo_json(answer)
+        return
+    reason = answer.get("pending_reason")
+    click.echo(f"{job_id}: pending: {sched.reason_text(reason) or 'no reason given'}")
+    details = sched.reason_details(reason)
+    if details:
+        click.echo(f"  ({details})")
+    closest = answer.get("closest_nodes") or []
+    if not closest:
+        return
+    click.echo("\nclosest nodes:")
+    fmt.emit(fmt.table(["NODE", "LACKS"], [[n.get("node_id"), "; ".join(n.get("lacks") or []) or "nothing"]
+                                           for n in closest], wide=("LACKS",)))

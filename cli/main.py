@@ -4,7 +4,7 @@ import click
 
 from corral.shared.clients import Rejected, Unreachable
 
-from . import jobs, nodes
+from . import arrays, concurrency, jobs, nodes
 from .common import CliError, Env
 
 DEFAULT_ADDR = "http://127.0.0.1:9001"
@@ -48,6 +48,8 @@ def cli(ctx: click.Context, addr: str, registry_addr: str, token: str | None, ca
 cli.add_command(jobs.job)
 cli.add_command(nodes.node)
 cli.add_command(nodes.service)
+cli.add_command(arrays.array)
+cli.add_command(concurrency.concurrency)
 
 
 def main() -> None:

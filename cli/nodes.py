@@ -1,8 +1,14 @@
 """`corral node …` and `corral service …`: what the registry knows."""
 import click
 
+from corral.shared.clients import Rejected, Unreachable
+
 from . import format as fmt
-from .common import Env, echo_json, json_option
+from .common import Env, echo_json, json_option, note
+
+# From the scheduler's GET /nodes: the node's pool, and memory (MB) and CPU (100 = one CPU)
+# that jobs may reserve there (ALLOC), that its jobs reserve (RSVD) and use (USED).
+FIGURE_HEADERS = ["POOL", "MEM_ALLOC", "MEM_RSVD", "MEM_USED", "CPU_ALLOC", "CPU_RSVD", "CPU_USED"]
 
 
 def node_headers(nodes: list[dict]) -> list[str]:
@@ -28,6 +34,31 @@ def service_row(svc: dict, now: float) -> list:
             fmt.status_cell(health), fmt.relative(svc.get("checked_at"), now)]
 
 
+def figure_cells(node: dict | None) -> list:
+    """The scheduler's figures of one node ('-' where unknown, or for a node it has not synced yet)."""
+    node = node or {}
+
+    def part(kind: str, key: str, unit: str) -> str | None:
+        value = (node.get(kind) or {}).get(key)
+        return None if value is None else f"{value}{unit}"
+
+    return [node.get("pool")] + [part(kind, key, unit) for key, unit in (("memory_mb", "M"), ("cpu_percent", "%"))
+                                 for kind in ("allocatable", "reserved", "used")]
+
+
+def scheduler_nodes(env: Env) -> dict[str, dict] | None:
+    """The scheduler's nodes by id; None (and a note why) when it cannot tell: the registry's
+    columns are still worth showing."""
+    try:
+        return {str(n.get("node_id")): n for n in env.scheduler.list_nodes()}
+    except Unreachable as exc:
+        why = env.unreachable(exc).message
+    except Rejected as exc:
+        why = env.rejected(exc).message
+    note(f"corral: no pools or resources: {why}")
+    return None
+
+
 SERVICE_HEADERS = ["NAME", "JOB", "NODE", "ADDRESS", "PORT", "HEALTH", "CHECKED"]
 
 
@@ -38,10 +69,12 @@ def node() -> None:
 
 @node.command("list")
 @click.option("--status", type=click.Choice(["healthy", "unhealthy"]), help="Only nodes in this status.")
-@json_option()
+@json_option("Print the registry's JSON (one document) instead of a table.")
 @click.pass_obj
 def list_nodes(env: Env, status: str | None, as_json: bool) -> None:
-    """The nodes the registry knows, with their health."""
+    """The nodes the registry knows, with their health, and from the scheduler their pool and
+    memory (MB) and CPU (%, 100 = one CPU): ALLOC what jobs may reserve, RSVD what its jobs
+    reserve, USED what they use."""
     nodes = env.registry.list_nodes(status=status)
     if as_json:
         echo_json(nodes)
@@ -50,8 +83,13 @@ def list_nodes(env: Env, status: str | None, as_json: bool) -> None:
         click.echo("no nodes", err=True)
         return
     headers = node_headers(nodes)
+    figures = scheduler_nodes(env)
     now = env.now()
-    fmt.emit(fmt.table(headers, [node_row(n, now, "DRAINED" in headers) for n in nodes], wide=("LABELS",)))
+    rows = [node_row(n, now, "DRAINED" in headers) for n in nodes]
+    if figures is not None:
+        headers = headers + FIGURE_HEADERS
+        rows = [row + figure_cells(figures.get(str(n.get("node_id")))) for row, n in zip(rows, nodes)]
+    fmt.emit(fmt.table(headers, rows, wide=("LABELS",)))
 
 
 def _set_drained(env: Env, node_id: str, drained: bool, as_json: bool) -> None:

@@ -1,7 +1,6 @@
 """The `corral` command line: every command's request and output against the `responses`
 mock of requests (CliRunner, no servers), the pure formatting helpers, and one run of the
 real console script against a real cluster."""
-import datetime
 import json
 import os
 import subprocess
@@ -9,22 +8,13 @@ import sys
 
 import pytest
 import requests
-import responses
 from click.testing import CliRunner
 from responses import matchers
 
+from cli_support import NOW, REG, SCHED, corral, iso, one_line_error
 from corral.cli import common, jobs
 from corral.cli import format as fmt
 from corral.cli.main import cli
-
-SCHED = "http://sched.test"
-REG = "http://reg.test"
-NOW = datetime.datetime(2026, 11, 29, 12, 0, 0, tzinfo=datetime.timezone.utc).timestamp()
-
-
-def iso(seconds_ago: float) -> str:
-    dt = datetime.datetime.fromtimestamp(NOW - seconds_ago, tz=datetime.timezone.utc)
-    return dt.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def a_job(job_id="job-7", **fields) -> dict:
@@ -39,34 +29,6 @@ def a_job(job_id="job-7", **fields) -> dict:
 
 
 DONE = dict(status="done", exit_code=0, stdout="hi\n", stderr="", running_at=iso(65), finished_at=iso(60))
-
-
-@pytest.fixture(autouse=True)
-def fixed_clock(monkeypatch):
-    """A fixed now, and polls that do not wait."""
-    monkeypatch.setattr(common, "clock", lambda: NOW)
-    monkeypatch.setattr(common, "sleep", lambda seconds: None)
-
-
-@pytest.fixture
-def mock():
-    with responses.RequestsMock() as rsps:
-        yield rsps
-
-
-def corral(*args, token=None):
-    env = {"CORRAL_ADDR": SCHED, "CORRAL_REGISTRY_ADDR": REG, "CORRAL_TOKEN": token,
-           "FORCE_COLOR": None, "NO_COLOR": None, "TTY_COMPATIBLE": None}
-    return CliRunner().invoke(cli, list(args), env=env, prog_name="corral")
-
-
-def one_line_error(result, code=1) -> str:
-    assert result.exit_code == code, (result.exit_code, result.output)
-    assert result.stdout == ""
-    assert "Traceback" not in result.output
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    return lines[0]
 
 
 # ---- pure formatting ------------------------------------------------------------------------
