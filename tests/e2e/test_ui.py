@@ -20,6 +20,7 @@ import pytest
 import requests
 
 from cluster import Cluster, one_node_cluster
+from helpers import wait_for
 from paths import REPO
 
 CHROMIUM = "/usr/bin/chromium"
@@ -314,6 +315,79 @@ def test_retrying_a_failed_job_from_its_page(browser, ui_cluster, shared_dir):
     assert "second try" in text_of(browser, "#job-stdout")
     assert ui_cluster.job(job["job_id"])["status"] == "done"
     assert page_not_reloaded(browser)
+
+
+# ---- scheduling: why a job waits, what nodes reserve -------------------------------------
+
+POOL_NODE = "ui-pool-node"
+
+
+@pytest.mark.e2e
+@needs_browser
+def test_a_pending_job_shows_why_it_waits_and_nodes_show_what_they_reserve(browser, tmp_path):
+    c = Cluster(tmp_path, MAX_JOBS_PER_NODE=2)  # room for the waiting job: only its constraint keeps it off
+    try:
+        c.start()
+        # 16,384 MB less 1,024 kept for the system: 15,360 MB allocatable.
+        c.start_agent(POOL_NODE, slots=2, AGENT_LABELS="pool=batch,zone=b", AGENT_MAX_MEMORY_MB=16384,
+                      AGENT_RESERVED_MEMORY_MB=1024, AGENT_MAX_CPU_PERCENT=400)
+        c.wait_nodes_healthy(POOL_NODE)
+        running = c.submit(command="sleep 60", memory_mb=3072, cpu_percent=100)
+        c.wait_status(running["job_id"], "running", timeout=WAIT_SECS)
+        waiting = c.submit(command="true", priority=80, pool="batch",
+                           constraints=[{"label": "zone", "op": "=", "value": "a"}])
+        reason = wait_for(lambda: c.job(waiting["job_id"])["pending_reason"] if (
+            c.job(waiting["job_id"])["pending_reason"] or {}).get("code") == "constraints_unmet" else None,
+            timeout=WAIT_SECS, message="the scheduler to find no node meets zone = a")
+
+        open_ui(browser, c)
+        mark_page(browser)
+        node_row = f'#nodes tr[data-node-id="{POOL_NODE}"]'
+        wait(browser, lambda d: text_of(d, f"{node_row} .memory .resource-reserved") == "reserved 3,072 of 15,360 MB",
+             "the node's reserved and allocatable memory")
+        assert text_of(browser, f"{node_row} .cpu .resource-reserved") == "reserved 100% of 400%"
+        assert text_of(browser, f"{node_row} .pool") == "batch"
+        labels = [e.text for e in browser.find_elements("css selector", f"{node_row} .label")]
+        assert labels == ["pool=batch", "zone=b"]
+
+        job_row = f'#jobs tr[data-job-id="{waiting["job_id"]}"]'
+        wait(browser, lambda d: attribute_of(d, job_row, "data-reason") == "constraints_unmet", "the job's reason")
+        assert text_of(browser, f"{job_row} .reason-code") == "constraints_unmet"
+        assert attribute_of(browser, f"{job_row} .reason", "title") == reason["message"]
+        assert text_of(browser, f'#jobs tr[data-job-id="{running["job_id"]}"] .waiting') == "—"
+        screenshot(browser, tmp_path, "overview-scheduling")
+        # Its code lists the jobs that wait for the same reason.
+        browser.find_element("css selector", f"{job_row} a.reason-code").click()
+        wait(browser, lambda d: css(d, f'#jobs tr[data-job-id="{running["job_id"]}"]') is None,
+             "only the jobs waiting for constraints_unmet to be listed")
+        assert "pending_reason=constraints_unmet" in browser.current_url
+        assert css(browser, job_row) is not None
+        assert attribute_of(browser, "#filter-reason", "value") == "constraints_unmet"
+
+        # Its page: the whole reason, its scheduling fields, and the node that came closest.
+        browser.find_element("css selector", f"{job_row} a").click()
+        wait(browser, lambda d: text_of(d, "#job-title") == waiting["job_id"], "the job page")
+        assert text_of(browser, "#job-reason-code") == "constraints_unmet"
+        assert text_of(browser, "#job-reason-message") == reason["message"] == "no healthy node satisfies zone = a"
+        assert text_of(browser, "#reason-constraint") == "zone = a"
+        assert text_of(browser, "#sched-priority") == "80"
+        assert text_of(browser, "#sched-pool") == "batch"
+        assert text_of(browser, "#sched-constraints") == "zone = a"
+        assert text_of(browser, "#sched-run_at") == "—"
+        assert text_of(browser, "#sched-reserved") == "nothing (not placed)"
+        why_row = f'#job-why-nodes tr[data-node-id="{POOL_NODE}"]'
+        wait(browser, lambda d: css(d, why_row) is not None, "the closest nodes")
+        assert [e.text for e in browser.find_elements("css selector", f"{why_row} li")] == [
+            "zone = a (the node has zone=b)"]
+        assert page_not_reloaded(browser)
+        screenshot(browser, tmp_path, "job-waiting")
+
+        # A running job has no reason, and shows what it reserves.
+        open_ui(browser, c, f"#/jobs/{running['job_id']}")
+        wait(browser, lambda d: text_of(d, "#sched-reserved") == "3,072 MB, 100% CPU", "what the job reserves")
+        assert not browser.find_element("id", "job-waiting").is_displayed()
+    finally:
+        c.stop()
 
 
 # ---- with an operator token ------------------------------------------------------------

@@ -12,6 +12,9 @@
   const TOKEN_KEY = "corral.operatorToken";
   const STATUSES = ["pending", "running", "done", "failed", "cancelled"];
   const JOB_TYPES = ["run", "service"];
+  // The scheduler's pending reasons (GET /jobs?pending_reason=...).
+  const REASON_CODES = ["placed", "no_healthy_node", "constraints_unmet", "no_capacity", "pinned_node_unavailable",
+                        "scheduled", "backoff", "dependency", "array_throttle", "concurrency_limit", "draining"];
   const PAGE = 100;               // newest jobs shown on the overview
   // The API lives beside /ui (the directory it is in), also behind a path prefix.
   const API_ROOT = new URL(".", window.location.href);
@@ -120,6 +123,82 @@
     return span;
   }
 
+  // ---- scheduling: reasons, constraints, resources -------------------------------
+
+  function number(n) {
+    return Number(n).toLocaleString("en-US");
+  }
+
+  const known = (value) => value !== null && value !== undefined;
+
+  // As the scheduler words them in its messages: "zone = a", "gpu in [a100, h100]", "ssd exists".
+  function constraintText(c) {
+    if (!known(c.value)) return `${c.label} ${c.op}`;
+    const value = Array.isArray(c.value) ? `[${c.value.join(", ")}]` : c.value;
+    return `${c.label} ${c.op} ${value}`;
+  }
+
+  // A pending job's reason in the job list: the code (a link to the jobs that wait for the
+  // same reason), the message under it and as its tooltip.
+  function reasonCell(reason, filters) {
+    if (!reason) return null;
+    const cell = el("span", null, "reason");
+    cell.title = reason.message;
+    const code = link(overviewHash({...filters, pending_reason: reason.code}), reason.code);
+    code.className = "reason-code";
+    cell.append(code, el("span", reason.message, "reason-message"));
+    return cell;
+  }
+
+  // "reserved 3,072 of 16,384 MB" and "reserved 100% of 400%", then what is used when the
+  // agent has said. `each` follows every figure, `tail` the line.
+  function resourceCell(node, part, each, tail) {
+    const reserved = node.reserved ? node.reserved[part] : null;
+    const allocatable = node.allocatable ? node.allocatable[part] : null;
+    const used = node.used ? node.used[part] : null;
+    const cell = el("span", null, "resource");
+    const of = known(allocatable) ? ` of ${number(allocatable)}${each}` : " (allocatable unknown)";
+    cell.append(el("span", `reserved ${number(reserved || 0)}${each}${of}${tail}`, "resource-reserved"));
+    if (known(used)) cell.append(el("span", `used ${number(used)}${each}${tail}`, "resource-used"));
+    return cell;
+  }
+
+  function labelsCell(labels) {
+    const names = Object.keys(labels || {}).sort();
+    if (!names.length) return null;
+    const cell = el("span", null, "labels");
+    cell.append(...names.map((name) => el("span", `${name}=${labels[name]}`, "label")));
+    return cell;
+  }
+
+  function resourcesText(resources) {
+    if (!resources) return null;
+    const parts = [];
+    if (known(resources.memory_mb)) parts.push(`${number(resources.memory_mb)} MB`);
+    if (known(resources.cpu_percent)) parts.push(`${number(resources.cpu_percent)}% CPU`);
+    return parts.join(", ") || null;
+  }
+
+  // One detail of a pending reason, as text or a node (a job it waits for links to that job).
+  function reasonDetail(name, value) {
+    if (name === "job_id") return link("#/jobs/" + value, value);
+    if (name === "until") return `${value} (${ago(value)})`;
+    if (name === "constraint") return constraintText(value);
+    if (name === "constraints") return value.map(constraintText).join("; ");
+    if (Array.isArray(value)) return value.join(", ");
+    return fieldText(value);
+  }
+
+  function definitions(list, pairs, idPrefix) {
+    list.replaceChildren(...pairs.flatMap(([name, value]) => {
+      const dd = el("dd");
+      if (value instanceof Node) dd.appendChild(value);
+      else dd.textContent = known(value) ? String(value) : "—";
+      dd.id = idPrefix + name;
+      return [el("dt", name), dd];
+    }));
+  }
+
   function setLive(ok, message) {
     const live = $("live");
     live.classList.toggle("down", !ok);
@@ -157,7 +236,7 @@
     return {
       page: "overview",
       filters: {status: params.get("status") || "", node_id: params.get("node_id") || "",
-                job_type: params.get("job_type") || ""},
+                job_type: params.get("job_type") || "", pending_reason: params.get("pending_reason") || ""},
     };
   }
 
@@ -196,8 +275,12 @@
 
     $("nodes").tBodies[0].replaceChildren(...nodes.map((node) => {
       const tr = row([link(overviewHash({...filters, node_id: node.node_id}), node.node_id), badge(node.status),
-                      node.drained ? badge("drained") : "no", `${node.slots_used} / ${node.capacity}`,
-                      timeCell(node.last_heartbeat), node.address]);
+                      node.drained ? badge("drained") : "no", node.pool, labelsCell(node.labels),
+                      `${node.slots_used} / ${node.capacity}`, resourceCell(node, "memory_mb", "", " MB"),
+                      resourceCell(node, "cpu_percent", "%", ""), timeCell(node.last_heartbeat), node.address]);
+      tr.cells[3].className = "pool";
+      tr.cells[6].className = "memory";
+      tr.cells[7].className = "cpu";
       tr.dataset.nodeId = node.node_id;
       return tr;
     }));
@@ -208,21 +291,26 @@
     if (filters.node_id && !nodeIds.includes(filters.node_id)) nodeIds.push(filters.node_id);
     setOptions($("filter-node"), [["", "any"], ...nodeIds.map((id) => [id, id])], filters.node_id);
     setOptions($("filter-type"), [["", "any"], ...JOB_TYPES.map((t) => [t, t])], filters.job_type);
+    setOptions($("filter-reason"), [["", "any"], ...REASON_CODES.map((c) => [c, c])], filters.pending_reason);
 
     $("jobs").tBodies[0].replaceChildren(...jobs.map((job) => {
-      const tr = row([link("#/jobs/" + job.job_id, job.job_id), badge(job.status), job.job_type, job.node_id,
-                      job.command || job.deploy_url, job.attempt, job.exit_code, timeCell(job.created_at)]);
+      const tr = row([link("#/jobs/" + job.job_id, job.job_id), badge(job.status), reasonCell(job.pending_reason, filters),
+                      job.job_type, job.node_id, job.command || job.deploy_url, job.attempt, job.exit_code,
+                      timeCell(job.created_at)]);
       tr.dataset.jobId = job.job_id;
       tr.dataset.status = job.status;
-      tr.cells[4].className = "command";
-      tr.cells[4].title = job.command || job.deploy_url || "";
+      if (job.pending_reason) tr.dataset.reason = job.pending_reason.code;
+      tr.cells[2].className = "waiting";
+      tr.cells[5].className = "command";
+      tr.cells[5].title = job.command || job.deploy_url || "";
       return tr;
     }));
     $("jobs-empty").hidden = jobs.length > 0;
     $("jobs-note").textContent = jobs.length === PAGE ? `the newest ${PAGE} shown` : "";
   }
 
-  for (const [id, name] of [["filter-status", "status"], ["filter-node", "node_id"], ["filter-type", "job_type"]]) {
+  for (const [id, name] of [["filter-status", "status"], ["filter-node", "node_id"], ["filter-type", "job_type"],
+                            ["filter-reason", "pending_reason"]]) {
     $(id).addEventListener("change", (event) => {
       const filters = route().filters || {};
       window.location.hash = overviewHash({...filters, [name]: event.target.value});
@@ -240,7 +328,59 @@
 
   async function loadJob(jobId) {
     const [job, events] = await Promise.all([api("jobs/" + jobId), api("jobs/" + jobId + "/events")]);
-    return {job, events};
+    return {job, events, why: await loadWhy(job)};
+  }
+
+  // The nodes closest to taking a pending job that has none yet. A job that stopped
+  // waiting in between answers 409: that, like any other refusal, is shown in the
+  // section and does not stop the page.
+  async function loadWhy(job) {
+    if (job.status !== "pending" || job.node_id || !job.pending_reason) return null;
+    try {
+      return await api("jobs/" + job.job_id + "/why");
+    } catch (err) {
+      if (err instanceof AuthNeeded) throw err;
+      return {error: err.message};
+    }
+  }
+
+  function drawWaiting(job, why) {
+    const reason = job.pending_reason;
+    $("job-waiting").hidden = !reason;
+    if (!reason) return;
+    $("job-reason-code").textContent = reason.code;
+    $("job-reason-message").textContent = reason.message;
+    const details = Object.entries(reason).filter(([name]) => name !== "code" && name !== "message");
+    $("job-reason-details").hidden = details.length === 0;
+    definitions($("job-reason-details"), details.map(([name, value]) => [name, reasonDetail(name, value)]),
+                "reason-");
+
+    $("job-why").hidden = !why;
+    if (!why) return;
+    const closest = why.closest_nodes || [];
+    $("job-why-nodes").tBodies[0].replaceChildren(...closest.map((node) => {
+      const lacks = el("ul", null, "lacks");
+      lacks.append(...(node.lacks.length ? node.lacks : ["nothing now: it goes at the next placement"])
+        .map((sentence) => el("li", sentence)));
+      const tr = row([node.node_id, lacks]);
+      tr.dataset.nodeId = node.node_id;
+      return tr;
+    }));
+    $("job-why-nodes").hidden = closest.length === 0;
+    const note = why.error ? `could not ask why: ${why.error}` : closest.length ? "" : "No node comes close.";
+    $("job-why-note").hidden = !note;
+    $("job-why-note").textContent = note;
+  }
+
+  function drawScheduling(job) {
+    const constraints = job.constraints && job.constraints.length ? job.constraints.map(constraintText).join("; ")
+      : null;
+    definitions($("job-scheduling"), [
+      ["priority", job.priority], ["pool", job.pool || "any"], ["constraints", constraints],
+      ["run_at", job.run_at ? `${job.run_at} (${ago(job.run_at)})` : null],
+      ["reserved", job.reserved ? resourcesText(job.reserved)
+        : job.status === "pending" ? "nothing (not placed)" : "nothing"],
+    ], "sched-");
   }
 
   function fieldText(value) {
@@ -257,7 +397,7 @@
     if (atEnd) pre.scrollTop = pre.scrollHeight;
   }
 
-  function drawJob({job, events}) {
+  function drawJob({job, events, why}) {
     $("overview").hidden = true;
     $("job-page").hidden = false;
     $("job-title").textContent = job.job_id;
@@ -272,11 +412,9 @@
     cancel.disabled = !["pending", "running"].includes(job.status) || cancel.dataset.busy === "1";
     retry.disabled = job.status !== "failed" || retry.dataset.busy === "1";
 
-    $("job-fields").replaceChildren(...JOB_FIELDS.flatMap((name) => {
-      const dd = el("dd", fieldText(job[name]));
-      dd.id = "field-" + name;
-      return [el("dt", name), dd];
-    }));
+    drawWaiting(job, why);
+    drawScheduling(job);
+    definitions($("job-fields"), JOB_FIELDS.map((name) => [name, fieldText(job[name])]), "field-");
     setOutput($("job-stdout"), job.stdout || "");
     setOutput($("job-stderr"), job.stderr || "");
     $("job-events").tBodies[0].replaceChildren(...events.map((event) => row([
