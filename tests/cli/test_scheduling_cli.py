@@ -12,6 +12,7 @@ import responses
 from responses import matchers
 
 from cli_support import REG, SCHED, corral, iso, one_line_error
+from corral.cli import common
 from scheduler_app import Clock, make_app, set_nodes
 
 
@@ -165,6 +166,19 @@ def test_wait_on_an_array_with_a_failed_job_exits_1_and_json_is_the_summary(mock
                             "0 cancelled)\n"
 
 
+def test_wait_on_an_array_ctrl_c_exits_130_and_says_how_to_cancel_it(mock, monkeypatch):
+    mock.post(f"{SCHED}/jobs", json=ARRAY, status=201)
+    mock.get(f"{SCHED}/arrays/array-3", json=summary(pending=4))
+
+    def interrupt(seconds):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(common, "sleep", interrupt)
+    result = corral("job", "run", "--array", "4", "--wait", "--", "true")
+    assert result.exit_code == 130
+    assert "corral array cancel array-3" in result.stderr
+
+
 # ---- pending reasons: job list, job status, --wait, job why ------------------------------------
 
 def test_job_list_shows_why_pending_jobs_wait_and_filters_by_reason(mock):
@@ -210,8 +224,8 @@ def test_wait_says_why_a_job_waits(mock):
 
 
 WHY = {"job_id": "job-7", "pending_reason": NO_ROOM,
-       "closest_nodes": [{"node_id": "node-2", "lacks": ["512 MB of memory (it has 256 MB free)"]},
-                         {"node_id": "node-1", "lacks": ["1024 MB of memory (it has 0 MB free)", "a free slot"]}]}
+       "closest_nodes": [{"node_id": "node-2", "lacks": ["needs 512 MB of memory, 256 MB unreserved"]},
+                         {"node_id": "node-1", "lacks": ["needs 1024 MB of memory, 0 MB unreserved", "no free slot"]}]}
 
 
 def test_job_why_prints_the_reason_and_what_the_closest_nodes_lack(mock):
@@ -224,8 +238,8 @@ def test_job_why_prints_the_reason_and_what_the_closest_nodes_lack(mock):
         "",
         "closest nodes:",
         "NODE    LACKS",
-        "node-2  512 MB of memory (it has 256 MB free)",
-        "node-1  1024 MB of memory (it has 0 MB free); a free slot"]
+        "node-2  needs 512 MB of memory, 256 MB unreserved",
+        "node-1  needs 1024 MB of memory, 0 MB unreserved; no free slot"]
     assert json.loads(corral("job", "why", "job-7", "--json").stdout) == WHY
 
 
