@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from typing import Literal
 
+from corral.shared.states import FINAL_STATUSES
+
 CONDITIONS = ("done", "failed", "finished")
-ON_FAILURE = ("cancel", "run")
-FINAL = ("done", "failed", "cancelled")
 
 Outcome = Literal["met", "unmeetable"]
 
@@ -29,7 +29,7 @@ Outcome = Literal["met", "unmeetable"]
 def outcome(condition: str, status: str) -> Outcome | None:
     """What the other job's `status` makes of a condition: met, never to be met, or
     nothing yet (it has not ended)."""
-    if status not in FINAL:
+    if status not in FINAL_STATUSES:
         return None
     if condition == "finished" or condition == status:
         return "met"

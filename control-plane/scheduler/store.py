@@ -225,10 +225,7 @@ class Store:
         with self._tx() if depends_on else contextlib.nullcontext():
             # The jobs it waits for, read in the transaction that records the wait: one that
             # ends meanwhile decides its condition then (_settle_dependents), or here.
-            known = self._statuses_of([other for other, _ in depends_on]) if depends_on else {}
-            missing = [other for other, _ in depends_on if other not in known]
-            if missing:
-                raise BadRequest(f"'depends_on' names job-{missing[0]}, which does not exist")
+            known = self._dependency_targets(depends_on)
             on_failure = columns.get("on_dependency_failure") or "cancel"
             extra, cancel = self._dependency_columns(depends_on, known, on_failure)
             # A twin request with the same key may commit between the look above and
@@ -260,10 +257,7 @@ class Store:
                 array = JobArray.get_by_id(first.array_id)
                 return array, *self._array_ends(array.id), False
             self._check_limits(fields)
-            known = self._statuses_of([other for other, _ in depends_on]) if depends_on else {}
-            missing = [other for other, _ in depends_on if other not in known]
-            if missing:
-                raise BadRequest(f"'depends_on' names job-{missing[0]}, which does not exist")
+            known = self._dependency_targets(depends_on)
             extra, cancel = self._dependency_columns(depends_on, known, fields.get("on_dependency_failure") or "cancel")
             array = JobArray.create(count=count, parallel=parallel, created_at=now)
             env = fields.get("env_vars") or {}
@@ -315,7 +309,7 @@ class Store:
         limits = {row.key: row.limit for row in query.order_by(ConcurrencyLimit.key)}
         if not limits:
             return []
-        holding = (Job.status == "running") | ((Job.status == "pending") & Job.node_id.is_null(False))
+        holding = _placed_or_running()
         active = dict(Job.select(Job.concurrency_key, fn.COUNT(Job.id)).where(
             Job.concurrency_key.in_(sorted(limits)) & holding).group_by(Job.concurrency_key).tuples())
         return [(k, limit, active.get(k, 0)) for k, limit in limits.items()]
@@ -329,6 +323,15 @@ class Store:
         with self._tx():
             if ConcurrencyLimit.delete().where(ConcurrencyLimit.key == key).execute() == 0:
                 raise NotFound(f"no concurrency limit is set for {key!r}")
+
+    def _dependency_targets(self, depends_on: list[tuple[int, str]]) -> dict[int, str]:
+        """The status of each job a new job depends on; a BadRequest naming one that
+        does not exist."""
+        known = self._statuses_of([other for other, _ in depends_on]) if depends_on else {}
+        missing = [other for other, _ in depends_on if other not in known]
+        if missing:
+            raise BadRequest(f"'depends_on' names job-{missing[0]}, which does not exist")
+        return known
 
     @staticmethod
     def _statuses_of(ids: list[int]) -> dict[int, str]:
@@ -1014,7 +1017,7 @@ class Store:
                 and ("key", a.concurrency_key) not in known}
         if not arrays and not keys:
             return
-        holding = (Job.status == "running") | ((Job.status == "pending") & Job.node_id.is_null(False))
+        holding = _placed_or_running()
         found: dict[tuple[str, object], placement.Throttle] = {}
         if arrays:
             active = dict(Job.select(Job.array_id, fn.COUNT(Job.id)).where(
@@ -1517,3 +1520,8 @@ def _waiting_for(code: str, now: float) -> peewee.Expression:
 def _array_number(array_id: str) -> int | None:
     prefix, _, number = array_id.partition("-")
     return int(number) if prefix == "array" and number.isdigit() and 0 < len(number) <= 18 else None
+
+
+def _placed_or_running() -> peewee.Expression:
+    """The jobs that count against an array's `parallel` and a concurrency key's limit."""
+    return (Job.status == "running") | ((Job.status == "pending") & Job.node_id.is_null(False))

@@ -20,9 +20,6 @@ from corral.shared.timeutil import iso
 
 CODES = ("placed", "no_healthy_node", "constraints_unmet", "no_capacity", "pinned_node_unavailable",
          "scheduled", "backoff", "dependency", "array_throttle", "concurrency_limit", "draining")
-# Codes placement gives (stored with the job); the others are derived from its fields.
-PLACEMENT_CODES = ("no_healthy_node", "constraints_unmet", "no_capacity", "pinned_node_unavailable",
-                   "draining", "array_throttle", "concurrency_limit")
 
 
 @dataclass(frozen=True)
