@@ -34,3 +34,12 @@ def submit(client, **body):
     response = client.post("/jobs", json=body or {"command": "true"})
     assert response.status_code == 201, response.json
     return response.json
+
+
+def end_attempt(client, job_id, status="done", exit_code=0):
+    """Run the job's current attempt to `status` as its agent would report it."""
+    job = client.get(f"/jobs/{job_id}").json
+    body = {"node_id": job["node_id"], "attempt": job["attempt"]}
+    assert client.post(f"/jobs/{job_id}/status", json=dict(body, status="running")).status_code == 200
+    ended = client.post(f"/jobs/{job_id}/status", json=dict(body, status=status, exit_code=exit_code))
+    assert ended.status_code == 200, ended.json

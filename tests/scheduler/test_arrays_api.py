@@ -1,13 +1,6 @@
 """Arrays and concurrency limits through the API, on each backend."""
 from corral.scheduler.service import Scheduler
-from scheduler_app import set_nodes, submit
-
-
-def end(client, job_id):
-    job = client.get(f"/jobs/{job_id}").json
-    body = {"node_id": job["node_id"], "attempt": job["attempt"]}
-    assert client.post(f"/jobs/{job_id}/status", json=dict(body, status="running")).status_code == 200
-    assert client.post(f"/jobs/{job_id}/status", json=dict(body, status="done", exit_code=0)).status_code == 200
+from scheduler_app import end_attempt, set_nodes, submit
 
 
 def placed(client, **query):
@@ -33,7 +26,7 @@ def test_an_array_is_count_jobs_with_their_index_and_at_most_parallel_at_once(cl
     assert waiting == {"code": "array_throttle", "message": "3 of its array's jobs are placed or running "
                        "(parallel 3)", "array_id": array["array_id"], "parallel": 3, "active": 3}
     for _ in range(10):  # as jobs end, the next ones go, never more than 3 at once
-        end(client, placed(client)[0]["job_id"])
+        end_attempt(client, placed(client)[0]["job_id"])
         assert len(placed(client)) == 3
     summary = client.get(f"/arrays/{array['array_id']}").json
     assert summary["jobs"] == {"pending": 40, "running": 0, "done": 10, "failed": 0, "cancelled": 0}
@@ -74,7 +67,7 @@ def test_a_concurrency_key_limits_jobs_across_nodes(client, store, clock):
     assert client.get("/concurrency").json == [{"key": "migrations", "limit": 1, "active": 1}]
     store.explain(clock())
     assert client.get(f"/jobs/{jobs[1]['job_id']}").json["pending_reason"]["code"] == "concurrency_limit"
-    end(client, jobs[0]["job_id"])
+    end_attempt(client, jobs[0]["job_id"])
     assert [client.get(f"/jobs/{j['job_id']}").json["node_id"] is not None for j in jobs[1:]] == [True, False]
     client.put("/concurrency/migrations", json={"limit": 2})  # raised: what it held back goes at once
     assert client.get(f"/jobs/{jobs[2]['job_id']}").json["node_id"] is not None

@@ -1,15 +1,6 @@
 """Dependencies through the API, on each backend: a job waits for others to end as it
 asks, a chain runs in order, a condition that can never hold cancels down the chain."""
-from scheduler_app import set_nodes, submit
-
-
-def end(client, job_id, status, exit_code=0):
-    """Run the job's current attempt to `status` as its agent would report it."""
-    job = client.get(f"/jobs/{job_id}").json
-    body = {"node_id": job["node_id"], "attempt": job["attempt"]}
-    assert client.post(f"/jobs/{job_id}/status", json=dict(body, status="running")).status_code == 200
-    assert client.post(f"/jobs/{job_id}/status", json=dict(body, status=status, exit_code=exit_code)).status_code \
-        == 200
+from scheduler_app import end_attempt, set_nodes, submit
 
 
 def state(client, job_id):
@@ -31,10 +22,10 @@ def test_a_chain_runs_in_order(client, store, clock):
                                    "job_id": a["job_id"], "condition": "done"}
     assert [j["job_id"] for j in client.get("/jobs?pending_reason=dependency").json] == [b["job_id"], c["job_id"]]
     assert state(client, b["job_id"]) == ("pending", False)
-    end(client, a["job_id"], "done")
+    end_attempt(client, a["job_id"], "done")
     place(store, clock)
     assert state(client, b["job_id"]) == ("pending", True) and state(client, c["job_id"]) == ("pending", False)
-    end(client, b["job_id"], "done")
+    end_attempt(client, b["job_id"], "done")
     place(store, clock)
     assert state(client, c["job_id"]) == ("pending", True)
 
@@ -46,7 +37,7 @@ def test_a_failed_first_job_cancels_the_rest_of_the_chain(client, store, clock):
     c = submit(client, command="c", depends_on=[{"job_id": b["job_id"]}])
     on_failure = submit(client, command="alert", depends_on=[{"job_id": a["job_id"], "condition": "failed"}])
     always = submit(client, command="cleanup", depends_on=[{"job_id": c["job_id"], "condition": "finished"}])
-    end(client, a["job_id"], "failed", 1)
+    end_attempt(client, a["job_id"], "failed", 1)
     place(store, clock)
     assert client.get(f"/jobs/{b['job_id']}").json["status"] == "cancelled"
     assert client.get(f"/jobs/{c['job_id']}").json["status"] == "cancelled"
@@ -60,7 +51,7 @@ def test_on_dependency_failure_run_runs_anyway(client, store, clock):
     set_nodes(store, clock, "n1")
     a = submit(client, command="a", max_retries=0)
     b = submit(client, command="b", depends_on=[{"job_id": a["job_id"]}], on_dependency_failure="run")
-    end(client, a["job_id"], "failed", 1)
+    end_attempt(client, a["job_id"], "failed", 1)
     place(store, clock)
     assert state(client, b["job_id"]) == ("pending", True)
 
@@ -80,11 +71,11 @@ def test_a_job_waits_for_every_condition(client, store, clock):
     set_nodes(store, clock, "n1")
     a, b = submit(client, command="a"), submit(client, command="b")
     both = submit(client, command="c", depends_on=[{"job_id": a["job_id"]}, {"job_id": b["job_id"]}])
-    end(client, a["job_id"], "done")
+    end_attempt(client, a["job_id"], "done")
     place(store, clock)
     job = client.get(f"/jobs/{both['job_id']}").json
     assert job["node_id"] is None and job["pending_reason"]["job_id"] == b["job_id"]
-    end(client, b["job_id"], "done")
+    end_attempt(client, b["job_id"], "done")
     place(store, clock)
     assert state(client, both["job_id"]) == ("pending", True)
 
@@ -92,7 +83,7 @@ def test_a_job_waits_for_every_condition(client, store, clock):
 def test_a_dependency_that_already_ended_is_decided_at_once(client, store, clock):
     set_nodes(store, clock, "n1")
     a = submit(client, command="a", max_retries=0)
-    end(client, a["job_id"], "done")
+    end_attempt(client, a["job_id"], "done")
     assert submit(client, command="b", depends_on=[{"job_id": a["job_id"]}])["node_id"] is not None
     assert submit(client, command="c", depends_on=[{"job_id": a["job_id"], "condition": "failed"}])["status"] \
         == "cancelled"
@@ -107,7 +98,7 @@ def test_a_batch_submits_a_whole_pipeline(client, store, clock):
     assert [j["pending_reason"]["code"] for j in jobs] == ["placed", "dependency", "dependency"]
     assert jobs[2]["pending_reason"]["job_id"] == jobs[1]["job_id"]
     for first, then in ((jobs[0], jobs[1]), (jobs[1], jobs[2])):
-        end(client, first["job_id"], "done")
+        end_attempt(client, first["job_id"], "done")
         place(store, clock)
         assert state(client, then["job_id"]) == ("pending", True)
 

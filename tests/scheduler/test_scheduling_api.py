@@ -6,7 +6,7 @@ import pytest
 
 from corral.scheduler.loops import Background
 from corral.scheduler.service import Scheduler
-from scheduler_app import make_app, submit
+from scheduler_app import end_attempt, make_app, submit
 
 HOUR = 3600.0
 
@@ -33,13 +33,6 @@ def sized(node_id, memory=16_384, cpu=1600, **extra):
 
 def job(client, job_id):
     return client.get(f"/jobs/{job_id}").json
-
-
-def finish(client, job_view):
-    body = {"node_id": job_view["node_id"], "attempt": job_view["attempt"]}
-    assert client.post(f"/jobs/{job_view['job_id']}/status", json=dict(body, status="running")).status_code == 200
-    assert client.post(f"/jobs/{job_view['job_id']}/status",
-                       json=dict(body, status="done", exit_code=0)).status_code == 200
 
 
 def iso(ts):
@@ -89,7 +82,7 @@ def test_jobs_reserve_memory_and_one_that_does_not_fit_waits_until_a_job_ends(cl
     node = client.get("/nodes").json[0]
     assert node["allocatable"] == {"memory_mb": 16_384, "cpu_percent": 1600}
     assert node["reserved"] == {"memory_mb": 16_384, "cpu_percent": 200}
-    finish(client, job(client, big[0]["job_id"]))
+    end_attempt(client, big[0]["job_id"])
     assert job(client, big[2]["job_id"])["node_id"] == "a" and job(client, big[3]["job_id"])["node_id"] is None
 
 
@@ -136,7 +129,7 @@ def test_priorities_order_a_backlog(client, store, clock):
     order = []
     current = busy
     for _ in range(3):
-        finish(client, job(client, current["job_id"]))
+        end_attempt(client, current["job_id"])
         current = next(j for j in client.get("/jobs?status=pending").json if j["node_id"] == "a")
         order.append(current["command"])
     assert order == ["high", "normal", "low"]
@@ -154,9 +147,9 @@ def test_a_waiting_job_gains_priority_as_it_waits(database_url, clock):
     early = submit(client, command="early-urgent", priority=100)
     clock.now += 2.0
     late = submit(client, command="late-urgent", priority=100)
-    finish(client, job(client, busy["job_id"]))
+    end_attempt(client, busy["job_id"])
     assert job(client, early["job_id"])["node_id"] == "a"  # came within 100 s of the old job: goes first
-    finish(client, job(client, early["job_id"]))
+    end_attempt(client, early["job_id"])
     assert job(client, old["job_id"])["node_id"] == "a"    # the late one came more than 100 s after it
     assert job(client, late["job_id"])["node_id"] is None
 
@@ -240,7 +233,7 @@ def test_why_names_the_closest_nodes_and_what_each_lacks(client, store, clock):
     assert why["closest_nodes"][1]["lacks"] == ["memory_mb 8192 is over the node's maximum 4096",
                                                 "needs 8192 MB of memory, 4096 MB unreserved"]
     placed = submit(client, command="x", constraints=[{"label": "zone", "op": "=", "value": "b"}])
-    finish(client, placed)
+    end_attempt(client, placed["job_id"])
     conflict = client.get(f"/jobs/{placed['job_id']}/why")
     assert conflict.status_code == 409 and "does not wait" in conflict.json["error"]
     assert client.get("/jobs/job-999/why").status_code == 404
