@@ -1121,8 +1121,10 @@ class Store:
         infos = {info.node_id: info for info in self._placement_nodes(include_others=True)}
         used = {node_id: (memory, cpu) for node_id, memory, cpu in NodeLease.select(
             NodeLease.node_id, NodeLease.used_memory_mb, NodeLease.used_cpu_percent).tuples()}
+        # Two reads: a node the registry sync added or removed between them is left out
+        # (it shows on the next read), not an error.
         return [(n, self._capacity(n.slots), infos[n.node_id], used.get(n.node_id))
-                for n in Node.select().order_by(Node.node_id)]
+                for n in Node.select().order_by(Node.node_id) if n.node_id in infos]
 
     # ---- helpers -----------------------------------------------------------
 

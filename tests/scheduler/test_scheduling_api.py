@@ -6,6 +6,7 @@ import pytest
 
 from corral.scheduler.loops import Background
 from corral.scheduler.service import Scheduler
+from corral.scheduler.store import Store
 from scheduler_app import end_attempt, make_app, submit
 
 HOUR = 3600.0
@@ -93,6 +94,26 @@ def test_a_job_without_limits_reserves_the_node_s_default_and_the_reserve_counts
     assert placed == ["a", "a", None]
     listed = client.get("/nodes").json[0]
     assert listed["allocatable"]["memory_mb"] == 1100 and listed["reserved"]["memory_mb"] == 1024
+
+
+def test_get_nodes_leaves_out_a_node_the_registry_sync_adds_while_it_reads(client, store, clock, monkeypatch):
+    nodes(store, clock, sized("a"))
+    read = Store._placement_nodes
+    added = []
+
+    def racing(self, *args, **kwargs):
+        found = read(self, *args, **kwargs)
+        if not added:  # between GET /nodes' two reads, the sync adds node b
+            added.append(True)
+            listed = [{"address": "127.0.0.1", "kind": "compute", "slots": 4, "status": "healthy", **sized(n)}
+                      for n in ("a", "b")]
+            store.sync_nodes(listed, clock())
+        return found
+
+    monkeypatch.setattr(Store, "_placement_nodes", racing)
+    answer = client.get("/nodes")
+    assert answer.status_code == 200 and [n["node_id"] for n in answer.json] == ["a"]
+    assert [n["node_id"] for n in client.get("/nodes").json] == ["a", "b"]
 
 
 def test_get_nodes_shows_what_the_jobs_use_once_the_agent_says(client, store, clock):
