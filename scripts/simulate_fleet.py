@@ -235,8 +235,13 @@ class Fleet:
         scheduler.close()
 
     def _register(self, session: requests.Session, node_id: str) -> None:
-        body = {"node_id": node_id, "address": "127.0.0.1", "kind": "compute", "slots": self.slots, "cpus": 1,
-                "memory_mb": 1024, "max_memory_mb": 1024, "max_cpu_percent": 100, "labels": {"sim": "1"}}
+        # Sized as a real agent with this many slots: room for every slot's job at the
+        # defaults it reserves (512 MB and 100% CPU for a `run` job), and those defaults.
+        body = {"node_id": node_id, "address": "127.0.0.1", "kind": "compute", "slots": self.slots,
+                "cpus": self.slots, "memory_mb": 1024 * self.slots, "max_memory_mb": 1024 * self.slots,
+                "max_cpu_percent": 100 * self.slots, "labels": {"sim": "1"},
+                "default_limits": AGENT_CLAIM_FIELDS["default_limits"], "reserved_memory_mb": 0,
+                "reserved_cpu_percent": 0}
         r = self.http(session, "POST", self.registry_url + "/nodes", "register", json=body, timeout=10)
         if r is not None and r.status_code not in (200, 201):
             self.error("register", f"{r.status_code} {r.text[:100]}")

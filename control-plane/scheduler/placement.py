@@ -37,6 +37,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from corral.shared.wire import JOB_TYPES
+
 from . import waiting
 from .waiting import Reason
 
@@ -45,6 +47,10 @@ DEFAULT_POOL = "default"
 DEFAULT_PRIORITY = 50
 # A node whose allocatable capacity is unknown has this much of it free (sorts as the roomiest).
 UNCOUNTED = 1 << 62
+# The least a job can reserve (the API's lower bounds of memory_mb and cpu_percent, and
+# of an agent's defaults): a node with less free than this takes no job, whatever it asks.
+LEAST_MEMORY_MB = 4
+LEAST_CPU_PERCENT = 1
 
 Constraint = tuple[str, str, "str | tuple[str, ...] | None"]  # (label, op, value)
 Limits = tuple[int, int]  # (memory_mb, cpu_percent)
@@ -162,7 +168,7 @@ class Plan:
     placed: list[Placed]
     waiting: dict[int, Reason]  # the jobs offered and not placed, with why
     cursor: str | None          # the round-robin cursor after this pass
-    exhausted: bool             # no slot is left: the jobs not offered wait for capacity too
+    exhausted: bool             # no room is left: the jobs not offered wait for capacity too
 
 
 def fits_maximum(ask: Ask, node: NodeInfo) -> bool:
@@ -188,21 +194,32 @@ class _Room:
     """A node's room during a pass: free slots, and free allocatable memory and CPU
     (UNCOUNTED when unknown)."""
 
-    __slots__ = ("node", "slots", "memory", "cpu", "shapes")
+    __slots__ = ("node", "slots", "memory", "cpu", "shapes", "least")
 
-    def __init__(self, node: NodeInfo):
+    def __init__(self, node: NodeInfo, fallback: Mapping[str, Limits] | None = None):
         self.node = node
         self.slots = max(0, node.free_slots)
         memory, cpu = node.allocatable_memory_mb, node.allocatable_cpu_percent
         self.memory = UNCOUNTED if memory is None else memory - node.reserved_memory_mb
         self.cpu = UNCOUNTED if cpu is None else cpu - node.reserved_cpu_percent
         self.shapes: list[_Shape] = []  # the shapes whose candidates include this node
+        # The least a job reserves here: what a job may ask at the least, or a type's
+        # default when it is smaller (a job that asks nothing reserves its default).
+        defaults = [self.need(Ask(0, job_type), fallback or {}) for job_type in JOB_TYPES]
+        self.least = (min([LEAST_MEMORY_MB] + [d[0] for d in defaults]),
+                      min([LEAST_CPU_PERCENT] + [d[1] for d in defaults]))
 
     def need(self, ask: Ask, fallback: Mapping[str, Limits]) -> Limits:
         """What the job reserves here: what it asks, else this node's default for its type."""
         default = self.node.default_limits.get(ask.job_type) or fallback.get(ask.job_type) or (0, 0)
         return (default[0] if ask.memory_mb is None else ask.memory_mb,
                 default[1] if ask.cpu_percent is None else ask.cpu_percent)
+
+    @property
+    def open(self) -> bool:
+        """Whether some job could still go here: a free slot, and the least a job reserves."""
+        return (self.node.takes_work and self.slots > 0 and self.memory >= self.least[0]
+                and self.cpu >= self.least[1])
 
     def lacks(self, need: Limits) -> str | None:
         if self.slots <= 0:
@@ -305,9 +322,11 @@ class Planner:
         self.cursor = cursor
         self.explain = explain
         self.nodes = sorted(nodes, key=lambda n: n.node_id)
-        self.rooms = [_Room(n) for n in self.nodes]
         self.fallback = dict(fallback or {})
-        self.free = sum(r.slots for r in self.rooms if r.node.takes_work)
+        self.rooms = [_Room(n, self.fallback) for n in self.nodes]
+        # The nodes some job could still go to: none left, and the pass stops offering
+        # (a node full by its reservations counts as full as one without a free slot).
+        self.open_rooms = sum(1 for r in self.rooms if r.open)
         # With no node taking work at all, the jobs are still offered: each gets its reason
         # (no healthy node, drained, its pin) at the cost of one look per shape.
         self.any_open = any(r.node.takes_work for r in self.rooms)
@@ -326,8 +345,9 @@ class Planner:
 
     @property
     def exhausted(self) -> bool:
-        """Every slot of the nodes that take work is taken (there are such nodes)."""
-        return self.any_open and self.free <= 0
+        """No node that takes work has room left for any job: every slot is taken, or what
+        is left of its memory or CPU is less than any job reserves (there are such nodes)."""
+        return self.any_open and self.open_rooms <= 0
 
     def offer(self, asks: Iterable[Ask]) -> None:
         for ask in asks:
@@ -363,10 +383,12 @@ class Planner:
             shape.full = self._why_not(shape)
             return shape.full
         memory, cpu = room.need(ask, self.fallback)
+        was_open = room.open
         room.slots -= 1
         room.memory -= memory
         room.cpu -= cpu
-        self.free -= 1
+        if was_open and not room.open:
+            self.open_rooms -= 1
         for other in room.shapes:
             other.changed(room)
         if self.policy == "round-robin" and ask.pin is None:
@@ -450,7 +472,7 @@ def shortfalls(ask: Ask, nodes: Iterable[NodeInfo], fallback: Mapping[str, Limit
             lacks.append(f"memory_mb {ask.memory_mb} is over the node's maximum {node.max_memory_mb}")
         if not _within(ask.cpu_percent, node.max_cpu_percent):
             lacks.append(f"cpu_percent {ask.cpu_percent} is over the node's maximum {node.max_cpu_percent}")
-        room = _Room(node)
+        room = _Room(node, fallback)
         memory, cpu = room.need(ask, fallback or {})
         if room.slots <= 0:
             lacks.append("no free slot")

@@ -250,7 +250,7 @@ class Scheduler:
         if not nodes:
             return 0
         with self.placing(only_places=True, nodes=nodes, skip_busy=True):
-            return self.store.dispatch(now)
+            return self.store.dispatch(now, deep=True)
 
 
 def _reported_nodes(items: list, claim: tuple[str, dict] | None) -> set[str] | None:

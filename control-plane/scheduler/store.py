@@ -65,8 +65,11 @@ CLAIMED = tuple(field for field in Job._meta.sorted_fields if field.name not in 
 QUEUED = (Job.id, Job.attempt, Job.job_type, Job.instance_id, Job.memory_mb, Job.cpu_percent, Job.constraints,
           Job.pool, Job.array_id, Job.concurrency_key, Job.pending_reason, Job.queue_at)
 # A placement pass reads the queue in pages of this many jobs after the first (as many
-# as there are free slots) while it has room, and looks at most this far down the
-# queue: jobs further down wait for a later pass (the jobs ahead of them fit nowhere).
+# as there are free slots) while it has room. The background pass looks at most
+# PLACEMENT_SCAN_MAX jobs down the queue; a placement on the way of a submit, a report
+# or a claim one page past the first read: when the jobs ahead fit nowhere (nodes full
+# by their reservations, constraints no free node meets) it does not read thousands of
+# rows on every request, and what is deeper is placed by the next background pass.
 QUEUE_PAGE = 500
 PLACEMENT_SCAN_MAX = 10_000
 # The background pass gives this many jobs at the head of the queue their reasons.
@@ -857,7 +860,7 @@ class Store:
                 ended.append(job.job_id)
         return ended
 
-    def dispatch(self, now: float, nodes: Collection[str] | None = None) -> int:
+    def dispatch(self, now: float, nodes: Collection[str] | None = None, deep: bool = False) -> int:
         """Place waiting jobs on nodes with room (placement.Planner over the snapshot,
         the jobs offered in queue order, page by page, until no slot is left; each
         assignment a conditional update); the number placed. `nodes`: only these may
@@ -865,7 +868,8 @@ class Store:
         node when it came), else every node the transaction locked for placement
         (service.Scheduler: on PostgreSQL, new work locks the nodes that had a free
         slot), and the round robin turns. A pass that may place on every node also
-        keeps the reasons of the jobs it could not place (waiting.py)."""
+        keeps the reasons of the jobs it could not place (waiting.py). `deep`: look as far
+        down the queue as the background pass does (PLACEMENT_SCAN_MAX)."""
         with self._tx():
             rotate = nodes is None
             if nodes is None:
@@ -886,7 +890,8 @@ class Store:
             before = cursor
             planner = placement.Planner(infos, self.settings.placement_policy, cursor, fallback=FALLBACK_LIMITS)
             open_ids = sorted(n.node_id for n in infos if n.takes_work and n.free_slots > 0)
-            candidates = self._offer_queue(planner, open_ids, now, total_free)
+            scan = PLACEMENT_SCAN_MAX if deep else total_free + QUEUE_PAGE
+            candidates = self._offer_queue(planner, open_ids, now, total_free, scan)
             plan = planner.plan()
             cursor = plan.cursor
             placed = self._write_placements(plan.placed, {row[0]: row[1] for row in candidates}, now)
@@ -902,10 +907,11 @@ class Store:
             self._set_state(state)
             return len(placed)
 
-    def _offer_queue(self, planner: placement.Planner, open_ids: list[str], now: float, first: int) -> list[tuple]:
+    def _offer_queue(self, planner: placement.Planner, open_ids: list[str], now: float, first: int,
+                     scan: int) -> list[tuple]:
         """Offer the planner the due jobs an open node may take (unpinned, or pinned to
         one of them), in queue order: `first` of them, then pages of QUEUE_PAGE while it
-        has room, up to PLACEMENT_SCAN_MAX. Returns (id, attempt, stored reason) of each."""
+        has room, up to `scan` in all. Returns (id, attempt, stored reason) of each."""
         def unplaced(after: bool):
             # Ordered as the (status, node_id, queue_at, id) index is: status and node_id are the
             # same in every row, so this is queue order, read from the index up to the
@@ -925,7 +931,7 @@ class Store:
         open_nodes = ValueList(self.db, "open", open_ids)
         seen: list[tuple] = []
         limit, after = first, None
-        while not planner.exhausted and len(seen) < PLACEMENT_SCAN_MAX:
+        while not planner.exhausted and len(seen) < scan:
             extra = {} if after is None else {"after_at": after[0], "after_id": after[1]}
             rows = self._sql.rows(self.db, ("unplaced", open_nodes.size, after is not None),
                                   lambda: unplaced(after is not None), now=now, limit=limit,
@@ -936,7 +942,7 @@ class Store:
             seen += [(row[0], row[1], row[-2]) for row in rows]
             if len(rows) < limit:
                 break
-            limit, after = QUEUE_PAGE, (rows[-1][-1], rows[-1][0])
+            limit, after = min(QUEUE_PAGE, scan - len(seen)), (rows[-1][-1], rows[-1][0])
         return seen
 
     def _write_placements(self, chosen: list[placement.Placed], attempts: dict[int, int], now: float

@@ -6,8 +6,8 @@ from corral.scheduler.placement import (Ask, NodeInfo, Planner, Throttle, fits_m
                                         shortfalls)
 
 
-def plan(asks, nodes, cursor=None, policy="round-robin", throttles=None, fallback=None):
-    planner = Planner(nodes, policy, cursor, throttles, fallback)
+def plan(asks, nodes, cursor=None, policy="round-robin", throttles=None, fallback=None, explain=False):
+    planner = Planner(nodes, policy, cursor, throttles, fallback, explain=explain)
     planner.offer(asks)
     return planner.plan()
 
@@ -169,8 +169,24 @@ def test_reservations_never_exceed_allocatable_memory():
     node = sized("a", 16_384)
     result = plan([Ask(i, memory_mb=8192) for i in range(1, 5)], [node])
     assert pairs(result) == [(1, "a"), (2, "a")]
-    assert result.waiting[3].code == "no_capacity" and result.waiting[3].details["lacking"] == ["memory"]
     assert [p.memory_mb for p in result.placed] == [8192, 8192]
+    # No memory is left for any job: the pass ends there, as when no slot is left.
+    assert result.exhausted and set(result.waiting) == set()
+    explained = plan([Ask(i, memory_mb=8192) for i in range(1, 5)], [node], explain=True)
+    assert explained.waiting[3].code == "no_capacity" and explained.waiting[3].details["lacking"] == ["memory"]
+
+
+def test_a_node_with_less_left_than_any_job_reserves_ends_the_pass():
+    # Free slots, but less memory (or CPU) left than the least a job may reserve: full.
+    assert plan([Ask(1, memory_mb=4)], [sized("a", 3)]).exhausted
+    assert plan([Ask(1, cpu_percent=1)], [sized("a", 1000, cpu=0)]).exhausted
+    # With room for the smallest job the jobs are offered, and one that fits is placed
+    # past one that does not.
+    result = plan([Ask(1, memory_mb=500), Ask(2, memory_mb=4)], [sized("a", 1000, reserved_memory_mb=900)])
+    assert pairs(result) == [(2, "a")] and result.waiting[1].details["lacking"] == ["memory"]
+    # A node whose default for a type is below the API's least counts that default.
+    tiny = NodeInfo("a", 8, max_memory_mb=2, max_cpu_percent=100, default_limits={"run": (1, 1)})
+    assert pairs(plan([Ask(1)], [tiny])) == [(1, "a")]
 
 
 def test_a_job_without_limits_reserves_the_node_s_default_for_its_type():
@@ -182,7 +198,7 @@ def test_a_job_without_limits_reserves_the_node_s_default_for_its_type():
 
 def test_the_system_reserve_and_the_jobs_held_count_against_allocatable():
     node = sized("a", 1000, reserve_memory_mb=300, reserved_memory_mb=500)  # 200 MB left
-    result = plan([Ask(1, memory_mb=200), Ask(2, memory_mb=1)], [node])
+    result = plan([Ask(1, memory_mb=200), Ask(2, memory_mb=4)], [node], explain=True)
     assert pairs(result) == [(1, "a")]
     assert result.waiting[2].details["lacking"] == ["memory"]
 

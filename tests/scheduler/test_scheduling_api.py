@@ -4,6 +4,7 @@ import datetime
 
 import pytest
 
+from corral.scheduler import store as store_module
 from corral.scheduler.loops import Background
 from corral.scheduler.service import Scheduler
 from corral.scheduler.store import Store
@@ -61,6 +62,22 @@ def test_a_constrained_job_goes_only_to_a_matching_node_and_waits_with_the_reaso
     nodes(store, clock, sized("a", labels={"zone": "a"}), sized("b", labels={"zone": "b", "gpu": "a100"}),
           sized("c", labels={"zone": "c"}))
     assert job(client, elsewhere["job_id"])["node_id"] == "c"
+
+
+def test_a_request_s_placement_reads_one_page_past_its_first_and_the_background_pass_goes_deeper(
+        client, store, clock, monkeypatch):
+    # Jobs no node can take head the queue; a job that fits is behind them. A submit's
+    # placement gives up after one page past its first read (the node's four free slots),
+    # so it does not read the whole queue on every request; the background pass finds it.
+    monkeypatch.setattr(store_module, "QUEUE_PAGE", 2)
+    nodes(store, clock, sized("a", labels={"zone": "a"}))
+    blocked = [submit(client, command="x", constraints=[{"label": "zone", "op": "=", "value": "c"}])
+               for _ in range(6)]
+    behind = submit(client, command="x")
+    assert behind["node_id"] is None and all(j["node_id"] is None for j in blocked)
+    background_pass(store, clock)
+    assert job(client, behind["job_id"])["node_id"] == "a"
+    assert {job(client, j["job_id"])["pending_reason"]["code"] for j in blocked} == {"constraints_unmet"}
 
 
 def test_a_pool_is_the_pool_label_and_unlabelled_nodes_are_in_default(client, store, clock):
