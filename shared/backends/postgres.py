@@ -381,6 +381,7 @@ class NotifyFeed(ChangeFeed):
         self.debounce = debounce
         self._wanted = threading.Event()
         self._sender_pid: int | None = None
+        self._sender: threading.Thread | None = None
         self._own_backend = -1
         # What the next notification names (None: "look"; nothing to send when not
         # _has_pending), under _pending_lock; the sending connection and when it last
@@ -392,6 +393,7 @@ class NotifyFeed(ChangeFeed):
         self._conn: psycopg.Connection | None = None
         self._sent_at = float("-inf")
         self._failed_at = float("-inf")
+        self._failing = False  # since the last failed send: logged once per outage
 
     def ring(self, nodes: Collection[str] | None = None) -> None:
         pid = os.getpid()
@@ -402,7 +404,8 @@ class NotifyFeed(ChangeFeed):
                     self._pending_lock = threading.Lock()
                     self._send_lock = threading.Lock()
                     self._pending, self._has_pending, self._conn = set(), False, None
-                    threading.Thread(target=self._send_loop, name="corral-pg-notify", daemon=True).start()
+                    self._sender = threading.Thread(target=self._send_loop, name="corral-pg-notify", daemon=True)
+                    self._sender.start()
                     self._sender_pid = pid
         self._pend(nodes)
         if self._send_lock.acquire(blocking=False):  # else the one sending takes this too
@@ -451,9 +454,14 @@ class NotifyFeed(ChangeFeed):
                 self._own_backend = self._conn.info.backend_pid
             self._conn.execute("SELECT pg_notify(%s, %s)", (self.channel, payload))
             self._sent_at = time.monotonic()
+            if self._failing:
+                self._failing = False
+                log.info("notifying the other replicas again")
             return True
         except psycopg.Error as exc:  # the others notice at their next re-check
-            log.warning("cannot notify the other replicas (%s)", exc)
+            # Once per outage: the sender tries again every ERROR_BACKOFF_SECS meanwhile.
+            (log.debug if self._failing else log.warning)("cannot notify the other replicas (%s)", exc)
+            self._failing = True
             self._failed_at = time.monotonic()
             if self._conn is not None:
                 self._conn.close()
@@ -465,15 +473,23 @@ class NotifyFeed(ChangeFeed):
     def _send_loop(self) -> None:
         """What the committing threads left: a burst's rest, one notification per
         DEBOUNCE_SECS; after a failure, one try per ERROR_BACKOFF_SECS."""
-        while True:
+        while not self._stop.is_set():
             self._wanted.wait()
             self._wanted.clear()
             with self._send_lock:
                 wait = max(self._sent_at + self.debounce, self._failed_at + ERROR_BACKOFF_SECS) - time.monotonic()
-            if wait > 0:
-                time.sleep(wait)  # what rings meanwhile goes out as one notification
+            if wait > 0 and self._stop.wait(wait):  # what rings meanwhile goes out as one notification
+                break
             with self._send_lock:
                 self._send()
+        with self._send_lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def stop(self, timeout: float = 2.0) -> None:
+        super().stop(timeout)
+        self._wanted.set()  # the sender ends too
 
     def _run(self) -> None:
         conn = None

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -25,7 +26,7 @@ from corral.shared import db as dbmod
 from corral.shared.backends import postgres
 from corral.shared.changefeed import IntervalFeed
 from corral.shared.errors import SettingError
-from helpers import wait_for
+from helpers import free_port, wait_for
 from scheduler_app import Clock, set_nodes, submit
 
 pytestmark = pytest.mark.e2e  # starts a PostgreSQL server
@@ -235,6 +236,24 @@ def test_a_notification_names_the_nodes_placed_on_and_the_others_wake_only_those
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_sender_that_cannot_reach_the_database_says_so_once_and_stops_with_its_feed(caplog, pg_url):
+    """While the database is away the sender tries once per backoff; one warning says
+    so, not one a second, and a stopped feed's sender ends."""
+    away = urllib.parse.urlsplit(pg_url)._replace(netloc=f"{urllib.parse.urlsplit(pg_url).username}@127.0.0.1:"
+                                                          f"{free_port()}").geturl()
+    feed = postgres.NotifyFeed(away, "corral_away")
+    try:
+        for _ in range(3):
+            feed._failed_at = float("-inf")  # as if the backoff had passed
+            feed.ring({"n1"})
+            wait_for(lambda: feed._failed_at > float("-inf"), timeout=10, message="the failed send")
+        warnings = [r for r in caplog.records if "cannot notify" in r.getMessage() and r.levelname == "WARNING"]
+        assert len(warnings) == 1
+    finally:
+        feed.stop()
+    wait_for(lambda: not feed._sender.is_alive(), timeout=10, message="the sender to end")
 
 
 def test_the_first_notification_leaves_from_the_ringing_thread(pg_url, monkeypatch):
