@@ -139,6 +139,8 @@ def job_fields(job: dict, now: float) -> list[tuple[str, object]]:
             value = fmt.duration(value)
         elif key == "constraints" and value:
             value = ", ".join(sched.constraint_text(c) for c in value)
+        elif key == "depends_on" and value:
+            value = ", ".join(f"{d['job_id']} ({d['condition']})" for d in value)
         elif key == "pending_reason" and value:
             details = sched.reason_details(value)
             value = sched.reason_text(value) + (f" ({details})" if details else "")
@@ -248,7 +250,7 @@ def run(env: Env, command: tuple[str, ...], env_vars, idempotency_key, wait, as_
     if "command" not in request and "deploy_url" not in request:
         raise click.UsageError("give a command (after --) or --deploy-url")
     submitted = env.scheduler.submit(request, idempotency_key=idempotency_key)
-    if "array_id" in submitted:
+    if "job_id" not in submitted:  # an array's answer (a job's names its array too)
         arrays.submitted(env, submitted, wait, as_json)
         return
     job_id = submitted["job_id"]

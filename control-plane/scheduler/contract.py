@@ -540,6 +540,13 @@ class PendingReason(Answer):
     """array_throttle, concurrency_limit: its group's jobs placed or running."""
 
 
+class JobDependsOn(Answer):
+    """A job another waits for, and how it must end."""
+
+    job_id: str = Field(pattern=r"^job-[1-9][0-9]*$", examples=["job-7"])
+    condition: Condition
+
+
 class Job(Answer):
     job_id: str = Field(pattern=r"^job-[1-9][0-9]*$", examples=["job-42"])
     name: str | None
@@ -599,6 +606,14 @@ class Job(Answer):
     pool: str | None
     run_at: Timestamp | None
     """Not placed before this time (as asked with run_at or delay_secs)."""
+    depends_on: list[JobDependsOn] | None
+    """The jobs it waits for and how each must end, as asked (an earlier item of a batch by its job id)."""
+    on_dependency_failure: Literal["cancel", "run"]
+    array_id: str | None = Field(pattern=r"^array-[1-9][0-9]*$", examples=["array-7"])
+    """The array it belongs to (GET /arrays/{id})."""
+    array_index: int | None = Field(ge=0)
+    """Its place in the array (CORRAL_ARRAY_INDEX in its environment)."""
+    concurrency_key: str | None
     reserved: Resources | None
     """What it reserves on its node while placed or running (null: not placed)."""
     pending_reason: PendingReason | None

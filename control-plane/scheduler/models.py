@@ -74,6 +74,7 @@ class Job(BaseModel):
     dependencies_left = peewee.IntegerField(default=0)     # placed only at 0
     has_dependents = peewee.BooleanField(default=False)    # other jobs wait on how this one ends
     on_dependency_failure = peewee.CharField(max_length=8, default="cancel")  # or "run"
+    depends_on = JSONField(null=True)                 # [[job row id, condition], ...] as asked (0005)
     pending_reason = JSONField(null=True)             # what placement last said (waiting.Reason.as_dict)
     pending_code = peewee.CharField(max_length=32, null=True)  # its code, for GET /jobs?pending_reason=
 

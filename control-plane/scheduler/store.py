@@ -59,8 +59,8 @@ INSERT_CHUNK = 500
 # What a claim reads of the jobs it takes: what their answer shows (views.job) and
 # their transition reads; not the bookkeeping of how they queued.
 CLAIMED = tuple(field for field in Job._meta.sorted_fields if field.name not in (
-    "idempotency_key", "request_hash", "queue_at", "array_id", "array_index", "concurrency_key",
-    "dependencies_left", "has_dependents", "on_dependency_failure", "pending_reason", "pending_code"))
+    "idempotency_key", "request_hash", "queue_at", "dependencies_left", "has_dependents", "pending_reason",
+    "pending_code"))
 # What placement reads of a queued job (_ask), then its stored reason and its place in the queue.
 QUEUED = (Job.id, Job.attempt, Job.job_type, Job.instance_id, Job.memory_mb, Job.cpu_percent, Job.constraints,
           Job.pool, Job.array_id, Job.concurrency_key, Job.pending_reason, Job.queue_at)
@@ -1381,16 +1381,21 @@ class Store:
         rows = [{"job_id": job.id, "depends_on": other, "condition": condition,
                  "state": dependencies.outcome(condition, known[other]) or "waiting"}
                 for other, condition in depends_on]
-        if rows:
-            JobDependency.insert_many(rows).execute()
-            waited_on = sorted({row["depends_on"] for row in rows if row["state"] == "waiting"})
-            if waited_on:
-                Job.update(has_dependents=True).where(Job.id.in_(waited_on)).execute()
+        if not rows:
+            return
+        JobDependency.insert_many(rows).execute()
+        waited_on = sorted({row["depends_on"] for row in rows if row["state"] == "waiting"})
+        if waited_on:
+            Job.update(has_dependents=True).where(Job.id.in_(waited_on)).execute()
+        # What the job's answer shows (an earlier item of a batch has its id only now).
+        changes: dict = {"depends_on": [[other, condition] for other, condition in depends_on]}
         first = next((row for row in rows if row["state"] == "waiting"), None)
         if first is not None and cancel_reason is None:
             reason = waiting.dependency(f"job-{first['depends_on']}", first["condition"])
-            Job.update(pending_reason=reason.as_dict(), pending_code=reason.code).where(Job.id == job.id).execute()
-            job.pending_reason, job.pending_code = reason.as_dict(), reason.code
+            changes.update(pending_reason=reason.as_dict(), pending_code=reason.code)
+        Job.update(**changes).where(Job.id == job.id).execute()
+        for name, value in changes.items():
+            setattr(job, name, value)
         if cancel_reason is not None:
             self._apply(job, lifecycle.dependency_failed(job, now, cancel_reason), now)
 

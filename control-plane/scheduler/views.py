@@ -37,6 +37,10 @@ def job(row: Job, settings: SchedulerSettings, now: float, service_grant: str | 
         "running_at": iso(d("running_at")), "finished_at": iso(d("finished_at")),
         "priority": d("priority"), "constraints": constraints and [_constraint(c) for c in constraints],
         "pool": d("pool"), "run_at": iso(d("run_at")),
+        "depends_on": _depends_on(d("depends_on")),
+        "on_dependency_failure": d("on_dependency_failure") or "cancel",
+        "array_id": None if d("array_id") is None else f"array-{d('array_id')}", "array_index": d("array_index"),
+        "concurrency_key": d("concurrency_key"),
         "reserved": None if node_id is None or d("reserved_memory_mb") is None else built(contract.Resources, {
             "memory_mb": d("reserved_memory_mb"), "cpu_percent": d("reserved_cpu_percent")}),
         "pending_reason": None if status != "pending" else _reason(waiting.current(
@@ -47,6 +51,13 @@ def job(row: Job, settings: SchedulerSettings, now: float, service_grant: str | 
     if service_grant is not None:
         fields["service_grant"] = service_grant
     return built(contract.Job, fields)
+
+
+def _depends_on(column: list | None) -> list[contract.JobDependsOn] | None:
+    if not column:
+        return None
+    return [built(contract.JobDependsOn, {"job_id": f"job-{other}", "condition": condition})
+            for other, condition in column]
 
 
 def _constraint(column: list) -> contract.JobConstraint:

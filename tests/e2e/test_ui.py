@@ -382,8 +382,19 @@ def test_a_pending_job_shows_why_it_waits_and_nodes_show_what_they_reserve(brows
         assert page_not_reloaded(browser)
         screenshot(browser, tmp_path, "job-waiting")
 
+        # A job that waits for another links to it, with its condition and its key.
+        follower = c.submit(command="true", concurrency_key="nightly",
+                            depends_on=[{"job_id": running["job_id"], "condition": "finished"}])
+        open_ui(browser, c, f"#/jobs/{follower['job_id']}")
+        wait(browser, lambda d: text_of(d, "#sched-depends_on")
+             == f"{running['job_id']} (finished); cancelled if one cannot hold", "the job it waits for")
+        assert text_of(browser, "#sched-concurrency_key") == "nightly"
+        assert text_of(browser, "#sched-array") == "—"
+        assert text_of(browser, "#job-reason-code") == "dependency"
+
         # A running job has no reason, and shows what it reserves.
-        open_ui(browser, c, f"#/jobs/{running['job_id']}")
+        browser.find_element("css selector", "#sched-depends_on a").click()
+        wait(browser, lambda d: text_of(d, "#job-title") == running["job_id"], "the page of the job it waits for")
         wait(browser, lambda d: text_of(d, "#sched-reserved") == "3,072 MB, 100% CPU", "what the job reserves")
         assert not browser.find_element("id", "job-waiting").is_displayed()
     finally:

@@ -20,6 +20,7 @@ def test_an_array_is_count_jobs_with_their_index_and_at_most_parallel_at_once(cl
     jobs = client.get("/jobs", query_string={"limit": 1000}).json
     assert [j["env_vars"] for j in jobs] == [{"CORRAL_ARRAY_INDEX": str(i), "CORRAL_ARRAY_COUNT": "50"}
                                              for i in range(50)]
+    assert [(j["array_id"], j["array_index"]) for j in jobs] == [(array["array_id"], i) for i in range(50)]
     assert len(placed(client)) == 3
     store.explain(clock())
     waiting = client.get(f"/jobs/job-{first + 3}").json["pending_reason"]
@@ -64,6 +65,7 @@ def test_a_concurrency_key_limits_jobs_across_nodes(client, store, clock):
     jobs = [submit(client, command="migrate", concurrency_key="migrations") for _ in range(3)]
     other = submit(client, command="x", concurrency_key="unlimited")
     assert [j["node_id"] is not None for j in jobs] == [True, False, False] and other["node_id"] is not None
+    assert {j["concurrency_key"] for j in jobs} == {"migrations"} and other["array_id"] is None
     assert client.get("/concurrency").json == [{"key": "migrations", "limit": 1, "active": 1}]
     store.explain(clock())
     assert client.get(f"/jobs/{jobs[1]['job_id']}").json["pending_reason"]["code"] == "concurrency_limit"

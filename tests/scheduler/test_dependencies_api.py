@@ -20,6 +20,10 @@ def test_a_chain_runs_in_order(client, store, clock):
     c = submit(client, command="c", depends_on=[{"job_id": b["job_id"], "condition": "done"}])
     assert b["pending_reason"] == {"code": "dependency", "message": f"waiting for {a['job_id']} to be done",
                                    "job_id": a["job_id"], "condition": "done"}
+    # The answer shows what was asked (the default condition filled in), and so does a read.
+    assert b["depends_on"] == [{"job_id": a["job_id"], "condition": "done"}]
+    assert client.get(f"/jobs/{c['job_id']}").json["depends_on"] == [{"job_id": b["job_id"], "condition": "done"}]
+    assert a["depends_on"] is None and a["on_dependency_failure"] == "cancel"
     assert [j["job_id"] for j in client.get("/jobs?pending_reason=dependency").json] == [b["job_id"], c["job_id"]]
     assert state(client, b["job_id"]) == ("pending", False)
     end_attempt(client, a["job_id"], "done")
@@ -51,6 +55,7 @@ def test_on_dependency_failure_run_runs_anyway(client, store, clock):
     set_nodes(store, clock, "n1")
     a = submit(client, command="a", max_retries=0)
     b = submit(client, command="b", depends_on=[{"job_id": a["job_id"]}], on_dependency_failure="run")
+    assert b["on_dependency_failure"] == "run"
     end_attempt(client, a["job_id"], "failed", 1)
     place(store, clock)
     assert state(client, b["job_id"]) == ("pending", True)
@@ -97,6 +102,10 @@ def test_a_batch_submits_a_whole_pipeline(client, store, clock):
         {"command": "load", "depends_on": [{"index": 1}], "priority": 80}]}).json
     assert [j["pending_reason"]["code"] for j in jobs] == ["placed", "dependency", "dependency"]
     assert jobs[2]["pending_reason"]["job_id"] == jobs[1]["job_id"]
+    # An earlier item named by its index shows as its job id.
+    assert [j["depends_on"] for j in jobs] == [None, [{"job_id": jobs[0]["job_id"], "condition": "done"}],
+                                               [{"job_id": jobs[1]["job_id"], "condition": "done"}]]
+    assert [j["depends_on"] for j in client.get("/jobs").json] == [j["depends_on"] for j in jobs]
     for first, then in ((jobs[0], jobs[1]), (jobs[1], jobs[2])):
         end_attempt(client, first["job_id"], "done")
         place(store, clock)

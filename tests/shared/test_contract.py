@@ -88,16 +88,20 @@ JOB_ANSWER = {
     "peak_memory_bytes": None, "cpu_seconds": None, "limits_enforced": True, "limits": None, "private_tmp": True,
     "timeout_secs": 3600.0, "created_at": "2026-11-29T08:00:00.000Z", "placed_at": "2026-11-29T08:00:00.010Z",
     "running_at": "2026-11-29T08:00:00.020Z", "finished_at": None, "priority": 50, "constraints": None,
-    "pool": None, "run_at": None, "reserved": None, "pending_reason": None}
+    "pool": None, "run_at": None, "depends_on": None, "on_dependency_failure": "cancel", "array_id": None,
+    "array_index": None, "concurrency_key": None, "reserved": None, "pending_reason": None}
 
 
 @pytest.mark.parametrize("limits", [None, {"memory_mb": 256, "cpu_percent": 100},
                                     {"memory_mb": 256, "cpu_percent": 100, "max_processes": 64}])
 @pytest.mark.parametrize("grant", [None, "ab" * 32])
-def test_an_answer_built_without_validation_serializes_as_a_validated_one(limits, grant):
-    fields = dict(JOB_ANSWER, limits=limits, **({"service_grant": grant} if grant else {}))
+@pytest.mark.parametrize("depends_on", [None, [{"job_id": "job-3", "condition": "finished"}]])
+def test_an_answer_built_without_validation_serializes_as_a_validated_one(limits, grant, depends_on):
+    fields = dict(JOB_ANSWER, limits=limits, depends_on=depends_on, **({"service_grant": grant} if grant else {}))
     validated = encode(scheduler.Job.model_validate(fields))
-    fast = encode(built(scheduler.Job, dict(fields, limits=limits and built(scheduler.Limits, limits))))
+    fast = encode(built(scheduler.Job, dict(fields, limits=limits and built(scheduler.Limits, limits),
+                                            depends_on=depends_on and [built(scheduler.JobDependsOn, d)
+                                                                       for d in depends_on])))
     assert fast == validated
     assert (b'"service_grant"' in fast) == bool(grant) and (b'"max_processes":64' in fast) == bool(
         limits and "max_processes" in limits)

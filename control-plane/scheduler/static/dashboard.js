@@ -378,9 +378,25 @@
     definitions($("job-scheduling"), [
       ["priority", job.priority], ["pool", job.pool || "any"], ["constraints", constraints],
       ["run_at", job.run_at ? `${job.run_at} (${ago(job.run_at)})` : null],
+      ["depends_on", dependsOn(job)],
+      ["array", job.array_id ? `${job.array_id}, index ${job.array_index}` : null],
+      ["concurrency_key", job.concurrency_key],
       ["reserved", job.reserved ? resourcesText(job.reserved)
         : job.status === "pending" ? "nothing (not placed)" : "nothing"],
     ], "sched-");
+  }
+
+  // The jobs a job waits for, each a link with its condition; then what happens when one cannot hold.
+  function dependsOn(job) {
+    if (!job.depends_on || !job.depends_on.length) return null;
+    const span = el("span");
+    job.depends_on.forEach((d, i) => {
+      if (i) span.append(", ");
+      span.append(link("#/jobs/" + d.job_id, d.job_id), ` (${d.condition})`);
+    });
+    span.append(job.on_dependency_failure === "run" ? "; runs anyway if one cannot hold"
+      : "; cancelled if one cannot hold");
+    return span;
   }
 
   function fieldText(value) {
