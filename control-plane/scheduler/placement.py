@@ -205,9 +205,11 @@ class _Room:
         self.shapes: list[_Shape] = []  # the shapes whose candidates include this node
         # The least a job reserves here: what a job may ask at the least, or a type's
         # default when it is smaller (a job that asks nothing reserves its default).
-        defaults = [self.need(Ask(0, job_type), fallback or {}) for job_type in JOB_TYPES]
-        self.least = (min([LEAST_MEMORY_MB] + [d[0] for d in defaults]),
-                      min([LEAST_CPU_PERCENT] + [d[1] for d in defaults]))
+        least_memory, least_cpu = LEAST_MEMORY_MB, LEAST_CPU_PERCENT
+        for job_type in JOB_TYPES:
+            memory, cpu = node.default_limits.get(job_type) or (fallback or {}).get(job_type) or (0, 0)
+            least_memory, least_cpu = min(least_memory, memory), min(least_cpu, cpu)
+        self.least = (least_memory, least_cpu)
 
     def need(self, ask: Ask, fallback: Mapping[str, Limits]) -> Limits:
         """What the job reserves here: what it asks, else this node's default for its type."""

@@ -1,5 +1,7 @@
 """What the scheduler's API answers: jobs, events, nodes and /stats as the answer
 models of contract.py, filled from the rows the store reads. Pure: no database, no Flask."""
+import functools
+
 from corral.shared.contract import built
 from corral.shared.states import ALL
 from corral.shared.timeutil import iso
@@ -43,7 +45,7 @@ def job(row: Job, settings: SchedulerSettings, now: float, service_grant: str | 
         "concurrency_key": d("concurrency_key"),
         "reserved": None if node_id is None or d("reserved_memory_mb") is None else built(contract.Resources, {
             "memory_mb": d("reserved_memory_mb"), "cpu_percent": d("reserved_cpu_percent")}),
-        "pending_reason": None if status != "pending" else _reason(waiting.current(
+        "pending_reason": None if status != "pending" else _pending_reason(waiting.current(
             node_id=node_id, next_attempt_at=d("next_attempt_at"), attempt=d("attempt"),
             retry_count=d("retry_count"), stored=d("pending_reason"), now=now,
             waits_on_dependency=bool(d("dependencies_left")))),
@@ -64,6 +66,26 @@ def _constraint(column: list) -> contract.JobConstraint:
     label, op, value = column
     return built(contract.JobConstraint, {"label": label, "op": op} if value is None else
                  {"label": label, "op": op, "value": value})
+
+
+def _pending_reason(reason: waiting.Reason) -> contract.PendingReason:
+    """The answer of a pending job's reason. The two that most answers show (not looked
+    at yet; placed on a node) are built once each and shared: answers are only read."""
+    if reason is waiting.WAITING_FOR_CAPACITY:
+        return _waiting_for_capacity()
+    if reason.code == "placed":
+        return _placed(reason.details["node_id"])
+    return _reason(reason)
+
+
+@functools.cache
+def _waiting_for_capacity() -> contract.PendingReason:
+    return _reason(waiting.WAITING_FOR_CAPACITY)
+
+
+@functools.lru_cache(maxsize=4096)
+def _placed(node_id: str) -> contract.PendingReason:
+    return _reason(waiting.placed(node_id))
 
 
 def _reason(reason: waiting.Reason) -> contract.PendingReason:

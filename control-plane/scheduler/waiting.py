@@ -128,8 +128,14 @@ def dependency(job_id: str, condition: str) -> Reason:
                                                                             "condition": condition})
 
 
+# What a job no placement has looked at yet waits for (most answers to a submit say it):
+# one value, so that the API builds its answer once.
+WAITING_FOR_CAPACITY = Reason("no_capacity", "the jobs ahead of it in the queue took every free slot",
+                              {"lacking": ["slot"]})
+
+
 def waiting_for_capacity() -> Reason:
-    return Reason("no_capacity", "the jobs ahead of it in the queue took every free slot", {"lacking": ["slot"]})
+    return WAITING_FOR_CAPACITY
 
 
 def current(*, node_id: str | None, next_attempt_at: float | None, attempt: int, retry_count: int,
