@@ -13,11 +13,12 @@ from urllib.parse import urlsplit
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from corral.shared import states, wire
+from corral.shared.errors import BadRequest
 from corral.shared.contract import (MAP_SAYS, MAX_MAP_ENTRIES, NO_NUL_PATTERN, MapValue, Answer, Name, NodeId,
                                     Request, Says, Text, Timestamp, optional_key, refused)
 from corral.shared.validate import ENV_NAME_PATTERN, forbidden_env_var
 
-from . import dependencies, waiting
+from . import dependencies, slots, waiting
 
 if typing.TYPE_CHECKING:
     JobType = str
@@ -139,15 +140,20 @@ class ArraySpec(Request):
         return self
 
 
-def parse_run_at(text: str, now: float) -> float:
-    """An ISO-8601 time with `Z` or a UTC offset, at most MAX_DELAY_SECS ahead, as epoch seconds."""
+def parse_instant(name: str, text: str) -> float:
+    """Field `name`'s ISO-8601 time with `Z` or a UTC offset, as epoch seconds."""
     try:
         when = datetime.datetime.fromisoformat(text)
     except ValueError:
-        raise refused("'run_at' must be an ISO-8601 time such as 2026-12-24T02:00:00Z") from None
+        raise refused(f"{name!r} must be an ISO-8601 time such as 2026-12-24T02:00:00Z") from None
     if when.tzinfo is None:
-        raise refused("'run_at' needs a zone: end it with Z or an offset such as +01:00")
-    at = when.timestamp()
+        raise refused(f"{name!r} needs a zone: end it with Z or an offset such as +01:00")
+    return when.timestamp()
+
+
+def parse_run_at(text: str, now: float) -> float:
+    """run_at as epoch seconds, at most MAX_DELAY_SECS ahead."""
+    at = parse_instant("run_at", text)
     if at - now > MAX_DELAY_SECS:
         raise refused("'run_at' must be at most a year ahead")
     return at
@@ -294,6 +300,69 @@ def check_deploy_url(url: str) -> None:
         raise refused("'deploy_url' has no host (or bucket)")
     if parts.scheme == "s3" and not parts.path.strip("/"):
         raise refused("'deploy_url' must name an object: s3://bucket/key")
+
+
+# ---- schedules ---------------------------------------------------------------------
+
+SCHEDULE_NOT_IN_JOB = {"run_at": "its runs start at their slots", "delay_secs": "its runs start at their slots",
+                       "depends_on": "a run depends on no other job", "array": "a run is one job"}
+if typing.TYPE_CHECKING:
+    Overlap = str
+else:
+    Overlap = Literal[slots.OVERLAP]
+
+
+class ScheduleRequest(Request):
+    """A job run at every slot of a cron expression or an interval (POST /schedules)."""
+
+    name: Name = Field(max_length=128, examples=["nightly-etl"])
+    """Unique; the schedule's address (GET /schedules/{name})."""
+    cron: Text | None = Field(None, max_length=256, examples=["30 2 * * *"])
+    """Five fields (minute hour day-of-month month day-of-week) or @hourly, @daily, @weekly, @monthly,
+    in `time_zone`. Not with `interval_secs`."""
+    interval_secs: Annotated[float | None, Says(every="must be a number of seconds from 1 to 31,622,400")] = Field(
+        None, ge=1, le=MAX_DELAY_SECS)
+    """A slot every this many seconds from `start_at` (default: the schedule's creation). Not with `cron`."""
+    start_at: Text | None = Field(None, max_length=64, examples=["2026-12-24T02:00:00Z"])
+    """The first slot of an `interval_secs` schedule (ISO-8601 with Z or a UTC offset)."""
+    time_zone: Text | None = Field("UTC", max_length=64, examples=["Europe/Berlin"])
+    """The IANA zone `cron` is read in (an interval ignores it)."""
+    job: Annotated[dict[str, typing.Any], Says(every="must be a job request, as POST /jobs takes it")]
+    """What each slot runs: a POST /jobs body, without run_at, delay_secs, depends_on or array."""
+    overlap: Overlap | None = "allow"
+    """A slot whose previous run is still pending or running: `allow` it, `skip` it, or `cancel_previous`."""
+    catch_up: Literal["latest", "none", "all"] | None = "latest"
+    """The slots missed while the scheduler was down: the newest only (`latest`), `none`, or `all` (at most
+    SCHEDULE_CATCH_UP_MAX)."""
+    enabled: bool | None = True
+
+    @field_validator("job")
+    @classmethod
+    def _job_template(cls, job: dict) -> dict:
+        for name, why in SCHEDULE_NOT_IN_JOB.items():
+            if job.get(name) is not None:
+                raise refused(f"'job' may not have {name!r}: {why}")
+        try:
+            JobRequest.check(job)
+        except BadRequest as exc:
+            raise refused(f"'job' is not a valid job request: {exc.message}") from None
+        return job
+
+    @model_validator(mode="after")
+    def _when(self) -> "ScheduleRequest":
+        if (self.cron is None) == (self.interval_secs is None):
+            raise refused("give 'cron' or 'interval_secs' (one of them)")
+        try:
+            slots.time_zone(self.time_zone or "UTC")
+            if self.cron is not None:
+                slots.parse_cron(self.cron)
+        except slots.SlotError as exc:
+            raise refused(str(exc)) from None
+        if self.start_at is not None:
+            if self.interval_secs is None:
+                raise refused("'start_at' anchors an 'interval_secs' schedule; a cron schedule has none")
+            parse_instant("start_at", self.start_at)
+        return self
 
 
 class JobBatch(Request):
