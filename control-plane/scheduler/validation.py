@@ -113,12 +113,21 @@ NODE_ID_RE = v.NAME_RE
 IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}\Z")
 
 
+# The keys of the jobs schedules create (schedule:<id>:<slot>): no client may take one,
+# so that no request can stand in for a schedule's run, or stop one being created.
+SCHEDULE_KEY_PREFIX = "schedule:"
+
+
 def idempotency_key(value: str | None) -> str | None:
-    """The Idempotency-Key header: 1-255 printable ASCII characters, or absent."""
+    """The Idempotency-Key header: 1-255 printable ASCII characters, or absent; not
+    one starting with schedule: (in any case)."""
     if value is None:
         return None
     if not IDEMPOTENCY_KEY_RE.match(value):
         raise BadRequest("the Idempotency-Key header must be 1-255 printable ASCII characters without spaces")
+    if value.lower().startswith(SCHEDULE_KEY_PREFIX):
+        raise BadRequest(f"Idempotency-Key values starting with {SCHEDULE_KEY_PREFIX!r} are kept for the runs "
+                         "of schedules")
     return value
 
 

@@ -411,6 +411,12 @@ def test_idempotent_submission(client):
     assert other.status_code == 409 and "different request" in other.json["error"]
     assert client.post("/jobs", json={"command": "echo once"}, headers={"Idempotency-Key": "k-2"}).status_code == 201
     assert client.post("/jobs", json={"command": "x"}, headers={"Idempotency-Key": "has space"}).status_code == 400
+    # The keys of schedules' runs are no client's: a job, a batch and an array are refused.
+    for path, body in (("/jobs", {"command": "x"}), ("/jobs/batch", {"jobs": [{"command": "x"}]}),
+                       ("/jobs", {"command": "x", "array": {"count": 2}})):
+        for key in ("schedule:1:2026-12-24T02:00:00Z", "Schedule:x"):
+            taken = client.post(path, json=body, headers={"Idempotency-Key": key})
+            assert taken.status_code == 400 and "kept for the runs of schedules" in taken.json["error"]
     assert [j["job_id"] for j in client.get("/jobs").json] == ["job-1", "job-2"]
 
 

@@ -301,6 +301,8 @@ def test_the_producers_key_wins_over_the_message_id(name):
      sqs_intake.INVALID_IDEMPOTENCY_KEY),
     ({"command": "x"}, {"Idempotency-Key": {"DataType": "Binary", "BinaryValue": b"k"}},
      sqs_intake.INVALID_IDEMPOTENCY_KEY),
+    ({"command": "x"}, {"idempotency_key": {"DataType": "String", "StringValue": "schedule:1:2026-12-24T02:00:00Z"}},
+     sqs_intake.INVALID_IDEMPOTENCY_KEY),
 ])
 def test_what_is_not_a_job_request_is_rejected_with_a_reason(body, attributes, reason):
     rejected = sqs_intake.parse_message(message(body, attributes))
