@@ -75,6 +75,8 @@ class Job(BaseModel):
     has_dependents = peewee.BooleanField(default=False)    # other jobs wait on how this one ends
     on_dependency_failure = peewee.CharField(max_length=8, default="cancel")  # or "run"
     depends_on = JSONField(null=True)                 # [[job row id, condition], ...] as asked (0005)
+    schedule = peewee.CharField(max_length=128, null=True)  # the schedule whose run it is, and its slot (0006)
+    slot = peewee.DoubleField(null=True)
     pending_reason = JSONField(null=True)             # what placement last said (waiting.Reason.as_dict)
     pending_code = peewee.CharField(max_length=32, null=True)  # its code, for GET /jobs?pending_reason=
 
@@ -228,7 +230,44 @@ class ConcurrencyLimit(BaseModel):
         table_name = "concurrency_limit"
 
 
+class Schedule(BaseModel):
+    """A job run at every slot of a cron expression (in a zone) or an interval (slots.py)."""
+
+    id = peewee.BigAutoField()              # immutable: the runs' idempotency keys name it
+    name = peewee.CharField(max_length=128, unique=True)
+    cron = peewee.CharField(max_length=256, null=True)
+    interval_secs = peewee.DoubleField(null=True)
+    start_at = peewee.DoubleField(null=True)  # an interval's anchor
+    time_zone = peewee.CharField(max_length=64)
+    job = JSONField()                       # the job template, as POST /jobs takes it
+    overlap = peewee.CharField(max_length=16)
+    catch_up = peewee.CharField(max_length=8)
+    enabled = peewee.BooleanField()
+    next_run_at = peewee.DoubleField(null=True, index=True)  # its next slot (null: disabled)
+    last_job_id = peewee.BigIntegerField(null=True)          # the job of its last run (overlap)
+    created_at = peewee.DoubleField()
+    updated_at = peewee.DoubleField()
+
+    class Meta:
+        table_name = "schedule"
+
+
+class ScheduleRun(BaseModel):
+    """A slot of a schedule: the job it created, or why it was skipped."""
+
+    id = peewee.BigAutoField()
+    schedule_id = peewee.BigIntegerField()
+    slot = peewee.DoubleField()
+    job_id = peewee.BigIntegerField(null=True)
+    skipped = peewee.TextField(null=True)
+    created_at = peewee.DoubleField()
+
+    class Meta:
+        table_name = "schedule_run"
+        indexes = ((("schedule_id", "slot"), True),)
+
+
 Lease.bind(database)  # the shared lease table lives in the scheduler's database
 
 MODELS = [Job, JobEvent, Node, NodeLease, SchedulerState, Counter, OutboxEvent, Lease, JobDependency, JobArray,
-          ConcurrencyLimit]
+          ConcurrencyLimit, Schedule, ScheduleRun]
