@@ -21,8 +21,8 @@ from corral.shared.wire import IDEMPOTENCY_HEADER, JOB_TYPES, LONG_POLL_HEADER
 
 from corral.shared.changefeed import ChangeFeed
 
-from . import (contract, longpoll, loops, metrics, openapi, pages, sns_outbox, sqs_intake, ui, validation, views,
-               waiting)
+from . import (contract, longpoll, loops, metrics, openapi, pages, schedule_loop, sns_outbox, sqs_intake, ui,
+               validation, views, waiting)
 from .migrations import MIGRATIONS
 from .models import Node, database
 from .settings import SchedulerSettings
@@ -177,6 +177,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     if start_loops:
         server.on_stop_signal(room.close)  # under gunicorn: SIGTERM ends every long poll at once
         app.extensions["corral.loops"] = loops.start(store, registry_client(settings), clock)
+        app.extensions["corral.schedule_loop"] = schedule_loop.start(store, clock)
         if settings.sqs_url:
             app.extensions["corral.sqs_intake"] = sqs_intake.start(store, clock)
         if settings.sns_topic_arn:

@@ -142,11 +142,18 @@ class Schedules:
         return [s.id for s in Schedule.select(Schedule.id).where(
             Schedule.enabled & (Schedule.next_run_at <= now)).order_by(Schedule.next_run_at)]
 
+    def next_slot(self) -> float | None:
+        """The earliest next slot of the enabled schedules (None: there is none)."""
+        first = Schedule.select(Schedule.next_run_at).where(Schedule.enabled & Schedule.next_run_at.is_null(False)) \
+            .order_by(Schedule.next_run_at).first()
+        return None if first is None else first.next_run_at
+
     def fire(self, schedule_id: int, now: float, missed_before: float, catch_up_max: int) -> Fired:
         """Turn one schedule's due slots into jobs (and skipped runs), and advance it, in
         one transaction. `missed_before`: slots earlier than this were missed (the
         firing loop took over or woke then; slots.due)."""
         with self.db.atomic():
+            self.store.check_fence()  # the firing loop's lease: still its holder
             query = Schedule.select().where((Schedule.id == schedule_id) & Schedule.enabled
                                             & (Schedule.next_run_at <= now))
             if getattr(self.db, "for_update", False):

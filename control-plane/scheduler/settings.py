@@ -37,6 +37,7 @@ class SchedulerSettings:
     # many seconds of waiting are worth one point of priority (placement.queue_at).
     placement_policy: str = "round-robin"
     priority_aging_secs: float = 60.0
+    schedule_catch_up_max: int = 100
     max_job_retries: int = 1
     retry_base_secs: float = 2.0
     retry_factor: float = 2.0
@@ -125,6 +126,9 @@ SETTINGS = (
               "a waiting job gains one point of priority for each this many seconds it waits (so a job of "
               "priority 0 waits at most 100 times this behind priority-100 work); applies to jobs as they queue",
               minimum=0.0, maximum=86400.0),
+    s.Setting("SCHEDULE_CATCH_UP_MAX", "schedule_catch_up_max", "int", 100,
+              "a schedule with catch_up all runs at most this many of the slots it missed while the scheduler "
+              "was down (the newest); the older ones are recorded as skipped", minimum=1, maximum=10_000),
     s.Setting("MAX_JOB_RETRIES", "max_job_retries", "int", 1,
               "a failed job goes back to pending this many times, then stays failed", minimum=0, maximum=20),
     s.Setting("JOB_TIMEOUT_SECS", "job_timeout_secs", "float", 3600.0,

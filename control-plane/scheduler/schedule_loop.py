@@ -1,0 +1,75 @@
+"""The loop that fires schedules: once across workers and replicas (a lease), it
+turns every due slot into a job (schedules.Schedules.fire: one transaction per
+schedule, each write fenced by the lease) and places them.
+
+It sleeps until the earliest next slot, at most `SCHEDULE_POLL_SECS` (so that a
+schedule created or changed meanwhile is seen within that), so a slot fires
+within about a second of its time on an idle scheduler.
+
+Which slots were missed (catch_up decides them) and which came due while it ran:
+a slot earlier than the moment this process took the lease over, or woke after a
+pause longer than the lease (stopped, starved, its host suspended), was missed.
+"""
+import logging
+import time
+from collections.abc import Callable
+
+from corral.shared.leader import Fence, LeaseLost, holder_id
+
+from .schedules import Schedules
+from .service import Scheduler
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+LEASE_NAME = "scheduler-schedules"
+LEASE_TTL_SECS = 10.0
+# The longest sleep between passes: a new or changed schedule is seen within it.
+SCHEDULE_POLL_SECS = 1.0
+
+
+class Firing:
+    def __init__(self, store: Store, holder: str | None = None):
+        self.fence = Fence(LEASE_NAME, holder or holder_id())
+        self.store = store.fenced(self.fence)
+        self.schedules = Schedules(self.store)
+        self.scheduler = Scheduler(self.store)
+        self.catch_up_max = store.settings.schedule_catch_up_max
+        self.token: int | None = None
+        self.running_since = 0.0   # slots before this were missed
+        self.last_pass: float | None = None
+
+    def tick(self, now: float) -> float:
+        """One pass; returns how long to sleep."""
+        token = self.fence.acquire(self.store.db, LEASE_TTL_SECS, now)
+        if token is None:
+            self.token = None
+            return LEASE_TTL_SECS / 4
+        if token != self.token or (self.last_pass is not None and now - self.last_pass > LEASE_TTL_SECS):
+            # Newly in charge, or back from a pause: what came due before now was missed.
+            if token != self.token:
+                log.info("firing schedules (lease token %d)", token)
+            self.token, self.running_since = token, now
+        self.last_pass = now
+        try:
+            created = 0
+            for schedule_id in self.schedules.due(now):
+                fired = self.schedules.fire(schedule_id, now, self.running_since, self.catch_up_max)
+                created += len(fired.created)
+            if created:
+                self.scheduler.place(now)
+        except LeaseLost as exc:
+            self.token = None
+            log.warning("stopped firing schedules: %s", exc)
+            return LEASE_TTL_SECS / 4
+        following = self.schedules.next_slot()
+        return SCHEDULE_POLL_SECS if following is None else max(0.0, min(SCHEDULE_POLL_SECS, following - now))
+
+
+def start(store: Store, clock: Callable[[], float] = time.time):
+    """Run the loop in this process (every gunicorn worker; the lease picks one)."""
+    from .loops import PacedLoopThread, run_in_background
+
+    firing = Firing(store)
+    loop = PacedLoopThread("schedules", SCHEDULE_POLL_SECS, firing.tick, clock=clock, max_backoff=5.0)
+    return run_in_background(store, loop, firing.fence)
