@@ -43,6 +43,9 @@ VALID_BODIES = {
     ("scheduler", "live_output"): {"outputs": [{"job_id": "job-1", "node_id": "node-1", "attempt": 1,
                                                 "stdout": "out"}]},
     ("scheduler", "set_concurrency"): {"limit": 3},
+    ("scheduler", "create_schedule"): {"name": "nightly", "cron": "30 2 * * *", "time_zone": "Europe/Berlin",
+                                       "job": {"command": "true", "env_vars": {"A": "b"}}, "overlap": "skip"},
+    ("scheduler", "change_schedule"): {"enabled": False, "catch_up": "all"},
     ("scheduler", "renew_lease"): {"usage": {"memory_mb": 100, "cpu_percent": 50}},
     ("scheduler", "claim"): {"max": 1, "wait_secs": 0, "default_limits": {"run": {"memory_mb": 64,
                                                                                    "cpu_percent": 50}}},
@@ -84,7 +87,8 @@ def registry(tmp_path) -> Service:
 
 def scheduler(tmp_path) -> Service:
     """A scheduler (no tokens, no background loops) with a healthy node-1 (so /readyz
-    answers without asking a registry), job-1 running there and job-2 pending. Claims
+    answers without asking a registry), job-1 running there, job-2 pending and the
+    schedule x. Claims
     answer at once (no waiting room), whatever wait they ask for."""
     db_path = f"{tmp_path}/scheduler.db"
     settings = SchedulerSettings(database_url=f"sqlite:///{db_path}", long_poll_max_waiters=0)
@@ -98,6 +102,9 @@ def scheduler(tmp_path) -> Service:
     assert [job["job_id"] for job in claimed] == ["job-1"]
     running = {"node_id": "node-1", "attempt": claimed[0]["attempt"], "status": "running"}
     assert client.post("/jobs/job-1/status", json=running).status_code == 200
+    # A schedule for the routes that name one (a path segment is filled with "x").
+    assert client.post("/schedules", json={"name": "x", "cron": "@daily", "job": {"command": "true"}}
+                       ).status_code == 201
     return Service("scheduler", app, db_path)
 
 

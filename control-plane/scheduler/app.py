@@ -24,6 +24,7 @@ from corral.shared.changefeed import ChangeFeed
 from . import (contract, longpoll, loops, metrics, openapi, pages, schedule_loop, sns_outbox, sqs_intake, ui,
                validation, views, waiting)
 from .migrations import MIGRATIONS
+from .schedules import Schedules
 from .models import Node, database
 from .settings import SchedulerSettings
 from .service import Scheduler
@@ -49,6 +50,12 @@ ACCESS = {
     "why_it_waits": auth.OPERATOR,
     "read_array": auth.OPERATOR,
     "cancel_array": auth.OPERATOR,
+    "list_schedules": auth.OPERATOR,
+    "create_schedule": auth.OPERATOR,
+    "read_schedule": auth.OPERATOR,
+    "change_schedule": auth.OPERATOR,
+    "delete_schedule": auth.OPERATOR,
+    "schedule_runs": auth.OPERATOR,
     "list_concurrency": auth.OPERATOR,
     "set_concurrency": auth.OPERATOR,
     "remove_concurrency": auth.OPERATOR,
@@ -269,6 +276,36 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     def cancel_array(array_id):
         scheduler.cancel_array(array_id, clock())
         return respond(views.array_summary(*store.array(array_id)))
+
+    schedules = Schedules(store)
+
+    @app.get("/schedules")
+    def list_schedules():
+        return respond([views.schedule(row) for row in schedules.list_schedules()],
+                       of=list[contract.ScheduleAnswer])
+
+    @app.post("/schedules")
+    def create_schedule():
+        return respond(views.schedule(schedules.create(read_json_object(), clock())), status=201)
+
+    @app.get("/schedules/<name>")
+    def read_schedule(name):
+        return respond(views.schedule(schedules.get(name)))
+
+    @app.patch("/schedules/<name>")
+    def change_schedule(name):
+        return respond(views.schedule(schedules.update(name, read_json_object(), clock())))
+
+    @app.delete("/schedules/<name>")
+    def delete_schedule(name):
+        schedules.delete(name)
+        return app.response_class(status=204)
+
+    @app.get("/schedules/<name>/runs")
+    def schedule_runs(name):
+        limit = query_int("limit", 100, 1, MAX_PAGE)
+        return respond([views.schedule_run(*row) for row in schedules.runs(name, limit)],
+                       of=list[contract.ScheduleRunAnswer])
 
     @app.get("/concurrency")
     def list_concurrency():

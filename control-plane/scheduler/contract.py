@@ -683,6 +683,10 @@ class Job(Answer):
     array_index: int | None = Field(ge=0)
     """Its place in the array (CORRAL_ARRAY_INDEX in its environment)."""
     concurrency_key: str | None
+    schedule: str | None
+    """The schedule whose run it is (GET /schedules/{name})."""
+    slot: Timestamp | None
+    """The slot of that schedule it ran for."""
     reserved: Resources | None
     """What it reserves on its node while placed or running (null: not placed)."""
     pending_reason: PendingReason | None
@@ -881,6 +885,55 @@ class ConcurrencyLimitAnswer(Answer):
     limit: int
     active: int
     """Jobs with the key placed or running now."""
+
+
+class ScheduleChange(Request):
+    """PATCH /schedules/{name}: the fields to replace (not the name); the schedule they
+    make is checked as POST /schedules checks one."""
+
+    cron: Text | None = None
+    interval_secs: float | None = None
+    start_at: Text | None = None
+    time_zone: Text | None = None
+    job: dict[str, typing.Any] | None = None
+    overlap: Overlap | None = None
+    catch_up: Literal["latest", "none", "all"] | None = None
+    enabled: bool | None = None
+
+
+class ScheduleAnswer(Answer):
+    """A schedule: its definition, and when it runs next."""
+
+    name: str
+    cron: str | None
+    interval_secs: float | None
+    start_at: Timestamp | None
+    """An interval schedule's anchor: its slots are start_at + k × interval_secs (default: its creation)."""
+    time_zone: str
+    job: dict[str, typing.Any]
+    """The job template, as POST /jobs takes it."""
+    overlap: Overlap
+    catch_up: Literal["latest", "none", "all"]
+    enabled: bool
+    next_run_at: Timestamp | None
+    """Its next slot in UTC (null while disabled)."""
+    next_run_local: str | None = Field(examples=["2026-12-24T02:30:00+01:00"])
+    """The same instant in the schedule's zone, with its offset."""
+    last_job_id: str | None
+    """The job of its last run."""
+    created_at: Timestamp
+    updated_at: Timestamp
+
+
+class ScheduleRunAnswer(Answer):
+    """A slot of a schedule: the job it created, or why none."""
+
+    slot: Timestamp
+    job_id: str | None
+    status: StatusName | None
+    """The job's status now (null: no job, or retention deleted it)."""
+    skipped: str | None
+    """Why no job: missed while the scheduler was down (catch_up), overlap, or not run (the template)."""
 
 
 class ConcurrencyLimitRequest(Request):

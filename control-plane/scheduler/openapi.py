@@ -23,6 +23,7 @@ JOB_ID_PATTERN = wire.JOB_ID_PATTERN
 
 
 NODE_ID_PARAM = _path_param("node_id", "The agent's node id.", NAME_PATTERN_PARAM)
+SCHEDULE_NAME_PARAM = _path_param("name", "A schedule's name.", NAME_PATTERN_PARAM)
 JOB_ID_PARAM = _path_param("job_id", "A job id such as `job-42`.", {"type": "string", "pattern": JOB_ID_PATTERN})
 
 RESPONSES = error_responses(
@@ -177,6 +178,53 @@ PATHS = {
             "description": "The key is unlimited from then on.",
             "responses": {"204": {"description": "Removed."}, "400": _error("BadRequest"),
                           "404": _error("NotFound")},
+        },
+    },
+    "/schedules": {
+        "get": {
+            "operationId": "listSchedules", "tags": ["schedules"], "summary": "Every schedule, by name.",
+            "responses": {"200": _json(list[contract.ScheduleAnswer], "The schedules.")},
+        },
+        "post": {
+            "operationId": "createSchedule", "tags": ["schedules"], "summary": "Create a schedule.",
+            "description": "A job run at every slot of `cron` (in `time_zone`) or every `interval_secs`: each "
+                           "slot creates exactly one job (its Idempotency-Key is schedule:<id>:<slot>). 409 "
+                           "when the name is taken.",
+            "requestBody": _body(contract.ScheduleRequest),
+            "responses": {"201": _json(contract.ScheduleAnswer, "The schedule."), "400": _error("BadRequest"),
+                          "409": _error("Conflict"), "413": _error("PayloadTooLarge")},
+        },
+    },
+    "/schedules/{name}": {
+        "parameters": [SCHEDULE_NAME_PARAM],
+        "get": {
+            "operationId": "getSchedule", "tags": ["schedules"], "summary": "Read a schedule.",
+            "responses": {"200": _json(contract.ScheduleAnswer, "The schedule."), "404": _error("NotFound")},
+        },
+        "patch": {
+            "operationId": "changeSchedule", "tags": ["schedules"], "summary": "Change, enable or disable it.",
+            "description": "The fields given replace the schedule's own (not its name), checked as a whole as "
+                           "POST /schedules checks one. A change of its timing, or enabling it, computes its "
+                           "next slot from now.",
+            "requestBody": _body(contract.ScheduleChange),
+            "responses": {"200": _json(contract.ScheduleAnswer, "The schedule."), "400": _error("BadRequest"),
+                          "404": _error("NotFound"), "413": _error("PayloadTooLarge")},
+        },
+        "delete": {
+            "operationId": "deleteSchedule", "tags": ["schedules"], "summary": "Delete a schedule.",
+            "description": "The jobs it created stay.",
+            "responses": {"204": {"description": "Deleted."}, "404": _error("NotFound")},
+        },
+    },
+    "/schedules/{name}/runs": {
+        "parameters": [SCHEDULE_NAME_PARAM],
+        "get": {
+            "operationId": "listScheduleRuns", "tags": ["schedules"], "summary": "A schedule's runs, newest first.",
+            "description": "Each slot that fired (its job and the job's status) or was skipped (why).",
+            "parameters": [{"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1,
+                                                                       "maximum": 1000, "default": 100}}],
+            "responses": {"200": _json(list[contract.ScheduleRunAnswer], "The runs."),
+                          "400": _error("BadRequest"), "404": _error("NotFound")},
         },
     },
     "/jobs/{job_id}/cancel": {
@@ -350,6 +398,7 @@ DOCUMENT = build(
     },
     tags=[
         {"name": "jobs", "description": "Submitting and reading jobs."},
+        {"name": "schedules", "description": "Jobs run at the slots of a cron expression or an interval."},
         {"name": "agents", "description": "What node agents call."},
         {"name": "meta", "description": "Health, counts and this document."},
         {"name": "dashboard", "description": "The web dashboard at /ui."},

@@ -54,7 +54,13 @@ class Firing:
         try:
             created = 0
             for schedule_id in self.schedules.due(now):
-                fired = self.schedules.fire(schedule_id, now, self.running_since, self.catch_up_max)
+                try:
+                    fired = self.schedules.fire(schedule_id, now, self.running_since, self.catch_up_max)
+                except LeaseLost:
+                    raise
+                except Exception:  # one schedule's trouble holds up no other; it is tried again next pass
+                    log.exception("firing schedule %d failed; it is tried again at the next pass", schedule_id)
+                    continue
                 created += len(fired.created)
             if created:
                 self.scheduler.place(now)

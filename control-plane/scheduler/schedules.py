@@ -24,7 +24,7 @@ from corral.shared.errors import BadRequest, Conflict, CorralError, NotFound
 from corral.shared.states import ACTIVE
 
 from . import slots
-from .contract import ScheduleRequest, parse_instant
+from .contract import ScheduleChange, ScheduleRequest, parse_instant
 from .models import Job, Schedule, ScheduleRun
 from .store import Store
 from .validation import job_request
@@ -97,6 +97,7 @@ class Schedules:
             raise BadRequest("the body must be a JSON object")
         if "name" in changes:
             raise BadRequest("a schedule's name cannot change: create another one")
+        ScheduleChange.check(changes)  # the fields and their types; the whole is checked below
         with self.db.atomic():
             schedule = self.get(name)
             current = {field: getattr(schedule, field) for field in DEFINITION}
@@ -219,7 +220,10 @@ def _columns(fields: dict, now: float, anchor: float | None = None) -> dict:
         columns["start_at"] = start_at if start_at is not None else (anchor if anchor is not None else now)
     if columns["enabled"]:
         probe = Schedule(**{k: v for k, v in columns.items() if k in DEFINITION})
-        columns["next_run_at"] = next_slot_of(probe)(now)
+        try:
+            columns["next_run_at"] = next_slot_of(probe)(now)
+        except slots.SlotError as exc:
+            raise BadRequest(str(exc)) from None
     return columns
 
 

@@ -1,13 +1,15 @@
 """What the scheduler's API answers: jobs, events, nodes and /stats as the answer
 models of contract.py, filled from the rows the store reads. Pure: no database, no Flask."""
+import datetime
 import functools
+import zoneinfo
 
 from corral.shared.contract import built
 from corral.shared.states import ALL
 from corral.shared.timeutil import iso
 
 from . import contract, waiting
-from .models import Job, JobArray, JobEvent, Node
+from .models import Job, JobArray, JobEvent, Node, Schedule, ScheduleRun
 from .placement import NodeInfo
 from .settings import SchedulerSettings
 
@@ -42,7 +44,7 @@ def job(row: Job, settings: SchedulerSettings, now: float, service_grant: str | 
         "depends_on": _depends_on(d("depends_on")),
         "on_dependency_failure": d("on_dependency_failure") or "cancel",
         "array_id": None if d("array_id") is None else f"array-{d('array_id')}", "array_index": d("array_index"),
-        "concurrency_key": d("concurrency_key"),
+        "concurrency_key": d("concurrency_key"), "schedule": d("schedule"), "slot": iso(d("slot")),
         "reserved": None if node_id is None or d("reserved_memory_mb") is None else built(contract.Resources, {
             "memory_mb": d("reserved_memory_mb"), "cpu_percent": d("reserved_cpu_percent")}),
         "pending_reason": None if status != "pending" else _pending_reason(waiting.current(
@@ -109,6 +111,23 @@ def array_summary(array: JobArray, first: int, last: int, counts: dict[str, int]
         "array_id": f"array-{array.id}", "count": array.count, "parallel": array.parallel,
         "first_job_id": f"job-{first}", "last_job_id": f"job-{last}", "created_at": iso(array.created_at),
         "jobs": {status: counts.get(status, 0) for status in ALL}})
+
+
+def schedule(row: Schedule) -> contract.ScheduleAnswer:
+    return contract.ScheduleAnswer.model_validate({
+        "name": row.name, "cron": row.cron, "interval_secs": row.interval_secs, "start_at": iso(row.start_at),
+        "time_zone": row.time_zone, "job": row.job, "overlap": row.overlap, "catch_up": row.catch_up,
+        "enabled": row.enabled, "next_run_at": iso(row.next_run_at),
+        "next_run_local": None if row.next_run_at is None else datetime.datetime.fromtimestamp(
+            row.next_run_at, zoneinfo.ZoneInfo(row.time_zone)).isoformat(),
+        "last_job_id": None if row.last_job_id is None else f"job-{row.last_job_id}",
+        "created_at": iso(row.created_at), "updated_at": iso(row.updated_at)})
+
+
+def schedule_run(row: ScheduleRun, status: str | None) -> contract.ScheduleRunAnswer:
+    return contract.ScheduleRunAnswer.model_validate({
+        "slot": iso(row.slot), "job_id": None if row.job_id is None else f"job-{row.job_id}", "status": status,
+        "skipped": row.skipped})
 
 
 def concurrency(key: str, limit: int, active: int) -> contract.ConcurrencyLimitAnswer:

@@ -51,3 +51,24 @@ def test_a_holder_back_from_a_pause_treats_the_pause_as_missed(store, clock):
     firing.tick(t0 + 1.0)
     firing.tick(t0 + 1.0 + LEASE_TTL_SECS + 5)  # stopped for longer than a lease, nobody took over
     assert slots_of("tick", t0) == [1.0, 1.0 + LEASE_TTL_SECS + 5]
+
+
+def test_a_schedule_that_fails_to_fire_holds_up_no_other(store, clock, monkeypatch, caplog):
+    t0 = clock()
+    broken = Schedules(store).create({"name": "broken", "interval_secs": 1, "job": {"command": "true"}}, t0)
+    Schedules(store).create({"name": "fine", "interval_secs": 1, "job": {"command": "true"}}, t0)
+    firing = Firing(store, holder="a")
+    fire = firing.schedules.fire
+
+    def failing(schedule_id, *args):
+        if schedule_id == broken.id:
+            raise RuntimeError("the disk is full")
+        return fire(schedule_id, *args)
+
+    monkeypatch.setattr(firing.schedules, "fire", failing)
+    firing.tick(t0 + 1.5)
+    assert slots_of("fine", t0) == [1.0] and slots_of("broken", t0) == []
+    assert "firing schedule" in caplog.text and "the disk is full" in caplog.text
+    monkeypatch.setattr(firing.schedules, "fire", fire)
+    firing.tick(t0 + 2.5)  # tried again: what it missed fired, none lost
+    assert slots_of("broken", t0) == [1.0, 2.0]

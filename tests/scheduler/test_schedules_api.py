@@ -1,0 +1,62 @@
+"""Schedules through the API, on each backend: create, read, list, change, delete and
+the runs, with the refusals; the jobs of runs name their schedule and slot."""
+from corral.scheduler.schedule_loop import Firing
+from corral.shared.timeutil import iso
+
+JSON = {"Content-Type": "application/json"}  # what a mutating request carries (the CSRF guard)
+BODY = {"name": "nightly", "cron": "30 2 * * *", "time_zone": "Europe/Berlin", "job": {"command": "python etl.py"}}
+
+
+def test_a_schedule_through_its_life(client, store, clock):
+    t0 = clock()  # 2027-01-15T08:00:00Z
+    created = client.post("/schedules", json=BODY)
+    assert created.status_code == 201
+    nightly = created.json
+    assert nightly["next_run_at"] == "2027-01-16T01:30:00.000Z"  # 02:30 in Berlin (CET, +01:00)
+    assert nightly["next_run_local"] == "2027-01-16T02:30:00+01:00"
+    assert (nightly["overlap"], nightly["catch_up"], nightly["enabled"], nightly["last_job_id"]) == (
+        "allow", "latest", True, None)
+    assert nightly["job"] == {"command": "python etl.py"} and nightly["created_at"] == iso(t0)
+    assert client.post("/schedules", json=BODY).status_code == 409
+    tick = client.post("/schedules", json={"name": "tick", "interval_secs": 60, "job": {"command": "true"}}).json
+    assert tick["start_at"] == iso(t0) and tick["next_run_at"] == iso(t0 + 60) and tick["cron"] is None
+    assert [s["name"] for s in client.get("/schedules").json] == ["nightly", "tick"]
+    assert client.get("/schedules/nightly").json == nightly
+
+    off = client.patch("/schedules/nightly", json={"enabled": False})
+    assert off.status_code == 200 and off.json["enabled"] is False and off.json["next_run_at"] is None
+    moved = client.patch("/schedules/nightly", json={"enabled": True, "cron": "0 6 * * 1-5"}).json
+    assert moved["next_run_at"] == "2027-01-18T05:00:00.000Z"  # Monday 06:00 in Berlin
+    refused = client.patch("/schedules/nightly", json={"time_zone": "Mars/Base"})
+    assert refused.status_code == 400 and "unknown time zone" in refused.json["error"]
+    assert client.get("/schedules/nightly").json == moved  # a refused change changes nothing
+
+    Firing(store, holder="t").tick(t0 + 60.5)
+    runs = client.get("/schedules/tick/runs").json
+    assert len(runs) == 1 and runs[0]["slot"] == iso(t0 + 60) and runs[0]["status"] == "pending"
+    job = client.get(f"/jobs/{runs[0]['job_id']}").json
+    assert (job["schedule"], job["slot"], job["command"]) == ("tick", iso(t0 + 60), "true")
+    assert client.get("/schedules/tick").json["last_job_id"] == job["job_id"]
+
+    assert client.delete("/schedules/tick", headers=JSON).status_code == 204
+    assert client.get("/schedules/tick").status_code == 404
+    assert client.get("/schedules/tick/runs").status_code == 404
+    assert client.get(f"/jobs/{job['job_id']}").status_code == 200  # its jobs stay
+
+
+def test_bad_schedules_are_refused_and_change_nothing(client):
+    for body, status, says in [
+        (dict(BODY, cron="61 2 * * *"), 400, "field 1 (minute) is not valid: '61'"),
+        (dict(BODY, job={"command": "x", "run_at": "2027-01-01T00:00:00Z"}), 400, "'job' may not have 'run_at'"),
+        ({"name": "x", "interval_secs": 0.2, "job": {"command": "x"}}, 400, "'interval_secs' must be"),
+        ([BODY], 400, "JSON object"),
+    ]:
+        answer = client.post("/schedules", json=body)
+        assert answer.status_code == status and says in answer.json["error"], answer.json
+    assert client.get("/schedules").json == []
+    assert client.patch("/schedules/none", json={"enabled": False}).status_code == 404
+    assert client.delete("/schedules/none", headers=JSON).status_code == 404
+    client.post("/schedules", json=BODY)
+    renamed = client.patch("/schedules/nightly", json={"name": "other"})
+    assert renamed.status_code == 400 and "name cannot change" in renamed.json["error"]
+    assert client.get("/schedules/nightly/runs?limit=0").status_code == 400
