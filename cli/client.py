@@ -32,3 +32,21 @@ class CliSchedulerClient(SchedulerClient):
     def remove_concurrency(self, key: str) -> None:
         # The 204 has no body to read.
         self._request("DELETE", f"/concurrency/{_seg(key)}")
+
+    def list_schedules(self) -> list[dict]:
+        return self._call("GET", "/schedules")
+
+    def create_schedule(self, body: dict) -> dict:
+        return self._call("POST", "/schedules", json=body)
+
+    def get_schedule(self, name: str) -> dict:
+        return self._call("GET", f"/schedules/{_seg(name)}")
+
+    def change_schedule(self, name: str, changes: dict) -> dict:
+        return self._call("PATCH", f"/schedules/{_seg(name)}", json=changes)
+
+    def delete_schedule(self, name: str) -> None:
+        self._request("DELETE", f"/schedules/{_seg(name)}")
+
+    def schedule_runs(self, name: str, limit: int) -> list[dict]:
+        return self._call("GET", f"/schedules/{_seg(name)}/runs", params={"limit": limit})

@@ -361,7 +361,7 @@ def real_app(database_url):
         return answer.status_code, {"Content-Type": answer.content_type}, answer.get_data()
 
     with responses.RequestsMock(assert_all_requests_are_fired=False) as mock:
-        for method in ("GET", "POST", "PUT", "DELETE"):
+        for method in ("GET", "POST", "PUT", "PATCH", "DELETE"):
             mock.add_callback(method, re.compile(re.escape(SCHED) + "/.*"), callback=forward)
         yield app.extensions["corral.store"], clock
 
@@ -408,3 +408,29 @@ def test_the_real_scheduler_arrays_concurrency_and_a_why_refused(real_app):
     line = one_line_error(corral("job", "why", cancelled_one))
     assert line.startswith(f"corral: {cancelled_one}: ")
     assert as_json("job", "status", "--json", cancelled_one)["status"] == "cancelled"
+
+
+def test_the_real_scheduler_schedules(real_app):
+    store, clock = real_app
+    set_nodes(store, clock, "n1")
+    added = corral("schedule", "add", "nightly", "--cron", "30 2 * * *", "--tz", "Europe/Berlin", "--overlap", "skip",
+                   "--env", "STAGE=prod", "--priority", "70", "--", "python", "etl.py", "--day", "today")
+    assert added.exit_code == 0, added.output
+    assert added.stdout == "nightly\n" and "next run: 2027-01-16T02:30:00+01:00" in added.stderr
+    shown = as_json("schedule", "show", "nightly", "--json")
+    assert shown["job"] == {"command": "python etl.py --day today", "env_vars": {"STAGE": "prod"}, "priority": 70}
+    assert (shown["overlap"], shown["catch_up"], shown["enabled"]) == ("skip", "latest", True)
+    assert as_json("schedule", "add", "tick", "--every", "60", "--disabled", "--json", "--", "true")["enabled"] is False
+    listed = corral("schedule", "list")
+    assert listed.exit_code == 0 and "every 60s" in listed.stdout and "none (disabled)" in listed.stdout
+    enabled = corral("schedule", "enable", "tick")
+    assert enabled.exit_code == 0 and enabled.stdout.startswith("tick: enabled, next run ")
+    assert as_json("schedule", "disable", "tick", "--json")["next_run_at"] is None
+    assert as_json("schedule", "runs", "nightly", "--json") == []
+    bad = one_line_error(corral("schedule", "add", "bad", "--cron", "61 * * * *", "--", "true"))
+    assert "field 1 (minute) is not valid: '61'" in bad
+    assert "a schedule named 'nightly' exists" in one_line_error(
+        corral("schedule", "add", "nightly", "--cron", "@daily", "--", "true"))
+    assert corral("schedule", "delete", "tick").stdout == "tick: deleted\n"
+    assert "no schedule 'tick'" in one_line_error(corral("schedule", "show", "tick"))
+
