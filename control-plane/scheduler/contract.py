@@ -308,8 +308,10 @@ SCHEDULE_NOT_IN_JOB = {"run_at": "its runs start at their slots", "delay_secs": 
                        "depends_on": "a run depends on no other job", "array": "a run is one job"}
 if typing.TYPE_CHECKING:
     Overlap = str
-else:
+    CatchUp = str
+else:  # the choices come from slots.py, never a copy
     Overlap = Literal[slots.OVERLAP]
+    CatchUp = Literal[slots.CATCH_UP]
 
 
 class ScheduleRequest(Request):
@@ -331,7 +333,7 @@ class ScheduleRequest(Request):
     """What each slot runs: a POST /jobs body, without run_at, delay_secs, depends_on or array."""
     overlap: Overlap | None = "allow"
     """A slot whose previous run is still pending or running: `allow` it, `skip` it, or `cancel_previous`."""
-    catch_up: Literal["latest", "none", "all"] | None = "latest"
+    catch_up: CatchUp | None = "latest"
     """The slots missed while the scheduler was down: the newest only (`latest`), `none`, or `all` (at most
     SCHEDULE_CATCH_UP_MAX)."""
     enabled: bool | None = True
@@ -897,7 +899,7 @@ class ScheduleChange(Request):
     time_zone: Text | None = None
     job: dict[str, typing.Any] | None = None
     overlap: Overlap | None = None
-    catch_up: Literal["latest", "none", "all"] | None = None
+    catch_up: CatchUp | None = None
     enabled: bool | None = None
 
 
@@ -913,7 +915,7 @@ class ScheduleAnswer(Answer):
     job: dict[str, typing.Any]
     """The job template, as POST /jobs takes it."""
     overlap: Overlap
-    catch_up: Literal["latest", "none", "all"]
+    catch_up: CatchUp
     enabled: bool
     next_run_at: Timestamp | None
     """Its next slot in UTC (null while disabled)."""

@@ -12,7 +12,6 @@ the overlapping ones do is decided there too (slots.due, slots.on_overlap).
 """
 from __future__ import annotations
 
-import datetime
 import logging
 import typing
 from collections.abc import Callable
@@ -22,6 +21,7 @@ import peewee
 
 from corral.shared.errors import BadRequest, Conflict, CorralError, NotFound
 from corral.shared.states import ACTIVE
+from corral.shared.timeutil import iso
 
 from . import slots
 from .contract import ScheduleChange, ScheduleRequest, parse_instant
@@ -37,8 +37,7 @@ DEFINITION = ("cron", "interval_secs", "start_at", "time_zone", "job", "overlap"
 
 def run_key(schedule_id: int, slot: float) -> str:
     """The idempotency key of the job of a schedule's slot."""
-    at = datetime.datetime.fromtimestamp(slot, datetime.timezone.utc)
-    return f"schedule:{schedule_id}:{at.isoformat(timespec='milliseconds').replace('+00:00', 'Z')}"
+    return f"schedule:{schedule_id}:{iso(slot)}"
 
 
 def next_slot_of(schedule: Schedule) -> Callable[[float], float]:
@@ -102,7 +101,7 @@ class Schedules:
             schedule = self.get(name)
             current = {field: getattr(schedule, field) for field in DEFINITION}
             if current["start_at"] is not None:
-                current["start_at"] = _iso(current["start_at"])
+                current["start_at"] = iso(current["start_at"])
             merged = {**current, **changes}
             if "cron" in changes and changes["cron"] is not None:
                 merged.update(interval_secs=None, start_at=None)
@@ -190,7 +189,8 @@ class Schedules:
         """One slot: its run's row, the id of the job it created (None: skipped or failed),
         and whether it failed."""
         run: dict = {"schedule_id": schedule.id, "slot": slot, "job_id": None, "skipped": None, "created_at": now}
-        previous = Job.get_or_none(Job.id == last) if last is not None else None
+        # The last run's job matters only to an overlap policy other than allow (no read per slot else).
+        previous = Job.get_or_none(Job.id == last) if last is not None and schedule.overlap != "allow" else None
         action = slots.on_overlap(schedule.overlap, previous is not None and previous.status in ACTIVE)
         if previous is not None and action == "skip":
             run["skipped"] = f"overlap: skip: {previous.job_id} was still {previous.status}"
@@ -203,7 +203,7 @@ class Schedules:
         except CorralError as exc:
             # The template no longer passes (a node size, a refused variable): this run
             # is recorded as failed with why, and the schedule goes on.
-            log.warning("schedule %s: the run of %s could not be created: %s", schedule.name, _iso(slot), exc)
+            log.warning("schedule %s: the run of %s could not be created: %s", schedule.name, iso(slot), exc)
             run["skipped"] = f"not run: {exc}"
             return run, None, True
         run["job_id"] = job.id
@@ -225,7 +225,3 @@ def _columns(fields: dict, now: float, anchor: float | None = None) -> dict:
         except slots.SlotError as exc:
             raise BadRequest(str(exc)) from None
     return columns
-
-
-def _iso(ts: float) -> str:
-    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).isoformat().replace("+00:00", "Z")

@@ -110,6 +110,9 @@ def next_interval_slot(anchor: float, every: float, after: float) -> float:
     return slot
 
 
+CATCH_UP = ("latest", "none", "all")
+
+
 @dataclass
 class Due:
     """What a firing pass does with the slots that came due."""
