@@ -279,22 +279,25 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
 
     schedules = Schedules(store)
 
+    def schedule_answers(rows: list) -> list[contract.ScheduleAnswer]:
+        last = schedules.last_runs(rows)
+        return [views.schedule(row, last.get(row.id)) for row in rows]
+
     @app.get("/schedules")
     def list_schedules():
-        return respond([views.schedule(row) for row in schedules.list_schedules()],
-                       of=list[contract.ScheduleAnswer])
+        return respond(schedule_answers(schedules.list_schedules()), of=list[contract.ScheduleAnswer])
 
     @app.post("/schedules")
     def create_schedule():
-        return respond(views.schedule(schedules.create(read_json_object(), clock())), status=201)
+        return respond(schedule_answers([schedules.create(read_json_object(), clock())])[0], status=201)
 
     @app.get("/schedules/<name>")
     def read_schedule(name):
-        return respond(views.schedule(schedules.get(name)))
+        return respond(schedule_answers([schedules.get(name)])[0])
 
     @app.patch("/schedules/<name>")
     def change_schedule(name):
-        return respond(views.schedule(schedules.update(name, read_json_object(), clock())))
+        return respond(schedule_answers([schedules.update(name, read_json_object(), clock())])[0])
 
     @app.delete("/schedules/<name>")
     def delete_schedule(name):

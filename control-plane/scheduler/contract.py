@@ -903,6 +903,17 @@ class ScheduleChange(Request):
     enabled: bool | None = None
 
 
+class ScheduleRunAnswer(Answer):
+    """A slot of a schedule: the job it created, or why none."""
+
+    slot: Timestamp
+    job_id: str | None
+    status: StatusName | None
+    """The job's status now (null: no job, or retention deleted it)."""
+    skipped: str | None
+    """Why no job: missed while the scheduler was down (catch_up), overlap, or not run (the template)."""
+
+
 class ScheduleAnswer(Answer):
     """A schedule: its definition, and when it runs next."""
 
@@ -923,19 +934,10 @@ class ScheduleAnswer(Answer):
     """The same instant in the schedule's zone, with its offset."""
     last_job_id: str | None
     """The job of its last run."""
+    last_run: ScheduleRunAnswer | None
+    """Its latest slot (by time): the job and its status now, or why it made none (null: no slot yet)."""
     created_at: Timestamp
     updated_at: Timestamp
-
-
-class ScheduleRunAnswer(Answer):
-    """A slot of a schedule: the job it created, or why none."""
-
-    slot: Timestamp
-    job_id: str | None
-    status: StatusName | None
-    """The job's status now (null: no job, or retention deleted it)."""
-    skipped: str | None
-    """Why no job: missed while the scheduler was down (catch_up), overlap, or not run (the template)."""
 
 
 class ConcurrencyLimitRequest(Request):

@@ -21,4 +21,7 @@ def notification(job, reason: str | None = None) -> dict:
         "attempt": job.attempt,
         "finished_at": iso(job.finished_at),
         "reason": reason,
+        # The schedule that made the job and the slot it ran for (null: not a schedule's).
+        "schedule": job.schedule,
+        "slot": iso(job.slot),
     }

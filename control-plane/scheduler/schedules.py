@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import peewee
+from peewee import fn
 
 from corral.shared.errors import BadRequest, Conflict, CorralError, NotFound
 from corral.shared.states import ACTIVE
@@ -128,12 +129,20 @@ class Schedules:
         """The schedule's newest runs, newest first, each with its job's status (None:
         no job, or the job was deleted by retention)."""
         schedule = self.get(name)
-        rows = list(ScheduleRun.select().where(ScheduleRun.schedule_id == schedule.id)
-                    .order_by(ScheduleRun.slot.desc()).limit(limit))
-        ids = [r.job_id for r in rows if r.job_id is not None]
-        found = Job.select(Job.id, Job.status).where(Job.id.in_(ids)).tuples() if ids else []
-        statuses = dict(typing.cast(list[tuple[int, str]], list(found)))
-        return [(r, None if r.job_id is None else statuses.get(r.job_id)) for r in rows]
+        return _with_status(list(ScheduleRun.select().where(ScheduleRun.schedule_id == schedule.id)
+                                 .order_by(ScheduleRun.slot.desc()).limit(limit)))
+
+    def last_runs(self, schedules: list[Schedule]) -> dict[int, tuple[ScheduleRun, str | None]]:
+        """Each schedule's latest run (by slot) with its job's status, by schedule id; a
+        schedule with no run yet is left out. One query for all, however many."""
+        ids = [s.id for s in schedules]
+        if not ids:
+            return {}
+        latest = (ScheduleRun.select(ScheduleRun.schedule_id, fn.MAX(ScheduleRun.slot).alias("slot"))
+                  .where(ScheduleRun.schedule_id.in_(ids)).group_by(ScheduleRun.schedule_id).alias("latest"))
+        rows = list(ScheduleRun.select().join(latest, on=(
+            (ScheduleRun.schedule_id == latest.c.schedule_id) & (ScheduleRun.slot == latest.c.slot))))
+        return {run.schedule_id: (run, status) for run, status in _with_status(rows)}
 
     # ---- firing ------------------------------------------------------------
 
@@ -208,6 +217,14 @@ class Schedules:
             return run, None, True
         run["job_id"] = job.id
         return run, job.id, False
+
+
+def _with_status(rows: list[ScheduleRun]) -> list[tuple[ScheduleRun, str | None]]:
+    """Runs with their jobs' statuses now (None: no job, or retention deleted it)."""
+    ids = [r.job_id for r in rows if r.job_id is not None]
+    found = Job.select(Job.id, Job.status).where(Job.id.in_(ids)).tuples() if ids else []
+    statuses = dict(typing.cast(list[tuple[int, str]], list(found)))
+    return [(r, None if r.job_id is None else statuses.get(r.job_id)) for r in rows]
 
 
 def _columns(fields: dict, now: float, anchor: float | None = None) -> dict:

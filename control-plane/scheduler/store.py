@@ -78,7 +78,7 @@ EXPLAIN_MAX = 1000
 # (metrics.moved) and its notification (notifications.py): not the output or the request.
 DECIDING = (Job.id, Job.status, Job.attempt, Job.node_id, Job.job_type, Job.running_at, Job.retry_count,
             Job.max_retries, Job.on_node_lost, Job.node_losses, Job.name, Job.exit_code, Job.finished_at,
-            Job.created_at, Job.has_dependents)
+            Job.created_at, Job.has_dependents, Job.schedule, Job.slot)
 
 
 class Store:

@@ -113,7 +113,7 @@ def array_summary(array: JobArray, first: int, last: int, counts: dict[str, int]
         "jobs": {status: counts.get(status, 0) for status in ALL}})
 
 
-def schedule(row: Schedule) -> contract.ScheduleAnswer:
+def schedule(row: Schedule, last_run: tuple[ScheduleRun, str | None] | None) -> contract.ScheduleAnswer:
     return contract.ScheduleAnswer.model_validate({
         "name": row.name, "cron": row.cron, "interval_secs": row.interval_secs, "start_at": iso(row.start_at),
         "time_zone": row.time_zone, "job": row.job, "overlap": row.overlap, "catch_up": row.catch_up,
@@ -121,6 +121,7 @@ def schedule(row: Schedule) -> contract.ScheduleAnswer:
         "next_run_local": None if row.next_run_at is None else datetime.datetime.fromtimestamp(
             row.next_run_at, zoneinfo.ZoneInfo(row.time_zone)).isoformat(),
         "last_job_id": None if row.last_job_id is None else f"job-{row.last_job_id}",
+        "last_run": None if last_run is None else schedule_run(*last_run),
         "created_at": iso(row.created_at), "updated_at": iso(row.updated_at)})
 
 

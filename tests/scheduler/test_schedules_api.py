@@ -14,8 +14,8 @@ def test_a_schedule_through_its_life(client, store, clock):
     nightly = created.json
     assert nightly["next_run_at"] == "2027-01-16T01:30:00.000Z"  # 02:30 in Berlin (CET, +01:00)
     assert nightly["next_run_local"] == "2027-01-16T02:30:00+01:00"
-    assert (nightly["overlap"], nightly["catch_up"], nightly["enabled"], nightly["last_job_id"]) == (
-        "allow", "latest", True, None)
+    assert (nightly["overlap"], nightly["catch_up"], nightly["enabled"], nightly["last_job_id"],
+            nightly["last_run"]) == ("allow", "latest", True, None, None)
     assert nightly["job"] == {"command": "python etl.py"} and nightly["created_at"] == iso(t0)
     assert client.post("/schedules", json=BODY).status_code == 409
     tick = client.post("/schedules", json={"name": "tick", "interval_secs": 60, "job": {"command": "true"}}).json
@@ -37,6 +37,12 @@ def test_a_schedule_through_its_life(client, store, clock):
     job = client.get(f"/jobs/{runs[0]['job_id']}").json
     assert (job["schedule"], job["slot"], job["command"]) == ("tick", iso(t0 + 60), "true")
     assert client.get("/schedules/tick").json["last_job_id"] == job["job_id"]
+    client.post(f"/jobs/{job['job_id']}/cancel", headers=JSON)
+    Firing(store, holder="t").tick(t0 + 120.5)
+    listed = {s["name"]: s for s in client.get("/schedules").json}
+    assert listed["nightly"]["last_run"] is None
+    assert listed["tick"]["last_run"]["slot"] == iso(t0 + 120) and listed["tick"]["last_run"]["status"] == "pending"
+    assert client.get("/schedules/tick/runs").json[1]["status"] == "cancelled"  # the earlier run's job, now
 
     assert client.delete("/schedules/tick", headers=JSON).status_code == 204
     assert client.get("/schedules/tick").status_code == 404

@@ -94,6 +94,8 @@ def test_overlap_skip_and_cancel_previous(schedules, store, clock):
     fired = fire(schedules, skip, t0 + 2, missed_before=t0)  # the first run is still pending
     assert fired.created == [] and fired.skipped == 1
     assert schedules.runs("skip")[0][0].skipped == f"overlap: skip: {first.job_id} was still pending"
+    last = schedules.last_runs(schedules.list_schedules())  # the skipped slot is the latest run
+    assert [(r.slot, r.job_id, status) for r, status in last.values()] == [(t0 + 2, None, None)]
     store.cancel(first.job_id, t0 + 2.5)  # it ended: the next slot runs
     assert len(fire(schedules, skip, t0 + 3, missed_before=t0).created) == 1
 
@@ -101,6 +103,9 @@ def test_overlap_skip_and_cancel_previous(schedules, store, clock):
     fire(schedules, cancel, t0 + 1, missed_before=t0)
     fire(schedules, cancel, t0 + 2, missed_before=t0)
     assert [j.status for j in jobs_of("cancel")] == ["cancelled", "pending"]
+    last = schedules.last_runs([schedules.get("skip"), schedules.get("cancel")])
+    assert {schedule_id: (r.slot, status) for schedule_id, (r, status) in last.items()} == {
+        skip.id: (t0 + 3, "pending"), cancel.id: (t0 + 2, "pending")}
 
 
 def test_a_template_no_longer_valid_records_a_failed_run_and_the_schedule_goes_on(schedules, store, clock):

@@ -369,11 +369,14 @@ def test_a_paced_loop_survives_a_failing_pass_and_waits_what_the_pass_says():
 
 def test_a_notification_carries_the_final_state_and_a_stable_event_id():
     job = types.SimpleNamespace(job_id="job-7", name="etl", status="failed", exit_code=3, node_id="n1",
-                                retry_count=1, attempt=2, finished_at=T0)
+                                retry_count=1, attempt=2, finished_at=T0, schedule=None, slot=None)
     body = notification(job, "exit code 3; no retries left")
     assert body == {"event_id": "job-7:2:failed", "job_id": "job-7", "name": "etl", "status": "failed",
                     "exit_code": 3, "node_id": "n1", "retry_count": 1, "attempt": 2,
-                    "finished_at": "2027-01-15T08:00:00.000Z", "reason": "exit code 3; no retries left"}
+                    "finished_at": "2027-01-15T08:00:00.000Z", "reason": "exit code 3; no retries left",
+                    "schedule": None, "slot": None}
+    scheduled = notification(types.SimpleNamespace(**{**vars(job), "schedule": "nightly", "slot": T0 - 60}))
+    assert (scheduled["schedule"], scheduled["slot"]) == ("nightly", "2027-01-15T07:59:00.000Z")
     entry = sns_outbox.publish_entry(12, body)
     assert entry["Id"] == "12" and json.loads(entry["Message"]) == body
     assert entry["MessageAttributes"]["status"] == {"DataType": "String", "StringValue": "failed"}
@@ -687,6 +690,21 @@ def test_one_notification_per_final_state(aws, clusters):
     assert by_job[failed["job_id"]]["retry_count"] == 1 and by_job[failed["job_id"]]["exit_code"] == 3
     assert by_job[waiting["job_id"]]["node_id"] is None and by_job[cancelled["job_id"]]["node_id"] == "node-1"
     assert stats(cluster)["sns"]["published"] == 4
+
+
+@e2e
+def test_the_notification_of_a_scheduled_job_names_its_schedule_and_slot(aws, clusters):
+    topic, events = aws.topic_to_queue()
+    cluster = clusters(agents=("node-1",), SNS_TOPIC_ARN=topic)
+    created = requests.post(cluster.scheduler_url + "/schedules", timeout=10, json={
+        "name": "tick", "interval_secs": 1, "job": {"command": "true"}})
+    assert created.status_code == 201, created.text
+    got = collect(aws, events, 2, timeout=30)
+    requests.patch(cluster.scheduler_url + "/schedules/tick", json={"enabled": False}, timeout=10).raise_for_status()
+    for body in got:
+        job = cluster.job(body["job_id"])
+        assert (body["schedule"], body["slot"], body["status"]) == ("tick", job["slot"], "done")
+    assert len({b["slot"] for b in got}) == len({b["job_id"] for b in got})  # a slot per job
 
 
 @e2e
