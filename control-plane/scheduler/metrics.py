@@ -15,7 +15,7 @@ from peewee import fn
 from corral.shared.metrics import DATABASE_GAUGES, Family, database_gauges, gauge, on_commit, sample_names
 from corral.shared.states import ALL, FINAL_STATUSES
 
-from .models import Job, Node
+from .models import Job, Node, Schedule
 
 SOURCES = ("api", "batch", "sqs")
 
@@ -26,6 +26,10 @@ LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 # Seconds a job ran: from a shell one-liner to a day-long service.
 DURATION_BUCKETS = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0, 1800.0, 3600.0, 2 * 3600.0, 6 * 3600.0,
                     24 * 3600.0)
+# Seconds from a schedule's slot to the pass that made its job: under a second on an idle
+# scheduler; a slot caught up after downtime waited as long as the downtime.
+LAG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0)
+RUN_OUTCOMES = ("created", "skipped", "failed")
 
 JOBS_SUBMITTED = Family("counter", "corral_jobs_submitted", "Jobs created, by where the request came from "
                         "(api: POST /jobs, batch: POST /jobs/batch, sqs: the SQS intake); an idempotent repeat "
@@ -53,11 +57,18 @@ SNS_PUBLISHED = Family("counter", "corral_sns_published", "Job notifications SNS
                        "outbox).")
 SNS_PUBLISH_FAILURES = Family("counter", "corral_sns_publish_failures", "Failed publishes of a notification "
                               "(it stays in the outbox and is tried again).")
+SCHEDULE_RUNS = Family("counter", "corral_schedule_runs", "Slots of schedules recorded as runs, by outcome: "
+                       "created (a job), skipped (the overlap or catch-up policy), failed (the job template "
+                       "was refused).", ("outcome",), initial=[(o,) for o in RUN_OUTCOMES])
+SCHEDULE_LAG = Family("histogram", "corral_schedule_firing_lag_seconds", "Seconds from a schedule's slot to the "
+                      "firing pass that made its job (a slot caught up after downtime waited that long).",
+                      buckets=LAG_BUCKETS)
 
 FAMILIES = (JOBS_SUBMITTED, JOBS_FINISHED, DISPATCH_LATENCY, RUN_DURATION, RETRIES, TIMEOUTS, NODE_LOSS_REQUEUES,
-            SQS_RECEIVED, SQS_REJECTED, SNS_PUBLISHED, SNS_PUBLISH_FAILURES)
+            SQS_RECEIVED, SQS_REJECTED, SNS_PUBLISHED, SNS_PUBLISH_FAILURES, SCHEDULE_RUNS, SCHEDULE_LAG)
 # Computed at scrape time (`scrape`); the SNS ones only when SNS_TOPIC_ARN is set.
 SCRAPE_GAUGES = ("corral_jobs", "corral_scheduler_nodes", "corral_scheduler_node_list_age_seconds",
+                 "corral_schedules", "corral_schedules_overdue_seconds",
                  "corral_sns_pending", "corral_sns_oldest_pending_age_seconds", *DATABASE_GAUGES)
 
 
@@ -121,6 +132,16 @@ def sns_failed(db, count: int) -> None:
         on_commit(db, SNS_PUBLISH_FAILURES.inc, count)
 
 
+def schedule_fired(db, lags: list[float], skipped: int, failed: int) -> None:
+    """A schedule's pass recorded runs, on commit: a job for each slot in `lags` (now −
+    slot), `skipped` slots skipped and `failed` refused."""
+    for outcome, count in (("created", len(lags)), ("skipped", skipped), ("failed", failed)):
+        if count:
+            on_commit(db, SCHEDULE_RUNS.labels(outcome).inc, count)
+    if lags:
+        on_commit(db, _observe_all, SCHEDULE_LAG, lags)
+
+
 def _finished(status: str, ran: float | None) -> None:
     JOBS_FINISHED.labels(status).inc()
     if ran is not None:
@@ -155,6 +176,7 @@ def scrape(store, clock=time.time) -> list:
     if newest is not None:
         families.append(gauge("corral_scheduler_node_list_age_seconds", "Seconds since the node list was last "
                               "refreshed from the registry.", (), {(): max(0.0, now - newest)}))
+    families += _schedule_gauges(now)
     if store.settings.sns_topic_arn:
         pending, oldest_age = store.outbox_backlog(now)
         families.append(gauge("corral_sns_pending", "Notifications in the outbox not yet published.", (),
@@ -162,3 +184,15 @@ def scrape(store, clock=time.time) -> list:
         families.append(gauge("corral_sns_oldest_pending_age_seconds", "Age of the oldest unpublished "
                               "notification (0 when none waits).", (), {(): oldest_age or 0.0}))
     return families + database_gauges(store.db)
+
+
+def _schedule_gauges(now: float) -> list:
+    by_state = dict(Schedule.select(Schedule.enabled, fn.COUNT(Schedule.id)).group_by(Schedule.enabled).tuples())
+    earliest = Schedule.select(fn.MIN(Schedule.next_run_at)).where(Schedule.enabled).scalar()
+    return [
+        gauge("corral_schedules", "Schedules by state (enabled: true or false).", ("enabled",),
+              {(state,): by_state.get(value, 0) for state, value in (("true", True), ("false", False))}),
+        # Past 0 for more than a second or two, slots are not being fired (no scheduler holds the lease).
+        gauge("corral_schedules_overdue_seconds", "Seconds the earliest due slot of an enabled schedule is "
+              "overdue (0 when none is).", (), {(): max(0.0, now - earliest) if earliest is not None else 0.0}),
+    ]

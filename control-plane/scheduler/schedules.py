@@ -24,7 +24,7 @@ from corral.shared.errors import BadRequest, Conflict, CorralError, NotFound
 from corral.shared.states import ACTIVE
 from corral.shared.timeutil import iso
 
-from . import slots
+from . import metrics, slots
 from .contract import ScheduleChange, ScheduleRequest, parse_instant
 from .models import Job, Schedule, ScheduleRun
 from .store import Store
@@ -189,6 +189,8 @@ class Schedules:
                     fired.skipped += 1
             if runs:
                 ScheduleRun.insert_many(runs).on_conflict_ignore().execute()
+            made = [run["slot"] for run in runs if run["job_id"] is not None]
+            metrics.schedule_fired(self.db, [now - slot for slot in made], fired.skipped, fired.failed)
             Schedule.update(next_run_at=decided.next_at, last_job_id=last).where(
                 Schedule.id == schedule.id).execute()
         return fired

@@ -66,3 +66,39 @@ def test_bad_schedules_are_refused_and_change_nothing(client):
     renamed = client.patch("/schedules/nightly", json={"name": "other"})
     assert renamed.status_code == 400 and "name cannot change" in renamed.json["error"]
     assert client.get("/schedules/nightly/runs?limit=0").status_code == 400
+
+
+def test_metrics_count_runs_by_outcome_their_lag_and_overdue_slots(client, store, clock):
+    """In this process /metrics shows its own counters (no multiprocess directory): compared
+    before and after, as other tests in the process count too."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def scrape() -> dict:
+        text = client.get("/metrics").get_data(as_text=True)
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
+
+    t0 = clock()
+    client.post("/schedules", json={"name": "tick", "interval_secs": 1, "overlap": "skip", "job": {"command": "x"}})
+    client.post("/schedules", json=dict(BODY, enabled=False))
+    before = scrape()
+    assert before[("corral_schedules", (("enabled", "true"),))] == 1
+    assert before[("corral_schedules", (("enabled", "false"),))] == 1
+    assert before[("corral_schedules_overdue_seconds", ())] == 0
+    clock.now = t0 + 3.25  # slots t0+1..t0+3 are due; nothing fired them yet
+    assert scrape()[("corral_schedules_overdue_seconds", ())] == 2.25
+
+    Firing(store, holder="t").tick(t0 + 1.25)  # the first slot: a job, fired 0.25 s late
+    Firing(store, holder="t").tick(t0 + 2.5)   # the second: skipped, the first job still pending
+    after = scrape()
+
+    def delta(name, **labels):
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0) - before.get(key, 0)
+    assert delta("corral_schedule_runs_total", outcome="created") == 1
+    assert delta("corral_schedule_runs_total", outcome="skipped") == 1
+    assert delta("corral_schedule_runs_total", outcome="failed") == 0
+    assert delta("corral_schedule_firing_lag_seconds_count") == 1
+    assert delta("corral_schedule_firing_lag_seconds_bucket", le="0.25") == 1
+    assert delta("corral_schedule_firing_lag_seconds_bucket", le="0.1") == 0
+    assert after[("corral_schedules_overdue_seconds", ())] == 0.25  # the slot t0+3 is due, not yet fired
