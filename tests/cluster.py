@@ -325,6 +325,26 @@ def wait_scheduler_sees_healthy(scheduler_url: str, node_ids, timeout: float = 2
     wait_for(ready, timeout=timeout, message=f"the scheduler to see nodes {tuple(node_ids)} healthy")
 
 
+# ---- which process is which ------------------------------------------------------------
+
+def process_group(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[2])  # state, ppid, pgrp
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def replica_of(c: Cluster, pid: int) -> str | None:
+    """The scheduler replica a process belongs to (each runs in a process group of its own)."""
+    group = process_group(pid)
+    return next((name for name in c.scheduler_names if c.procs[name].pid == group), None)
+
+
+def holder_pid(holder: str) -> int:
+    return int(holder.split(":")[1])  # leader.holder_id(): host:pid:random
+
+
 @contextlib.contextmanager
 def one_node_cluster(state_dir, node_id: str, slots: int = 1, on_exit=None, **scheduler_env):
     """A started cluster with one healthy agent `node_id`; stopped on exit. `on_exit(cluster)`

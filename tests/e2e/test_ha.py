@@ -20,7 +20,7 @@ import psycopg
 import pytest
 import requests
 
-from cluster import Cluster, all_jobs, final_transitions
+from cluster import Cluster, all_jobs, final_transitions, holder_pid, process_group, replica_of
 from helpers import HoldingProxy, QuietHandler, process_gone, wait_for
 
 from corral.scheduler.loops import LEASE_NAME
@@ -175,28 +175,10 @@ def wait_job(url: str, job_id: str, *statuses: str, timeout: float) -> dict:
 
 # ---- processes and sessions ----------------------------------------------------------------
 
-def process_group(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[2])  # state, ppid, pgrp
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def replica_of(c: Cluster, pid: int) -> str | None:
-    """The scheduler replica a process belongs to (each runs in a process group of its own)."""
-    group = process_group(pid)
-    return next((name for name in c.scheduler_names if c.procs[name].pid == group), None)
-
-
 def loops_lease(db) -> tuple[str, int, float]:
     """(holder, token, expires_at) of the scheduler's background loops' lease row."""
     return db.execute("SELECT holder, token, expires_at FROM corral_scheduler.lease WHERE name = %s",
                       (LEASE_NAME,)).fetchone()
-
-
-def holder_pid(holder: str) -> int:
-    return int(holder.split(":")[1])  # leader.holder_id(): host:pid:random
 
 
 def db_now(db) -> float:
