@@ -24,6 +24,8 @@ Scenarios (see docs/benchmarks.md for what each measures and why):
                     that "run" each job for 0 s and report as a real agent does (a batch of
                     reports with the next claim riding on it); two schedulers on PostgreSQL
   idle_fleet        1,000 simulated idle agents spread over two schedulers: their CPU
+  schedules         10 schedules firing every second for 30 s on an otherwise idle cluster with
+                    2 agents: each slot's lag to its job's creation and to its start, the CPU
   placement         no cluster: one placement pass (placement.Planner) over 10,000 waiting jobs
                     of four shapes and 500 labelled nodes, per policy, in memory
   node_floor        no scheduler: how fast this machine starts `true` jobs the way an agent
@@ -49,8 +51,10 @@ their jobs are pinned to a node that does not exist and cancelled afterwards.
 from __future__ import annotations
 
 import argparse
+import collections
 import http.client as http_client
 import json
+import math
 import os
 import random
 import resource
@@ -69,10 +73,11 @@ import requests
 import benchdb
 import benchlib as bl
 import simulate_fleet as sf
-from cluster import wait_scheduler_sees_healthy  # tests/cluster.py (benchlib puts tests/ on sys.path)
+from cluster import all_jobs, wait_scheduler_sees_healthy  # tests/cluster.py (benchlib puts tests/ on sys.path)
+from corral.shared.timeutil import epoch, iso
 
 SCENARIOS = ("submit_single", "submit_batch", "dispatch_latency", "dispatch_cross_replica", "throughput", "baseline",
-             "cpu_bound", "memory", "capacity", "idle_fleet", "placement", "node_floor")
+             "cpu_bound", "memory", "capacity", "idle_fleet", "schedules", "placement", "node_floor")
 PROFILER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profile_requests.py")
 # Scenarios that touch no database: run once per round, whatever the backends.
 NO_DATABASE = ("placement", "node_floor")
@@ -82,7 +87,8 @@ COMPARED = {"submit_single": ("jobs_per_sec", "scheduler_cpu_ms_per_job"), "subm
             "throughput": ("jobs_per_sec", "scheduler_cpu_ms_per_job"), "baseline": ("jobs_per_sec",),
             "memory": ("scheduler_worker_hwm_mb_max",),
             "capacity": ("jobs_per_sec", "scheduler_cpu_ms_per_job", "registry_cpu_ms_per_job"),
-            "idle_fleet": ("schedulers_cpu_pct", "registry_cpu_pct")}
+            "idle_fleet": ("schedulers_cpu_pct", "registry_cpu_pct"),
+            "schedules": ("lag_p50_ms", "lag_p99_ms", "scheduler_cpu_pct")}
 
 # The control plane's targets on a 2-core machine, checked against the medians of a
 # full run: (scenario, backend or None for every backend, field, "min" or "max", limit).
@@ -94,6 +100,7 @@ TARGETS = (
     ("capacity", "sqlite", "jobs_per_sec", "min", 1500),
     ("capacity", "postgresql", "jobs_per_sec", "min", 800),
     ("idle_fleet", None, "schedulers_cpu_pct", "max", 20),
+    ("schedules", None, "lag_p99_ms", "max", 1000),
     ("placement", None, "round_robin_ms", "max", 50), ("placement", None, "binpack_ms", "max", 50),
     ("placement", None, "spread_ms", "max", 50),
 )
@@ -152,13 +159,20 @@ class Config:
     idle_agents: int = 1000
     idle_secs: float = 60.0           # a whole IDLE_RENEW_SECS: every idle agent renews once in it
     idle_settle_secs: float = 5.0
+    schedule_count: int = 10
+    schedule_secs: int = 30
 
 
 FULL = Config()
 QUICK = Config(repeat=1, submit_jobs=100, batch_size=50, latency_jobs=5, latency_secs=20.0,
                throughput_jobs=40, throughput_secs=60.0, baseline_jobs=6, baseline_secs=60.0, baseline_latency_jobs=2,
                cpu_jobs=6, cpu_secs=60.0, warmup_jobs=2, floor_jobs=40, capacity_jobs=400, capacity_agents=10,
-               capacity_batch=100, capacity_secs=60.0, idle_agents=20, idle_secs=3.0, idle_settle_secs=1.0)
+               capacity_batch=100, capacity_secs=60.0, idle_agents=20, idle_secs=3.0, idle_settle_secs=1.0,
+               schedule_count=3, schedule_secs=5)
+
+
+def rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
 
 
 class Skip(Exception):
@@ -590,6 +604,7 @@ class Bench:
         self.guarded(self.round_cpu_bound, "cpu_bound")
         self.guarded(self.round_capacity, "capacity")
         self.guarded(self.round_idle_fleet, "idle_fleet")
+        self.guarded(self.round_schedules, "schedules")
 
     def guarded(self, round_fn, *scenarios: str) -> None:
         """Run one round of a group of scenarios; when its cluster cannot even be
@@ -1080,6 +1095,56 @@ class Bench:
         if errors:
             out["last_error"] = fleet.last_error
         return out
+
+    def round_schedules(self) -> None:
+        if not self.want("schedules"):
+            return
+        cfg = self.cfg
+        c = self.cluster("schedules", agents=cfg.agents, slots=cfg.throughput_slots,
+                         MAX_JOBS_PER_NODE=cfg.throughput_slots)
+        try:
+            self.warmup(c, cfg.warmup_jobs)
+            self.record("schedules", self.schedules, c)
+        finally:
+            c.stop()
+
+    def schedules(self, c: bl.BenchCluster) -> dict:
+        """`schedule_count` schedules every second, from the same whole second, for
+        `schedule_secs`: each slot's lag to its job's creation (the firing pass) and to
+        its start (running_at), both on the scheduler's clock, and the scheduler's CPU."""
+        cfg = self.cfg
+        url = c.scheduler_url
+        if requests.get(url + "/schedules", timeout=10).status_code == 404:
+            raise Skip("this scheduler has no /schedules")
+        first = float(math.ceil(time.time()) + 2)
+        names = [f"bench-{i}" for i in range(cfg.schedule_count)]
+        for name in names:
+            requests.post(url + "/schedules", timeout=10, json={
+                "name": name, "interval_secs": 1, "start_at": iso(first), "catch_up": "none",
+                "job": {"command": "true"}}).raise_for_status()
+        time.sleep(max(0.0, first - time.time()))
+        meter, machine = bl.CpuMeter(lambda: c.pids("scheduler")), bl.MachineCpuMeter()
+        time.sleep(cfg.schedule_secs - 0.5)   # slots first .. first + schedule_secs - 1 come due
+        cpu, busy = meter.percent(), machine.percent()
+        for name in names:
+            requests.patch(f"{url}/schedules/{name}", json={"enabled": False}, timeout=10).raise_for_status()
+        wait_idle(url, 60)
+        jobs = [j for j in all_jobs(url).values()
+                if j["schedule"] in names and epoch(j["slot"]) < first + cfg.schedule_secs]
+        per_slot = collections.Counter((j["schedule"], j["slot"]) for j in jobs)
+        created = [1000 * (epoch(j["created_at"]) - epoch(j["slot"])) for j in jobs]
+        started = [1000 * (epoch(j["running_at"]) - epoch(j["slot"])) for j in jobs if j["running_at"]]
+        self.settings["schedules"] = {
+            "schedules": cfg.schedule_count, "interval_secs": 1, "window_secs": cfg.schedule_secs,
+            "agents": cfg.agents, "slots": cfg.throughput_slots, "job": "true",
+            "measured": "slot -> job created_at (lag) and running_at (start lag), the scheduler's clock"}
+        return {"slots": cfg.schedule_count * cfg.schedule_secs, "jobs": len(jobs),
+                "slots_with_two_jobs": sum(1 for n in per_slot.values() if n > 1),
+                "lag_p50_ms": rounded(bl.percentile(created, 50)), "lag_p99_ms": rounded(bl.percentile(created, 99)),
+                "lag_max_ms": rounded(max(created, default=None)),
+                "start_lag_p50_ms": rounded(bl.percentile(started, 50)),
+                "start_lag_p99_ms": rounded(bl.percentile(started, 99)),
+                "scheduler_cpu_pct": cpu, "machine_cpu_busy_pct": busy}
 
     def round_baseline(self) -> None:
         if not self.want("baseline"):

@@ -31,6 +31,7 @@ BENCH_NUMBERS = {
     "dispatch_cross_replica": ["p50_ms", "p99_ms", "max_ms"],
     "capacity": ["jobs_per_sec", "scheduler_cpu_ms_per_job", "registry_cpu_ms_per_job", "simulator_cpu_ms_per_job"],
     "idle_fleet": ["schedulers_cpu_pct", "registry_cpu_pct", "simulator_cpu_pct"],
+    "schedules": ["lag_p50_ms", "lag_p99_ms", "start_lag_p50_ms", "scheduler_cpu_pct"],
     "node_floor": ["jobs_per_sec", "starter_cpu_ms_per_job", "job_processes_cpu_ms_per_job"],
     "placement": ["round_robin_ms", "binpack_ms", "spread_ms", "round_robin_explain_ms"],
 }
@@ -125,7 +126,8 @@ def test_the_benchmark_scripts_print_json_lines_and_leave_nothing_running():
     check_meta(bench[0])
     assert list(bench[0]["backends"]) == ["sqlite"]
     check_targets(bench[-1], [("dispatch_latency", "sqlite")] * 2 + [("dispatch_cross_replica", "sqlite")] * 2
-                  + [("capacity", "sqlite"), ("idle_fleet", "sqlite")] + [("placement", None)] * 3)
+                  + [("capacity", "sqlite"), ("idle_fleet", "sqlite"), ("schedules", "sqlite")]
+                  + [("placement", None)] * 3)
     bench = bench[:-1]
     by_name = {r["scenario"]: r for r in bench[1:]}
     assert set(by_name) == {*BENCH_NUMBERS, "cpu_bound"}, list(by_name)
@@ -140,6 +142,8 @@ def test_the_benchmark_scripts_print_json_lines_and_leave_nothing_running():
     assert by_name["idle_fleet"]["settings"]["schedulers"] == 2
     capacity = by_name["capacity"]
     assert capacity["done"] == capacity["jobs"] > 0 and capacity["api_failed"] == 0, capacity
+    schedules = by_name["schedules"]  # every slot of the window made exactly one job
+    assert schedules["jobs"] == schedules["slots"] > 0 and schedules["slots_with_two_jobs"] == 0, schedules
 
     fleet = json_lines(outputs["fleet"])
     check_meta(fleet[0])
