@@ -96,6 +96,39 @@ class Fence:
             Lease.update(expires_at=0.0).where((Lease.name == self.name) & (Lease.holder == self.holder)).execute()
 
 
+class Tenure:
+    """Since when this process has held a lease without a break: what came due before
+    then was missed (nobody ran the loop), what comes due from then on is its own.
+
+    A pass under a new token (a start, a restart, a takeover) or one more than `gap`
+    seconds after the last one (the process was stopped, starved, its host suspended)
+    begins a new tenure at its `now`."""
+
+    def __init__(self, gap: float):
+        self.gap = gap
+        self.token: int | None = None   # None: not holding the lease
+        self.since = 0.0
+        self.last_pass: float | None = None
+        self.paused = 0.0               # after "resumed": how long the process was away
+
+    def begin_pass(self, token: int, now: float) -> str | None:
+        """Note a pass under `token` at `now`: "taken" or "resumed" when it begins a new
+        tenure, else None."""
+        change = None
+        self.paused = 0.0
+        if token != self.token:
+            change = "taken"
+        elif self.last_pass is not None and now - self.last_pass > self.gap:
+            change, self.paused = "resumed", now - self.last_pass
+        if change is not None:
+            self.token, self.since = token, now
+        self.last_pass = now
+        return change
+
+    def lost(self) -> None:
+        """Another process holds the lease (or took it over during a pass)."""
+        self.token = None
+
 
 class LoopThread:
     """Calls `tick(now)` every `interval` seconds in a daemon thread.

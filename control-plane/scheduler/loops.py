@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from corral.shared import server
 from corral.shared.clients import ClientError, RegistryClient
-from corral.shared.leader import Fence, LeaseLost, LoopThread, holder_id
+from corral.shared.leader import Fence, LeaseLost, LoopThread, Tenure, holder_id
 
 from .service import Scheduler
 from .store import Store
@@ -55,43 +55,36 @@ class Background:
         self.next_timeout_check = 0.0
         self.next_purge = 0.0
         self.registry_down_since: float | None = None
-        self.token: int | None = None
-        self.leader_since = 0.0
-        self.last_pass: float | None = None
+        # Agents get a full lease period from the start of the tenure before any node
+        # counts as lost: after a takeover, and after a pause longer than their lease
+        # (their renewals could not land meanwhile either).
+        self.tenure = Tenure(self.settings.heartbeat_timeout_secs)
 
     def tick(self, now: float) -> bool:
         """One pass; returns False when another process holds the lease (or took it
         over during the pass: the rest of the pass is refused by the fence)."""
         token = self.fence.acquire(self.store.db, self.lease_ttl, now)
         if token is None:
-            self.token = None
+            self.tenure.lost()
             return False
         try:
             return self._pass(now, token)
         except LeaseLost as exc:
-            self.token = None
+            self.tenure.lost()
             log.warning("stopped a background pass: %s", exc)
             return False
 
     def _pass(self, now: float, token: int) -> bool:
-        if token != self.token:
-            # Newly in charge (a start, a restart, a takeover): agents get a full
-            # lease period from now before any node counts as lost.
-            self.token = token
-            self.leader_since = now
+        began = self.tenure.begin_pass(token, now)
+        if began == "taken":
             log.info("running the background loops (lease token %d)", token)
-        elif self.last_pass is not None and now - self.last_pass > self.settings.heartbeat_timeout_secs:
-            # This process did not run for longer than a lease (stopped, starved, its
-            # host suspended): the agents' renewals could not land meanwhile either,
-            # so, as after a restart, every node gets a full lease period from now.
-            self.leader_since = now
+        elif began == "resumed":
             log.warning("the background loops did not run for %.1fs; every node gets a full lease period "
-                        "before any counts as lost", now - self.last_pass)
-        self.last_pass = now
+                        "before any counts as lost", self.tenure.paused)
         if now >= self.next_sync:
             self.next_sync = now + self.settings.node_refresh_secs
             self.refresh_nodes(now)
-        for job_id in self.store.requeue_lost(now, self.leader_since):
+        for job_id in self.store.requeue_lost(now, self.tenure.since):
             log.warning("%s: its node stopped renewing its lease; handled per on_node_lost", job_id)
         if now >= self.next_timeout_check:
             self.next_timeout_check = now + self.settings.timeout_check_secs
@@ -109,7 +102,7 @@ class Background:
         waiting job comes due sooner (a run_at, a retry's backoff), so that it is placed
         when it comes due rather than at the next regular pass."""
         interval = self.settings.dispatch_interval_secs
-        if self.token is None:
+        if self.tenure.token is None:
             return interval  # another process runs the passes
         due = self.store.next_due(now)
         return interval if due is None else max(0.0, min(interval, due - now))

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from corral.shared.leader import Fence, LeaseLost, holder_id
+from corral.shared.leader import Fence, LeaseLost, Tenure, holder_id
 
 from .schedules import Schedules
 from .service import Scheduler
@@ -35,27 +35,21 @@ class Firing:
         self.schedules = Schedules(self.store)
         self.scheduler = Scheduler(self.store)
         self.catch_up_max = store.settings.schedule_catch_up_max
-        self.token: int | None = None
-        self.running_since = 0.0   # slots before this were missed
-        self.last_pass: float | None = None
+        self.tenure = Tenure(LEASE_TTL_SECS)  # slots before its start were missed
 
     def tick(self, now: float) -> float:
         """One pass; returns how long to sleep."""
         token = self.fence.acquire(self.store.db, LEASE_TTL_SECS, now)
         if token is None:
-            self.token = None
+            self.tenure.lost()
             return LEASE_TTL_SECS / 4
-        if token != self.token or (self.last_pass is not None and now - self.last_pass > LEASE_TTL_SECS):
-            # Newly in charge, or back from a pause: what came due before now was missed.
-            if token != self.token:
-                log.info("firing schedules (lease token %d)", token)
-            self.token, self.running_since = token, now
-        self.last_pass = now
+        if self.tenure.begin_pass(token, now) == "taken":
+            log.info("firing schedules (lease token %d)", token)
         try:
             created = 0
             for schedule_id in self.schedules.due(now):
                 try:
-                    fired = self.schedules.fire(schedule_id, now, self.running_since, self.catch_up_max)
+                    fired = self.schedules.fire(schedule_id, now, self.tenure.since, self.catch_up_max)
                 except LeaseLost:
                     raise
                 except Exception:  # one schedule's trouble holds up no other; it is tried again next pass
@@ -65,7 +59,7 @@ class Firing:
             if created:
                 self.scheduler.place(now)
         except LeaseLost as exc:
-            self.token = None
+            self.tenure.lost()
             log.warning("stopped firing schedules: %s", exc)
             return LEASE_TTL_SECS / 4
         following = self.schedules.next_slot()

@@ -13,7 +13,7 @@ from corral.scheduler.store import Store
 from corral.scheduler.validation import claim_request, status_report
 from corral.shared.clients import Unreachable
 from corral.shared import server
-from corral.shared.leader import Lease, LeaseLost, LoopThread
+from corral.shared.leader import Lease, LeaseLost, LoopThread, Tenure
 
 from helpers import wait_for
 
@@ -169,7 +169,7 @@ def test_a_new_leader_gives_every_node_a_full_lease_period(database_url):
     # The scheduler was down for a minute; the node renews again soon after it is back.
     restarted = Background(store, FakeRegistry([node("n1")]), "b")
     restarted.tick(T0 + 60)             # the old holder's lease row expired long ago
-    assert restarted.leader_since == T0 + 60
+    assert restarted.tenure.since == T0 + 60
     restarted.tick(T0 + 70)
     assert Job.get_by_id(job.id).status == "running"
     store.renew_lease("n1", T0 + 72)
@@ -205,7 +205,7 @@ def test_a_leader_that_did_not_run_for_a_lease_gives_every_node_a_full_lease_per
     store.renew_lease("n1", T0)
     background.tick(T0 + 1)
     background.tick(T0 + 60)           # stopped for a minute, then running again
-    assert background.leader_since == T0 + 60
+    assert background.tenure.since == T0 + 60
     assert Job.get_by_id(job.id).status == "running"
     for t in range(61, 100, 2):        # the agent's renewals land again soon after
         if t > 61:
@@ -244,7 +244,7 @@ def test_a_worker_told_to_stop_gives_the_lease_up_and_a_stopping_worker_never_ta
             return Lease.get_by_id(loops.LEASE_NAME)
 
     first = loops.run_in_background(store, LoopThread("leader", 0.01, leader.tick), leader.fence)
-    wait_for(lambda: leader.token is not None, message="the leader's first pass")
+    wait_for(lambda: leader.tenure.token is not None, message="the leader's first pass")
     second = loops.run_in_background(store, LoopThread("other", 0.01, other.tick), other.fence)
     assert in_pass.wait(10), "the other worker's pass under way"
     stop_leader, stop_other = told_to_stop
@@ -258,7 +258,7 @@ def test_a_worker_told_to_stop_gives_the_lease_up_and_a_stopping_worker_never_ta
     assert not second.thread.is_alive()
     held = lease()
     assert (held.holder, held.token, held.expires_at) == ("leader", 1, 0.0)  # never taken over
-    assert other.token is None
+    assert other.tenure.token is None
 
 
 def test_a_job_claimed_after_it_was_read_as_stranded_keeps_its_node(store, monkeypatch):
@@ -287,3 +287,15 @@ def test_a_job_claimed_after_it_was_read_as_stranded_keeps_its_node(store, monke
     row = Job.get_by_id(job.id)
     assert (row.status, row.node_id) == ("running", "n1")
     assert not [e for e in store.events(job.job_id) if "unplaced" in e.reason]
+
+
+def test_a_tenure_begins_at_a_new_token_or_after_a_pause_longer_than_its_gap():
+    tenure = Tenure(gap=10)
+    assert tenure.begin_pass(1, T0) == "taken" and tenure.since == T0
+    assert tenure.begin_pass(1, T0 + 10) is None and tenure.since == T0       # a pass exactly a gap later
+    assert tenure.begin_pass(1, T0 + 20.5) == "resumed" and tenure.since == T0 + 20.5
+    assert tenure.paused == 10.5
+    assert tenure.begin_pass(1, T0 + 21) is None and tenure.paused == 0.0
+    tenure.lost()                                                          # another process took over
+    assert tenure.token is None
+    assert tenure.begin_pass(3, T0 + 22) == "taken" and (tenure.token, tenure.since) == (3, T0 + 22)

@@ -224,7 +224,7 @@ def test_a_run_at_with_an_offset_is_the_same_instant(client, store, clock):
 def test_the_background_loop_wakes_when_the_next_job_comes_due(client, store, clock):
     nodes(store, clock, sized("a"))
     background = Background(store, registry=None)
-    background.token = 1  # as the lease holder
+    background.tenure.token = 1  # as the lease holder
     assert background.delay_after(clock.now) == store.settings.dispatch_interval_secs
     submit(client, command="x", delay_secs=0.25)
     assert background.delay_after(clock.now) == pytest.approx(0.25)
