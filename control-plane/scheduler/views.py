@@ -118,11 +118,19 @@ def schedule(row: Schedule, last_run: tuple[ScheduleRun, str | None] | None) -> 
         "name": row.name, "cron": row.cron, "interval_secs": row.interval_secs, "start_at": iso(row.start_at),
         "time_zone": row.time_zone, "job": row.job, "overlap": row.overlap, "catch_up": row.catch_up,
         "enabled": row.enabled, "next_run_at": iso(row.next_run_at),
-        "next_run_local": None if row.next_run_at is None else datetime.datetime.fromtimestamp(
-            row.next_run_at, zoneinfo.ZoneInfo(row.time_zone)).isoformat(),
+        "next_run_local": local_time(row.next_run_at, row.time_zone),
         "last_job_id": None if row.last_job_id is None else f"job-{row.last_job_id}",
         "last_run": None if last_run is None else schedule_run(*last_run),
         "created_at": iso(row.created_at), "updated_at": iso(row.updated_at)})
+
+
+def local_time(ts: float | None, zone: str) -> str | None:
+    """`ts` in `zone` with its offset: to the second for a whole second (a cron slot),
+    else to the millisecond as UTC times are shown."""
+    if ts is None:
+        return None
+    at = datetime.datetime.fromtimestamp(ts, zoneinfo.ZoneInfo(zone))
+    return at.isoformat(timespec="seconds" if ts == int(ts) else "milliseconds")
 
 
 def schedule_run(row: ScheduleRun, status: str | None) -> contract.ScheduleRunAnswer:

@@ -102,3 +102,10 @@ def test_metrics_count_runs_by_outcome_their_lag_and_overdue_slots(client, store
     assert delta("corral_schedule_firing_lag_seconds_bucket", le="0.25") == 1
     assert delta("corral_schedule_firing_lag_seconds_bucket", le="0.1") == 0
     assert after[("corral_schedules_overdue_seconds", ())] == 0.25  # the slot t0+3 is due, not yet fired
+
+
+def test_next_run_local_is_shown_to_the_second_or_to_the_millisecond():
+    from corral.scheduler.views import local_time
+    assert local_time(1_800_000_000.0, "Europe/Berlin") == "2027-01-15T09:00:00+01:00"
+    assert local_time(1_800_000_000.25, "America/New_York") == "2027-01-15T03:00:00.250-05:00"
+    assert local_time(None, "UTC") is None
