@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from corral.shared.backoff import Backoff
 from corral.shared.leader import Fence, LeaseLost, Tenure, holder_id
 
 from .schedules import Schedules
@@ -26,6 +27,9 @@ LEASE_NAME = "scheduler-schedules"
 LEASE_TTL_SECS = 10.0
 # The longest sleep between passes: a new or changed schedule is seen within it.
 SCHEDULE_POLL_SECS = 1.0
+# A schedule that fails to fire (not its template: that is a failed run) is tried
+# again after 1 s, then 2, 4, ... at most this: none of its slots is lost meanwhile.
+FAILING_BACKOFF_CAP_SECS = 60.0
 
 
 class Firing:
@@ -36,6 +40,9 @@ class Firing:
         self.scheduler = Scheduler(self.store)
         self.catch_up_max = store.settings.schedule_catch_up_max
         self.tenure = Tenure(LEASE_TTL_SECS)  # slots before its start were missed
+        # Schedules that failed to fire: when each is tried again, and its backoff.
+        # This process's pacing only; the schedule's slots are in the database.
+        self.failing: dict[int, tuple[float, Backoff]] = {}
 
     def tick(self, now: float) -> float:
         """One pass; returns how long to sleep."""
@@ -48,13 +55,20 @@ class Firing:
         try:
             created = 0
             for schedule_id in self.schedules.due(now):
+                retry_at, backoff = self.failing.get(schedule_id, (now, None))
+                if retry_at > now:
+                    continue
                 try:
                     fired = self.schedules.fire(schedule_id, now, self.tenure.since, self.catch_up_max)
                 except LeaseLost:
                     raise
-                except Exception:  # one schedule's trouble holds up no other; it is tried again next pass
-                    log.exception("firing schedule %d failed; it is tried again at the next pass", schedule_id)
+                except Exception:  # one schedule's trouble holds up no other
+                    backoff = backoff or Backoff(1.0, FAILING_BACKOFF_CAP_SECS)
+                    delay = backoff.next()
+                    self.failing[schedule_id] = (now + delay, backoff)
+                    log.exception("firing schedule %d failed; it is tried again in %.0fs", schedule_id, delay)
                     continue
+                self.failing.pop(schedule_id, None)
                 created += len(fired.created)
             if created:
                 self.scheduler.place(now)

@@ -69,6 +69,13 @@ def test_a_schedule_that_fails_to_fire_holds_up_no_other(store, clock, monkeypat
     firing.tick(t0 + 1.5)
     assert slots_of("fine", t0) == [1.0] and slots_of("broken", t0) == []
     assert "firing schedule" in caplog.text and "the disk is full" in caplog.text
+    assert "tried again in 1s" in caplog.text
+    firing.tick(t0 + 2.5)  # tried again after a second, fails again: then after 2 s
+    assert "tried again in 2s" in caplog.text and slots_of("fine", t0) == [1.0, 2.0]
+    caplog.clear()
+    firing.tick(t0 + 3.5)
+    assert caplog.text == "" and slots_of("fine", t0) == [1.0, 2.0, 3.0]  # not tried: no log line each pass
     monkeypatch.setattr(firing.schedules, "fire", fire)
-    firing.tick(t0 + 2.5)  # tried again: what it missed fired, none lost
-    assert slots_of("broken", t0) == [1.0, 2.0]
+    firing.tick(t0 + 4.5)  # tried again: what it missed fired, none lost
+    assert slots_of("broken", t0) == [1.0, 2.0, 3.0, 4.0]
+    assert firing.failing == {}
