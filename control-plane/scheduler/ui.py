@@ -1,12 +1,12 @@
 """The dashboard at /ui: one page of plain HTML, JavaScript and CSS from static/.
 
 There is no build step: the files are served as they are. The page holds no
-data; its script reads the JSON API (/stats, /nodes, /jobs, ...) from the
-same origin, polling every 1.5 s, so every worker serves it alike. When an API
-call answers 401 the page asks for the operator token, keeps it in the tab's
-sessionStorage and sends it as `Authorization: Bearer ...`; it never puts a
-token into a URL. The job page is a hash route (/ui#/jobs/job-12) of the same
-shell.
+data; its script reads the JSON API (/stats, /nodes, /schedules, /jobs, ...)
+from the same origin, polling every 1.5 s, so every worker serves it alike.
+When an API call answers 401 the page asks for the operator token, keeps it in
+the tab's sessionStorage and sends it as `Authorization: Bearer ...`; it never
+puts a token into a URL. The job page (/ui#/jobs/job-12) and a schedule's page
+(/ui#/schedules/nightly-etl) are hash routes of the same shell.
 """
 import os
 

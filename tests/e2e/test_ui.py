@@ -19,7 +19,9 @@ import tempfile
 import pytest
 import requests
 
+import schedule_support
 from cluster import Cluster, one_node_cluster
+from corral.shared.timeutil import epoch
 from helpers import wait_for
 from paths import REPO
 
@@ -315,6 +317,80 @@ def test_retrying_a_failed_job_from_its_page(browser, ui_cluster, shared_dir):
     assert "second try" in text_of(browser, "#job-stdout")
     assert ui_cluster.job(job["job_id"])["status"] == "done"
     assert page_not_reloaded(browser)
+
+
+# ---- schedules: the list, a schedule's page, a scheduled job ----------------------------
+
+@pytest.mark.e2e
+@needs_browser
+def test_schedules_are_listed_with_their_runs_and_a_scheduled_job_links_to_its_schedule(browser, ui_cluster,
+                                                                                          tmp_path):
+    url = ui_cluster.scheduler_url
+    every, nightly = "ui-every-second", "ui-nightly"
+    schedule_support.create(url, name=every, interval_secs=1, job={"command": "true"})
+    schedule_support.create(url, name=nightly, cron="30 2 * * *", time_zone="Europe/Berlin", enabled=False,
+                            job={"command": "true"})
+    try:
+        open_ui(browser, ui_cluster)
+        mark_page(browser)
+        every_row, nightly_row = (f'#schedules tr[data-schedule="{name}"]' for name in (every, nightly))
+        wait(browser, lambda d: css(d, f"{every_row} .last-run a.run-job") is not None,
+             f"{every} to show its last run's job")
+        assert text_of(browser, f"{every_row} .last-run .status") in ("pending", "running", "done")
+        assert attribute_of(browser, f"{every_row} .last-run a.run-job", "href").split("#")[1].startswith("/jobs/job-")
+        assert text_of(browser, f"{every_row} .when") == "every 1 s"
+        assert text_of(browser, f"{every_row} .enabled") == "yes"
+        assert text_of(browser, f"{every_row} .overlap") == "allow"
+        assert "ago" in text_of(browser, f"{every_row} .last-run")  # its slot
+        assert attribute_of(browser, f"{every_row} .next-run span[title]", "title").endswith("Z")  # UTC as tooltip
+        # Disabled: no next run; never run.
+        assert text_of(browser, f"{nightly_row} .when") == "30 2 * * * (Europe/Berlin)"
+        assert text_of(browser, f"{nightly_row} .enabled") == "no"
+        assert text_of(browser, f"{nightly_row} .next-run") == "—"
+        assert text_of(browser, f"{nightly_row} .last-run") == "—"
+        assert not browser.find_element("id", "schedules-empty").is_displayed()
+        screenshot(browser, tmp_path, "overview-schedules")
+
+        # Its page: the definition and the runs, each slot a second after the one before.
+        browser.find_element("css selector", f"{every_row} .name a").click()
+        wait(browser, lambda d: text_of(d, "#schedule-title") == every, "the schedule page")
+        assert text_of(browser, "#schedule-state") == "enabled"
+        assert text_of(browser, "#schedule-field-interval_secs") == "1"
+        assert text_of(browser, "#schedule-field-overlap") == "allow"
+        assert '"command": "true"' in text_of(browser, "#schedule-field-job")
+        run_rows = "#schedule-runs tbody tr[data-job-id]"
+        wait(browser, lambda d: len(d.find_elements("css selector", run_rows)) >= 3, "three runs with jobs")
+        wait(browser, lambda d: css(d, "#schedule-runs tbody .status.done") is not None, "a run whose job is done")
+        slots = [epoch(row.get_attribute("data-slot")) for row in browser.find_elements("css selector", run_rows)]
+        assert [newer - older for newer, older in zip(slots, slots[1:])] == [1.0] * (len(slots) - 1), slots
+        assert page_not_reloaded(browser)
+        screenshot(browser, tmp_path, "schedule")
+
+        # A run's job: its page names the schedule (a link back) and the slot.
+        run = browser.find_element("css selector", f"{run_rows} a")
+        job_id, slot = run.text, run.find_element("xpath", "ancestor::tr").get_attribute("data-slot")
+        run.click()
+        wait(browser, lambda d: text_of(d, "#job-title") == job_id, "the scheduled job's page")
+        assert text_of(browser, "#sched-schedule") == f"{every}, slot {slot}"
+        assert ui_cluster.job(job_id)["schedule"] == every
+        browser.find_element("css selector", "#sched-schedule a").click()
+        wait(browser, lambda d: text_of(d, "#schedule-title") == every, "back to the schedule page")
+
+        # Disabled, it has no next run; the page follows without a reload.
+        schedule_support.disable(url, every)
+        wait(browser, lambda d: text_of(d, "#schedule-state") == "disabled", "the page to show it disabled")
+        assert text_of(browser, "#schedule-field-next_run_at") == "—"
+        assert page_not_reloaded(browser)
+
+        # A schedule that is not there: the error, as on any page.
+        browser.get(f"{url}/ui#/schedules/no-such-schedule")
+        wait(browser, lambda d: d.find_element("id", "error").is_displayed(), "the error banner")
+        assert "no-such-schedule" in text_of(browser, "#error")
+        assert not browser.find_element("id", "schedule-page").is_displayed()
+    finally:
+        # The jobs it made stay; no more come for the tests after this one.
+        for name in (every, nightly):
+            requests.delete(f"{url}/schedules/{name}", timeout=10)
 
 
 # ---- scheduling: why a job waits, what nodes reserve -------------------------------------

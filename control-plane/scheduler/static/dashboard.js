@@ -2,7 +2,8 @@
 //
 // Everything shown comes from the scheduler's JSON API, polled every POLL_MS
 // (each poll starts when the previous one has finished). Routes live in the URL
-// hash: "#/" (with filters, "#/?status=failed&node_id=n1") and "#/jobs/job-12".
+// hash: "#/" (with filters, "#/?status=failed&node_id=n1"), "#/jobs/job-12" and
+// "#/schedules/nightly-etl" (the name URL-encoded).
 // Data is written with textContent only, never as HTML.
 "use strict";
 
@@ -123,6 +124,11 @@
     return span;
   }
 
+  // An instant as the API gives it (UTC), then how far off it is: "2026-12-24T01:30:00.000Z (in 3h)".
+  function whenText(iso) {
+    return iso ? `${iso} (${ago(iso)})` : null;
+  }
+
   // ---- scheduling: reasons, constraints, resources -------------------------------
 
   function number(n) {
@@ -182,7 +188,7 @@
   // One detail of a pending reason, as text or a node (a job it waits for links to that job).
   function reasonDetail(name, value) {
     if (name === "job_id") return link("#/jobs/" + value, value);
-    if (name === "until") return `${value} (${ago(value)})`;
+    if (name === "until") return whenText(value);
     if (name === "constraint") return constraintText(value);
     if (name === "constraints") return value.map(constraintText).join("; ");
     if (Array.isArray(value)) return value.join(", ");
@@ -204,6 +210,13 @@
     live.classList.toggle("down", !ok);
     live.textContent = ok ? `live · updated ${new Date().toLocaleTimeString()}` : message;
     $("forget-token").hidden = !sessionStorage.getItem(TOKEN_KEY) || waitingForToken;
+  }
+
+  // One page of the shell at a time; none while a new route's data is on its way.
+  const PAGES = ["overview", "job-page", "schedule-page"];
+
+  function showPage(id) {
+    for (const page of PAGES) $(page).hidden = page !== id;
   }
 
   function showError(message) {
@@ -231,6 +244,8 @@
     const hash = window.location.hash.replace(/^#/, "") || "/";
     const job = hash.match(/^\/jobs\/(job-[0-9]+)$/);
     if (job) return {page: "job", jobId: job[1]};
+    const schedule = hash.match(/^\/schedules\/([^/?]+)$/);
+    if (schedule) return {page: "schedule", name: decoded(schedule[1])};
     const query = hash.includes("?") ? hash.slice(hash.indexOf("?") + 1) : "";
     const params = new URLSearchParams(query);
     return {
@@ -240,6 +255,18 @@
     };
   }
 
+  function decoded(part) {
+    try {
+      return decodeURIComponent(part);
+    } catch (err) {
+      return part;  // not valid percent-encoding: the API says whether such a schedule exists
+    }
+  }
+
+  function scheduleHash(name) {
+    return "#/schedules/" + encodeURIComponent(name);
+  }
+
   function overviewHash(filters) {
     const params = new URLSearchParams();
     for (const [name, value] of Object.entries(filters)) if (value) params.set(name, value);
@@ -247,20 +274,20 @@
     return query ? "#/?" + query : "#/";
   }
 
-  // ---- the overview: counts, nodes, jobs ------------------------------------------
+  // ---- the overview: counts, nodes, schedules, jobs --------------------------------
 
   async function loadOverview(filters) {
     // Newest first. `order=desc` also keeps node + pending filters off the agents' poll,
     // which answers only as many jobs as the node has free slots.
     const params = new URLSearchParams({order: "desc", limit: String(PAGE)});
     for (const [name, value] of Object.entries(filters)) if (value) params.set(name, value);
-    const [stats, nodes, jobs] = await Promise.all([api("stats"), api("nodes"), api("jobs?" + params)]);
-    return {stats, nodes, jobs};
+    const [stats, nodes, schedules, jobs] = await Promise.all([api("stats"), api("nodes"), api("schedules"),
+                                                              api("jobs?" + params)]);
+    return {stats, nodes, schedules, jobs};
   }
 
-  function drawOverview(filters, {stats, nodes, jobs}) {
-    $("overview").hidden = false;
-    $("job-page").hidden = true;
+  function drawOverview(filters, {stats, nodes, schedules, jobs}) {
+    showPage("overview");
 
     const counts = $("counts");
     const total = STATUSES.reduce((sum, status) => sum + (stats.jobs[status] || 0), 0);
@@ -286,6 +313,8 @@
     }));
     $("nodes-empty").hidden = nodes.length > 0;
 
+    drawSchedules(schedules);
+
     setOptions($("filter-status"), [["", "any"], ...STATUSES.map((s) => [s, s])], filters.status);
     const nodeIds = nodes.map((node) => node.node_id);
     if (filters.node_id && !nodeIds.includes(filters.node_id)) nodeIds.push(filters.node_id);
@@ -307,6 +336,85 @@
     }));
     $("jobs-empty").hidden = jobs.length > 0;
     $("jobs-note").textContent = jobs.length === PAGE ? `the newest ${PAGE} shown` : "";
+  }
+
+  // ---- schedules ------------------------------------------------------------------
+
+  // "30 2 * * * (Europe/Berlin)" or "every 60 s".
+  function scheduleWhen(schedule) {
+    return schedule.cron ? `${schedule.cron} (${schedule.time_zone})` : `every ${number(schedule.interval_secs)} s`;
+  }
+
+  // A run's job as a link: its status as a badge, or its id when the job is gone (retention).
+  function runJobLink(run) {
+    const a = link("#/jobs/" + run.job_id, run.status ? null : run.job_id);
+    if (run.status) a.append(badge(run.status));
+    a.className = "run-job";
+    return a;
+  }
+
+  // Relative, with the UTC instant as its tooltip; under it the same time in the schedule's zone.
+  function nextRunCell(schedule) {
+    if (!schedule.enabled || !schedule.next_run_at) return null;
+    const cell = el("span");
+    cell.append(timeCell(schedule.next_run_at), el("span", schedule.next_run_local, "local-time"));
+    return cell;
+  }
+
+  // The latest slot, then the job's status (a link to the job) or why the slot made none.
+  function lastRunCell(run) {
+    if (!run) return null;
+    const cell = el("span");
+    cell.append(timeCell(run.slot), " ", run.job_id ? runJobLink(run) : el("span", run.skipped, "skipped"));
+    return cell;
+  }
+
+  function drawSchedules(schedules) {
+    $("schedules").tBodies[0].replaceChildren(...schedules.map((schedule) => {
+      const tr = row([link(scheduleHash(schedule.name), schedule.name), scheduleWhen(schedule),
+                      schedule.enabled ? "yes" : "no", nextRunCell(schedule), lastRunCell(schedule.last_run),
+                      schedule.overlap]);
+      ["name", "when", "enabled", "next-run", "last-run", "overlap"].forEach((name, i) => {
+        tr.cells[i].className = name;
+      });
+      tr.dataset.schedule = schedule.name;
+      return tr;
+    }));
+    $("schedules-empty").hidden = schedules.length > 0;
+  }
+
+  async function loadSchedule(name) {
+    const path = "schedules/" + encodeURIComponent(name);
+    const [schedule, runs] = await Promise.all([api(path), api(path + "/runs?limit=100")]);
+    return {schedule, runs};
+  }
+
+  function drawSchedule({schedule, runs}) {
+    showPage("schedule-page");
+    const state = schedule.enabled ? "enabled" : "disabled";
+    $("schedule-title").textContent = schedule.name;
+    $("schedule-state").textContent = state;
+    $("schedule-state").className = "status " + state;
+    document.title = `${schedule.name} (${state}) · Corral`;
+
+    const timing = schedule.cron ? [["cron", schedule.cron]]
+      : [["interval_secs", schedule.interval_secs], ["start_at", schedule.start_at]];
+    definitions($("schedule-fields"), [
+      ...timing, ["time_zone", schedule.time_zone], ["overlap", schedule.overlap], ["catch_up", schedule.catch_up],
+      ["next_run_at", whenText(schedule.next_run_at)], ["next_run_local", schedule.next_run_local],
+      ["created_at", schedule.created_at], ["updated_at", schedule.updated_at],
+      ["job", JSON.stringify(schedule.job, null, 2)],
+    ], "schedule-field-");
+
+    $("schedule-runs").tBodies[0].replaceChildren(...runs.map((run) => {
+      const tr = row([whenText(run.slot), run.job_id ? link("#/jobs/" + run.job_id, run.job_id) : null,
+                      run.status ? badge(run.status) : null, run.skipped]);
+      tr.dataset.slot = run.slot;
+      if (run.job_id) tr.dataset.jobId = run.job_id;
+      tr.cells[3].className = "skipped";
+      return tr;
+    }));
+    $("schedule-runs-empty").hidden = runs.length > 0;
   }
 
   for (const [id, name] of [["filter-status", "status"], ["filter-node", "node_id"], ["filter-type", "job_type"],
@@ -377,10 +485,11 @@
       : null;
     definitions($("job-scheduling"), [
       ["priority", job.priority], ["pool", job.pool || "any"], ["constraints", constraints],
-      ["run_at", job.run_at ? `${job.run_at} (${ago(job.run_at)})` : null],
+      ["run_at", whenText(job.run_at)],
       ["depends_on", dependsOn(job)],
       ["array", job.array_id ? `${job.array_id}, index ${job.array_index}` : null],
       ["concurrency_key", job.concurrency_key],
+      ["schedule", scheduledBy(job)],
       ["reserved", job.reserved ? resourcesText(job.reserved)
         : job.status === "pending" ? "nothing (not placed)" : "nothing"],
     ], "sched-");
@@ -399,6 +508,14 @@
     return span;
   }
 
+  // The schedule whose slot made the job: its name, a link to its page, and the slot.
+  function scheduledBy(job) {
+    if (!job.schedule) return null;
+    const span = el("span");
+    span.append(link(scheduleHash(job.schedule), job.schedule), `, slot ${job.slot}`);
+    return span;
+  }
+
   function fieldText(value) {
     if (value === null || value === undefined) return "—";
     if (typeof value === "object") return JSON.stringify(value);
@@ -414,8 +531,7 @@
   }
 
   function drawJob({job, events, why}) {
-    $("overview").hidden = true;
-    $("job-page").hidden = false;
+    showPage("job-page");
     $("job-title").textContent = job.job_id;
     const status = $("job-status");
     status.textContent = job.status;
@@ -459,6 +575,13 @@
 
   // ---- the poll loop -----------------------------------------------------------------
 
+  // Each page of route(): what it reads from the API, and how it shows that.
+  const VIEWS = {
+    overview: {load: (r) => loadOverview(r.filters), draw: (r, data) => drawOverview(r.filters, data)},
+    job: {load: (r) => loadJob(r.jobId), draw: (r, data) => drawJob(data)},
+    schedule: {load: (r) => loadSchedule(r.name), draw: (r, data) => drawSchedule(data)},
+  };
+
   let timer = null;
   let generation = 0;   // a newer poll (a route change) makes an older one's answer stale
 
@@ -470,15 +593,10 @@
     if (document.visibilityState !== "hidden") {
       const current = route();
       try {
-        if (current.page === "job") {
-          const data = await loadJob(current.jobId);
-          if (mine !== generation) return;
-          drawJob(data);
-        } else {
-          const data = await loadOverview(current.filters);
-          if (mine !== generation) return;
-          drawOverview(current.filters, data);
-        }
+        const view = VIEWS[current.page];
+        const data = await view.load(current);
+        if (mine !== generation) return;
+        view.draw(current, data);
         showError("");
         setLive(true);
       } catch (err) {
@@ -494,7 +612,7 @@
 
   window.addEventListener("hashchange", () => {
     $("action-result").textContent = "";
-    $("overview").hidden = $("job-page").hidden = true;  // until the new page's data is in
+    showPage(null);  // until the new page's data is in
     poll();
   });
   document.addEventListener("visibilitychange", () => {
