@@ -390,7 +390,7 @@ def test_schedules_are_listed_with_their_runs_and_a_scheduled_job_links_to_its_s
     finally:
         # The jobs it made stay; no more come for the tests after this one.
         for name in (every, nightly):
-            requests.delete(f"{url}/schedules/{name}", timeout=10)
+            requests.delete(f"{url}/schedules/{name}", headers={"Content-Type": "application/json"}, timeout=10)
 
 
 # ---- scheduling: why a job waits, what nodes reserve -------------------------------------
