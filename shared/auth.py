@@ -10,7 +10,8 @@ every request against it. Deny by default:
   `/openapi.json`, the dashboard's static files) needs a valid credential of a
   role the route allows: none or a wrong one is 401 (`WWW-Authenticate: Bearer`),
   a valid one of another role is 403. A route missing from the table is
-  operator-only.
+  operator-only. The optional read-only token (`CORRAL_READ_TOKEN`) is let
+  through reads only (`readable`, `READ`), and sees no env var values.
 
 A node's credential names its node. Where a route's node is in its path or
 query string the check compares it here; where it is in the body (reports,
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 
 from flask import g, request
 
-from .credentials import AGENT_ROLE, OPERATOR_ROLE, Credentials
+from .credentials import AGENT_ROLE, OPERATOR_ROLE, READER_ROLE, Credentials
 from .errors import Forbidden
 from .http import error_response
 from .settings import Setting
@@ -53,8 +54,17 @@ class Access:
 
 OPEN = Access(frozenset())
 OPERATOR = Access(frozenset({OPERATOR_ROLE}))
-# Reads both roles may make (the node list, services).
-EITHER = Access(frozenset({OPERATOR_ROLE, AGENT_ROLE}))
+
+
+def readable(access: Access) -> Access:
+    """`access`, and the read-only token too: for routes that read and change nothing."""
+    return Access(access.roles | {READER_ROLE}, access.node)
+
+
+# Reads the operator and the read-only token may make.
+READ = readable(OPERATOR)
+# Reads every role may make (the node list, services).
+EITHER = readable(Access(frozenset({OPERATOR_ROLE, AGENT_ROLE})))
 
 
 def agent(node: str) -> Access:
@@ -67,7 +77,8 @@ def either(node: str) -> Access:
     return Access(frozenset({OPERATOR_ROLE, AGENT_ROLE}), node)
 
 
-ROLE_NAMES = {OPERATOR_ROLE: "the operator token", AGENT_ROLE: "a node credential (CORRAL_NODE_TOKEN)"}
+ROLE_NAMES = {OPERATOR_ROLE: "the operator token", AGENT_ROLE: "a node credential (CORRAL_NODE_TOKEN)",
+              READER_ROLE: "the read-only token (CORRAL_READ_TOKEN)"}
 
 
 INSECURE = Setting("CORRAL_INSECURE", "insecure", "bool", False,
@@ -139,6 +150,11 @@ def require_node(node_id) -> None:
 def calling_node() -> str | None:
     """The node whose credential made this request (None: an operator, or no tokens)."""
     return g.get("corral_node")
+
+
+def read_only() -> bool:
+    """The request came with the read-only token: it sees no secrets (env var values)."""
+    return g.get("corral_role") == READER_ROLE
 
 
 # ---- listening addresses -----------------------------------------------------------------

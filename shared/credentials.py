@@ -41,6 +41,9 @@ from .validate import NAME_RE
 
 OPERATOR_ROLE = "operator"
 AGENT_ROLE = "agent"
+# Optional: reads only (lists, jobs, the event stream, discovery), for Prometheus and
+# dashboards, so that they need not hold the operator token.
+READER_ROLE = "reader"
 MIN_SECRET_CHARS = 16
 _MAC_RE = re.compile(r"^[0-9a-f]{64}\Z")
 
@@ -73,11 +76,13 @@ class Caller:
 @dataclass(frozen=True)
 class Credentials:
     """The servers' credentials. All None: the tokenless local mode (everything open,
-    loopback only). Otherwise `operator` and `agent_secret` are both set."""
+    loopback only). Otherwise `operator` and `agent_secret` are both set, and
+    `reader` may be."""
 
     operator: str | None = field(default=None, repr=False)
     agent_secret: str | None = field(default=None, repr=False)
     previous_secret: str | None = field(default=None, repr=False)
+    reader: str | None = field(default=None, repr=False)
 
     @property
     def enabled(self) -> bool:
@@ -90,6 +95,7 @@ class Credentials:
         """The caller a bearer token stands for, or None when it is not valid."""
         given = presented.encode("utf-8", "surrogateescape")
         operator = self.operator is not None and hmac.compare_digest(given, self.operator.encode())
+        reader = self.reader is not None and hmac.compare_digest(given, self.reader.encode())
         node_id = token_node(presented) if given.isascii() else None
         node = False
         if node_id is not None:
@@ -101,6 +107,8 @@ class Credentials:
             return Caller(OPERATOR_ROLE)
         if node:
             return Caller(AGENT_ROLE, node_id)
+        if reader:
+            return Caller(READER_ROLE)
         return None
 
     def node_token(self, node_id: str) -> str:
@@ -134,6 +142,10 @@ def server_credentials(env: Mapping[str, str]) -> Credentials:
     a role open or let one credential stand for another."""
     tokens = read_all(TOKENS, env)
     operator, agent, previous = tokens["operator"], tokens["agent_secret"], tokens["previous_secret"]
+    reader = tokens["reader"]
+    if reader is not None and operator is None:
+        raise SettingError("CORRAL_READ_TOKEN needs CORRAL_API_TOKEN and CORRAL_AGENT_TOKEN: without them "
+                           "every route is open and a read-only token means nothing")
     if operator is not None and agent is None:
         raise SettingError("CORRAL_API_TOKEN is set but CORRAL_AGENT_TOKEN is not: set both (the agents' "
                            "routes would be open to anyone) or neither (loopback only)")
@@ -144,6 +156,8 @@ def server_credentials(env: Mapping[str, str]) -> Credentials:
         raise SettingError("CORRAL_AGENT_TOKEN_PREVIOUS needs CORRAL_AGENT_TOKEN (the current secret)")
     if operator is not None and operator in (agent, previous):
         raise SettingError("CORRAL_API_TOKEN and the agent secret (CORRAL_AGENT_TOKEN, _PREVIOUS) must differ")
+    if reader is not None and reader in (operator, agent, previous):
+        raise SettingError("CORRAL_READ_TOKEN must differ from CORRAL_API_TOKEN and the agent secret")
     return Credentials(**tokens)
 
 
@@ -166,5 +180,9 @@ TOKENS = (
             "node credentials are derived from it", parse=_secret, form=_SECRET_FORM),
     Setting("CORRAL_AGENT_TOKEN_PREVIOUS", "previous_secret", "text", None,
             "the previous agent secret, during a rotation: its node credentials stay valid",
+            parse=_secret, form=_SECRET_FORM),
+    Setting("CORRAL_READ_TOKEN", "reader", "text", None,
+            "an optional read-only bearer token (lists, job reads, service discovery; nothing that changes "
+            "anything) for Prometheus and dashboards; needs both tokens above",
             parse=_secret, form=_SECRET_FORM),
 )

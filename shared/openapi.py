@@ -24,8 +24,9 @@ REF_TEMPLATE = "#/components/schemas/{model}"
 # credential (`<node_id>.<hex HMAC>`) for the agents' routes. Without tokens (a server
 # on loopback only) none is checked: hence the empty alternative.
 SECURITY_SCHEMES = {"bearer": {"type": "http", "scheme": "bearer",
-                               "description": "CORRAL_API_TOKEN (operators) or a node's CORRAL_NODE_TOKEN "
-                                              "(agents, for their own node only)."}}
+                               "description": "CORRAL_API_TOKEN (operators), a node's CORRAL_NODE_TOKEN "
+                                              "(agents, for their own node only) or CORRAL_READ_TOKEN "
+                                              "(reads only)."}}
 SECURITY = [{"bearer": []}, {}]
 
 

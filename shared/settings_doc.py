@@ -18,6 +18,7 @@ import click
 
 from corral.agent import settings as agent
 from corral.cli.main import cli
+from corral.registry import settings as registry
 from corral.scheduler import settings as scheduler
 
 from . import server_settings
@@ -83,8 +84,9 @@ def sections() -> tuple[Section, ...]:
     return (
         Section("All processes", "Read by the registry, the scheduler and the agent.", COMMON),
         Section("Registry and scheduler", "Read by both servers; give both the same values unless said "
-                "otherwise. The registry reads these and those of all processes only.",
+                "otherwise. The registry reads these, those of all processes and its own below.",
                 server_settings.SERVERS, DURABILITY),
+        Section("Registry (`corral-registry`)", "Besides those of both servers.", registry.SETTINGS),
         Section("Scheduler (`corral-scheduler`)", "Besides those of both servers.", scheduler.SETTINGS),
         Section("Scheduler: SQS and SNS", "Off while `SQS_URL` and `SNS_TOPIC_ARN` are unset; "
                 "[sqs-sns.md](sqs-sns.md) describes both.", scheduler.AWS,
@@ -102,7 +104,7 @@ def sections() -> tuple[Section, ...]:
 def read_by(process: str) -> tuple[Setting, ...]:
     """Every setting `process` ("registry", "scheduler" or "agent") reads."""
     servers = COMMON + server_settings.SERVERS
-    return {"registry": servers,
+    return {"registry": servers + registry.SETTINGS,
             "scheduler": servers + scheduler.SETTINGS + scheduler.AWS,
             "agent": COMMON + tuple(s for s in agent.SETTINGS if s not in COMMON)}[process]
 

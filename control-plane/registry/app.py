@@ -15,7 +15,7 @@ from corral.shared.http import base_app, query_choice, read_json_object, serve_o
 from corral.shared.metrics import serve_metrics
 from corral.shared.timeutil import iso
 
-from . import contract, metrics, openapi
+from . import contract, discovery, metrics, openapi
 from .migrations import MIGRATIONS
 from .models import Node, Service, database
 from .settings import RegistrySettings
@@ -34,6 +34,8 @@ ACCESS = {
     "list_nodes": auth.EITHER,
     "read_node": auth.EITHER,
     "list_services": auth.EITHER,
+    "sd_services": auth.READ,
+    "sd_nodes": auth.READ,
     "drain": auth.OPERATOR,
     "undrain": auth.OPERATOR,
     "deregister_node": auth.OPERATOR,
@@ -262,6 +264,28 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
             if request.args.get(name):
                 query = query.where(getattr(Service, name) == request.args[name])
         return respond([service_view(s, s.node_id in healthy_nodes) for s in query], of=list[contract.Service])
+
+    # ---- Prometheus HTTP service discovery (discovery.py) ----------------------
+
+    def node_meta(node: Node) -> dict[str, str]:
+        return discovery.node_labels(node.node_id, node.kind, node.drained, node.labels or {})
+
+    @app.get("/sd/prometheus/services")
+    def sd_services():
+        """The service jobs whose last check passed, on healthy nodes."""
+        nodes = {n.node_id: n for n in Node.select().where(Node.last_heartbeat >= liveness.cutoff(clock()))}
+        query = Service.select().where((Service.healthy == True)  # noqa: E712 (peewee expression)
+                                       & Service.node_id.in_(list(nodes))).order_by(Service.name, Service.job_id)
+        groups = [discovery.service_group(s.job_id, s.name, s.address, s.port, s.attempt, node_meta(nodes[s.node_id]))
+                  for s in query]
+        return respond([contract.TargetGroup.model_validate(g) for g in groups], of=list[contract.TargetGroup])
+
+    @app.get("/sd/prometheus/nodes")
+    def sd_nodes():
+        """The healthy nodes (drained ones too: they still run, and export), at SD_NODE_PORT."""
+        query = Node.select().where(Node.last_heartbeat >= liveness.cutoff(clock())).order_by(Node.node_id)
+        groups = [discovery.node_group(n.address, settings.sd_node_port, node_meta(n)) for n in query]
+        return respond([contract.TargetGroup.model_validate(g) for g in groups], of=list[contract.TargetGroup])
 
     @app.delete("/services/<job_id>")
     def remove_service(job_id):

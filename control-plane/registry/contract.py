@@ -181,3 +181,12 @@ class Service(Answer):
     checked_at: Timestamp | None
     """When `healthy` was last reported."""
     registered_at: Timestamp
+
+
+class TargetGroup(Answer):
+    """A Prometheus HTTP service-discovery target group."""
+
+    targets: list[str] = Field(examples=[["10.0.0.7:8080"]])
+    """host:port to scrape."""
+    labels: dict[str, str] = Field(examples=[{"__meta_corral_node_id": "node-7", "__meta_corral_label_zone": "a"}])
+    """What Corral knows of the target, as `__meta_corral_*` labels for relabelling."""

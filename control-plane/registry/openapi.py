@@ -97,6 +97,27 @@ PATHS = {
             "responses": {"200": _json(contract.Node, "The node, no longer drained."), "404": _error("NotFound")},
         },
     },
+    "/sd/prometheus/services": {
+        "get": {
+            "operationId": "discoverServices", "tags": ["discovery"],
+            "summary": "Prometheus HTTP service discovery: the healthy service jobs.",
+            "description": "For `http_sd_configs`. The services whose last check passed, on healthy nodes, each as a "
+                           "target group (`address:port`) with `__meta_corral_*` labels: service, job_id, attempt, "
+                           "node_id, node_kind, node_drained and the node's labels (`__meta_corral_label_<name>`). "
+                           "The read-only token (`CORRAL_READ_TOKEN`) may read it.",
+            "responses": {"200": _json(list[contract.TargetGroup], "The target groups.")},
+        },
+    },
+    "/sd/prometheus/nodes": {
+        "get": {
+            "operationId": "discoverNodes", "tags": ["discovery"],
+            "summary": "Prometheus HTTP service discovery: the healthy nodes.",
+            "description": "For `http_sd_configs`. Every healthy node (drained ones too) as a target group at "
+                           "`address:SD_NODE_PORT` (9100, node_exporter's, by default), with `__meta_corral_*` "
+                           "labels: node_id, node_kind, node_drained and the node's labels.",
+            "responses": {"200": _json(list[contract.TargetGroup], "The target groups.")},
+        },
+    },
     "/services": {
         "post": {
             "operationId": "registerService", "tags": ["services"], "summary": "Record a running service job.",
@@ -152,6 +173,7 @@ DOCUMENT = build(
     tags=[
         {"name": "nodes", "description": "Compute (and other) nodes, kept alive by heartbeats."},
         {"name": "services", "description": "Running service jobs, for load balancers."},
+        {"name": "discovery", "description": "Prometheus HTTP service discovery of services and nodes."},
         {"name": "meta", "description": "Health and this document."},
     ],
     paths=PATHS,

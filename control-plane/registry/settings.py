@@ -1,5 +1,5 @@
-"""Registry settings, read from the environment. The registry reads only settings it
-shares with the scheduler (shared/server_settings.py); docs/settings.md lists them."""
+"""Registry settings, read from the environment: those it shares with the scheduler
+(shared/server_settings.py) and its own (SETTINGS); docs/settings.md lists them."""
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -8,6 +8,14 @@ from corral.shared.db import DatabaseOptions
 from corral.shared.credentials import Credentials
 from corral.shared.http import DEFAULT_MAX_BODY_BYTES
 from corral.shared.server_settings import server_fields
+from corral.shared.settings import Setting, read_all
+
+SD_NODE_PORT = Setting(
+    "SD_NODE_PORT", "sd_node_port", "int", 9100,
+    "the port of the nodes' targets in the Prometheus discovery document `GET /sd/prometheus/nodes` "
+    "(node_exporter's by default)", minimum=1, maximum=65535)
+# The registry's own settings, besides those of both servers.
+SETTINGS = (SD_NODE_PORT,)
 
 
 @dataclass(frozen=True)
@@ -22,7 +30,8 @@ class RegistrySettings:
     credentials: Credentials = Credentials()
     # CORRAL_ALLOWED_HOSTS: Host names a loopback-only server accepts besides loopback ones.
     allowed_hosts: frozenset[str] = frozenset()
+    sd_node_port: int = 9100
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "RegistrySettings":
-        return cls(**server_fields(env, "registry.db"))
+        return cls(**server_fields(env, "registry.db"), **read_all(SETTINGS, env))

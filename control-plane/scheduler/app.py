@@ -39,27 +39,28 @@ MAX_PAGE = 1000
 
 # Who may call each route (shared/auth.py); a route missing here is operator-only.
 # Agents: claims, leases, reports, live output and the original design's poll, each
-# for the node of their credential only.
+# for the node of their credential only. The read-only token: every read (READ),
+# with env var values hidden.
 ACCESS = {
-    "stats": auth.OPERATOR,
-    "list_nodes": auth.OPERATOR,
+    "stats": auth.READ,
+    "list_nodes": auth.READ,
     "submit": auth.OPERATOR,
     "submit_batch": auth.OPERATOR,
-    "list_jobs": auth.either(auth.NODE_IN_QUERY),
-    "read_job": auth.OPERATOR,
-    "why_it_waits": auth.OPERATOR,
-    "read_array": auth.OPERATOR,
+    "list_jobs": auth.readable(auth.either(auth.NODE_IN_QUERY)),
+    "read_job": auth.READ,
+    "why_it_waits": auth.READ,
+    "read_array": auth.READ,
     "cancel_array": auth.OPERATOR,
-    "list_schedules": auth.OPERATOR,
+    "list_schedules": auth.READ,
     "create_schedule": auth.OPERATOR,
-    "read_schedule": auth.OPERATOR,
+    "read_schedule": auth.READ,
     "change_schedule": auth.OPERATOR,
     "delete_schedule": auth.OPERATOR,
-    "schedule_runs": auth.OPERATOR,
-    "list_concurrency": auth.OPERATOR,
+    "schedule_runs": auth.READ,
+    "list_concurrency": auth.READ,
     "set_concurrency": auth.OPERATOR,
     "remove_concurrency": auth.OPERATOR,
-    "job_events": auth.OPERATOR,
+    "job_events": auth.READ,
     "cancel": auth.OPERATOR,
     "retry": auth.OPERATOR,
     "claim": auth.agent(auth.NODE_IN_PATH),
@@ -191,7 +192,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
             app.extensions["corral.sns_outbox"] = sns_outbox.start(store, clock)
 
     def job_view(job) -> contract.Job:
-        return views.job(job, settings, clock())
+        return views.job(job, settings, clock(), hide_env=auth.read_only())
 
     jobs_answer = list[contract.Job]
 
@@ -281,7 +282,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
 
     def schedule_answers(rows: list) -> list[contract.ScheduleAnswer]:
         last = schedules.last_runs(rows)
-        return [views.schedule(row, last.get(row.id)) for row in rows]
+        return [views.schedule(row, last.get(row.id), auth.read_only()) for row in rows]
 
     @app.get("/schedules")
     def list_schedules():

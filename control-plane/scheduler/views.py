@@ -14,8 +14,19 @@ from .placement import NodeInfo
 from .settings import SchedulerSettings
 
 
-def job(row: Job, settings: SchedulerSettings, now: float, service_grant: str | None = None) -> contract.Job:
-    """A job as the API shows it at `now`; a node's agent gets the job's `service_grant` too."""
+# What the read-only token sees of an env var's value: variables often carry secrets.
+HIDDEN = "(hidden)"
+
+
+def hidden(env: dict | None) -> dict:
+    """Env vars with their values hidden, their names kept."""
+    return {name: HIDDEN for name in env or {}}
+
+
+def job(row: Job, settings: SchedulerSettings, now: float, service_grant: str | None = None,
+        hide_env: bool = False) -> contract.Job:
+    """A job as the API shows it at `now`; a node's agent gets the job's `service_grant`
+    too; with `hide_env` (the read-only token) its env var values are hidden."""
     # The row's values read from its data dict, as each field's descriptor would
     # (absent: None): a batch answers 500 of these, and the 36 descriptor calls
     # each were a fifth of a batch's CPU.
@@ -26,7 +37,8 @@ def job(row: Job, settings: SchedulerSettings, now: float, service_grant: str | 
         "job_id": row.job_id, "name": d("name"), "node_id": node_id, "instance_id": d("instance_id"),
         "command": d("command"), "deploy_url": d("deploy_url"), "deploy_sha256": d("deploy_sha256"),
         "job_type": job_type, "port": d("port"), "health_path": d("health_path"),
-        "env_vars": d("env_vars") or {}, "memory_mb": d("memory_mb"), "cpu_percent": d("cpu_percent"),
+        "env_vars": hidden(d("env_vars")) if hide_env else d("env_vars") or {},
+        "memory_mb": d("memory_mb"), "cpu_percent": d("cpu_percent"),
         "max_processes": d("max_processes"),
         "status": status, "attempt": d("attempt"), "retry_count": d("retry_count"),
         "max_retries": d("max_retries"), "next_attempt_at": iso(d("next_attempt_at")),
@@ -113,10 +125,13 @@ def array_summary(array: JobArray, first: int, last: int, counts: dict[str, int]
         "jobs": {status: counts.get(status, 0) for status in ALL}})
 
 
-def schedule(row: Schedule, last_run: tuple[ScheduleRun, str | None] | None) -> contract.ScheduleAnswer:
+def schedule(row: Schedule, last_run: tuple[ScheduleRun, str | None] | None,
+             hide_env: bool = False) -> contract.ScheduleAnswer:
+    template = dict(row.job, env_vars=hidden(row.job.get("env_vars"))) if hide_env and row.job.get("env_vars") \
+        else row.job
     return contract.ScheduleAnswer.model_validate({
         "name": row.name, "cron": row.cron, "interval_secs": row.interval_secs, "start_at": iso(row.start_at),
-        "time_zone": row.time_zone, "job": row.job, "overlap": row.overlap, "catch_up": row.catch_up,
+        "time_zone": row.time_zone, "job": template, "overlap": row.overlap, "catch_up": row.catch_up,
         "enabled": row.enabled, "next_run_at": iso(row.next_run_at),
         "next_run_local": local_time(row.next_run_at, row.time_zone),
         "last_job_id": None if row.last_job_id is None else f"job-{row.last_job_id}",

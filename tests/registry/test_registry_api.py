@@ -251,6 +251,43 @@ def test_a_service_of_a_lost_or_unknown_node_is_not_listed_healthy(client, clock
     assert healthy() == ["job-1", "job-2"]
 
 
+def test_prometheus_discovery_lists_the_healthy_services_and_nodes_with_their_labels(database_url, clock):
+    settings = RegistrySettings(database_url=database_url, heartbeat_timeout_secs=20, sd_node_port=9200)
+    client = create_app(settings, clock=clock).test_client()
+    labels = {"zone": "a", "gpu.model": "a100", "9lives": "x", "gpu_model": "shadowed"}
+    client.post("/nodes", json=dict(NODE, labels=labels))
+    client.post("/nodes", json=dict(NODE, node_id="node-2", address="fd00::2", labels={}))
+    client.post("/nodes/node-2/drain", json={})
+    client.post("/nodes", json=dict(NODE, node_id="node-3", address="10.0.0.9"))
+    for job_id, node_id, healthy in (("job-1", "node-1", True), ("job-2", "node-2", True),
+                                     ("job-3", "node-1", False), ("job-4", "node-3", True),
+                                     ("job-5", "node-gone", True)):
+        client.post("/services", json={"job_id": job_id, "name": "web", "node_id": node_id, "address": "10.0.0.5",
+                                       "port": 8080, "healthy": healthy, "attempt": 2})
+    clock.now += 15
+    for node_id in ("node-1", "node-2"):
+        client.post(f"/nodes/{node_id}/heartbeat", json={})
+    clock.now += 10  # node-3 is silent past the timeout
+
+    services = client.get("/sd/prometheus/services")
+    assert services.status_code == 200 and services.mimetype == "application/json"
+    node_1 = {"__meta_corral_node_id": "node-1", "__meta_corral_node_kind": "compute",
+              "__meta_corral_node_drained": "false", "__meta_corral_label_zone": "a",
+              "__meta_corral_label_gpu_model": "a100", "__meta_corral_label_9lives": "x"}
+    node_2 = {"__meta_corral_node_id": "node-2", "__meta_corral_node_kind": "compute",
+              "__meta_corral_node_drained": "true"}
+    assert services.json == [  # only checked-healthy services on healthy nodes
+        {"targets": ["10.0.0.5:8080"], "labels": {"__meta_corral_service": "web", "__meta_corral_job_id": "job-1",
+                                                  "__meta_corral_attempt": "2", **node_1}},
+        {"targets": ["10.0.0.5:8080"], "labels": {"__meta_corral_service": "web", "__meta_corral_job_id": "job-2",
+                                                  "__meta_corral_attempt": "2", **node_2}},
+    ]
+    assert client.get("/sd/prometheus/nodes").json == [
+        {"targets": ["10.0.0.5:9200"], "labels": node_1},
+        {"targets": ["[fd00::2]:9200"], "labels": node_2},  # drained: still there, still exporting
+    ]
+
+
 def test_errors_are_json(client):
     assert client.post("/nodes", data="x").status_code == 415
     assert client.post("/nodes", data="{", content_type="application/json").status_code == 400

@@ -27,11 +27,12 @@ from corral.shared.errors import SettingError
 OPERATOR_TOKEN = "auth-test-operator-7c1e9f2a5b"
 AGENT_SECRET = "auth-test-agent-secret-3d8b6e0f4c"
 WRONG_TOKEN = "auth-test-wrong-0000000000"
+READER_TOKEN = "auth-test-reader-9a2f4c6e1d"
 NODE = "auth-n1"
 OTHER_NODE = "auth-n2"
 NODE_TOKEN = cred.node_token(AGENT_SECRET, NODE)
 OTHER_NODE_TOKEN = cred.node_token(AGENT_SECRET, OTHER_NODE)
-CREDENTIALS = cred.Credentials(OPERATOR_TOKEN, AGENT_SECRET)
+CREDENTIALS = cred.Credentials(OPERATOR_TOKEN, AGENT_SECRET, reader=READER_TOKEN)
 TOKEN_ENV = {"CORRAL_API_TOKEN": OPERATOR_TOKEN, "CORRAL_AGENT_TOKEN": AGENT_SECRET}
 GRANT = CREDENTIALS.service_grant("job-1", 1, NODE)
 # A python3 every job user may run (the test's own virtualenv may be out of their reach).
@@ -43,6 +44,7 @@ def bearer(token: str | None) -> dict:
 
 
 AS_OPERATOR = bearer(OPERATOR_TOKEN)
+AS_READER = bearer(READER_TOKEN)
 AS_NODE = bearer(NODE_TOKEN)
 AS_OTHER_NODE = bearer(OTHER_NODE_TOKEN)
 
@@ -57,16 +59,20 @@ PRESENTED = {
     "another secret": cred.node_token("some-other-cluster-secret-123", NODE),
     "bad node id": "../" + NODE_TOKEN,
     "near operator": OPERATOR_TOKEN[:-1] + "x",
+    "near reader": READER_TOKEN[:-1] + "x",
     "binary": "\udcff\udcfe-not-a-token-at-all",
     "operator": OPERATOR_TOKEN,
+    "reader": READER_TOKEN,
     "node": NODE_TOKEN,
     "other node": OTHER_NODE_TOKEN,
 }
-VALID = ("operator", "node", "other node")
+VALID = ("operator", "reader", "node", "other node")
 
 # Every route of both services: one request about NODE's work, and who may make it.
 # open: anyone; operator: operators only; node: NODE's own agent only; both: operators
 # and every node; both-own: operators, and NODE's agent only (the request is about NODE).
+# read...: the read-only token as well (read: with operators; read-both, read-both-own:
+# as both and both-own).
 REPORT = {"node_id": NODE, "attempt": 1, "status": "running"}
 SCHEDULER_ROUTES = {
     "healthz": ("GET", "/healthz", None, "open"),
@@ -76,24 +82,24 @@ SCHEDULER_ROUTES = {
     "ui.index_html": ("GET", "/ui", None, "open"),
     "ui.dashboard_js": ("GET", "/ui/dashboard.js", None, "open"),
     "ui.dashboard_css": ("GET", "/ui/dashboard.css", None, "open"),
-    "stats": ("GET", "/stats", None, "operator"),
-    "list_nodes": ("GET", "/nodes", None, "operator"),
+    "stats": ("GET", "/stats", None, "read"),
+    "list_nodes": ("GET", "/nodes", None, "read"),
     "submit": ("POST", "/jobs", {"command": "true"}, "operator"),
     "submit_batch": ("POST", "/jobs/batch", {"jobs": [{"command": "true"}]}, "operator"),
-    "list_jobs": ("GET", f"/jobs?node_id={NODE}&status=running", None, "both-own"),
-    "read_job": ("GET", "/jobs/job-1", None, "operator"),
-    "job_events": ("GET", "/jobs/job-1/events", None, "operator"),
-    "why_it_waits": ("GET", "/jobs/job-2/why", None, "operator"),
-    "read_array": ("GET", "/arrays/array-1", None, "operator"),
+    "list_jobs": ("GET", f"/jobs?node_id={NODE}&status=running", None, "read-both-own"),
+    "read_job": ("GET", "/jobs/job-1", None, "read"),
+    "job_events": ("GET", "/jobs/job-1/events", None, "read"),
+    "why_it_waits": ("GET", "/jobs/job-2/why", None, "read"),
+    "read_array": ("GET", "/arrays/array-1", None, "read"),
     "cancel_array": ("POST", "/arrays/array-1/cancel", None, "operator"),
-    "list_schedules": ("GET", "/schedules", None, "operator"),
+    "list_schedules": ("GET", "/schedules", None, "read"),
     "create_schedule": ("POST", "/schedules", {"name": "nightly", "cron": "@daily", "job": {"command": "true"}},
                         "operator"),
-    "read_schedule": ("GET", "/schedules/nightly", None, "operator"),
+    "read_schedule": ("GET", "/schedules/nightly", None, "read"),
     "change_schedule": ("PATCH", "/schedules/nightly", {"enabled": False}, "operator"),
     "delete_schedule": ("DELETE", "/schedules/nightly", None, "operator"),
-    "schedule_runs": ("GET", "/schedules/nightly/runs", None, "operator"),
-    "list_concurrency": ("GET", "/concurrency", None, "operator"),
+    "schedule_runs": ("GET", "/schedules/nightly/runs", None, "read"),
+    "list_concurrency": ("GET", "/concurrency", None, "read"),
     "set_concurrency": ("PUT", "/concurrency/migrations", {"limit": 2}, "operator"),
     "remove_concurrency": ("DELETE", "/concurrency/migrations", None, "operator"),
     "cancel": ("POST", "/jobs/job-2/cancel", None, "operator"),
@@ -114,13 +120,15 @@ REGISTRY_ROUTES = {
     "openapi": ("GET", "/openapi.json", None, "open"),
     "register_node": ("POST", "/nodes", {"node_id": NODE, "address": "10.0.0.1"}, "node"),
     "heartbeat": ("POST", f"/nodes/{NODE}/heartbeat", {"running": 0}, "node"),
-    "list_nodes": ("GET", "/nodes", None, "both"),
-    "read_node": ("GET", f"/nodes/{NODE}", None, "both"),
+    "list_nodes": ("GET", "/nodes", None, "read-both"),
+    "read_node": ("GET", f"/nodes/{NODE}", None, "read-both"),
     "drain": ("POST", f"/nodes/{NODE}/drain", None, "operator"),
     "undrain": ("POST", f"/nodes/{NODE}/undrain", None, "operator"),
     "deregister_node": ("DELETE", f"/nodes/{NODE}", None, "operator"),
     "register_service": ("POST", "/services", SERVICE, "node"),
-    "list_services": ("GET", "/services", None, "both"),
+    "list_services": ("GET", "/services", None, "read-both"),
+    "sd_services": ("GET", "/sd/prometheus/services", None, "read"),
+    "sd_nodes": ("GET", "/sd/prometheus/nodes", None, "read"),
     "remove_service": ("DELETE", "/services/job-1", None, "both-own"),
 }
 ROUTES = {"scheduler": SCHEDULER_ROUTES, "registry": REGISTRY_ROUTES}
@@ -128,8 +136,9 @@ ROUTES = {"scheduler": SCHEDULER_ROUTES, "registry": REGISTRY_ROUTES}
 
 def allowed(who: str, presented: str) -> bool:
     return (who == "open" or presented == "operator" and who != "node"
-            or presented == "node" and who in ("node", "both", "both-own")
-            or presented == "other node" and who == "both")
+            or presented == "reader" and who.startswith("read")
+            or presented == "node" and who in ("node", "both", "both-own", "read-both", "read-both-own")
+            or presented == "other node" and who in ("both", "read-both"))
 
 
 def seed_registry(client) -> None:
@@ -187,7 +196,7 @@ def test_every_route_against_every_credential_with_tokens(tmp_path, service):
                       and "error" in response.json)
             if not ok:
                 failures.append((endpoint, name, response.status_code, response.get_data(as_text=True)[:200]))
-            for secret in (OPERATOR_TOKEN, AGENT_SECRET, WRONG_TOKEN):
+            for secret in (OPERATOR_TOKEN, AGENT_SECRET, WRONG_TOKEN, READER_TOKEN):
                 assert secret not in response.get_data(as_text=True)
     assert not failures, "\n".join(map(str, failures))
 
@@ -234,6 +243,28 @@ def test_a_node_cannot_act_for_another_node(tmp_path, service, method, path, bod
         assert OTHER_NODE in response.json["error"]
     if service == "scheduler" and method == "GET":  # an operator is bound to no node
         assert call(client, method, path, body, AS_OPERATOR).status_code == 200
+
+
+def test_the_read_only_token_reads_everything_but_env_var_values_and_changes_nothing(tmp_path):
+    client = make("scheduler", tmp_path)
+    secret_env = {"DB_PASSWORD": "hunter2-very-secret", "STAGE": "prod"}
+    job = client.post("/jobs", json={"command": "true", "env_vars": secret_env}, headers=AS_OPERATOR).json
+    client.post("/schedules", json={"name": "nightly", "cron": "0 2 * * *", "job": {"command": "x", "env_vars":
+                                    secret_env}}, headers=AS_OPERATOR)
+    reads = [f"/jobs/{job['job_id']}", "/jobs", "/schedules/nightly", "/schedules", f"/jobs/{job['job_id']}/why"]
+    for path in reads:
+        answer = client.get(path, headers=AS_READER)
+        assert answer.status_code == 200, (path, answer.json)
+        assert "hunter2" not in answer.get_data(as_text=True), path
+    assert client.get(f"/jobs/{job['job_id']}", headers=AS_READER).json["env_vars"] == {
+        "DB_PASSWORD": "(hidden)", "STAGE": "(hidden)"}
+    assert client.get("/schedules/nightly", headers=AS_READER).json["job"]["env_vars"] == {
+        "DB_PASSWORD": "(hidden)", "STAGE": "(hidden)"}
+    # The operator sees them.
+    assert client.get(f"/jobs/{job['job_id']}", headers=AS_OPERATOR).json["env_vars"] == secret_env
+    refused = call(client, "POST", f"/jobs/{job['job_id']}/cancel", None, AS_READER)
+    assert refused.status_code == 403 and "read-only token" in refused.json["error"]
+    assert client.get(f"/jobs/{job['job_id']}", headers=AS_OPERATOR).json["status"] == "pending"
 
 
 def test_a_node_reads_only_its_own_work(tmp_path):
@@ -325,6 +356,10 @@ def test_the_previous_secret_keeps_credentials_valid_during_a_rotation():
      "CORRAL_AGENT_TOKEN may hold only printable"),
     ({"CORRAL_API_TOKEN": OPERATOR_TOKEN, "CORRAL_AGENT_TOKEN": OPERATOR_TOKEN}, "must differ"),
     ({**TOKEN_ENV, "CORRAL_AGENT_TOKEN_PREVIOUS": OPERATOR_TOKEN}, "must differ"),
+    ({"CORRAL_READ_TOKEN": READER_TOKEN}, "CORRAL_READ_TOKEN needs CORRAL_API_TOKEN and CORRAL_AGENT_TOKEN"),
+    ({**TOKEN_ENV, "CORRAL_READ_TOKEN": OPERATOR_TOKEN}, "CORRAL_READ_TOKEN must differ"),
+    ({**TOKEN_ENV, "CORRAL_READ_TOKEN": AGENT_SECRET}, "CORRAL_READ_TOKEN must differ"),
+    ({**TOKEN_ENV, "CORRAL_READ_TOKEN": "short"}, "CORRAL_READ_TOKEN must be at least 16"),
 ])
 def test_a_configuration_that_would_leave_a_role_open_is_a_clear_error(env, message):
     with pytest.raises(SettingError) as caught:
