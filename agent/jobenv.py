@@ -8,8 +8,8 @@ A job gets, a later source winning over an earlier one:
 2. IDENTITY, which the agent sets: who the job is and where its home and (without
    a private /tmp) its temporary files are;
 3. the job's own `env_vars`, which may replace any of the above (HOME, PATH, ...);
-4. FIXED, which the agent sets and no job may replace: the job's id, node, attempt
-   and port.
+4. FIXED, which the agent sets and no job may replace: the job's id, node, attempt,
+   port, and its attempt's W3C trace context (shared/tracecontext.py).
 SET_BY_AGENT lists every variable the agent sets; add new ones there.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from corral.shared.validate import ENV_NAME_RE, forbidden_env_var
 FROM_AGENT = ("PATH", "LANG", "TZ")
 FROM_AGENT_PREFIXES = ("LC_",)
 IDENTITY = ("USER", "LOGNAME", "HOME", "TMPDIR")
-FIXED = ("CORRAL_JOB_ID", "CORRAL_NODE_ID", "CORRAL_ATTEMPT", "PORT")
+FIXED = ("CORRAL_JOB_ID", "CORRAL_NODE_ID", "CORRAL_ATTEMPT", "PORT", "TRACEPARENT", "TRACESTATE")
 SET_BY_AGENT = IDENTITY + FIXED
 
 

@@ -52,6 +52,19 @@ class Received:
     invalid: bool
 
 
+def job_fields(got: Received) -> dict[str, str | None]:
+    """The trace columns of the jobs one submit makes: a span of their own (the
+    submit's) under what the request came with."""
+    submit = got.context.child()
+    return {"traceparent": submit.traceparent, "tracestate": submit.tracestate}
+
+
+def attempt_env(traceparent: str, tracestate: str | None) -> dict[str, str]:
+    """TRACEPARENT and TRACESTATE of one attempt of a job: a span of its own under the
+    job's."""
+    return received(traceparent, tracestate).context.child().env()
+
+
 def new_span_id() -> str:
     while True:
         span_id = secrets.token_hex(8)

@@ -7,7 +7,7 @@ from flask import Flask, request
 import peewee
 from peewee import fn
 
-from corral.shared import auth, guards, server
+from corral.shared import auth, guards, server, tracecontext
 from corral.shared import db as dbmod
 from corral.shared import migrations
 from corral.shared.metrics import serve_metrics
@@ -204,9 +204,19 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     def list_nodes():
         return respond([views.node(*row) for row in store.nodes_and_slots()], of=list[contract.SchedulerNode])
 
+    def traced(source: str) -> dict:
+        """The trace columns of this request's jobs, from its traceparent and tracestate
+        headers (shared/tracecontext.py)."""
+        got = tracecontext.received(request.headers.get("traceparent"), request.headers.get("tracestate"))
+        if got.invalid:
+            metrics.trace_context_invalid(source)
+        return tracecontext.job_fields(got)
+
     @app.post("/jobs/batch")
     def submit_batch():
         items = validation.job_batch(read_json_object())
+        trace = traced("batch")
+        items = [dict(item, **trace) for item in items]
         key = validation.idempotency_key(request.headers.get(IDEMPOTENCY_HEADER))
         if key is not None and len(key) > 250:
             raise BadRequest("the Idempotency-Key header of a batch must be at most 250 characters")
@@ -258,7 +268,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
 
     @app.post("/jobs")
     def submit():
-        fields = validation.job_request(read_json_object())
+        fields = dict(validation.job_request(read_json_object()), **traced("api"))
         key = validation.idempotency_key(request.headers.get(IDEMPOTENCY_HEADER))
         if fields["array"] is not None:
             if key is not None and len(key) > 245:

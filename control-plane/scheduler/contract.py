@@ -689,6 +689,11 @@ class Job(Answer):
     """The schedule whose run it is (GET /schedules/{name})."""
     slot: Timestamp | None
     """The slot of that schedule it ran for."""
+    traceparent: str | None = Field(None, examples=["00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"])
+    """Its W3C trace context: the span of its submit, in the trace of the request's `traceparent` header
+    (or a new one). Each attempt runs with TRACEPARENT naming a span of its own under it."""
+    tracestate: str | None = None
+    """The request's `tracestate`, passed on to each attempt as TRACESTATE."""
     reserved: Resources | None
     """What it reserves on its node while placed or running (null: not placed)."""
     pending_reason: PendingReason | None

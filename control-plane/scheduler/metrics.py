@@ -57,6 +57,9 @@ SNS_PUBLISHED = Family("counter", "corral_sns_published", "Job notifications SNS
                        "outbox).")
 SNS_PUBLISH_FAILURES = Family("counter", "corral_sns_publish_failures", "Failed publishes of a notification "
                               "(it stays in the outbox and is tried again).")
+TRACE_CONTEXT_INVALID = Family("counter", "corral_trace_context_invalid", "Submits whose traceparent (header "
+                               "or SQS message attribute) was not valid: ignored, and a new trace started.",
+                               ("source",), initial=[(s,) for s in SOURCES])
 SCHEDULE_RUNS = Family("counter", "corral_schedule_runs", "Slots of schedules recorded as runs, by outcome: "
                        "created (a job), skipped (the overlap or catch-up policy), failed (the job template "
                        "was refused).", ("outcome",), initial=[(o,) for o in RUN_OUTCOMES])
@@ -65,7 +68,8 @@ SCHEDULE_LAG = Family("histogram", "corral_schedule_firing_lag_seconds", "Second
                       buckets=LAG_BUCKETS)
 
 FAMILIES = (JOBS_SUBMITTED, JOBS_FINISHED, DISPATCH_LATENCY, RUN_DURATION, RETRIES, TIMEOUTS, NODE_LOSS_REQUEUES,
-            SQS_RECEIVED, SQS_REJECTED, SNS_PUBLISHED, SNS_PUBLISH_FAILURES, SCHEDULE_RUNS, SCHEDULE_LAG)
+            SQS_RECEIVED, SQS_REJECTED, SNS_PUBLISHED, SNS_PUBLISH_FAILURES, SCHEDULE_RUNS, SCHEDULE_LAG,
+            TRACE_CONTEXT_INVALID)
 # Computed at scrape time (`scrape`); the SNS ones only when SNS_TOPIC_ARN is set.
 SCRAPE_GAUGES = ("corral_jobs", "corral_scheduler_nodes", "corral_scheduler_node_list_age_seconds",
                  "corral_schedules", "corral_schedules_overdue_seconds",
@@ -118,6 +122,11 @@ def sqs_counted(counts: dict[str, int]) -> None:
     SQS_RECEIVED.inc(counts.get("sqs_received", 0))
     SQS_REJECTED.inc(counts.get("sqs_rejected", 0))
     JOBS_SUBMITTED.labels("sqs").inc(counts.get("sqs_jobs_created", 0))
+
+
+def trace_context_invalid(source: str) -> None:
+    """A submit from `source` came with a traceparent that is not valid."""
+    TRACE_CONTEXT_INVALID.labels(source).inc()
 
 
 def sns_published(db, count: int) -> None:

@@ -77,6 +77,9 @@ class Job(BaseModel):
     depends_on = JSONField(null=True)                 # [[job row id, condition], ...] as asked (0005)
     schedule = peewee.CharField(max_length=128, null=True)  # the schedule whose run it is, and its slot (0006)
     slot = peewee.DoubleField(null=True)
+    # Its W3C trace context (0007): its submit's span, and the request's tracestate.
+    traceparent = peewee.CharField(max_length=55, null=True)
+    tracestate = peewee.TextField(null=True)
     pending_reason = JSONField(null=True)             # what placement last said (waiting.Reason.as_dict)
     pending_code = peewee.CharField(max_length=32, null=True)  # its code, for GET /jobs?pending_reason=
 

@@ -22,6 +22,7 @@ from peewee import fn
 
 from corral.shared.errors import BadRequest, Conflict, CorralError, NotFound
 from corral.shared.states import ACTIVE
+from corral.shared import tracecontext
 from corral.shared.timeutil import iso
 
 from . import metrics, slots
@@ -209,7 +210,9 @@ class Schedules:
         if previous is not None and action == "cancel_previous":
             self.store.cancel(previous.job_id, now)
         try:
-            fields = dict(job_request(schedule.job), schedule=schedule.name, slot=slot)
+            # Each run is the root of a trace of its own (no request came with one).
+            fields = dict(job_request(schedule.job), schedule=schedule.name, slot=slot,
+                          **tracecontext.job_fields(tracecontext.received(None)))
             job, _ = self.store.submit(fields, now, idempotency_key=run_key(schedule.id, slot))
         except CorralError as exc:
             # The template no longer passes (a node size, a refused variable): this run

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import peewee
 
-from corral.shared import json_body
+from corral.shared import json_body, tracecontext
 from corral.shared.errors import BadRequest, CorralError
 from corral.shared.leader import Fence, LeaseLost, holder_id
 
@@ -58,8 +58,9 @@ PROCESSING_ERROR = "processing_error"
 
 @dataclass(frozen=True)
 class Accepted:
-    fields: dict            # the job's columns, as JobRequest.columns() gives them
+    fields: dict            # the job's columns, as JobRequest.columns() gives them, and its trace's
     idempotency_key: str
+    trace_invalid: bool = False  # a traceparent attribute came that is not valid (a new trace was started)
 
 
 @dataclass(frozen=True)
@@ -80,11 +81,24 @@ def parse_message(message: dict) -> Accepted | Rejected:
         fields = validation.job_request(body)  # exactly as a POST /jobs body
     except CorralError as exc:
         return Rejected(INVALID_JOB_REQUEST, exc.message)
+    attributes = message.get("MessageAttributes") or {}
     try:
-        key = client_key(message.get("MessageAttributes") or {})
+        key = client_key(attributes)
     except CorralError as exc:
         return Rejected(INVALID_IDEMPOTENCY_KEY, exc.message)
-    return Accepted(fields, key or f"sqs:{message['MessageId']}")
+    # The trace context, as the traceparent and tracestate headers of POST /jobs.
+    trace = tracecontext.received(*(string_attribute(attributes, name) for name in ("traceparent", "tracestate")))
+    return Accepted(dict(fields, **tracecontext.job_fields(trace)), key or f"sqs:{message['MessageId']}",
+                    trace.invalid)
+
+
+def string_attribute(attributes: dict, name: str) -> str | None:
+    """A String message attribute's value (None: absent, or of another type)."""
+    attribute = attributes.get(name) or {}
+    if not str(attribute.get("DataType", "")).startswith("String"):
+        return None
+    value = attribute.get("StringValue")
+    return value if isinstance(value, str) else None
 
 
 def client_key(attributes: dict) -> str | None:
@@ -221,6 +235,8 @@ class Intake:
             if isinstance(parsed, Rejected):
                 outcome.reject.append((message, parsed))
                 continue
+            if parsed.trace_invalid:
+                metrics.trace_context_invalid("sqs")
             try:
                 if parsed.fields.get("array") is not None:
                     array, _, _, created = self.scheduler.submit_array(parsed.fields, now, parsed.idempotency_key)

@@ -138,10 +138,15 @@ LATER_FIELDS = {"constraints": None, "pool": None, "priority": 50, "run_at": Non
                 "depends_on": None, "on_dependency_failure": "cancel", "concurrency_key": None, "array": None}
 
 
+# Set from the request's headers, not its body: a repeat sent again within another
+# trace (a client's retry) is still the same request.
+TRACE_FIELDS = ("traceparent", "tracestate")
+
+
 def request_hash(fields: dict) -> str:
     """A digest of a validated job request, to tell a repeated submission from a different one."""
     kept = {name: value for name, value in fields.items()
-            if name not in LATER_FIELDS or value != LATER_FIELDS[name]}
+            if name not in TRACE_FIELDS and (name not in LATER_FIELDS or value != LATER_FIELDS[name])}
     canonical = json.dumps(kept, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 

@@ -57,6 +57,7 @@ def job(row: Job, settings: SchedulerSettings, now: float, service_grant: str | 
         "on_dependency_failure": d("on_dependency_failure") or "cancel",
         "array_id": None if d("array_id") is None else f"array-{d('array_id')}", "array_index": d("array_index"),
         "concurrency_key": d("concurrency_key"), "schedule": d("schedule"), "slot": iso(d("slot")),
+        "traceparent": d("traceparent"), "tracestate": d("tracestate"),
         "reserved": None if node_id is None or d("reserved_memory_mb") is None else built(contract.Resources, {
             "memory_mb": d("reserved_memory_mb"), "cpu_percent": d("reserved_cpu_percent")}),
         "pending_reason": None if status != "pending" else _pending_reason(waiting.current(

@@ -238,6 +238,18 @@ def test_job_environment(agent, scheduler):
     assert scheduler.final("job-1")["stdout"] == f"prod job-1 {NODE} 4\n"
 
 
+def test_each_attempt_runs_with_a_span_of_its_own_in_the_jobs_trace(agent, scheduler):
+    job = scheduler.add(command='echo "$TRACEPARENT ${TRACESTATE:-none}"', attempt=2,
+                        env_vars={"TRACEPARENT": "00-forged"})  # the agent's value wins
+    agent.poll_once()
+    reap_until_ended(agent)
+    version, trace_id, job_span, flags = job["traceparent"].split("-")
+    got, state = scheduler.final(job["job_id"])["stdout"].split()
+    got_version, got_trace, got_span, got_flags = got.split("-")
+    assert (got_version, got_trace, got_flags, state) == (version, trace_id, flags, "none")
+    assert got_span != job_span and len(got_span) == 16 and int(got_span, 16)
+
+
 @pytest.mark.parametrize("passthrough, foo", [((), "none"), (("FOO",), "foo")])
 def test_the_job_environment_holds_none_of_the_agents_own(make_agent, scheduler, monkeypatch, passthrough, foo):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "agent-credentials")
