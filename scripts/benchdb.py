@@ -103,8 +103,10 @@ class Postgres:
             version = conn.execute("SHOW server_version").fetchone()[0]
             settings = {name: conn.execute(f"SHOW {name}").fetchone()[0] for name in RECORDED_SETTINGS}
             backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
-        if self._postmaster is None:
-            self._postmaster = local_postmaster(backend)
+            if self._postmaster is None:
+                # While the connection is open: its backend exits with it, and then
+                # /proc no longer tells whose child it was.
+                self._postmaster = local_postmaster(backend)
         return {"server": "started by the bench (initdb, trust on 127.0.0.1)" if self.own
                 else "given by --database-url", "version": version, **settings,
                 "cpu_measured": self._postmaster is not None}
