@@ -448,12 +448,12 @@ SELF_VIEW = ("echo pid $$; echo uid $(id -u) $(id -g) $(id -G); echo cwd $(pwd);
 
 
 def _normalised(report, agent, job_id):
-    """Its lines but pid, uid and cgroups, with its work dir, id and uid replaced."""
+    """Its lines but pid, uid, cgroups and its own span, with its work dir, id and uid replaced."""
     text = report["stdout"]
     uid = text.split("uid ")[1].split()[0]
     text = text.replace(agent.work_dir(job_id, 1), "WORK").replace(job_id, "JOB").replace(uid, "UID")
     return [line for line in text.splitlines()
-            if not line.startswith(("pid ", "uid ")) and not re.match(r"\d+:", line)]
+            if not line.startswith(("pid ", "uid ", "TRACEPARENT=")) and not re.match(r"\d+:", line)]
 
 
 def test_a_job_that_takes_the_warm_launch_runs_as_a_cold_started_one(make_agent):
@@ -580,7 +580,11 @@ def test_the_agents_environment_does_not_reach_jobs(cluster, node, start_agent, 
     environ = dict(item.split("=", 1) for item in final["stdout"].split("\0") if item)
     work = environ["HOME"]
     user = environ["USER"]
-    expected = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TZ": "UTC", "HOME": work,
+    # The attempt's span is its own, in the trace the job was submitted in.
+    _, trace_id, span_id, _ = environ["TRACEPARENT"].split("-")
+    assert trace_id == final["traceparent"].split("-")[1] and span_id != final["traceparent"].split("-")[2]
+    expected = {"TRACEPARENT": environ["TRACEPARENT"],
+                "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TZ": "UTC", "HOME": work,
                 "USER": user, "LOGNAME": user, "STAGE": "prod", "CORRAL_JOB_ID": job_id,
                 "CORRAL_NODE_ID": node, "CORRAL_ATTEMPT": "1"}
     if passthrough:
