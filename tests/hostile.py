@@ -88,10 +88,11 @@ def registry(tmp_path) -> Service:
 def scheduler(tmp_path) -> Service:
     """A scheduler (no tokens, no background loops) with a healthy node-1 (so /readyz
     answers without asking a registry), job-1 running there, job-2 pending and the
-    schedule x. Claims
-    answer at once (no waiting room), whatever wait they ask for."""
+    schedule x. Claims answer at once, whatever wait they ask for; event streams end
+    after their first look (one place each in the waiting room, freed when they end)."""
     db_path = f"{tmp_path}/scheduler.db"
-    settings = SchedulerSettings(database_url=f"sqlite:///{db_path}", long_poll_max_waiters=0)
+    settings = SchedulerSettings(database_url=f"sqlite:///{db_path}", long_poll_max_waiters=4,
+                                 events_stream_max_secs=0.0)
     app = create_scheduler(settings, clock=lambda: NOW)
     app.extensions["corral.store"].sync_nodes(
         [{"node_id": "node-1", "address": "10.0.0.1", "kind": "compute", "slots": 1, "status": "healthy"}], NOW)

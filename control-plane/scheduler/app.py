@@ -14,15 +14,16 @@ from corral.shared.metrics import serve_metrics
 from corral.shared.clients import RegistryClient
 from corral.shared.contract import encode, respond
 from corral.shared.errors import BadRequest
-from corral.shared.http import (base_app, query_choice, query_int, read_json_object, request_body, serve_openapi,
-                                serve_readiness)
+from corral.shared.http import (base_app, error_response, query_choice, query_int, read_json_object, request_body,
+                                serve_openapi, serve_readiness)
 from corral.shared.states import ALL
 from corral.shared.wire import IDEMPOTENCY_HEADER, JOB_TYPES, LONG_POLL_HEADER
 
 from corral.shared.changefeed import ChangeFeed
 
-from . import (contract, longpoll, loops, metrics, openapi, pages, schedule_loop, sns_outbox, sqs_intake, ui,
-               validation, views, waiting)
+from . import (contract, event_stream, events, longpoll, loops, metrics, openapi, pages, schedule_loop, sns_outbox,
+               sqs_intake, ui, validation, views, waiting)
+from .event_log import EventLog
 from .migrations import MIGRATIONS
 from .schedules import Schedules
 from .models import Node, database
@@ -61,6 +62,7 @@ ACCESS = {
     "set_concurrency": auth.OPERATOR,
     "remove_concurrency": auth.OPERATOR,
     "job_events": auth.READ,
+    "events_stream": auth.READ,
     "cancel": auth.OPERATOR,
     "retry": auth.OPERATOR,
     "claim": auth.agent(auth.NODE_IN_PATH),
@@ -402,6 +404,41 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     @app.get("/jobs/<job_id>/events")
     def job_events(job_id):
         return respond([views.event(e) for e in store.events(job_id)], of=list[contract.JobEvent])
+
+    event_log = EventLog(store.db)
+    stream_timing = event_stream.Timing(settings.events_keepalive_secs, settings.events_stream_max_secs,
+                                        settings.events_retention_secs)
+
+    @app.get("/events")
+    def events_stream():
+        wanted = event_filter()
+        try:
+            cursor, first = event_stream.start(event_log, request.headers.get("Last-Event-ID"))
+        except events.BadCursor as exc:
+            raise BadRequest(str(exc)) from None
+        if not room.hold():
+            response = error_response(503, "this server process already holds as many event streams and waiting "
+                                           f"claims as it has threads for ({room.max_waiters}); try again shortly "
+                                           "or another replica")
+            response.headers["Retry-After"] = "2"
+            return response
+        store.db.close()  # the stream holds no connection between its looks
+        body = event_stream.stream(event_log, store.db, room.feed, cursor, wanted, first, stream_timing,
+                                   lambda: room.closed, room.release)
+        return app.response_class(body, mimetype="text/event-stream",
+                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    def event_filter() -> events.Filter:
+        job_row = None
+        if request.args.get("job_id"):
+            job_row = validation.parse_job_id(request.args["job_id"])
+            if job_row is None:
+                raise BadRequest("query parameter 'job_id' must be a job id such as job-42")
+        try:
+            types = events.parse_types(request.args.getlist("type"))
+        except ValueError as exc:
+            raise BadRequest(f"query parameter 'type': {exc}") from None
+        return events.Filter(job_row, request.args.get("node_id") or None, types)
 
     @app.post("/jobs/<job_id>/status")
     def report(job_id):

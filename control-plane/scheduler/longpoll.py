@@ -34,7 +34,10 @@ answers `[]`.
 At most `max_waiters` claims wait at once in a process (LONG_POLL_MAX_WAITERS);
 a claim beyond that answers at once, possibly `[]`, with the header
 `X-Corral-Long-Poll: busy`, so that submits, reads and reports always find a
-free gunicorn thread. The agent then asks again after POLL_INTERVAL_SECS.
+free gunicorn thread. The agent then asks again after POLL_INTERVAL_SECS. The
+open event streams (`GET /events`, event_stream.py) hold a thread each too:
+they take their places from the same count (`hold`), and one beyond it is
+refused with 503.
 """
 from __future__ import annotations
 
@@ -116,6 +119,19 @@ class WaitRoom:
             self._by_node.setdefault(node_id, set()).add(waiter)
             self._count += 1
             return waiter
+
+    def hold(self) -> bool:
+        """A place for an event stream, counted with the waiting claims; False when full."""
+        with self._lock:
+            if self.closed or self._count >= self.max_waiters:
+                return False
+            self._count += 1
+            return True
+
+    def release(self) -> None:
+        """An event stream ended: its place is free."""
+        with self._lock:
+            self._count -= 1
 
     def leave(self, waiter: Waiter) -> None:
         with self._lock:

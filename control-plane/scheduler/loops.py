@@ -13,7 +13,8 @@ lease row decides which one does the work. One pass:
   and keeps the reasons of the jobs at the head of the queue (Store.explain);
 - deletes finished jobs older than JOB_RETENTION_SECS with their events, at most
   JOB_PURGE_BATCH per pass (one short transaction), every PURGE_INTERVAL_SECS
-  or on the next pass while a backlog remains.
+  or on the next pass while a backlog remains; and so the event stream's events
+  older than EVENTS_RETENTION_SECS (event_log.py).
 
 The SQS intake (sqs_intake.py) and the SNS outbox (sns_outbox.py) are loops
 of their own, each behind its own lease, run with `PacedLoopThread`.
@@ -27,6 +28,7 @@ from corral.shared import server
 from corral.shared.clients import ClientError, RegistryClient
 from corral.shared.leader import Fence, LeaseLost, LoopThread, Tenure, holder_id
 
+from .event_log import EventLog
 from .service import Scheduler
 from .store import Store
 
@@ -54,6 +56,8 @@ class Background:
         self.next_sync = 0.0
         self.next_timeout_check = 0.0
         self.next_purge = 0.0
+        self.next_event_prune = 0.0
+        self.event_log = EventLog(self.store.db)
         self.registry_down_since: float | None = None
         # Agents get a full lease period from the start of the tenure before any node
         # counts as lost: after a takeover, and after a pause longer than their lease
@@ -95,6 +99,7 @@ class Background:
         self.scheduler.place(now)
         self.store.explain(now)
         self.purge(now)
+        self.prune_events(now)
         return True
 
     def delay_after(self, now: float) -> float:
@@ -119,6 +124,15 @@ class Background:
         if purged:
             log.info("deleted %d job(s) that finished more than %.0fs ago", purged, retention)
         return purged
+
+    def prune_events(self, now: float) -> int:
+        """One bounded chunk of the event stream's retention, when it is due."""
+        if now < self.next_event_prune:
+            return 0
+        batch = self.settings.job_purge_batch
+        pruned = self.event_log.prune(now - self.settings.events_retention_secs, batch)
+        self.next_event_prune = now if pruned >= batch else now + PURGE_INTERVAL_SECS
+        return pruned
 
     def refresh_nodes(self, now: float) -> None:
         try:

@@ -270,7 +270,26 @@ class ScheduleRun(BaseModel):
         indexes = ((("schedule_id", "slot"), True),)
 
 
+class StreamEvent(BaseModel):
+    """What `GET /events` streams (events.py): a job's transition (written by a trigger
+    on job_event, migration 0008), a node's change (the node refresh) or new output of
+    an attempt. Kept EVENTS_RETENTION_SECS, apart from the jobs' own history."""
+
+    id = peewee.BigAutoField()
+    # PostgreSQL: the writing transaction's id (a column default), which tells a reader
+    # which rows no open transaction can still precede (event_log.py). SQLite: null.
+    tx = peewee.BigIntegerField(null=True, index=True)
+    at = peewee.DoubleField()
+    type = peewee.CharField(max_length=8)       # job, node or log
+    job_id = peewee.BigIntegerField(null=True)  # the job's row id
+    node_id = peewee.CharField(max_length=128, null=True)
+    data = peewee.TextField()                   # the rest, as JSON text
+
+    class Meta:
+        table_name = "stream_event"
+
+
 Lease.bind(database)  # the shared lease table lives in the scheduler's database
 
 MODELS = [Job, JobEvent, Node, NodeLease, SchedulerState, Counter, OutboxEvent, Lease, JobDependency, JobArray,
-          ConcurrencyLimit, Schedule, ScheduleRun]
+          ConcurrencyLimit, Schedule, ScheduleRun, StreamEvent]

@@ -370,6 +370,38 @@ PATHS = {
                           "404": _error("NotFound")},
         },
     },
+    "/events": {
+        "get": {
+            "operationId": "streamEvents", "tags": ["jobs"],
+            "summary": "What happens in the cluster, as Server-Sent Events.",
+            "description": (
+                "A `text/event-stream` of `job` events (every transition: `from`, `to`, `attempt`, `node_id`, "
+                "`reason`), `node` events (`change`: registered, healthy, unhealthy, drained, undrained, "
+                "deregistered) and `log` events (new output of an attempt: `attempt`, `stream`, `offset`, `size`); "
+                "each has `at` and an `id`. The stream starts with an `open` event whose id is where it starts "
+                "(send it back as `Last-Event-ID` to resume after it), or a `missed` event first when events after "
+                "the client's position were deleted (EVENTS_RETENTION_SECS). Idle streams get keep-alive comments; "
+                "a stream ends with an `end` event after EVENTS_STREAM_MAX_SECS, and the client resumes. "
+                "Open streams share each server process's budget of waiting requests with the long-poll claims: "
+                "503 beyond it. See docs/api.md, \"The event stream\"."),
+            "parameters": [
+                _query("job_id", "Only this job's events.", {"type": "string"}),
+                _query("node_id", "Only events of this node (its changes, and its jobs' transitions).",
+                      {"type": "string"}),
+                _query("type", "Only these types: `job`, `node`, `log`, comma-separated or repeated.",
+                      {"type": "string"}),
+                {"name": "Last-Event-ID", "in": "header", "schema": {"type": "string"},
+                 "description": "Resume after this event (its `id`)."},
+            ],
+            "responses": {
+                "200": {"description": "The stream.", "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+                "400": _error("BadRequest"),
+                "503": _json(shared_contract.Error, "This process holds as many event streams and waiting "
+                                                            "claims as it has threads for; `Retry-After` says when to "
+                                                            "try again."),
+            },
+        },
+    },
     "/jobs/{job_id}/status": {
         "parameters": [JOB_ID_PARAM],
         "post": {

@@ -61,6 +61,11 @@ class SchedulerSettings:
     # at most job_purge_batch per background pass.
     job_retention_secs: float = 7 * 86400.0
     job_purge_batch: int = 500
+    # The event stream (GET /events, event_stream.py): how long its events are kept,
+    # the keep-alive of an idle stream, and the longest a stream stays open.
+    events_retention_secs: float = 3600.0
+    events_keepalive_secs: float = 15.0
+    events_stream_max_secs: float = 300.0
     # SQS intake and SNS notifications (docs/sqs-sns.md); off while the URL / ARN is unset.
     sqs_url: str | None = None
     sqs_dlq_url: str | None = None
@@ -159,6 +164,14 @@ SETTINGS = (
               "finished jobs older than this are purged with their events; `0` keeps them", minimum=0.0),
     s.Setting("JOB_PURGE_BATCH", "job_purge_batch", "int", 500,
               "most jobs purged per background pass", minimum=1, maximum=100_000),
+    s.Setting("EVENTS_RETENTION_SECS", "events_retention_secs", "float", 3600.0,
+              "how long `GET /events` keeps its events (a Last-Event-ID older than this misses some)",
+              minimum=10.0, maximum=30 * 86400.0),
+    s.Setting("EVENTS_KEEPALIVE_SECS", "events_keepalive_secs", "float", 15.0,
+              "an idle event stream gets a keep-alive comment this often", minimum=0.5, maximum=300.0),
+    s.Setting("EVENTS_STREAM_MAX_SECS", "events_stream_max_secs", "float", 300.0,
+              "an event stream ends after this long (its client resumes with Last-Event-ID)",
+              minimum=1.0, maximum=86400.0),
     s.Setting("CORRAL_OUTPUT_TAIL_BYTES", "output_tail_bytes", "int", 64 * 1024,
               "the tail of stdout and of stderr that is stored", minimum=256),
     s.Setting("CORRAL_PAGE_MAX_BYTES", "page_max_bytes", "int", 8 * 1024 * 1024,

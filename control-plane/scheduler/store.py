@@ -36,6 +36,8 @@ from corral.shared.statements import Child, Statements, ValueList, param
 from corral.shared.timeutil import epoch
 
 from . import dependencies, lifecycle, metrics, notifications, placement, waiting
+from .event_log import EventLog
+from .events import node_changes
 from .models import (ConcurrencyLimit, Counter, Job, JobArray, JobDependency, JobEvent, Node, NodeLease,
                      OutboxEvent, SchedulerState)
 from .settings import SchedulerSettings
@@ -784,11 +786,18 @@ class Store:
             "reserve_memory_mb": n.get("reserved_memory_mb") or 0,
             "reserve_cpu_percent": n.get("reserved_cpu_percent") or 0,
         } for n in nodes]
+        after = {row["node_id"]: (row["status"], row["drained"]) for row in rows}
         with self.db.atomic():
             self.check_fence()
+            before = {node_id: (status, drained) for node_id, status, drained in self._sql.rows(
+                self.db, "node states", lambda: Node.select(Node.node_id, Node.status, Node.drained))}
             Node.delete().execute()
             # Every NODE_REFRESH_SECS: compiled once per number of nodes.
             self._sql.insert_rows(self.db, "node rows", Node, rows)
+            # What changed since the last list, for the event stream (events.node_changes).
+            EventLog(self.db).record({"at": now, "type": "node", "job_id": None, "node_id": node_id,
+                                      "data": {"change": change, **data}}
+                                     for node_id, change, data in node_changes(before, after))
             self.release_lost(now)
 
     def release_lost(self, now: float) -> int:

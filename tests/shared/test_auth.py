@@ -89,6 +89,7 @@ SCHEDULER_ROUTES = {
     "list_jobs": ("GET", f"/jobs?node_id={NODE}&status=running", None, "read-both-own"),
     "read_job": ("GET", "/jobs/job-1", None, "read"),
     "job_events": ("GET", "/jobs/job-1/events", None, "read"),
+    "events_stream": ("GET", "/events", None, "read"),
     "why_it_waits": ("GET", "/jobs/job-2/why", None, "read"),
     "read_array": ("GET", "/arrays/array-1", None, "read"),
     "cancel_array": ("POST", "/arrays/array-1/cancel", None, "operator"),
@@ -156,8 +157,9 @@ def make(service: str, directory, credentials=CREDENTIALS):
         app = create_registry(RegistrySettings(database_url=f"sqlite:///{directory}/registry.db",
                                                credentials=credentials))
     else:
+        # An event stream that ends at once, so that reading its answer does not wait.
         app = create_scheduler(SchedulerSettings(database_url=f"sqlite:///{directory}/scheduler.db",
-                                                 credentials=credentials))
+                                                 credentials=credentials, events_stream_max_secs=0.0))
     client = app.test_client()
     {"registry": seed_registry, "scheduler": seed_scheduler}[service](client)
     return client

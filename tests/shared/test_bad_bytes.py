@@ -164,6 +164,7 @@ def send(service: hostile.Service, failures: list, method: str, path: str, *, qu
     response = service.client.open(path, method=method, query_string=query or None, data=data,
                                    content_type=content_type, headers=headers)
     trouble = hostile.problem(response, method, before, service.stored())
+    response.close()  # as a client that stops reading: an event stream gives its place back
     if trouble:
         failures.append(f"{method} {path[:100]}{'?' + query[:100] if query else ''} "
                         f"body {data[:80]!r}{'...' if len(data) > 80 else ''}: {trouble}")

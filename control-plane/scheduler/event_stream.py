@@ -1,0 +1,137 @@
+"""`GET /events`: one client's Server-Sent Events stream, written by a request thread.
+
+The stream begins with an `open` event whose id is where it starts (after the
+client's Last-Event-ID, or now), preceded by a `missed` event when the retention
+deleted events the client had not seen. Then it sends each stored event that
+the filter lets through (event_log.py), looking:
+
+- when the process's change feed says something was committed (SQLite: any
+  commit of any process on the host; PostgreSQL: placements), and at least
+  every LOOK_SECS (PostgreSQL announces only placements; the other commits are
+  found by looking), but not more often than every MIN_GAP_SECS, so that a busy
+  cluster costs each stream a few queries a second, not one per commit;
+- holding no database connection in between.
+
+An idle stream gets a keep-alive comment every EVENTS_KEEPALIVE_SECS (with the
+stream's position, events.keep_alive). A stream ends after EVENTS_STREAM_MAX_SECS
+(the client reconnects with its Last-Event-ID, so a long-lived connection never
+pins a worker that is being replaced), when the worker stops, or when the client
+goes away (a write fails). Each open stream holds a request thread: it takes its
+place from the waiting room's count (longpoll.WaitRoom.hold), shared with the
+waiting claims, and a stream beyond it is refused with 503 before it begins.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import peewee
+
+from corral.shared.changefeed import ChangeFeed
+from corral.shared.db import MaxConnectionsExceeded
+
+from .event_log import EventLog
+from .events import Cursor, Filter, frame, keep_alive
+
+log = logging.getLogger(__name__)
+
+LOOK_SECS = 0.5
+MIN_GAP_SECS = 0.1
+PAGE = 500
+# Tells an EventSource-like client how soon to reconnect (ms).
+RETRY_MS = 2000
+
+
+@dataclass(frozen=True)
+class Timing:
+    keepalive_secs: float
+    max_secs: float
+    retention_secs: float
+
+
+def start(log_: EventLog, last_event_id: str | None) -> tuple[Cursor, list[bytes]]:
+    """Where a stream starts and what it sends first (a `missed` event when events
+    after the client's position were deleted). Runs on the request, so that a bad
+    Last-Event-ID is a 400 before the stream begins (events.BadCursor)."""
+    if last_event_id is None or not last_event_id.strip():
+        cursor = log_.now()
+        return cursor, [frame("open", {"resumed": False}, cursor)]
+    cursor = log_.parse(last_event_id)
+    first: list[bytes] = []
+    if cursor.missed_after(log_.pruned()):
+        oldest = log_.oldest()
+        resume = oldest if oldest is not None and oldest > cursor else cursor
+        first.append(frame("missed", {
+            "last_event_id": last_event_id.strip(), "resumed_from": str(resume),
+            "reason": "events after this Last-Event-ID are older than EVENTS_RETENTION_SECS and were deleted; "
+                      "the stream goes on from the oldest event kept"}, resume))
+        cursor = resume
+    first.append(frame("open", {"resumed": True}, cursor))
+    return cursor, first
+
+
+class Body:
+    """A WSGI answer's body that runs `on_end` once when the server closes it, even if
+    it never began to iterate (a generator's `finally` would not run then)."""
+
+    def __init__(self, chunks: Iterator[bytes], on_end: Callable[[], None]):
+        self._chunks = chunks
+        self._on_end: Callable[[], None] | None = on_end
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self._chunks
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._chunks, "close", None)
+            if close is not None:
+                close()
+        finally:
+            on_end, self._on_end = self._on_end, None
+            if on_end is not None:
+                on_end()
+
+
+def stream(log_: EventLog, db: peewee.Database, feed: ChangeFeed, cursor: Cursor, wanted: Filter,
+           first: list[bytes], timing: Timing, closed: Callable[[], bool],
+           on_end: Callable[[], None]) -> Body:
+    """The stream's body (module docstring). `on_end` runs once, however it ends."""
+    return Body(_chunks(log_, db, feed, cursor, wanted, first, timing, closed), on_end)
+
+
+def _chunks(log_: EventLog, db: peewee.Database, feed: ChangeFeed, cursor: Cursor, wanted: Filter,
+            first: list[bytes], timing: Timing, closed: Callable[[], bool]) -> Iterator[bytes]:
+    yield f"retry: {RETRY_MS}\n\n".encode()
+    yield from first
+    began = last_write = last_look = time.monotonic()
+    seen = feed.generation
+    while not closed():
+        try:
+            with db.connection_context():
+                page = log_.read(cursor, wanted, PAGE)
+        except (peewee.DatabaseError, MaxConnectionsExceeded) as exc:
+            # The stream ends; the client resumes from its last event once the database is back.
+            log.warning("an event stream stopped: reading events failed: %s", exc)
+            return
+        last_look = time.monotonic()
+        cursor = page.cursor
+        if page.events:
+            yield b"".join(event.sse() for event in page.events)
+            last_write = time.monotonic()
+        if page.full:
+            continue
+        now = time.monotonic()
+        if now - began >= timing.max_secs:
+            yield frame("end", {"reason": "EVENTS_STREAM_MAX_SECS reached; reconnect with Last-Event-ID"},
+                        cursor)
+            return
+        if now - last_write >= timing.keepalive_secs:
+            yield keep_alive(cursor)
+            last_write = now
+        wake = min(LOOK_SECS, last_write + timing.keepalive_secs - now, began + timing.max_secs - now)
+        seen = feed.wait_for_change(seen, max(0.0, wake))
+        gap = MIN_GAP_SECS - (time.monotonic() - last_look)
+        if gap > 0:
+            time.sleep(gap)  # let a burst of commits land: one look for all of them

@@ -1,0 +1,151 @@
+"""The event stream's pure parts: positions in it, what a node change is, and the
+bytes of Server-Sent Events (`GET /events`, event_stream.py; the rows: event_log.py).
+
+A client resumes with the `id` of the last event it saw (`Last-Event-ID`); that id
+is a `Cursor`, a position in the table `stream_event`:
+
+- SQLite commits one writer at a time, so row ids are in commit order and the
+  position is the last id read ("1234").
+- PostgreSQL draws ids before the commit, so a row with a smaller id can commit
+  after one with a larger id that a reader already passed. Each row keeps the id
+  of the transaction that wrote it (`tx`), and a reader takes rows in WINDOWS of
+  transaction ids: [lo, hi), where `hi` was the oldest transaction still open
+  when the window was opened (pg_snapshot_xmin). Every transaction below it has
+  ended, so the window's rows are final, and a transaction that writes later
+  has an id of `hi` or more: the next window. Within a window rows go by id. The
+  position is "lo.hi.id" (the window and the last id read in it); a window read
+  to its end is "hi.hi.0": the next one starts at hi. Nothing committed is
+  skipped and nothing is sent twice. A transaction left open holds the windows
+  back (its own and every later event waits for it), which is why Corral keeps
+  its transactions short; docs/api.md says so.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+TYPES = ("job", "node", "log")
+# Node changes, from one node list to the next (the node refresh).
+NODE_CHANGES = ("registered", "healthy", "unhealthy", "drained", "undrained", "deregistered")
+
+
+class BadCursor(ValueError):
+    """A Last-Event-ID that is not a position of this scheduler's stream."""
+
+
+@dataclass(frozen=True, order=True)
+class Cursor:
+    """A position in the stream (module docstring). SQLite: `id` only."""
+
+    lo: int = 0
+    hi: int = 0
+    id: int = 0
+    windowed: bool = False  # PostgreSQL's form
+
+    def __str__(self) -> str:
+        return f"{self.lo}.{self.hi}.{self.id}" if self.windowed else str(self.id)
+
+    @property
+    def window_done(self) -> bool:
+        return self.lo == self.hi
+
+    @classmethod
+    def parse(cls, text: str, windowed: bool) -> "Cursor":
+        parts = text.strip().split(".")
+        if len(parts) != (3 if windowed else 1) or not all(p.isascii() and p.isdigit() and len(p) <= 19
+                                                           for p in parts):
+            raise BadCursor(f"Last-Event-ID {text[:60]!r} is not an event id of this scheduler's stream")
+        numbers = [int(p) for p in parts]
+        if windowed:
+            lo, hi, row = numbers
+            if lo > hi:
+                raise BadCursor(f"Last-Event-ID {text[:60]!r} is not an event id of this scheduler's stream")
+            return cls(lo, hi, row, True)
+        return cls(id=numbers[0])
+
+    def missed_after(self, pruned: "Cursor | None") -> bool:
+        """Whether rows this position had not reached may have been deleted by the
+        retention, given where the newest deleted row was (`pruned`: its id, and on
+        PostgreSQL its transaction as `lo`)."""
+        if pruned is None:
+            return False
+        if self.windowed:
+            # Read so far: every transaction below `hi` when the window is done, else
+            # below `lo` (and part of the window). A deleted row of a transaction at or
+            # past that may not have been read (its id is not kept: say so, to be safe).
+            return pruned.lo >= (self.hi if self.window_done else self.lo)
+        return pruned.id > self.id
+
+
+@dataclass(frozen=True)
+class Filter:
+    """Which events a stream wants: None means any."""
+
+    job_row: int | None = None
+    node_id: str | None = None
+    types: frozenset[str] | None = None
+
+
+@dataclass(frozen=True)
+class Event:
+    """One event as sent: its position, type and body."""
+
+    cursor: Cursor
+    type: str
+    data: Mapping
+
+    def sse(self) -> bytes:
+        return frame(self.type, self.data, self.cursor)
+
+
+def frame(event_type: str, data: Mapping, cursor: Cursor | None) -> bytes:
+    """One SSE event: `id` (when there is one), `event`, and `data` on one line of JSON."""
+    head = f"id: {cursor}\n" if cursor is not None else ""
+    body = json.dumps(data, separators=(",", ":"), sort_keys=True)
+    return f"{head}event: {event_type}\ndata: {body}\n\n".encode()
+
+
+def keep_alive(cursor: Cursor) -> bytes:
+    """A comment that keeps an idle connection open, carrying the stream's position
+    (an `id` with no data moves a client's Last-Event-ID without an event), so that a
+    filtered stream does not resume from far behind what it already looked at."""
+    return f"id: {cursor}\n: keep-alive\n\n".encode()
+
+
+NodeState = tuple[str, bool]  # (status as placement sees it, drained)
+
+
+def node_changes(before: Mapping[str, NodeState], after: Mapping[str, NodeState]) -> list[tuple[str, str, dict]]:
+    """What changed between two node lists (node id -> state): (node id, change, data)
+    in node id order; a node may have two (drained and unhealthy at once)."""
+    changes: list[tuple[str, str, dict]] = []
+    for node_id in sorted(set(before) | set(after)):
+        old, new = before.get(node_id), after.get(node_id)
+        if new is None:
+            changes.append((node_id, "deregistered", {}))
+            continue
+        status, drained = new
+        if old is None:
+            changes.append((node_id, "registered", {"status": status, "drained": drained}))
+            continue
+        if drained != old[1]:
+            changes.append((node_id, "drained" if drained else "undrained", {"status": status}))
+        if _healthy(status) != _healthy(old[0]):
+            changes.append((node_id, "healthy" if _healthy(status) else "unhealthy", {"status": status}))
+    return changes
+
+
+def _healthy(status: str) -> bool:
+    # A drained node is healthy (its agent is alive): draining is said on its own.
+    return status in ("healthy", "drained")
+
+
+def parse_types(values: Iterable[str]) -> frozenset[str] | None:
+    """`type=job,log` (or repeated) as a set; None for any; ValueError names a bad one."""
+    wanted = {t.strip() for value in values for t in value.split(",") if t.strip()}
+    unknown = sorted(wanted - set(TYPES))
+    if unknown:
+        raise ValueError(f"unknown event type(s) {', '.join(map(repr, unknown))}; "
+                         f"the types are {', '.join(TYPES)}")
+    return frozenset(wanted) or None
