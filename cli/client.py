@@ -2,7 +2,13 @@
 arrays and concurrency limits (the shared client has what the agents use too)."""
 from urllib.parse import quote
 
+import requests
+
 from corral.shared.clients import SchedulerClient
+
+# An event stream's read timeout: well above the server's keep-alive period (15 s by
+# default), so that only a dead connection reaches it; the stream is then reopened.
+EVENTS_READ_TIMEOUT_SECS = 65.0
 
 
 def _seg(value: str) -> str:
@@ -50,3 +56,11 @@ class CliSchedulerClient(SchedulerClient):
 
     def schedule_runs(self, name: str, limit: int) -> list[dict]:
         return self._call("GET", f"/schedules/{_seg(name)}/runs", params={"limit": limit})
+
+    def events(self, params: dict, last_event_id: str | None) -> requests.Response:
+        """`GET /events` as it comes (the caller reads it with shared/sse.py and closes it)."""
+        headers = {"Accept": "text/event-stream"}
+        if last_event_id:
+            headers["Last-Event-ID"] = last_event_id
+        return self._request("GET", "/events", params=params, headers=headers, stream=True,
+                             timeout=(self.connect_timeout, EVENTS_READ_TIMEOUT_SECS))

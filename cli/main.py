@@ -4,7 +4,7 @@ import click
 
 from corral.shared.clients import Rejected, Unreachable
 
-from . import arrays, concurrency, jobs, nodes, schedules
+from . import arrays, concurrency, events, jobs, nodes, schedules
 from .common import CliError, Env
 
 DEFAULT_ADDR = "http://127.0.0.1:9001"
@@ -51,6 +51,7 @@ cli.add_command(nodes.service)
 cli.add_command(arrays.array)
 cli.add_command(concurrency.concurrency)
 cli.add_command(schedules.schedule)
+cli.add_command(events.events)
 
 
 def main() -> None:

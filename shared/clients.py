@@ -121,11 +121,12 @@ class _Client:
                                         headers=headers, resend=resend))
 
     def _request(self, method: str, path: str, *, json=None, params=None, timeout=None,
-                 headers=None, resend: bool = True) -> requests.Response:
+                 headers=None, resend: bool = True, stream: bool = False) -> requests.Response:
         """The answer of a call that succeeded (2xx-4xx handled as for `_call`), for callers
         that need its headers. The call fails over from URL to URL (see the module's
         docstring); `resend`: whether it may go to the next URL after a server that
-        may have acted on it (False for requests that must not happen twice)."""
+        may have acted on it (False for requests that must not happen twice);
+        `stream`: the body is read by the caller as it comes (it closes the answer)."""
         if json is None and method not in ("GET", "HEAD"):
             headers = {**JSON_HEADERS, **(headers or {})}
         count = len(self.base_urls)
@@ -135,7 +136,7 @@ class _Client:
             base = self.base_urls[index]
             try:
                 response = self._send(method, base, path, json=json, params=params, headers=headers,
-                                      timeout=timeout or self.timeout)
+                                      timeout=timeout or self.timeout, stream=stream)
             except _Failed as failure:
                 tried.append((base, failure.reason))
                 if failure.maybe_done and not resend:

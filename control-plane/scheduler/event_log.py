@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import peewee
 from peewee import fn
 
+from corral.shared.timeutil import iso
+
 from .events import Cursor, Event, Filter
 from .models import SchedulerState, StreamEvent
 
@@ -131,5 +133,5 @@ def _event(row: StreamEvent, cursor: Cursor) -> Event:
         data["job_id"] = f"job-{row.job_id}"
     if row.node_id is not None:
         data["node_id"] = row.node_id
-    data["at"] = row.at
+    data["at"] = iso(row.at)
     return Event(cursor, row.type, data)

@@ -11,6 +11,7 @@ from scheduler_app import Clock, end_attempt, make_app, set_nodes, submit
 from corral.scheduler.event_log import EventLog
 from corral.shared import sse
 from corral.shared.db import is_postgres
+from corral.shared.timeutil import iso
 
 
 @pytest.fixture
@@ -63,7 +64,7 @@ def test_every_transition_of_a_job_is_streamed_in_order(database_url, clock):
                      ("running", "pending", 1), ("pending", "pending", 2), ("pending", "running", 2),
                      ("running", "done", 2)]
     done = bodies(messages)[-1]
-    assert done["job_id"] == job["job_id"] and done["node_id"] == "n1" and done["at"] == clock.now
+    assert done["job_id"] == job["job_id"] and done["node_id"] == "n1" and done["at"] == iso(clock.now)
     # The same history as the job's own events, reasons and all.
     history = client.get(f"/jobs/{job['job_id']}/events").json
     assert [e["reason"] for e in bodies(messages)] == [e["reason"] for e in history]
@@ -202,6 +203,6 @@ def test_postgres_sends_nothing_an_open_transaction_could_still_precede(pg_url, 
         resume = held[-1].id
         slow.commit()
     messages = read(client, resume)
-    assert bodies(messages, "log") == [{"slow": True, "at": 1.0}]
+    assert bodies(messages, "log") == [{"slow": True, "at": iso(1.0)}]
     assert [e["job_id"] for e in bodies(messages)] == [job["job_id"]]
     assert [m.event for m in messages[1:]] == ["log", "job"]  # in id order
