@@ -417,11 +417,13 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
         except events.BadCursor as exc:
             raise BadRequest(str(exc)) from None
         if not room.hold():
+            metrics.event_stream("refused")
             response = error_response(503, "this server process already holds as many event streams and waiting "
                                            f"claims as it has threads for ({room.max_waiters}); try again shortly "
                                            "or another replica")
             response.headers["Retry-After"] = "2"
             return response
+        metrics.event_stream("opened")
         store.db.close()  # the stream holds no connection between its looks
         body = event_stream.stream(event_log, store.db, room.feed, cursor, wanted, first, stream_timing,
                                    lambda: room.closed, room.release)

@@ -66,10 +66,13 @@ SCHEDULE_RUNS = Family("counter", "corral_schedule_runs", "Slots of schedules re
 SCHEDULE_LAG = Family("histogram", "corral_schedule_firing_lag_seconds", "Seconds from a schedule's slot to the "
                       "firing pass that made its job (a slot caught up after downtime waited that long).",
                       buckets=LAG_BUCKETS)
+EVENT_STREAMS = Family("counter", "corral_event_streams", "Event streams (GET /events) opened, by outcome: "
+                       "opened, or refused (503: the process's budget of streams and waiting claims was full).",
+                       ("outcome",), initial=[("opened",), ("refused",)])
 
 FAMILIES = (JOBS_SUBMITTED, JOBS_FINISHED, DISPATCH_LATENCY, RUN_DURATION, RETRIES, TIMEOUTS, NODE_LOSS_REQUEUES,
             SQS_RECEIVED, SQS_REJECTED, SNS_PUBLISHED, SNS_PUBLISH_FAILURES, SCHEDULE_RUNS, SCHEDULE_LAG,
-            TRACE_CONTEXT_INVALID)
+            TRACE_CONTEXT_INVALID, EVENT_STREAMS)
 # Computed at scrape time (`scrape`); the SNS ones only when SNS_TOPIC_ARN is set.
 SCRAPE_GAUGES = ("corral_jobs", "corral_scheduler_nodes", "corral_scheduler_node_list_age_seconds",
                  "corral_schedules", "corral_schedules_overdue_seconds",
@@ -127,6 +130,11 @@ def sqs_counted(counts: dict[str, int]) -> None:
 def trace_context_invalid(source: str) -> None:
     """A submit from `source` came with a traceparent that is not valid."""
     TRACE_CONTEXT_INVALID.labels(source).inc()
+
+
+def event_stream(outcome: str) -> None:
+    """An event stream was opened, or refused for want of room."""
+    EVENT_STREAMS.labels(outcome).inc()
 
 
 def sns_published(db, count: int) -> None:

@@ -180,6 +180,7 @@ def test_streams_beyond_the_process_budget_are_refused_with_the_reason(tmp_path,
     refused = client.get("/events")
     assert refused.status_code == 503 and "event streams" in refused.json["error"]
     assert refused.headers["Retry-After"]
+    assert 'corral_event_streams_total{outcome="refused"}' in client.get("/metrics").get_data(as_text=True)
     # A waiting claim counts the same.
     claim = client.post("/nodes/n1/claim", json={"max": 1, "wait_secs": 1})
     assert claim.headers.get("X-Corral-Long-Poll") == "busy"
