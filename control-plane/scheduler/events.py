@@ -26,6 +26,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 TYPES = ("job", "node", "log")
+# The stream's own events: where it starts, what it missed, and that it ends.
+STREAM_TYPES = ("open", "missed", "end")
 # Node changes, from one node list to the next (the node refresh).
 NODE_CHANGES = ("registered", "healthy", "unhealthy", "drained", "undrained", "deregistered")
 

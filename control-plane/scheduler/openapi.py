@@ -15,7 +15,7 @@ from corral.shared.openapi import json_response as _json
 from corral.shared.openapi import path_param as _path_param
 from corral.shared.openapi import query as _query
 
-from . import contract, waiting
+from . import contract, events, waiting
 
 STATUSES = list(states.ALL)
 JOB_TYPES = list(wire.JOB_TYPES)
@@ -42,6 +42,18 @@ LINK_HEADER = {
     },
 }
 
+# One event of GET /events as a client's parser reads it (before OpenAPI 3.2 the schema
+# of an event stream describes each event).
+SSE_EVENT = {
+    "type": "object", "required": ["event", "data", "id"],
+    "properties": {
+        "event": {"type": "string", "enum": [*events.TYPES, *events.STREAM_TYPES]},
+        "data": {"type": "string", "contentMediaType": "application/json",
+                 "description": "A JSON object: `at`, and the fields of its type."},
+        "id": {"type": "string", "minLength": 1, "description": "Send it back as `Last-Event-ID` to resume after it."},
+        "retry": {"type": "integer", "minimum": 0},
+    },
+}
 ARRAY_ID_PARAM = {"name": "array_id", "in": "path", "required": True, "description": "An array id.",
                   "schema": {"type": "string", "pattern": r"^array-[1-9][0-9]{0,17}$"}}
 
@@ -394,7 +406,8 @@ PATHS = {
                  "description": "Resume after this event (its `id`)."},
             ],
             "responses": {
-                "200": {"description": "The stream.", "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+                "200": {"description": "The stream; the schema describes one event.",
+                        "content": {"text/event-stream": {"schema": SSE_EVENT}}},
                 "400": _error("BadRequest"),
                 "503": _json(shared_contract.Error, "This process holds as many event streams and waiting "
                                                             "claims as it has threads for; `Retry-After` says when to "

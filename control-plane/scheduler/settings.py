@@ -170,8 +170,8 @@ SETTINGS = (
     s.Setting("EVENTS_KEEPALIVE_SECS", "events_keepalive_secs", "float", 15.0,
               "an idle event stream gets a keep-alive comment this often", minimum=0.5, maximum=300.0),
     s.Setting("EVENTS_STREAM_MAX_SECS", "events_stream_max_secs", "float", 300.0,
-              "an event stream ends after this long (its client resumes with Last-Event-ID)",
-              minimum=1.0, maximum=86400.0),
+              "an event stream ends after this long (its client resumes with Last-Event-ID); "
+              "`0`: it sends the stored events and ends", minimum=0.0, maximum=86400.0),
     s.Setting("CORRAL_OUTPUT_TAIL_BYTES", "output_tail_bytes", "int", 64 * 1024,
               "the tail of stdout and of stderr that is stored", minimum=256),
     s.Setting("CORRAL_PAGE_MAX_BYTES", "page_max_bytes", "int", 8 * 1024 * 1024,
