@@ -5,6 +5,8 @@ request-body checks (415 not JSON, 400 malformed, 413 too large) live here so
 both services answer bad input the same way.
 """
 import logging
+from collections.abc import Callable
+from typing import TypeVar
 
 import peewee
 from flask import Flask, Response, jsonify, request
@@ -14,6 +16,8 @@ from werkzeug.exceptions import ClientDisconnected, HTTPException, RequestEntity
 
 from . import json_body
 from .errors import BadRequest, CorralError
+
+N = TypeVar("N", int, float)
 
 log = logging.getLogger(__name__)
 
@@ -126,16 +130,32 @@ class UnsupportedMediaType(CorralError):
 
 
 def query_int(name: str, default: int, minimum: int, maximum: int) -> int:
+    value = _query_number(name, int, "a whole number", minimum, maximum)
+    return default if value is None else value
+
+
+def query_float(name: str, minimum: float, maximum: float) -> float | None:
+    """A number in the query (unix seconds, for instance); None when it is not given."""
+    return _query_number(name, float, "a number", minimum, maximum)
+
+
+def _query_number(name: str, parse: Callable[[str], N], what: str, minimum: N, maximum: N) -> N | None:
+    """The query parameter `name` as `parse` reads it, within [minimum, maximum]; None
+    when it is not given (or empty); else a BadRequest that says what it must be."""
     raw = request.args.get(name)
     if raw is None or raw == "":
-        return default
+        return None
     try:
-        value = int(raw)
+        value = parse(raw)
     except ValueError:
-        raise BadRequest(f"query parameter {name!r} must be a whole number") from None
-    if not minimum <= value <= maximum:
-        raise BadRequest(f"query parameter {name!r} must be between {minimum} and {maximum}")
+        raise BadRequest(f"query parameter {name!r} must be {what}") from None
+    if not minimum <= value <= maximum:  # also refuses nan and the infinities
+        raise BadRequest(f"query parameter {name!r} must be between {_plain(minimum)} and {_plain(maximum)}")
     return value
+
+
+def _plain(number: float) -> str:
+    return str(int(number)) if float(number).is_integer() else str(number)
 
 
 def query_choice(name: str, choices: tuple[str, ...]) -> str | None:

@@ -14,15 +14,15 @@ from corral.shared.metrics import serve_metrics
 from corral.shared.clients import RegistryClient
 from corral.shared.contract import encode, respond
 from corral.shared.errors import BadRequest
-from corral.shared.http import (base_app, error_response, query_choice, query_int, read_json_object, request_body,
-                                serve_openapi, serve_readiness)
+from corral.shared.http import (base_app, error_response, query_choice, query_float, query_int, read_json_object,
+                                request_body, serve_openapi, serve_readiness)
 from corral.shared.states import ALL
 from corral.shared.wire import IDEMPOTENCY_HEADER, JOB_TYPES, LONG_POLL_HEADER
 
 from corral.shared.changefeed import ChangeFeed
 
-from . import (contract, event_stream, events, longpoll, loops, metrics, openapi, pages, schedule_loop, sns_outbox,
-               sqs_intake, ui, validation, views, waiting)
+from . import (contract, event_stream, events, longpoll, loops, metrics, openapi, pages, sampler, schedule_loop,
+               sns_outbox, sqs_intake, ui, validation, views, waiting)
 from .event_log import EventLog
 from .migrations import MIGRATIONS
 from .schedules import Schedules
@@ -33,6 +33,7 @@ from .store import Store
 
 SERVICE = "scheduler"  # its PostgreSQL schema: corral_scheduler
 MAX_PAGE = 1000
+MAX_UNIX_SECS = 253402300799.0  # 9999-12-31T23:59:59Z: GET /stats/history?since= at most
 # Answer header of a claim that answered [] before its deadline: "busy" (the process's
 # waiting room is full) or "stopping" (the worker is shutting down): ask again after a
 # pause; "again" (work came for the node after the claim had waited a while): ask
@@ -44,6 +45,7 @@ MAX_PAGE = 1000
 # with env var values hidden.
 ACCESS = {
     "stats": auth.READ,
+    "stats_history": auth.READ,
     "list_nodes": auth.READ,
     "submit": auth.OPERATOR,
     "submit_batch": auth.OPERATOR,
@@ -188,6 +190,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
         server.on_stop_signal(room.close)  # under gunicorn: SIGTERM ends every long poll at once
         app.extensions["corral.loops"] = loops.start(store, registry_client(settings), clock)
         app.extensions["corral.schedule_loop"] = schedule_loop.start(store, clock)
+        app.extensions["corral.sampler"] = sampler.start(store, clock)
         if settings.sqs_url:
             app.extensions["corral.sqs_intake"] = sqs_intake.start(store, clock)
         if settings.sns_topic_arn:
@@ -201,6 +204,13 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     @app.get("/stats")
     def stats():
         return respond(views.stats(store.job_counts(), store.counters(), settings, *store.outbox_backlog(clock())))
+
+    @app.get("/stats/history")
+    def stats_history():
+        since = query_float("since", 0.0, MAX_UNIX_SECS)
+        node_id = request.args.get("node_id") or None
+        nodes = query_choice("nodes", ("all", "none")) != "none"
+        return respond(views.stats_history(sampler.history(since), settings, node_id, nodes))
 
     @app.get("/nodes")
     def list_nodes():

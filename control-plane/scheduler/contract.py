@@ -819,6 +819,66 @@ class Stats(Answer):
     sns: SnsStats
 
 
+class FinishedCounts(Answer):
+    """Jobs that reached each final status in a sample's interval."""
+
+    done: int = Field(ge=0)
+    failed: int = Field(ge=0)
+    cancelled: int = Field(ge=0)
+
+
+class DispatchLatency(Answer):
+    """Seconds from submission to the start of the first attempt (as the histogram
+    corral_job_dispatch_latency_seconds observes it), over the jobs that started in a
+    sample's interval; null when none did."""
+
+    p50_secs: float | None = Field(ge=0)
+    p95_secs: float | None = Field(ge=0)
+
+
+class NodeSample(Answer):
+    """A node as GET /nodes showed it when the sample was taken."""
+
+    node_id: str
+    status: Literal["healthy", "unhealthy"]
+    drained: bool
+    capacity: int = Field(ge=0)
+    """Jobs the node may hold at once."""
+    slots_used: int = Field(ge=0)
+    allocatable: Resources
+    reserved: Resources
+    """What its jobs (placed or running) reserved."""
+    used: Resources | None
+    """What its jobs used, as its agent last said (null: not said)."""
+
+
+class StatsSample(Answer):
+    """One sample: what finished and started since the previous sample, and how the
+    cluster stood when it was taken."""
+
+    at: Timestamp
+    """When it was taken."""
+    since: Timestamp
+    """When the previous sample was taken (one interval before `at` for the first): `finished`,
+    `started` and `dispatch_latency` are about the jobs that finished or started in between."""
+    finished: FinishedCounts
+    pending: int = Field(ge=0)
+    """Jobs pending at `at` (waiting, or placed and not yet running)."""
+    running: int = Field(ge=0)
+    started: int = Field(ge=0)
+    """First attempts that started in the interval (those `dispatch_latency` is about)."""
+    dispatch_latency: DispatchLatency
+    nodes: list[NodeSample]
+
+
+class StatsHistory(Answer):
+    """The samples the scheduler keeps (STATS_INTERVAL_SECS apart, for STATS_RETENTION_SECS), oldest first."""
+
+    interval_secs: float
+    retention_secs: float
+    samples: list[StatsSample]
+
+
 class RunningAttempt(Answer):
     job_id: str
     attempt: int

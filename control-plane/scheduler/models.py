@@ -287,9 +287,20 @@ class StreamEvent(BaseModel):
 
     class Meta:
         table_name = "stream_event"
+class StatsSample(BaseModel):
+    """One sample of the charts (sampler.py, samples.py): taken `at`, counting the jobs
+    that finished or started since the previous one (`since`), kept STATS_RETENTION_SECS."""
+
+    id = peewee.BigAutoField()
+    at = peewee.DoubleField(index=True)
+    since = peewee.DoubleField()
+    data = JSONField()                       # samples.sample(): counts, latency, nodes
+
+    class Meta:
+        table_name = "stats_sample"
 
 
 Lease.bind(database)  # the shared lease table lives in the scheduler's database
 
 MODELS = [Job, JobEvent, Node, NodeLease, SchedulerState, Counter, OutboxEvent, Lease, JobDependency, JobArray,
-          ConcurrencyLimit, Schedule, ScheduleRun, StreamEvent]
+          ConcurrencyLimit, Schedule, ScheduleRun, StreamEvent, StatsSample]

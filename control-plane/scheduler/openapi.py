@@ -68,6 +68,28 @@ PATHS = {
             "responses": {"200": _json(contract.Stats, "The counts.")},
         },
     },
+    "/stats/history": {
+        "get": {
+            "operationId": "getStatsHistory", "tags": ["meta"],
+            "summary": "Samples of the cluster's activity and usage, for charts.",
+            "description": "Every STATS_INTERVAL_SECS one sample, kept STATS_RETENTION_SECS: the jobs that reached "
+                           "each final status and the first attempts that started (with their dispatch latency, "
+                           "p50 and p95) since the previous sample, pending and running jobs, and each node's "
+                           "slots, memory and CPU reserved and used. Oldest first; the dashboard's charts draw them.",
+            "parameters": [
+                _query("since", "Only samples taken after this time (unix seconds); default: every sample kept.",
+                       {"type": "number", "minimum": 0, "maximum": 253402300799}),
+                _query("node_id", "Only this node's usage in each sample (a node page's chart); default: every "
+                       "node's.", {"type": "string"}),
+                _query("nodes", "`none`: no node's usage (`nodes` empty in each sample; the answer stays small "
+                       "on a large fleet).", {"type": "string", "enum": ["all", "none"], "default": "all"}),
+            ],
+            "responses": {
+                "200": _json(contract.StatsHistory, "The samples."),
+                "400": _error("BadRequest"),
+            },
+        },
+    },
     "/nodes": {
         "get": {
             "operationId": "listNodes", "tags": ["meta"], "summary": "The nodes the scheduler places on.",

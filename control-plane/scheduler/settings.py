@@ -66,6 +66,10 @@ class SchedulerSettings:
     events_retention_secs: float = 3600.0
     events_keepalive_secs: float = 15.0
     events_stream_max_secs: float = 300.0
+    # The charts' sampler (sampler.py): a sample every stats_interval_secs, kept for
+    # stats_retention_secs.
+    stats_interval_secs: float = 10.0
+    stats_retention_secs: float = 7200.0
     # SQS intake and SNS notifications (docs/sqs-sns.md); off while the URL / ARN is unset.
     sqs_url: str | None = None
     sqs_dlq_url: str | None = None
@@ -172,6 +176,12 @@ SETTINGS = (
     s.Setting("EVENTS_STREAM_MAX_SECS", "events_stream_max_secs", "float", 300.0,
               "an event stream ends after this long (its client resumes with Last-Event-ID); "
               "`0`: it sends the stored events and ends", minimum=0.0, maximum=86400.0),
+    s.Setting("STATS_INTERVAL_SECS", "stats_interval_secs", "float", 10.0,
+              "how often the cluster's counts and usage are sampled for the dashboard's charts "
+              "(`GET /stats/history`)", minimum=0.1, maximum=3600.0),
+    s.Setting("STATS_RETENTION_SECS", "stats_retention_secs", "float", 7200.0,
+              "how long samples are kept (older ones are deleted as new ones are taken)",
+              minimum=60.0, maximum=30 * 86400.0),
     s.Setting("CORRAL_OUTPUT_TAIL_BYTES", "output_tail_bytes", "int", 64 * 1024,
               "the tail of stdout and of stderr that is stored", minimum=256),
     s.Setting("CORRAL_PAGE_MAX_BYTES", "page_max_bytes", "int", 8 * 1024 * 1024,

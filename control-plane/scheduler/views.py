@@ -8,8 +8,8 @@ from corral.shared.contract import built
 from corral.shared.states import ALL
 from corral.shared.timeutil import iso
 
-from . import contract, waiting
-from .models import Job, JobArray, JobEvent, Node, Schedule, ScheduleRun
+from . import contract, samples, waiting
+from .models import Job, JobArray, JobEvent, Node, Schedule, ScheduleRun, StatsSample
 from .placement import NodeInfo
 from .settings import SchedulerSettings
 
@@ -196,6 +196,17 @@ def stats(by_status: dict[str, int], counters: dict[str, int], settings: Schedul
                 "oldest_pending_age_secs": None if outbox_oldest_age is None else round(outbox_oldest_age, 3),
                 "published": counters.get("sns_published", 0),
                 "publish_failures": counters.get("sns_publish_failures", 0)},
+    })
+
+
+def stats_history(rows: list[StatsSample], settings: SchedulerSettings, node_id: str | None = None,
+                  nodes: bool = True) -> contract.StatsHistory:
+    """The samples kept (GET /stats/history), oldest first; with `node_id`, only that
+    node's usage; without `nodes`, no node's."""
+    return contract.StatsHistory.model_validate({
+        "interval_secs": settings.stats_interval_secs, "retention_secs": settings.stats_retention_secs,
+        "samples": [dict(samples.answer(row.data, node_id, nodes), at=iso(row.at), since=iso(row.since))
+                    for row in rows],
     })
 
 

@@ -122,7 +122,8 @@ def test_nodes_show_health_drain_slots_used_and_last_heartbeat(tmp_path):
 
 @pytest.fixture(scope="module")
 def ui_cluster(tmp_path_factory):
-    with one_node_cluster(tmp_path_factory.mktemp("ui"), NODE, slots=2) as c:
+    # A sample a second, so that the charts follow the tests' jobs within one.
+    with one_node_cluster(tmp_path_factory.mktemp("ui"), NODE, slots=2, STATS_INTERVAL_SECS=1) as c:
         yield c
 
 
@@ -206,6 +207,15 @@ def screenshot(driver, tmp_path, name: str) -> str:
         os.makedirs(target, exist_ok=True)
         shutil.copy(path, os.path.join(target, os.path.basename(path)))
     return path
+
+
+def shows_an_error(driver, url: str, name: str, page: str) -> None:
+    """`url` names something the scheduler does not have: the error banner names it, and
+    the page for it stays hidden."""
+    driver.get(url)
+    wait(driver, lambda d: d.find_element("id", "error").is_displayed(), "the error banner")
+    assert name in text_of(driver, "#error")
+    assert not driver.find_element("id", page).is_displayed()
 
 
 def open_ui(driver, cluster, fragment: str = "#/") -> None:
@@ -319,6 +329,118 @@ def test_retrying_a_failed_job_from_its_page(browser, ui_cluster, shared_dir):
     assert page_not_reloaded(browser)
 
 
+# ---- charts: GET /stats/history drawn as SVG, and a node's page ----------------------------
+
+def finished_in_the_hour(cluster) -> dict[str, int]:
+    """Jobs finished by status in the samples of the last hour, as the API gives them."""
+    samples = requests.get(cluster.scheduler_url + "/stats/history?nodes=none", timeout=10).json()["samples"]
+    newest = epoch(samples[-1]["at"]) if samples else 0.0
+    totals = {"done": 0, "failed": 0, "cancelled": 0}
+    for sample in samples:
+        # The chart's first minute is the first whole one within the hour.
+        if epoch(sample["at"]) // 60 > (newest - 3600) // 60:
+            for status in totals:
+                totals[status] += sample["finished"][status]
+    return totals
+
+
+def finished_in_the_chart(driver) -> dict[str, int]:
+    """The same, as the bars of the chart add up."""
+    totals = {"done": 0, "failed": 0, "cancelled": 0}
+    for bar in driver.find_elements("css selector", "#chart-finished rect[data-status]"):
+        totals[bar.get_attribute("data-status")] += int(bar.get_attribute("data-count"))
+    return totals
+
+
+def legend_value(driver, chart: str, series: str) -> str | None:
+    return text_of(driver, f'#legend-{chart} [data-series="{series}"] .legend-value')
+
+
+def cancel(cluster, *jobs) -> None:
+    for job in jobs:
+        requests.post(f"{cluster.scheduler_url}/jobs/{job['job_id']}/cancel",
+                      headers={"Content-Type": "application/json"}, timeout=10)
+
+
+@pytest.mark.e2e
+@needs_browser
+def test_the_charts_show_jobs_finished_pending_running_latency_and_node_usage(browser, ui_cluster, tmp_path):
+    before = finished_in_the_hour(ui_cluster)
+    done = [ui_cluster.submit(command="true", instance_id=NODE) for _ in range(3)]
+    failed = ui_cluster.submit(command="exit 3", max_retries=0, instance_id=NODE)
+    for job in done:
+        ui_cluster.wait_status(job["job_id"], "done", timeout=WAIT_SECS)
+    ui_cluster.wait_status(failed["job_id"], "failed", timeout=WAIT_SECS)
+    wait_for(lambda: (lambda now: now["done"] >= before["done"] + 3 and now["failed"] >= before["failed"] + 1)(
+        finished_in_the_hour(ui_cluster)), timeout=WAIT_SECS, message="a sample counting the test's jobs")
+    # The node takes one job at a time (MAX_JOBS_PER_NODE 1): one runs, the next waits.
+    running = ui_cluster.submit(command="sleep 60", instance_id=NODE)
+    ui_cluster.wait_status(running["job_id"], "running", timeout=WAIT_SECS)
+    waiting = ui_cluster.submit(command="true", instance_id=NODE)
+    try:
+        open_ui(browser, ui_cluster)
+        mark_page(browser)
+        # The bars add up to what the samples of the hour say, the test's jobs among them.
+        wait(browser, lambda d: finished_in_the_chart(d) == finished_in_the_hour(ui_cluster),
+             "the finished chart to show the samples' counts")
+        shown = finished_in_the_chart(browser)
+        assert shown["done"] >= before["done"] + 3 and shown["failed"] >= before["failed"] + 1
+        assert legend_value(browser, "finished", "done") == f"{shown['done']} in the hour"
+        # Pending and running: the latest sample's, as lines and in the legend.
+        wait(browser, lambda d: legend_value(d, "queue", "running") == "1"
+             and legend_value(d, "queue", "pending") == "1", "one running and one pending")
+        assert int(attribute_of(browser, '#chart-queue path[data-series="running"]', "data-points")) >= 1
+        # Dispatch latency: the test's jobs started, so there is a p50 and a p95.
+        assert int(attribute_of(browser, '#chart-latency path[data-series="p50"]', "data-points")) >= 1
+        p95 = legend_value(browser, "latency", "p95")
+        assert p95.endswith((" ms", " s")), p95
+        # Node usage now: the running job holds the node's one slot.
+        slots = f'#chart-nodes [data-node-id="{NODE}"] g[data-resource="slots"]'
+        wait(browser, lambda d: attribute_of(d, slots, "data-reserved") == "1", "the node's slot in use")
+        assert attribute_of(browser, slots, "data-allocatable") == "1"
+        assert "1 of 1" in text_of(browser, f"{slots} .usage-figures")
+        browser.execute_script("document.getElementById('activity').scrollIntoView()")
+        screenshot(browser, tmp_path, "overview-charts")
+        assert page_not_reloaded(browser)
+    finally:
+        cancel(ui_cluster, running, waiting)
+
+
+@pytest.mark.e2e
+@needs_browser
+def test_a_node_page_shows_its_details_usage_and_running_jobs(browser, ui_cluster, tmp_path):
+    running = ui_cluster.submit(command="sleep 60", instance_id=NODE)
+    ui_cluster.wait_status(running["job_id"], "running", timeout=WAIT_SECS)
+    try:
+        open_ui(browser, ui_cluster)
+        mark_page(browser)
+        wait(browser, lambda d: css(d, f'#nodes tr[data-node-id="{NODE}"] a') is not None, "the node list")
+        browser.find_element("css selector", f'#nodes tr[data-node-id="{NODE}"] a').click()
+        wait(browser, lambda d: text_of(d, "#node-title") == NODE, "the node page")
+        assert "#/nodes/" + NODE in browser.current_url
+        assert text_of(browser, "#node-status") == "healthy"
+        assert text_of(browser, "#node-field-address") == "127.0.0.1"
+        wait(browser, lambda d: css(d, f'#node-jobs tr[data-job-id="{running["job_id"]}"]') is not None,
+             "its running job")
+        assert "sleep 60" in text_of(browser, f'#node-jobs tr[data-job-id="{running["job_id"]}"]')
+        assert attribute_of(browser, '#node-usage-now g[data-resource="slots"]', "data-reserved") == "1"
+        # Its usage over time: a sample has seen the slot taken.
+        wait(browser, lambda d: legend_value(d, "node-slots", "used") == "1", "the slot chart to show it used")
+        assert int(attribute_of(browser, '#chart-node-slots path[data-series="used"]', "data-points")) >= 2
+        assert legend_value(browser, "node-slots", "allocatable") == "1"
+        assert int(attribute_of(browser, '#chart-node-memory path[data-series="reserved"]', "data-points")) >= 2
+        screenshot(browser, tmp_path, "node")
+        # Its jobs: the overview filtered by the node.
+        browser.find_element("id", "node-jobs-link").click()
+        wait(browser, lambda d: css(d, f'#jobs tr[data-job-id="{running["job_id"]}"]') is not None, "its jobs")
+        assert f"node_id={NODE}" in browser.current_url
+        assert page_not_reloaded(browser)
+        # A node the scheduler does not know: the error, as on any page.
+        shows_an_error(browser, f"{ui_cluster.scheduler_url}/ui#/nodes/no-such-node", "no-such-node", "node-page")
+    finally:
+        cancel(ui_cluster, running)
+
+
 # ---- schedules: the list, a schedule's page, a scheduled job ----------------------------
 
 @pytest.mark.e2e
@@ -383,10 +505,7 @@ def test_schedules_are_listed_with_their_runs_and_a_scheduled_job_links_to_its_s
         assert page_not_reloaded(browser)
 
         # A schedule that is not there: the error, as on any page.
-        browser.get(f"{url}/ui#/schedules/no-such-schedule")
-        wait(browser, lambda d: d.find_element("id", "error").is_displayed(), "the error banner")
-        assert "no-such-schedule" in text_of(browser, "#error")
-        assert not browser.find_element("id", "schedule-page").is_displayed()
+        shows_an_error(browser, f"{url}/ui#/schedules/no-such-schedule", "no-such-schedule", "schedule-page")
     finally:
         # The jobs it made stay; no more come for the tests after this one.
         for name in (every, nightly):

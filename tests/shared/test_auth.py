@@ -83,6 +83,7 @@ SCHEDULER_ROUTES = {
     "ui.dashboard_js": ("GET", "/ui/dashboard.js", None, "open"),
     "ui.dashboard_css": ("GET", "/ui/dashboard.css", None, "open"),
     "stats": ("GET", "/stats", None, "read"),
+    "stats_history": ("GET", "/stats/history?since=0", None, "read"),
     "list_nodes": ("GET", "/nodes", None, "read"),
     "submit": ("POST", "/jobs", {"command": "true"}, "operator"),
     "submit_batch": ("POST", "/jobs/batch", {"jobs": [{"command": "true"}]}, "operator"),
@@ -271,7 +272,8 @@ def test_the_read_only_token_reads_everything_but_env_var_values_and_changes_not
 
 def test_a_node_reads_only_its_own_work(tmp_path):
     client = make("scheduler", tmp_path)
-    for path in ("/jobs", "/jobs?status=running", "/jobs/job-1", "/jobs/job-1/events", "/stats", "/nodes"):
+    for path in ("/jobs", "/jobs?status=running", "/jobs/job-1", "/jobs/job-1/events", "/stats", "/stats/history",
+                 "/nodes"):
         assert client.get(path, headers=AS_NODE).status_code == 403, path
     assert client.get(f"/jobs?node_id={NODE}", headers=AS_NODE).status_code == 200
 

@@ -2,8 +2,9 @@
 //
 // Everything shown comes from the scheduler's JSON API, polled every POLL_MS
 // (each poll starts when the previous one has finished). Routes live in the URL
-// hash: "#/" (with filters, "#/?status=failed&node_id=n1"), "#/jobs/job-12" and
-// "#/schedules/nightly-etl" (the name URL-encoded).
+// hash: "#/" (with filters, "#/?status=failed&node_id=n1"), "#/jobs/job-12",
+// "#/nodes/node-1" and "#/schedules/nightly-etl" (names URL-encoded).
+// The charts are SVG drawn here from GET /stats/history (no chart library).
 // Data is written with textContent only, never as HTML.
 "use strict";
 
@@ -213,7 +214,7 @@
   }
 
   // One page of the shell at a time; none while a new route's data is on its way.
-  const PAGES = ["overview", "job-page", "schedule-page"];
+  const PAGES = ["overview", "job-page", "node-page", "schedule-page"];
 
   function showPage(id) {
     for (const page of PAGES) $(page).hidden = page !== id;
@@ -246,6 +247,8 @@
     if (job) return {page: "job", jobId: job[1]};
     const schedule = hash.match(/^\/schedules\/([^/?]+)$/);
     if (schedule) return {page: "schedule", name: decoded(schedule[1])};
+    const node = hash.match(/^\/nodes\/([^/?]+)$/);
+    if (node) return {page: "node", nodeId: decoded(node[1])};
     const query = hash.includes("?") ? hash.slice(hash.indexOf("?") + 1) : "";
     const params = new URLSearchParams(query);
     return {
@@ -267,6 +270,10 @@
     return "#/schedules/" + encodeURIComponent(name);
   }
 
+  function nodeHash(nodeId) {
+    return "#/nodes/" + encodeURIComponent(nodeId);
+  }
+
   function overviewHash(filters) {
     const params = new URLSearchParams();
     for (const [name, value] of Object.entries(filters)) if (value) params.set(name, value);
@@ -281,13 +288,15 @@
     // which answers only as many jobs as the node has free slots.
     const params = new URLSearchParams({order: "desc", limit: String(PAGE)});
     for (const [name, value] of Object.entries(filters)) if (value) params.set(name, value);
-    const [stats, nodes, schedules, jobs] = await Promise.all([api("stats"), api("nodes"), api("schedules"),
-                                                              api("jobs?" + params)]);
-    return {stats, nodes, schedules, jobs};
+    const [stats, nodes, schedules, jobs, history] = await Promise.all([
+      api("stats"), api("nodes"), api("schedules"), api("jobs?" + params), loadHistory("nodes=none")]);
+    return {stats, nodes, schedules, jobs, history};
   }
 
-  function drawOverview(filters, {stats, nodes, schedules, jobs}) {
+  function drawOverview(filters, {stats, nodes, schedules, jobs, history}) {
     showPage("overview");
+    drawActivity(history);
+    drawNodeUsage(nodes);
 
     const counts = $("counts");
     const total = STATUSES.reduce((sum, status) => sum + (stats.jobs[status] || 0), 0);
@@ -301,7 +310,7 @@
       }));
 
     $("nodes").tBodies[0].replaceChildren(...nodes.map((node) => {
-      const tr = row([link(overviewHash({...filters, node_id: node.node_id}), node.node_id), badge(node.status),
+      const tr = row([link(nodeHash(node.node_id), node.node_id), badge(node.status),
                       node.drained ? badge("drained") : "no", node.pool, labelsCell(node.labels),
                       `${node.slots_used} / ${node.capacity}`, resourceCell(node, "memory_mb", "", " MB"),
                       resourceCell(node, "cpu_percent", "%", ""), timeCell(node.last_heartbeat), node.address]);
@@ -336,6 +345,317 @@
     }));
     $("jobs-empty").hidden = jobs.length > 0;
     $("jobs-note").textContent = jobs.length === PAGE ? `the newest ${PAGE} shown` : "";
+  }
+
+  // ---- charts: SVG drawn here from GET /stats/history ------------------------------
+
+  const SVG_NS = document.querySelector("svg.chart").namespaceURI;  // the page's own charts say it
+  const MINUTE_MS = 60 * 1000;
+  const HOUR_MS = 60 * MINUTE_MS;
+  const CHART = {width: 560, height: 170, left: 48, right: 10, top: 8, bottom: 22};
+  const FINALS = ["done", "failed", "cancelled"];
+
+  // The samples read so far and what they were read with: each poll asks only for the
+  // samples taken since the newest one it has (`since`), and forgets those older than
+  // the scheduler keeps. Another query (another page) starts again.
+  const history = {query: null, samples: [], intervalSecs: 10, retentionSecs: 7200};
+
+  const sampleMs = (sample) => Date.parse(sample.at);
+
+  async function loadHistory(query) {
+    if (history.query !== query) Object.assign(history, {query, samples: []});
+    const newest = history.samples[history.samples.length - 1];
+    const since = newest ? `&since=${sampleMs(newest) / 1000}` : "";
+    const answer = await api(`stats/history?${query}${since}`);
+    if (history.query !== query) return history;  // another page asked meanwhile; its poll is stale
+    const seen = new Set(history.samples.map((s) => s.at));
+    const samples = history.samples.concat(answer.samples.filter((s) => !seen.has(s.at)));
+    const last = samples.length ? sampleMs(samples[samples.length - 1]) : 0;
+    Object.assign(history, {
+      samples: samples.filter((s) => sampleMs(s) >= last - answer.retention_secs * 1000),
+      intervalSecs: answer.interval_secs, retentionSecs: answer.retention_secs,
+    });
+    return history;
+  }
+
+  function svgEl(tag, attrs, text) {
+    const node = document.createElementNS(SVG_NS, tag);
+    for (const [name, value] of Object.entries(attrs || {})) node.setAttribute(name, String(value));
+    if (text !== undefined && text !== null) node.textContent = String(text);
+    return node;
+  }
+
+  // A round step for about `count` ticks from 0 to `max`: 1, 2 or 5 times a power of ten.
+  function niceStep(max, count) {
+    const raw = max / count;
+    const power = Math.pow(10, Math.floor(Math.log10(raw)));
+    return [1, 2, 5, 10].map((m) => m * power).find((step) => step >= raw * 0.999);
+  }
+
+  function clockText(ms) {
+    return new Date(ms).toLocaleTimeString("en-GB", {hour: "2-digit", minute: "2-digit"});
+  }
+
+  // A value on an axis or in a legend: seconds as ms or s, counts and resources as numbers.
+  function valueText(value, unit) {
+    if (!known(value)) return "—";
+    if (unit === "secs") return value < 1 ? `${number(Math.round(value * 1000))} ms` : `${number(+value.toFixed(2))} s`;
+    return number(+Number(value).toFixed(2)) + (unit === "%" ? "%" : "");
+  }
+
+  // Axes and grid for times `from`..`to` (ms) and values 0..`max` (rounded up); the
+  // functions that place a time and a value.
+  function frame(from, to, max, unit) {
+    const {width, height, left, right, top, bottom} = CHART;
+    const fine = niceStep(max > 0 ? max : (unit === "secs" ? 0.01 : 1), 4);
+    const step = unit === "secs" ? fine : Math.max(1, fine);  // no half a job, slot or MB
+    const ticks = Math.max(1, Math.ceil(max / step - 1e-9));
+    const yMax = ticks * step;
+    const x = (t) => left + (t - from) / Math.max(1, to - from) * (width - left - right);
+    const y = (v) => top + (1 - v / yMax) * (height - top - bottom);
+    const parts = [];
+    for (let i = 0; i <= ticks; i++) {
+      parts.push(svgEl("line", {x1: left, x2: width - right, y1: y(i * step), y2: y(i * step), class: "grid"}));
+      parts.push(svgEl("text", {x: left - 5, y: y(i * step) + 4, class: "tick y"}, valueText(i * step, unit)));
+    }
+    const span = to - from;
+    const every = span <= 15 * MINUTE_MS ? 2 * MINUTE_MS : span <= HOUR_MS ? 10 * MINUTE_MS
+      : span <= 3 * HOUR_MS ? 30 * MINUTE_MS : 2 * HOUR_MS;
+    for (let t = Math.ceil(from / every) * every; t <= to; t += every) {
+      parts.push(svgEl("text", {x: x(t), y: height - 6, class: "tick x"}, clockText(t)));
+    }
+    return {x, y, parts};
+  }
+
+  // The time span a chart shows: `span` ms up to the newest sample (the scheduler's clock,
+  // not this browser's), or up to now when there is none.
+  function timeSpan(samples, span) {
+    const to = samples.length ? sampleMs(samples[samples.length - 1]) : Date.now();
+    return {from: to - span, to};
+  }
+
+  // Lines over time. Each series: {name, cls, points: [[ms, value]]} (value null: none);
+  // a line breaks where samples are further apart than `gapMs` (nobody sampled), and a
+  // point on its own shows as a dot.
+  function drawLines(svg, {from, to, gapMs, unit, series, floor = 0}) {
+    const values = series.flatMap((s) => s.points.filter((p) => p[0] >= from).map((p) => p[1])).filter(known);
+    const f = frame(from, to, Math.max(floor, ...values), unit);
+    const paths = series.map((s) => {
+      let d = "";
+      let previous = null;
+      let drawn = 0;
+      for (const [t, value] of s.points) {
+        if (t < from || !known(value)) {
+          previous = null;
+          continue;
+        }
+        const at = `${f.x(t).toFixed(1)},${f.y(value).toFixed(1)}`;
+        d += previous === null || t - previous > gapMs ? `M${at}l0,0` : `L${at}`;
+        previous = t;
+        drawn++;
+      }
+      const path = svgEl("path", {d: d || "M0,0", class: "line " + s.cls, "data-series": s.name,
+                                  "data-points": drawn});
+      path.append(svgEl("title", {}, s.name));
+      return path;
+    });
+    svg.setAttribute("viewBox", `0 0 ${CHART.width} ${CHART.height}`);
+    svg.replaceChildren(...f.parts, ...paths);
+  }
+
+  // Under a chart: each series' name and latest value.
+  function drawLegend(box, items) {
+    box.replaceChildren(...items.map(([name, cls, value]) => {
+      const item = el("span", null, "legend-item");
+      item.dataset.series = name;
+      item.append(el("span", null, "swatch " + cls), el("span", name, "legend-name"),
+                  el("span", value, "legend-value"));
+      return item;
+    }));
+  }
+
+  const latest = (points) => {
+    const last = points[points.length - 1];
+    return last ? last[1] : null;
+  };
+
+  // Jobs finished per minute, by status: each sample's counts go to the minute it was
+  // taken in (a sample covers the interval before it), stacked done, failed, cancelled.
+  function drawFinished(samples) {
+    const {from, to} = timeSpan(samples, HOUR_MS);
+    const first = Math.floor(from / MINUTE_MS) + 1;
+    const minutes = new Map();
+    for (const sample of samples) {
+      const minute = Math.floor(sampleMs(sample) / MINUTE_MS);
+      if (minute < first) continue;
+      const counts = minutes.get(minute) || {done: 0, failed: 0, cancelled: 0};
+      for (const status of FINALS) counts[status] += sample.finished[status];
+      minutes.set(minute, counts);
+    }
+    const totals = [...minutes.values()].map((c) => c.done + c.failed + c.cancelled);
+    const f = frame(from, to, Math.max(1, ...totals), "count");
+    const width = Math.max(1, f.x(MINUTE_MS) - f.x(0) - 1);
+    const bars = [];
+    for (const [minute, counts] of minutes) {
+      let base = 0;
+      const start = minute * MINUTE_MS;
+      for (const status of FINALS) {
+        if (!counts[status]) continue;
+        const rect = svgEl("rect", {x: f.x(start).toFixed(1), width: width.toFixed(1),
+                                    y: f.y(base + counts[status]).toFixed(1),
+                                    height: (f.y(base) - f.y(base + counts[status])).toFixed(1),
+                                    class: "bar " + status, "data-status": status, "data-count": counts[status],
+                                    "data-minute": new Date(start).toISOString()});
+        rect.append(svgEl("title", {}, `${clockText(start)}: ${counts[status]} ${status}`));
+        bars.push(rect);
+        base += counts[status];
+      }
+    }
+    const svg = $("chart-finished");
+    svg.setAttribute("viewBox", `0 0 ${CHART.width} ${CHART.height}`);
+    svg.replaceChildren(...f.parts, ...bars);
+    const hour = FINALS.map((status) => [status, status, String([...minutes.values()]
+      .reduce((sum, c) => sum + c[status], 0))]);
+    drawLegend($("legend-finished"), hour.map(([name, cls, total]) => [name, cls, `${total} in the hour`]));
+  }
+
+  function drawActivity(h) {
+    const samples = h.samples;
+    const gapMs = 2.5 * h.intervalSecs * 1000;
+    const {from, to} = timeSpan(samples, HOUR_MS);
+    const points = (value) => samples.map((s) => [sampleMs(s), value(s)]);
+    $("activity-note").textContent = samples.length
+      ? `(a sample every ${number(h.intervalSecs)} s; the newest ${ago(samples[samples.length - 1].at)})`
+      : "(no samples yet)";
+    drawFinished(samples);
+
+    const queue = [{name: "pending", cls: "pending", points: points((s) => s.pending)},
+                   {name: "running", cls: "running", points: points((s) => s.running)}];
+    drawLines($("chart-queue"), {from, to, gapMs, unit: "count", series: queue, floor: 1});
+    drawLegend($("legend-queue"), queue.map((s) => [s.name, s.cls, valueText(latest(s.points), "count")]));
+
+    const latency = [{name: "p50", cls: "p50", points: points((s) => s.dispatch_latency.p50_secs)},
+                     {name: "p95", cls: "p95", points: points((s) => s.dispatch_latency.p95_secs)}];
+    drawLines($("chart-latency"), {from, to, gapMs, unit: "secs", series: latency});
+    const started = samples.filter((s) => sampleMs(s) >= from).reduce((sum, s) => sum + s.started, 0);
+    drawLegend($("legend-latency"), [
+      ...latency.map((s) => [s.name, s.cls, valueText(latest(s.points.filter((p) => known(p[1]))), "secs")]),
+      ["started", "started", `${number(started)} in the hour`]]);
+  }
+
+  // ---- node usage: bars of now, lines over time -------------------------------------
+
+  const RESOURCES = [
+    // name, label, unit, what is allocatable, reserved, used (of a node as GET /nodes or a sample shows it)
+    ["slots", "slots", "", (n) => n.capacity, (n) => n.slots_used, () => null],
+    ["memory", "memory", " MB", (n) => n.allocatable.memory_mb, (n) => n.reserved.memory_mb,
+     (n) => n.used ? n.used.memory_mb : null],
+    ["cpu", "CPU", "%", (n) => n.allocatable.cpu_percent, (n) => n.reserved.cpu_percent,
+     (n) => n.used ? n.used.cpu_percent : null],
+  ];
+  const USAGE_ROW = 18;
+  const MAX_NODE_BARS = 40;       // on the overview; every node has its page
+
+  // A node's slots, memory and CPU as bars: reserved (the bar) and used (a line) as a
+  // share of what is allocatable, with the figures beside them.
+  function usageBars(node) {
+    const width = 480;
+    const label = 56;
+    const track = 200;
+    const svg = svgEl("svg", {viewBox: `0 0 ${width} ${RESOURCES.length * USAGE_ROW}`, class: "usage",
+                              role: "img", "aria-label": `usage of ${node.node_id}`});
+    RESOURCES.forEach(([name, text, unit, allocatable, reserved, used], i) => {
+      const of = allocatable(node);
+      const held = reserved(node) || 0;
+      const using = used(node);
+      const share = (v) => (known(of) && of > 0 ? Math.min(1, v / of) : 0) * track;
+      const top = i * USAGE_ROW;
+      const group = svgEl("g", {class: "resource " + name, "data-resource": name, "data-reserved": held,
+                                "data-used": known(using) ? using : "", "data-allocatable": known(of) ? of : ""});
+      group.append(svgEl("text", {x: 0, y: top + 13, class: "usage-label"}, text),
+                   svgEl("rect", {x: label, y: top + 3, width: track, height: USAGE_ROW - 6, class: "track"}),
+                   svgEl("rect", {x: label, y: top + 3, width: share(held).toFixed(1), height: USAGE_ROW - 6,
+                                  class: "reserved"}));
+      if (known(using)) {
+        const x = (label + share(using)).toFixed(1);
+        group.append(svgEl("line", {x1: x, x2: x, y1: top + 1, y2: top + USAGE_ROW - 1, class: "used"}));
+      }
+      const figures = `${number(held)}${unit} of ${known(of) ? number(of) + unit : "?"}`
+        + (known(using) ? ` · used ${number(using)}${unit}` : "");
+      group.append(svgEl("text", {x: label + track + 8, y: top + 13, class: "usage-figures"}, figures));
+      svg.append(group);
+    });
+    return svg;
+  }
+
+  function drawNodeUsage(nodes) {
+    const shown = nodes.slice(0, MAX_NODE_BARS);
+    $("chart-nodes").replaceChildren(...shown.map((node) => {
+      const item = el("div", null, "node-usage-item");
+      item.dataset.nodeId = node.node_id;
+      item.append(link(nodeHash(node.node_id), node.node_id), usageBars(node));
+      return item;
+    }));
+    $("chart-nodes-more").hidden = nodes.length <= shown.length;
+    $("chart-nodes-more").textContent = `and ${nodes.length - shown.length} more nodes (each has its page)`;
+    if (!nodes.length) $("chart-nodes").replaceChildren(el("p", "No nodes have registered.", "muted"));
+  }
+
+  // ---- the node page ----------------------------------------------------------------
+
+  async function loadNode(nodeId) {
+    const running = new URLSearchParams({node_id: nodeId, status: "running", order: "desc", limit: String(PAGE)});
+    const [nodes, jobs, h] = await Promise.all([
+      api("nodes"), api("jobs?" + running), loadHistory("node_id=" + encodeURIComponent(nodeId))]);
+    const node = nodes.find((n) => n.node_id === nodeId);
+    if (!node) throw new Error(`${nodeId} is not in the scheduler's node list`);
+    return {node, jobs, history: h};
+  }
+
+  function drawNode({node, jobs, history: h}) {
+    showPage("node-page");
+    $("node-title").textContent = node.node_id;
+    const health = node.drained ? "drained" : node.status;
+    $("node-status").textContent = health;
+    $("node-status").className = "status " + health;
+    document.title = `${node.node_id} (${health}) · Corral`;
+    $("node-jobs-link").href = overviewHash({node_id: node.node_id});
+    definitions($("node-fields"), [
+      ["address", node.address], ["kind", node.kind], ["pool", node.pool], ["labels", labelsCell(node.labels)],
+      ["slots", `${node.slots_used} used of ${node.capacity} (advertises ${node.slots})`],
+      ["max_memory_mb", node.max_memory_mb], ["max_cpu_percent", node.max_cpu_percent],
+      ["last_heartbeat", whenText(node.last_heartbeat)], ["synced_at", whenText(node.synced_at)],
+    ], "node-field-");
+    $("node-usage-now").replaceChildren(usageBars(node));
+
+    const samples = h.samples;
+    const gapMs = 2.5 * h.intervalSecs * 1000;
+    // All the samples kept, at least ten minutes' worth of axis (a new cluster has few).
+    const kept = samples.length ? sampleMs(samples[samples.length - 1]) - sampleMs(samples[0]) : 0;
+    const {from, to} = timeSpan(samples, Math.min(h.retentionSecs * 1000, Math.max(10 * MINUTE_MS, kept)));
+    $("node-history-note").textContent = samples.length
+      ? `(a sample every ${number(h.intervalSecs)} s, kept ${number(h.retentionSecs / 60)} min)` : "(no samples yet)";
+    for (const [name, , unit, allocatable, reserved, used] of RESOURCES) {
+      const points = (value) => samples.map((s) => {
+        const at = s.nodes.find((n) => n.node_id === node.node_id);
+        return [sampleMs(s), at ? value(at) : null];
+      });
+      const series = [{name: "allocatable", cls: "allocatable", points: points(allocatable)},
+                      {name: name === "slots" ? "used" : "reserved", cls: "reserved", points: points(reserved)}];
+      if (name !== "slots") series.push({name: "used", cls: "used", points: points(used)});
+      drawLines($("chart-node-" + name), {from, to, gapMs, unit: unit === "%" ? "%" : "count", series, floor: 1});
+      drawLegend($("legend-node-" + name), series.map((s) => [s.name, s.cls, valueText(latest(s.points),
+                                                                                         "count") + unit]));
+    }
+
+    $("node-jobs").tBodies[0].replaceChildren(...jobs.map((job) => {
+      const tr = row([link("#/jobs/" + job.job_id, job.job_id), job.job_type, job.command || job.deploy_url,
+                      job.attempt, resourcesText(job.reserved), timeCell(job.running_at)]);
+      tr.dataset.jobId = job.job_id;
+      tr.cells[2].className = "command";
+      return tr;
+    }));
+    $("node-jobs-empty").hidden = jobs.length > 0;
   }
 
   // ---- schedules ------------------------------------------------------------------
@@ -580,6 +900,7 @@
     overview: {load: (r) => loadOverview(r.filters), draw: (r, data) => drawOverview(r.filters, data)},
     job: {load: (r) => loadJob(r.jobId), draw: (r, data) => drawJob(data)},
     schedule: {load: (r) => loadSchedule(r.name), draw: (r, data) => drawSchedule(data)},
+    node: {load: (r) => loadNode(r.nodeId), draw: (r, data) => drawNode(data)},
   };
 
   let timer = null;
