@@ -180,6 +180,40 @@ def read(driver, selector: str, what):
         return None
 
 
+def read_all(driver, selector: str, what) -> list:
+    """`what(element)` for every element `selector` finds, read again when the page
+    redrew them in between (it does whenever an event or a poll brings new data)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    def attempt(d):
+        try:
+            return [what(element) for element in css_all(d, selector)], True
+        except StaleElementReferenceException:
+            return None, False
+
+    return wait(driver, lambda d: (lambda got: got if got[1] else None)(attempt(d)),
+                f"a steady read of {selector}", timeout=10)[0]
+
+
+def css_all(driver, selector: str):
+    from selenium.webdriver.common.by import By
+    return driver.find_elements(By.CSS_SELECTOR, selector)
+
+
+def click(driver, selector: str) -> None:
+    """Click the first element `selector` finds, found again if the page redrew it."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    def attempt(d):
+        try:
+            d.find_element("css selector", selector).click()
+            return True
+        except StaleElementReferenceException:
+            return False
+
+    wait(driver, attempt, f"to click {selector}", timeout=10)
+
+
 def text_of(driver, selector: str) -> str | None:
     return read(driver, selector, lambda element: element.text)
 
@@ -255,13 +289,69 @@ def test_a_submitted_job_appears_and_turns_done_without_a_reload(browser, ui_clu
     assert ui_cluster.job(job["job_id"])["status"] == "done"
 
     # Its page: fields, events and output.
-    browser.find_element("css selector", f"{row} a").click()
+    click(browser, f"{row} a")
     wait(browser, lambda d: text_of(d, "#job-title") == job["job_id"], "the job page")
     wait(browser, lambda d: "hello from the dashboard test" in (text_of(d, "#job-stdout") or ""), "its output")
     assert text_of(browser, "#field-exit_code") == "0"
-    assert len(browser.find_elements("css selector", "#job-events tbody tr")) >= 3  # submitted, placed, ...
+    assert len(css_all(browser, "#job-events tbody tr")) >= 3  # submitted, placed, ...
     assert page_not_reloaded(browser)
     screenshot(browser, tmp_path, "job-done")
+
+
+def stream_state(driver) -> str | None:
+    return attribute_of(driver, "#live", "data-stream")
+
+
+def refreshed_by(driver) -> str | None:
+    return attribute_of(driver, "#live", "data-refreshed-by")
+
+
+@pytest.mark.e2e
+@needs_browser
+def test_the_page_follows_the_event_stream(browser, ui_cluster, tmp_path):
+    """With GET /events open the page polls only every 5 s: a job that appears and turns
+    done is drawn by refreshes that its events asked for."""
+    open_ui(browser, ui_cluster)
+    wait(browser, lambda d: stream_state(d) == "open", "the event stream to open")
+    assert text_of(browser, "#live").startswith("live (events)")
+    mark_page(browser)
+    job = ui_cluster.submit(command="echo streamed", instance_id=NODE)
+    row = f'#jobs tr[data-job-id="{job["job_id"]}"]'
+    wait(browser, lambda d: attribute_of(d, row, "data-status") == "done" and refreshed_by(d) == "event",
+         f"{job['job_id']} drawn done by a refresh an event asked for")
+    assert page_not_reloaded(browser) and stream_state(browser) == "open"
+
+    # A job's page is reloaded by that job's events: here, its cancel.
+    sleeper = ui_cluster.submit(command="sleep 30", instance_id=NODE)
+    browser.get(f"{ui_cluster.scheduler_url}/ui#/jobs/{sleeper['job_id']}")
+    wait(browser, lambda d: text_of(d, "#job-title") == sleeper["job_id"], "the sleeping job's page")
+    wait(browser, lambda d: text_of(d, "#field-status") == "running", "it to show running")
+    cancelled = requests.post(f"{ui_cluster.scheduler_url}/jobs/{sleeper['job_id']}/cancel",
+                              headers={"Content-Type": "application/json"}, timeout=10)
+    assert cancelled.status_code == 200, cancelled.text
+    wait(browser, lambda d: text_of(d, "#field-status") == "cancelled" and refreshed_by(d) == "event",
+         "the cancel drawn by its event")
+    screenshot(browser, tmp_path, "job-followed")
+
+
+@pytest.mark.e2e
+@needs_browser
+def test_without_the_stream_the_page_polls(browser, tmp_path):
+    """A scheduler with no thread for streams answers GET /events with a 503: the page
+    says it polls, and still shows new jobs."""
+    c = Cluster(tmp_path, LONG_POLL_MAX_WAITERS=0)
+    try:
+        c.start()
+        assert requests.get(c.scheduler_url + "/events", timeout=10).status_code == 503
+        open_ui(browser, c)
+        assert stream_state(browser) == "down"
+        assert text_of(browser, "#live").startswith("live (polling)")
+        job = c.submit(command="true")
+        row = f'#jobs tr[data-job-id="{job["job_id"]}"]'
+        wait(browser, lambda d: css(d, row) is not None, f"{job['job_id']} to appear")
+        assert refreshed_by(browser) == "poll" and stream_state(browser) == "down"
+    finally:
+        c.stop()
 
 
 @pytest.mark.e2e
@@ -279,7 +369,7 @@ def test_filters_narrow_the_job_list(browser, ui_cluster):
     Select(browser.find_element("id", "filter-status")).select_by_value("failed")
     wait(browser, lambda d: css(d, f'#jobs tr[data-job-id="{failed["job_id"]}"]') is not None
          and css(d, f'#jobs tr[data-job-id="{done["job_id"]}"]') is None, "only failed jobs to be listed")
-    statuses = {row.get_attribute("data-status") for row in browser.find_elements("css selector", "#jobs tbody tr")}
+    statuses = set(read_all(browser, "#jobs tbody tr", lambda row: row.get_attribute("data-status")))
     assert statuses == {"failed"}
     assert "status=failed" in browser.current_url
     Select(browser.find_element("id", "filter-type")).select_by_value("service")
@@ -347,8 +437,10 @@ def finished_in_the_hour(cluster) -> dict[str, int]:
 def finished_in_the_chart(driver) -> dict[str, int]:
     """The same, as the bars of the chart add up."""
     totals = {"done": 0, "failed": 0, "cancelled": 0}
-    for bar in driver.find_elements("css selector", "#chart-finished rect[data-status]"):
-        totals[bar.get_attribute("data-status")] += int(bar.get_attribute("data-count"))
+    bars = read_all(driver, "#chart-finished rect[data-status]",
+                    lambda bar: (bar.get_attribute("data-status"), int(bar.get_attribute("data-count"))))
+    for status, count in bars:
+        totals[status] += count
     return totals
 
 
@@ -415,7 +507,7 @@ def test_a_node_page_shows_its_details_usage_and_running_jobs(browser, ui_cluste
         open_ui(browser, ui_cluster)
         mark_page(browser)
         wait(browser, lambda d: css(d, f'#nodes tr[data-node-id="{NODE}"] a') is not None, "the node list")
-        browser.find_element("css selector", f'#nodes tr[data-node-id="{NODE}"] a').click()
+        click(browser, f'#nodes tr[data-node-id="{NODE}"] a')
         wait(browser, lambda d: text_of(d, "#node-title") == NODE, "the node page")
         assert "#/nodes/" + NODE in browser.current_url
         assert text_of(browser, "#node-status") == "healthy"
@@ -474,7 +566,7 @@ def test_schedules_are_listed_with_their_runs_and_a_scheduled_job_links_to_its_s
         screenshot(browser, tmp_path, "overview-schedules")
 
         # Its page: the definition and the runs, each slot a second after the one before.
-        browser.find_element("css selector", f"{every_row} .name a").click()
+        click(browser, f"{every_row} .name a")
         wait(browser, lambda d: text_of(d, "#schedule-title") == every, "the schedule page")
         assert text_of(browser, "#schedule-state") == "enabled"
         assert text_of(browser, "#schedule-field-interval_secs") == "1"
@@ -483,19 +575,19 @@ def test_schedules_are_listed_with_their_runs_and_a_scheduled_job_links_to_its_s
         run_rows = "#schedule-runs tbody tr[data-job-id]"
         wait(browser, lambda d: len(d.find_elements("css selector", run_rows)) >= 3, "three runs with jobs")
         wait(browser, lambda d: css(d, "#schedule-runs tbody .status.done") is not None, "a run whose job is done")
-        slots = [epoch(row.get_attribute("data-slot")) for row in browser.find_elements("css selector", run_rows)]
+        slots = [epoch(slot) for slot in read_all(browser, run_rows, lambda row: row.get_attribute("data-slot"))]
         assert [newer - older for newer, older in zip(slots, slots[1:])] == [1.0] * (len(slots) - 1), slots
         assert page_not_reloaded(browser)
         screenshot(browser, tmp_path, "schedule")
 
         # A run's job: its page names the schedule (a link back) and the slot.
-        run = browser.find_element("css selector", f"{run_rows} a")
-        job_id, slot = run.text, run.find_element("xpath", "ancestor::tr").get_attribute("data-slot")
-        run.click()
+        job_id, slot = read_all(browser, run_rows, lambda row: (row.get_attribute("data-job-id"),
+                                                                row.get_attribute("data-slot")))[0]
+        click(browser, f'{run_rows}[data-job-id="{job_id}"] a')
         wait(browser, lambda d: text_of(d, "#job-title") == job_id, "the scheduled job's page")
         assert text_of(browser, "#sched-schedule") == f"{every}, slot {slot}"
         assert ui_cluster.job(job_id)["schedule"] == every
-        browser.find_element("css selector", "#sched-schedule a").click()
+        click(browser, "#sched-schedule a")
         wait(browser, lambda d: text_of(d, "#schedule-title") == every, "back to the schedule page")
 
         # Disabled, it has no next run; the page follows without a reload.
@@ -542,7 +634,7 @@ def test_a_pending_job_shows_why_it_waits_and_nodes_show_what_they_reserve(brows
              "the node's reserved and allocatable memory")
         assert text_of(browser, f"{node_row} .cpu .resource-reserved") == "reserved 100% of 400%"
         assert text_of(browser, f"{node_row} .pool") == "batch"
-        labels = [e.text for e in browser.find_elements("css selector", f"{node_row} .label")]
+        labels = read_all(browser, f"{node_row} .label", lambda e: e.text)
         assert labels == ["pool=batch", "zone=b"]
 
         job_row = f'#jobs tr[data-job-id="{waiting["job_id"]}"]'
@@ -552,7 +644,7 @@ def test_a_pending_job_shows_why_it_waits_and_nodes_show_what_they_reserve(brows
         assert text_of(browser, f'#jobs tr[data-job-id="{running["job_id"]}"] .waiting') == "—"
         screenshot(browser, tmp_path, "overview-scheduling")
         # Its code lists the jobs that wait for the same reason.
-        browser.find_element("css selector", f"{job_row} a.reason-code").click()
+        click(browser, f"{job_row} a.reason-code")
         wait(browser, lambda d: css(d, f'#jobs tr[data-job-id="{running["job_id"]}"]') is None,
              "only the jobs waiting for constraints_unmet to be listed")
         assert "pending_reason=constraints_unmet" in browser.current_url
@@ -560,7 +652,7 @@ def test_a_pending_job_shows_why_it_waits_and_nodes_show_what_they_reserve(brows
         assert attribute_of(browser, "#filter-reason", "value") == "constraints_unmet"
 
         # Its page: the whole reason, its scheduling fields, and the node that came closest.
-        browser.find_element("css selector", f"{job_row} a").click()
+        click(browser, f"{job_row} a")
         wait(browser, lambda d: text_of(d, "#job-title") == waiting["job_id"], "the job page")
         assert text_of(browser, "#job-reason-code") == "constraints_unmet"
         assert text_of(browser, "#job-reason-message") == reason["message"] == "no healthy node satisfies zone = a"
@@ -572,7 +664,7 @@ def test_a_pending_job_shows_why_it_waits_and_nodes_show_what_they_reserve(brows
         assert text_of(browser, "#sched-reserved") == "nothing (not placed)"
         why_row = f'#job-why-nodes tr[data-node-id="{POOL_NODE}"]'
         wait(browser, lambda d: css(d, why_row) is not None, "the closest nodes")
-        assert [e.text for e in browser.find_elements("css selector", f"{why_row} li")] == [
+        assert read_all(browser, f"{why_row} li", lambda e: e.text) == [
             "zone = a (the node has zone=b)"]
         assert page_not_reloaded(browser)
         screenshot(browser, tmp_path, "job-waiting")
@@ -588,7 +680,7 @@ def test_a_pending_job_shows_why_it_waits_and_nodes_show_what_they_reserve(brows
         assert text_of(browser, "#job-reason-code") == "dependency"
 
         # A running job has no reason, and shows what it reserves.
-        browser.find_element("css selector", "#sched-depends_on a").click()
+        click(browser, "#sched-depends_on a")
         wait(browser, lambda d: text_of(d, "#job-title") == running["job_id"], "the page of the job it waits for")
         wait(browser, lambda d: text_of(d, "#sched-reserved") == "3,072 MB, 100% CPU", "what the job reserves")
         assert not browser.find_element("id", "job-waiting").is_displayed()
@@ -610,11 +702,13 @@ def test_the_page_asks_for_the_operator_token_and_sends_it_as_a_header(browser, 
         browser.get(f"{c.scheduler_url}/ui#/")
         wait(browser, lambda d: d.find_element("id", "token-form").is_displayed(), "the token form")
         browser.find_element("id", "token-input").send_keys("not-the-token-at-all")
-        browser.find_element("css selector", "#token-form button[type=submit]").click()
+        click(browser, "#token-form button[type=submit]")
         wait(browser, lambda d: text_of(d, "#token-error") == "That token was refused.", "a refused token")
         browser.find_element("id", "token-input").send_keys(OPERATOR_TOKEN)
-        browser.find_element("css selector", "#token-form button[type=submit]").click()
+        click(browser, "#token-form button[type=submit]")
         wait(browser, lambda d: (text_of(d, "#live") or "").startswith("live"), "the data with the token")
+        # The event stream sends the token as a header too (GET /events needs it).
+        wait(browser, lambda d: stream_state(d) == "open", "the event stream with the token")
         assert not browser.find_element("id", "token-form").is_displayed()
         assert css(browser, "#count-all .count") is not None
         assert OPERATOR_TOKEN not in browser.current_url

@@ -1,7 +1,10 @@
 // The Corral dashboard: plain JavaScript, no build step, no dependencies.
 //
-// Everything shown comes from the scheduler's JSON API, polled every POLL_MS
-// (each poll starts when the previous one has finished). Routes live in the URL
+// Everything shown comes from the scheduler's JSON API. The page reads the event
+// stream (GET /events) and reloads what it shows when an event concerns it (at most
+// once a second); while the stream is open it polls only every SAFETY_POLL_MS, and
+// while it is down every POLL_MS (each poll starts when the previous one has
+// finished). Routes live in the URL
 // hash: "#/" (with filters, "#/?status=failed&node_id=n1"), "#/jobs/job-12",
 // "#/nodes/node-1" and "#/schedules/nightly-etl" (names URL-encoded).
 // The charts are SVG drawn here from GET /stats/history (no chart library).
@@ -9,8 +12,11 @@
 "use strict";
 
 (function () {
-  const POLL_MS = 1500;
+  const POLL_MS = 1500;           // while the event stream is down
+  const SAFETY_POLL_MS = 5000;    // while it is open: what no event announces (the charts' samples)
+  const REFRESH_MIN_MS = 1000;    // the most often events reload the page
   const RETRY_MS = 3000;          // after a failed poll
+  const STREAM_RETRY_MAX_MS = 30000;
   const TOKEN_KEY = "corral.operatorToken";
   const STATUSES = ["pending", "running", "done", "failed", "cancelled"];
   const JOB_TYPES = ["run", "service"];
@@ -30,9 +36,8 @@
   let waitingForToken = false;
 
   async function api(path, method = "GET") {
-    const headers = {Accept: "application/json"};
-    const token = sessionStorage.getItem(TOKEN_KEY);
-    if (token) headers.Authorization = "Bearer " + token;  // a header, never the URL
+    const headers = authHeaders("application/json");
+    const token = headers.Authorization;
     // The server takes state-changing requests only with this header (no other site
     // can send it), a body-less cancel or retry too.
     if (method !== "GET") headers["Content-Type"] = "application/json";
@@ -53,6 +58,13 @@
       throw new Error((body && body.error) || `${method} ${path}: ${response.status} ${response.statusText}`);
     }
     return body;
+  }
+
+  function authHeaders(accept) {
+    const headers = {Accept: accept};
+    const token = sessionStorage.getItem(TOKEN_KEY);
+    if (token) headers.Authorization = "Bearer " + token;  // a header, never the URL
+    return headers;
   }
 
   function askForToken(message) {
@@ -209,7 +221,8 @@
   function setLive(ok, message) {
     const live = $("live");
     live.classList.toggle("down", !ok);
-    live.textContent = ok ? `live · updated ${new Date().toLocaleTimeString()}` : message;
+    const how = stream.open ? "events" : "polling";
+    live.textContent = ok ? `live (${how}) · updated ${new Date().toLocaleTimeString()}` : message;
     $("forget-token").hidden = !sessionStorage.getItem(TOKEN_KEY) || waitingForToken;
   }
 
@@ -893,6 +906,140 @@
   $("cancel-job").addEventListener("click", (event) => act(event.currentTarget, "cancel"));
   $("retry-job").addEventListener("click", (event) => act(event.currentTarget, "retry"));
 
+  // ---- the event stream ----------------------------------------------------------------
+  //
+  // GET /events read with fetch() and a streaming parser: a browser's EventSource cannot
+  // send the bearer token, and the token never goes into a URL. A dropped or ended stream
+  // is reopened after its last event id (Last-Event-ID), so nothing in between is missed;
+  // a refused one (503 when the scheduler holds as many streams as it has threads for,
+  // 404 from an older scheduler) is tried again later while the page polls.
+
+  const stream = {open: false, lastId: null, retryMs: 2000, failures: 0};
+
+  function setStream(open) {
+    stream.open = open;
+    $("live").dataset.stream = open ? "open" : "down";
+  }
+
+  // Which events change what the page shows.
+  function concerns(current, type, data) {
+    if (current.page === "job") return data.job_id === current.jobId;
+    if (current.page === "node") return type !== "log" && data.node_id === current.nodeId;
+    return type !== "log";  // the overview and schedules: transitions and node changes
+  }
+
+  function onEvent(type, data) {
+    if (type === "job" || type === "node" || type === "log") {
+      if (concerns(route(), type, data)) requestRefresh("event");
+    } else if (type === "missed") {
+      requestRefresh("event");  // some events are gone: read everything again
+    }
+  }
+
+  // The text of a stream, cut into events as it arrives (the WHATWG rules the server's
+  // stream uses: fields, comments, a blank line ends an event, an id with no data still
+  // moves the position).
+  function sseParser(onFrame) {
+    let buffer = "";
+    let fields = {data: [], event: "", id: null};
+    return (text) => {
+      buffer += text;
+      const lines = buffer.split(/\r\n|\r|\n/);
+      buffer = lines.pop();
+      for (const line of lines) {
+        if (line === "") {
+          if (fields.id !== null) stream.lastId = fields.id;
+          if (fields.data.length) onFrame(fields.event || "message", fields.data.join("\n"));
+          fields = {data: [], event: "", id: null};
+          continue;
+        }
+        if (line.startsWith(":")) continue;
+        const colon = line.indexOf(":");
+        const name = colon < 0 ? line : line.slice(0, colon);
+        let value = colon < 0 ? "" : line.slice(colon + 1);
+        if (value.startsWith(" ")) value = value.slice(1);
+        if (name === "data") fields.data.push(value);
+        else if (name === "event") fields.event = value;
+        else if (name === "id" && !value.includes("\0")) fields.id = value;
+        else if (name === "retry" && /^[0-9]+$/.test(value)) stream.retryMs = Number(value);
+      }
+    };
+  }
+
+  const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+  function visible() {
+    if (document.visibilityState !== "hidden") return Promise.resolve();
+    return new Promise((resolve) => {
+      const seen = () => {
+        if (document.visibilityState === "hidden") return;
+        document.removeEventListener("visibilitychange", seen);
+        resolve();
+      };
+      document.addEventListener("visibilitychange", seen);
+    });
+  }
+
+  async function readEvents(response) {
+    const reader = response.body.getReader();
+    const decoder = new TextDecoder();
+    const feed = sseParser((type, text) => {
+      let data = {};
+      try {
+        data = JSON.parse(text);
+      } catch (err) {
+        return;
+      }
+      onEvent(type, data);
+    });
+    for (;;) {
+      const {value, done} = await reader.read();
+      if (done) return;
+      feed(decoder.decode(value, {stream: true}));
+      if (document.visibilityState === "hidden") {  // a hidden tab holds no server thread
+        reader.cancel();
+        return;
+      }
+    }
+  }
+
+  async function followEvents() {
+    for (;;) {
+      await visible();
+      if (waitingForToken) {
+        await sleep(1000);
+        continue;
+      }
+      const headers = authHeaders("text/event-stream");
+      if (stream.lastId) headers["Last-Event-ID"] = stream.lastId;
+      let wait = 0;
+      try {
+        const response = await fetch(new URL("events", API_ROOT), {headers, cache: "no-store"});
+        if (response.ok && response.body) {
+          setStream(true);
+          stream.failures = 0;
+          requestRefresh("open");  // what happened before the stream opened
+          await readEvents(response);
+          wait = stream.retryMs / 4;  // an ended stream (EVENTS_STREAM_MAX_SECS): back at once
+        } else {
+          const after = Number(response.headers.get("Retry-After"));
+          wait = after > 0 ? after * 1000 : 0;
+          stream.failures += 1;
+        }
+      } catch (err) {
+        stream.failures += 1;  // a dropped connection, a scheduler going away
+      }
+      if (stream.open) {
+        setStream(false);
+        poll();  // back to polling until the stream is open again
+      }
+      if (stream.failures) {
+        wait = Math.max(wait, Math.min(STREAM_RETRY_MAX_MS, stream.retryMs * 2 ** (stream.failures - 1)));
+      }
+      await sleep(wait);
+    }
+  }
+
   // ---- the poll loop -----------------------------------------------------------------
 
   // Each page of route(): what it reads from the API, and how it shows that.
@@ -905,19 +1052,40 @@
 
   let timer = null;
   let generation = 0;   // a newer poll (a route change) makes an older one's answer stale
+  let inFlight = 0;     // the generation of the poll in flight, 0 for none
+  let refreshTimer = null;
+  let lastRefresh = 0;
+  let wantedWhileInFlight = false;
 
-  async function poll() {
+  // An event asks for a reload: at most one every REFRESH_MIN_MS, and one poll in flight
+  // is not cut short by another (a busy cluster would otherwise never finish one).
+  function requestRefresh(why) {
+    if (inFlight) {
+      wantedWhileInFlight = true;
+      return;
+    }
+    if (refreshTimer) return;
+    refreshTimer = setTimeout(() => {
+      refreshTimer = null;
+      lastRefresh = Date.now();
+      poll(why);
+    }, Math.max(0, lastRefresh + REFRESH_MIN_MS - Date.now()));
+  }
+
+  async function poll(why = "poll") {
     clearTimeout(timer);
     const mine = ++generation;
     if (waitingForToken) return;  // the token form starts the next poll
-    let delay = POLL_MS;
+    let delay = stream.open ? SAFETY_POLL_MS : POLL_MS;
     if (document.visibilityState !== "hidden") {
       const current = route();
+      inFlight = mine;
       try {
         const view = VIEWS[current.page];
         const data = await view.load(current);
         if (mine !== generation) return;
         view.draw(current, data);
+        $("live").dataset.refreshedBy = why;
         showError("");
         setLive(true);
       } catch (err) {
@@ -926,6 +1094,14 @@
         showError(err.message);
         setLive(false, "not updating: " + err.message);
         delay = RETRY_MS;
+      } finally {
+        if (inFlight === mine) {
+          inFlight = 0;
+          if (wantedWhileInFlight) {
+            wantedWhileInFlight = false;
+            requestRefresh("event");
+          }
+        }
       }
     }
     if (mine === generation) timer = setTimeout(poll, delay);
@@ -934,10 +1110,12 @@
   window.addEventListener("hashchange", () => {
     $("action-result").textContent = "";
     showPage(null);  // until the new page's data is in
-    poll();
+    poll("route");
   });
   document.addEventListener("visibilitychange", () => {
     if (document.visibilityState === "visible") poll();
   });
-  poll();
+  setStream(false);
+  poll("route");
+  followEvents();
 })();
