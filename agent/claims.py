@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from corral.shared.backoff import Backoff
 from corral.shared.clients import ClientError, Rejected, SchedulerClient, Unreachable
 
+from . import spans
 from .jobs import END_FENCED, LocalJob
 from .prepare import Plan
 from .reconcile import Key, job_key
@@ -216,7 +217,8 @@ class Claims:
             if agent.lease_lapsed():
                 log.warning("job %s attempt %s was claimed but the lease lapsed; giving it back", *key)
                 assert agent.endings is not None  # made by startup, before any claim
-                agent.outbox.add_failed(*key, -1, agent.endings.node_side_message(END_FENCED), requeue=True)
+                agent.outbox.add_failed(*key, -1, agent.endings.node_side_message(END_FENCED), requeue=True,
+                                        attempt_span=spans.failed_attempt(job, *key, agent.node_id, END_FENCED))
                 return None
             plan = agent.plan(job)
             local = self.accept(job, key[0], key[1], plan)
@@ -235,7 +237,8 @@ class Claims:
         here (reported failed)."""
         if plan.error:
             log.warning("job %s attempt %s cannot run here: %s", job_id, attempt, plan.error)
-            self.agent.outbox.add_failed(job_id, attempt, -1, plan.error)
+            self.agent.outbox.add_failed(job_id, attempt, -1, plan.error, attempt_span=spans.failed_attempt(
+                job, job_id, attempt, self.agent.node_id, "cannot run here"))
             return None
         now = self.agent._clock()
         timeout = job.get("timeout_secs")
@@ -245,8 +248,10 @@ class Claims:
         if plan.job_type == "run" and isinstance(timeout, (int, float)) \
                 and not isinstance(timeout, bool) and timeout > 0:
             deadline = now + timeout
+        trace = spans.attempt_context(job)
         return LocalJob(job_id, attempt, plan.job_type, self.agent.work_dir(job_id, attempt), now,
-                        deadline, memory_mb=plan.memory_mb)
+                        deadline, memory_mb=plan.memory_mb, trace=trace,
+                        span=spans.start_attempt(job, trace, job_id, attempt, self.agent.node_id))
 
     def start_preparing(self, local: LocalJob, job: dict, plan: Plan) -> None:
         assert self.agent._preparer is not None  # made by startup, before any claim

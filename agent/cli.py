@@ -25,6 +25,7 @@ import sys
 import tempfile
 import threading
 
+from corral.shared import tracing
 from corral.shared.clients import RegistryClient, SchedulerClient
 from corral.shared.errors import SettingError
 from corral.shared.settings import LOG_LEVEL, LOG_LEVELS, split_urls
@@ -110,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     watch = SignalWatch([signal.SIGTERM, signal.SIGINT], request_stop)
     registry = client_for(RegistryClient, settings.registry_url, settings)
     scheduler = client_for(SchedulerClient, settings.scheduler_url, settings)
+    tracing.setup("corral-agent")  # spans exported only when OTEL_EXPORTER_OTLP_ENDPOINT is set
     try:
         agent = Agent(settings, registry, scheduler)
         try:
@@ -125,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         registry.close()
         scheduler.close()
         watch.close()
+        tracing.shutdown()  # the spans of the last attempts and reports, within a time limit
 
 
 def client_for(client_class, url: str, settings: AgentSettings):

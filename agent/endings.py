@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import cgroups, identity, launch, services
+from . import cgroups, identity, launch, services, spans
 from .jobs import END_FENCED, END_RECONCILED, END_STOPPING, END_TIMEOUT, JobTable, LocalJob
 from .reports import Outbox
 from .settings import AgentSettings
@@ -135,15 +135,17 @@ class Endings:
     def _finish_unstarted(self, local: LocalJob) -> Ended:
         self._free(local)
         if local.end_reason == END_RECONCILED:
+            spans.end_attempt(local.span, None, None)
             return (local.job_id, local.attempt, "killed")
+        extra = {}
         if local.end_reason == END_TIMEOUT:
-            self.outbox.add_failed(local.job_id, local.attempt, -1, TIMEOUT_MESSAGE)
+            exit_code, message = -1, TIMEOUT_MESSAGE
         elif local.end_reason in NODE_SIDE_ENDS:
-            self.outbox.add_failed(local.job_id, local.attempt, -1, self.node_side_message(local.end_reason),
-                                   requeue=True)
+            exit_code, message, extra = -1, self.node_side_message(local.end_reason), {"requeue": True}
         else:
             exit_code, message = local.start_error or (-1, "the agent could not start the job")
-            self.outbox.add_failed(local.job_id, local.attempt, exit_code, message)
+        spans.end_attempt(local.span, "failed", exit_code, local.end_reason or "not started")
+        self.outbox.add_failed(local.job_id, local.attempt, exit_code, message, attempt_span=local.span, **extra)
         return (local.job_id, local.attempt, "failed")
 
     def _finish(self, local: LocalJob) -> Ended:
@@ -158,6 +160,7 @@ class Endings:
         if local.end_reason == END_RECONCILED:
             log.info("job %s attempt %s was ended by the scheduler; killed (exit %s), not reported",
                      local.job_id, local.attempt, result.exit_code)
+            spans.end_attempt(local.span, None, result.exit_code)
             return (local.job_id, local.attempt, "killed")
         limit = ((cg.limits.get("memory_mb") if cg is not None else None) or local.memory_mb) if oom else None
         report = report_of(local.end_reason, result.exit_code, result.stderr,
@@ -166,7 +169,8 @@ class Endings:
         log.info("job %s attempt %s finished: %s (exit %s%s)", local.job_id, local.attempt, report.status,
                  report.exit_code, ", out of memory" if oom else "")
         extra = {"requeue": True} if report.requeue else {}
-        self.outbox.add(local.job_id, local.attempt, report.status, exit_code=report.exit_code,
+        spans.end_attempt(local.span, report.status, report.exit_code, local.end_reason)
+        self.outbox.add(local.job_id, local.attempt, report.status, attempt_span=local.span, exit_code=report.exit_code,
                         stdout=result.stdout, stderr=report.stderr, oom_killed=oom, **usage, **extra)
         return (local.job_id, local.attempt, report.status)
 

@@ -21,6 +21,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from opentelemetry.trace import INVALID_SPAN, Span
+
+from corral.shared.tracecontext import TraceContext
+
 from . import cgroups, runner, services
 
 Key = tuple[str, int]  # (job_id, attempt)
@@ -60,6 +64,8 @@ class LocalJob:
     uid: int | None = None  # the uid it runs as (services: recorded in their state file)
     user_key: str | None = None  # set while it holds an identity from the agent's JobUsers
     adopted: bool = False
+    trace: TraceContext | None = None  # the attempt's own (its TRACEPARENT), in the job's trace
+    span: Span = INVALID_SPAN  # corral.attempt (spans.py), ended with the attempt
     prepared: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
 

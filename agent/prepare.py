@@ -16,8 +16,6 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from corral.shared import tracecontext
-
 from . import artifacts, cgroups, identity, jobenv, launch, runner, services, uids, warm
 from .jobs import END_STOPPING, LocalJob
 from .settings import AgentSettings, safe_path_part
@@ -148,8 +146,8 @@ class Preparer:
             port = _port(job)
             if port is not None:
                 fixed["PORT"] = str(port)
-            if job.get("traceparent"):  # a span of its own for this attempt, in the job's trace
-                fixed.update(tracecontext.attempt_env(job["traceparent"], job.get("tracestate")))
+            if local.trace is not None:  # the attempt's span (spans.py), in the job's trace
+                fixed.update(local.trace.env())
             env = jobenv.build({"env_vars": job_env}, self.agent_env, own, fixed)
             if plan.job_type == "service":
                 local.log_files = services.log_paths(s.log_root, local.job_id, local.attempt)

@@ -17,8 +17,12 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from opentelemetry.trace import INVALID_SPAN, Span
+
 from corral.shared.backoff import Backoff
 from corral.shared.clients import Rejected, SchedulerClient, Unreachable, split_batches
+
+from . import spans
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +43,7 @@ class PendingReport:
     tries: int = 0
     shrunk: bool = False
     backoff: Backoff = field(default_factory=lambda: Backoff(1.0, 30.0))
+    span: Span = INVALID_SPAN  # corral.report (spans.py), ended once the scheduler has it
 
 
 class Outbox:
@@ -59,8 +64,10 @@ class Outbox:
     def __iter__(self) -> Iterator[PendingReport]:
         return iter(list(self._pending))
 
-    def add(self, job_id: str, attempt: int, status: str, **result) -> None:
-        self._pending.append(PendingReport(job_id, attempt, status, result))
+    def add(self, job_id: str, attempt: int, status: str, attempt_span: Span = INVALID_SPAN, **result) -> None:
+        """A report to deliver; `attempt_span`: the attempt's span, its span's parent."""
+        self._pending.append(PendingReport(job_id, attempt, status, result,
+                                           span=spans.start_report(attempt_span, job_id, attempt, status)))
 
     def add_failed(self, job_id: str, attempt: int, exit_code: int, stderr: str, **extra) -> None:
         """A job that ended without a process of its own (it never started)."""
@@ -83,6 +90,7 @@ class Outbox:
                 return len(self._pending)
             due = rest
         for report in due:
+            refused = None
             try:
                 self._send(report)
             except Unreachable as exc:
@@ -94,8 +102,14 @@ class Outbox:
             except Rejected as exc:
                 log.warning("the scheduler refused the %s report of job %s attempt %s (%s); "
                             "dropping it", report.status, report.job_id, report.attempt, exc)
-            self._pending.remove(report)
+                refused = str(exc)
+            self._settled(report, refused)
         return len(self._pending)
+
+    def _settled(self, report: PendingReport, refused: str | None = None) -> None:
+        """The scheduler has the report, or refused it (`refused`): it leaves the outbox."""
+        self._pending.remove(report)
+        spans.end_report(report.span, report.tries + 1, refused)
 
     def _retry_later(self, report: PendingReport) -> float:
         report.tries += 1
@@ -139,7 +153,7 @@ class Outbox:
                         log.warning("the scheduler refused the %s report of job %s attempt %s (%s: %s); "
                                     "dropping it", report.status, report.job_id, report.attempt, code,
                                     result.get("error"))
-                    self._pending.remove(report)
+                    self._settled(report, None if code == 200 else f"{code}: {result.get('error')}")
                 else:
                     self._retry_later(report)
         return []

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from gunicorn.app.base import Application
 from gunicorn.workers.gthread import ThreadWorker
 
-from . import auth, metrics, signals, worker
+from . import auth, metrics, signals, tracing, worker
 from . import db as dbmod
 from .credentials import server_credentials
 from .errors import CorralError
@@ -111,8 +111,9 @@ def worker_threads() -> int:
 
 
 class _Gunicorn(Application):
-    def __init__(self, loader: Callable, defaults: dict, overrides: dict, config_file: str | None):
+    def __init__(self, loader: Callable, defaults: dict, overrides: dict, config_file: str | None, prog: str):
         self._loader = loader
+        self._prog = prog
         self._defaults = defaults
         self._overrides = overrides
         self._config_file = config_file
@@ -129,13 +130,27 @@ class _Gunicorn(Application):
         for key, value in self._overrides.items():
             self.cfg.set(key, value)
         metrics.install_gunicorn_hooks(self.cfg)
+        _export_spans_until_exit(self.cfg)
         global _worker_threads
         threaded = issubclass(self.cfg.worker_class, ThreadWorker)  # gthread or ours
         _worker_threads = self.cfg.threads if threaded else 1
 
     def load(self):  # in the worker, after the fork
         dbmod.serve_in_a_worker()
+        tracing.setup(self._prog)  # here: the span exporter's thread does not survive a fork
         return self._loader()
+
+
+def _export_spans_until_exit(cfg) -> None:
+    """Add to gunicorn's `worker_exit` (in the worker, before any hook a config file set,
+    which still runs): the worker's queued spans are exported, within a time limit."""
+    theirs = cfg.worker_exit
+
+    def worker_exit(server, worker):
+        tracing.shutdown()
+        theirs(server, worker)
+
+    cfg.set("worker_exit", worker_exit)
 
 
 class _StopCallbacks:
@@ -295,7 +310,7 @@ def run_service(prog: str, default_port: int, prepare: Callable[[], object],
         overrides["accesslog"] = args.access_log
     if args.certfile:
         overrides.update(certfile=args.certfile, keyfile=args.keyfile)
-    application = _Gunicorn(loader, defaults, overrides, args.gunicorn_config)
+    application = _Gunicorn(loader, defaults, overrides, args.gunicorn_config, prog)
     # Checked on the binds gunicorn will really use (flags, config file and defaults merged).
     refusal = auth.bind_refusal(application.cfg.bind) if open_to_all and not insecure else None
     if refusal:
@@ -304,6 +319,7 @@ def run_service(prog: str, default_port: int, prepare: Callable[[], object],
     global _loopback_only
     _loopback_only = binds_loopback_only(list(application.cfg.bind))
     raise_open_files_limit(application.cfg.workers * application.cfg.worker_connections)
+    tracing.log_plan(os.environ, prog)  # each worker sets up its own exporter (_Gunicorn.load)
     application.run()
 
 

@@ -59,10 +59,10 @@ def job_fields(got: Received) -> dict[str, str | None]:
     return {"traceparent": submit.traceparent, "tracestate": submit.tracestate}
 
 
-def attempt_env(traceparent: str, tracestate: str | None) -> dict[str, str]:
-    """TRACEPARENT and TRACESTATE of one attempt of a job: a span of its own under the
-    job's."""
-    return received(traceparent, tracestate).context.child().env()
+def attempt_context(traceparent: str, tracestate: str | None) -> TraceContext:
+    """The context of one attempt of a job (its TRACEPARENT and TRACESTATE: `env()`): a
+    span of its own under the job's."""
+    return received(traceparent, tracestate).context.child()
 
 
 def new_span_id() -> str:

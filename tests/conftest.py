@@ -130,3 +130,12 @@ def aws_env(moto_endpoint, monkeypatch, tmp_path):
     """The environment of one test points boto3 at the module's moto server."""
     set_aws_env(monkeypatch, tmp_path, moto_endpoint)
     return moto_endpoint
+
+
+@pytest.fixture
+def recorded():
+    """The spans the test makes, recorded in memory (tests/span_support.py)."""
+    from span_support import recording
+
+    with recording() as spans:
+        yield spans

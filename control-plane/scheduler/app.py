@@ -3,7 +3,7 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlencode
 
-from flask import Flask, request
+from flask import Flask, after_this_request, g, request
 import peewee
 from peewee import fn
 
@@ -22,7 +22,7 @@ from corral.shared.wire import IDEMPOTENCY_HEADER, JOB_TYPES, LONG_POLL_HEADER
 from corral.shared.changefeed import ChangeFeed
 
 from . import (contract, event_stream, events, longpoll, loops, metrics, openapi, pages, sampler, schedule_loop,
-               sns_outbox, sqs_intake, ui, validation, views, waiting)
+               sns_outbox, spans, sqs_intake, ui, validation, views, waiting)
 from .event_log import EventLog
 from .migrations import MIGRATIONS
 from .schedules import Schedules
@@ -222,7 +222,19 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
         got = tracecontext.received(request.headers.get("traceparent"), request.headers.get("tracestate"))
         if got.invalid:
             metrics.trace_context_invalid(source)
-        return tracecontext.job_fields(got)
+        fields = tracecontext.job_fields(got)
+        # The corral.submit span the jobs store (spans.py), ended with the answer.
+        span = g.submit_span = spans.submit(got, fields, source,
+                                            attributes=spans.http_attributes(request.method, request.path))
+        if span.is_recording():
+            @after_this_request
+            def end_span(response):
+                spans.answered(span, response.status_code)
+                return response
+        return fields
+
+    def submitted(created: bool, **attributes) -> None:
+        spans.submitted(g.submit_span, created, {f"corral.{name}": value for name, value in attributes.items()})
 
     @app.post("/jobs/batch")
     def submit_batch():
@@ -233,6 +245,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
         if key is not None and len(key) > 250:
             raise BadRequest("the Idempotency-Key header of a batch must be at most 250 characters")
         jobs, created = scheduler.submit_batch(items, clock(), key)
+        submitted(created, job_count=len(jobs))
         return respond([job_view(j) for j in jobs], 201 if created else 200, of=jobs_answer)
 
     def agent_view(job) -> contract.Job:
@@ -286,8 +299,10 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
             if key is not None and len(key) > 245:
                 raise BadRequest("the Idempotency-Key header of an array must be at most 245 characters")
             array, first, last, created = scheduler.submit_array(fields, clock(), key)
+            submitted(created, array_id=f"array-{array.id}", job_count=array.count)
             return respond(views.array_created(array, first, last), 201 if created else 200)
         job, created = scheduler.submit(fields, clock(), key)
+        submitted(created, job_id=job.job_id, job_count=1)
         metrics.submitted(store.db, "api", int(created))  # committed: store.submit has returned
         return respond(job_view(job), 201 if created else 200)
 

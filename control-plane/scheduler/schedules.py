@@ -18,14 +18,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import peewee
+from opentelemetry.trace import INVALID_SPAN, Span
 from peewee import fn
 
 from corral.shared.errors import BadRequest, Conflict, CorralError, NotFound
 from corral.shared.states import ACTIVE
-from corral.shared import tracecontext
+from corral.shared import tracecontext, tracing
 from corral.shared.timeutil import iso
 
-from . import metrics, slots
+from . import metrics, slots, spans
 from .contract import ScheduleChange, ScheduleRequest, parse_instant
 from .models import Job, Schedule, ScheduleRun
 from .store import Store
@@ -209,12 +210,19 @@ class Schedules:
             return run, None, False
         if previous is not None and action == "cancel_previous":
             self.store.cancel(previous.job_id, now)
+        span: Span = INVALID_SPAN
         try:
             # Each run is the root of a trace of its own (no request came with one).
+            got = tracecontext.received(None)
             fields = dict(job_request(schedule.job), schedule=schedule.name, slot=slot,
-                          **tracecontext.job_fields(tracecontext.received(None)))
-            job, _ = self.store.submit(fields, now, idempotency_key=run_key(schedule.id, slot))
+                          **tracecontext.job_fields(got))
+            span = spans.submit(got, fields, "schedule", kind=tracing.INTERNAL,
+                                attributes={"corral.schedule": schedule.name})
+            job, created = self.store.submit(fields, now, idempotency_key=run_key(schedule.id, slot))
+            spans.submitted(span, created, {"corral.job_id": job.job_id, "corral.job_count": 1})
+            tracing.end(span)
         except CorralError as exc:
+            tracing.end(span, error=exc.message)
             # The template no longer passes (a node size, a refused variable): this run
             # is recorded as failed with why, and the schedule goes on.
             log.warning("schedule %s: the run of %s could not be created: %s", schedule.name, iso(slot), exc)

@@ -28,12 +28,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import peewee
+from opentelemetry.trace import INVALID_SPAN, Span
 
-from corral.shared import json_body, tracecontext
+from corral.shared import json_body, tracecontext, tracing
 from corral.shared.errors import BadRequest, CorralError
 from corral.shared.leader import Fence, LeaseLost, holder_id
 
-from . import aws_clients, metrics, validation
+from . import aws_clients, metrics, spans, validation
 from .retry import Backoff
 from .service import Scheduler
 
@@ -61,6 +62,7 @@ class Accepted:
     fields: dict            # the job's columns, as JobRequest.columns() gives them, and its trace's
     idempotency_key: str
     trace_invalid: bool = False  # a traceparent attribute came that is not valid (a new trace was started)
+    trace: tracecontext.Received | None = field(default=None, compare=False)  # what came (its submit span's parent)
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,7 @@ def parse_message(message: dict) -> Accepted | Rejected:
     # The trace context, as the traceparent and tracestate headers of POST /jobs.
     trace = tracecontext.received(*(string_attribute(attributes, name) for name in ("traceparent", "tracestate")))
     return Accepted(dict(fields, **tracecontext.job_fields(trace)), key or f"sqs:{message['MessageId']}",
-                    trace.invalid)
+                    trace.invalid, trace)
 
 
 def string_attribute(attributes: dict, name: str) -> str | None:
@@ -237,16 +239,22 @@ class Intake:
                 continue
             if parsed.trace_invalid:
                 metrics.trace_context_invalid("sqs")
+            span = self.submit_span(message, parsed)
             try:
                 if parsed.fields.get("array") is not None:
                     array, _, _, created = self.scheduler.submit_array(parsed.fields, now, parsed.idempotency_key)
                     what = f"array-{array.id} ({array.count} jobs)"
+                    spans.submitted(span, created, {"corral.array_id": f"array-{array.id}",
+                                                    "corral.job_count": array.count})
                 else:
                     job, created = self.scheduler.submit(parsed.fields, now, parsed.idempotency_key)
                     what = job.job_id
+                    spans.submitted(span, created, {"corral.job_id": job.job_id, "corral.job_count": 1})
             except Exception as exc:  # noqa: BLE001 -- classified below; nothing escapes the pass
+                tracing.end(span, error=f"not submitted: {type(exc).__name__}")
                 self.submit_failed(message, exc, outcome)
                 continue
+            tracing.end(span)
             outcome.delete.append(message)
             if created:
                 outcome.created += 1
@@ -256,6 +264,16 @@ class Intake:
                 log.info("SQS message %s (received %d times): %s already exists for key %r; not created again",
                          message["MessageId"], receive_count(message), what, parsed.idempotency_key)
         return outcome
+
+    @staticmethod
+    def submit_span(message: dict, parsed: Accepted) -> Span:
+        """The corral.submit span of a message's jobs (spans.py): a consumer's, under the
+        trace context the message came with."""
+        if parsed.trace is None:
+            return INVALID_SPAN
+        return spans.submit(parsed.trace, parsed.fields, "sqs", kind=tracing.CONSUMER, attributes={
+            "messaging.system": "aws_sqs", "messaging.operation.type": "process",
+            "messaging.message.id": message["MessageId"]})
 
     def submit_failed(self, message: dict, exc: Exception, outcome: Outcome) -> None:
         kind = classify(exc)

@@ -34,8 +34,9 @@ from corral.shared.leader import Fence
 from corral.shared.states import ACTIVE, FINAL_STATUSES, check_transition
 from corral.shared.statements import Child, Statements, ValueList, param
 from corral.shared.timeutil import epoch
+from corral.shared import tracing
 
-from . import dependencies, lifecycle, metrics, notifications, placement, waiting
+from . import dependencies, lifecycle, metrics, notifications, placement, spans, waiting
 from .event_log import EventLog
 from .events import node_changes
 from .models import (ConcurrencyLimit, Counter, Job, JobArray, JobDependency, JobEvent, Node, NodeLease,
@@ -964,19 +965,25 @@ class Store:
         for p in chosen:
             groups.setdefault((p.node_id, p.memory_mb, p.cpu_percent), []).append(p.job_id)
         placed = []
+        started, traced = spans.now_ns(), []
         for (node_id, memory, cpu), ids in groups.items():
             ids_list = ValueList(self.db, "ids", ids)
-            done = {row[0] for row in self._sql.rows(self.db, ("place", ids_list.size), lambda: Job.update(
+            done = {row[0]: row for row in self._sql.rows(self.db, ("place", ids_list.size), lambda: Job.update(
                     node_id=param("node_id"), attempt=Job.attempt + 1, placed_at=param("now"),
                     next_attempt_at=None, reserved_memory_mb=param("memory"), reserved_cpu_percent=param("cpu"),
                     pending_reason=None, pending_code=None).where(
-                    ids_list.matches(Job.id) & (Job.status == "pending") & Job.node_id.is_null()).returning(Job.id),
+                    ids_list.matches(Job.id) & (Job.status == "pending") & Job.node_id.is_null()).returning(
+                        Job.id, Job.traceparent, Job.tracestate),
                     node_id=node_id, now=now, memory=memory, cpu=cpu, **ids_list.values)}
             placed += [(job_id, node_id) for job_id in ids if job_id in done]
+            traced += [(f"job-{job_id}", *done[job_id][1:], attempts[job_id] + 1, node_id)
+                       for job_id in ids if job_id in done]
         if placed:
             self._events([{"job": job_id, "at": now, "old": "pending", "new": "pending",
                            "attempt": attempts[job_id] + 1, "node_id": node_id,
                            "reason": f"placed on {node_id}"} for job_id, node_id in placed])
+            if tracing.enabled():  # a corral.place span per placement, once committed
+                self.db.after_commit(functools.partial(spans.placed, traced, started))
         return placed
 
     def _keep_reasons(self, reasons: dict[int, waiting.Reason], stored: dict[int, str | None]) -> int:
