@@ -15,7 +15,7 @@ import stat
 import threading
 import time
 import zipfile
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 import requests
@@ -30,7 +30,7 @@ from corral.agent.settings import AgentSettings
 from corral.shared.clients import Rejected, RegistryClient, SchedulerClient
 from corral.shared.errors import SettingError
 from agent_support import SAME_USER
-from helpers import process_gone, wait_for
+from helpers import process_gone, serve_in_thread, wait_for
 from scheduler_double import NODE, REGISTRY, SCHEDULER, serving
 
 
@@ -450,10 +450,7 @@ class Web:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+        self.server = serve_in_thread(Handler)
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}{path}"

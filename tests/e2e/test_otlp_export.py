@@ -6,7 +6,6 @@ import gzip
 import threading
 import zlib
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import requests
@@ -14,7 +13,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTrac
                                                                       ExportTraceServiceResponse)
 
 from cluster import Cluster, started
-from helpers import wait_for
+from helpers import QuietHandler, serve_in_thread, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -31,7 +30,7 @@ class Receiver:
         self.lock = threading.Lock()
         receiver = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 encoding = self.headers.get("Content-Encoding", "")
@@ -50,12 +49,7 @@ class Receiver:
                 self.end_headers()
                 self.wfile.write(answer)
 
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+        self.server = serve_in_thread(Handler)
 
     @property
     def url(self) -> str:
