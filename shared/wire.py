@@ -14,3 +14,22 @@ JOB_ID_PATTERN = r"^job-[1-9][0-9]{0,17}$"
 JOB_ID_RE = re.compile(r"^job-([1-9][0-9]{0,17})\Z")
 
 JOB_TYPES = ("run", "service")
+
+# Complete logs (PUT /jobs/{id}/attempts/{n}/logs/{stream}/{seq}, GET /jobs/{id}/logs).
+LOG_STREAMS = ("stdout", "stderr")
+# One chunk's body at most; the agent ships in chunks of up to this size.
+LOG_CHUNK_MAX_BYTES = 1024 * 1024
+# A chunk's request: the node that ran the attempt, where in the stream the chunk
+# starts, and "1" on the stream's last chunk.
+LOG_NODE_HEADER = "X-Corral-Node"
+LOG_OFFSET_HEADER = "X-Corral-Log-Offset"
+LOG_FINAL_HEADER = "X-Corral-Log-Final"
+# GET /jobs/{id}/logs answers: the stream's size stored so far, whether its last
+# chunk came, and the attempt answered.
+LOG_SIZE_HEADER = "X-Corral-Log-Size"
+LOG_COMPLETE_HEADER = "X-Corral-Log-Complete"
+LOG_ATTEMPT_HEADER = "X-Corral-Log-Attempt"
+# What the agent writes where it dropped the middle of a stream past CORRAL_LOG_MAX_BYTES.
+LOG_DROPPED_MARK = "\n[corral: {} bytes dropped]\n"
+# The scheduler takes a stream this much past CORRAL_LOG_MAX_BYTES (the mark's room).
+LOG_MARK_ROOM = 4096
