@@ -6,9 +6,10 @@ class CorralError(Exception):
 
     status = 500
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, **fields):
         super().__init__(message)
         self.message = message
+        self.fields = fields  # more of the answer, for a client that acts on it (expected_seq)
 
 
 class BadRequest(CorralError):
@@ -41,6 +42,16 @@ class Conflict(CorralError):
     """An illegal state transition, a stale attempt, a report from the wrong node."""
 
     status = 409
+
+
+class TooLarge(CorralError):
+    status = 413
+
+
+class Unavailable(CorralError):
+    """A service the request needs (S3) did not answer: nothing was changed, retry shortly."""
+
+    status = 503
 
 
 class SettingError(CorralError):

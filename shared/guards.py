@@ -19,7 +19,9 @@ runs, in this order:
    that header, and a cross-site script cannot send it without the browser
    asking the server first (CORS preflight), which Corral never allows; so no
    other site can change anything through a user's browser, even on a tokenless
-   local cluster.
+   local cluster. The routes that take raw bytes (an agent's log chunks, a PUT)
+   take `application/octet-stream` instead: a browser asks first (preflight) for
+   that type and for every PUT, so the same holds.
 
 All three answer JSON errors and run before the database connection is opened.
 """
@@ -98,21 +100,32 @@ def host_check(allowed: Iterable[str], loopback_only: bool) -> Callable[[], None
     return check
 
 
-def json_content_type() -> None:
-    if request.url_rule is None:
-        return  # no such route or method: answered 404/405 on its own
-    if request.method in STATE_CHANGING and request.mimetype != "application/json":
-        raise UnsupportedMediaType(
-            f"a {request.method} needs Content-Type: application/json, even without a body (a browser "
-            f"cannot send that header across sites, so no other web site can make this request)")
+def content_type_check(raw_routes: frozenset[str]) -> Callable[[], None]:
+    """State-changing requests say application/json, or application/octet-stream on
+    the PUT routes named in `raw_routes` (endpoint names)."""
+
+    def check() -> None:
+        if request.url_rule is None or request.method not in STATE_CHANGING:
+            return  # no such route or method: answered 404/405 on its own
+        if request.endpoint in raw_routes and request.method == "PUT":
+            if request.mimetype != "application/octet-stream":
+                raise UnsupportedMediaType(f"a {request.method} of raw bytes needs Content-Type: "
+                                           f"application/octet-stream")
+        elif request.mimetype != "application/json":
+            raise UnsupportedMediaType(
+                f"a {request.method} needs Content-Type: application/json, even without a body (a browser "
+                f"cannot send that header across sites, so no other web site can make this request)")
+
+    return check
 
 
 def install(app: Flask, credentials: Credentials, access: Mapping[str, Access],
-            hosts: Iterable[str], loopback_only: bool) -> None:
+            hosts: Iterable[str], loopback_only: bool, raw_routes: Iterable[str] = ()) -> None:
     """Put the checks in front of every other before-request function of `app`.
-    `loopback_only`: the server listens on loopback only (shared/server.py)."""
+    `loopback_only`: the server listens on loopback only (shared/server.py);
+    `raw_routes`: the PUT routes that take application/octet-stream."""
     checks: list[Callable] = []
     if loopback_only or not credentials.enabled:
         checks.append(host_check(hosts, loopback_only))
-    checks += [access_check(credentials, access), json_content_type]
+    checks += [access_check(credentials, access), content_type_check(frozenset(raw_routes))]
     app.before_request_funcs.setdefault(None, [])[:0] = checks

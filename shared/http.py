@@ -35,10 +35,10 @@ BODY_READ_ERRORS = (ParseException, NoMoreData, ClientDisconnected)
 MAX_ERROR_CHARS = 1000
 
 
-def error_response(status: int, message: str, errors: list | None = None) -> Response:
+def error_response(status: int, message: str, errors: list | None = None, fields: dict | None = None) -> Response:
     if len(message) > MAX_ERROR_CHARS:
         message = message[:MAX_ERROR_CHARS] + "…"
-    body = {"error": message}
+    body = {"error": message, **(fields or {})}
     if errors:
         body["errors"] = errors  # a batch: what was wrong with each bad item
     response = jsonify(body)
@@ -49,7 +49,10 @@ def error_response(status: int, message: str, errors: list | None = None) -> Res
 def install_error_handlers(app: Flask) -> None:
     @app.errorhandler(CorralError)
     def _corral_error(exc: CorralError):
-        return error_response(exc.status, exc.message, getattr(exc, "errors", None))
+        response = error_response(exc.status, exc.message, getattr(exc, "errors", None), exc.fields)
+        if exc.status == 503:
+            response.headers["Retry-After"] = "1"
+        return response
 
     @app.errorhandler(HTTPException)
     def _http_error(exc: HTTPException):

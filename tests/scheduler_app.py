@@ -43,3 +43,44 @@ def end_attempt(client, job_id, status="done", exit_code=0):
     assert client.post(f"/jobs/{job_id}/status", json=dict(body, status="running")).status_code == 200
     ended = client.post(f"/jobs/{job_id}/status", json=dict(body, status=status, exit_code=exit_code))
     assert ended.status_code == 200, ended.json
+
+
+# ---- complete logs: as an agent ships them, as a client reads them ----
+
+def put_log_chunk(client, job_id, data, seq, offset, node="n1", attempt=1, stream="stdout", final=False, **headers):
+    headers = {"X-Corral-Node": node, "X-Corral-Log-Offset": str(offset), **headers}
+    if final:
+        headers["X-Corral-Log-Final"] = "1"
+    return client.put(f"/jobs/{job_id}/attempts/{attempt}/logs/{stream}/{seq}", data=data, headers=headers,
+                      content_type="application/octet-stream")
+
+
+def ship_log(client, job_id, data, size, node="n1", attempt=1, stream="stdout"):
+    """Ship `data` whole in chunks of `size`, the last one final; the answers."""
+    answers = []
+    pieces = [data[at:at + size] for at in range(0, len(data), size)] or [b""]
+    offset = 0
+    for seq, piece in enumerate(pieces):
+        answer = put_log_chunk(client, job_id, piece, seq, offset, node, attempt, stream, final=seq == len(pieces) - 1)
+        assert answer.status_code == 200, answer.json
+        answers.append(answer.json)
+        offset += len(piece)
+    return answers
+
+
+def read_log(client, job_id, **query):
+    answer = client.get(f"/jobs/{job_id}/logs", query_string=query)
+    assert answer.status_code == 200, answer.json
+    assert answer.mimetype == "application/octet-stream"
+    return answer
+
+
+def read_log_whole(client, job_id, **query):
+    """The whole stream, read as a client would: a range at a time until its end."""
+    data, offset = b"", 0
+    while True:
+        answer = read_log(client, job_id, offset=offset, **query)
+        if not answer.data:
+            return data, answer
+        data += answer.data
+        offset += len(answer.data)

@@ -13,17 +13,19 @@ from corral.shared import migrations
 from corral.shared.metrics import serve_metrics
 from corral.shared.clients import RegistryClient
 from corral.shared.contract import encode, respond
-from corral.shared.errors import BadRequest
+from corral.shared.errors import BadRequest, TooLarge
 from corral.shared.http import (base_app, error_response, query_choice, query_float, query_int, read_json_object,
                                 request_body, serve_openapi, serve_readiness)
 from corral.shared.states import ALL
-from corral.shared.wire import IDEMPOTENCY_HEADER, JOB_TYPES, LONG_POLL_HEADER
+from corral.shared.wire import (IDEMPOTENCY_HEADER, JOB_TYPES, LOG_ATTEMPT_HEADER, LOG_CHUNK_MAX_BYTES,
+                               LOG_COMPLETE_HEADER, LOG_SIZE_HEADER, LONG_POLL_HEADER)
 
 from corral.shared.changefeed import ChangeFeed
 
 from . import (contract, event_stream, events, longpoll, loops, metrics, openapi, pages, sampler, schedule_loop,
                sns_outbox, spans, sqs_intake, ui, validation, views, waiting)
 from .event_log import EventLog
+from .job_logs import JobLogs
 from .migrations import MIGRATIONS
 from .schedules import Schedules
 from .models import Node, database
@@ -72,7 +74,11 @@ ACCESS = {
     "report": auth.agent(auth.NODE_IN_BODY),
     "report_batch": auth.agent(auth.NODE_IN_BODY),
     "live_output": auth.agent(auth.NODE_IN_BODY),
+    "put_log_chunk": auth.agent(auth.NODE_IN_RECORD),  # the node is in a header
+    "read_logs": auth.READ,
 }
+# The routes that take raw bytes (application/octet-stream) rather than JSON.
+RAW_ROUTES = ("put_log_chunk",)
 
 
 def open_db(settings: SchedulerSettings) -> peewee.Database:
@@ -162,7 +168,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     if not dbmod.in_a_worker():  # a server's master migrated before forking its workers
         migrations.apply(store.db, MIGRATIONS)
     app = base_app(__name__, settings.max_body_bytes)
-    guards.install(app, settings.credentials, ACCESS, settings.allowed_hosts, server.loopback_only())
+    guards.install(app, settings.credentials, ACCESS, settings.allowed_hosts, server.loopback_only(), RAW_ROUTES)
     dbmod.init_app(app, store.db)
     serve_openapi(app, openapi.DOCUMENT)
     app.register_blueprint(ui.blueprint)  # the dashboard at /ui
@@ -466,6 +472,33 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
         except ValueError as exc:
             raise BadRequest(f"query parameter 'type': {exc}") from None
         return events.Filter(job_row, request.args.get("node_id") or None, types)
+
+    job_logs = JobLogs(store.db, settings)
+
+    @app.put("/jobs/<job_id>/attempts/<attempt>/logs/<stream>/<seq>")
+    def put_log_chunk(job_id, attempt, stream, seq):
+        chunk = validation.log_chunk(attempt, stream, seq, request.headers)
+        auth.require_node(chunk["node_id"])
+        data = request_body()
+        if len(data) > LOG_CHUNK_MAX_BYTES:
+            raise TooLarge(f"a log chunk is at most {LOG_CHUNK_MAX_BYTES} bytes; this one has {len(data)}")
+        stored = job_logs.put(job_id, data=data, now=clock(), **chunk)
+        return respond(contract.LogChunkStored.model_validate(stored))
+
+    @app.get("/jobs/<job_id>/logs")
+    def read_logs(job_id):
+        attempt = request.args.get("attempt") or None
+        if attempt is not None:
+            attempt = validation.whole_number(attempt, "query parameter 'attempt'", 1, validation.MAX_ATTEMPT)
+        stream = validation.log_stream(request.args.get("stream") or "stdout")
+        offset = query_int("offset", 0, 0, validation.MAX_LOG_OFFSET)
+        # A larger limit is cut to one chunk's worth: the client goes on from offset + what came.
+        limit = min(query_int("limit", LOG_CHUNK_MAX_BYTES, 1, validation.MAX_LOG_OFFSET), LOG_CHUNK_MAX_BYTES)
+        piece = job_logs.read(job_id, attempt, stream, offset, limit)
+        return app.response_class(piece.data, mimetype="application/octet-stream", headers={
+            LOG_SIZE_HEADER: str(piece.size), LOG_COMPLETE_HEADER: "true" if piece.complete else "false",
+            LOG_ATTEMPT_HEADER: str(piece.attempt), "Cache-Control": "no-store",
+            "X-Content-Type-Options": "nosniff"})  # a job's bytes are never rendered as a page
 
     @app.post("/jobs/<job_id>/status")
     def report(job_id):

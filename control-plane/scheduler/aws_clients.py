@@ -1,4 +1,5 @@
-"""boto3 clients for the SQS intake and the SNS outbox, built when a loop first needs one.
+"""boto3 clients for the SQS intake, the SNS outbox and the complete logs' S3 bucket,
+built when first needed.
 
 Nothing here runs at import time. Credentials come from boto3's own chain
 (environment, ~/.aws, instance or task role). The region is AWS_REGION or
@@ -18,7 +19,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from .settings import SchedulerSettings
 
-__all__ = ["AWS_ERRORS", "BotoCoreError", "ClientError", "error_text", "region_of", "sns_client", "sqs_client"]
+__all__ = ["AWS_ERRORS", "BotoCoreError", "ClientError", "error_text", "region_of", "s3_client", "sns_client",
+           "sqs_client"]
 
 # What an SQS or SNS call raises when the service is unreachable, throttles past
 # botocore's retries, refuses the request, or has no region / credentials.
@@ -62,6 +64,15 @@ def sqs_client(settings: SchedulerSettings):
 def sns_client(settings: SchedulerSettings):
     return _client("sns", settings.sns_endpoint_url, settings.aws_region or region_of(settings.sns_topic_arn),
                    config(settings, settings.aws_read_timeout_secs))
+
+
+def s3_client(settings: SchedulerSettings):
+    """The complete logs' store (CORRAL_LOG_BUCKET). Path-style addressing at an endpoint
+    of one's own (moto, MinIO): their buckets are not host names."""
+    cfg = config(settings, settings.aws_read_timeout_secs)
+    if settings.s3_endpoint_url:
+        cfg = cfg.merge(Config(s3={"addressing_style": "path"}))
+    return _client("s3", settings.s3_endpoint_url, settings.aws_region, cfg)
 
 
 def _client(service: str, endpoint_url: str | None, region: str | None, cfg: Config):

@@ -927,6 +927,27 @@ class OutputResults(Answer):
     """One result per item, in the order sent."""
 
 
+class LogChunkStored(Answer):
+    """What PUT /jobs/{id}/attempts/{n}/logs/{stream}/{seq} answers (job_logs.py)."""
+
+    stored: bool
+    """False: this chunk was stored before (a repeat), and nothing changed."""
+    size: int = Field(ge=0)
+    """The stream's bytes stored so far."""
+    complete: bool
+    """The stream's final chunk is stored."""
+
+
+class LogChunkRefused(Answer):
+    """A chunk that is not the next one of its stream (409): where to go on from."""
+
+    error: str
+    expected_seq: int = Field(ge=0)
+    expected_offset: int = Field(ge=0)
+    complete: bool
+    """The stream's final chunk is stored: nothing more is taken."""
+
+
 if tuple(JobCounts.model_fields) != states.ALL:  # a new status must be counted (and documented)
     raise AssertionError(f"JobCounts has {tuple(JobCounts.model_fields)}, the statuses are {states.ALL}")
 

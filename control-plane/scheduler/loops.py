@@ -29,6 +29,7 @@ from corral.shared.clients import ClientError, RegistryClient
 from corral.shared.leader import Fence, LeaseLost, LoopThread, Tenure, holder_id
 
 from .event_log import EventLog
+from .job_logs import JobLogs
 from .service import Scheduler
 from .store import Store
 
@@ -58,6 +59,7 @@ class Background:
         self.next_purge = 0.0
         self.next_event_prune = 0.0
         self.event_log = EventLog(self.store.db)
+        self.logs = JobLogs(self.store.db, self.settings)
         self.registry_down_since: float | None = None
         # Agents get a full lease period from the start of the tenure before any node
         # counts as lost: after a takeover, and after a pause longer than their lease
@@ -118,7 +120,9 @@ class Background:
         if retention <= 0 or now < self.next_purge:
             return 0
         batch = self.settings.job_purge_batch
-        purged = self.store.purge_finished(now - retention, batch)
+        gone_objects: list[str] = []
+        purged = self.store.purge_finished(now - retention, batch, gone_objects)
+        self.logs.delete_objects(gone_objects)  # after the commit: a row never names a deleted object
         # A full chunk means more are waiting: the next pass goes on; else wait a while.
         self.next_purge = now if purged >= batch else now + PURGE_INTERVAL_SECS
         if purged:

@@ -287,6 +287,8 @@ class StreamEvent(BaseModel):
 
     class Meta:
         table_name = "stream_event"
+
+
 class StatsSample(BaseModel):
     """One sample of the charts (sampler.py, samples.py): taken `at`, counting the jobs
     that finished or started since the previous one (`since`), kept STATS_RETENTION_SECS."""
@@ -300,7 +302,31 @@ class StatsSample(BaseModel):
         table_name = "stats_sample"
 
 
+class LogChunk(BaseModel):
+    """A piece of an attempt's stdout or stderr as its agent shipped it (job_logs.py):
+    `size` bytes from byte `start` of the stream, the chunks of a stream numbered 0, 1,
+    … (`seq`) without gap or overlap; `final` on its last. The bytes are in `data`,
+    or in S3 under `object_key` (CORRAL_LOG_BUCKET)."""
+
+    id = peewee.BigAutoField()
+    job_id = peewee.BigIntegerField()   # the job's row id; deleted with it (Store.purge_finished)
+    attempt = peewee.IntegerField()
+    stream = peewee.CharField(max_length=8)  # stdout or stderr
+    seq = peewee.IntegerField()
+    start = peewee.BigIntegerField()
+    size = peewee.IntegerField()
+    final = peewee.BooleanField()
+    sha256 = peewee.CharField(max_length=64)  # tells a repeat from other bytes under the same seq
+    data = peewee.BlobField(null=True)
+    object_key = peewee.TextField(null=True)
+    at = peewee.DoubleField()
+
+    class Meta:
+        table_name = "log_chunk"
+        indexes = ((("job_id", "attempt", "stream", "seq"), True),)
+
+
 Lease.bind(database)  # the shared lease table lives in the scheduler's database
 
 MODELS = [Job, JobEvent, Node, NodeLease, SchedulerState, Counter, OutboxEvent, Lease, JobDependency, JobArray,
-          ConcurrencyLimit, Schedule, ScheduleRun, StreamEvent, StatsSample]
+          ConcurrencyLimit, Schedule, ScheduleRun, StreamEvent, StatsSample, LogChunk]

@@ -54,6 +54,15 @@ SSE_EVENT = {
         "retry": {"type": "integer", "minimum": 0},
     },
 }
+LOG_STREAM_SCHEMA = {"type": "string", "enum": list(wire.LOG_STREAMS)}
+LOG_HEADERS = {
+    wire.LOG_SIZE_HEADER: {"description": "The stream's bytes stored so far.", "required": True,
+                           "schema": {"type": "string", "pattern": "^[0-9]+$"}},
+    wire.LOG_COMPLETE_HEADER: {"description": "`true` once the stream's last chunk is stored.", "required": True,
+                               "schema": {"type": "string", "enum": ["true", "false"]}},
+    wire.LOG_ATTEMPT_HEADER: {"description": "The attempt answered (0: the job has not run).", "required": True,
+                              "schema": {"type": "string", "pattern": "^[0-9]+$"}},
+}
 ARRAY_ID_PARAM = {"name": "array_id", "in": "path", "required": True, "description": "An array id.",
                   "schema": {"type": "string", "pattern": r"^array-[1-9][0-9]{0,17}$"}}
 
@@ -332,6 +341,77 @@ PATHS = {
                 "400": _error("BadRequest"),
                 "413": _error("PayloadTooLarge"),
                 "415": _error("UnsupportedMediaType"),
+            },
+        },
+    },
+    "/jobs/{job_id}/attempts/{attempt}/logs/{stream}/{seq}": {
+        "parameters": [
+            JOB_ID_PARAM,
+            _path_param("attempt", "The attempt whose output this is (1, 2, …).",
+                        {"type": "integer", "minimum": 1, "maximum": 2 ** 31 - 1}),
+            _path_param("stream", "Which output.", LOG_STREAM_SCHEMA),
+            _path_param("seq", "The chunk's number in its stream: 0, 1, 2 …",
+                        {"type": "integer", "minimum": 0, "maximum": 2 ** 31 - 1}),
+        ],
+        "put": {
+            "operationId": "putLogChunk", "tags": ["agents"],
+            "summary": "Store a chunk of an attempt's output (agents).",
+            "description": (
+                "The agent ships each stream of each attempt whole, in chunks numbered from 0 that follow each "
+                "other without gap or overlap, the last one marked final. Only the node the attempt ran on may "
+                "send them, for the job's earlier attempts too. A chunk stored before (same seq, offset and "
+                "bytes) answers 200 with `stored` false and changes nothing; a chunk that is not the next one "
+                "answers 409 with the seq and offset expected. A stream is refused (413) past "
+                "CORRAL_LOG_MAX_BYTES and 4 KiB for the agent's mark of what it dropped. Every stored chunk "
+                "makes a `log` event on GET /events. See docs/api.md, \"Complete logs\"."),
+            "parameters": [
+                {"name": wire.LOG_NODE_HEADER, "in": "header", "required": True,
+                 "description": "The node that ran the attempt (the node credential's own).",
+                 "schema": NAME_PATTERN_PARAM},
+                {"name": wire.LOG_OFFSET_HEADER, "in": "header", "required": True,
+                 "description": "Where in the stream the chunk starts (bytes).",
+                 "schema": {"type": "string", "pattern": "^[0-9]{1,16}$"}},
+                {"name": wire.LOG_FINAL_HEADER, "in": "header", "required": False,
+                 "description": "`1` on the stream's last chunk (which may be empty).",
+                 "schema": {"type": "string", "enum": ["0", "1"]}},
+            ],
+            "requestBody": {"required": True, "description": f"The chunk's bytes (at most {wire.LOG_CHUNK_MAX_BYTES}).",
+                            "content": {"application/octet-stream": {
+                                "schema": {"type": "string", "format": "binary"}}}},
+            "responses": {
+                "200": _json(contract.LogChunkStored, "Stored, or stored before."),
+                "400": _error("BadRequest"),
+                "404": _error("NotFound"),
+                "409": _json(contract.LogChunkRefused | shared_contract.Error,
+                             "Not the next chunk (where to go on from), or not an attempt this node ran."),
+                "413": _error("PayloadTooLarge"),
+                "415": _error("UnsupportedMediaType"),
+                "503": _json(shared_contract.Error, "The log store (S3) did not answer; nothing was stored."),
+            },
+        },
+    },
+    "/jobs/{job_id}/logs": {
+        "parameters": [JOB_ID_PARAM],
+        "get": {
+            "operationId": "readJobLogs", "tags": ["jobs"], "summary": "A job's complete output, by byte range.",
+            "description": (
+                "The bytes of one stream of one attempt from `offset`, at most `limit` (and at most 1 MiB: "
+                "read on from offset + what came). The headers say how much of the stream is stored and whether "
+                "it is complete; an offset at or past the end answers no bytes. See docs/api.md, "
+                "\"Complete logs\"."),
+            "parameters": [
+                _query("attempt", "Which attempt; default the job's latest.",
+                       {"type": "integer", "minimum": 1, "maximum": 2 ** 31 - 1}),
+                _query("stream", "Which output; default stdout.", LOG_STREAM_SCHEMA),
+                _query("offset", "The first byte wanted; default 0.", {"type": "integer", "minimum": 0}),
+                _query("limit", "The most bytes wanted; default and most 1 MiB.", {"type": "integer", "minimum": 1}),
+            ],
+            "responses": {
+                "200": {"description": "The bytes.", "headers": LOG_HEADERS,
+                        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+                "400": _error("BadRequest"),
+                "404": _error("NotFound"),
+                "503": _json(shared_contract.Error, "The log store (S3) did not answer."),
             },
         },
     },

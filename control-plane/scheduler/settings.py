@@ -50,6 +50,12 @@ class SchedulerSettings:
     node_lost_grace_secs: float = 15.0
     max_node_losses: int = 3
     output_tail_bytes: int = 64 * 1024
+    # Complete logs (job_logs.py): each stream of each attempt is kept up to about this
+    # many bytes (the agent drops the middle beyond), in the database or, with
+    # log_bucket ("s3://bucket/prefix"), in S3 (s3_endpoint_url: an S3-compatible one).
+    log_max_bytes: int = 10 * 1024 * 1024
+    log_bucket: str | None = None
+    s3_endpoint_url: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     # A page of GET /jobs stops at about this many bytes of JSON (always one job at
     # least), so one request cannot make a worker hold hundreds of megabytes.
@@ -109,6 +115,13 @@ def aws_settings(env: Mapping[str, str]) -> dict:
 def _queue_url(name: str, url: str) -> str:
     if not url.startswith(("https://", "http://")):
         raise SettingError(f"{name} must be a queue URL (https://sqs.REGION.amazonaws.com/ACCOUNT/NAME), got {url!r}")
+    return url
+
+
+def _bucket_url(name: str, url: str) -> str:
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    if not url.startswith("s3://") or not bucket or prefix.startswith("/") or "//" in prefix:
+        raise SettingError(f"{name} must be s3://BUCKET or s3://BUCKET/PREFIX, got {url!r}")
     return url
 
 
@@ -184,6 +197,10 @@ SETTINGS = (
               minimum=60.0, maximum=30 * 86400.0),
     s.Setting("CORRAL_OUTPUT_TAIL_BYTES", "output_tail_bytes", "int", 64 * 1024,
               "the tail of stdout and of stderr that is stored", minimum=256),
+    s.Setting("CORRAL_LOG_MAX_BYTES", "log_max_bytes", "int", 10 * 1024 * 1024,
+              "each stream (stdout, stderr) of each attempt is kept whole up to this many bytes; past it the "
+              "agent keeps the first and last halves and marks what it dropped", minimum=64 * 1024,
+              maximum=1024 ** 4),
     s.Setting("CORRAL_PAGE_MAX_BYTES", "page_max_bytes", "int", 8 * 1024 * 1024,
               "a page of `GET /jobs` stops at about this many bytes (one job at least) and links the next",
               minimum=4096),
@@ -228,9 +245,15 @@ AWS = (
     s.Setting("AWS_ENDPOINT_URL_SNS", "sns_endpoint_url", "text", None,
               "an SNS-compatible endpoint; `AWS_ENDPOINT_URL` sets one for both services; unset: AWS",
               fallbacks=("AWS_ENDPOINT_URL",), form="a URL"),
+    s.Setting("CORRAL_LOG_BUCKET", "log_bucket", "text", None,
+              "where jobs' complete logs are stored: `s3://BUCKET/PREFIX` (each chunk an object); unset: in the "
+              "database", parse=_bucket_url, form="s3://bucket/prefix"),
+    s.Setting("AWS_ENDPOINT_URL_S3", "s3_endpoint_url", "text", None,
+              "an S3-compatible endpoint for `CORRAL_LOG_BUCKET`; `AWS_ENDPOINT_URL` sets one for every service; "
+              "unset: AWS", fallbacks=("AWS_ENDPOINT_URL",), form="a URL"),
     s.Setting("CORRAL_AWS_CONNECT_TIMEOUT_SECS", "aws_connect_timeout_secs", "float", 5.0,
-              "connect timeout of every SQS and SNS call", minimum=0.1, maximum=300.0),
+              "connect timeout of every SQS, SNS and S3 call", minimum=0.1, maximum=300.0),
     s.Setting("CORRAL_AWS_READ_TIMEOUT_SECS", "aws_read_timeout_secs", "float", 10.0,
-              "read timeout of every SQS and SNS call (a receive gets `SQS_WAIT_TIME_SECS` on top)",
+              "read timeout of every SQS, SNS and S3 call (a receive gets `SQS_WAIT_TIME_SECS` on top)",
               minimum=0.1, maximum=300.0),
 )

@@ -39,7 +39,7 @@ from corral.shared import tracing
 from . import dependencies, lifecycle, metrics, notifications, placement, spans, waiting
 from .event_log import EventLog
 from .events import node_changes
-from .models import (ConcurrencyLimit, Counter, Job, JobArray, JobDependency, JobEvent, Node, NodeLease,
+from .models import (ConcurrencyLimit, Counter, Job, JobArray, JobDependency, JobEvent, LogChunk, Node, NodeLease,
                      OutboxEvent, SchedulerState)
 from .settings import SchedulerSettings
 from .validation import parse_job_id, request_hash
@@ -713,11 +713,13 @@ class Store:
             self._touch_lease(node_id, now)
             return claimed  # the rows as just updated (no read back)
 
-    def purge_finished(self, finished_before: float, limit: int) -> int:
+    def purge_finished(self, finished_before: float, limit: int, gone_objects: list[str] | None = None) -> int:
         """Delete up to `limit` finished jobs (done, failed, cancelled) that finished
-        before `finished_before`, with their events; one short transaction. Where the
-        database would hand a deleted newest id out again (SQLite), the newest job row
-        is always kept, so that job ids are never reused."""
+        before `finished_before`, with their events and log chunks; one short
+        transaction. The S3 keys of chunks stored there go into `gone_objects`, for the
+        caller to delete once this committed (job_logs.py). Where the database would
+        hand a deleted newest id out again (SQLite), the newest job row is always kept,
+        so that job ids are never reused."""
         with self.db.atomic():
             self.check_fence()
             old = (Job.finished_at.is_null(False) & (Job.finished_at < finished_before)
@@ -732,6 +734,12 @@ class Store:
             if not ids:
                 return 0
             JobEvent.delete().where(JobEvent.job.in_(ids)).execute()
+            chunks = LogChunk.delete().where(LogChunk.job_id.in_(ids))
+            if gone_objects is None:
+                chunks.execute()
+            else:
+                gone_objects.extend(key for (key,) in chunks.returning(LogChunk.object_key).tuples().execute()
+                                    if key is not None)
             return Job.delete().where(Job.id.in_(ids)).execute()
 
     @staticmethod

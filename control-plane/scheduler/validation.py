@@ -10,7 +10,8 @@ from pydantic import ValidationError
 from corral.shared import validate as v
 from corral.shared.contract import Request, refusal
 from corral.shared.errors import BadRequest, BatchError, CorralError
-from corral.shared.wire import JOB_ID_RE
+from corral.shared.wire import (JOB_ID_RE, LOG_FINAL_HEADER, LOG_NODE_HEADER, LOG_OFFSET_HEADER,
+                               LOG_STREAMS)
 
 from .contract import (BatchReport, ClaimRequest, JobBatch, JobRef, JobRequest, OutputBatch, OutputItem,
                        ReportBatch, RidingClaim, StatusReport)
@@ -161,3 +162,39 @@ def concurrency_key(key: str) -> str:
     if not v.NAME_RE.match(key) or len(key) > 128:
         raise BadRequest("the concurrency key must be letters, digits, '.', '_' or '-' (at most 128)")
     return key
+
+
+# Complete logs (job_logs.py): the numbers a chunk's path and headers carry.
+MAX_ATTEMPT = 2 ** 31 - 1
+MAX_LOG_OFFSET = 2 ** 53  # far past any CORRAL_LOG_MAX_BYTES
+
+
+def whole_number(text: str | None, what: str, minimum: int, maximum: int) -> int:
+    """A decimal number from a path or a header: ASCII digits only, within bounds."""
+    if text is None or not (text.isascii() and text.isdigit() and len(text) <= 19) \
+            or not minimum <= int(text) <= maximum:
+        raise BadRequest(f"{what} must be a whole number from {minimum} to {maximum}")
+    return int(text)
+
+
+def log_stream(stream: str | None) -> str:
+    if stream not in LOG_STREAMS:
+        raise BadRequest(f"the log stream must be one of {', '.join(LOG_STREAMS)}")
+    return stream
+
+
+def log_chunk(attempt: str, stream: str, seq: str, headers) -> dict:
+    """What PUT /jobs/{id}/attempts/{attempt}/logs/{stream}/{seq} says about its chunk
+    (its path and headers): attempt, stream, seq, node_id, start, final."""
+    node_id = headers.get(LOG_NODE_HEADER)
+    if node_id is None or not NODE_ID_RE.match(node_id):
+        raise BadRequest(f"the {LOG_NODE_HEADER} header must name the node that ran the attempt "
+                         f"(letters, digits, '.', '_' or '-', at most 128)")
+    final = headers.get(LOG_FINAL_HEADER, "0")
+    if final not in ("0", "1"):
+        raise BadRequest(f"the {LOG_FINAL_HEADER} header must be 1 (the stream's last chunk) or 0")
+    return {"attempt": whole_number(attempt, "the attempt", 1, MAX_ATTEMPT), "stream": log_stream(stream),
+            "seq": whole_number(seq, "the chunk's seq", 0, MAX_ATTEMPT), "node_id": node_id,
+            "start": whole_number(headers.get(LOG_OFFSET_HEADER), f"the {LOG_OFFSET_HEADER} header", 0,
+                                  MAX_LOG_OFFSET),
+            "final": final == "1"}

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import time
+from dataclasses import dataclass
 
 import pytest
 import requests
@@ -74,6 +75,20 @@ VALID = ("operator", "reader", "node", "other node")
 # read...: the read-only token as well (read: with operators; read-both, read-both-own:
 # as both and both-own).
 REPORT = {"node_id": NODE, "attempt": 1, "status": "running"}
+
+
+@dataclass(frozen=True)
+class Raw:
+    """A body of raw bytes (an agent's log chunk) with the headers it goes with."""
+
+    data: bytes
+    headers: dict
+
+
+def log_chunk(node: str) -> Raw:
+    return Raw(b"hello\n", {"X-Corral-Node": node, "X-Corral-Log-Offset": "0"})
+
+
 SCHEDULER_ROUTES = {
     "healthz": ("GET", "/healthz", None, "open"),
     "readyz": ("GET", "/readyz", None, "open"),
@@ -112,6 +127,8 @@ SCHEDULER_ROUTES = {
     "report_batch": ("POST", "/jobs/reports", {"reports": [dict(REPORT, job_id="job-1")]}, "node"),
     "live_output": ("POST", "/jobs/output", {"outputs": [{"job_id": "job-1", "node_id": NODE, "attempt": 1,
                                                           "stdout": "x"}]}, "node"),
+    "put_log_chunk": ("PUT", "/jobs/job-1/attempts/1/logs/stdout/0", log_chunk(NODE), "node"),
+    "read_logs": ("GET", "/jobs/job-1/logs?stream=stderr", None, "read"),
 }
 SERVICE = {"job_id": "job-1", "name": "web", "node_id": NODE, "address": "10.0.0.1", "port": 8080,
            "attempt": 1, "grant": GRANT}
@@ -168,6 +185,9 @@ def make(service: str, directory, credentials=CREDENTIALS):
 
 def call(client, method, path, body, headers):
     # State-changing requests say they are JSON even without a body (shared/guards.py).
+    if isinstance(body, Raw):
+        return client.open(path, method=method, data=body.data, headers={**headers, **body.headers},
+                           content_type="application/octet-stream")
     kwargs = {"json": body} if body is not None else (
         {"content_type": "application/json"} if method != "GET" else {})
     return client.open(path, method=method, headers=headers, **kwargs)
@@ -227,6 +247,7 @@ OTHER_NODE_CASES = [
                                                         "stdout": "x"}]}),
     ("scheduler", "POST", "/jobs/reports", {"reports": [dict(REPORT, job_id="job-1")],
                                             "claim": {"node_id": OTHER_NODE, "max": 1}}),
+    ("scheduler", "PUT", "/jobs/job-1/attempts/1/logs/stdout/0", log_chunk(OTHER_NODE)),
     ("scheduler", "GET", f"/jobs?node_id={OTHER_NODE}&status=pending", None),
     ("scheduler", "GET", f"/jobs?node_id={NODE}&node_id={OTHER_NODE}", None),
     ("registry", "POST", "/nodes", {"node_id": OTHER_NODE, "address": "10.0.0.2"}),
@@ -273,7 +294,7 @@ def test_the_read_only_token_reads_everything_but_env_var_values_and_changes_not
 def test_a_node_reads_only_its_own_work(tmp_path):
     client = make("scheduler", tmp_path)
     for path in ("/jobs", "/jobs?status=running", "/jobs/job-1", "/jobs/job-1/events", "/stats", "/stats/history",
-                 "/nodes"):
+                 "/nodes", "/jobs/job-1/logs"):
         assert client.get(path, headers=AS_NODE).status_code == 403, path
     assert client.get(f"/jobs?node_id={NODE}", headers=AS_NODE).status_code == 200
 

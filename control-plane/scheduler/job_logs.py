@@ -1,0 +1,200 @@
+"""Complete logs: every attempt's whole stdout and stderr, shipped by its agent in
+numbered chunks (PUT /jobs/{id}/attempts/{n}/logs/{stream}/{seq}) and read back by
+byte range (GET /jobs/{id}/logs).
+
+A stream is a run of chunks 0, 1, 2 … without gap or overlap: chunk `seq` starts
+where chunk `seq - 1` ended, and the last one says `final`. That makes shipping
+idempotent and resumable: a chunk sent again (its answer was lost, the agent
+restarted) is recognised by its seq, offset and digest and stored once; a chunk
+that is not the next one is refused (409) with the seq and offset the scheduler
+expects, so the agent resumes there. Nothing the scheduler answered 200 for is
+lost when it restarts: the row commits before the answer.
+
+Fencing: only the node an attempt ran on may ship its logs (its `running` event
+says so), and it may still ship an earlier attempt's after the job moved on (an
+attempt that ended while the scheduler was unreachable, a retry on the same node).
+
+Each stream is bounded by CORRAL_LOG_MAX_BYTES: the agent keeps the head and the
+tail and marks what it dropped (shared/wire.py); the scheduler refuses (413) a
+stream that grows past the bound and the mark's room.
+
+The bytes are kept in the database (`log_chunk.data`) or, with CORRAL_LOG_BUCKET,
+in S3 (log_objects.py): the object is written before its row commits.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import peewee
+from peewee import fn
+
+from corral.shared.errors import BadRequest, Conflict, NotFound, TooLarge
+from corral.shared.wire import LOG_MARK_ROOM
+
+from .event_log import EventLog
+from .log_objects import LogObjects
+from .models import Job, JobEvent, LogChunk
+from .settings import SchedulerSettings
+from .validation import parse_job_id
+
+REPEAT, STORE = "repeat", "store"
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Where a chunk sits in its stream, and its digest: what tells a repeat apart."""
+
+    seq: int
+    start: int
+    size: int
+    final: bool
+    sha256: str
+
+    @property
+    def end(self) -> int:
+        return self.start + self.size
+
+
+def judge(chunk: Piece, same: Piece | None, last: Piece | None, cap: int) -> str:
+    """Whether `chunk` is a repeat of the stored `same` (REPEAT) or the next one of a
+    stream whose last stored chunk is `last` (STORE); anything else is refused.
+    `cap`: CORRAL_LOG_MAX_BYTES."""
+    expected_seq = 0 if last is None else last.seq + 1
+    expected_offset = 0 if last is None else last.end
+    where = {"expected_seq": expected_seq, "expected_offset": expected_offset,
+             "complete": last is not None and last.final}
+    if same is not None:
+        if same == chunk:
+            return REPEAT
+        raise Conflict(f"chunk {chunk.seq} of this stream is stored already, with other bytes "
+                       f"({same.size} from offset {same.start})", **where)
+    if last is not None and last.final:
+        raise Conflict(f"this stream is complete ({last.end} bytes in {last.seq + 1} chunk(s)); "
+                       f"chunk {chunk.seq} is refused", **where)
+    if chunk.seq != expected_seq or chunk.start != expected_offset:
+        raise Conflict(f"chunk {chunk.seq} at offset {chunk.start} is not the next one of this stream: "
+                       f"that is chunk {expected_seq} at offset {expected_offset}", **where)
+    if chunk.end > cap + LOG_MARK_ROOM:
+        raise TooLarge(f"this stream would pass CORRAL_LOG_MAX_BYTES ({cap} bytes, and {LOG_MARK_ROOM} for the "
+                       f"mark of what the agent dropped); the chunk is refused")
+    return STORE
+
+
+@dataclass(frozen=True)
+class LogSlice:
+    data: bytes
+    size: int       # the stream's bytes stored so far
+    complete: bool  # its final chunk came
+    attempt: int
+
+
+_PIECE = (LogChunk.seq, LogChunk.start, LogChunk.size, LogChunk.final, LogChunk.sha256)
+
+
+def _piece(row) -> Piece | None:
+    return None if row is None else Piece(row.seq, row.start, row.size, bool(row.final), row.sha256)
+
+
+class JobLogs:
+    def __init__(self, db: peewee.Database, settings: SchedulerSettings):
+        self.db = db
+        self.cap = settings.log_max_bytes
+        self.objects = LogObjects(settings) if settings.log_bucket else None
+        self.event_log = EventLog(db)
+
+    # ---- shipping ----------------------------------------------------------------
+
+    def put(self, job_id: str, attempt: int, stream: str, seq: int, node_id: str, start: int, final: bool,
+            data: bytes, now: float) -> dict:
+        """Store one chunk (module docstring); the answer {"stored", "size", "complete"}."""
+        if not data and not final:
+            raise BadRequest("an empty chunk must be the stream's final one (X-Corral-Log-Final: 1)")
+        job_row = self._job_row(job_id)
+        chunk = Piece(seq, start, len(data), final, hashlib.sha256(data).hexdigest())
+        where = (LogChunk.job_id == job_row) & (LogChunk.attempt == attempt) & (LogChunk.stream == stream)
+        if not JobEvent.select().where((JobEvent.job == job_row) & (JobEvent.attempt == attempt)
+                                       & (JobEvent.to_status == "running") & (JobEvent.node_id == node_id)).exists():
+            if not Job.select().where(Job.id == job_row).exists():
+                raise NotFound(f"no job {job_id!r}")
+            raise Conflict(f"attempt {attempt} of {job_id} did not run on node {node_id!r}; its log is refused")
+        # Judged first without a write transaction, so that an S3 put holds none.
+        if judge(chunk, *self._neighbours(where, seq), self.cap) == REPEAT:
+            return self._answer(where, stored=False)
+        key = None
+        if self.objects is not None:
+            key = self.objects.key(job_row, attempt, stream, seq, chunk.sha256)
+            self.objects.put(key, data)
+        try:
+            with self.db.atomic():
+                if judge(chunk, *self._neighbours(where, seq), self.cap) == REPEAT:
+                    return self._answer(where, stored=False)
+                LogChunk.insert(job_id=job_row, attempt=attempt, stream=stream, seq=seq, start=start,
+                                size=len(data), final=final, sha256=chunk.sha256,
+                                data=None if key else data, object_key=key, at=now).execute()
+                self.event_log.record([{"at": now, "type": "log", "job_id": job_row, "node_id": node_id, "data": {
+                    "attempt": attempt, "stream": stream, "offset": start, "size": len(data), "final": final}}])
+        except peewee.IntegrityError:  # the same chunk, sent twice at once, committed first
+            if judge(chunk, *self._neighbours(where, seq), self.cap) == REPEAT:
+                return self._answer(where, stored=False)
+            raise
+        return {"stored": True, "size": chunk.end, "complete": final}
+
+    def _neighbours(self, where, seq: int) -> tuple[Piece | None, Piece | None]:
+        """The stored chunk with this seq, and the stream's last chunk."""
+        rows = list(LogChunk.select(*_PIECE).where(where & ((LogChunk.seq == seq) | (LogChunk.seq == (
+            LogChunk.select(fn.MAX(LogChunk.seq)).where(where))))))
+        same = next((row for row in rows if row.seq == seq), None)
+        last = max(rows, key=lambda row: row.seq, default=None)
+        return _piece(same), _piece(last)
+
+    def _answer(self, where, stored: bool) -> dict:
+        size, complete = self._extent(where)
+        return {"stored": stored, "size": size, "complete": complete}
+
+    # ---- reading -----------------------------------------------------------------
+
+    def read(self, job_id: str, attempt: int | None, stream: str, offset: int, limit: int) -> LogSlice:
+        """At most `limit` bytes of a stream from `offset` (fewer at its end, none past
+        it). `attempt` None: the job's current (latest) attempt."""
+        job = Job.select(Job.id, Job.attempt).where(Job.id == self._job_row(job_id)).first()
+        if job is None:
+            raise NotFound(f"no job {job_id!r}")
+        if attempt is None:
+            attempt = job.attempt
+        elif attempt > job.attempt:
+            raise NotFound(f"{job_id} has no attempt {attempt} (its latest is {job.attempt})")
+        where = (LogChunk.job_id == job.id) & (LogChunk.attempt == attempt) & (LogChunk.stream == stream)
+        size, complete = self._extent(where)
+        rows = (LogChunk.select(LogChunk.start, LogChunk.size, LogChunk.data, LogChunk.object_key)
+                .where(where & (LogChunk.start < offset + limit) & (LogChunk.start + LogChunk.size > offset))
+                .order_by(LogChunk.seq))
+        parts = []
+        for row in rows:
+            first = max(offset, row.start) - row.start
+            last = min(offset + limit, row.start + row.size) - row.start  # exclusive
+            if row.object_key is not None and self.objects is not None:
+                parts.append(self.objects.get(row.object_key, first, last - 1))
+            elif row.data is not None:
+                parts.append(bytes(row.data)[first:last])
+            else:
+                raise NotFound(f"a chunk of this log is in S3 ({row.object_key}), and CORRAL_LOG_BUCKET is unset")
+        return LogSlice(b"".join(parts), size, complete, attempt)
+
+    def _extent(self, where) -> tuple[int, bool]:
+        size, complete = LogChunk.select(fn.MAX(LogChunk.start + LogChunk.size),
+                                         fn.MAX(LogChunk.final.cast("integer"))).where(where).scalar(as_tuple=True)
+        return int(size or 0), bool(complete)
+
+    # ---- retention ---------------------------------------------------------------
+
+    def delete_objects(self, keys: list[str]) -> int:
+        """Delete the S3 objects of purged jobs' chunks (Store.purge_finished's keys)."""
+        return self.objects.delete(keys) if self.objects is not None and keys else 0
+
+    @staticmethod
+    def _job_row(job_id: str) -> int:
+        job_row = parse_job_id(job_id)
+        if job_row is None:
+            raise NotFound(f"no job {job_id[:64]!r}")
+        return job_row
