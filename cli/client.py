@@ -57,6 +57,14 @@ class CliSchedulerClient(SchedulerClient):
     def schedule_runs(self, name: str, limit: int) -> list[dict]:
         return self._call("GET", f"/schedules/{_seg(name)}/runs", params={"limit": limit})
 
+    def job_logs(self, job_id: str, stream: str, offset: int, attempt: int | None = None) -> requests.Response:
+        """Up to a chunk of a job's complete output from `offset` (GET /jobs/{id}/logs):
+        the answer, whose body is the bytes and whose headers say the stream's size."""
+        params: dict = {"stream": stream, "offset": offset}
+        if attempt is not None:
+            params["attempt"] = attempt
+        return self._request("GET", f"/jobs/{_seg(job_id)}/logs", params=params)
+
     def events(self, params: dict, last_event_id: str | None) -> requests.Response:
         """`GET /events` as it comes (the caller reads it with shared/sse.py and closes it)."""
         headers = {"Accept": "text/event-stream"}

@@ -21,10 +21,12 @@ from .polling import LOST_LIMIT_SECS, SIGINT_EXIT
 REOPEN_SECS = 0.5
 
 
-def follow(env: Env, params: dict, handle: Callable[[sse.Message], bool], last_event_id: str | None = None) -> None:
+def follow(env: Env, params: dict, handle: Callable[[sse.Message], bool], last_event_id: str | None = None,
+           on_open: Callable[[], None] | None = None) -> None:
     """Call `handle` with each event of the stream (`params`: its filters) until it
     returns False. `open` and `end` are the stream's own and not passed on; a `missed`
-    event is said on stderr and passed on."""
+    event is said on stderr and passed on. `on_open` is called each time the stream
+    (re)opens: what happened before is then the caller's to read."""
     parser = sse.Parser(last_event_id)
     lost_since: float | None = None
     while True:
@@ -44,6 +46,8 @@ def follow(env: Env, params: dict, handle: Callable[[sse.Message], bool], last_e
             lost_since = None
         try:
             for message in sse.messages(response.iter_content(chunk_size=None), parser):
+                if message.event == "open" and on_open is not None:
+                    on_open()
                 if message.event in ("open", "end"):
                     continue
                 if message.event == "missed":

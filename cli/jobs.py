@@ -5,6 +5,7 @@ import sys
 import click
 
 from . import arrays
+from . import logs as complete_logs
 from . import format as fmt
 from . import scheduling as sched
 from .common import CliError, Env, echo_json, json_option, note
@@ -16,40 +17,6 @@ STATUS_TAIL_LINES = 10  # output lines `job status` shows
 
 
 # ---- pure helpers ---------------------------------------------------------------------------
-
-def overlap(prev: str, cur: str) -> int:
-    """The length of the longest prefix of `cur` that is a suffix of `prev` (KMP, linear)."""
-    if not prev or not cur:
-        return 0
-    if cur.startswith(prev):
-        return len(prev)
-    m = len(cur)
-    fail = [0] * m
-    k = 0
-    for i in range(1, m):
-        while k and cur[i] != cur[k]:
-            k = fail[k - 1]
-        if cur[i] == cur[k]:
-            k += 1
-        fail[i] = k
-    k = 0
-    for ch in prev[-m:]:
-        while k and (k == m or ch != cur[k]):
-            k = fail[k - 1]
-        if ch == cur[k]:
-            k += 1
-    return k
-
-
-def new_output(prev: str, cur: str) -> str:
-    """What of `cur` was not shown yet, when `prev` was the text at the last look.
-
-    The scheduler keeps only the tail of a job's output, so when the output grows past
-    it, the kept text is cut at the front: the part both share is the longest end of
-    `prev` that starts `cur`. (Output that repeats itself exactly can hide new lines
-    from this; nothing better is possible without offsets from the server.)"""
-    return cur[overlap(prev, cur):]
-
 
 def exit_status(job: dict) -> int:
     """The exit code of `corral job run --wait` for a final job."""
@@ -374,37 +341,31 @@ def emit_events(events: list[dict]) -> None:
 
 @job.command("logs")
 @click.argument("job_id")
-@click.option("-f", "--follow", "follow_output", is_flag=True, help="Keep printing new output until the job ends.")
+@click.option("-f", "--follow", "follow_output", is_flag=True,
+              help="Print the complete output's last lines, then new output as it comes, until the job ends.")
+@click.option("--full", is_flag=True, help="The complete output (with -f: from its first byte).")
+@click.option("--attempt", type=click.IntRange(1), help="With --full: this attempt's output (default: the latest).")
 @click.option("--stderr", "use_stderr", is_flag=True, help="The job's stderr instead of its stdout.")
 @click.pass_obj
-def logs(env: Env, job_id: str, follow_output: bool, use_stderr: bool) -> None:
-    """Print the kept tail of a job's stdout (or stderr).
+def logs(env: Env, job_id: str, follow_output: bool, full: bool, attempt: int | None, use_stderr: bool) -> None:
+    """Print a job's stdout (or stderr).
 
-    While the job runs, the tail is what its node sent last (live output, every few
-    seconds); with -f, new output is printed as it comes, and the end is the final
-    report's tail. Each attempt's output starts afresh (a retry runs the job again)."""
+    Without options: the tail the job record keeps (CORRAL_OUTPUT_TAIL_BYTES). With
+    --full: the whole output of the latest attempt (or --attempt N) as its node
+    shipped it, byte for byte. With -f: the last lines of the complete output, then
+    whatever comes next, across retries, until the job has ended and its node has
+    sent all of it."""
     env.subject = job_id
     stream = "stderr" if use_stderr else "stdout"
-    current = env.scheduler.get_job(job_id)
-    if not follow_output:
-        write_output(current.get(stream) or "")
-        return
-    poller = Poller(env, job_id)
-    shown, attempt, printed = "", current.get("attempt"), False
+    if attempt is not None and (follow_output or not full):
+        raise click.UsageError("--attempt goes with --full, without -f")
     try:
-        while True:
-            if current.get("attempt") != attempt:
-                attempt, shown = current.get("attempt"), ""  # its output does not continue the last one's
-                if printed:
-                    note(f"corral: {job_id}: attempt {attempt}")
-            text = current.get(stream) or ""
-            fresh = new_output(shown, text)
-            write_output(fresh)
-            printed = printed or bool(fresh)
-            shown = text
-            if current.get("status") in fmt.FINAL:
-                return
-            current = poller.next()
+        if follow_output:
+            complete_logs.follow(env, job_id, stream, full, complete_logs.binary_stdout())
+        elif full:
+            complete_logs.print_full(env, job_id, stream, attempt, complete_logs.binary_stdout())
+        else:
+            write_output(env.scheduler.get_job(job_id).get(stream) or "")
     except KeyboardInterrupt:
         click.get_current_context().exit(SIGINT_EXIT)
 

@@ -15,13 +15,9 @@ from types import SimpleNamespace
 
 import pytest
 import requests
-import responses
-from click.testing import CliRunner
 
 from cluster import BIN, Cluster
 from corral.agent.live_output import LiveOutput
-from corral.cli import common
-from corral.cli.main import cli
 from corral.shared.clients import Rejected, Unreachable
 from helpers import serve_in_thread, wait_for
 
@@ -261,28 +257,6 @@ def test_jobs_without_new_output_send_nothing_and_changes_go_in_one_batch(live):
         assert len(ids) == len(set(ids))
     for job_id in quiet:
         assert live.proxy.items_for(job_id) == [], f"{job_id} wrote nothing, yet live output was sent for it"
-
-
-# ---- the command line -----------------------------------------------------------------------
-
-SCHED = "http://sched.test"
-
-
-def test_logs_follow_starts_afresh_for_a_new_attempt(monkeypatch):
-    monkeypatch.setattr(common, "sleep", lambda seconds: None)
-    base = {"job_id": "job-7", "node_id": "node-1", "status": "running", "stderr": None}
-    states = [dict(base, attempt=1, stdout="a\nb\n"),
-              dict(base, attempt=1, status="pending", stdout=None),
-              # the retry prints the same first line: it is printed again, not taken as seen
-              dict(base, attempt=2, stdout="a\n"),
-              dict(base, attempt=2, status="done", exit_code=0, stdout="a\nc\n")]
-    with responses.RequestsMock() as mock:
-        for state in states:
-            mock.get(f"{SCHED}/jobs/job-7", json=state)
-        result = CliRunner().invoke(cli, ["--addr", SCHED, "job", "logs", "-f", "job-7"], env={"CORRAL_TOKEN": None})
-    assert result.exit_code == 0, result.output
-    assert result.stdout == "a\nb\na\nc\n"
-    assert result.stderr == "corral: job-7: attempt 2\n"
 
 
 # ---- the agent's sender on its own (no servers) ---------------------------------------------

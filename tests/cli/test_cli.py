@@ -74,19 +74,6 @@ def test_plain_tables_have_no_colour_no_wrapping_and_no_trailing_blanks():
     assert all(line == line.rstrip() for line in out.splitlines())
 
 
-def test_new_output_prints_only_what_is_new():
-    assert jobs.new_output("", "a\n") == "a\n"
-    assert jobs.new_output("a\n", "a\nb\n") == "b\n"               # grew
-    assert jobs.new_output("a\nb\n", "a\nb\n") == ""                # unchanged
-    assert jobs.new_output("a\nb\nc\n", "b\nc\nd\n") == "d\n"       # the kept tail was cut at the front
-    assert jobs.new_output("a\nb\nc\n", "c\nd\ne\n") == "d\ne\n"
-    assert jobs.new_output("old\n", "new\n") == "new\n"             # nothing in common (a new attempt)
-    assert jobs.new_output("abc", "") == ""
-    prev = "".join(f"line {i}\n" for i in range(2000))
-    cur = prev[5000:] + "line 2000\n"
-    assert jobs.new_output(prev, cur) == "line 2000\n"
-
-
 def test_exit_status_of_a_final_job():
     assert jobs.exit_status({"status": "done", "exit_code": 0}) == 0
     assert jobs.exit_status({"status": "failed", "exit_code": 3}) == 3
@@ -295,27 +282,6 @@ def test_job_logs_prints_stdout_or_stderr(mock):
     mock.get(f"{SCHED}/jobs/job-7", json=a_job(**dict(DONE, stdout="out\n", stderr="err\n")))
     assert corral("job", "logs", "job-7").stdout == "out\n"
     assert corral("job", "logs", "job-7", "--stderr").stdout == "err\n"
-
-
-def test_job_logs_follow_prints_output_as_it_grows(mock):
-    states = [dict(status="pending", stdout=None),
-              dict(status="running", stdout="a\n"),
-              dict(status="running", stdout="a\nb\n"),
-              dict(status="running", stdout="a\nb\n"),
-              dict(status="running", stdout="b\nc\n"),          # the kept tail was cut at the front
-              dict(status="done", exit_code=0, stdout="c\nd\n")]
-    for state in states:
-        mock.get(f"{SCHED}/jobs/job-7", json=a_job(**state))
-    result = corral("job", "logs", "-f", "job-7")
-    assert result.exit_code == 0, result.output
-    assert result.stdout == "a\nb\nc\nd\n"
-    assert len(mock.calls) == len(states)
-
-
-def test_job_logs_follow_shows_the_final_output_of_a_job_that_reports_only_at_the_end(mock):
-    for state in (dict(status="running"), dict(status="failed", exit_code=1, stderr="bad\n")):
-        mock.get(f"{SCHED}/jobs/job-7", json=a_job(**state))
-    assert corral("job", "logs", "-f", "--stderr", "job-7").stdout == "bad\n"
 
 
 def test_cancel_and_retry_post_and_print_the_new_status(mock):
