@@ -77,7 +77,7 @@ from cluster import all_jobs, wait_scheduler_sees_healthy  # tests/cluster.py (b
 from corral.shared.timeutil import epoch, iso
 
 SCENARIOS = ("submit_single", "submit_batch", "dispatch_latency", "dispatch_cross_replica", "throughput", "baseline",
-             "cpu_bound", "memory", "capacity", "idle_fleet", "schedules", "placement", "node_floor")
+             "cpu_bound", "memory", "capacity", "idle_fleet", "schedules", "logs", "placement", "node_floor")
 PROFILER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profile_requests.py")
 # Scenarios that touch no database: run once per round, whatever the backends.
 NO_DATABASE = ("placement", "node_floor")
@@ -88,7 +88,8 @@ COMPARED = {"submit_single": ("jobs_per_sec", "scheduler_cpu_ms_per_job"), "subm
             "memory": ("scheduler_worker_hwm_mb_max",),
             "capacity": ("jobs_per_sec", "scheduler_cpu_ms_per_job", "registry_cpu_ms_per_job"),
             "idle_fleet": ("schedulers_cpu_pct", "registry_cpu_pct"),
-            "schedules": ("lag_p50_ms", "lag_p99_ms", "scheduler_cpu_pct")}
+            "schedules": ("lag_p50_ms", "lag_p99_ms", "scheduler_cpu_pct"),
+            "logs": ("stored_mb_per_sec", "scheduler_cpu_ms_per_mb", "read_mb_per_sec")}
 
 # The control plane's targets on a 2-core machine, checked against the medians of a
 # full run: (scenario, backend or None for every backend, field, "min" or "max", limit).
@@ -161,6 +162,9 @@ class Config:
     idle_settle_secs: float = 5.0
     schedule_count: int = 10
     schedule_secs: int = 30
+    log_jobs: int = 16                # jobs that each write log_mb of output as fast as they can
+    log_mb: int = 8
+    log_secs: float = 180.0
 
 
 FULL = Config()
@@ -168,7 +172,7 @@ QUICK = Config(repeat=1, submit_jobs=100, batch_size=50, latency_jobs=5, latency
                throughput_jobs=40, throughput_secs=60.0, baseline_jobs=6, baseline_secs=60.0, baseline_latency_jobs=2,
                cpu_jobs=6, cpu_secs=60.0, warmup_jobs=2, floor_jobs=40, capacity_jobs=400, capacity_agents=10,
                capacity_batch=100, capacity_secs=60.0, idle_agents=20, idle_secs=3.0, idle_settle_secs=1.0,
-               schedule_count=3, schedule_secs=5)
+               schedule_count=3, schedule_secs=5, log_jobs=4, log_mb=2, log_secs=60.0)
 
 
 def rounded(value: float | None) -> float | None:
@@ -605,6 +609,7 @@ class Bench:
         self.guarded(self.round_capacity, "capacity")
         self.guarded(self.round_idle_fleet, "idle_fleet")
         self.guarded(self.round_schedules, "schedules")
+        self.guarded(self.round_logs, "logs")
 
     def guarded(self, round_fn, *scenarios: str) -> None:
         """Run one round of a group of scenarios; when its cluster cannot even be
@@ -1145,6 +1150,64 @@ class Bench:
                 "start_lag_p50_ms": rounded(bl.percentile(started, 50)),
                 "start_lag_p99_ms": rounded(bl.percentile(started, 99)),
                 "scheduler_cpu_pct": cpu, "machine_cpu_busy_pct": busy}
+
+    def round_logs(self) -> None:
+        if not self.want("logs"):
+            return
+        cfg = self.cfg
+        c = self.cluster("logs", agents=cfg.agents, slots=cfg.throughput_slots, MAX_JOBS_PER_NODE=cfg.throughput_slots)
+        try:
+            self.warmup(c, cfg.warmup_jobs)
+            self.record("logs", self.logs, c)
+        finally:
+            c.stop()
+
+    def logs(self, c: bl.BenchCluster) -> dict:
+        """`log_jobs` jobs that each write `log_mb` MiB of random bytes to stdout as fast
+        as they can: how fast their complete output is stored (from the first submit
+        until every stream is complete), the CPU the scheduler and the agents spend on
+        each MiB, and how fast one job's output reads back."""
+        cfg = self.cfg
+        url = c.scheduler_url
+        probe = requests.get(url + "/jobs/job-1/logs", timeout=10)  # warmup's job: there on every version
+        if probe.status_code == 404 and "no such resource" in probe.text:
+            raise Skip("this scheduler has no /jobs/{id}/logs")
+        size = cfg.log_mb * 1024 * 1024
+        agents = lambda: [c.procs[name].pid for name in c.procs if name.startswith("node-")]  # noqa: E731
+        scheduler_cpu, agent_cpu = bl.CpuMeter(lambda: c.pids("scheduler")), bl.CpuMeter(agents)
+        began = time.monotonic()
+        job_ids = [requests.post(url + "/jobs", json={"command": f"head -c {size} /dev/urandom"}, timeout=30)
+                   .json()["job_id"] for _ in range(cfg.log_jobs)]
+        pending = set(job_ids)
+        while pending and time.monotonic() - began < cfg.log_secs:
+            for job_id in list(pending):
+                answer = requests.get(f"{url}/jobs/{job_id}/logs", params={"limit": 1}, timeout=30)
+                if answer.headers.get("X-Corral-Log-Complete") == "true":
+                    pending.discard(job_id)
+            time.sleep(0.05)
+        elapsed = time.monotonic() - began
+        stored = cfg.log_jobs * size / 2 ** 20
+        scheduler_secs, agent_secs = scheduler_cpu.seconds(), agent_cpu.seconds()
+        read_began, offset = time.monotonic(), 0
+        with requests.Session() as s:
+            while True:
+                piece = s.get(f"{url}/jobs/{job_ids[0]}/logs", params={"offset": offset}, timeout=30).content
+                if not piece:
+                    break
+                offset += len(piece)
+        read_secs = time.monotonic() - read_began
+        self.settings["logs"] = {"jobs": cfg.log_jobs, "mib_each": cfg.log_mb, "agents": cfg.agents,
+                                 "slots": cfg.throughput_slots, "command": f"head -c {size} /dev/urandom",
+                                 "storage": "the database (CORRAL_LOG_BUCKET unset)",
+                                 "measured": "first submit -> every job's stdout complete (polled every 50 ms); "
+                                             "CPU of the scheduler's and the agents' processes over that window; "
+                                             "one job's output read back 1 MiB at a time"}
+        return {"jobs": cfg.log_jobs, "complete": cfg.log_jobs - len(pending), "mib": round(stored, 1),
+                "seconds": round(elapsed, 2), "stored_mb_per_sec": round(stored / elapsed, 1),
+                "scheduler_cpu_ms_per_mb": round(1000 * scheduler_secs / stored, 1),
+                "agent_cpu_ms_per_mb": round(1000 * agent_secs / stored, 1),
+                "read_mb_per_sec": round(offset / 2 ** 20 / read_secs, 1) if read_secs > 0 else None,
+                "read_bytes_ok": offset == size}
 
     def round_baseline(self) -> None:
         if not self.want("baseline"):
