@@ -936,6 +936,8 @@ class LogChunkStored(Answer):
     """The stream's bytes stored so far."""
     complete: bool
     """The stream's final chunk is stored."""
+    next_seq: int = Field(ge=0)
+    """The seq the stream's next chunk takes (its offset is `size`)."""
 
 
 class LogChunkRefused(Answer):

@@ -107,7 +107,8 @@ class JobLogs:
 
     def put(self, job_id: str, attempt: int, stream: str, seq: int, node_id: str, start: int, final: bool,
             data: bytes, now: float) -> dict:
-        """Store one chunk (module docstring); the answer {"stored", "size", "complete"}."""
+        """Store one chunk (module docstring); the answer {"stored", "size", "complete",
+        "next_seq"}: what the stream holds after it, and the seq its next chunk takes."""
         if not data and not final:
             raise BadRequest("an empty chunk must be the stream's final one (X-Corral-Log-Final: 1)")
         job_row = self._job_row(job_id)
@@ -138,7 +139,7 @@ class JobLogs:
             if judge(chunk, *self._neighbours(where, seq), self.cap) == REPEAT:
                 return self._answer(where, stored=False)
             raise
-        return {"stored": True, "size": chunk.end, "complete": final}
+        return {"stored": True, "size": chunk.end, "complete": final, "next_seq": seq + 1}
 
     def _neighbours(self, where, seq: int) -> tuple[Piece | None, Piece | None]:
         """The stored chunk with this seq, and the stream's last chunk."""
@@ -149,8 +150,10 @@ class JobLogs:
         return _piece(same), _piece(last)
 
     def _answer(self, where, stored: bool) -> dict:
+        """A repeat's answer: the stream as stored (an agent that restarted goes on from it)."""
         size, complete = self._extent(where)
-        return {"stored": stored, "size": size, "complete": complete}
+        last = LogChunk.select(fn.MAX(LogChunk.seq)).where(where).scalar()
+        return {"stored": stored, "size": size, "complete": complete, "next_seq": 0 if last is None else last + 1}
 
     # ---- reading -----------------------------------------------------------------
 

@@ -28,7 +28,7 @@ def test_the_chunks_of_a_stream_read_back_byte_for_byte(client, running):
     output = bytes(range(256)) * 3000 + b"\x00\xff the end\n"  # every byte value, not UTF-8
     answers = ship_log(client, running, output, 100_000)
     assert [a["stored"] for a in answers] == [True] * len(answers)
-    assert answers[-1] == {"stored": True, "size": len(output), "complete": True}
+    assert answers[-1] == {"stored": True, "size": len(output), "complete": True, "next_seq": len(answers)}
     data, last = read_log_whole(client, running)
     assert data == output
     assert last.headers["X-Corral-Log-Size"] == str(len(output))
@@ -55,11 +55,13 @@ def test_a_read_is_cut_at_one_chunk_and_an_offset_past_the_end_answers_nothing(c
 def test_a_chunk_sent_again_is_stored_once(client, store, running):
     first = put(client, running, b"one\n", 0, 0)
     again = put(client, running, b"one\n", 0, 0)
-    assert first.json == {"stored": True, "size": 4, "complete": False}
-    assert again.status_code == 200 and again.json == {"stored": False, "size": 4, "complete": False}
+    assert first.json == {"stored": True, "size": 4, "complete": False, "next_seq": 1}
+    assert again.status_code == 200 and again.json == {"stored": False, "size": 4, "complete": False, "next_seq": 1}
     assert put(client, running, b"two\n", 1, 4, final=True).json["complete"] is True
-    assert put(client, running, b"two\n", 1, 4, final=True).json == {"stored": False, "size": 8, "complete": True}
-    assert put(client, running, b"one\n", 0, 0).json["stored"] is False  # an old one, again
+    assert put(client, running, b"two\n", 1, 4, final=True).json == {"stored": False, "size": 8, "complete": True,
+                                                                      "next_seq": 2}
+    # An old one again (an agent that restarted): where the stream is, to go on from.
+    assert put(client, running, b"one\n", 0, 0).json == {"stored": False, "size": 8, "complete": True, "next_seq": 2}
     assert LogChunk.select().where(LogChunk.job_id == int(running[4:])).count() == 2
     assert read_log_whole(client, running)[0] == b"one\ntwo\n"
 
