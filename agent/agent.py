@@ -79,6 +79,7 @@ from . import cgroups, daemon, identity, jobenv, launch, reconcile, runner, star
 from .claims import Claims
 from .endings import STOPPED_MESSAGE, TIMEOUT_MESSAGE, Endings
 from .jobs import END_RECONCILED, JobTable, LocalJob
+from .log_shipping import LogShipper
 from .lease import Lease
 from .membership import Membership
 from .prepare import Plan, Preparer, applied_limits, default_limits, plan_of, warm_limits
@@ -128,6 +129,8 @@ class Agent:
         self.claims = Claims(self)
         self.outbox = Outbox(settings.node_id, scheduler, clock, self.claims.queue, self.claims.answer_lost)
         self.services = ServiceJobs(settings, registry, self.jobs, clock)
+        # The complete logs: every attempt's output, shipped whole (log_shipping.py).
+        self.logs = LogShipper(settings.node_id, settings.output_root, settings.log_max_bytes)
         # Set when a job ends so the work loop asks for more work at once.
         self.slot_freed = threading.Event()
         self._work_wake = threading.Event()   # claimed jobs, or a job's output closed: the work loop looks
@@ -211,8 +214,12 @@ class Agent:
             log.info("jobs run as %s (uid %d)%s", who.name, who.uid, f": {who.note}" if who.note else "")
         runner.tools()  # the launch programs, looked up once
         self.private_tmp, self.private_tmp_reason = startup.detect_private_tmp(s, self._fstab, self.private_tmp)
-        self.endings = Endings(s, self.jobs, self.outbox, self.users, lambda: self.lease.secs or 0, self._clock)
+        self.endings = Endings(s, self.jobs, self.outbox, self.users, lambda: self.lease.secs or 0, self._clock,
+                               self.logs)
         adopted = [self.jobs.held(key) for key in self.services.adopt(self.cgroups, self.users)]
+        for local in adopted:  # their output goes on being shipped (from where the scheduler is)
+            if local.log_files:
+                self.logs.follow_files(local.job_id, local.attempt, local.log_files)
         self.cgroups.remove_job_cgroups({local.cgroup.name for local in adopted if local.cgroup},
                                         why="left over by an earlier agent")
         for key, uid in self.users.forget_others(local.user_key for local in adopted if local.user_key):
@@ -224,7 +231,7 @@ class Agent:
         self._preparer = Preparer(s, self.node_id, self.users, self.cgroups, self.warm, bool(self.private_tmp),
                                   self._private_tmp_of, jobenv.from_agent(os.environ, s.job_env_passthrough),
                                   self._start_job, stopping=lambda: self._stopping, wake=self._work_wake.set,
-                                  service_started=self.services.started)
+                                  service_started=self.services.started, shipper=self.logs)
         self._started = True
         return [local.key for local in adopted]
 

@@ -3,7 +3,8 @@
 `run` starts the agent (Agent.startup), registers, then runs each concern on a
 thread of its own with one job and a name: `heartbeat` (the registry), `lease`
 (renewals with the scheduler), `fence` (stopping run jobs when the lease lapsed),
-`warm` (the launch kept started ahead), `output` (live output), `claim` (long-poll
+`warm` (the launch kept started ahead), `output` (live output), `logs` (complete
+logs, log_shipping.py), `claim` (long-poll
 claims), and the work loop in the calling thread (WorkLoop.tick after each wake-up
 or TICK_SECS). Everything they do is a one-pass method of the Agent that tests call
 step by step instead.
@@ -20,6 +21,8 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from corral.shared.clients import ClientError
+
 from . import live_output
 from .endings import STOPPED_MESSAGE
 from .jobs import END_STOPPING
@@ -34,6 +37,8 @@ log = logging.getLogger(__name__)
 TICK_SECS = 0.1
 # Bounded effort to deliver the last reports when the agent stops.
 FLUSH_SECS = 5.0
+# With live output off, how often finished attempts' complete logs are looked at.
+LOGS_AT_END_SECS = 2.0
 
 
 def run(agent: Agent, stop_event: threading.Event, once: bool = False) -> int:
@@ -57,6 +62,10 @@ def run(agent: Agent, stop_event: threading.Event, once: bool = False) -> int:
         sender = live_output.LiveOutput(agent.node_id, agent.held_jobs, agent.scheduler.clone(),
                                         agent.settings.output_interval)
         beats.append(threading.Thread(target=sender.run, args=(beats_stop,), name="output", daemon=True))
+    # Complete logs: while jobs run every AGENT_OUTPUT_INTERVAL_SECS (only at their end when 0).
+    beats.append(threading.Thread(target=agent.logs.run, name="logs", daemon=True, args=(
+        agent.scheduler.clone(), beats_stop, agent.settings.output_interval or LOGS_AT_END_SECS,
+        agent.settings.output_interval > 0)))
     for thread in beats:
         thread.start()
     try:
@@ -118,6 +127,7 @@ def shutdown(agent: Agent, flush_secs: float = FLUSH_SECS) -> int:
         if agent.flush_reports(force=True):
             time.sleep(0.2)  # brief pause between tries; bounded by the deadline
         _requeue_claimed(agent)  # a long poll that was under way may still have answered
+    _ship_last_logs(agent, agent._clock() + flush_secs)
     end = time.monotonic() + flush_secs  # ended services leave the registry, if it answers
     for monitor in agent.endings.closing if agent.endings else ():
         monitor.join(max(0.0, end - time.monotonic()))
@@ -151,3 +161,22 @@ def _reap_until_empty(agent: Agent, deadline: float, only_started: bool = False)
             log.exception("checking jobs failed while stopping")
         if waiting():
             time.sleep(TICK_SECS)
+
+
+def _ship_last_logs(agent: Agent, deadline: float) -> None:
+    """The ended attempts' output still to ship, until `deadline` (bounded: a request
+    to a scheduler that does not answer takes its timeout). A service left running
+    is shipped on by the next agent; what cannot be sent now is lost with the
+    agent's copies, and the scheduler keeps what it had."""
+    client = agent.scheduler.clone()
+    try:
+        while agent.logs.pending() and agent._clock() < deadline:
+            try:
+                agent.logs.ship_once(client, finished_only=True)
+                break
+            except ClientError as exc:
+                log.warning("stopping: shipping the last job output failed: %s", exc)
+                time.sleep(0.2)
+    finally:
+        client.close()
+        agent.logs.close()

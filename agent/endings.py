@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from . import cgroups, identity, launch, services, spans
 from .jobs import END_FENCED, END_RECONCILED, END_STOPPING, END_TIMEOUT, JobTable, LocalJob
+from .log_shipping import LogShipper
 from .reports import Outbox
 from .settings import AgentSettings
 
@@ -70,8 +71,9 @@ def report_of(end_reason: str | None, exit_code: int, stderr: str, *, setup_fail
 
 class Endings:
     def __init__(self, settings: AgentSettings, jobs: JobTable, outbox: Outbox, users: identity.JobUsers,
-                 lease_secs: Callable[[], float], clock: Callable[[], float]):
+                 lease_secs: Callable[[], float], clock: Callable[[], float], shipper: LogShipper | None = None):
         self.settings = settings
+        self.shipper = shipper  # the complete logs: told when an attempt's output is all read
         self.jobs = jobs
         self.outbox = outbox
         self.users = users
@@ -175,8 +177,11 @@ class Endings:
         return (local.job_id, local.attempt, report.status)
 
     def _free(self, local: LocalJob) -> None:
-        """The slot, uid, service record and files of a job whose processes are gone."""
+        """The slot, uid, service record and files of a job whose processes are gone;
+        the rest of its output is shipped."""
         self.jobs.remove(local.key)
+        if self.shipper is not None:
+            self.shipper.finish(local.job_id, local.attempt)
         if local.user_key is not None:
             self.users.release(local.user_key)
             local.user_key = None

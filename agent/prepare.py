@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from . import artifacts, cgroups, identity, jobenv, launch, runner, services, uids, warm
 from .jobs import END_STOPPING, LocalJob
+from .log_shipping import LogShipper
 from .settings import AgentSettings, safe_path_part
 
 log = logging.getLogger(__name__)
@@ -107,6 +108,7 @@ class Preparer:
     stopping: Callable[[], bool]
     wake: Callable[[], None]  # the work loop looks (a job was prepared, or its output closed)
     service_started: Callable[[LocalJob, dict, int | None, cgroups.JobCgroup], None]
+    shipper: LogShipper | None = None  # the complete logs (log_shipping.py); None: not kept
 
     def prepare(self, local: LocalJob, job: dict, plan: Plan) -> None:
         """On a worker thread: environment, work dir, artifact, uid and ownership, cgroup,
@@ -115,6 +117,7 @@ class Preparer:
         s = self.settings
         cg = None
         taken = None
+        captures = None
         try:
             job_env = jobenv.job_vars(job)  # a forbidden variable fails the job before anything
             _fresh_dir(local.workdir)
@@ -151,12 +154,14 @@ class Preparer:
             env = jobenv.build({"env_vars": job_env}, self.agent_env, own, fixed)
             if plan.job_type == "service":
                 local.log_files = services.log_paths(s.log_root, local.job_id, local.attempt)
+            elif self.shipper is not None:
+                captures = self.shipper.capture(local.job_id, local.attempt)
             with local.lock:
                 if local.end_reason is None and self.stopping():
                     local.end_reason = END_STOPPING
                 self._check_not_ended(local)
                 if taken is not None:
-                    local.process = self._launch_warm(local, taken, command or "", env)
+                    local.process = self._launch_warm(local, taken, command or "", env, captures)
                     taken = None
                     if local.process is None:  # the chain is gone, and its cgroup with it
                         cg = self._job_cgroup(local, plan)
@@ -164,13 +169,19 @@ class Preparer:
                     local.process = self.start_job(
                         dict(job, command=command), local.workdir, env, s.output_tail_bytes,
                         cgroup=cg, user=who.launch_user(), output_files=local.log_files,
-                        private_tmp=self.private_tmp_of(plan.memory_mb))
+                        private_tmp=self.private_tmp_of(plan.memory_mb), captures=captures)
                 local.cgroup = cg
                 if hasattr(local.process, "on_output_closed"):
                     # The pipes close when the job exits: the work loop looks at once.
                     local.process.on_output_closed = self.wake
                 if plan.job_type == "service":
                     self.service_started(local, job, port, cg)
+                if self.shipper is not None:  # its output is shipped whole from now on
+                    if captures is not None:
+                        self.shipper.add(local.job_id, local.attempt, captures)
+                        captures = None
+                    elif local.log_files is not None:
+                        self.shipper.follow_files(local.job_id, local.attempt, local.log_files)
             log.info("job %s attempt %s started (pid %d, %s, limits %s, cgroup %s, timeout %s) in %s",
                      local.job_id, local.attempt, local.process.pid, plan.job_type,
                      plan.limits if self.cgroup_manager.enforced else "none",
@@ -197,6 +208,8 @@ class Preparer:
             log.exception("preparing job %s attempt %s failed", local.job_id, local.attempt)
             local.start_error = (-1, f"the agent could not prepare the job: {exc!r}")
         finally:
+            for capture in captures or ():  # it did not start: nothing to ship
+                capture.close()
             if taken is not None:  # not launched: the chain goes (the job's key has its uid)
                 taken.start.discard()
                 cg = taken.cgroup
@@ -210,13 +223,13 @@ class Preparer:
         return self.cgroup_manager.create(cgroup_name(local.job_id, local.attempt), plan.memory_mb,
                                    plan.cpu_percent, plan.max_processes)
 
-    def _launch_warm(self, local: LocalJob, taken: warm.Warm, command: str, env: dict
+    def _launch_warm(self, local: LocalJob, taken: warm.Warm, command: str, env: dict, captures: tuple | None
                      ) -> runner.RunningJob | None:
         """The job started in the warm launch it took; None when that could not take it
         (logged; its cgroup is removed, and the job starts cold). Raises StartError as
         runner.start does."""
         try:
-            return taken.start.launch(command, local.workdir, env)
+            return taken.start.launch(command, local.workdir, env, captures)
         except runner.WarmGone as exc:
             log.warning("job %s attempt %s starts without the warm launch: %s", local.job_id,
                         local.attempt, exc)

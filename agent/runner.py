@@ -96,7 +96,7 @@ def tools() -> launch.Tools:
 
 def start(job: Mapping, workdir: str, env: Mapping[str, str], tail_bytes: int, *,
           cgroup=None, user: launch.User | None = None, private_tmp: launch.PrivateTmp | None = None,
-          output_files: tuple[str, str] | None = None) -> "RunningJob":
+          output_files: tuple[str, str] | None = None, captures: tuple | None = None) -> "RunningJob":
     """Start `job["command"]` under /bin/sh in `workdir`, in a session of its own.
 
     `env` is the job's complete environment (jobenv.build); it is applied only by the
@@ -106,8 +106,9 @@ def start(job: Mapping, workdir: str, env: Mapping[str, str], tail_bytes: int, *
     the process group with setsid. `private_tmp`: the job gets a mount namespace with
     private /tmp, /var/tmp and /dev/shm (launch.py). Its standard input is empty. With
     `output_files` (stdout path, stderr path) the job writes to those files (created
-    0600, appended to) instead of pipes. Raises StartError when the process cannot be
-    started.
+    0600, appended to) instead of pipes. `captures` (stdout, stderr: the agent's own
+    copies for the complete logs, log_capture.CapturedStream) get everything read
+    from the pipes. Raises StartError when the process cannot be started.
     """
     command = _runnable(job.get("command"))
     try:
@@ -143,7 +144,7 @@ def start(job: Mapping, workdir: str, env: Mapping[str, str], tail_bytes: int, *
         for fd in (env_fd, stdout, stderr):  # the child has its own copies
             if isinstance(fd, int) and fd >= 0:
                 os.close(fd)
-    return RunningJob(proc, tail_bytes, cgroup, output_files)
+    return RunningJob(proc, tail_bytes, cgroup, output_files, captures)
 
 
 def _runnable(command: object) -> str:
@@ -198,10 +199,11 @@ class WarmStart:
     def alive(self) -> bool:
         return self._writer is not None and self._job.poll() is None
 
-    def launch(self, command: str, workdir: str, env: Mapping[str, str]) -> RunningJob:
+    def launch(self, command: str, workdir: str, env: Mapping[str, str], captures: tuple | None = None
+               ) -> RunningJob:
         """Run `command` in it as start() would in `workdir` with `env` (the job's cgroup
-        is the chain's). Raises StartError for a job that cannot start (the chain stays
-        usable), WarmGone when the chain cannot take it."""
+        is the chain's; `captures` as start() takes them). Raises StartError for a job
+        that cannot start (the chain stays usable), WarmGone when the chain cannot take it."""
         try:
             script = launch.warm_script(_runnable(command), workdir, env)
         except ValueError as exc:
@@ -209,6 +211,7 @@ class WarmStart:
         if not self.alive():
             self.discard()
             raise WarmGone(f"the warm chain ended: {self.failure()}")
+        self._job.captures = captures  # before the job can write anything
         try:
             view = memoryview(script)
             while view:
@@ -302,7 +305,7 @@ class RunningJob:
     """One started job. Thread-safe enough for one thread polling while another kills."""
 
     def __init__(self, proc: subprocess.Popen, tail_bytes: int, cgroup=None,
-                 output_files: tuple[str, str] | None = None):
+                 output_files: tuple[str, str] | None = None, captures: tuple | None = None):
         self._proc = proc
         self.cgroup = cgroup
         self.pid = proc.pid
@@ -311,6 +314,8 @@ class RunningJob:
         self._tail_bytes = tail_bytes
         self._stdout = TailBuffer(tail_bytes)
         self._stderr = TailBuffer(tail_bytes)
+        # The agent's copies of all of it (complete logs): (stdout, stderr), or None.
+        self.captures = captures
         self._stop_reading = threading.Event()
         self._result: RunResult | None = None
         self._result_lock = threading.Lock()
@@ -411,10 +416,10 @@ class RunningJob:
     def _read_pipes(self) -> None:
         sel = selectors.DefaultSelector()
         buffers = {}
-        for pipe, tail in ((self._proc.stdout, self._stdout), (self._proc.stderr, self._stderr)):
+        for index, (pipe, tail) in enumerate(((self._proc.stdout, self._stdout), (self._proc.stderr, self._stderr))):
             os.set_blocking(pipe.fileno(), False)
             sel.register(pipe, selectors.EVENT_READ)
-            buffers[pipe.fileno()] = tail
+            buffers[pipe.fileno()] = (tail, index)
         try:
             while sel.get_map() and not self._stop_reading.is_set():
                 for key, _ in sel.select(timeout=0.1):
@@ -423,7 +428,11 @@ class RunningJob:
                     except BlockingIOError:
                         continue
                     if data:
-                        buffers[key.fd].write(data)
+                        tail, index = buffers[key.fd]
+                        tail.write(data)
+                        captures = self.captures
+                        if captures is not None:
+                            captures[index].write(data)
                     else:
                         sel.unregister(key.fileobj)
         finally:

@@ -109,6 +109,8 @@ class AgentSettings:
     health_interval: float = 5.0
     health_timeout: float = 2.0
     service_log_max_bytes: int = 64 * MiB
+    # Complete logs (log_capture.py): each stream of each attempt kept whole up to this.
+    log_max_bytes: int = 10 * MiB
     # deploy_url artifacts (see artifacts.Limits).
     max_artifact_bytes: int = 512 * MiB
     max_unpacked_bytes: int = 2048 * MiB
@@ -131,6 +133,11 @@ class AgentSettings:
     def log_root(self) -> str:
         """Where services' stdout/stderr files live (<job>-<attempt>.out|.err)."""
         return os.path.join(self.agent_dir, "logs")
+
+    @property
+    def output_root(self) -> str:
+        """The agent's copies of run jobs' output, until shipped (<job>-<attempt>.stdout|.stderr)."""
+        return os.path.join(self.agent_dir, "output")
 
     @property
     def service_state_root(self) -> str:
@@ -426,9 +433,13 @@ SETTINGS = (
             "timeout of a whole download; `0`: none", minimum=0),
     Setting("CORRAL_OUTPUT_TAIL_BYTES", "output_tail_bytes", "int", 65536,
             "how much of the end of stdout and stderr is kept and reported", minimum=0, maximum=MAX_TAIL_BYTES),
+    Setting("CORRAL_LOG_MAX_BYTES", "log_max_bytes", "int", 10 * MiB,
+            "each stream of each attempt is shipped whole up to this many bytes; past it, the first and last "
+            "halves and a line saying how much was dropped (give the scheduler the same)", minimum=64 * 1024,
+            maximum=1024 ** 4),
     Setting("AGENT_OUTPUT_INTERVAL_SECS", "output_interval", "float", 2.0,
-            "live output: how often running jobs' new output (its tail) goes to the scheduler, one request for "
-            "all of them; `0`: only at the end", minimum=0),
+            "live output: how often running jobs' new output (its tail, and the whole of it in chunks) goes to "
+            "the scheduler; `0`: only at the end", minimum=0),
     Setting("AGENT_KILL_GRACE_SECS", "kill_grace", "float", 5.0,
             "a job being killed gets SIGTERM, then SIGKILL after this", minimum=0),
     Setting("AGENT_STOP_GRACE_SECS", "stop_grace", "float", 10.0,

@@ -18,7 +18,8 @@ log = logging.getLogger(__name__)
 
 # The directories of the agent: its dir and `work` may be traversed (a job reaches its
 # own work dir by its absolute path) but not listed; logs and service state are its own.
-DIR_MODES = {"agent_dir": 0o711, "work_root": 0o711, "log_root": 0o700, "service_state_root": 0o700}
+DIR_MODES = {"agent_dir": 0o711, "work_root": 0o711, "log_root": 0o700, "service_state_root": 0o700,
+             "output_root": 0o700}
 
 
 def make_dirs(settings: AgentSettings) -> None:
@@ -50,12 +51,12 @@ def detect_private_tmp(settings: AgentSettings, fstab: str, forced: bool | None)
 
 
 def remove_leftover_files(settings: AgentSettings, keep: Iterable[str]) -> None:
-    """Work dirs and service logs an earlier agent left behind (it was killed, or
-    its services ended while no agent ran), except the paths in `keep` (those of
-    adopted services)."""
+    """Work dirs, service logs and run jobs' output copies (log_capture.py) an earlier
+    agent left behind (it was killed, or its services ended while no agent ran),
+    except the paths in `keep` (those of adopted services)."""
     kept = set(keep)
     removed = 0
-    for root in (settings.work_root, settings.log_root):
+    for root in (settings.work_root, settings.log_root, settings.output_root):
         for entry in os.scandir(root):
             if entry.path in kept:
                 continue

@@ -41,7 +41,7 @@ import requests
 import urllib3
 
 from .settings import split_urls
-from .wire import IDEMPOTENCY_HEADER, LONG_POLL_HEADER
+from .wire import IDEMPOTENCY_HEADER, LOG_FINAL_HEADER, LOG_NODE_HEADER, LOG_OFFSET_HEADER, LONG_POLL_HEADER
 
 E = TypeVar("E")  # an entry split_batches cuts into batches
 DEFAULT_TIMEOUT = (3.05, 10.0)  # (connect, read) seconds
@@ -72,12 +72,14 @@ class Unreachable(ClientError):
 
 
 class Rejected(ClientError):
-    """The peer answered 4xx; `status` and `message` say why."""
+    """The peer answered 4xx; `status` and `message` say why, `fields` the rest of its
+    JSON answer (where to go on from, for a log chunk)."""
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, fields: dict | None = None):
         super().__init__(f"{status}: {message}")
         self.status = status
         self.message = message
+        self.fields = fields or {}
 
 
 @dataclass
@@ -121,13 +123,15 @@ class _Client:
                                         headers=headers, resend=resend))
 
     def _request(self, method: str, path: str, *, json=None, params=None, timeout=None,
-                 headers=None, resend: bool = True, stream: bool = False) -> requests.Response:
+                 headers=None, resend: bool = True, stream: bool = False,
+                 data: bytes | None = None) -> requests.Response:
         """The answer of a call that succeeded (2xx-4xx handled as for `_call`), for callers
         that need its headers. The call fails over from URL to URL (see the module's
         docstring); `resend`: whether it may go to the next URL after a server that
         may have acted on it (False for requests that must not happen twice);
-        `stream`: the body is read by the caller as it comes (it closes the answer)."""
-        if json is None and method not in ("GET", "HEAD"):
+        `stream`: the body is read by the caller as it comes (it closes the answer);
+        `data`: raw bytes to send (the caller's headers say their type)."""
+        if json is None and data is None and method not in ("GET", "HEAD"):
             headers = {**JSON_HEADERS, **(headers or {})}
         count = len(self.base_urls)
         tried: list[tuple[str, str]] = []
@@ -136,7 +140,7 @@ class _Client:
             base = self.base_urls[index]
             try:
                 response = self._send(method, base, path, json=json, params=params, headers=headers,
-                                      timeout=timeout or self.timeout, stream=stream)
+                                      timeout=timeout or self.timeout, stream=stream, data=data)
             except _Failed as failure:
                 tried.append((base, failure.reason))
                 if failure.maybe_done and not resend:
@@ -145,7 +149,7 @@ class _Client:
                 continue
             self._current = index
             if response.status_code >= 400:
-                raise Rejected(response.status_code, _error_message(response))
+                raise _rejected(response)
             return response
         raise _unreachable(method, path, tried)
 
@@ -234,14 +238,14 @@ def _seg(value: str) -> str:
     return quote(value, safe="")
 
 
-def _error_message(response: requests.Response) -> str:
+def _rejected(response: requests.Response) -> Rejected:
     try:
         body = response.json()
     except ValueError:
-        return response.text[:200] or response.reason
+        return Rejected(response.status_code, response.text[:200] or response.reason)
     if isinstance(body, dict) and isinstance(body.get("error"), str):
-        return body["error"]
-    return str(body)[:200]
+        return Rejected(response.status_code, body["error"], body)
+    return Rejected(response.status_code, str(body)[:200])
 
 
 def split_batches(entries: list[E], item_of: Callable[[E], dict], max_items: int, max_bytes: int) -> list[list[E]]:
@@ -363,6 +367,18 @@ class SchedulerClient(_Client):
         have one result per item."""
         answer = self._call("POST", "/jobs/output", json={"outputs": items})
         return _one_result_each(answer, len(items), "POST /jobs/output", "item")
+
+    def put_log_chunk(self, job_id: str, attempt: int, stream: str, seq: int, data: bytes, offset: int,
+                      final: bool, node_id: str) -> dict:
+        """A chunk of an attempt's complete output (PUT /jobs/{id}/attempts/{n}/logs/...):
+        the answer {"stored", "size", "complete", "next_seq"}. A refusal is Rejected, its
+        `fields` say where the stream is (409: expected_seq, expected_offset)."""
+        headers = {"Content-Type": "application/octet-stream", LOG_NODE_HEADER: node_id,
+                   LOG_OFFSET_HEADER: str(offset)}
+        if final:
+            headers[LOG_FINAL_HEADER] = "1"
+        return self._json(self._request("PUT", f"/jobs/{_seg(job_id)}/attempts/{attempt}/logs/{stream}/{seq}",
+                                        data=data, headers=headers))
 
     def submit(self, request: dict, idempotency_key: str | None = None) -> dict:
         """Submit one job. Without an `idempotency_key`, a random one of its own, so that a

@@ -25,7 +25,8 @@ NODE = "live-node-1"
 SCHEDULER_TAIL = 4096
 AGENT_TAIL = 8192
 INTERVAL = 0.3
-FORWARDED_HEADERS = ("content-type", "authorization", "x-corral-node", "idempotency-key")
+FORWARDED_HEADERS = ("content-type", "authorization", "x-corral-node", "idempotency-key", "x-corral-log-offset",
+                     "x-corral-log-final")
 RETURNED_HEADERS = ("content-type", "x-corral-long-poll", "link", "www-authenticate")
 
 
@@ -63,7 +64,7 @@ class RecordingProxy:
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the agent stopped (teardown) while a long poll was under way
 
-            do_GET = do_POST = do_DELETE = forward
+            do_GET = do_POST = do_PUT = do_DELETE = forward
 
             def log_message(self, *args):
                 pass

@@ -1,0 +1,290 @@
+"""The agent's own copy of each attempt's stdout and stderr, bounded, for shipping to
+the scheduler whole (log_shipping.py): a `Source` per stream.
+
+A stream is kept whole up to CORRAL_LOG_MAX_BYTES (`cap`). Past it, the first half
+(the head: what the job set out to do) and the last half (the tail: how it ended)
+are kept and a line between them says how many bytes were dropped
+(wire.LOG_DROPPED_MARK). The head can be shipped while the job runs; the rest only
+once the attempt has ended (`finish`), when it is known which bytes are the tail.
+So the stream the scheduler gets is `head`, then (past the cap) the mark, then the
+tail, and never more than cap plus the mark.
+
+Run jobs (`CapturedStream`): the agent reads their pipes (runner.RunningJob) and
+writes what comes to two files of its own under `<agent_dir>/output` (0700, files
+0600, opened O_NOFOLLOW; the job gets none of their descriptors and cannot reach
+the directory): the head file, and a ring file of `cap - cap/2` bytes that always
+holds the newest bytes past the head. Disk use per stream is at most `cap`.
+
+Services (`ServiceStream`) write to their log files themselves (so that they can
+outlive the agent, services.py); the agent reads those through a descriptor it
+opened when it started or adopted the service. Those files are emptied past
+AGENT_SERVICE_LOG_MAX_BYTES, so bytes past the head that no longer exist at the end
+count as dropped.
+
+Reads are `os.pread` on the agent's own descriptors: a job can never make the
+agent read another file.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Protocol
+
+from corral.shared.wire import LOG_DROPPED_MARK
+
+log = logging.getLogger(__name__)
+
+FILE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class Source(Protocol):
+    """One stream of one attempt, as the shipper reads it."""
+
+    def available(self) -> int:
+        """Bytes of the stream that may be shipped now (the final size once finished)."""
+
+    def read(self, offset: int, size: int) -> bytes:
+        """Up to `size` bytes from `offset` (below available())."""
+
+    def finish(self) -> None:
+        """The attempt ended: the stream is what it now holds."""
+
+    @property
+    def finished(self) -> bool: ...
+
+    def resume_at(self, offset: int) -> None:
+        """The scheduler holds the stream up to `offset` (an agent that restarted)."""
+
+    def close(self) -> None:
+        """Done with it: its files (if the agent's own) go."""
+
+
+class Layout:
+    """Where the shipped stream's bytes are once the attempt ended: `head` bytes, then
+    the mark of `dropped` bytes (none when 0), then `tail_size` bytes of the tail from
+    position `tail_at` of wherever the tail is kept."""
+
+    def __init__(self, head: int, dropped: int, tail_size: int, tail_at: int):
+        self.head = head
+        self.mark = LOG_DROPPED_MARK.format(dropped).encode() if dropped > 0 else b""
+        self.tail_size = tail_size
+        self.tail_at = tail_at
+
+    @classmethod
+    def of(cls, written: int, cap: int) -> "Layout":
+        """A stream of `written` bytes under `cap`: the first half whole, and of the
+        rest what the other half holds (its newest bytes)."""
+        head = min(written, cap // 2)
+        rest = written - head
+        tail = min(rest, cap - cap // 2)
+        return cls(head, rest - tail, tail, rest - tail)
+
+    @property
+    def size(self) -> int:
+        return self.head + len(self.mark) + self.tail_size
+
+    def pieces(self, offset: int, size: int) -> list[tuple[str, int, int]]:
+        """The parts of [offset, offset + size): ("head", at, n), ("mark", at, n),
+        ("tail", logical position past the head, n)."""
+        out = []
+        end = min(offset + size, self.size)
+        for kind, start, length, base in (("head", 0, self.head, 0),
+                                          ("mark", self.head, len(self.mark), 0),
+                                          ("tail", self.head + len(self.mark), self.tail_size, self.tail_at)):
+            lo, hi = max(offset, start), min(end, start + length)
+            if lo < hi:
+                out.append((kind, base + lo - start, hi - lo))
+        return out
+
+
+def pread_all(fd: int, size: int, offset: int) -> bytes:
+    parts = []
+    while size > 0:
+        data = os.pread(fd, size, offset)
+        if not data:
+            break
+        parts.append(data)
+        size -= len(data)
+        offset += len(data)
+    return b"".join(parts)
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        done = os.pwrite(fd, data, offset)
+        data, offset = data[done:], offset + done
+
+
+class CapturedStream:
+    """A run job's stream: written by the agent's pipe reader (write), read by the shipper."""
+
+    def __init__(self, path: str, cap: int):
+        self.path = path
+        self.cap = cap
+        self.half = cap // 2
+        self.ring_size = cap - self.half
+        self.head_fd = os.open(path, FILE_FLAGS, 0o600)
+        try:
+            self.ring_fd = os.open(path + ".tail", FILE_FLAGS, 0o600)
+        except OSError:
+            os.close(self.head_fd)
+            raise
+        self.written = 0
+        self.failed = False
+        self.layout: Layout | None = None
+        self._lock = threading.Lock()
+
+    def write(self, data: bytes) -> None:
+        """What the job wrote next (the reader thread). Never raises: a disk that is
+        full ends the capture (logged); the job runs on."""
+        with self._lock:
+            if self.layout is not None or self.failed:
+                return
+            view = memoryview(data)
+            try:
+                if self.written < self.half:
+                    n = min(len(view), self.half - self.written)
+                    _pwrite_all(self.head_fd, view[:n], self.written)
+                    view, self.written = view[n:], self.written + n
+                while view:
+                    at = (self.written - self.half) % self.ring_size
+                    n = min(len(view), self.ring_size - at)
+                    _pwrite_all(self.ring_fd, view[:n], at)
+                    view, self.written = view[n:], self.written + n
+            except OSError as exc:
+                self.failed = True
+                log.warning("stopped keeping the output in %s: %s", self.path, exc)
+
+    def available(self) -> int:
+        with self._lock:
+            return self.layout.size if self.layout is not None else min(self.written, self.half)
+
+    def read(self, offset: int, size: int) -> bytes:
+        with self._lock:
+            layout = self.layout or Layout(min(self.written, self.half), 0, 0, 0)
+        out = []
+        for kind, at, n in layout.pieces(offset, size):
+            if kind == "head":
+                out.append(pread_all(self.head_fd, n, at))
+            elif kind == "mark":
+                out.append(layout.mark[at:at + n])
+            else:
+                out.append(self._ring(at, n))
+        return b"".join(out)
+
+    def _ring(self, at: int, n: int) -> bytes:
+        """`n` bytes from logical position `at` past the head, as the ring holds them."""
+        out = []
+        while n > 0:
+            pos = at % self.ring_size
+            take = min(n, self.ring_size - pos)
+            out.append(pread_all(self.ring_fd, take, pos))
+            at, n = at + take, n - take
+        return b"".join(out)
+
+    def finish(self) -> None:
+        with self._lock:
+            if self.layout is None:
+                self.layout = Layout.of(self.written, self.cap)
+
+    @property
+    def finished(self) -> bool:
+        return self.layout is not None
+
+    def resume_at(self, offset: int) -> None:
+        pass  # its files were made by this agent: the head is what the scheduler has
+
+    def close(self) -> None:
+        for fd in (self.head_fd, self.ring_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        for path in (self.path, self.path + ".tail"):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                log.warning("could not remove %s: %s", path, exc)
+
+
+class ServiceStream:
+    """A service's stream, read from the log file it writes to (through a descriptor
+    the agent opened: the file itself stays the service's log, removed with it)."""
+
+    def __init__(self, path: str, cap: int):
+        self.fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        self.cap = cap
+        self.half = cap // 2
+        self.seen = 0          # bytes the service wrote, as far as the agent saw
+        self.last_size = 0
+        self.head = self.half  # shrinks to what is known shipped if the file is emptied first
+        self.read_upto = 0
+        self.emptied = False
+        self.layout: Layout | None = None
+        self._lock = threading.Lock()
+
+    def _look(self) -> int:
+        size = os.fstat(self.fd).st_size
+        if size < self.last_size:  # emptied past AGENT_SERVICE_LOG_MAX_BYTES
+            if not self.emptied:
+                self.head = min(self.head, self.read_upto)
+            self.emptied = True
+            self.seen += size
+        else:
+            self.seen += size - self.last_size
+        self.last_size = size
+        return size
+
+    def available(self) -> int:
+        with self._lock:
+            if self.layout is not None:
+                return self.layout.size
+            size = self._look()
+            return self.head if self.emptied else min(size, self.head)
+
+    def read(self, offset: int, size: int) -> bytes:
+        with self._lock:
+            layout = self.layout
+            if layout is None:
+                self.read_upto = max(self.read_upto, offset + size)
+                return pread_all(self.fd, size, offset)
+        out = []
+        for kind, at, n in layout.pieces(offset, size):
+            if kind == "head":
+                out.append(pread_all(self.fd, n, at))
+            elif kind == "mark":
+                out.append(layout.mark[at:at + n])
+            else:
+                out.append(pread_all(self.fd, n, at))  # the tail's position in the file
+        return b"".join(out)
+
+    def finish(self) -> None:
+        with self._lock:
+            if self.layout is not None:
+                return
+            size = self._look()
+            if not self.emptied and size <= self.cap:
+                self.layout = Layout(size, 0, 0, 0)  # whole
+                return
+            head = self.head if self.emptied else min(self.head, size)
+            # The tail: the file's newest bytes, past the head unless the file was emptied.
+            tail = min(self.cap - self.half, size if self.emptied else size - head)
+            self.layout = Layout(head, self.seen - head - tail, tail, size - tail)
+
+    @property
+    def finished(self) -> bool:
+        return self.layout is not None
+
+    def resume_at(self, offset: int) -> None:
+        with self._lock:
+            if self.layout is None and offset < self.head and self.emptied:
+                self.head = offset
+
+    def close(self) -> None:
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass

@@ -1,0 +1,218 @@
+"""Complete logs: each attempt's whole stdout and stderr go to the scheduler in
+numbered chunks (PUT /jobs/{id}/attempts/{n}/logs/{stream}/{seq}), while the job
+runs and once it has ended, from the agent's own copies (log_capture.py).
+
+`LogShipper` holds one `Shipment` per stream of each attempt this agent ran and
+has not finished shipping. A thread of its own (`run`) passes over them every
+AGENT_OUTPUT_INTERVAL_SECS, or at once when an attempt ends (`finish`), and sends
+what each stream holds past what the scheduler has, up to a chunk
+(wire.LOG_CHUNK_MAX_BYTES) per request, the last one marked final once the attempt
+has ended. What it learns from each answer is the truth about where the stream
+is: a `200` says the stream's size and the next seq (so a chunk the scheduler
+already had moves it on as well), a `409` the seq and offset it expects. Nothing
+is lost while the scheduler cannot be reached: the bytes stay in the agent's files,
+and the same chunk is sent again after a backoff (the scheduler stores it once).
+
+A stream leaves once the scheduler has its final chunk, or when it will never
+take it: the job is gone (404), the attempt is not one this node ran (409 without
+a position), or the stream is past CORRAL_LOG_MAX_BYTES (413); then its files are
+removed. An agent that restarted has no memory of what it shipped: it starts each
+adopted service's streams at 0 and the first answer moves them to where the
+scheduler is. Run jobs do not outlive the agent, and the files of an earlier
+agent's run jobs are removed at start-up (startup.py).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from corral.shared.backoff import Backoff
+from corral.shared.clients import ClientError, Rejected, SchedulerClient
+from corral.shared.wire import LOG_CHUNK_MAX_BYTES, LOG_STREAMS
+
+from .log_capture import CapturedStream, ServiceStream, Source
+
+log = logging.getLogger(__name__)
+
+BACKOFF_CAP_SECS = 30.0
+Key = tuple[str, int, str]  # (job_id, attempt, stream)
+
+
+@dataclass
+class Shipment:
+    job_id: str
+    attempt: int
+    stream: str
+    source: Source
+    seq: int = 0      # the seq of the next chunk
+    offset: int = 0   # where it starts: what the scheduler has
+    done: bool = False
+
+
+class Unshippable(Exception):
+    """The scheduler will never take this stream (its reason is the message)."""
+
+
+class LogShipper:
+    def __init__(self, node_id: str, directory: str, cap: int, chunk_bytes: int = LOG_CHUNK_MAX_BYTES):
+        self.node_id = node_id
+        self.directory = directory  # the run jobs' copies: <agent_dir>/output, 0700
+        self.cap = cap
+        self.chunk_bytes = chunk_bytes
+        self._shipments: dict[Key, Shipment] = {}
+        self._lock = threading.Lock()
+        self.wake = threading.Event()
+
+    # ---- what the agent tells it -----------------------------------------------------
+
+    def capture(self, job_id: str, attempt: int) -> tuple[CapturedStream, CapturedStream]:
+        """The files a run job's output goes to (before it starts); `add` them once it did."""
+        stem = os.path.join(self.directory, f"{job_id}-{attempt}")
+        out = CapturedStream(f"{stem}.stdout", self.cap)
+        try:
+            return out, CapturedStream(f"{stem}.stderr", self.cap)
+        except OSError:
+            out.close()
+            raise
+
+    def follow_files(self, job_id: str, attempt: int, paths: Iterable[str]) -> None:
+        """A service's log files (stdout, stderr), started or adopted."""
+        sources = []
+        try:
+            for path in paths:
+                sources.append(ServiceStream(path, self.cap))
+        except OSError as exc:
+            log.warning("job %s attempt %s: its output cannot be shipped whole: %s", job_id, attempt, exc)
+            for source in sources:
+                source.close()
+            return
+        self.add(job_id, attempt, sources)
+
+    def add(self, job_id: str, attempt: int, sources: Iterable[Source]) -> None:
+        with self._lock:
+            for stream, source in zip(LOG_STREAMS, sources):
+                old = self._shipments.pop((job_id, attempt, stream), None)
+                if old is not None:
+                    old.source.close()
+                self._shipments[(job_id, attempt, stream)] = Shipment(job_id, attempt, stream, source)
+
+    def finish(self, job_id: str, attempt: int) -> None:
+        """The attempt ended (its output is all read): ship the rest now."""
+        with self._lock:
+            found = [s for s in self._shipments.values() if (s.job_id, s.attempt) == (job_id, attempt)]
+        for shipment in found:
+            shipment.source.finish()
+        if found:
+            self.wake.set()
+
+    def pending(self) -> list[Key]:
+        with self._lock:
+            return sorted(self._shipments)
+
+    def close(self) -> None:
+        """The agent stops: let go of every file (a run job's copies go with it)."""
+        with self._lock:
+            shipments, self._shipments = list(self._shipments.values()), {}
+        for shipment in shipments:
+            shipment.source.close()
+
+    # ---- shipping ---------------------------------------------------------------------
+
+    def ship_once(self, client: SchedulerClient, finished_only: bool = False) -> int:
+        """One pass over every stream (`finished_only`: of attempts that ended); the
+        chunks the scheduler took. Raises ClientError when it cannot be reached
+        (nothing is lost: the next pass sends the same bytes)."""
+        with self._lock:
+            shipments = [s for s in self._shipments.values() if s.source.finished or not finished_only]
+        sent = 0
+        for shipment in shipments:
+            try:
+                sent += self._ship(shipment, client)
+            except Unshippable as exc:
+                log.warning("job %s attempt %s: its %s is not shipped further: %s", shipment.job_id,
+                            shipment.attempt, shipment.stream, exc)
+                shipment.done = True
+            if shipment.done:
+                self._drop(shipment)
+        return sent
+
+    def _ship(self, shipment: Shipment, client: SchedulerClient) -> int:
+        sent = 0
+        source = shipment.source
+        while not shipment.done:
+            finished = source.finished
+            available = source.available()
+            if shipment.offset >= available and not finished:
+                return sent  # nothing new yet
+            data = source.read(shipment.offset, min(self.chunk_bytes, max(0, available - shipment.offset)))
+            if not data and not finished:
+                return sent
+            final = finished and shipment.offset + len(data) >= available
+            try:
+                answer = client.put_log_chunk(shipment.job_id, shipment.attempt, shipment.stream, shipment.seq,
+                                              data, shipment.offset, final, self.node_id)
+            except Rejected as exc:
+                self._refused(shipment, exc)
+                continue
+            sent += 1
+            if not isinstance(answer, dict):
+                raise Unshippable(f"the scheduler's answer is not a JSON object: {answer!r:.100}")
+            self._moved(shipment, answer.get("next_seq"), answer.get("size"), bool(answer.get("complete")))
+        return sent
+
+    def _refused(self, shipment: Shipment, exc: Rejected) -> None:
+        fields = exc.fields
+        if exc.status == 409 and "expected_seq" in fields:  # not the next one: go on from where it is
+            before = (shipment.seq, shipment.offset)
+            self._moved(shipment, fields.get("expected_seq"), fields.get("expected_offset"),
+                        bool(fields.get("complete")))
+            if not shipment.done and (shipment.seq, shipment.offset) == before:
+                raise Unshippable(f"refused where the scheduler expects it: {exc.message}")
+            return
+        raise Unshippable(f"{exc.status}: {exc.message}")
+
+    @staticmethod
+    def _moved(shipment: Shipment, next_seq, size, complete: bool) -> None:
+        if complete:
+            shipment.done = True
+            return
+        if not (isinstance(next_seq, int) and isinstance(size, int)) or next_seq < 0 or size < 0:
+            raise Unshippable(f"the scheduler's answer names no position (next_seq={next_seq!r}, size={size!r})")
+        if size > shipment.offset:
+            shipment.source.resume_at(size)
+        shipment.seq, shipment.offset = next_seq, size
+
+    def _drop(self, shipment: Shipment) -> None:
+        with self._lock:
+            key = (shipment.job_id, shipment.attempt, shipment.stream)
+            if self._shipments.get(key) is shipment:
+                del self._shipments[key]
+        shipment.source.close()
+
+    def run(self, client: SchedulerClient, stop: threading.Event, interval: float, live: bool = True) -> None:
+        """Ship every `interval` (or when woken) until `stop`, while attempts run too
+        when `live`; failures are logged and retried later (doubling the pause up to
+        BACKOFF_CAP_SECS)."""
+        backoff = Backoff(2 * interval, max(BACKOFF_CAP_SECS, interval))
+        delay = interval
+        try:
+            while not stop.is_set():
+                self.wake.wait(delay)
+                self.wake.clear()
+                if stop.is_set():
+                    break
+                try:
+                    self.ship_once(client, finished_only=not live)
+                    backoff.reset()
+                    delay = interval
+                except ClientError as exc:
+                    delay = backoff.next()
+                    log.warning("shipping job output failed: %s; retrying in %.1fs", exc, delay)
+                except Exception:
+                    delay = backoff.next()
+                    log.exception("shipping job output failed; retrying in %.1fs", delay)
+        finally:
+            client.close()
