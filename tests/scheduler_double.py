@@ -55,7 +55,8 @@ NODE = "node-1"
 CLAIM_WAIT_SECS = 0.5
 DEFAULTS = {"max_jobs_per_node": 64, "max_job_retries": 0, "max_node_losses": 0, "retry_base_secs": 0.0,
             "long_poll_max_waiters": 16}
-FORWARDED = ("content-type", "authorization", "idempotency-key", "accept")
+FORWARDED = ("content-type", "authorization", "idempotency-key", "accept", "x-corral-node", "x-corral-log-offset",
+             "x-corral-log-final")
 
 
 def batch_down(down_for: dict[tuple[str, str], int], items: list[dict]) -> bool:
@@ -108,6 +109,8 @@ class SchedulerDouble:
         api.add_callback(responses.POST, re.compile(base + r"/jobs/reports$"), callback=self._report_batch)
         api.add_callback(responses.POST, re.compile(base + r"/jobs/job-[^/]+/status$"), callback=self._report)
         api.add_callback(responses.POST, re.compile(base + r"/nodes/[^/]+/claim$"), callback=self._claim)
+        api.add_callback(responses.PUT, re.compile(base + r"/jobs/job-[^/]+/attempts/[^/]+/logs/[^/]+/[^/]+$"),
+                         callback=self._forward)  # complete logs
 
     def close(self) -> None:
         room = self.app.extensions["corral.wait_room"]

@@ -281,7 +281,8 @@ def test_two_jobs_cannot_reach_each_other_nor_the_agents_files(make_agent, share
     with open(attack, "w") as f:
         f.write(ATTACK.format(a_pid=a_pid, c_pid=c_pid, a_work=agent.work_dir("job-1", 1), agent_dir=s.agent_dir,
                               work_root=s.work_root, c_log=c_log, secret_db=secret_db,
-                              state_root=s.service_state_root, done=f"{shared_dir}/b.done"))
+                              state_root=s.service_state_root, done=f"{shared_dir}/b.done",
+                              a_copy=os.path.join(s.output_root, "job-1-1.stdout")))
     scheduler.add(job_id="job-3", command=f"{PYTHON3} {attack}")
     agent.poll_once()
     b = run_until_done(agent, scheduler, "job-3")
@@ -289,10 +290,15 @@ def test_two_jobs_cannot_reach_each_other_nor_the_agents_files(make_agent, share
     outcome = json.loads(b["stdout"])
     assert outcome.pop("same_uid") is False
     assert outcome == {name: "refused" for name in outcome}, outcome
-    assert len(outcome) == 14
+    assert len(outcome) == 17
     assert "s3cret" not in b["stdout"] + b["stderr"]
     a = run_until_done(agent, scheduler, "job-1")
     assert (a["status"], a["stdout"]) == ("done", "a-output-s3cret\nfinished\n")
+    # A's complete log is A's own output, byte for byte: B could neither read nor swap the agent's copy.
+    agent.logs.ship_once(agent.scheduler)
+    shipped = scheduler.app.test_client().get("/jobs/job-1/logs")
+    assert shipped.data == b"a-output-s3cret\nfinished\n"
+    assert shipped.headers["X-Corral-Log-Complete"] == "true"
 
 
 ATTACK = textwrap.dedent('''\
@@ -328,6 +334,9 @@ ATTACK = textwrap.dedent('''\
     attempt("service log", lambda: open("{c_log}").read())
     attempt("service log by its descriptor", lambda: open("/proc/{c_pid}/fd/1").read())
     attempt("database", lambda: open("{secret_db}").read())
+    attempt("output copy", lambda: open("{a_copy}", "rb").read())
+    attempt("output copy swapped", lambda: os.symlink("/etc/shadow", "{a_copy}.new"))
+    attempt("output copy replaced", lambda: os.rename("{a_copy}", "{a_copy}.gone"))
     with open("/proc/%d/status" % A) as f:
         a_uid = [line.split()[1] for line in f if line.startswith("Uid:")][0]
     refused["same_uid"] = a_uid == str(os.getuid())
