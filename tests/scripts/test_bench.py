@@ -32,6 +32,7 @@ BENCH_NUMBERS = {
     "capacity": ["jobs_per_sec", "scheduler_cpu_ms_per_job", "registry_cpu_ms_per_job", "simulator_cpu_ms_per_job"],
     "idle_fleet": ["schedulers_cpu_pct", "registry_cpu_pct", "simulator_cpu_pct"],
     "schedules": ["lag_p50_ms", "lag_p99_ms", "start_lag_p50_ms", "scheduler_cpu_pct"],
+    "logs": ["stored_mb_per_sec", "scheduler_cpu_ms_per_mb", "agent_cpu_ms_per_mb", "read_mb_per_sec"],
     "node_floor": ["jobs_per_sec", "starter_cpu_ms_per_job", "job_processes_cpu_ms_per_job"],
     "placement": ["round_robin_ms", "binpack_ms", "spread_ms", "round_robin_explain_ms"],
 }
@@ -144,6 +145,8 @@ def test_the_benchmark_scripts_print_json_lines_and_leave_nothing_running():
     assert capacity["done"] == capacity["jobs"] > 0 and capacity["api_failed"] == 0, capacity
     schedules = by_name["schedules"]  # every slot of the window made exactly one job
     assert schedules["jobs"] == schedules["slots"] > 0 and schedules["slots_with_two_jobs"] == 0, schedules
+    logs = by_name["logs"]  # every job's output stored whole, one read back byte for byte
+    assert logs["complete"] == logs["jobs"] > 0 and logs["runs"][0]["read_bytes_ok"] is True, logs
 
     fleet = json_lines(outputs["fleet"])
     check_meta(fleet[0])
