@@ -196,6 +196,8 @@ class CapturedStream:
         pass  # its files were made by this agent: the head is what the scheduler has
 
     def close(self) -> None:
+        with self._lock:
+            self.failed = True  # the reader of a job still running writes no more here
         for fd in (self.head_fd, self.ring_fd):
             try:
                 os.close(fd)
