@@ -23,6 +23,7 @@ agent's run jobs are removed at start-up (startup.py).
 """
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import threading
@@ -30,7 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from corral.shared.backoff import Backoff
-from corral.shared.clients import ClientError, Rejected, SchedulerClient
+from corral.shared.clients import ClientError, Rejected, SchedulerClient, split_batches
 from corral.shared.wire import LOG_CHUNK_MAX_BYTES, LOG_STREAMS
 
 from .log_capture import CapturedStream, ServiceStream, Source
@@ -38,6 +39,13 @@ from .log_capture import CapturedStream, ServiceStream, Source
 log = logging.getLogger(__name__)
 
 BACKOFF_CAP_SECS = 30.0
+# What is left of a stream up to this size goes in one POST /jobs/logs with the other
+# streams' small pieces (base64 makes it a third larger); larger, by the PUT in chunks.
+SMALL_BYTES = 64 * 1024
+# One POST /jobs/logs carries at most this many pieces and about this much JSON (the
+# scheduler takes CORRAL_MAX_BODY_BYTES, 2 MiB by default).
+BATCH_ITEMS = 500
+BATCH_BYTES = 1024 * 1024
 Key = tuple[str, int, str]  # (job_id, attempt, stream)
 
 
@@ -62,6 +70,7 @@ class LogShipper:
         self.directory = directory  # the run jobs' copies: <agent_dir>/output, 0700
         self.cap = cap
         self.chunk_bytes = chunk_bytes
+        self.small_bytes = min(SMALL_BYTES, chunk_bytes)
         self._shipments: dict[Key, Shipment] = {}
         self._lock = threading.Lock()
         self.wake = threading.Event()
@@ -128,16 +137,62 @@ class LogShipper:
         with self._lock:
             shipments = [s for s in self._shipments.values() if s.source.finished or not finished_only]
         sent = 0
+        small: list[tuple[Shipment, bytes, bool]] = []  # sent together below
         for shipment in shipments:
             try:
+                piece = self._small_piece(shipment)
+                if piece is not None:
+                    small.append((shipment, *piece))
+                    continue
                 sent += self._ship(shipment, client)
             except Unshippable as exc:
-                log.warning("job %s attempt %s: its %s is not shipped further: %s", shipment.job_id,
-                            shipment.attempt, shipment.stream, exc)
-                shipment.done = True
+                self._give_up(shipment, exc)
             if shipment.done:
                 self._drop(shipment)
+        entries = [(shipment, data, final, self._item(shipment, data, final)) for shipment, data, final in small]
+        for batch in split_batches(entries, lambda entry: entry[3], BATCH_ITEMS, BATCH_BYTES):
+            sent += self._ship_batch(batch, client)
         return sent
+
+    def _item(self, shipment: Shipment, data: bytes, final: bool) -> dict:
+        return {"job_id": shipment.job_id, "node_id": self.node_id, "attempt": shipment.attempt,
+                "stream": shipment.stream, "seq": shipment.seq, "offset": shipment.offset, "final": final,
+                "data": base64.b64encode(data).decode()}
+
+    def _small_piece(self, shipment: Shipment) -> tuple[bytes, bool] | None:
+        """All that is left to send now of a stream, when it is small enough for a batch
+        (and there is something to send): its bytes and whether they end the stream."""
+        finished = shipment.source.finished
+        left = shipment.source.available() - shipment.offset
+        if left > self.small_bytes or (left <= 0 and not finished):
+            return None
+        return shipment.source.read(shipment.offset, max(0, left)), finished
+
+    def _ship_batch(self, batch: list[tuple[Shipment, bytes, bool, dict]], client: SchedulerClient) -> int:
+        """Small pieces of many streams in one POST /jobs/logs; each result moves its
+        stream on as a PUT's answer would."""
+        try:
+            results = client.put_log_chunks([item for _, _, _, item in batch])
+        except ValueError as exc:
+            raise ClientError(str(exc)) from None
+        for (shipment, _, _, _), result in zip(batch, results):
+            code = result["code"]
+            try:
+                if code == 200:
+                    self._moved(shipment, result.get("next_seq"), result.get("size"), bool(result.get("complete")))
+                elif code != 503:  # 503: S3 did not answer; the next pass sends it again
+                    self._refused(shipment, Rejected(code, str(result.get("error")), result))
+            except Unshippable as exc:
+                self._give_up(shipment, exc)
+            if shipment.done:
+                self._drop(shipment)
+        return sum(1 for result in results if result["code"] == 200)
+
+    @staticmethod
+    def _give_up(shipment: Shipment, exc: Exception) -> None:
+        log.warning("job %s attempt %s: its %s is not shipped further: %s", shipment.job_id, shipment.attempt,
+                    shipment.stream, exc)
+        shipment.done = True
 
     def _ship(self, shipment: Shipment, client: SchedulerClient) -> int:
         sent = 0

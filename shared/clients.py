@@ -380,6 +380,13 @@ class SchedulerClient(_Client):
         return self._json(self._request("PUT", f"/jobs/{_seg(job_id)}/attempts/{attempt}/logs/{stream}/{seq}",
                                         data=data, headers=headers))
 
+    def put_log_chunks(self, chunks: list[dict]) -> list[dict]:
+        """Many small chunks at once (POST /jobs/logs; `data` in base64): one result per
+        chunk, in order, each what put_log_chunk would have answered or refused (`code`).
+        ValueError when the answer does not have one result per chunk."""
+        answer = self._call("POST", "/jobs/logs", json={"chunks": chunks})
+        return _one_result_each(answer, len(chunks), "POST /jobs/logs", "chunk")
+
     def submit(self, request: dict, idempotency_key: str | None = None) -> dict:
         """Submit one job. Without an `idempotency_key`, a random one of its own, so that a
         resend to another replica after a lost answer returns the job the first created."""

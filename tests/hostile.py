@@ -42,6 +42,8 @@ VALID_BODIES = {
                                     "claim": {"node_id": "node-1", "max": 1}},
     ("scheduler", "live_output"): {"outputs": [{"job_id": "job-1", "node_id": "node-1", "attempt": 1,
                                                 "stdout": "out"}]},
+    ("scheduler", "put_log_chunks"): {"chunks": [{"job_id": "job-1", "node_id": "node-1", "attempt": 1,
+                                                  "stream": "stdout", "seq": 0, "offset": 0, "data": "aGkK"}]},
     ("scheduler", "set_concurrency"): {"limit": 3},
     ("scheduler", "create_schedule"): {"name": "nightly", "cron": "30 2 * * *", "time_zone": "Europe/Berlin",
                                        "job": {"command": "true", "env_vars": {"A": "b"}}, "overlap": "skip"},

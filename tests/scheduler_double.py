@@ -111,6 +111,7 @@ class SchedulerDouble:
         api.add_callback(responses.POST, re.compile(base + r"/nodes/[^/]+/claim$"), callback=self._claim)
         api.add_callback(responses.PUT, re.compile(base + r"/jobs/job-[^/]+/attempts/[^/]+/logs/[^/]+/[^/]+$"),
                          callback=self._forward)  # complete logs
+        api.add_callback(responses.POST, re.compile(base + r"/jobs/logs$"), callback=self._forward)
 
     def close(self) -> None:
         room = self.app.extensions["corral.wait_room"]

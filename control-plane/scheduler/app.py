@@ -75,6 +75,7 @@ ACCESS = {
     "report_batch": auth.agent(auth.NODE_IN_BODY),
     "live_output": auth.agent(auth.NODE_IN_BODY),
     "put_log_chunk": auth.agent(auth.NODE_IN_RECORD),  # the node is in a header
+    "put_log_chunks": auth.agent(auth.NODE_IN_BODY),
     "read_logs": auth.READ,
 }
 # The routes that take raw bytes (application/octet-stream) rather than JSON.
@@ -484,6 +485,12 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
             raise TooLarge(f"a log chunk is at most {LOG_CHUNK_MAX_BYTES} bytes; this one has {len(data)}")
         stored = job_logs.put(job_id, data=data, now=clock(), **chunk)
         return respond(contract.LogChunkStored.model_validate(stored))
+
+    @app.post("/jobs/logs")
+    def put_log_chunks():
+        items = validation.log_chunk_batch(read_json_object())
+        require_items_node(items)
+        return respond(contract.LogChunkResults.model_validate({"results": job_logs.put_many(items, clock())}))
 
     @app.get("/jobs/<job_id>/logs")
     def read_logs(job_id):

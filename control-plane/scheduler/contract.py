@@ -560,6 +560,28 @@ class OutputBatch(Request):
     outputs: list[OutputItem] = Field(min_length=1, max_length=MAX_BATCH)
 
 
+class LogChunkItem(Request):
+    """One chunk of an attempt's output, as PUT /jobs/{id}/attempts/{n}/logs/{stream}/{seq}
+    takes it, with its bytes in base64 (`data`): for the small ones, many in one request."""
+
+    job_id: JobId
+    node_id: NodeId = Field(max_length=1024)
+    attempt: int = Field(ge=1, le=MAX_ATTEMPT)
+    stream: Literal["stdout", "stderr"]
+    seq: int = Field(ge=0, le=MAX_ATTEMPT)
+    offset: int = Field(ge=0, le=2 ** 53)
+    final: bool = False
+    data: str = Field(max_length=4 * (wire.LOG_CHUNK_MAX_BYTES // 3 + 1), pattern=r"^[A-Za-z0-9+/]*={0,2}$")
+    """The chunk's bytes, base64 (standard alphabet, padded); empty only on a final chunk."""
+
+
+class LogChunkBatch(Request):
+    """Small chunks of attempts' output (agents), up to 1,000: each stored on its own, as
+    the PUT stores one; a refused one changes nothing and does not stop the others."""
+
+    chunks: list[LogChunkItem] = Field(min_length=1, max_length=MAX_BATCH)
+
+
 # ---- answers ---------------------------------------------------------------------
 
 class Resources(Answer):
@@ -938,6 +960,26 @@ class LogChunkStored(Answer):
     """The stream's final chunk is stored."""
     next_seq: int = Field(ge=0)
     """The seq the stream's next chunk takes (its offset is `size`)."""
+
+
+class LogChunkResult(ItemResult):
+    code: Literal[200, 400, 404, 409, 413, 503]
+    """200: stored (or stored before); 400: the item is invalid; 404: no such job; 409: not the next
+    chunk (`expected_seq`, `expected_offset`) or not an attempt this node ran; 413: past
+    CORRAL_LOG_MAX_BYTES; 503: the log store (S3) did not answer."""
+    stored: bool = optional_key()
+    """With 200: as PUT answers (`size`, `complete`, `next_seq` too)."""
+    size: int = optional_key(ge=0)
+    complete: bool = optional_key()
+    next_seq: int = optional_key(ge=0)
+    expected_seq: int = optional_key(ge=0)
+    """With a 409 about the order: where the stream goes on (`expected_offset`, `complete` too)."""
+    expected_offset: int = optional_key(ge=0)
+
+
+class LogChunkResults(Answer):
+    results: list[LogChunkResult]
+    """One result per chunk, in the order sent."""
 
 
 class LogChunkRefused(Answer):

@@ -23,13 +23,14 @@ in S3 (log_objects.py): the object is written before its row commits.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from dataclasses import dataclass
 
 import peewee
 from peewee import fn
 
-from corral.shared.errors import BadRequest, Conflict, NotFound, TooLarge
+from corral.shared.errors import BadRequest, Conflict, CorralError, NotFound, TooLarge
 from corral.shared.wire import LOG_MARK_ROOM
 
 from .event_log import EventLog
@@ -39,6 +40,7 @@ from .settings import SchedulerSettings
 from .validation import parse_job_id
 
 REPEAT, STORE = "repeat", "store"
+_WHERE = ("expected_seq", "expected_offset", "complete")  # what a refusal says of the stream
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,25 @@ class JobLogs:
             raise
         return {"stored": True, "size": chunk.end, "complete": final, "next_seq": seq + 1}
 
+    def put_many(self, items: list[tuple[str, dict | CorralError]], now: float) -> list[dict]:
+        """Many small chunks (POST /jobs/logs), each stored or refused on its own, in one
+        transaction unless each chunk goes to S3 first. One result per item: {"index",
+        "job_id", "code"}, and put's answer (200) or the error and where the stream is."""
+        results = []
+        with self.db.atomic() if self.objects is None else contextlib.nullcontext():
+            for index, (job_id, item) in enumerate(items):
+                try:
+                    if isinstance(item, CorralError):
+                        raise item
+                    with self.db.atomic():  # a savepoint: a refused chunk leaves nothing behind
+                        answer = self.put(job_id, now=now, **item)
+                except CorralError as exc:
+                    results.append({"index": index, "job_id": job_id, "code": exc.status, "error": exc.message,
+                                    **{k: v for k, v in exc.fields.items() if k in _WHERE}})
+                    continue
+                results.append({"index": index, "job_id": job_id, "code": 200, **answer})
+        return results
+
     def _neighbours(self, where, seq: int) -> tuple[Piece | None, Piece | None]:
         """The stored chunk with this seq, and the stream's last chunk."""
         rows = list(LogChunk.select(*_PIECE).where(where & ((LogChunk.seq == seq) | (LogChunk.seq == (
@@ -169,17 +190,18 @@ class JobLogs:
             raise NotFound(f"{job_id} has no attempt {attempt} (its latest is {job.attempt})")
         where = (LogChunk.job_id == job.id) & (LogChunk.attempt == attempt) & (LogChunk.stream == stream)
         size, complete = self._extent(where)
-        rows = (LogChunk.select(LogChunk.start, LogChunk.size, LogChunk.data, LogChunk.object_key)
-                .where(where & (LogChunk.start < offset + limit) & (LogChunk.start + LogChunk.size > offset))
-                .order_by(LogChunk.seq))
+        rows = list(LogChunk.select(LogChunk.id, LogChunk.start, LogChunk.size, LogChunk.object_key)
+                    .where(where & (LogChunk.start < offset + limit) & (LogChunk.start + LogChunk.size > offset))
+                    .order_by(LogChunk.seq))
         parts = []
         for row in rows:
             first = max(offset, row.start) - row.start
             last = min(offset + limit, row.start + row.size) - row.start  # exclusive
-            if row.object_key is not None and self.objects is not None:
+            if row.object_key is None:  # only the bytes asked for leave the database
+                parts.append(bytes(LogChunk.select(fn.SUBSTR(LogChunk.data, first + 1, last - first))
+                                   .where(LogChunk.id == row.id).scalar() or b""))
+            elif self.objects is not None:
                 parts.append(self.objects.get(row.object_key, first, last - 1))
-            elif row.data is not None:
-                parts.append(bytes(row.data)[first:last])
             else:
                 raise NotFound(f"a chunk of this log is in S3 ({row.object_key}), and CORRAL_LOG_BUCKET is unset")
         return LogSlice(b"".join(parts), size, complete, attempt)

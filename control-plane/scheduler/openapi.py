@@ -390,6 +390,24 @@ PATHS = {
             },
         },
     },
+    "/jobs/logs": {
+        "post": {
+            "operationId": "putLogChunks", "tags": ["agents"],
+            "summary": "Store many small chunks of attempts' output (agents).",
+            "description": (
+                "What PUT /jobs/{job_id}/attempts/{attempt}/logs/{stream}/{seq} does, for up to 1,000 chunks "
+                "at once, their bytes in base64: the agents send their small chunks (the last ones of short "
+                "jobs) this way, in one request per pass. Each chunk is stored or refused on its own and gets "
+                "the answer the PUT would have given. A 400 answer is about the body as a whole."),
+            "requestBody": _body(contract.LogChunkBatch),
+            "responses": {
+                "200": _json(contract.LogChunkResults, "What happened to each chunk."),
+                "400": _error("BadRequest"),
+                "413": _error("PayloadTooLarge"),
+                "415": _error("UnsupportedMediaType"),
+            },
+        },
+    },
     "/jobs/{job_id}/logs": {
         "parameters": [JOB_ID_PARAM],
         "get": {

@@ -1,6 +1,8 @@
 """Checking what clients send, with the models of contract.py: job requests (POST /jobs
 and SQS messages alike), batches, agents' reports, claims and live output. Each
 function returns what the store takes (plain columns) or raises BadRequest. Pure."""
+import base64
+import binascii
 import hashlib
 import json
 import re
@@ -10,11 +12,11 @@ from pydantic import ValidationError
 from corral.shared import validate as v
 from corral.shared.contract import Request, refusal
 from corral.shared.errors import BadRequest, BatchError, CorralError
-from corral.shared.wire import (JOB_ID_RE, LOG_FINAL_HEADER, LOG_NODE_HEADER, LOG_OFFSET_HEADER,
-                               LOG_STREAMS)
+from corral.shared.wire import (JOB_ID_RE, LOG_CHUNK_MAX_BYTES, LOG_FINAL_HEADER, LOG_NODE_HEADER,
+                               LOG_OFFSET_HEADER, LOG_STREAMS)
 
-from .contract import (BatchReport, ClaimRequest, JobBatch, JobRef, JobRequest, OutputBatch, OutputItem,
-                       ReportBatch, RidingClaim, StatusReport)
+from .contract import (BatchReport, ClaimRequest, JobBatch, JobRef, JobRequest, LogChunkBatch, LogChunkItem,
+                       OutputBatch, OutputItem, ReportBatch, RidingClaim, StatusReport)
 
 
 
@@ -71,6 +73,29 @@ def output_batch(body: dict) -> list[tuple[str, dict | CorralError]]:
     except ValidationError as exc:
         items = _items_or_refusal(OutputBatch, "outputs", body, exc)
     return _one_by_one(items, "a live output item", lambda item: OutputItem.check(item).columns())
+
+
+def log_chunk_batch(body: dict) -> list[tuple[str, dict | CorralError]]:
+    """The chunks of a POST /jobs/logs body `{"chunks": [...]}`, each as
+    JobLogs.put takes it (`data` decoded from base64); a bad item comes back as
+    (job_id or "", the BadRequest), as with reports."""
+    try:
+        items = [(item.job_id, item) for item in LogChunkBatch.model_validate(body).chunks]
+    except ValidationError as exc:
+        raw = _items_or_refusal(LogChunkBatch, "chunks", body, exc)
+        items = _one_by_one(raw, "a log chunk", LogChunkItem.check)
+    return [(job_id, item if isinstance(item, CorralError) else _chunk(item)) for job_id, item in items]
+
+
+def _chunk(item: LogChunkItem) -> dict | CorralError:
+    try:
+        data = base64.b64decode(item.data, validate=True)
+    except binascii.Error:
+        return BadRequest("'data' must be base64 (standard alphabet, padded)")
+    if len(data) > LOG_CHUNK_MAX_BYTES:
+        return BadRequest(f"a log chunk is at most {LOG_CHUNK_MAX_BYTES} bytes")
+    return {"attempt": item.attempt, "stream": item.stream, "seq": item.seq, "node_id": item.node_id,
+            "start": item.offset, "final": item.final, "data": data}
 
 
 def _items_or_refusal(model: type[Request], name: str, body: dict, exc: ValidationError) -> list:

@@ -3,6 +3,7 @@ shipper (log_shipping.py) against a scheduler that keeps chunks as the real one 
 (numbered, contiguous, idempotent, 409 with where it is), including one that fails,
 one that already has part of the stream (an agent that restarted) and one that
 will never take it."""
+import base64
 import hashlib
 import os
 import stat
@@ -25,6 +26,7 @@ class Scheduler:
         self.fail_first = fail_first
         self.refuse = refuse  # (status, message, fields): every chunk is refused so
         self.calls = 0
+        self.batches = 0
 
     def put_log_chunk(self, job_id, attempt, stream, seq, data, offset, final, node_id):
         self.calls += 1
@@ -45,6 +47,21 @@ class Scheduler:
             raise Rejected(409, "not the next one", {"error": "not the next one", **where})
         chunks.append((offset, data, final))
         return {"stored": True, "size": size + len(data), "complete": final, "next_seq": seq + 1}
+
+    def put_log_chunks(self, items):
+        """POST /jobs/logs: each item as the PUT, a refusal as its result; a connection
+        error fails the whole request."""
+        self.batches += 1
+        results = []
+        for index, item in enumerate(items):
+            try:
+                answer = self.put_log_chunk(item["job_id"], item["attempt"], item["stream"], item["seq"],
+                                            base64.b64decode(item["data"]), item["offset"], item["final"],
+                                            item["node_id"])
+                results.append({"index": index, "job_id": item["job_id"], "code": 200, **answer})
+            except Rejected as exc:
+                results.append({"index": index, "job_id": item["job_id"], "code": exc.status, **exc.fields})
+        return results
 
     def stream(self, job_id="job-1", attempt=1, stream="stdout") -> tuple[bytes, bool]:
         chunks = self.streams.get((job_id, attempt, stream), [])
@@ -229,6 +246,24 @@ def test_a_capture_refuses_a_link_put_where_its_file_goes(tmp_path):
     target = tmp_path / "target"
     target.write_bytes(b"keep\n")
     os.symlink(target, tmp_path / "job-1-1.stdout")
-    with pytest.raises(OSError):
-        CapturedStream(str(tmp_path / "job-1-1.stdout"), CAP)
+    capture = CapturedStream(str(tmp_path / "job-1-1.stdout"), CAP)
+    capture.write(b"job output\n")  # never through the link
+    assert capture.failed
     assert target.read_bytes() == b"keep\n"
+
+
+def test_a_job_that_writes_nothing_costs_no_file(shipper):
+    run_job(shipper, [])
+    assert os.listdir(shipper.directory) == []
+
+
+def test_the_small_pieces_of_many_jobs_go_in_one_request(shipper):
+    for n in range(1, 31):
+        run_job(shipper, [f"job {n} says hi\n".encode()], job_id=f"job-{n}")
+        shipper.finish(f"job-{n}", 1)
+    scheduler = Scheduler()
+    shipper.ship_once(scheduler)
+    assert scheduler.batches == 1 and scheduler.calls == 60  # 30 jobs, two streams each, one request
+    assert shipper.pending() == []
+    assert scheduler.stream("job-7") == (b"job 7 says hi\n", True)
+    assert scheduler.stream("job-7", stream="stderr") == (b"", True)

@@ -1,6 +1,7 @@
 """Complete logs through the API: an agent ships each stream of an attempt in numbered
 chunks (PUT /jobs/{id}/attempts/{n}/logs/{stream}/{seq}) and operators read the bytes
 back by range (GET /jobs/{id}/logs), on each backend."""
+import base64
 import json
 import os
 
@@ -187,4 +188,40 @@ def test_the_purge_deletes_a_jobs_chunks_with_it(client, store, clock, running):
     submit(client, command="true")  # SQLite keeps the newest job row: it is not that one
     assert LogChunk.select().count() == 1
     assert store.purge_finished(clock() + 1, 100) == 1
+    assert LogChunk.select().count() == 0
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def test_small_chunks_go_many_in_one_request_each_judged_on_its_own(client, store, running):
+    chunk = {"job_id": running, "node_id": "n1", "attempt": 1, "stream": "stdout"}
+    answer = client.post("/jobs/logs", json={"chunks": [
+        dict(chunk, seq=0, offset=0, data=b64(b"one\n")),
+        dict(chunk, seq=1, offset=4, data=b64(b"\x00two\xff\n"), final=True),
+        dict(chunk, seq=0, offset=0, data=b64(b"one\n")),                       # a repeat
+        dict(chunk, stream="stderr", seq=1, offset=0, data=b64(b"x")),         # a gap
+        dict(chunk, node_id="n2", stream="stderr", seq=0, offset=0, data=b64(b"x")),  # not n2's attempt
+        dict(chunk, job_id="job-999", seq=0, offset=0, data=b64(b"x")),        # no such job
+        dict(chunk, stream="stderr", seq=0, offset=0, data="not base64!"),     # bad bytes
+        dict(chunk, stream="stderr", seq=0, offset=0, data=b64(b""), final=True),  # an empty stream
+    ]})
+    assert answer.status_code == 200, answer.json
+    results = answer.json["results"]
+    assert [r["code"] for r in results] == [200, 200, 200, 409, 409, 404, 400, 200]
+    assert results[1] == {"index": 1, "job_id": running, "code": 200, "stored": True, "size": 10,
+                          "complete": True, "next_seq": 2}
+    assert results[2]["stored"] is False
+    assert (results[3]["expected_seq"], results[3]["expected_offset"]) == (0, 0)
+    assert "expected_seq" not in results[4] and "did not run" in results[4]["error"]
+    assert read_log_whole(client, running)[0] == b"one\n\x00two\xff\n"
+    empty = read_log(client, running, stream="stderr")
+    assert empty.data == b"" and empty.headers["X-Corral-Log-Complete"] == "true"
+
+
+@pytest.mark.parametrize("body", [{}, {"chunks": []}, {"chunks": "x"}, {"chunks": [1] * 1001}])
+def test_a_batch_that_is_not_one_is_refused_whole(client, running, body):
+    answer = client.post("/jobs/logs", json=body)
+    assert answer.status_code == 400 and answer.json["error"]
     assert LogChunk.select().count() == 0

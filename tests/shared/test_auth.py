@@ -85,6 +85,9 @@ class Raw:
     headers: dict
 
 
+LOG_ITEM = {"job_id": "job-1", "attempt": 1, "stream": "stdout", "seq": 0, "offset": 0, "data": "aGVsbG8K"}
+
+
 def log_chunk(node: str) -> Raw:
     return Raw(b"hello\n", {"X-Corral-Node": node, "X-Corral-Log-Offset": "0"})
 
@@ -128,6 +131,7 @@ SCHEDULER_ROUTES = {
     "live_output": ("POST", "/jobs/output", {"outputs": [{"job_id": "job-1", "node_id": NODE, "attempt": 1,
                                                           "stdout": "x"}]}, "node"),
     "put_log_chunk": ("PUT", "/jobs/job-1/attempts/1/logs/stdout/0", log_chunk(NODE), "node"),
+    "put_log_chunks": ("POST", "/jobs/logs", {"chunks": [dict(LOG_ITEM, node_id=NODE)]}, "node"),
     "read_logs": ("GET", "/jobs/job-1/logs?stream=stderr", None, "read"),
 }
 SERVICE = {"job_id": "job-1", "name": "web", "node_id": NODE, "address": "10.0.0.1", "port": 8080,
@@ -248,6 +252,8 @@ OTHER_NODE_CASES = [
     ("scheduler", "POST", "/jobs/reports", {"reports": [dict(REPORT, job_id="job-1")],
                                             "claim": {"node_id": OTHER_NODE, "max": 1}}),
     ("scheduler", "PUT", "/jobs/job-1/attempts/1/logs/stdout/0", log_chunk(OTHER_NODE)),
+    ("scheduler", "POST", "/jobs/logs", {"chunks": [dict(LOG_ITEM, node_id=NODE),
+                                                    dict(LOG_ITEM, node_id=OTHER_NODE)]}),
     ("scheduler", "GET", f"/jobs?node_id={OTHER_NODE}&status=pending", None),
     ("scheduler", "GET", f"/jobs?node_id={NODE}&node_id={OTHER_NODE}", None),
     ("registry", "POST", "/nodes", {"node_id": OTHER_NODE, "address": "10.0.0.2"}),
