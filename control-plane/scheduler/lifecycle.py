@@ -97,9 +97,14 @@ def _to(job: JobFacts, new: str, reason: str, **changes: Any) -> Transition:
 
 
 def tail(text: str | None, limit: int) -> str | None:
-    if text is None or len(text) <= limit:
-        return text
-    return text[-limit:]
+    """The last `limit` characters of a job's output as the job record keeps them. A NUL
+    (binary output) becomes U+FFFD, as undecodable bytes already are: PostgreSQL's text
+    cannot hold it, and the exact bytes are in the complete logs (job_logs.py)."""
+    if text is None:
+        return None
+    if len(text) > limit:
+        text = text[-limit:]
+    return text.replace("\x00", "\ufffd")
 
 
 def outcome(report: Report, policy: Policy) -> dict[str, Any]:

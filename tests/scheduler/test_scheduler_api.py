@@ -237,6 +237,23 @@ def test_output_is_kept_to_its_tail(database_url, clock):
     assert len(done["stdout"]) == 1000 and done["stdout"].endswith("END")
 
 
+def test_binary_output_with_nul_bytes_is_kept_on_every_backend(database_url, clock):
+    """A job that writes binary (NUL bytes, which PostgreSQL's text cannot hold) ends
+    like any other, live and at the end; the tail shows U+FFFD where a NUL was."""
+    app = make_app(database_url, clock)
+    client, store = app.test_client(), app.extensions["corral.store"]
+    set_nodes(store, clock, "n1")
+    job = submit(client)
+    report(client, job, "running")
+    live = client.post("/jobs/output", json={"outputs": [{"job_id": job["job_id"], "node_id": "n1", "attempt": 1,
+                                                          "stdout": "so far\x00"}]})
+    assert live.json["results"][0]["code"] == 200, live.json
+    assert client.get(f"/jobs/{job['job_id']}").json["stdout"] == "so far\ufffd"
+    done = report(client, job, "done", exit_code=0, stdout="a\x00b", stderr="\x00")
+    assert done.status_code == 200, done.json
+    assert (done.json["status"], done.json["stdout"], done.json["stderr"]) == ("done", "a\ufffdb", "\ufffd")
+
+
 # ---- timeouts ------------------------------------------------------------------
 
 def test_run_jobs_past_the_timeout_are_failed(database_url, clock):
