@@ -1,10 +1,11 @@
 """Complete logs: each attempt's whole stdout and stderr go to the scheduler in
-numbered chunks (PUT /jobs/{id}/attempts/{n}/logs/{stream}/{seq}), while the job
-runs and once it has ended, from the agent's own copies (log_capture.py).
+numbered chunks (PUT /jobs/{id}/attempts/{n}/logs/{stream}/{seq}, or many small
+ones in one POST /jobs/logs), while the job runs and once it has ended, from the
+agent's own copies (log_capture.py).
 
 `LogShipper` holds one `Shipment` per stream of each attempt this agent ran and
 has not finished shipping. A thread of its own (`run`) passes over them every
-AGENT_OUTPUT_INTERVAL_SECS, or at once when an attempt ends (`finish`), and sends
+AGENT_OUTPUT_INTERVAL_SECS (an attempt that ended is shipped by the next pass), and sends
 what each stream holds past what the scheduler has, up to a chunk
 (wire.LOG_CHUNK_MAX_BYTES) per request, the last one marked final once the attempt
 has ended. What it learns from each answer is the truth about where the stream
@@ -73,7 +74,6 @@ class LogShipper:
         self.small_bytes = min(SMALL_BYTES, chunk_bytes)
         self._shipments: dict[Key, Shipment] = {}
         self._lock = threading.Lock()
-        self.wake = threading.Event()
 
     # ---- what the agent tells it -----------------------------------------------------
 
@@ -109,13 +109,14 @@ class LogShipper:
                 self._shipments[(job_id, attempt, stream)] = Shipment(job_id, attempt, stream, source)
 
     def finish(self, job_id: str, attempt: int) -> None:
-        """The attempt ended (its output is all read): ship the rest now."""
+        """The attempt ended (its output is all read): the next pass ships the rest.
+        Not at once: a pass every interval takes the ends of every job that ended
+        meanwhile in one request, where one pass per ending job would cost the
+        scheduler a request and a transaction per job."""
         with self._lock:
             found = [s for s in self._shipments.values() if (s.job_id, s.attempt) == (job_id, attempt)]
         for shipment in found:
             shipment.source.finish()
-        if found:
-            self.wake.set()
 
     def pending(self) -> list[Key]:
         with self._lock:
@@ -248,17 +249,13 @@ class LogShipper:
         shipment.source.close()
 
     def run(self, client: SchedulerClient, stop: threading.Event, interval: float, live: bool = True) -> None:
-        """Ship every `interval` (or when woken) until `stop`, while attempts run too
+        """Ship every `interval` until `stop`, while attempts run too
         when `live`; failures are logged and retried later (doubling the pause up to
         BACKOFF_CAP_SECS)."""
         backoff = Backoff(2 * interval, max(BACKOFF_CAP_SECS, interval))
         delay = interval
         try:
-            while not stop.is_set():
-                self.wake.wait(delay)
-                self.wake.clear()
-                if stop.is_set():
-                    break
+            while not stop.wait(delay):
                 try:
                     self.ship_once(client, finished_only=not live)
                     backoff.reset()

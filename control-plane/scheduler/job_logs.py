@@ -121,11 +121,11 @@ class JobLogs:
             if not Job.select().where(Job.id == job_row).exists():
                 raise NotFound(f"no job {job_id!r}")
             raise Conflict(f"attempt {attempt} of {job_id} did not run on node {node_id!r}; its log is refused")
-        # Judged first without a write transaction, so that an S3 put holds none.
-        if judge(chunk, *self._neighbours(where, seq), self.cap) == REPEAT:
-            return self._answer(where, stored=False)
         key = None
         if self.objects is not None:
+            # Judged first without a write transaction, so that the S3 put holds none.
+            if judge(chunk, *self._neighbours(where, seq), self.cap) == REPEAT:
+                return self._answer(where, stored=False)
             key = self.objects.key(job_row, attempt, stream, seq, chunk.sha256)
             self.objects.put(key, data)
         try:
