@@ -23,7 +23,6 @@ in S3 (log_objects.py): the object is written before its row commits.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 from dataclasses import dataclass
 
@@ -94,6 +93,12 @@ class LogSlice:
 _PIECE = (LogChunk.seq, LogChunk.start, LogChunk.size, LogChunk.final, LogChunk.sha256)
 
 
+def _refusal(index: int, job_id: str, exc: CorralError) -> dict:
+    """A refused item's result: its error, and where its stream is when that was the reason."""
+    return {"index": index, "job_id": job_id, "code": exc.status, "error": exc.message,
+            **{k: v for k, v in exc.fields.items() if k in _WHERE}}
+
+
 def _piece(row) -> Piece | None:
     return None if row is None else Piece(row.seq, row.start, row.size, bool(row.final), row.sha256)
 
@@ -144,22 +149,79 @@ class JobLogs:
         return {"stored": True, "size": chunk.end, "complete": final, "next_seq": seq + 1}
 
     def put_many(self, items: list[tuple[str, dict | CorralError]], now: float) -> list[dict]:
-        """Many small chunks (POST /jobs/logs), each stored or refused on its own, in one
-        transaction unless each chunk goes to S3 first. One result per item: {"index",
-        "job_id", "code"}, and put's answer (200) or the error and where the stream is."""
+        """Many small chunks (POST /jobs/logs), each stored or refused on its own, as put
+        would. One result per item: {"index", "job_id", "code"}, and put's answer (200)
+        or the error and where the stream is.
+
+        Without S3 the whole batch costs a few statements, however many chunks: what
+        the batch's jobs ran where and their streams' chunks are read at once, each
+        chunk is judged against them (and the batch's earlier chunks), and the stored
+        ones are inserted together with their events, in one transaction. Two batches
+        racing on one chunk (a unique key conflict) fall back to one chunk at a time."""
+        if self.objects is None:
+            try:
+                with self.db.atomic():
+                    return self._put_together(items, now)
+            except peewee.IntegrityError:
+                pass
         results = []
-        with self.db.atomic() if self.objects is None else contextlib.nullcontext():
-            for index, (job_id, item) in enumerate(items):
-                try:
-                    if isinstance(item, CorralError):
-                        raise item
-                    with self.db.atomic():  # a savepoint: a refused chunk leaves nothing behind
-                        answer = self.put(job_id, now=now, **item)
-                except CorralError as exc:
-                    results.append({"index": index, "job_id": job_id, "code": exc.status, "error": exc.message,
-                                    **{k: v for k, v in exc.fields.items() if k in _WHERE}})
+        for index, (job_id, item) in enumerate(items):
+            try:
+                if isinstance(item, CorralError):
+                    raise item
+                answer = self.put(job_id, now=now, **item)
+            except CorralError as exc:
+                results.append(_refusal(index, job_id, exc))
+                continue
+            results.append({"index": index, "job_id": job_id, "code": 200, **answer})
+        return results
+
+    def _put_together(self, items: list[tuple[str, dict | CorralError]], now: float) -> list[dict]:
+        rows = {parse_job_id(job_id) for job_id, item in items if not isinstance(item, CorralError)} - {None}
+        jobs = {job_id for (job_id,) in Job.select(Job.id).where(Job.id.in_(rows)).tuples()} if rows else set()
+        ran = set(JobEvent.select(JobEvent.job, JobEvent.attempt, JobEvent.node_id).where(
+            JobEvent.job.in_(jobs) & (JobEvent.to_status == "running")).tuples()) if jobs else set()
+        stored: dict[tuple, dict[int, Piece]] = {}  # (job row, attempt, stream) -> seq -> piece
+        for row in (LogChunk.select(LogChunk.job_id, LogChunk.attempt, LogChunk.stream, *_PIECE)
+                    .where(LogChunk.job_id.in_(jobs)) if jobs else ()):
+            stored.setdefault((row.job_id, row.attempt, row.stream), {})[row.seq] = _piece(row)
+        results, inserts, events = [], [], []
+        for index, (job_id, item) in enumerate(items):
+            try:
+                if isinstance(item, CorralError):
+                    raise item
+                data = item["data"]
+                if not data and not item["final"]:
+                    raise BadRequest("an empty chunk must be the stream's final one (X-Corral-Log-Final: 1)")
+                job_row = self._job_row(job_id)
+                if job_row not in jobs:
+                    raise NotFound(f"no job {job_id!r}")
+                if (job_row, item["attempt"], item["node_id"]) not in ran:
+                    raise Conflict(f"attempt {item['attempt']} of {job_id} did not run on node "
+                                   f"{item['node_id']!r}; its log is refused")
+                chunks = stored.setdefault((job_row, item["attempt"], item["stream"]), {})
+                chunk = Piece(item["seq"], item["start"], len(data), item["final"], hashlib.sha256(data).hexdigest())
+                last = chunks[max(chunks)] if chunks else None
+                if judge(chunk, chunks.get(chunk.seq), last, self.cap) == REPEAT:
+                    assert last is not None
+                    results.append({"index": index, "job_id": job_id, "code": 200, "stored": False,
+                                    "size": last.end, "complete": last.final, "next_seq": last.seq + 1})
                     continue
-                results.append({"index": index, "job_id": job_id, "code": 200, **answer})
+            except CorralError as exc:
+                results.append(_refusal(index, job_id, exc))
+                continue
+            chunks[chunk.seq] = chunk
+            inserts.append({"job_id": job_row, "attempt": item["attempt"], "stream": item["stream"],
+                            "seq": chunk.seq, "start": chunk.start, "size": chunk.size, "final": chunk.final,
+                            "sha256": chunk.sha256, "data": data, "object_key": None, "at": now})
+            events.append({"at": now, "type": "log", "job_id": job_row, "node_id": item["node_id"], "data": {
+                "attempt": item["attempt"], "stream": item["stream"], "offset": chunk.start, "size": chunk.size,
+                "final": chunk.final}})
+            results.append({"index": index, "job_id": job_id, "code": 200, "stored": True, "size": chunk.end,
+                            "complete": chunk.final, "next_seq": chunk.seq + 1})
+        if inserts:
+            LogChunk.insert_many(inserts).execute()
+            self.event_log.record(events)
         return results
 
     def _neighbours(self, where, seq: int) -> tuple[Piece | None, Piece | None]:
