@@ -178,13 +178,14 @@ class JobLogs:
 
     def _put_together(self, items: list[tuple[str, dict | CorralError]], now: float) -> list[dict]:
         rows = {parse_job_id(job_id) for job_id, item in items if not isinstance(item, CorralError)} - {None}
-        jobs = {job_id for (job_id,) in Job.select(Job.id).where(Job.id.in_(rows)).tuples()} if rows else set()
+        jobs = set(Job.select(Job.id).where(Job.id.in_(rows)).scalars()) if rows else set()
         ran = set(JobEvent.select(JobEvent.job, JobEvent.attempt, JobEvent.node_id).where(
             JobEvent.job.in_(jobs) & (JobEvent.to_status == "running")).tuples()) if jobs else set()
         stored: dict[tuple, dict[int, Piece]] = {}  # (job row, attempt, stream) -> seq -> piece
         for row in (LogChunk.select(LogChunk.job_id, LogChunk.attempt, LogChunk.stream, *_PIECE)
                     .where(LogChunk.job_id.in_(jobs)) if jobs else ()):
-            stored.setdefault((row.job_id, row.attempt, row.stream), {})[row.seq] = _piece(row)
+            stored.setdefault((row.job_id, row.attempt, row.stream), {})[row.seq] = Piece(
+                row.seq, row.start, row.size, bool(row.final), row.sha256)
         results, inserts, events = [], [], []
         for index, (job_id, item) in enumerate(items):
             try:
