@@ -19,6 +19,7 @@ import textwrap
 import uuid
 
 import pytest
+import requests
 
 from corral.agent import artifacts, cgroups, identity, jobenv, launch, runner
 from corral.agent.agent import Agent
@@ -549,6 +550,14 @@ def final_report(cluster, job_id, timeout=20):
     return cluster.wait_status(job_id, "done", "failed", timeout=timeout)
 
 
+def complete_log(cluster, job_id, timeout=20) -> bytes:
+    """A job's whole stdout once its agent shipped all of it (GET /jobs/{id}/logs)."""
+    def shipped():
+        answer = requests.get(f"{cluster.scheduler_url}/jobs/{job_id}/logs", timeout=5)
+        return answer.content if answer.headers.get("X-Corral-Log-Complete") == "true" else None
+    return wait_for(shipped, timeout=timeout, message=f"the complete log of {job_id}")
+
+
 def write_env_vars(cluster, job_id, env_vars):
     """The job's row in the scheduler's database given `env_vars`, which its submit check
     refuses (a restored backup, a bug, someone with the file)."""
@@ -586,7 +595,8 @@ def test_the_agents_environment_does_not_reach_jobs(cluster, node, start_agent, 
     start_agent(**extra)
     final = final_report(cluster, job_id)
     assert final["status"] == "done", final
-    environ = dict(item.split("=", 1) for item in final["stdout"].split("\0") if item)
+    # NUL-separated: the complete log has the exact bytes (the job record's tail shows U+FFFD for NUL).
+    environ = dict(item.split("=", 1) for item in complete_log(cluster, job_id).decode().split("\0") if item)
     work = environ["HOME"]
     user = environ["USER"]
     # The attempt's span is its own, in the trace the job was submitted in.
