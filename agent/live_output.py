@@ -21,7 +21,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 
-from corral.shared.backoff import Backoff
+from corral.shared import backoff
 from corral.shared.clients import ClientError, Rejected, SchedulerClient, split_batches
 
 log = logging.getLogger(__name__)
@@ -96,20 +96,9 @@ class LiveOutput:
     def run(self, stop: threading.Event) -> None:
         """Send every interval until `stop`; failures are logged and retried later
         (doubling the pause up to BACKOFF_CAP_SECS)."""
-        backoff = Backoff(2 * self.interval, max(BACKOFF_CAP_SECS, self.interval))
-        delay = self.interval
         try:
-            while not stop.wait(delay):
-                try:
-                    self.send_once()
-                    backoff.reset()
-                    delay = self.interval
-                except ClientError as exc:
-                    delay = backoff.next()
-                    log.warning("sending live output failed: %s; retrying in %.1fs", exc, delay)
-                except Exception:
-                    delay = backoff.next()
-                    log.exception("sending live output failed; retrying in %.1fs", delay)
+            backoff.every(self.interval, stop, self.send_once, "sending live output", log, (ClientError,),
+                          BACKOFF_CAP_SECS)
         finally:
             self.client.close()
 

@@ -31,7 +31,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from corral.shared.backoff import Backoff
+from corral.shared import backoff
 from corral.shared.clients import ClientError, Rejected, SchedulerClient, split_batches
 from corral.shared.wire import LOG_CHUNK_MAX_BYTES, LOG_STREAMS
 
@@ -252,19 +252,8 @@ class LogShipper:
         """Ship every `interval` until `stop`, while attempts run too
         when `live`; failures are logged and retried later (doubling the pause up to
         BACKOFF_CAP_SECS)."""
-        backoff = Backoff(2 * interval, max(BACKOFF_CAP_SECS, interval))
-        delay = interval
         try:
-            while not stop.wait(delay):
-                try:
-                    self.ship_once(client, finished_only=not live)
-                    backoff.reset()
-                    delay = interval
-                except ClientError as exc:
-                    delay = backoff.next()
-                    log.warning("shipping job output failed: %s; retrying in %.1fs", exc, delay)
-                except Exception:
-                    delay = backoff.next()
-                    log.exception("shipping job output failed; retrying in %.1fs", delay)
+            backoff.every(interval, stop, lambda: self.ship_once(client, finished_only=not live),
+                          "shipping job output", log, (ClientError,), BACKOFF_CAP_SECS)
         finally:
             client.close()
