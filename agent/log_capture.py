@@ -29,11 +29,17 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 from typing import Protocol
 
 from corral.shared.wire import LOG_DROPPED_MARK
 
+from . import services
+
 log = logging.getLogger(__name__)
+
+# A part of a stream: `n` bytes from position `at` of where that part is kept.
+Reader = Callable[[int, int], bytes]
 
 FILE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -84,18 +90,21 @@ class Layout:
     def size(self) -> int:
         return self.head + len(self.mark) + self.tail_size
 
-    def pieces(self, offset: int, size: int) -> list[tuple[str, int, int]]:
-        """The parts of [offset, offset + size): ("head", at, n), ("mark", at, n),
-        ("tail", logical position past the head, n)."""
+    def read(self, offset: int, size: int, head: Reader, tail: Reader) -> bytes:
+        """The bytes of [offset, offset + size): the head's from `head(at, n)`, the
+        mark's, and the tail's from `tail(at, n)` (`at`: from `tail_at` on)."""
         out = []
         end = min(offset + size, self.size)
-        for kind, start, length, base in (("head", 0, self.head, 0),
-                                          ("mark", self.head, len(self.mark), 0),
-                                          ("tail", self.head + len(self.mark), self.tail_size, self.tail_at)):
+        for part, start, length, base in ((head, 0, self.head, 0),
+                                          (self._mark, self.head, len(self.mark), 0),
+                                          (tail, self.head + len(self.mark), self.tail_size, self.tail_at)):
             lo, hi = max(offset, start), min(end, start + length)
             if lo < hi:
-                out.append((kind, base + lo - start, hi - lo))
-        return out
+                out.append(part(base + lo - start, hi - lo))
+        return b"".join(out)
+
+    def _mark(self, at: int, n: int) -> bytes:
+        return self.mark[at:at + n]
 
 
 def pread_all(fd: int, size: int, offset: int) -> bytes:
@@ -164,23 +173,18 @@ class CapturedStream:
     def read(self, offset: int, size: int) -> bytes:
         with self._lock:
             layout = self.layout or Layout(min(self.written, self.half), 0, 0, 0)
-        out = []
-        for kind, at, n in layout.pieces(offset, size):
-            if kind == "head" and self.head_fd is not None:
-                out.append(pread_all(self.head_fd, n, at))
-            elif kind == "mark":
-                out.append(layout.mark[at:at + n])
-            elif kind == "tail" and self.ring_fd is not None:
-                out.append(self._ring(at, n))
-        return b"".join(out)
+        return layout.read(offset, size, self._head, self._ring)
+
+    def _head(self, at: int, n: int) -> bytes:
+        return b"" if self.head_fd is None else pread_all(self.head_fd, n, at)
 
     def _ring(self, at: int, n: int) -> bytes:
         """`n` bytes from logical position `at` past the head, as the ring holds them."""
         out = []
-        while n > 0:
+        while n > 0 and self.ring_fd is not None:
             pos = at % self.ring_size
             take = min(n, self.ring_size - pos)
-            out.append(pread_all(self.ring_fd, take, pos))  # type: ignore[arg-type]  # (made: see read)
+            out.append(pread_all(self.ring_fd, take, pos))
             at, n = at + take, n - take
         return b"".join(out)
 
@@ -208,12 +212,7 @@ class CapturedStream:
             except OSError:
                 pass
         for _, path in made:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                log.warning("could not remove %s: %s", path, exc)
+            services.remove_file(path)
 
 
 class ServiceStream:
@@ -257,15 +256,11 @@ class ServiceStream:
             if layout is None:
                 self.read_upto = max(self.read_upto, offset + size)
                 return pread_all(self.fd, size, offset)
-        out = []
-        for kind, at, n in layout.pieces(offset, size):
-            if kind == "head":
-                out.append(pread_all(self.fd, n, at))
-            elif kind == "mark":
-                out.append(layout.mark[at:at + n])
-            else:
-                out.append(pread_all(self.fd, n, at))  # the tail's position in the file
-        return b"".join(out)
+        # Head and tail are both in the file, the tail from its position there (tail_at).
+        return layout.read(offset, size, self._file, self._file)
+
+    def _file(self, at: int, n: int) -> bytes:
+        return pread_all(self.fd, n, at)
 
     def finish(self) -> None:
         with self._lock:
