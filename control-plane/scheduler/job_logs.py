@@ -56,6 +56,10 @@ class Piece:
     def end(self) -> int:
         return self.start + self.size
 
+    @classmethod
+    def of(cls, row) -> "Piece":
+        return cls(row.seq, row.start, row.size, bool(row.final), row.sha256)
+
 
 def judge(chunk: Piece, same: Piece | None, last: Piece | None, cap: int) -> str:
     """Whether `chunk` is a repeat of the stored `same` (REPEAT) or the next one of a
@@ -99,8 +103,34 @@ def _refusal(index: int, job_id: str, exc: CorralError) -> dict:
             **{k: v for k, v in exc.fields.items() if k in _WHERE}}
 
 
-def _piece(row) -> Piece | None:
-    return None if row is None else Piece(row.seq, row.start, row.size, bool(row.final), row.sha256)
+def _chunk(seq: int, start: int, data: bytes, final: bool) -> Piece:
+    """A chunk as sent: where it goes, and its digest."""
+    if not data and not final:
+        raise BadRequest("an empty chunk must be the stream's final one (X-Corral-Log-Final: 1)")
+    return Piece(seq, start, len(data), final, hashlib.sha256(data).hexdigest())
+
+
+def _not_ran(job_id: str, attempt: int, node_id: str) -> Conflict:
+    return Conflict(f"attempt {attempt} of {job_id} did not run on node {node_id!r}; its log is refused")
+
+
+def _position(last: Piece, stored: bool) -> dict:
+    """The answer to a chunk: whether it was stored, and the stream after it (its last
+    chunk is `last`: the stream ends there, without gap)."""
+    return {"stored": stored, "size": last.end, "complete": last.final, "next_seq": last.seq + 1}
+
+
+def _row(job_row: int, attempt: int, stream: str, chunk: Piece, data: bytes, key: str | None, now: float) -> dict:
+    """The log_chunk row of a chunk: its bytes, or the S3 key they are under."""
+    return {"job_id": job_row, "attempt": attempt, "stream": stream, "seq": chunk.seq, "start": chunk.start,
+            "size": chunk.size, "final": chunk.final, "sha256": chunk.sha256, "data": None if key else data,
+            "object_key": key, "at": now}
+
+
+def _event(job_row: int, node_id: str, attempt: int, stream: str, chunk: Piece, now: float) -> dict:
+    """The `log` event of a stored chunk (GET /events)."""
+    return {"at": now, "type": "log", "job_id": job_row, "node_id": node_id, "data": {
+        "attempt": attempt, "stream": stream, "offset": chunk.start, "size": chunk.size, "final": chunk.final}}
 
 
 class JobLogs:
@@ -116,37 +146,32 @@ class JobLogs:
             data: bytes, now: float) -> dict:
         """Store one chunk (module docstring); the answer {"stored", "size", "complete",
         "next_seq"}: what the stream holds after it, and the seq its next chunk takes."""
-        if not data and not final:
-            raise BadRequest("an empty chunk must be the stream's final one (X-Corral-Log-Final: 1)")
         job_row = self._job_row(job_id)
-        chunk = Piece(seq, start, len(data), final, hashlib.sha256(data).hexdigest())
+        chunk = _chunk(seq, start, data, final)
         where = (LogChunk.job_id == job_row) & (LogChunk.attempt == attempt) & (LogChunk.stream == stream)
         if not JobEvent.select().where((JobEvent.job == job_row) & (JobEvent.attempt == attempt)
                                        & (JobEvent.to_status == "running") & (JobEvent.node_id == node_id)).exists():
             if not Job.select().where(Job.id == job_row).exists():
                 raise NotFound(f"no job {job_id!r}")
-            raise Conflict(f"attempt {attempt} of {job_id} did not run on node {node_id!r}; its log is refused")
+            raise _not_ran(job_id, attempt, node_id)
         key = None
         if self.objects is not None:
             # Judged first without a write transaction, so that the S3 put holds none.
-            if judge(chunk, *self._neighbours(where, seq), self.cap) == REPEAT:
-                return self._answer(where, stored=False)
+            if (last := self._repeated(chunk, where)) is not None:
+                return _position(last, stored=False)
             key = self.objects.key(job_row, attempt, stream, seq, chunk.sha256)
             self.objects.put(key, data)
         try:
             with self.db.atomic():
-                if judge(chunk, *self._neighbours(where, seq), self.cap) == REPEAT:
-                    return self._answer(where, stored=False)
-                LogChunk.insert(job_id=job_row, attempt=attempt, stream=stream, seq=seq, start=start,
-                                size=len(data), final=final, sha256=chunk.sha256,
-                                data=None if key else data, object_key=key, at=now).execute()
-                self.event_log.record([{"at": now, "type": "log", "job_id": job_row, "node_id": node_id, "data": {
-                    "attempt": attempt, "stream": stream, "offset": start, "size": len(data), "final": final}}])
+                if (last := self._repeated(chunk, where)) is not None:
+                    return _position(last, stored=False)
+                LogChunk.insert(_row(job_row, attempt, stream, chunk, data, key, now)).execute()
+                self.event_log.record([_event(job_row, node_id, attempt, stream, chunk, now)])
         except peewee.IntegrityError:  # the same chunk, sent twice at once, committed first
-            if judge(chunk, *self._neighbours(where, seq), self.cap) == REPEAT:
-                return self._answer(where, stored=False)
+            if (last := self._repeated(chunk, where)) is not None:
+                return _position(last, stored=False)
             raise
-        return {"stored": True, "size": chunk.end, "complete": final, "next_seq": seq + 1}
+        return _position(chunk, stored=True)
 
     def put_many(self, items: list[tuple[str, dict | CorralError]], now: float) -> list[dict]:
         """Many small chunks (POST /jobs/logs), each stored or refused on its own, as put
@@ -184,60 +209,44 @@ class JobLogs:
         stored: dict[tuple, dict[int, Piece]] = {}  # (job row, attempt, stream) -> seq -> piece
         for row in (LogChunk.select(LogChunk.job_id, LogChunk.attempt, LogChunk.stream, *_PIECE)
                     .where(LogChunk.job_id.in_(jobs)) if jobs else ()):
-            stored.setdefault((row.job_id, row.attempt, row.stream), {})[row.seq] = Piece(
-                row.seq, row.start, row.size, bool(row.final), row.sha256)
+            stored.setdefault((row.job_id, row.attempt, row.stream), {})[row.seq] = Piece.of(row)
         results, inserts, events = [], [], []
         for index, (job_id, item) in enumerate(items):
             try:
                 if isinstance(item, CorralError):
                     raise item
-                data = item["data"]
-                if not data and not item["final"]:
-                    raise BadRequest("an empty chunk must be the stream's final one (X-Corral-Log-Final: 1)")
+                chunk = _chunk(item["seq"], item["start"], item["data"], item["final"])
                 job_row = self._job_row(job_id)
                 if job_row not in jobs:
                     raise NotFound(f"no job {job_id!r}")
                 if (job_row, item["attempt"], item["node_id"]) not in ran:
-                    raise Conflict(f"attempt {item['attempt']} of {job_id} did not run on node "
-                                   f"{item['node_id']!r}; its log is refused")
+                    raise _not_ran(job_id, item["attempt"], item["node_id"])
                 chunks = stored.setdefault((job_row, item["attempt"], item["stream"]), {})
-                chunk = Piece(item["seq"], item["start"], len(data), item["final"], hashlib.sha256(data).hexdigest())
                 last = chunks[max(chunks)] if chunks else None
                 if judge(chunk, chunks.get(chunk.seq), last, self.cap) == REPEAT:
-                    assert last is not None
-                    results.append({"index": index, "job_id": job_id, "code": 200, "stored": False,
-                                    "size": last.end, "complete": last.final, "next_seq": last.seq + 1})
+                    assert last is not None  # a repeat: a chunk is stored
+                    results.append({"index": index, "job_id": job_id, "code": 200, **_position(last, stored=False)})
                     continue
             except CorralError as exc:
                 results.append(_refusal(index, job_id, exc))
                 continue
             chunks[chunk.seq] = chunk
-            inserts.append({"job_id": job_row, "attempt": item["attempt"], "stream": item["stream"],
-                            "seq": chunk.seq, "start": chunk.start, "size": chunk.size, "final": chunk.final,
-                            "sha256": chunk.sha256, "data": data, "object_key": None, "at": now})
-            events.append({"at": now, "type": "log", "job_id": job_row, "node_id": item["node_id"], "data": {
-                "attempt": item["attempt"], "stream": item["stream"], "offset": chunk.start, "size": chunk.size,
-                "final": chunk.final}})
-            results.append({"index": index, "job_id": job_id, "code": 200, "stored": True, "size": chunk.end,
-                            "complete": chunk.final, "next_seq": chunk.seq + 1})
+            inserts.append(_row(job_row, item["attempt"], item["stream"], chunk, item["data"], None, now))
+            events.append(_event(job_row, item["node_id"], item["attempt"], item["stream"], chunk, now))
+            results.append({"index": index, "job_id": job_id, "code": 200, **_position(chunk, stored=True)})
         if inserts:
             LogChunk.insert_many(inserts).execute()
             self.event_log.record(events)
         return results
 
-    def _neighbours(self, where, seq: int) -> tuple[Piece | None, Piece | None]:
-        """The stored chunk with this seq, and the stream's last chunk."""
-        rows = list(LogChunk.select(*_PIECE).where(where & ((LogChunk.seq == seq) | (LogChunk.seq == (
+    def _repeated(self, chunk: Piece, where) -> Piece | None:
+        """The stream's last stored chunk when `chunk` repeats a stored one (None: the
+        next one, to store); anything else is refused (judge)."""
+        rows = list(LogChunk.select(*_PIECE).where(where & ((LogChunk.seq == chunk.seq) | (LogChunk.seq == (
             LogChunk.select(fn.MAX(LogChunk.seq)).where(where))))))
-        same = next((row for row in rows if row.seq == seq), None)
-        last = max(rows, key=lambda row: row.seq, default=None)
-        return _piece(same), _piece(last)
-
-    def _answer(self, where, stored: bool) -> dict:
-        """A repeat's answer: the stream as stored (an agent that restarted goes on from it)."""
-        size, complete = self._extent(where)
-        last = LogChunk.select(fn.MAX(LogChunk.seq)).where(where).scalar()
-        return {"stored": stored, "size": size, "complete": complete, "next_seq": 0 if last is None else last + 1}
+        same = next((Piece.of(row) for row in rows if row.seq == chunk.seq), None)
+        last = max((Piece.of(row) for row in rows), key=lambda piece: piece.seq, default=None)
+        return last if judge(chunk, same, last, self.cap) == REPEAT else None
 
     # ---- reading -----------------------------------------------------------------
 
