@@ -78,14 +78,10 @@ class LogShipper:
     # ---- what the agent tells it -----------------------------------------------------
 
     def capture(self, job_id: str, attempt: int) -> tuple[CapturedStream, CapturedStream]:
-        """The files a run job's output goes to (before it starts); `add` them once it did."""
+        """The copies a run job's output goes to (before it starts; their files are made
+        on its first bytes); `add` them once it did."""
         stem = os.path.join(self.directory, f"{job_id}-{attempt}")
-        out = CapturedStream(f"{stem}.stdout", self.cap)
-        try:
-            return out, CapturedStream(f"{stem}.stderr", self.cap)
-        except OSError:
-            out.close()
-            raise
+        return CapturedStream(f"{stem}.stdout", self.cap), CapturedStream(f"{stem}.stderr", self.cap)
 
     def follow_files(self, job_id: str, attempt: int, paths: Iterable[str]) -> None:
         """A service's log files (stdout, stderr), started or adopted."""
