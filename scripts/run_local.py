@@ -14,6 +14,11 @@ tables in that PostgreSQL database (each in its own schema) instead of SQLite fi
 Output of each process is shown prefixed with its name. When both servers answer
 and both nodes are healthy, it prints how to submit a job.
 
+With CORRAL_API_TOKEN and CORRAL_AGENT_TOKEN set, the servers take both, and each
+agent gets its own node credential (CORRAL_NODE_TOKEN, derived here from the agent
+secret) instead of the secret itself, which never leaves the servers; the banner
+then shows how to give `corral` the operator token.
+
 Ctrl-C or SIGTERM stops everything (agents first, then scheduler, then registry;
 SIGTERM, then SIGKILL after a timeout or a second Ctrl-C) and exits 0. If a process dies on its own,
 the rest are stopped and the exit status is 1.
@@ -23,6 +28,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -243,9 +249,29 @@ def bind(port: int, what: str, env_name: str) -> socket.socket:
     return sock
 
 
-def get_json(url: str):
-    with urllib.request.urlopen(url, timeout=2) as response:
+def get_json(url: str, token: str | None = None):
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=2) as response:
         return json.load(response)
+
+
+# The servers' secrets: an agent gets its node's credential instead, and no operator token.
+SERVER_ONLY = ("CORRAL_API_TOKEN", "CORRAL_AGENT_TOKEN", "CORRAL_AGENT_TOKEN_PREVIOUS", "CORRAL_READ_TOKEN")
+
+
+def node_credentials(env: dict) -> dict[str, str] | None:
+    """Each local node's credential (CORRAL_NODE_TOKEN) when the tokens are set, None
+    without tokens; exits 2 with the servers' own message for a half-set configuration."""
+    from corral.shared.credentials import server_credentials
+    from corral.shared.errors import SettingError
+    try:
+        credentials = server_credentials(env)
+    except SettingError as exc:
+        say(f"error: {exc.message}")
+        sys.exit(2)
+    if not credentials.enabled:
+        return None
+    return {node: credentials.node_token(node) for node in NODES}
 
 
 def answers(url: str) -> bool:
@@ -269,6 +295,8 @@ def main() -> int:
     registry_url = f"http://{HOST}:{registry_port}"
     scheduler_url = f"http://{HOST}:{scheduler_port}"
     env = dict(os.environ)
+    node_tokens = node_credentials(env)
+    operator_token = env["CORRAL_API_TOKEN"] if node_tokens else None
     if not env.get("CORRAL_STATE_DIR", "").strip():
         env["CORRAL_STATE_DIR"] = os.path.join(ROOT, "var")
     env["CORRAL_STATE_DIR"] = os.path.abspath(env["CORRAL_STATE_DIR"].strip())
@@ -295,16 +323,18 @@ def main() -> int:
             children.append(Child(name, argv, dict(env, **extra), pass_fds=(sock.fileno(),),
                                   stop_timeout=SERVER_STOP_TIMEOUT))
             sock.close()
-        agent_env = dict(env, REGISTRY_URL=registry_url, SCHEDULER_URL=scheduler_url)
+        agent_env = {k: v for k, v in env.items() if k not in SERVER_ONLY and k != "CORRAL_NODE_TOKEN"}
+        agent_env.update(REGISTRY_URL=registry_url, SCHEDULER_URL=scheduler_url)
         grace = _float(env, "AGENT_STOP_GRACE_SECS", 10.0) + _float(env, "AGENT_KILL_GRACE_SECS", 5.0)
         for node in NODES:
-            children.append(Child(node, [scripts["corral-agent"]], dict(agent_env, NODE_ID=node),
+            own = {"CORRAL_NODE_TOKEN": node_tokens[node]} if node_tokens else {}
+            children.append(Child(node, [scripts["corral-agent"]], dict(agent_env, NODE_ID=node, **own),
                                   stop_timeout=grace + 15.0))
 
-        if not wait_ready(children, flags, registry_url, scheduler_url):
+        if not wait_ready(children, flags, registry_url, scheduler_url, operator_token):
             failed = not flags.stop
         else:
-            print_banner(registry_url, scheduler_url, env["CORRAL_STATE_DIR"])
+            print_banner(registry_url, scheduler_url, env["CORRAL_STATE_DIR"], operator_token)
             while not sleep_unless(lambda: flags.stop, 0.5):
                 tree = process_tree()
                 for c in children:
@@ -335,14 +365,15 @@ def _float(env: dict, name: str, default: float) -> float:
         return default  # the agent itself reports the bad value
 
 
-def wait_ready(children: list[Child], flags: Flags, registry_url: str, scheduler_url: str) -> bool:
+def wait_ready(children: list[Child], flags: Flags, registry_url: str, scheduler_url: str,
+               token: str | None = None) -> bool:
     """Wait for both servers' /healthz and both nodes healthy in the registry.
     False when a child died, a signal arrived or it took too long (said why)."""
     checks = [
         ("the registry to answer /healthz", lambda: answers(registry_url + "/healthz")),
         ("the scheduler to answer /healthz", lambda: answers(scheduler_url + "/healthz")),
         (f"{' and '.join(NODES)} to be healthy in the registry",
-         lambda: set(NODES) <= {n.get("node_id") for n in get_json(registry_url + "/nodes?status=healthy")}),
+         lambda: set(NODES) <= {n.get("node_id") for n in get_json(registry_url + "/nodes?status=healthy", token)}),
     ]
     deadline = time.monotonic() + READY_TIMEOUT
     for what, check in checks:
@@ -366,21 +397,36 @@ def wait_ready(children: list[Child], flags: Flags, registry_url: str, scheduler
     return True
 
 
-def print_banner(registry_url: str, scheduler_url: str, state_dir: str) -> None:
+def print_banner(registry_url: str, scheduler_url: str, state_dir: str, token: str | None = None) -> None:
+    """How to use the cluster. Job ids go on from whatever the state dir holds, so the
+    examples read back the id the submit printed rather than naming one."""
     s_port = scheduler_url.rsplit(":", 1)[1]
     r_port = registry_url.rsplit(":", 1)[1]
+    auth = ' -H "Authorization: Bearer $CORRAL_TOKEN"' if token else ""
     lines = [
         "",
-        "Corral is running:",
-        f"  registry   {registry_url}   (nodes: curl -s localhost:{r_port}/nodes)",
+        "Corral is running" + (" with tokens:" if token else ":"),
+        f"  registry   {registry_url}",
         f"  scheduler  {scheduler_url}",
-        f"  agents     {', '.join(NODES)}",
+        f"  agents     {', '.join(NODES)}" + (" (each with its own node credential)" if token else ""),
         f"  state      {state_dir}",
         "",
-        "Submit a job and read it back (use the job_id the first command prints):",
-        f"  curl -s -XPOST localhost:{s_port}/jobs -H 'content-type: application/json' "
+        f"Use it with corral ({os.path.join(BIN, 'corral')}):",
+        f"  export CORRAL_ADDR={scheduler_url}",
+        f"  export CORRAL_REGISTRY_ADDR={registry_url}",
+    ]
+    if token:
+        lines.append(f"  export CORRAL_TOKEN={shlex.quote(token)}   # the operator token (CORRAL_API_TOKEN)")
+    lines += [
+        "  corral job run -- echo hi     # prints the new job's id",
+        "  corral job status JOB_ID      # JOB_ID: the id it printed",
+        "  corral node list",
+        "",
+        "or with curl (JOB_ID: the job_id the first command prints):",
+        f"  curl -s -XPOST localhost:{s_port}/jobs -H 'content-type: application/json'{auth} "
         f"-d '{{\"command\":\"echo hi\"}}'",
-        f"  curl -s localhost:{s_port}/jobs/job-1",
+        f"  curl -s{auth} localhost:{s_port}/jobs/JOB_ID",
+        f"  curl -s{auth} localhost:{r_port}/nodes",
         "",
         "Ctrl-C stops everything.",
         "",
