@@ -48,6 +48,17 @@ class TooLarge(CorralError):
     status = 413
 
 
+class TooManyRequests(CorralError):
+    """A bound on what may wait (MAX_PENDING_JOBS) refuses more for now: nothing was
+    changed; try again after `retry_after` seconds (the Retry-After header)."""
+
+    status = 429
+
+    def __init__(self, message: str, retry_after: int, **fields):
+        super().__init__(message, **fields)
+        self.retry_after = retry_after
+
+
 class Unavailable(CorralError):
     """A service the request needs (S3) did not answer: nothing was changed, retry shortly."""
 

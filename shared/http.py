@@ -52,6 +52,8 @@ def install_error_handlers(app: Flask) -> None:
         response = error_response(exc.status, exc.message, getattr(exc, "errors", None), exc.fields)
         if exc.status == 503:
             response.headers["Retry-After"] = "1"
+        if getattr(exc, "retry_after", None) is not None:  # TooManyRequests
+            response.headers["Retry-After"] = str(exc.retry_after)
         return response
 
     @app.errorhandler(HTTPException)

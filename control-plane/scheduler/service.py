@@ -125,6 +125,8 @@ class Scheduler:
     def _add_then_place(self, add: Callable[[], tuple[T, bool]], now: float) -> tuple[tuple[T, bool], int]:
         """New work: `add()` stores it and says whether it created any (a repeated
         idempotency key creates none); then the jobs placed (_write_then_place)."""
+        # Any count MAX_PENDING_JOBS needs is made now, not under the write lock (SQLite).
+        self.store.admission.refresh()
         return self._write_then_place(add, lambda result: self.store.dispatch(now), 0,
                                       scope=lambda result: None if result[1] else set(), new_work=True)
 

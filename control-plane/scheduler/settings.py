@@ -33,6 +33,9 @@ class SchedulerSettings:
     # CORRAL_ALLOWED_HOSTS: Host names a loopback-only server accepts besides loopback ones.
     allowed_hosts: frozenset[str] = frozenset()
     max_jobs_per_node: int = 1
+    # Pending jobs the cluster holds at most: a submit beyond it is refused (429, see
+    # admission.py); retries and requeues of existing jobs are never refused.
+    max_pending_jobs: int = 100_000
     # How placement chooses among the nodes a job fits (placement.POLICIES), and how
     # many seconds of waiting are worth one point of priority (placement.queue_at).
     placement_policy: str = "round-robin"
@@ -140,6 +143,11 @@ SETTINGS = (
               "CA certificates that verify an `https://` `REGISTRY_URL`", shown="the system's CAs"),
     s.Setting("MAX_JOBS_PER_NODE", "max_jobs_per_node", "int", 1,
               "running jobs a node may hold at once (an agent may advertise fewer slots)", minimum=1, maximum=10_000),
+    s.Setting("MAX_PENDING_JOBS", "max_pending_jobs", "int", 100_000,
+              "pending jobs the cluster holds at most: a submit (single, batch, array, SQS message, schedule "
+              "run) that would go beyond is refused with 429 and `Retry-After`, and nothing is stored; retries "
+              "and requeues of existing jobs always pass. Several processes may overshoot it by what they "
+              "admit within a second (docs/operations.md)", minimum=1, maximum=100_000_000),
     s.Setting("PLACEMENT_POLICY", "placement_policy", "choice", "round-robin",
               "how a job's node is chosen among those it fits: `round-robin` (the next in turn), `binpack` (the "
               "least free memory after placement, then CPU) or `spread` (the most free memory after placement)",

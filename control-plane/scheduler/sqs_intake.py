@@ -14,6 +14,11 @@ message:
   another request)
   is sent to SQS_DLQ_URL with attributes saying why, then deleted; without a
   DLQ it is deleted with an ERROR log line. Either way it is counted.
+- a message refused because the cluster holds MAX_PENDING_JOBS pending jobs
+  (admission.py) is no fault of the message: it, and the rest of its batch, go
+  back to the queue, visible again after admission.RETRY_AFTER_SECS, and the
+  intake backs off (doubling, as for an SQS error) until jobs are admitted again;
+  never to the DLQ, and it does not count against SQS_MAX_RECEIVES.
 - a database error makes the message visible again at once (visibility 0) and
   the intake backs off; any other error does the same until the message has
   been received SQS_MAX_RECEIVES times, then it goes the way of a bad request.
@@ -31,10 +36,10 @@ import peewee
 from opentelemetry.trace import INVALID_SPAN, Span
 
 from corral.shared import json_body, tracecontext, tracing
-from corral.shared.errors import BadRequest, CorralError
+from corral.shared.errors import BadRequest, CorralError, TooManyRequests
 from corral.shared.leader import Fence, LeaseLost, holder_id
 
-from . import aws_clients, metrics, spans, validation
+from . import admission, aws_clients, metrics, spans, validation
 from .retry import Backoff
 from .service import Scheduler
 
@@ -115,7 +120,10 @@ def client_key(attributes: dict) -> str | None:
 
 
 def classify(exc: Exception) -> str:
-    """What to do with a message whose submit raised `exc`: reject, retry or count against it."""
+    """What to do with a message whose submit raised `exc`: reject, retry, keep for
+    later or count against it."""
+    if isinstance(exc, TooManyRequests):
+        return "later"         # the cluster is full (MAX_PENDING_JOBS): the message is fine, the time is not
     if isinstance(exc, CorralError) and 400 <= exc.status < 500:
         return "reject"        # the request itself is refused: it would be refused every time
     if isinstance(exc, peewee.DatabaseError) and not isinstance(exc, peewee.IntegrityError):
@@ -166,9 +174,11 @@ class Outcome:
     delete: list = field(default_factory=list)        # committed (or already known): delete
     reject: list = field(default_factory=list)        # (message, Rejected): DLQ or drop, then delete
     retry: list = field(default_factory=list)         # make visible again at once
+    later: list = field(default_factory=list)         # make visible again after RETRY_AFTER_SECS
     created: int = 0
     duplicates: int = 0
     database_down: bool = False
+    full: bool = False                                # MAX_PENDING_JOBS refused a submit
 
 
 # ---- the loop -------------------------------------------------------------------
@@ -214,6 +224,8 @@ class Intake:
             return self.failed(aws_clients.error_text(exc))
         if outcome.database_down:
             return self.failed("the database is unavailable")
+        if outcome.full:
+            return self.failed(f"the cluster holds {admission.SETTING} pending jobs")
         return self.succeeded()
 
     def receive(self) -> list[dict]:
@@ -232,6 +244,9 @@ class Intake:
         for message in messages:
             if outcome.database_down:
                 outcome.retry.append(message)
+                continue
+            if outcome.full:  # the next ones would be refused too
+                outcome.later.append(message)
                 continue
             parsed = parse_message(message)
             if isinstance(parsed, Rejected):
@@ -280,6 +295,10 @@ class Intake:
         if kind == "reject":
             reason = IDEMPOTENCY_CONFLICT if exc.status == 409 else INVALID_JOB_REQUEST
             outcome.reject.append((message, Rejected(reason, exc.message)))
+        elif kind == "later":
+            log.warning("SQS message %s: %s; it goes back to the queue", message["MessageId"], exc)
+            outcome.full = True
+            outcome.later.append(message)
         elif kind == "retry":
             log.warning("SQS message %s: database error (%s); it goes back to the queue", message["MessageId"], exc)
             outcome.database_down = True
@@ -309,7 +328,10 @@ class Intake:
             dropped = len(outcome.reject)
         if outcome.retry:
             self.release(outcome.retry)
-        self.count(sqs_dead_lettered=dead_lettered, sqs_dropped=dropped, sqs_requeued=len(outcome.retry))
+        if outcome.later:
+            self.release(outcome.later, admission.RETRY_AFTER_SECS)
+        self.count(sqs_dead_lettered=dead_lettered, sqs_dropped=dropped,
+                   sqs_requeued=len(outcome.retry) + len(outcome.later))
 
     def count(self, **counts: int) -> None:
         metrics.sqs_counted(counts)  # Prometheus first: it needs no database
@@ -346,8 +368,9 @@ class Intake:
                         "create a second job", messages[int(bad["Id"])]["MessageId"], bad.get("Code"),
                         bad.get("Message"))
 
-    def release(self, messages: list[dict]) -> None:
-        entries = [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": 0}
+    def release(self, messages: list[dict], after_secs: int = 0) -> None:
+        """Make the messages visible again `after_secs` from now."""
+        entries = [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": after_secs}
                    for i, m in enumerate(messages)]
         try:
             answer = self.client.change_message_visibility_batch(QueueUrl=self.settings.sqs_url, Entries=entries)

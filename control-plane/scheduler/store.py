@@ -36,7 +36,7 @@ from corral.shared.statements import Child, Statements, ValueList, param
 from corral.shared.timeutil import epoch
 from corral.shared import tracing
 
-from . import dependencies, lifecycle, metrics, notifications, placement, spans, waiting
+from . import admission, dependencies, lifecycle, metrics, notifications, placement, spans, waiting
 from .event_log import EventLog
 from .events import node_changes
 from .models import (ConcurrencyLimit, Counter, Job, JobArray, JobDependency, JobEvent, LogChunk, Node, NodeLease,
@@ -99,6 +99,8 @@ class Store:
         self.marks_placements = wakes_on_every_commit(db)  # PLACEMENT_MARK
         # The lease the background loops write under (fenced()); None for the API's writes.
         self.fence: Fence | None = None
+        # MAX_PENDING_JOBS: one per process, shared by its fenced copies (admission.py).
+        self.admission = admission.PendingGate(settings.max_pending_jobs, self.count_pending)
 
     def fenced(self, fence: Fence) -> "Store":
         """This store for a background loop: each of its write transactions first checks
@@ -228,6 +230,7 @@ class Store:
         if existing is not None:
             return existing, False
         self._check_limits(fields)
+        self.admission.admit(1)
         depends_on = [(other, condition) for _, other, condition in fields.get("depends_on") or ()]
         with self._tx() if depends_on else contextlib.nullcontext():
             # The jobs it waits for, read in the transaction that records the wait: one that
@@ -264,6 +267,7 @@ class Store:
                 array = JobArray.get_by_id(first.array_id)
                 return array, *self._array_ends(array.id), False
             self._check_limits(fields)
+            self.admission.admit(count)  # an array counts whole
             known = self._dependency_targets(depends_on)
             extra, cancel = self._dependency_columns(depends_on, known, fields.get("on_dependency_failure") or "cancel")
             array = JobArray.create(count=count, parallel=parallel, created_at=now)
@@ -460,6 +464,7 @@ class Store:
                     if job is not None:
                         existing[index] = job
             new = [i for i in range(len(items)) if i not in existing]
+            self.admission.admit(len(new))  # the items an earlier copy created are not new
             linked = any(items[i].get("depends_on") for i in new)
             waits = self._batch_dependencies(items, new, existing) if linked else {}
             rows = [dict(self._new_job(items[i], now), idempotency_key=keys[i], request_hash=digests[i],
@@ -1141,6 +1146,11 @@ class Store:
     @staticmethod
     def counters() -> dict[str, int]:
         return dict(Counter.select(Counter.name, Counter.value).tuples())
+
+    def count_pending(self) -> int:
+        """How many jobs are pending (placed or not): an index-only count (admission.py)."""
+        return self._sql.rows(self.db, "pending count", lambda: Job.select(fn.COUNT(Job.id)).where(
+            Job.status == "pending"))[0][0]
 
     @staticmethod
     def job_counts() -> dict[str, int]:

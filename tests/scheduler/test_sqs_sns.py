@@ -33,7 +33,7 @@ from corral.scheduler.app import create_app, create_schema, open_store
 from corral.scheduler.models import Job, OutboxEvent
 from corral.scheduler.settings import SchedulerSettings
 from corral.scheduler.validation import status_report
-from corral.shared.errors import BadRequest, Conflict, SettingError
+from corral.shared.errors import BadRequest, Conflict, SettingError, TooManyRequests
 from helpers import wait_for
 
 T0 = 1_800_000_000.0
@@ -325,6 +325,7 @@ def test_submit_errors_are_classified():
     assert sqs_intake.classify(peewee.InterfaceError("connection already closed")) == "retry"
     assert sqs_intake.classify(peewee.IntegrityError("NOT NULL constraint failed")) == "unexpected"
     assert sqs_intake.classify(KeyError("x")) == "unexpected"
+    assert sqs_intake.classify(TooManyRequests("MAX_PENDING_JOBS", retry_after=5)) == "later"
 
 
 def test_dead_letter_attributes_say_why_and_keep_the_original_ones():
@@ -526,6 +527,25 @@ def test_an_unreachable_queue_backs_off_doubling_and_recovers(aws, tmp_path, lat
     late_server.start()
     assert intake.tick(T0 + 10) == 0.0 and intake.failures == 0
     assert Job.select().count() == 1
+
+
+def test_a_message_refused_at_max_pending_jobs_stays_in_the_queue_and_makes_its_job_later(aws, tmp_path):
+    queue, dlq = aws.queue("full"), aws.queue("full-dlq")
+    store, intake = intake_for(aws, tmp_path, queue, sqs_dlq_url=dlq, max_pending_jobs=1, sqs_backoff_cap_secs=2)
+    waiting, _ = Scheduler(store).submit({"command": "true"}, T0)
+    aws.send(queue, {"command": "echo later"})
+    assert intake.tick(T0) == 1.0  # the cluster is full: the intake backs off
+    assert Job.select().count() == 1
+    assert aws.depth(queue) == 1 and aws.depth(dlq) == 0  # kept for later, not dead-lettered
+    assert store.counters() == {"sqs_received": 1, "sqs_requeued": 1}
+    Scheduler(store).cancel(waiting.job_id, T0)
+    store.admission.forget()  # (or wait out admission.RECOUNT_SECS)
+
+    def made():
+        intake.tick(T0 + 10)  # the message is visible again after admission.RETRY_AFTER_SECS
+        return Job.select().where(Job.command == "echo later").count()
+    wait_for(made, timeout=30, message="the job of the message kept for later")
+    assert aws.depth(queue) == 0 and aws.depth(dlq) == 0 and made() == 1
 
 
 def test_only_the_lease_holder_receives(aws, tmp_path):

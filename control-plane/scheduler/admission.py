@@ -1,0 +1,129 @@
+"""The cluster-wide bound on pending jobs (MAX_PENDING_JOBS): whether a request that
+creates n new jobs may store them.
+
+Every path that creates jobs asks (Store.submit, submit_batch, submit_array: POST
+/jobs, POST /jobs/batch, arrays, SQS messages, schedule runs), after its idempotency
+key was looked up (a repeat creates nothing, so it is never refused) and before it
+writes. A retry or a requeue of a job that exists creates none and never asks.
+Beyond the bound: TooManyRequests (429, Retry-After), and nothing is written.
+
+What it costs. Counting the pending jobs walks the (status, node_id, queue_at, id)
+index, an index-only count that grows with the queue (about 10 ms for 100,000 jobs
+here): paid by every submit, it would make submitting slower the longer the queue,
+which this bound is there to prevent. So each process keeps its last count plus
+what it admitted since, and counts again only when that is RECOUNT_SECS old, or
+when it would refuse (then at most every REFUSED_RECOUNT_SECS, so that clients
+retrying at the bound do not each pay a count). A count between them costs nothing.
+
+How far it may be exceeded. Within a process, admissions are decided one at a time
+against the count plus what it admitted since: exact (jobs that started since only
+make it err on the safe side). Another process (a gunicorn worker, a replica, the
+SQS intake) admits against its own count: what the others admitted since that count,
+RECOUNT_SECS at most, it does not see. So the bound is exceeded by at most what the
+other processes admit within RECOUNT_SECS, and by at most one request's jobs of each
+(an array counts whole). Exactness would need a row every submit and every claim
+writes, which would queue placements on different nodes behind one another.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from corral.shared.errors import TooManyRequests
+
+SETTING = "MAX_PENDING_JOBS"
+# A count is used this long, then made again (the overshoot window across processes).
+RECOUNT_SECS = 1.0
+# While refusing, a count is made again at most this often.
+REFUSED_RECOUNT_SECS = 0.1
+# What a refused client is told to wait: jobs ahead have to start first.
+RETRY_AFTER_SECS = 5
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Pending jobs as this process knows them: `counted` at `at` (a monotonic time),
+    and `added` since by its own admissions."""
+
+    counted: int
+    at: float
+    added: int = 0
+
+    @property
+    def pending(self) -> int:
+        return self.counted + self.added
+
+
+def needs_count(estimate: Estimate | None, new: int, limit: int, now: float) -> bool:
+    """Whether to count the pending jobs again before deciding on `new` more."""
+    if estimate is None:
+        return True
+    age = now - estimate.at
+    if age >= RECOUNT_SECS or age < 0:
+        return True
+    return estimate.pending + new > limit and age >= REFUSED_RECOUNT_SECS
+
+
+def admits(pending: int, new: int, limit: int) -> bool:
+    return pending + new <= limit
+
+
+def refusal(pending: int, new: int, limit: int) -> TooManyRequests:
+    jobs = "job" if new == 1 else "jobs"
+    return TooManyRequests(
+        f"the cluster has {pending} pending jobs and {SETTING} is {limit}: this request's {new} new {jobs} "
+        f"would go beyond it, so nothing was stored; try again once jobs have started (Retry-After)",
+        retry_after=RETRY_AFTER_SECS, pending_jobs=pending, max_pending_jobs=limit, setting=SETTING, requested=new)
+
+
+class PendingGate:
+    """One process's admissions against the bound. `count()` counts the pending jobs
+    (a database read); `clock` is monotonic (tests pass their own)."""
+
+    def __init__(self, limit: int, count: Callable[[], int], clock: Callable[[], float] = time.monotonic):
+        self.limit = limit
+        self._count = count
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._estimate: Estimate | None = None
+
+    def refresh(self, new: int = 1) -> None:
+        """Count now when the next admission of `new` jobs would (the caller does this
+        before taking a write lock, so the count is not made holding it)."""
+        with self._lock:
+            stale = needs_count(self._estimate, new, self.limit, self._clock())
+        if stale:
+            self._recount()
+
+    def admit(self, new: int) -> None:
+        """Admit `new` jobs, or raise TooManyRequests (nothing admitted)."""
+        if new <= 0:
+            return
+        with self._lock:
+            if not needs_count(self._estimate, new, self.limit, self._clock()):
+                self._decide(new)
+                return
+        self._recount()
+        with self._lock:
+            self._decide(new)
+
+    def forget(self) -> None:
+        """Count again at the next admission (a test changed the table behind its back)."""
+        with self._lock:
+            self._estimate = None
+
+    def _recount(self) -> None:
+        at = self._clock()
+        counted = self._count()  # outside the lock: the other threads decide on the old count meanwhile
+        with self._lock:
+            if self._estimate is None or self._estimate.at <= at:
+                self._estimate = Estimate(counted, at)
+
+    def _decide(self, new: int) -> None:
+        estimate = self._estimate
+        assert estimate is not None
+        if not admits(estimate.pending, new, self.limit):
+            raise refusal(estimate.pending, new, self.limit)
+        self._estimate = Estimate(estimate.counted, estimate.at, estimate.added + new)
