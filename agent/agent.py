@@ -66,6 +66,7 @@ restart every service.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -77,6 +78,7 @@ from corral.shared.clients import ClientError, RegistryClient, SchedulerClient
 
 from . import cgroups, daemon, identity, jobenv, launch, reconcile, runner, startup, warm
 from .claims import Claims
+from .disk import DiskWatch
 from .endings import STOPPED_MESSAGE, TIMEOUT_MESSAGE, Endings
 from .jobs import END_RECONCILED, JobTable, LocalJob
 from .log_shipping import LogShipper
@@ -129,6 +131,9 @@ class Agent:
         self.claims = Claims(self)
         self.outbox = Outbox(settings.node_id, scheduler, clock, self.claims.queue, self.claims.answer_lost)
         self.services = ServiceJobs(settings, registry, self.jobs, clock)
+        # Work dirs held to their disk_mb, and no new work under the free-space floor (disk.py).
+        self.disk = DiskWatch(settings.work_root, settings.min_free_disk_mb, settings.disk_check_interval,
+                              self.jobs, self._end)
         # The complete logs: every attempt's output, shipped whole (log_shipping.py).
         self.logs = LogShipper(settings.node_id, settings.output_root, settings.log_max_bytes)
         # Set when a job ends so the work loop asks for more work at once.
@@ -204,6 +209,10 @@ class Agent:
         else:
             log.warning("jobs run WITHOUT memory and cpu limits: %s", self.cgroups.reason)
         startup.make_dirs(s)
+        try:  # before the first claim: a node short of space takes nothing
+            self.disk.check_floor()
+        except OSError as exc:
+            log.warning("could not read the free space of %s: %s", s.work_root, exc)
         if self.users is None:
             self.users = identity.job_users(s.run_as_root, s.job_user, s.uid_range, s.uid_pool_path,
                                             kill_leftovers=not self.cgroups.enforced)
@@ -248,6 +257,9 @@ class Agent:
         self.warm = warm.WarmKeeper(users, cgroup_manager, s.output_tail_bytes, self._private_tmp_of,
                                     warm_limits(self.plan({"job_type": "run"})),
                                     wanted=lambda: not self._stopping and self.free_slots() > 0,
+                                    # It waits in the work dirs' directory and enters the
+                                    # job's by a relative path (runner.WarmStart.launch).
+                                    start=functools.partial(runner.start_warm, cwd=s.work_root),
                                     clock=self._clock)
 
     def _private_tmp_of(self, memory_mb: int) -> launch.PrivateTmp | None:
@@ -276,7 +288,14 @@ class Agent:
         return self.membership.lapsed()
 
     def claims_blocked(self) -> bool:
-        return self.membership.claims_blocked()
+        """No claims while fencing (Membership.claims_blocked) or under the free-space floor (disk.py)."""
+        return self.membership.claims_blocked() or self.disk.low is not None
+
+    def check_disk_once(self) -> list[Key]:
+        """The disk thread's pass (DiskWatch.check_once): the floor read, jobs past their
+        disk limit ended; their keys."""
+        self._require_startup()
+        return self.disk.check_once()
 
     def fence_once(self) -> list[Key]:
         return self.membership.fence_once()

@@ -262,9 +262,9 @@ def prepare_workdir(path: str, identity: Identity) -> None:
     _chown_tree(path, identity.uid, identity.gid)
     problem = unreachable_ancestor(path, identity)
     if problem:
-        log.warning("job user %s cannot traverse %s, so it reaches its work dir only by "
-                    "relative paths; make the state dir's parents at least 0711",
-                    identity.name, problem)
+        log.warning("job user %s cannot search %s: the job starts in its work dir, but the "
+                    "work dir's absolute path (its HOME, TMPDIR) does not resolve for it; make "
+                    "the state dir's parents at least 0711", identity.name, problem)
 
 
 def disown_workdir(path: str) -> None:

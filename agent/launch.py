@@ -96,12 +96,24 @@ _WARM_STAGE = ('. /proc/self/fd/0 || exit ' + str(SETUP_FAILED_EXIT) + '; '
                'unset ' + _WARM_READY + '; ' + _RUN_JOB)
 WORKDIR_FAILED_MESSAGE = f"{SETUP_FAILED_PREFIX} the job could not enter its work dir"
 
+DROP_FAILED_MESSAGE = f"{SETUP_FAILED_PREFIX} could not drop the privileges of the job"
+
 # Fallback privilege drop when setpriv (util-linux) is missing: a few lines of Python
 # run isolated (-I: no PYTHON* variables, no user site) and without site imports (-S).
+# As setpriv's flags in drop_argv: every capability out of the bounding set (which
+# needs root's CAP_SETPCAP, so before the switch), no_new_privs, then the ids.
 # argv: uid gid groups(comma-separated) -- command...
-_DROP_PY = ("import os,sys\n"
+_DROP_PY = ("import os,sys,ctypes\n"
             "u,g,gs=sys.argv[1:4]\n"
-            "os.setgroups([int(x) for x in gs.split(',') if x]);os.setgid(int(g));os.setuid(int(u))\n"
+            "try:\n"
+            " p=ctypes.CDLL(None,use_errno=True).prctl\n"
+            " p.argtypes=[ctypes.c_int]+[ctypes.c_ulong]*4\n"
+            " for c in range(int(open('/proc/sys/kernel/cap_last_cap').read())+1):\n"
+            "  if p(24,c,0,0,0): raise OSError(ctypes.get_errno(),'PR_CAPBSET_DROP %d failed'%c)\n"
+            " if p(38,1,0,0,0): raise OSError(ctypes.get_errno(),'PR_SET_NO_NEW_PRIVS failed')\n"
+            " os.setgroups([int(x) for x in gs.split(',') if x]);os.setgid(int(g));os.setuid(int(u))\n"
+            "except (OSError,ValueError) as e: sys.stderr.write('" + DROP_FAILED_MESSAGE + ": %s\\n'%e); "
+            "sys.exit(" + str(SETUP_FAILED_EXIT) + ")\n"
             "a=sys.argv[5:]\n"
             "try: os.execv(a[0],a)\n"
             "except OSError as e: sys.stderr.write('corral: cannot run %s: %s\\n'%(a[0],e)); sys.exit(127)\n")
@@ -217,9 +229,13 @@ def _root_stages(tools: Tools, cgroup_files: Sequence[str], user: User | None,
 def warm_script(command: str, workdir: str, env: Mapping[str, str]) -> bytes:
     """What a warm chain waits for: into `workdir`, exactly `env` (env_script), then
     `command` as the job's shell's, and last the line that says the script is whole.
-    Raises ValueError as env_script does."""
+    `workdir` may be relative to the directory the chain was started in. Raises
+    ValueError as env_script does."""
     # One { } block: the shell runs none of it before it has read the closing brace.
-    return (f"{{\ncd -- {quote(workdir)} || {{ echo {quote(WORKDIR_FAILED_MESSAGE)} >&2; "
+    # -P: a physical cd, so that a relative path is walked from where the chain waits;
+    # the shell's logical cd would walk the absolute path, whose parents the job's user
+    # may not be allowed to search.
+    return (f"{{\ncd -P -- {quote(workdir)} || {{ echo {quote(WORKDIR_FAILED_MESSAGE)} >&2; "
             f"exit {SETUP_FAILED_EXIT}; }}\nunset OLDPWD\n").encode() \
         + env_script(env) + f"set -- {quote(command)}\n{_WARM_READY}=1\n}}\n".encode()
 
@@ -243,11 +259,15 @@ def setup_argv(tools: Tools, cgroup_files: Sequence[str] = (), private_tmp: Priv
 
 def drop_argv(user: User, tools: Tools) -> list[str]:
     """An argv prefix that switches every id (real, effective, saved; no way back) to
-    `user` and execs what follows: setpriv when installed, else a tiny Python."""
+    `user` and execs what follows: setpriv when installed, else a tiny Python. Before
+    that it empties the capability bounding set and sets no_new_privs, so that nothing
+    the job execs can give it privileges back: a setuid-root program (su, passwd,
+    sudo) runs with the job's ids, and file capabilities (ping's cap_net_raw) are not
+    granted."""
     groups = ",".join(str(g) for g in user.groups)
     if tools.setpriv:
-        return [tools.setpriv, f"--reuid={user.uid}", f"--regid={user.gid}",
-                f"--groups={groups}" if groups else "--clear-groups", "--"]
+        return [tools.setpriv, "--no-new-privs", "--bounding-set=-all", f"--reuid={user.uid}",
+                f"--regid={user.gid}", f"--groups={groups}" if groups else "--clear-groups", "--"]
     return [tools.python, "-I", "-S", "-c", _DROP_PY, str(user.uid), str(user.gid), groups, "--"]
 
 

@@ -160,10 +160,11 @@ class WarmGone(Exception):
 
 
 def start_warm(tail_bytes: int, *, cgroup=None, user: launch.User | None = None,
-               private_tmp: launch.PrivateTmp | None = None) -> "WarmStart":
+               private_tmp: launch.PrivateTmp | None = None, cwd: str = "/") -> "WarmStart":
     """Start a warm chain (launch.warm_argv) for a `run` job not yet known: in `cgroup`,
-    as `user`, with `private_tmp`, in a session of its own, its output on pipes.
-    Raises StartError when the chain cannot be started."""
+    as `user`, with `private_tmp`, in a session of its own, its output on pipes, waiting
+    in `cwd` (the work dirs' directory: see WarmStart.launch). Raises StartError when
+    the chain cannot be started."""
     try:
         argv = launch.warm_argv(tools(), cgroup.join_files() if cgroup is not None else (), user,
                                 private_tmp)
@@ -175,7 +176,9 @@ def start_warm(tail_bytes: int, *, cgroup=None, user: launch.User | None = None,
             # The waiting stage reopens its standard input (/proc/self/fd/0) as `user`;
             # a pipe is its creator's, mode 0600.
             os.fchown(reader, user.uid, user.gid)
-        proc = subprocess.Popen(argv, cwd="/", env=launch.LAUNCH_ENV, stdin=reader,
+        # Root enters `cwd` (start() enters the work dir the same way): the job's user
+        # need not be able to search the directories above it.
+        proc = subprocess.Popen(argv, cwd=cwd, env=launch.LAUNCH_ENV, stdin=reader,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 start_new_session=True, close_fds=True)
     except OSError as exc:
@@ -183,15 +186,16 @@ def start_warm(tail_bytes: int, *, cgroup=None, user: launch.User | None = None,
         raise StartError(f"cannot start a warm chain: {exc}") from exc
     finally:
         os.close(reader)
-    return WarmStart(proc, writer, tail_bytes, cgroup)
+    return WarmStart(proc, writer, tail_bytes, cgroup, cwd)
 
 
 class WarmStart:
     """A job's process started before the job: what start() would start, waiting for
     its job (launch.warm_script). Either launch() it, once, or discard() it."""
 
-    def __init__(self, proc: subprocess.Popen, writer: int, tail_bytes: int, cgroup=None):
+    def __init__(self, proc: subprocess.Popen, writer: int, tail_bytes: int, cgroup=None, cwd: str = "/"):
         self.pid = proc.pid
+        self.cwd = cwd  # where it waits
         self._writer: int | None = writer
         # Its output is read from the start: a set-up failure says why on stderr.
         self._job = RunningJob(proc, tail_bytes, cgroup)
@@ -205,7 +209,7 @@ class WarmStart:
         is the chain's; `captures` as start() takes them). Raises StartError for a job
         that cannot start (the chain stays usable), WarmGone when the chain cannot take it."""
         try:
-            script = launch.warm_script(_runnable(command), workdir, env)
+            script = launch.warm_script(_runnable(command), _path_from(self.cwd, workdir), env)
         except ValueError as exc:
             raise StartError(f"cannot start the job: {exc}") from exc
         if not self.alive():
@@ -235,6 +239,16 @@ class WarmStart:
         """Why a chain that ended did (its stderr), for the log."""
         result = self._job.result()
         return f"exit {result.exit_code}: {result.stderr.strip() or 'no message'}"
+
+
+def _path_from(cwd: str, workdir: str) -> str:
+    """`workdir` as the warm chain waiting in `cwd` reaches it: relative when it lies
+    below `cwd`, so that only the directories from there on need to be searchable by
+    the job's user (a state dir may lie below one only root may enter)."""
+    rel = os.path.relpath(os.path.abspath(workdir), os.path.abspath(cwd))
+    if rel == os.pardir or rel.startswith(os.pardir + os.sep):
+        return workdir
+    return os.path.join(os.curdir, rel)
 
 
 def _open_append(path: str) -> int:

@@ -627,6 +627,118 @@ def test_a_kept_work_dir_is_roots_once_its_uid_is_given_back(make_agent):
     assert oct(os.stat(workdir).st_mode & 0o777) == "0o700"
 
 
+# What a job does in its work dir (its first line: its pid), and what it must not reach from
+# there: the work dirs' directory (traversable, not listable) and the agent's own files.
+IN_WORK_DIR = ("echo $$; echo data > mine.txt && cat mine.txt && pwd; ls .. >/dev/null 2>&1 && echo LISTED; "
+               "cat ../../uids.json >/dev/null 2>&1 && echo READ; true")
+
+
+def test_jobs_enter_their_work_dir_when_the_state_dirs_parent_is_private(make_agent, node, state_dir):
+    """A state dir below a directory only root may enter (0700, as a checkout in a home
+    directory or made by `mktemp -d`): the job's uid cannot walk to its work dir by its
+    absolute path, yet every kind of launch starts it there."""
+    private = os.path.join(state_dir, "private")
+    os.mkdir(private, 0o700)
+    os.chmod(private, 0o700)
+    mine = os.path.join(private, "state")
+    agent = None
+    try:
+        agent = make_agent(state_dir=mine)
+        scheduler = make_agent.scheduler
+        assert agent.private_tmp and agent.warm is not None, agent.private_tmp_reason
+        warm = agent.warm.fill_once()
+        assert warm is not None
+        scheduler.add(job_id="job-1", command=IN_WORK_DIR)
+        agent.poll_once()  # alone: a job of other limits prepared first would discard the warm launch
+        run_until_done(agent, scheduler, "job-1", timeout=60)
+        scheduler.add(job_id="job-2", command=IN_WORK_DIR, memory_mb=300)  # other limits: cold
+        scheduler.add(job_id="job-3", job_type="service", command=IN_WORK_DIR + "; exec sleep 300")
+        agent.poll_once()
+        for job_id in ("job-1", "job-2"):
+            final = run_until_done(agent, scheduler, job_id, timeout=60)
+            pid = final["stdout"].split("\n")[0]
+            expected = ("done", f"{pid}\ndata\n{agent.work_dir(job_id, 1)}\n")
+            assert (final["status"], final["stdout"]) == expected, str(final)
+            assert (pid == str(warm.start.pid)) == (job_id == "job-1"), final  # job-1 took the warm launch
+        service_log = os.path.join(agent.settings.log_root, "job-3-1.out")
+        workdir = agent.work_dir("job-3", 1)
+        wait_for(lambda: os.path.exists(service_log) and workdir in open(service_log).read(), timeout=60,
+                 message="the service's output")
+        assert open(service_log).read().split("\n")[1:] == ["data", workdir, ""]
+    finally:
+        if agent is not None:
+            stop_held_jobs([agent])
+        manager = cgroups.detect(root_name=AgentSettings(node_id=node, state_dir=mine).cgroup_root_name)
+        manager.remove_job_cgroups()
+        manager.cleanup()
+
+
+# --- no way back to privileges: no_new_privs, an empty capability bounding set --------------------------
+
+SETUID_C = r"""
+#include <stdio.h>
+#include <unistd.h>
+int main(void) { printf("%d %d\n", (int)getuid(), (int)geteuid()); return 0; }
+"""
+PRIVILEGES = "grep -E '^(CapBnd|NoNewPrivs):' /proc/self/status"
+NO_PRIVILEGES = "CapBnd:\t0000000000000000\nNoNewPrivs:\t1\n"
+
+
+@pytest.fixture
+def setuid_root(shared_dir):
+    """A program owned by root with the setuid bit, which prints its uid and euid; the test
+    is skipped where the file system ignores the bit (nosuid)."""
+    source = os.path.join(shared_dir, "who.c")
+    with open(source, "w") as f:
+        f.write(SETUID_C)
+    path = os.path.join(shared_dir, "who")
+    subprocess.run([GCC, "-O2", "-o", path, source], check=True, capture_output=True, timeout=60)
+    os.chown(path, 0, 0)
+    os.chmod(path, 0o4755)
+    plain = subprocess.run([runner.tools().setpriv, f"--reuid={UID_RANGE[1]}", f"--regid={UID_RANGE[1]}",
+                            "--clear-groups", path], capture_output=True, text=True, timeout=10)
+    if plain.stdout != f"{UID_RANGE[1]} 0\n":
+        pytest.skip(f"the setuid bit has no effect here: {plain.stdout!r} {plain.stderr!r}")
+    return path
+
+
+@pytest.mark.parametrize("dropper", ["setpriv", "python"])
+@pytest.mark.parametrize("private_tmp", [True, False])
+def test_a_job_cannot_gain_privileges_through_a_setuid_program(node_parts, setuid_root, dropper, private_tmp,
+                                                               monkeypatch):
+    if dropper == "python":  # the fallback for a node without setpriv
+        tools = runner.tools()
+        monkeypatch.setattr(runner, "_TOOLS", launch.Tools(None, tools.unshare, tools.mount))
+    name = f"suid-{dropper}-{int(private_tmp)}"
+    job, who = start_job(node_parts, name, f"{PRIVILEGES}; {setuid_root}", private_tmp=private_tmp)
+    result = job.result()
+    assert result.exit_code == 0, result
+    assert result.stdout == f"{NO_PRIVILEGES}{who.uid} {who.uid}\n", result
+
+
+def test_warm_launched_jobs_and_services_cannot_gain_privileges(make_agent, setuid_root):
+    agent = make_agent()
+    scheduler = make_agent.scheduler
+    warm = agent.warm.fill_once()
+    assert warm is not None
+    warm_uid = agent.users.pool.held()[warm.key]
+    command = f"{PRIVILEGES}; {setuid_root}; id -u"
+    scheduler.add(job_id="job-1", command=command)
+    agent.poll_once()  # alone: a service prepared first would discard the warm launch
+    final = run_until_done(agent, scheduler, "job-1", timeout=60)
+    scheduler.add(job_id="job-2", job_type="service", command=command + "; exec sleep 300")
+    agent.poll_once()
+    assert final["status"] == "done" and final["stdout"].startswith(NO_PRIVILEGES), final
+    uid = final["stdout"].split("\n")[-2]
+    assert final["stdout"] == f"{NO_PRIVILEGES}{uid} {uid}\n{uid}\n" and int(uid) == warm_uid, final
+    service_log = os.path.join(agent.settings.log_root, "job-2-1.out")
+    wait_for(lambda: os.path.exists(service_log) and open(service_log).read().count("\n") == 4, timeout=60,
+             message="the service's output")
+    lines = open(service_log).read()
+    uid = lines.split("\n")[-2]
+    assert lines == f"{NO_PRIVILEGES}{uid} {uid}\n{uid}\n", lines
+
+
 # --- the real scheduler: a job row written directly, past the submit check -------------------------
 
 @pytest.mark.e2e
