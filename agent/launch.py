@@ -3,13 +3,17 @@ shell, and the private /tmp they set up.
 
     unshare --mount --ipc --propagation private --               (private /tmp)
     /bin/sh -c SETUP corral-setup MOUNT FSTAB SIZE JOIN... --    (cgroups or private /tmp)
-    setpriv --reuid=U --regid=G --clear-groups --                (another user)
+    setpriv --no-new-privs --bounding-set=-all
+            --reuid=U --regid=G --clear-groups --                (another user, for good)
     /bin/sh -c ENV_STAGE corral-env COMMAND                      (always)
     /bin/sh -c COMMAND                                           the job
 
 Each stage execs the next, so the job keeps the pid the agent started and is in
 its cgroup and namespaces before its first instruction (no preexec_fn, which is
-unsafe in a threaded process). Everything before the privilege drop runs as root,
+unsafe in a threaded process). The drop also sets no_new_privs and empties the
+capability bounding set: no setuid program or file capability the job execs can
+make it root again. Root enters the work dir (the Popen's cwd) before the drop,
+so the job's user need not be able to search the directories above it. Everything before the privilege drop runs as root,
 so nothing the job controls may steer it:
 - the stages get LAUNCH_ENV, a PATH and nothing else, never the job's environment:
   an LD_PRELOAD, LD_AUDIT, locale or library path of the job would otherwise act
@@ -38,7 +42,8 @@ A warm chain (`warm_argv`) is the same chain started before its job is known, in
 cgroup made for the job to come: the cgroup join, the namespaces, the private /tmp
 and the privilege drop are done, and its last stage waits on standard input (a
 pipe) for the script `warm_script` writes once the job is claimed: change into the
-work dir, the environment, the command. (Moving a waiting process into a cgroup
+work dir, the environment, the command. It waits in the work dirs' directory, which
+root entered for it, and enters the job's work dir by a relative path. (Moving a waiting process into a cgroup
 made at the claim would cost more than it saves: another process's move waits for
 an RCU grace period, several milliseconds; a thread's own join does not.) The script's last line
 says it is complete, and the script is one block, which the shell runs only once it
