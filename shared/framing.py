@@ -6,7 +6,7 @@ so a slow client holds no thread. It frames the request the way gunicorn's
 parser does (gunicorn/http/message.py and body.py) but parses nothing for
 the application: gunicorn parses the request again from the same bytes.
 
-A scan answers one of four verdicts:
+A scan answers one of five verdicts:
 
 - MORE: the request is not complete yet, keep reading;
 - COMPLETE: the head and the whole body are in the buffer (`end` is where the
@@ -17,6 +17,14 @@ A scan answers one of four verdicts:
   headers), so the refusal (a JSON 4xx, shared/refusals.py) needs no more
   bytes; or the body is larger than the services take, which the application
   refuses (413) without reading it all;
+- BAD_HEAD: the head is malformed in a way gunicorn's parser refuses, but the
+  parser would wait for the rest of the head before it looks (a bare CR or a
+  NUL or other control byte in the request line or a header, a header line
+  without a colon, a folded header line, an empty request line): `problem` is
+  the error gunicorn raises for it, and the loop answers it at once instead of
+  holding the client until the read timeout. Each part of the head is checked
+  as it arrives, with the rules of gunicorn's parser (message.py), never more
+  strictly, so a head it takes is never refused here;
 - BAD_BODY: the chunked body is malformed; `problem` is the error gunicorn's
   parser raises for it (its own exception, so the answer is the same whoever
   finds it). A chunk-size line longer than gunicorn allows is refused even
@@ -29,23 +37,33 @@ its request a byte at a time costs a constant amount of work per byte.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 
 from gunicorn.http.body import CHUNK_EXT_RE
-from gunicorn.http.errors import (ChunkMissingTerminator, InvalidChunkExtension, InvalidChunkSize,
-                                  LimitRequestHeaders, ParseException)
+from gunicorn.http.errors import (ChunkMissingTerminator, InvalidChunkExtension, InvalidChunkSize, InvalidHeader,
+                                  InvalidHeaderName, InvalidRequestLine, LimitRequestHeaders, ObsoleteFolding,
+                                  ParseException)
 
 CRLF = b"\r\n"
 END_OF_HEAD = b"\r\n\r\n"
 HEX_DIGITS = frozenset(b"0123456789abcdefABCDEF")
 # Transfer codings gunicorn accepts before the final `chunked` (message.py).
 CODINGS_BEFORE_CHUNKED = frozenset({b"identity", b"gzip", b"deflate", b"compress"})
+# What gunicorn's parser refuses in a head (message.py): in the request line, any
+# byte but printable ASCII and space (method and version are tokens, the target
+# printable ASCII); in a header name, any byte that is not a token character; in a
+# header value, control bytes but tab (RFC 9110 5.5).
+NOT_REQUEST_LINE = re.compile(rb"[^\x20-\x7e]")
+NOT_TOKEN = re.compile(rb"[^!#$%&'*+\-.^_`|~0-9A-Za-z]")
+NOT_FIELD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 class Verdict(enum.Enum):
     MORE = "more"
     COMPLETE = "complete"
     HAND_OVER = "hand-over"
+    BAD_HEAD = "bad-head"
     BAD_BODY = "bad-body"
 
 
@@ -57,6 +75,10 @@ class Limits:
     body: int           # a body up to this size is buffered whole; a larger one is handed over
     chunk_line: int = 8190       # a chunk-size line (gunicorn: limit_request_field_size)
     trailers: int = 8190 * 32    # the trailer section of a chunked body
+    obsolete_folding: bool = False  # gunicorn's permit_obsolete_folding: a header line may continue one
+    # False: malformed heads are left to the parser (with gunicorn's proxy_protocol on, a
+    # PROXY line, binary in its v2, comes before the request line)
+    check_head: bool = True
 
 
 def head_limit(request_line: int, fields: int, field_size: int) -> int:
@@ -76,7 +98,7 @@ class RequestScanner:
         self.end: int | None = None          # COMPLETE: where the request ends in the buffer
         self.expects_continue = False        # the head asked for `100 Continue`
         self.head_end: int | None = None     # where the body starts, once the head is in
-        self.problem: ParseException | None = None  # BAD_BODY: what is wrong with it
+        self.problem: ParseException | None = None  # BAD_HEAD, BAD_BODY: what is wrong with it
         self._seen = 0                       # bytes looked at by earlier scans
         self._search_from = 0                # where the current terminator search resumes
         self._length: int | None = None      # Content-Length of the body
@@ -85,6 +107,7 @@ class RequestScanner:
         self._pos = 0                        # chunked: start of the current element
         self._chunk_left = 0
         self._body_bytes = 0
+        self._head = HeadChecker(limits.obsolete_folding) if limits.check_head else None
 
     def scan(self, buf: bytes | bytearray) -> Verdict:
         if self.verdict is Verdict.MORE:
@@ -113,6 +136,11 @@ class RequestScanner:
         found = buf.find(END_OF_HEAD, max(start, self._search_from))
         if _bare_lf(buf, self._seen, len(buf) if found < 0 else found + 4):
             return Verdict.HAND_OVER  # gunicorn refuses a bare LF in the head at once
+        # Up to the end of the last header line (the empty line after it is no header).
+        problem = None if self._head is None else self._head.check(buf, start, len(buf) if found < 0 else found + 2)
+        if problem is not None:
+            self.problem = problem
+            return Verdict.BAD_HEAD
         line_end = buf.find(CRLF, start)
         if line_end < 0:
             return Verdict.HAND_OVER if len(buf) - start - 2 > self.limits.request_line else Verdict.MORE
@@ -203,6 +231,93 @@ class RequestScanner:
     def _bad(self, problem: ParseException) -> Verdict:
         self.problem = problem
         return Verdict.BAD_BODY
+
+
+class HeadChecker:
+    """Checks a head line by line as its bytes arrive, each byte once, for what
+    gunicorn's parser refuses only once the whole head is in (message.py:
+    parse_request_line, parse_headers). A bare LF is not looked for here (the
+    scanner hands it to the parser, which refuses it at once)."""
+
+    def __init__(self, folding: bool):
+        self.folding = folding
+        self.line_start = -1         # where the current line starts; -1: not yet known
+        self.checked = 0             # bytes before this are checked
+        self.request_line = True     # the current line is the request line
+        self.colon = -1              # the current header line's first colon; -1: none yet
+        self.continued = False       # the current line continues the header before it
+        self.name = ""               # the last header's name
+
+    def check(self, buf, start: int, end: int) -> ParseException | None:
+        """What gunicorn refuses in buf[:end] (the head, or what arrived of it), or None.
+        `start`: where the request line starts (after an empty line before it)."""
+        if self.line_start < 0:
+            if len(buf) < 2 and buf[:1] == b"\r":
+                return None  # an empty line before the request line, or a bare CR: the next byte says
+            self.line_start = self.checked = start
+        while True:
+            line_end = buf.find(CRLF, self.checked, end)
+            stop = end if line_end < 0 else line_end
+            if line_end < 0 and stop > self.checked and buf[stop - 1] == 0x0D:
+                stop -= 1  # a CR whose LF may come next
+            # Any CR before `stop` is a bare one: the first CRLF ends the line.
+            problem = self._part(buf, self.checked, stop)
+            if problem is not None:
+                return problem
+            self.checked = stop
+            if line_end < 0:
+                return None
+            problem = self._line_done(buf, line_end)
+            if problem is not None:
+                return problem
+            self.line_start = self.checked = line_end + 2
+
+    def _part(self, buf, at: int, stop: int) -> ParseException | None:
+        """Check buf[at:stop], the next bytes of the current line."""
+        if at >= stop:
+            return None
+        line = self.line_start
+        if self.request_line:
+            if NOT_REQUEST_LINE.search(buf, at, stop):
+                return InvalidRequestLine(_text(buf[line:stop]))
+            return None
+        if at == line and buf[at] in b" \t":
+            if not self.folding or not self.name:
+                # gunicorn: a folded line, or a name that is no token (one that starts a head)
+                return ObsoleteFolding(self.name.upper()) if self.name else InvalidHeaderName(_text(buf[line:stop]))
+            self.continued = True
+        if not self.continued and self.colon < 0:
+            colon = buf.find(b":", at, stop)
+            name_end = stop if colon < 0 else colon
+            if colon == line:
+                return InvalidHeader(_text(buf[line:stop]))  # no name before the colon
+            if NOT_TOKEN.search(buf, at, name_end):
+                return InvalidHeaderName(_text(buf[line:name_end]))
+            if colon < 0:
+                return None
+            self.colon = colon
+            at = colon + 1
+        if NOT_FIELD_VALUE.search(buf, at, stop):
+            name = self.name if self.continued else _text(buf[line:self.colon])
+            return InvalidHeader(name.upper())
+        return None
+
+    def _line_done(self, buf, line_end: int) -> ParseException | None:
+        """The current line ended at `line_end` (its CRLF)."""
+        line = self.line_start
+        if self.request_line:
+            self.request_line = False
+            return InvalidRequestLine("") if line_end == line else None
+        if not self.continued:
+            if self.colon < 0:
+                return InvalidHeader(_text(buf[line:line_end]))  # a header line without a colon
+            self.name = _text(buf[line:self.colon])
+        self.colon, self.continued = -1, False
+        return None
+
+
+def _text(data) -> str:
+    return bytes(data[:200]).decode("latin-1")
 
 
 def _bare_lf(buf, start: int, end: int) -> bool:

@@ -33,7 +33,10 @@ Bounds on what a client can hold:
   reset) in the loop, at most LINGER_SECS, never in a thread or blocking.
 
 gunicorn's own refusals (an oversize or malformed request line, bad headers, a
-bad chunk) answer JSON (shared/refusals.py). HTTP/2 is not served: TLS offers
+bad chunk) answer JSON (shared/refusals.py). A head that can only be refused (a
+bare CR, a NUL, a header line without a colon...) is refused by the loop itself
+as soon as the bad byte arrives, with the parser's error, and the connection
+closed: the parser would wait for the end of the head first. HTTP/2 is not served: TLS offers
 only http/1.1 (ALPN) and h2c is never looked for.
 """
 from __future__ import annotations
@@ -108,6 +111,11 @@ CLOSED = "closed"
 def read_timeout_secs(env: Mapping[str, str] = os.environ) -> float:
     """CORRAL_REQUEST_READ_TIMEOUT_SECS: how long a client may take to send one request."""
     return REQUEST_READ_TIMEOUT.read(env)
+
+
+def _peer(client) -> str:
+    """The client's address for the log (a unix socket's peer has none)."""
+    return str(client[0]) if isinstance(client, tuple) and client else ""
 
 
 class RequestReadTimeout(RequestTimeout):
@@ -250,7 +258,9 @@ class BufferingWorker(ThreadWorker):
         body = config.get("MAX_CONTENT_LENGTH") or DEFAULT_MAX_BODY_BYTES
         return framing.Limits(request_line=request_line,
                               head=framing.head_limit(request_line, fields, field_size),
-                              body=body, chunk_line=field_size, trailers=fields * (field_size + 2) + 4)
+                              body=body, chunk_line=field_size, trailers=fields * (field_size + 2) + 4,
+                              obsolete_folding=bool(cfg.permit_obsolete_folding),
+                              check_head=getattr(cfg, "proxy_protocol", "off") in ("off", False, None))
 
     # ---- the event loop ----------------------------------------------------------------
 
@@ -473,6 +483,12 @@ class BufferingWorker(ThreadWorker):
             if conn.scanner.expects_continue and not conn.continue_sent:
                 self._send_continue(conn)
             return False
+        problem = conn.scanner.problem
+        if verdict is framing.Verdict.BAD_HEAD and problem is not None:
+            # No thread: the parser would wait for the rest of a head it is bound to refuse.
+            self.log.warning("Invalid request from ip=%s: %s", _peer(conn.client), problem)
+            self._refuse(conn, refusals.refusal_for(problem, self.read_timeout))
+            return True
         conn.whole = verdict is framing.Verdict.COMPLETE
         self._hand_over(conn)
         return True
@@ -533,13 +549,18 @@ class BufferingWorker(ThreadWorker):
     def _deadline_passed(self, conn: Conn) -> None:
         if conn.phase in (NEW, READING) and conn.handshaken:
             self.log.debug("no whole request from %s within %g s: 408", conn.client, self.read_timeout)
-            try:
-                conn.sock.send(refusals.read_timeout(self.read_timeout).response())
-            except (OSError, ValueError):
-                pass  # best effort: the client may not be reading either
-            self._linger(conn)
+            self._refuse(conn, refusals.read_timeout(self.read_timeout))
         elif conn.phase in (NEW, IDLE, READING, CLOSING):
             self._close(conn)
+
+    def _refuse(self, conn: Conn, refusal: refusals.Refusal) -> None:
+        """Answer a request the loop refuses itself, and close. The answer is small: it
+        fits an empty send buffer, so one non-blocking send sends it."""
+        try:
+            conn.sock.send(refusal.response())
+        except (OSError, ValueError):
+            pass  # best effort: the client may not be reading
+        self._linger(conn)
 
     def _linger(self, conn: Conn) -> None:
         """Close after the last answer: send FIN, read (and drop) what the client still

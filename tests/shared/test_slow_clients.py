@@ -18,7 +18,9 @@ import time
 
 import pytest
 import requests
+from gunicorn.config import Config
 from gunicorn.http import errors as e
+from gunicorn.http.parser import RequestParser
 
 from cluster import BIN, Cluster, Proc, base_env, listening_socket
 from corral.shared import framing, refusals, worker
@@ -113,6 +115,63 @@ def test_a_malformed_chunked_body_is_refused_with_gunicorns_own_error(body, erro
     verdicts, scanner = scan_bytewise(CHUNKED_HEAD + body)
     assert framing.Verdict.BAD_BODY in verdicts and isinstance(scanner.problem, error)
     assert refusals.refusal_for(scanner.problem, 10).status == 400
+
+
+# Heads gunicorn's parser refuses, but only once the whole head is in: each stops
+# where the refusal is certain (the client may send nothing more).
+BAD_HEADS = {
+    "bare CR in a header": (b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: a\rb", e.InvalidHeader),
+    "bare CR ending a header line": (b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\rX", e.InvalidHeader),
+    "bare CR ending the request line": (b"GET /healthz HTTP/1.1\rH", e.InvalidRequestLine),
+    "bare CR in the target": (b"GET /hea\rl", e.InvalidRequestLine),
+    "bare CR in a header name": (b"GET / HTTP/1.1\r\nX-\rA", e.InvalidHeaderName),
+    "NUL in the target": (b"GET /a\x00", e.InvalidRequestLine),
+    "NUL in a header value": (b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: a\x00", e.InvalidHeader),
+    "escape in a header value": (b"GET / HTTP/1.1\r\nX-A: \x1b", e.InvalidHeader),
+    "DEL in a header value": (b"GET / HTTP/1.1\r\nX-A: a\x7f", e.InvalidHeader),
+    "a header without a colon": (b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nno-colon\r\n", e.InvalidHeader),
+    "a header without a name": (b"GET / HTTP/1.1\r\n:", e.InvalidHeader),
+    "space in a header name": (b"GET / HTTP/1.1\r\nBad ", e.InvalidHeaderName),
+    "a folded header line": (b"GET / HTTP/1.1\r\nX-A: a\r\n ", e.ObsoleteFolding),
+    "white space before the first header": (b"GET / HTTP/1.1\r\n ", e.InvalidHeaderName),
+    "an empty request line": (b"\r\n\r\n", e.InvalidRequestLine),
+}
+
+
+@pytest.mark.parametrize("head, error", BAD_HEADS.values(), ids=BAD_HEADS.keys())
+def test_a_malformed_head_is_refused_at_its_first_bad_byte_as_gunicorns_parser_refuses_it(head, error):
+    """Refused with the error gunicorn's parser gives once the head is whole (so the
+    answer is the same whoever finds it), not left waiting for the rest of the head."""
+    verdicts, scanner = scan_bytewise(head)
+    assert verdicts[-1] is framing.Verdict.BAD_HEAD and set(verdicts[:-1]) <= {framing.Verdict.MORE}
+    assert isinstance(scanner.problem, error), scanner.problem
+    assert refusals.refusal_for(scanner.problem, 10).status == 400
+    with pytest.raises(e.ParseException) as parsed:  # the parser refuses the same head ended
+        next(RequestParser(Config(), iter([head + b"\r\n\r\n"]), ("127.0.0.1", 1)))
+    assert refusals.refusal_for(parsed.value, 10).status == 400
+
+
+ODD_GOOD_HEADS = {
+    "tab, colon and latin-1 in values, an empty value": b"GET / HTTP/1.1\r\nX-A: a\tb:\xff\r\nX-B:\r\n\r\n",
+    "an empty line first": b"\r\nGET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+    "no headers": b"GET / HTTP/1.0\r\n\r\n",
+    "token characters in a name": b"GET / HTTP/1.1\r\nX!#$%&'*+-.^_`|~9: y\r\n\r\n",
+    "HTTP/1.0 without a Host": b"GET /healthz?a=%00&b=%0d HTTP/1.0\r\nX-A: 1\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("head", ODD_GOOD_HEADS.values(), ids=ODD_GOOD_HEADS.keys())
+def test_an_odd_head_the_parser_takes_is_not_refused(head):
+    verdicts, scanner = scan_bytewise(head)
+    assert verdicts[-1] is framing.Verdict.COMPLETE and scanner.problem is None
+    next(RequestParser(Config(), iter([head]), ("127.0.0.1", 1)))
+
+
+def test_a_folded_header_line_passes_where_gunicorn_permits_folding():
+    limits = framing.Limits(request_line=4094, head=LIMITS.head, body=1000, obsolete_folding=True)
+    head = b"GET / HTTP/1.1\r\nX-A: a\r\n b\r\n\r\n"
+    assert framing.RequestScanner(limits).scan(head) is framing.Verdict.COMPLETE
+    assert framing.RequestScanner(limits).scan(head.replace(b" b", b" \x00")) is framing.Verdict.BAD_HEAD
 
 
 # ---- refusals: JSON for every error gunicorn's parser raises -------------------------------
@@ -325,6 +384,28 @@ REFUSED = {
     "missing chunk terminator": (CHUNKED_HEAD + b"2\r\n{}XX0\r\n\r\n", 400),
     "an unknown expectation": (POST_HEAD.replace(b"\r\n\r\n", b"\r\nExpect: lunch\r\n\r\n") % 2 + b"{}", 417),
 }
+
+
+@pytest.mark.e2e
+def test_a_malformed_head_is_refused_at_once_not_at_the_read_timeout(start_cluster):
+    """A head that can only be refused (a bare CR, a NUL, a header without a colon, a
+    folded line) gets its JSON 400 as soon as the bad byte arrives, though the head
+    never ends, and the connection is closed: the client waits for no timeout."""
+    c = start_cluster(CORRAL_REQUEST_READ_TIMEOUT_SECS=60)
+    conns = {name: RawConnection(c.scheduler_port, timeout=30) for name in BAD_HEADS}
+    try:
+        started = time.monotonic()
+        for name, conn in conns.items():
+            conn.send(BAD_HEADS[name][0])
+        answers = {name: conn.read_until_closed() for name, conn in conns.items()}
+        took = time.monotonic() - started
+    finally:
+        for conn in conns.values():
+            conn.close()
+    for name, data in answers.items():
+        assert json_refusal(data)[0] == 400, (name, data)
+    assert took < 20, f"answered after {took:.1f} s, as if waiting for the rest of the heads"
+    assert requests.get(c.scheduler_url + "/healthz", timeout=10).status_code == 200
 
 
 @pytest.mark.e2e
