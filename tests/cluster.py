@@ -44,17 +44,17 @@ class Proc:
             os.killpg(self.popen.pid, sig)
 
     def stop(self, grace: float = 10.0) -> int | None:
-        if self.alive():
-            try:
-                os.killpg(self.popen.pid, signal.SIGTERM)
-                os.killpg(self.popen.pid, signal.SIGCONT)  # a process a test stopped handles it too
-                self.popen.wait(grace)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait(5)
-            except ProcessLookupError:
-                pass
-        self.log.close()
+        try:
+            if self.alive():
+                _signal_group(self.popen.pid, signal.SIGTERM)
+                _signal_group(self.popen.pid, signal.SIGCONT)  # a process a test stopped handles it too
+                try:
+                    self.popen.wait(grace)
+                except subprocess.TimeoutExpired:
+                    _signal_group(self.popen.pid, signal.SIGKILL)
+                    self.popen.wait(5)
+        finally:
+            self.log.close()
         return self.popen.returncode
 
     def kill(self) -> None:
@@ -66,6 +66,13 @@ class Proc:
     def output(self) -> str:
         with open(self.log_path, "rb") as f:
             return f.read().decode(errors="replace")
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:  # it is gone already
+        pass
 
 
 # Where tests keep directories that jobs must reach by path. A root agent gives each
@@ -283,14 +290,22 @@ class Cluster:
     # ---- teardown ------------------------------------------------------------
 
     def stop(self) -> None:
+        """Stop every process, also when stopping one of them fails (that error is raised
+        once all were tried)."""
+        errors = []
         # Agents first, so they do not spin against servers that are gone.
         for name in sorted(self.procs, key=self.is_server):
-            self.procs[name].stop()
+            try:
+                self.procs[name].stop()
+            except Exception as exc:
+                errors.append(exc)
         # Services outlive a stopped agent by design (the next agent adopts them).
         for name in self.procs:
             if not self.is_server(name):
                 kill_leftover_jobs(name, self.state_dir)
         shutil.rmtree(self.state_dir, ignore_errors=True)
+        if errors:
+            raise errors[0]
 
     def logs(self) -> str:
         return "\n".join(f"===== {name} =====\n{p.output()[-6000:]}" for name, p in self.procs.items())

@@ -14,7 +14,7 @@ import requests
 from cluster import BIN, Proc, base_env, listening_socket
 from helpers import free_port, wait_for
 from paths import REPO, TESTS
-from make_run import run_local
+from make_run import run_local, stop_local
 
 INFRA = os.path.join(REPO, "infra")
 UNITS = {name: os.path.join(INFRA, "systemd", f"corral-{name}.service")
@@ -350,13 +350,66 @@ def test_run_local_runs_a_job_and_stops_cleanly_on_ctrl_c(tmp_path):
             text.index("stopping registry"), text
         assert not [pid for pid in started if _alive(pid)], f"left running: {started}"
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(5)
+        stop_local(proc)
+
+
+@pytest.mark.e2e
+def test_stop_local_leaves_nothing_of_run_local_running(tmp_path):
+    """What a failed test's clean-up does (no orderly stop): run_local, its servers, its
+    agents and their jobs, a service included, all end; each runs in a session of its own."""
+    scheduler_port = free_port()
+    proc, log = run_local(tmp_path, CORRAL_REGISTRY_PORT=free_port(), CORRAL_SCHEDULER_PORT=scheduler_port)
+    started: list[int] = []
+    try:
+        wait_for(lambda: "Ctrl-C stops everything" in open(log).read() or proc.poll() is not None, timeout=60,
+                 message="run_local to report the cluster ready")
+        url = f"http://127.0.0.1:{scheduler_port}"
+        job = requests.post(url + "/jobs", json={"command": "exec sleep 300", "job_type": "service"},
+                            timeout=10).json()
+        wait_for(lambda: requests.get(f"{url}/jobs/{job['job_id']}", timeout=10).json()["status"] == "running",
+                 timeout=60, message="the service to run")
+        started = _descendants(proc.pid)
+        assert len(started) >= 5, open(log).read()  # servers, their workers, agents, the service
+    finally:
+        stop_local(proc, grace=0)
+    assert not [pid for pid in started if _alive(pid)], f"left running: {started}"
+
+
+@pytest.mark.e2e
+def test_run_local_runs_jobs_with_its_state_below_a_private_directory(tmp_path):
+    """A checkout in a directory only its owner may enter (a home directory, `mktemp -d`)
+    keeps `make run`'s state there: every job still runs in its work dir, started cold
+    or through the warm launch, though its uid cannot walk the path to it."""
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    os.chmod(private, 0o700)
+    scheduler_port = free_port()
+    proc, log = run_local(tmp_path, state_dir=private / "var", CORRAL_REGISTRY_PORT=free_port(),
+                          CORRAL_SCHEDULER_PORT=scheduler_port)
+    output = lambda: open(log, errors="replace").read()  # noqa: E731
+    try:
+        wait_for(lambda: "Ctrl-C stops everything" in output() or proc.poll() is not None, timeout=60,
+                 message="run_local to report the cluster ready")
+        assert proc.poll() is None, output()
+        url = f"http://127.0.0.1:{scheduler_port}"
+        # Jobs one after the other, until one took a warm launch (each node keeps one
+        # ready within a second or so of its last job's start).
+        for n in range(10):
+            job = requests.post(url + "/jobs", json={"command": f"echo {n} > mine.txt && cat mine.txt && pwd"},
+                                timeout=10).json()
+            done = wait_for(lambda: (lambda j: j if j["status"] in ("done", "failed") else None)(
+                requests.get(f"{url}/jobs/{job['job_id']}", timeout=10).json()), timeout=60,
+                message="the job to finish")
+            assert done["status"] == "done", done
+            assert done["stdout"].startswith(f"{n}\n{private}/var/agent-node-") and \
+                done["stdout"].endswith(f"/work/{job['job_id']}-1\n"), done
+            if "limits are enforced" not in output() or ", cgroup warm-" in output():
+                break
+        assert "limits are enforced" not in output() or ", cgroup warm-" in output(), output()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0, output()
+    finally:
+        stop_local(proc)
 
 
 @pytest.mark.e2e
@@ -368,9 +421,7 @@ def test_run_local_says_when_a_port_is_taken(tmp_path):
         try:
             code = proc.wait(30)
         finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(5)
+            stop_local(proc, grace=0)
         text = open(log, errors="replace").read()
         assert code == 1, text
         assert f"port {port} (registry) is already in use" in text, text

@@ -35,7 +35,7 @@ from corral.shared import settings as shared_settings
 from corral.shared.errors import SettingError
 
 from helpers import free_port, wait_for
-from make_run import run_local
+from make_run import run_local, stop_local
 from paths import DATA, REPO
 
 BIN = os.path.dirname(sys.executable)
@@ -528,6 +528,4 @@ def test_make_run_brings_the_local_cluster_up_on_corral_database_url(tmp_path, p
         proc.send_signal(signal.SIGINT)
         assert proc.wait(60) == 0, open(log).read()
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)  # the test failed: no orderly stop
-            proc.wait(10)
+        stop_local(proc)  # the test failed: it and everything it started go
