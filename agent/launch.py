@@ -13,8 +13,9 @@ its cgroup and namespaces before its first instruction (no preexec_fn, which is
 unsafe in a threaded process). The drop also sets no_new_privs and empties the
 capability bounding set: no setuid program or file capability the job execs can
 make it root again. Root enters the work dir (the Popen's cwd) before the drop,
-so the job's user need not be able to search the directories above it. Everything before the privilege drop runs as root,
-so nothing the job controls may steer it:
+so the job's user need not be able to search the directories above it.
+Everything before the privilege drop runs as root, so nothing the job controls may
+steer it:
 - the stages get LAUNCH_ENV, a PATH and nothing else, never the job's environment:
   an LD_PRELOAD, LD_AUDIT, locale or library path of the job would otherwise act
   inside root processes;
