@@ -11,7 +11,10 @@ runs, in this order:
    (`--insecure`) also takes any IP address literal, which no rebinding can
    forge, but no other name. A server with tokens checks no Host: a page cannot
    attach the bearer token. A request without `Host` (HTTP/1.0 tools) comes from
-   no browser and passes.
+   no browser and passes. The header is parsed strictly first (a host name, an
+   IPv4 address or a bracketed IPv6 one, then an optional port 1-65535, nothing
+   else): a value such as `127.0.0.1:80@evil.example` holds a loopback address,
+   but a URL built from it names another host, so it is refused whatever it holds.
 2. **Access** (shared/auth.py): credentials and roles.
 3. **Content type** (cross-site requests). A state-changing request (POST, PUT,
    PATCH, DELETE) must say `Content-Type: application/json`, a body-less cancel,
@@ -28,6 +31,7 @@ All three answer JSON errors and run before the database connection is opened.
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Callable, Iterable, Mapping
 
 from flask import Flask, request
@@ -55,14 +59,28 @@ ALLOWED_HOSTS = Setting("CORRAL_ALLOWED_HOSTS", "allowed_hosts", "text", "",
                         parse=_host_names, form="host names, comma-separated", shown="unset")
 
 
-def host_name(header: str) -> str:
-    """The host of a Host header, without port or brackets, lower-cased."""
-    header = header.strip().lower()
-    if header.startswith("["):
-        return header[1:].partition("]")[0]
-    if header.count(":") > 1:  # a bare IPv6 address (not a valid Host, but harmless to read)
-        return header
-    return header.partition(":")[0].rstrip(".")
+# RFC 9110 7.2 / RFC 3986 3.2.2, narrowed to what names a server: DNS labels (letters,
+# digits, `-`, `_`; an IPv4 address is one such name) with an optional final dot, or
+# an IPv6 address in brackets (no zone), then an optional port of digits. ASCII only:
+# nothing may come before the host (no `user@`) or after the port (no path, no space).
+HOST_RE = re.compile(r"(?:(?P<name>(?:[A-Za-z0-9_-]{1,63}\.)*[A-Za-z0-9_-]{1,63}\.?)|\[(?P<ipv6>[0-9A-Fa-f:.]+)\])"
+                     r"(?::(?P<port>[0-9]{1,5}))?", re.ASCII)
+MAX_NAME_CHARS = 253
+
+
+def host_name(header: str) -> str | None:
+    """The host of a Host header, without port, brackets or final dot, lower-cased; None
+    when the header is not a host with an optional port (1-65535) and nothing else."""
+    match = HOST_RE.fullmatch(header)
+    if match is None or (match["port"] is not None and not 1 <= int(match["port"]) <= 65535):
+        return None
+    if match["ipv6"] is not None:
+        try:
+            return str(ipaddress.IPv6Address(match["ipv6"]))
+        except ValueError:
+            return None
+    name = match["name"].lower().rstrip(".")
+    return name if len(name) <= MAX_NAME_CHARS else None
 
 
 def is_loopback_name(host: str) -> bool:
@@ -92,7 +110,8 @@ def host_check(allowed: Iterable[str], loopback_only: bool) -> Callable[[], None
         if header is None:
             return
         host = host_name(header)
-        if is_loopback_name(host) or host in allowed or (not loopback_only and is_address(host)):
+        if host is not None and (is_loopback_name(host) or host in allowed
+                                 or (not loopback_only and is_address(host))):
             return
         raise BadRequest(f"the Host header {header[:100]!r} is not a name of this server, which {where}: it "
                          f"takes {takes} or a name listed in CORRAL_ALLOWED_HOSTS (a proxy in front passes one)")
@@ -120,12 +139,14 @@ def content_type_check(raw_routes: frozenset[str]) -> Callable[[], None]:
 
 
 def install(app: Flask, credentials: Credentials, access: Mapping[str, Access],
-            hosts: Iterable[str], loopback_only: bool, raw_routes: Iterable[str] = ()) -> None:
+            hosts: Iterable[str], loopback_only: bool, raw_routes: Iterable[str] = (),
+            floors: Callable[[str], int] | None = None) -> None:
     """Put the checks in front of every other before-request function of `app`.
     `loopback_only`: the server listens on loopback only (shared/server.py);
-    `raw_routes`: the PUT routes that take application/octet-stream."""
+    `raw_routes`: the PUT routes that take application/octet-stream; `floors`: each
+    node's lowest credential generation accepted (shared/revocations.py)."""
     checks: list[Callable] = []
     if loopback_only or not credentials.enabled:
         checks.append(host_check(hosts, loopback_only))
-    checks += [access_check(credentials, access), content_type_check(frozenset(raw_routes))]
+    checks += [access_check(credentials, access, floors), content_type_check(frozenset(raw_routes))]
     app.before_request_funcs.setdefault(None, [])[:0] = checks

@@ -47,6 +47,65 @@ def test_a_loopback_only_server_takes_loopback_hosts_only(tmp_path, loopback_onl
     assert client.get("/jobs").json == ([response.json] if ok else [])  # a refused request changed nothing
 
 
+# Host values that name a loopback host somewhere in them but are no valid Host (RFC
+# 9110 7.2: host, then an optional port): each could be read as a loopback name by a
+# check that looks for one, and as another host by whatever reads the URL it makes.
+NOT_A_HOST = [
+    "127.0.0.1:80@evil.example", "evil.example#@127.0.0.1", "user@127.0.0.1", "127.0.0.1:80/x",
+    "127.0.0.1/x", "127.0.0.1?x", "127.0.0.1#x", "127.0.0.1:99999", "127.0.0.1:0", "127.0.0.1:", "127.0.0.1:+80",
+    "127.0.0.1:80:80", "127.0.0.1:8o", "localhost:80 evil.example", "127.0.0.1 ", " 127.0.0.1", "127.0.0.1,evil",
+    "127.0.0.1, evil.example", "[::1", "[::1]x", "[::1]:", "[::1]:65536", "::1", "[evil.example]",
+    "[::1%25lo]", "local\\host", "localhost..", ".localhost", "127.0.0.1\t", "loc%61lhost", "",
+    "localhost\u00a0", "\u0131ocalhost",
+]
+
+
+@pytest.mark.parametrize("host", NOT_A_HOST)
+def test_a_host_header_that_is_no_host_and_optional_port_is_refused(tmp_path, loopback_only, host):
+    client = scheduler(tmp_path, allowed_hosts=frozenset({"corral.internal"}))
+    response = client.post("/jobs", json={"command": "true"}, headers={"Host": host})
+    assert response.status_code == 400 and "Host" in response.json["error"], response.json
+    assert client.get("/jobs").json == []
+
+
+@pytest.mark.parametrize("host", NOT_A_HOST)
+def test_a_tokenless_server_on_other_addresses_refuses_them_too(tmp_path, host):
+    client = scheduler(tmp_path)
+    response = client.post("/jobs", json={"command": "true"}, headers={"Host": host})
+    assert response.status_code == 400 and "Host" in response.json["error"], response.json
+
+
+@pytest.mark.parametrize("host", [
+    "127.0.0.1:1", "127.0.0.1:65535", "127.0.0.1:08080", "localhost.", "LocalHost:9001", "a-b_c.localhost",
+    "[::1]", "[0:0:0:0:0:0:0:1]:9001", "corral.internal:443", "CORRAL.INTERNAL.",
+])
+def test_valid_host_headers_are_taken(tmp_path, loopback_only, host):
+    client = scheduler(tmp_path, allowed_hosts=frozenset({"corral.internal"}))
+    response = client.post("/jobs", json={"command": "true"}, headers={"Host": host})
+    assert response.status_code == 201, response.json
+
+
+@pytest.mark.e2e
+def test_a_host_that_is_no_host_or_given_twice_is_refused_by_a_real_server(cluster):
+    """Through gunicorn, which hands the header over as sent (two Host headers it
+    refuses itself)."""
+    for host_lines in ([b"Host: 127.0.0.1:80@evil.example"], [b"Host: 127.0.0.1:99999"],
+                       [b"Host: 127.0.0.1", b"Host: evil.example"], [b"Host: evil.example", b"Host: 127.0.0.1"],
+                       [b"Host:"]):
+        conn = http.client.HTTPConnection("127.0.0.1", cluster.scheduler_port, timeout=20)
+        try:
+            conn.putrequest("GET", "/jobs", skip_host=True)
+            for line in host_lines:
+                name, _, value = line.partition(b": ")
+                conn.putheader(name.rstrip(b":").decode(), value)
+            conn.endheaders()
+            response = conn.getresponse()
+            body = json.loads(response.read())
+        finally:
+            conn.close()
+        assert response.status == 400 and "HOST" in body["error"].upper(), (host_lines, body)
+
+
 def test_allowed_hosts_add_the_names_a_proxy_uses(tmp_path, loopback_only):
     hosts = guards.allowed_hosts({"CORRAL_ALLOWED_HOSTS": "Corral.Internal, cp.example.com"})
     assert hosts == {"corral.internal", "cp.example.com"}
