@@ -23,6 +23,13 @@ class CliSchedulerClient(SchedulerClient):
     def list_nodes(self) -> list[dict]:
         return self._call("GET", "/nodes")
 
+    def revoke_credential(self, node_id: str, min_generation: int | None = None) -> dict:
+        """On the registry and the scheduler at once; a raise by one is not resent after a
+        lost answer (a named generation is)."""
+        body = {} if min_generation is None else {"min_generation": min_generation}
+        return self._call("POST", f"/nodes/{_seg(node_id)}/credential/revoke", json=body,
+                          resend=min_generation is not None)
+
     def get_array(self, array_id: str) -> dict:
         return self._call("GET", f"/arrays/{_seg(array_id)}")
 

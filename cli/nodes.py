@@ -121,6 +121,29 @@ def undrain(env: Env, node_id: str, as_json: bool) -> None:
     _set_drained(env, node_id, False, as_json)
 
 
+@node.command("revoke-credential")
+@click.argument("node_id")
+@click.option("--min-generation", type=click.IntRange(2, 999_999_999), metavar="N",
+              help="Refuse the node's credentials below generation N (default: one more than now). "
+                   "Sending the same N again changes nothing.")
+@json_option("Print the API's answer ({node_id, min_generation, revoked_at}).")
+@click.pass_obj
+def revoke_credential(env: Env, node_id: str, min_generation: int | None, as_json: bool) -> None:
+    """Revoke a node's credential (CORRAL_NODE_TOKEN) alone, on the scheduler and the registry,
+    without rotating the agent secret; prints how to issue its next one."""
+    env.subject = node_id
+    answer = env.scheduler.revoke_credential(node_id, min_generation)
+    if as_json:
+        echo_json(answer)
+        return
+    generation = answer.get("min_generation")
+    click.echo(f"{node_id}: credentials below generation {generation} are refused from now on "
+               f"(the scheduler and the registry answer them 401; other nodes are not affected)")
+    note(f"issue its next credential on a server host (with CORRAL_API_TOKEN and CORRAL_AGENT_TOKEN set):\n"
+         f"  corral-scheduler node-token {node_id} --generation {generation}\n"
+         f"and set it as CORRAL_NODE_TOKEN in that node's agent.env, then restart its agent")
+
+
 @click.group()
 def service() -> None:
     """List the services recorded in the registry."""

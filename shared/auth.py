@@ -32,6 +32,7 @@ from flask import g, request
 from .credentials import AGENT_ROLE, OPERATOR_ROLE, READER_ROLE, Credentials
 from .errors import Forbidden
 from .http import error_response
+from .revocations import refusal as revocation_refusal
 from .settings import Setting
 
 OPEN_PATHS = ("/healthz", "/readyz", "/metrics", "/openapi.json", "/ui")
@@ -92,9 +93,12 @@ def insecure_allowed(env: Mapping[str, str]) -> bool:
 
 # ---- the request check ----------------------------------------------------------------
 
-def access_check(credentials: Credentials, access: Mapping[str, Access]) -> Callable[[], object]:
+def access_check(credentials: Credentials, access: Mapping[str, Access],
+                 floors: Callable[[str], int] | None = None) -> Callable[[], object]:
     """The before-request function that checks every request against `access`
-    (Flask endpoint name -> Access). It reads no body and opens no database connection."""
+    (Flask endpoint name -> Access). It reads no body; `floors(node_id)`, the lowest
+    generation of that node's credentials still accepted (shared/revocations.py), is
+    asked of node credentials only (its own short read of the database, cached)."""
 
     def check():
         g.corral_role = None
@@ -113,6 +117,10 @@ def access_check(credentials: Credentials, access: Mapping[str, Access]) -> Call
         if caller.role not in rule.roles:
             wanted = " or ".join(ROLE_NAMES[r] for r in sorted(rule.roles))
             raise Forbidden(f"{ROLE_NAMES[caller.role]} may not do this; it takes {wanted}")
+        if caller.role == AGENT_ROLE and floors is not None and caller.node_id is not None:
+            revoked = revocation_refusal(caller.node_id, caller.generation, floors(caller.node_id))
+            if revoked is not None:
+                return _unauthorized(revoked)
         g.corral_role, g.corral_node = caller.role, caller.node_id
         if caller.role == AGENT_ROLE:
             _check_named_node(rule.node)

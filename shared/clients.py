@@ -301,6 +301,13 @@ class RegistryClient(_Client):
     def undrain(self, node_id: str) -> dict:
         return self._call("POST", f"/nodes/{_seg(node_id)}/undrain")
 
+    def revoke_credential(self, node_id: str, min_generation: int | None = None) -> dict:
+        """Refuse the node's credentials below a generation (shared/revocations.py). A
+        named generation may be sent again; a raise by one only once."""
+        body = {} if min_generation is None else {"min_generation": min_generation}
+        return self._call("POST", f"/nodes/{_seg(node_id)}/credential/revoke", json=body,
+                          resend=min_generation is not None)
+
 
 @dataclass
 class ClaimResult:

@@ -9,12 +9,15 @@ credential would otherwise be open.
 
 A node proves who it is with a credential derived from the agent secret:
 
-    <node_id>.<hex HMAC-SHA256(secret, node_id)>
+    <node_id>.<hex HMAC-SHA256(secret, node_id)>                 (generation 1)
+    <node_id>~<generation>.<hex HMAC-SHA256(secret, node_id~generation)>
 
 given to its agent as `CORRAL_NODE_TOKEN` and sent as its bearer token. Any
-replica of either service verifies it from the secret alone (no stored state)
-and takes the node id from it, so a node can neither act for nor read the work of
-another node, whatever its request says. `CORRAL_AGENT_TOKEN_PREVIOUS` keeps
+replica of either service verifies it from the secret alone and takes the node id
+from it, so a node can neither act for nor read the work of another node, whatever
+its request says. The generation lets one node's credential be revoked alone: each
+service keeps, per node, the lowest generation it still accepts (shared/
+revocations.py), and refuses older credentials of that node. `CORRAL_AGENT_TOKEN_PREVIOUS` keeps
 credentials of the previous secret valid while a rotation is under way. The same
 derivation by hand: `printf %s NODE | openssl dgst -sha256 -hmac "$SECRET"`.
 
@@ -46,19 +49,41 @@ AGENT_ROLE = "agent"
 READER_ROLE = "reader"
 MIN_SECRET_CHARS = 16
 _MAC_RE = re.compile(r"^[0-9a-f]{64}\Z")
+# A generation after the first: 2 and up, written one way only (no leading zero).
+_GENERATION_RE = re.compile(r"^[1-9][0-9]{0,8}\Z")
+FIRST_GENERATION = 1
+MAX_GENERATION = 999_999_999
 
 
-def node_token(secret: str, node_id: str) -> str:
-    """The credential of `node_id` under the agent secret `secret`."""
-    return f"{node_id}.{_mac(secret, node_id)}"
+def node_token(secret: str, node_id: str, generation: int = FIRST_GENERATION) -> str:
+    """The credential of `node_id` under the agent secret `secret`, of `generation`
+    (the first one keeps the form credentials had before generations: no suffix).
+    '~' is in no node id, so the subject reads one way only."""
+    if not FIRST_GENERATION <= generation <= MAX_GENERATION:
+        raise ValueError(f"a credential's generation is {FIRST_GENERATION} to {MAX_GENERATION}")
+    subject = node_id if generation == FIRST_GENERATION else f"{node_id}~{generation}"
+    return f"{subject}.{_mac(secret, subject)}"
+
+
+def parse_node_token(token: str) -> tuple[str, int] | None:
+    """The node id and generation a credential claims (its form only, nothing verified)."""
+    subject, dot, mac = token.rpartition(".")
+    if not dot or not _MAC_RE.match(mac):
+        return None
+    node_id, tilde, generation = subject.partition("~")
+    if not NAME_RE.match(node_id):
+        return None
+    if not tilde:
+        return node_id, FIRST_GENERATION
+    if not _GENERATION_RE.match(generation) or int(generation) == FIRST_GENERATION:
+        return None
+    return node_id, int(generation)
 
 
 def token_node(token: str) -> str | None:
     """The node id a credential claims to be for (its form only, nothing verified)."""
-    node_id, dot, mac = token.rpartition(".")
-    if not dot or not NAME_RE.match(node_id) or not _MAC_RE.match(mac):
-        return None
-    return node_id
+    parsed = parse_node_token(token)
+    return None if parsed is None else parsed[0]
 
 
 def _mac(secret: str, message: str) -> str:
@@ -71,6 +96,7 @@ class Caller:
 
     role: str
     node_id: str | None = None
+    generation: int = FIRST_GENERATION  # of a node credential
 
 
 @dataclass(frozen=True)
@@ -96,26 +122,26 @@ class Credentials:
         given = presented.encode("utf-8", "surrogateescape")
         operator = self.operator is not None and hmac.compare_digest(given, self.operator.encode())
         reader = self.reader is not None and hmac.compare_digest(given, self.reader.encode())
-        node_id = token_node(presented) if given.isascii() else None
+        parsed = parse_node_token(presented) if given.isascii() else None
         node = False
-        if node_id is not None:
-            mac = presented.rpartition(".")[2]
+        if parsed is not None:
+            subject, _, mac = presented.rpartition(".")
             # Every secret is tried, so timing does not tell which one nearly matched.
             for secret in self._secrets():
-                node = hmac.compare_digest(mac, _mac(secret, node_id)) or node
+                node = hmac.compare_digest(mac, _mac(secret, subject)) or node
         if operator:
             return Caller(OPERATOR_ROLE)
-        if node:
-            return Caller(AGENT_ROLE, node_id)
+        if node and parsed is not None:
+            return Caller(AGENT_ROLE, parsed[0], parsed[1])
         if reader:
             return Caller(READER_ROLE)
         return None
 
-    def node_token(self, node_id: str) -> str:
+    def node_token(self, node_id: str, generation: int = FIRST_GENERATION) -> str:
         """A node's credential under the current secret (`node-token` commands)."""
         if self.agent_secret is None:
             raise SettingError("CORRAL_AGENT_TOKEN is not set: there is no secret to derive node credentials from")
-        return node_token(self.agent_secret, node_id)
+        return node_token(self.agent_secret, node_id, generation)
 
     def service_grant(self, job_id: str, attempt: int, node_id: str) -> str | None:
         """The grant for a service record of this attempt on this node (None without tokens)."""

@@ -22,7 +22,7 @@ from gunicorn.workers.gthread import ThreadWorker
 
 from . import auth, metrics, signals, tracing, worker
 from . import db as dbmod
-from .credentials import server_credentials
+from .credentials import MAX_GENERATION, server_credentials
 from .errors import CorralError
 from .settings import LOG_LEVEL
 from .validate import NAME_RE
@@ -203,14 +203,20 @@ def node_token_command(prog: str, argv: list[str]) -> int:
         description="Print a node's credential (give it to that node's agent as CORRAL_NODE_TOKEN), "
                     "derived from the cluster's agent secret CORRAL_AGENT_TOKEN.")
     parser.add_argument("node_id", help="the node's NODE_ID")
+    parser.add_argument("--generation", type=int, default=1, metavar="N",
+                        help="the credential's generation (default 1): after `corral node revoke-credential "
+                             "NODE`, the one it names")
     args = parser.parse_args(argv)
     if not NAME_RE.match(args.node_id):
         print(f"{prog}: error: a node id is 1-128 letters, digits, '.', '_' or '-', starting with a "
               f"letter or digit", file=sys.stderr)
         return 2
+    if not 1 <= args.generation <= MAX_GENERATION:
+        print(f"{prog}: error: --generation is 1 to {MAX_GENERATION}", file=sys.stderr)
+        return 2
     try:
         credentials = server_credentials(os.environ)
-        print(credentials.node_token(args.node_id))
+        print(credentials.node_token(args.node_id, args.generation))
     except CorralError as exc:
         print(f"{prog}: error: {exc.message}", file=sys.stderr)
         return 2

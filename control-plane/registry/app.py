@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from flask import Flask, request
 from peewee import fn
 
-from corral.shared import auth, guards, server
+from corral.shared import auth, guards, revocations, server
 from corral.shared import db as dbmod
 from corral.shared import migrations
 from corral.shared.contract import respond
@@ -17,7 +17,7 @@ from corral.shared.timeutil import iso
 
 from . import contract, discovery, metrics, openapi
 from .migrations import MIGRATIONS
-from .models import Node, Service, database
+from .models import Node, NodeCredential, Service, database
 from .settings import RegistrySettings
 
 SERVICE = "registry"  # its PostgreSQL schema: corral_registry
@@ -39,6 +39,7 @@ ACCESS = {
     "drain": auth.OPERATOR,
     "undrain": auth.OPERATOR,
     "deregister_node": auth.OPERATOR,
+    "revoke_credential": auth.OPERATOR,
 }
 
 
@@ -96,7 +97,8 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
         last_up = Node.select(fn.MAX(Node.last_heartbeat)).scalar()
     liveness = Liveness(settings.heartbeat_timeout_secs, clock(), last_up)
     app = base_app(__name__, settings.max_body_bytes)
-    guards.install(app, settings.credentials, ACCESS, settings.allowed_hosts, server.loopback_only())
+    floors = revocations.Floors(lambda: revocations.load_floors(db, NodeCredential))
+    guards.install(app, settings.credentials, ACCESS, settings.allowed_hosts, server.loopback_only(), floors=floors)
     dbmod.init_app(app, db)
     serve_openapi(app, openapi.DOCUMENT)
 
@@ -212,6 +214,12 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
         with db.atomic():
             node.delete_instance()
         return respond(node_view(node, clock()))
+
+    @app.post("/nodes/<node_id>/credential/revoke")
+    def revoke_credential(node_id):
+        """Refuse the node's credentials below a generation, here (shared/revocations.py)."""
+        wanted = revocations.revocation_request(node_id, request.get_data(cache=True), read_json_object)
+        return respond(revocations.revoke(db, NodeCredential, floors, node_id, wanted, clock()))
 
     @app.post("/services")
     def register_service():

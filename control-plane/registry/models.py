@@ -2,6 +2,7 @@
 import peewee
 
 from corral.shared.db import JSONField
+from corral.shared.revocations import credential_model
 
 database = peewee.DatabaseProxy()
 
@@ -53,4 +54,7 @@ class Service(BaseModel):
         table_name = "service"
 
 
-MODELS = [Node, Service]
+# The lowest generation of each node's credential still accepted (shared/revocations.py).
+NodeCredential = credential_model(database)
+
+MODELS = [Node, Service, NodeCredential]

@@ -14,6 +14,8 @@ from corral.shared.openapi import json_response as _json
 from corral.shared.openapi import path_param as _path_param
 from corral.shared.openapi import query as _query
 
+from corral.shared import revocations
+
 from . import contract
 
 NODE_ID_PARAM = _path_param("node_id", "The node's id.", NAME_PATTERN_PARAM)
@@ -95,6 +97,20 @@ PATHS = {
         "post": {
             "operationId": "undrainNode", "tags": ["nodes"], "summary": "Take a node back into service.",
             "responses": {"200": _json(contract.Node, "The node, no longer drained."), "404": _error("NotFound")},
+        },
+    },
+    "/nodes/{node_id}/credential/revoke": {
+        "parameters": [NODE_ID_PARAM],
+        "post": {
+            "operationId": "revokeNodeCredential", "tags": ["nodes"],
+            "summary": "Refuse a node's credentials below a generation.",
+            "description": "Raises the lowest generation of the node's credential the registry accepts: by one, or "
+                           "to `min_generation` (never lowers it). Older credentials of the node are answered 401 "
+                           "from then on; other nodes are not affected. The scheduler's route of the same name "
+                           "does this here and there at once.",
+            "requestBody": _body(revocations.Revocation, required=False),
+            "responses": {"200": _json(revocations.CredentialFloor, "The node's floor now."),
+                          "400": _error("BadRequest"), "415": _error("UnsupportedMediaType")},
         },
     },
     "/sd/prometheus/services": {

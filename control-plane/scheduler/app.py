@@ -7,7 +7,7 @@ from flask import Flask, after_this_request, g, request
 import peewee
 from peewee import fn
 
-from corral.shared import auth, guards, server, tracecontext
+from corral.shared import auth, guards, revocations, server, tracecontext
 from corral.shared import db as dbmod
 from corral.shared import migrations
 from corral.shared.metrics import serve_metrics
@@ -22,8 +22,8 @@ from corral.shared.wire import (IDEMPOTENCY_HEADER, JOB_TYPES, LOG_ATTEMPT_HEADE
 
 from corral.shared.changefeed import ChangeFeed
 
-from . import (contract, event_stream, events, longpoll, loops, metrics, openapi, pages, sampler, schedule_loop,
-               sns_outbox, spans, sqs_intake, ui, validation, views, waiting)
+from . import (contract, event_stream, events, longpoll, loops, metrics, openapi, pages, revocation, sampler,
+               schedule_loop, sns_outbox, spans, sqs_intake, ui, validation, views, waiting)
 from .event_log import EventLog
 from .job_logs import JobLogs
 from .migrations import MIGRATIONS
@@ -77,6 +77,7 @@ ACCESS = {
     "put_log_chunk": auth.agent(auth.NODE_IN_RECORD),  # the node is in a header
     "put_log_chunks": auth.agent(auth.NODE_IN_BODY),
     "read_logs": auth.READ,
+    "revoke_credential": auth.OPERATOR,
 }
 # The routes that take raw bytes (application/octet-stream) rather than JSON.
 RAW_ROUTES = ("put_log_chunk",)
@@ -169,7 +170,9 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     if not dbmod.in_a_worker():  # a server's master migrated before forking its workers
         migrations.apply(store.db, MIGRATIONS)
     app = base_app(__name__, settings.max_body_bytes)
-    guards.install(app, settings.credentials, ACCESS, settings.allowed_hosts, server.loopback_only(), RAW_ROUTES)
+    floors = revocation.floors(db)
+    guards.install(app, settings.credentials, ACCESS, settings.allowed_hosts, server.loopback_only(), RAW_ROUTES,
+                   floors=floors)
     dbmod.init_app(app, store.db)
     serve_openapi(app, openapi.DOCUMENT)
     app.register_blueprint(ui.blueprint)  # the dashboard at /ui
@@ -404,6 +407,14 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
             args["after"] = page.next_after
             response.headers["Link"] = f'<{request.path}?{urlencode(args)}>; rel="next"'
         return response
+
+    revoke_registry = registry_client(settings, timeout=(2.0, 5.0))
+
+    @app.post("/nodes/<node_id>/credential/revoke")
+    def revoke_credential(node_id):
+        """Refuse the node's credentials below a generation, on the registry and here."""
+        wanted = revocations.revocation_request(node_id, request.get_data(cache=True), read_json_object)
+        return respond(revocation.revoke(db, revoke_registry, floors, node_id, wanted, clock()))
 
     @app.get("/jobs/<job_id>")
     def read_job(job_id):

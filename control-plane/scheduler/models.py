@@ -8,6 +8,7 @@ import peewee
 
 from corral.shared.db import JSONField
 from corral.shared.leader import Lease
+from corral.shared.revocations import credential_model
 from corral.shared.states import ALL
 
 database = peewee.DatabaseProxy()
@@ -328,5 +329,8 @@ class LogChunk(BaseModel):
 
 Lease.bind(database)  # the shared lease table lives in the scheduler's database
 
+# The lowest generation of each node's credential still accepted (shared/revocations.py).
+NodeCredential = credential_model(database)
+
 MODELS = [Job, JobEvent, Node, NodeLease, SchedulerState, Counter, OutboxEvent, Lease, JobDependency, JobArray,
-          ConcurrencyLimit, Schedule, ScheduleRun, StreamEvent, StatsSample, LogChunk]
+          ConcurrencyLimit, Schedule, ScheduleRun, StreamEvent, StatsSample, LogChunk, NodeCredential]

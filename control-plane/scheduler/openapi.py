@@ -7,7 +7,7 @@ against a live server to check every answer against it.
 """
 
 from corral.shared import contract as shared_contract
-from corral.shared import states, wire
+from corral.shared import revocations, states, wire
 from corral.shared.openapi import NAME_PATTERN_PARAM, build, error_responses, meta_paths
 from corral.shared.openapi import body as _body
 from corral.shared.openapi import error as _error
@@ -431,6 +431,22 @@ PATHS = {
                 "404": _error("NotFound"),
                 "503": _json(shared_contract.Error, "The log store (S3) did not answer."),
             },
+        },
+    },
+    "/nodes/{node_id}/credential/revoke": {
+        "parameters": [NODE_ID_PARAM],
+        "post": {
+            "operationId": "revokeNodeCredential", "tags": ["nodes"],
+            "summary": "Refuse a node's credentials below a generation, on the registry and the scheduler.",
+            "description": "Raises the lowest generation of the node's credential both services accept: by one, "
+                           "or to `min_generation` (never lowers it); the registry first, then the scheduler to "
+                           "the registry's answer. Older credentials of the node are answered 401 from then on; "
+                           "other nodes are not affected. 503 when the registry could not be told: nothing "
+                           "changed here, send it again.",
+            "requestBody": _body(revocations.Revocation, required=False),
+            "responses": {"200": _json(revocations.CredentialFloor, "The node's floor now, on both services."),
+                          "400": _error("BadRequest"), "415": _error("UnsupportedMediaType"),
+                          "503": _json(shared_contract.Error, "The registry could not be told; nothing changed here.")},
         },
     },
     "/nodes/{node_id}/claim": {

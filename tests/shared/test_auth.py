@@ -31,6 +31,7 @@ WRONG_TOKEN = "auth-test-wrong-0000000000"
 READER_TOKEN = "auth-test-reader-9a2f4c6e1d"
 NODE = "auth-n1"
 OTHER_NODE = "auth-n2"
+THIRD_NODE = "auth-n3"  # revoked by the route tables' revocation: no other request uses it
 NODE_TOKEN = cred.node_token(AGENT_SECRET, NODE)
 OTHER_NODE_TOKEN = cred.node_token(AGENT_SECRET, OTHER_NODE)
 CREDENTIALS = cred.Credentials(OPERATOR_TOKEN, AGENT_SECRET, reader=READER_TOKEN)
@@ -132,6 +133,7 @@ SCHEDULER_ROUTES = {
                                                           "stdout": "x"}]}, "node"),
     "put_log_chunk": ("PUT", "/jobs/job-1/attempts/1/logs/stdout/0", log_chunk(NODE), "node"),
     "put_log_chunks": ("POST", "/jobs/logs", {"chunks": [dict(LOG_ITEM, node_id=NODE)]}, "node"),
+    "revoke_credential": ("POST", f"/nodes/{THIRD_NODE}/credential/revoke", None, "operator"),
     "read_logs": ("GET", "/jobs/job-1/logs?stream=stderr", None, "read"),
 }
 SERVICE = {"job_id": "job-1", "name": "web", "node_id": NODE, "address": "10.0.0.1", "port": 8080,
@@ -148,6 +150,7 @@ REGISTRY_ROUTES = {
     "drain": ("POST", f"/nodes/{NODE}/drain", None, "operator"),
     "undrain": ("POST", f"/nodes/{NODE}/undrain", None, "operator"),
     "deregister_node": ("DELETE", f"/nodes/{NODE}", None, "operator"),
+    "revoke_credential": ("POST", f"/nodes/{THIRD_NODE}/credential/revoke", None, "operator"),
     "register_service": ("POST", "/services", SERVICE, "node"),
     "list_services": ("GET", "/services", None, "read-both"),
     "sd_services": ("GET", "/sd/prometheus/services", None, "read"),
@@ -181,7 +184,8 @@ def make(service: str, directory, credentials=CREDENTIALS):
     else:
         # An event stream that ends at once, so that reading its answer does not wait.
         app = create_scheduler(SchedulerSettings(database_url=f"sqlite:///{directory}/scheduler.db",
-                                                 credentials=credentials, events_stream_max_secs=0.0))
+                                                 credentials=credentials, events_stream_max_secs=0.0,
+                                                 registry_url="http://127.0.0.1:1"))  # answers nothing
     client = app.test_client()
     {"registry": seed_registry, "scheduler": seed_scheduler}[service](client)
     return client
