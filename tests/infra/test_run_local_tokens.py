@@ -2,7 +2,6 @@
 banner says how to use the operator token with `corral`."""
 import os
 import re
-import signal
 import subprocess
 
 import pytest
@@ -10,20 +9,10 @@ import requests
 
 from cluster import BIN
 from helpers import free_port, wait_for
-from make_run import run_local
+from make_run import run_local, stop_local
 
 API_TOKEN = "local-operator-token-0123456789"
 AGENT_SECRET = "local-agent-secret-0123456789ab"
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
 
 
 @pytest.mark.e2e
@@ -58,4 +47,4 @@ def test_run_local_with_tokens_runs_a_job_with_the_printed_operator_token(tmp_pa
                                 text=True, timeout=60)
         assert listed.returncode == 0 and "node-1" in listed.stdout and "node-2" in listed.stdout, listed
     finally:
-        _stop(proc)
+        stop_local(proc)
