@@ -38,7 +38,11 @@ class Follower:
 
     def stop(self) -> str:
         self.proc.terminate()
-        _, err = self.proc.communicate(timeout=10)
+        try:
+            _, err = self.proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:  # it ignored SIGTERM: it goes all the same
+            self.proc.kill()
+            _, err = self.proc.communicate(timeout=10)
         return err
 
 
