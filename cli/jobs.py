@@ -52,6 +52,8 @@ def progress(job: dict, now: float) -> str:
             details.append(f"exit code {job['exit_code']}")
         if job.get("oom_killed"):
             details.append("out of memory")
+        if job.get("ended_by") == "disk":
+            details.append(f"over its disk limit of {job.get('disk_mb')} MB")
         details.append(f"ran {fmt.job_duration(job, now)}")
         if node:
             details.append(f"on {node}")
@@ -100,6 +102,8 @@ def job_fields(job: dict, now: float) -> list[tuple[str, object]]:
             value = f"{fmt.timestamp(value)} ({fmt.relative(value, now)})"
         elif key == "peak_memory_bytes":
             value = size(value)
+        elif key == "disk_mb":
+            value = "no limit" if value is None else f"{value} MB"
         elif key == "cpu_seconds" and value is not None:
             value = f"{value:.2f}s"
         elif key == "timeout_secs" and value is not None:
@@ -173,6 +177,7 @@ def job() -> None:
 @click.option("--max-retries", type=int, help="Retries of a failed attempt (default: the scheduler's).")
 @click.option("--memory-mb", type=int, help="Memory limit in MB.")
 @click.option("--cpu-percent", type=int, help="CPU limit, 100 = one CPU.")
+@click.option("--disk-mb", type=int, help="The most its work dir may hold, in MB (default: the cluster's).")
 @click.option("--health-path", metavar="PATH", help="A service's HTTP health check path.")
 @click.option("--on-node-lost", type=click.Choice(["requeue", "fail"]), help="What to do when the node is lost.")
 @click.option("--idempotency-key", metavar="KEY", help="Sending the same request with the same key creates one job.")

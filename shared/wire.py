@@ -15,6 +15,10 @@ JOB_ID_RE = re.compile(r"^job-([1-9][0-9]{0,17})\Z")
 
 JOB_TYPES = ("run", "service")
 
+# Why an agent ended a job's attempt itself (a job's `ended_by`): its work dir outgrew
+# its disk_mb, it ran past its timeout, or the kernel killed it at its memory limit.
+ENDED_BY = ("disk", "timeout", "memory")
+
 # Complete logs (PUT /jobs/{id}/attempts/{n}/logs/{stream}/{seq}, GET /jobs/{id}/logs).
 LOG_STREAMS = ("stdout", "stderr")
 # One chunk's body at most; the agent ships in chunks of up to this size.

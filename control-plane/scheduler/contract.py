@@ -23,9 +23,11 @@ from . import dependencies, slots, waiting
 if typing.TYPE_CHECKING:
     JobType = str
     StatusName = str
+    EndedBy = str
 else:  # the choices come from shared.wire and shared.states, never a copy
     JobType = Literal[wire.JOB_TYPES]
     StatusName = Literal[states.ALL]
+    EndedBy = Literal[wire.ENDED_BY]
 
 ON_NODE_LOST = ("requeue", "fail")
 MAX_RETRIES = 20
@@ -36,6 +38,7 @@ HEALTH_PATH_PATTERN = r"^/[\x21-\x7e]{0,1023}$"  # printable ASCII, no spaces
 MAX_MEMORY_MB = 1024 * 1024      # 1 TiB
 MAX_CPU_PERCENT = 100_000        # 1,000 CPUs
 MAX_PROCESSES = 4_194_304        # Linux's largest pid_max
+MAX_DISK_MB = 16 * 1024 * 1024   # 16 TiB
 MAX_OUTPUT_CHARS = 512 * 1024
 MAX_ATTEMPT = 1_000_000_000
 # Batches (POST /jobs/batch, POST /jobs/reports, POST /jobs/output) and claims.
@@ -190,6 +193,9 @@ class JobRequest(Request):
     max_processes: int | None = Field(None, ge=1, le=MAX_PROCESSES)
     """The most processes (and threads) the job may have at once; default the node's
     AGENT_JOB_MAX_PROCESSES (1,024)."""
+    disk_mb: int | None = Field(None, ge=1, le=MAX_DISK_MB)
+    """The most its work dir may hold, in MB (default JOB_DEFAULT_DISK_MB); past it the agent ends the
+    job (`ended_by`: `disk`)."""
     health_path: Annotated[str | None, Says(what="a URL path starting with '/' (printable ASCII, no spaces)")] = Field(
         None, min_length=1, pattern=HEALTH_PATH_PATTERN)
     """For services with a port: checked with HTTP GET (2xx/3xx is healthy) instead of a TCP connect."""
@@ -272,7 +278,7 @@ class JobRequest(Request):
             "deploy_sha256": None if self.deploy_sha256 is None else self.deploy_sha256.lower(),
             "job_type": self.job_type or "run", "port": self.port, "env_vars": self.env_vars or {},
             "instance_id": self.instance_id, "name": self.name, "memory_mb": self.memory_mb,
-            "cpu_percent": self.cpu_percent, "max_processes": self.max_processes,
+            "cpu_percent": self.cpu_percent, "max_processes": self.max_processes, "disk_mb": self.disk_mb,
             "health_path": self.health_path, "max_retries": self.max_retries,
             "on_node_lost": self.on_node_lost or "requeue",
             "constraints": [c.column() for c in self.constraints] if self.constraints else None,
@@ -422,6 +428,8 @@ class StatusReport(Request):
     """With `running`: whether the job gets its own /tmp, /var/tmp and /dev/shm (a private mount namespace)."""
     oom_killed: bool | None = None
     """With `failed`: the kernel killed the job at its memory limit."""
+    ended_by: EndedBy | None = None
+    """With `failed`: why the agent ended the job (`disk`, `timeout`, `memory`); null: it exited on its own."""
     peak_memory_bytes: int | None = Field(None, ge=0, le=1 << 62)
     cpu_seconds: Annotated[float | None, Says(every="must be a number of seconds, 0 or more")] = Field(
         None, ge=0, lt=1e12)
@@ -440,6 +448,8 @@ class StatusReport(Request):
     def _together(self) -> typing.Self:
         if self.requeue and self.status != "failed":
             raise refused("'requeue' goes with a 'failed' report")
+        if self.ended_by is not None and self.status != "failed":
+            raise refused("'ended_by' goes with a 'failed' report")
         if self.status in ("done", "failed") and self.exit_code is None:
             raise refused(f"a {self.status!r} report needs 'exit_code'")
         if self.status == "done" and self.exit_code != 0:
@@ -453,7 +463,7 @@ class StatusReport(Request):
             "stdout": self.stdout, "stderr": self.stderr, "limits_enforced": self.limits_enforced,
             "limits": None if self.limits is None else self.limits.columns(), "private_tmp": self.private_tmp,
             "oom_killed": self.oom_killed, "peak_memory_bytes": self.peak_memory_bytes,
-            "cpu_seconds": self.cpu_seconds, "requeue": bool(self.requeue),
+            "cpu_seconds": self.cpu_seconds, "requeue": bool(self.requeue), "ended_by": self.ended_by,
         }
 
 
@@ -660,6 +670,8 @@ class Job(Answer):
     """Requested; null: the node's default."""
     max_processes: int | None
     """Requested; null: the node's default."""
+    disk_mb: int | None
+    """The most its work dir may hold, in MB: requested, else JOB_DEFAULT_DISK_MB; null: no limit."""
     status: StatusName
     """`failed` is final: retries are exhausted."""
     attempt: int = Field(ge=0)
@@ -679,6 +691,9 @@ class Job(Answer):
     oom_killed: bool | None
     peak_memory_bytes: int | None
     cpu_seconds: float | None
+    ended_by: EndedBy | None
+    """Why the agent ended the last attempt: `disk` (its work dir outgrew `disk_mb`), `timeout` or `memory`
+    (killed at its memory limit); null: it exited on its own (or has not ended)."""
     limits_enforced: bool | None
     """False when the node could not apply cgroup limits."""
     limits: Limits | None

@@ -38,7 +38,7 @@ from .retry import Backoff
 NO_OUTPUT = {"stdout": None, "stderr": None}
 # What an operator's retry clears: the last attempt's result.
 NO_RESULT = {"exit_code": None, "stdout": None, "stderr": None, "oom_killed": None,
-             "peak_memory_bytes": None, "cpu_seconds": None}
+             "peak_memory_bytes": None, "cpu_seconds": None, "ended_by": None}
 
 
 class JobFacts(Protocol):
@@ -113,7 +113,7 @@ def outcome(report: Report, policy: Policy) -> dict[str, Any]:
             "stdout": tail(report["stdout"], policy.output_tail_bytes),
             "stderr": tail(report["stderr"], policy.output_tail_bytes),
             "oom_killed": report["oom_killed"], "peak_memory_bytes": report["peak_memory_bytes"],
-            "cpu_seconds": report["cpu_seconds"]}
+            "cpu_seconds": report["cpu_seconds"], "ended_by": report.get("ended_by")}
 
 
 def _append(text: str | None, line: str) -> str:
@@ -145,7 +145,8 @@ def finished(job: JobFacts, report: Report, now: float, policy: Policy) -> Trans
         # The agent killed it at the deadline; a timeout is final, as when the
         # watcher gets there first.
         return replace(_to(job, "failed", "timed out", finished_at=now, **result), timed_out=True)
-    why = f"exit code {report['exit_code']}" + (", out of memory" if report["oom_killed"] else "")
+    why = f"exit code {report['exit_code']}" + (", out of memory" if report["oom_killed"] else "") + (
+        ", over its disk limit" if report.get("ended_by") == "disk" else "")
     if after_failure(job.retry_count, job.max_retries) is JobStatus.PENDING:
         delay = policy.backoff.delay(job.retry_count)
         return _to(job, "pending", f"attempt {job.attempt} failed ({why}); retrying in {delay:.1f}s",

@@ -36,6 +36,7 @@ class Job(BaseModel):
     memory_mb = peewee.IntegerField(null=True)      # requested; null: the node's default
     cpu_percent = peewee.IntegerField(null=True)    # requested; null: the node's default
     max_processes = peewee.IntegerField(null=True)  # requested pids limit; null: the node's default
+    disk_mb = peewee.IntegerField(null=True)        # requested work dir limit; null: JOB_DEFAULT_DISK_MB (0012)
     deploy_sha256 = peewee.CharField(max_length=64, null=True)
     health_path = peewee.CharField(max_length=1024, null=True)
     node_id = peewee.CharField(max_length=128, null=True)
@@ -57,6 +58,7 @@ class Job(BaseModel):
     oom_killed = peewee.BooleanField(null=True)
     peak_memory_bytes = peewee.BigIntegerField(null=True)
     cpu_seconds = peewee.DoubleField(null=True)
+    ended_by = peewee.CharField(max_length=16, null=True)  # why the agent ended it (wire.ENDED_BY) (0012)
     created_at = peewee.DoubleField()
     placed_at = peewee.DoubleField(null=True)
     running_at = peewee.DoubleField(null=True)

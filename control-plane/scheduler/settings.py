@@ -48,6 +48,8 @@ class SchedulerSettings:
     job_timeout_secs: float = 3600.0
     timeout_check_secs: float = 10.0
     node_refresh_secs: float = 2.0
+    # The disk limit (MB) of a job whose request sets no disk_mb; 0: none.
+    job_default_disk_mb: int = 10240
     dispatch_interval_secs: float = 1.0
     heartbeat_timeout_secs: float = 20.0   # also the agents' lease period
     node_lost_grace_secs: float = 15.0
@@ -165,6 +167,9 @@ SETTINGS = (
               "a `run` job running longer is failed, exit code -1, stderr `job timed out`", minimum=0.1),
     s.Setting("TIMEOUT_CHECK_SECS", "timeout_check_secs", "float", 10.0,
               "how often the scheduler looks for timed-out jobs", minimum=0.05),
+    s.Setting("JOB_DEFAULT_DISK_MB", "job_default_disk_mb", "int", 10240,
+              "the most a job's work dir may hold (MB) when its request sets no `disk_mb`; past it the agent ends "
+              "the job (`ended_by: disk`); 0: no limit for such jobs", minimum=0, maximum=16 * 1024 * 1024),
     s.Setting("NODE_REFRESH_SECS", "node_refresh_secs", "float", 2.0,
               "how often the node list is fetched from the registry", minimum=0.05),
     s.Setting("DISPATCH_INTERVAL_SECS", "dispatch_interval_secs", "float", 1.0,

@@ -161,7 +161,8 @@ def idempotency_key(value: str | None) -> str | None:
 # has: left out of the digest at that value, so that a request stored before they
 # existed and sent again with the same Idempotency-Key still digests alike.
 LATER_FIELDS = {"constraints": None, "pool": None, "priority": 50, "run_at": None, "delay_secs": None,
-                "depends_on": None, "on_dependency_failure": "cancel", "concurrency_key": None, "array": None}
+                "depends_on": None, "on_dependency_failure": "cancel", "concurrency_key": None, "array": None,
+                "disk_mb": None}
 
 
 # Set from the request's headers, not its body: a repeat sent again within another

@@ -39,13 +39,13 @@ def job(row: Job, settings: SchedulerSettings, now: float, service_grant: str | 
         "job_type": job_type, "port": d("port"), "health_path": d("health_path"),
         "env_vars": hidden(d("env_vars")) if hide_env else d("env_vars") or {},
         "memory_mb": d("memory_mb"), "cpu_percent": d("cpu_percent"),
-        "max_processes": d("max_processes"),
+        "max_processes": d("max_processes"), "disk_mb": _disk_mb(d("disk_mb"), settings),
         "status": status, "attempt": d("attempt"), "retry_count": d("retry_count"),
         "max_retries": d("max_retries"), "next_attempt_at": iso(d("next_attempt_at")),
         "on_node_lost": d("on_node_lost"), "node_losses": d("node_losses"),
         "exit_code": d("exit_code"),
         "stdout": d("stdout"), "stderr": d("stderr"), "oom_killed": d("oom_killed"),
-        "peak_memory_bytes": d("peak_memory_bytes"), "cpu_seconds": d("cpu_seconds"),
+        "peak_memory_bytes": d("peak_memory_bytes"), "cpu_seconds": d("cpu_seconds"), "ended_by": d("ended_by"),
         "limits_enforced": d("limits_enforced"), "limits": limits and built(contract.Limits, limits),
         "private_tmp": d("private_tmp"),
         "timeout_secs": settings.job_timeout_secs if job_type == "run" else None,
@@ -68,6 +68,14 @@ def job(row: Job, settings: SchedulerSettings, now: float, service_grant: str | 
     if service_grant is not None:
         fields["service_grant"] = service_grant
     return built(contract.Job, fields)
+
+
+def _disk_mb(requested: int | None, settings: SchedulerSettings) -> int | None:
+    """A job's disk limit: its own, else the cluster's default (0 there: none). Resolved
+    when shown, so the agent that claims it gets the value in force then."""
+    if requested is not None:
+        return requested
+    return settings.job_default_disk_mb or None
 
 
 def _depends_on(column: list | None) -> list[contract.JobDependsOn] | None:
