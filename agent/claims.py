@@ -166,7 +166,7 @@ class Claims:
         """
         agent = self.agent
         agent._require_startup()
-        if agent._stopping or agent.free_slots() <= 0 or agent.lease_lapsed():
+        if agent._stopping or agent.free_slots() <= 0 or agent.lease_lapsed() or agent.disk.low is not None:
             return []
         taken: list[Key] = []
         for job in agent.scheduler.pending_for(agent.node_id):
@@ -250,10 +250,16 @@ class Claims:
             deadline = now + timeout
         trace = spans.attempt_context(job)
         return LocalJob(job_id, attempt, plan.job_type, self.agent.work_dir(job_id, attempt), now,
-                        deadline, memory_mb=plan.memory_mb, trace=trace,
+                        deadline, memory_mb=plan.memory_mb, disk_mb=_disk_mb(job.get("disk_mb")), trace=trace,
                         span=spans.start_attempt(job, trace, job_id, attempt, self.agent.node_id))
 
     def start_preparing(self, local: LocalJob, job: dict, plan: Plan) -> None:
         assert self.agent._preparer is not None  # made by startup, before any claim
         threading.Thread(target=self.agent._preparer.prepare, args=(local, job, plan), daemon=True,
                          name=f"prepare-{local.job_id}-{local.attempt}").start()
+
+
+def _disk_mb(value: object) -> int | None:
+    """A claimed job's disk limit: a positive whole number of MB, else none (a scheduler
+    of a release before disk limits sends none)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

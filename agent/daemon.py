@@ -66,6 +66,7 @@ def run(agent: Agent, stop_event: threading.Event, once: bool = False) -> int:
     beats.append(threading.Thread(target=agent.logs.run, name="logs", daemon=True, args=(
         agent.scheduler.clone(), beats_stop, agent.settings.output_interval or LOGS_AT_END_SECS,
         agent.settings.output_interval > 0)))
+    beats.append(threading.Thread(target=agent.disk.run, args=(beats_stop,), name="disk", daemon=True))
     for thread in beats:
         thread.start()
     try:

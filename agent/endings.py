@@ -17,7 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import cgroups, identity, launch, services, spans
-from .jobs import END_FENCED, END_RECONCILED, END_STOPPING, END_TIMEOUT, JobTable, LocalJob
+from .disk import DISK_MESSAGE
+from .jobs import END_DISK, END_FENCED, END_RECONCILED, END_STOPPING, END_TIMEOUT, JobTable, LocalJob
 from .log_shipping import LogShipper
 from .reports import Outbox
 from .settings import AgentSettings
@@ -52,7 +53,7 @@ def node_side_message(end_reason: str, lease_secs: float) -> str:
 
 
 def report_of(end_reason: str | None, exit_code: int, stderr: str, *, setup_failed: bool,
-              oom_limit_mb: int | None, node_id: str, lease_secs: float) -> Report:
+              oom_limit_mb: int | None, node_id: str, lease_secs: float, disk_mb: int | None = None) -> Report:
     """The report of a started job that ended, `end_reason` being why the agent ended
     it (None: on its own). A job the agent ended is failed (-1) whatever its exit
     code; the node's own ends are requeued; a launch chain that failed before the
@@ -60,6 +61,8 @@ def report_of(end_reason: str | None, exit_code: int, stderr: str, *, setup_fail
     for memory."""
     if end_reason == END_TIMEOUT:
         return Report("failed", -1, _append_line(stderr, TIMEOUT_MESSAGE))
+    if end_reason == END_DISK:  # the job's own doing: failed, and retried as any failure
+        return Report("failed", -1, _append_line(stderr, DISK_MESSAGE.format(disk_mb)))
     if end_reason in NODE_SIDE_ENDS:
         return Report("failed", -1, _append_line(stderr, node_side_message(end_reason, lease_secs)), requeue=True)
     if setup_failed:
@@ -67,6 +70,16 @@ def report_of(end_reason: str | None, exit_code: int, stderr: str, *, setup_fail
     if oom_limit_mb is not None:
         stderr = _append_line(stderr, OOM_MESSAGE.format(oom_limit_mb))
     return Report("done" if exit_code == 0 else "failed", exit_code, stderr)
+
+
+def ended_by(end_reason: str | None, oom: bool) -> str | None:
+    """A report's `ended_by` (wire.ENDED_BY): why the agent (or the kernel, for memory)
+    ended the job; None when it exited on its own or the node gave it up."""
+    if end_reason == END_DISK:
+        return "disk"
+    if end_reason == END_TIMEOUT:
+        return "timeout"
+    return "memory" if oom and end_reason is None else None
 
 
 class Endings:
@@ -167,10 +180,14 @@ class Endings:
         limit = ((cg.limits.get("memory_mb") if cg is not None else None) or local.memory_mb) if oom else None
         report = report_of(local.end_reason, result.exit_code, result.stderr,
                            setup_failed=launch.setup_failed(result.exit_code, result.stderr),
-                           oom_limit_mb=limit, node_id=self.settings.node_id, lease_secs=self._lease_secs())
+                           oom_limit_mb=limit, node_id=self.settings.node_id, lease_secs=self._lease_secs(),
+                           disk_mb=local.disk_mb)
         log.info("job %s attempt %s finished: %s (exit %s%s)", local.job_id, local.attempt, report.status,
                  report.exit_code, ", out of memory" if oom else "")
         extra = {"requeue": True} if report.requeue else {}
+        why = ended_by(local.end_reason, oom)
+        if why is not None and report.status == "failed":
+            extra["ended_by"] = why
         spans.end_attempt(local.span, report.status, report.exit_code, local.end_reason)
         self.outbox.add(local.job_id, local.attempt, report.status, attempt_span=local.span, exit_code=report.exit_code,
                         stdout=result.stdout, stderr=report.stderr, oom_killed=oom, **usage, **extra)

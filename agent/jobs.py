@@ -34,6 +34,7 @@ END_TIMEOUT = "timeout"
 END_RECONCILED = "reconciled"  # the scheduler no longer lists it: do not report
 END_STOPPING = "stopping"
 END_FENCED = "fenced"  # the lease lapsed: stopped before the scheduler requeues it
+END_DISK = "disk"  # its work dir outgrew its disk_mb (disk.py)
 
 PREPARING = "preparing"
 RUNNING = "running"
@@ -55,6 +56,7 @@ class LocalJob:
     process: runner.RunningJob | services.AdoptedProcess | None = None
     cgroup: cgroups.JobCgroup | None = None
     memory_mb: int | None = None
+    disk_mb: int | None = None  # the most its work dir may hold (disk.py); None: no limit
     end_reason: str | None = None
     killer: threading.Thread | None = None
     start_error: tuple[int, str] | None = None  # (exit code, stderr) when it could not start

@@ -75,6 +75,10 @@ class AgentSettings:
     output_interval: float = 2.0
     stop_grace: float = 10.0
     keep_work_dirs: bool = False
+    # Disk (disk.py): no new work while the work dirs' filesystem has less free space
+    # than this (MB; 0: no floor); how often that and the jobs' disk limits are checked.
+    min_free_disk_mb: int = 1024
+    disk_check_interval: float = 2.0
     token: str | None = field(default=None, repr=False)  # CORRAL_NODE_TOKEN; never logged
     # CA bundle that verifies https:// REGISTRY_URL and SCHEDULER_URL; None: the system's CAs.
     ca_bundle: str | None = None
@@ -446,6 +450,12 @@ SETTINGS = (
             "on SIGTERM, how long `run` jobs may finish before they are killed", minimum=0),
     Setting("CORRAL_KEEP_WORK_DIRS", "keep_work_dirs", "bool", False,
             "keep finished jobs' work dirs and logs (for debugging)"),
+    Setting("AGENT_MIN_FREE_DISK_MB", "min_free_disk_mb", "int", 1024,
+            "while the filesystem of the work dirs has less free space than this (MB), the agent takes no new "
+            "work and logs why; what runs goes on. `0`: no floor", minimum=0),
+    Setting("AGENT_DISK_CHECK_SECS", "disk_check_interval", "float", 2.0,
+            "how often the free space and each running job's work dir (against its `disk_mb`) are measured; a "
+            "job past its limit is ended (`ended_by: disk`)", above=0),
 )
 _SETTING = by_name(SETTINGS)
 # Each per-type default limit and the node maximum it must fit under.
