@@ -31,6 +31,7 @@ from . import spans
 from .jobs import END_FENCED, LocalJob
 from .prepare import Plan
 from .reconcile import Key, job_key
+from .refusals import credential_refused
 
 if TYPE_CHECKING:
     from .agent import Agent
@@ -125,6 +126,7 @@ class Claims:
         Failures and refusals back off and never end it."""
         client = self.agent.scheduler.clone()
         backoff = Backoff(1.0, 30.0)
+        refused = self.agent.membership.refused_backoff("scheduler", "claiming work")
         wait_secs = self.agent.settings.long_poll_secs
         try:
             while not stop.is_set() and not self.agent._stopping:
@@ -135,11 +137,15 @@ class Claims:
                 try:
                     keys, pause = self.claim_once(client, wait_secs)
                     backoff.reset()
+                    refused.accepted()
                     if keys:
                         self.handed_over.wait(HANDOFF_SECS)
                 except Rejected as exc:
-                    delay = backoff.next()
-                    log.warning("the scheduler refused a claim (%s); retrying in %.1fs", exc, delay)
+                    if credential_refused(exc):
+                        delay = refused.after(exc)
+                    else:
+                        delay = backoff.next()
+                        log.warning("the scheduler refused a claim (%s); retrying in %.1fs", exc, delay)
                     stop.wait(delay)
                     continue
                 except ClientError as exc:

@@ -54,7 +54,8 @@ def run(agent: Agent, stop_event: threading.Event, once: bool = False) -> int:
     lease_client = membership.lease_client()
     beats = [threading.Thread(target=membership.beat, args=(beats_stop,), name="heartbeat", daemon=True),
              threading.Thread(target=membership.beat, name="lease", daemon=True,
-                              args=(beats_stop, lambda: membership.renew_if_due(lease_client), "lease renewal")),
+                              args=(beats_stop, lambda: membership.renew_if_due(lease_client), "lease renewal"),
+                              kwargs={"server": "scheduler"}),
              threading.Thread(target=membership.fence_loop, args=(beats_stop,), name="fence", daemon=True)]
     if agent.warm is not None:
         beats.append(threading.Thread(target=agent.warm.run, args=(beats_stop,), name="warm", daemon=True))

@@ -30,6 +30,7 @@ from . import reconcile
 from .jobs import END_FENCED, END_RECONCILED, JobTable, LocalJob
 from .lease import Lease
 from .reconcile import Key, listed_keys
+from .refusals import RefusedBackoff, credential_refused
 from .settings import AgentSettings, total_memory_mb
 from .usage import Meter
 
@@ -85,13 +86,26 @@ class Membership:
                  self.settings.registry_url)
         return answer
 
+    def refused_backoff(self, server: str, what: str) -> RefusedBackoff:
+        """The pace of a loop whose calls are refused for this node's credential (refusals.py)."""
+        return RefusedBackoff(self.settings.node_id, self.settings.token is not None, server, what)
+
     def register_until_done(self, stop_event: threading.Event) -> bool:
         """Register, retrying with backoff until the registry answers; False if stopped first."""
         backoff = Backoff(1.0, 30.0)
+        refused = self.refused_backoff("registry", f"registering node {self.settings.node_id}")
         while not stop_event.is_set():
             try:
                 self.register()
+                refused.accepted()
                 return True
+            except Rejected as exc:
+                if credential_refused(exc):
+                    delay = refused.after(exc)
+                else:
+                    delay = backoff.next()
+                    log.warning("registering node %s failed: %s; retrying in %.1fs", self.settings.node_id,
+                                exc, delay)
             except ClientError as exc:
                 delay = backoff.next()
                 log.warning("registering node %s failed: %s; retrying in %.1fs", self.settings.node_id,
@@ -114,21 +128,31 @@ class Membership:
             self.register()
 
     def beat(self, stop_event: threading.Event, beat: Callable[[], None] | None = None,
-             what: str = "heartbeat") -> None:
+             what: str = "heartbeat", server: str = "registry") -> None:
         """Call `beat` (the registry heartbeat by default) every heartbeat interval.
 
         Failures are retried sooner than the interval, never later: a late
         heartbeat is what gets a healthy node marked unhealthy, and a late lease
-        renewal what makes it stop its jobs.
+        renewal what makes it stop its jobs. Except a refused credential (`server`
+        answered 401/403): nothing changes until someone acts, so that is said as an
+        error and retried ever later (refusals.py).
         """
         beat = beat or self.heartbeat_once
         interval = self.settings.heartbeat_interval
         backoff = Backoff(min(0.5, interval), interval)
+        refused = self.refused_backoff(server, what)
         while not stop_event.is_set():
             try:
                 beat()
                 backoff.reset()
+                refused.accepted()
                 delay = interval
+            except Rejected as exc:
+                if credential_refused(exc):
+                    delay = refused.after(exc)
+                else:
+                    delay = backoff.next()
+                    log.warning("%s failed: %s; retrying in %.1fs", what, exc, delay)
             except ClientError as exc:
                 delay = backoff.next()
                 log.warning("%s failed: %s; retrying in %.1fs", what, exc, delay)

@@ -13,7 +13,9 @@ import logging
 from typing import TYPE_CHECKING
 
 from corral.shared.backoff import Backoff
-from corral.shared.clients import ClientError
+from corral.shared.clients import ClientError, Rejected
+
+from .refusals import RefusedBackoff, credential_refused
 
 if TYPE_CHECKING:
     from .agent import Agent
@@ -31,6 +33,7 @@ class WorkLoop:
         self.once = once
         self.reap_backoff = Backoff(0.5, 30.0)
         self.poll_backoff = Backoff(1.0, 30.0)
+        self.poll_refused: RefusedBackoff | None = None  # made at the first refused credential
         self.next_reap = self.next_poll = now
         self.poll_ok = True
         self.polled = False  # once mode: a poll succeeded, take no more work
@@ -65,10 +68,18 @@ class WorkLoop:
                     agent.poll_once()
                     self.polled = True
                 self.poll_backoff.reset()
+                if self.poll_refused is not None:
+                    self.poll_refused.accepted()
                 self.poll_ok = True
                 self.next_poll = agent._clock() + agent.settings.poll_interval
             except Exception as exc:
                 self.poll_ok = False
+                if isinstance(exc, Rejected) and credential_refused(exc):
+                    if self.poll_refused is None:
+                        self.poll_refused = agent.membership.refused_backoff("scheduler",
+                                                                            "asking the scheduler for work")
+                    self.next_poll = agent._clock() + self.poll_refused.after(exc)
+                    return
                 delay = self.poll_backoff.next()
                 if isinstance(exc, ClientError):
                     log.warning("asking the scheduler for work failed: %s; retrying in %.1fs", exc, delay)
