@@ -55,6 +55,9 @@ class DatabaseOptions:
     # PostgreSQL: no LISTEN/NOTIFY between replicas, a look every 0.25 s instead
     # (PgBouncer in transaction mode delivers no notifications).
     poll_only: bool = False
+    # Start on a new, empty database even where one existed and is now missing
+    # (shared/db_marker.py); the servers' --init.
+    init: bool = False
 
     @classmethod
     def from_database_env(cls, env: Mapping[str, str]) -> "DatabaseOptions":
@@ -74,6 +77,10 @@ POOL = (
     s.Setting("CORRAL_PG_POLL_ONLY", "poll_only", "bool", False,
               "PostgreSQL: replicas look for each other's work every 0.25 s instead of `LISTEN`/`NOTIFY` "
               "(for PgBouncer in transaction mode, where `LISTEN` does nothing)"),
+    s.Setting("CORRAL_DB_INIT", "init", "bool", False,
+              "start on a new, empty database where this service's database existed and is now missing or "
+              "empty (deleted, dropped), which is otherwise refused; for one start only",
+              flag="--init"),
 )
 
 

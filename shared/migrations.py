@@ -27,7 +27,7 @@ import fcntl
 import logging
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import peewee
@@ -35,6 +35,7 @@ from playhouse.migrate import SchemaMigrator
 from playhouse.migrations import Migration, Runner
 
 from . import db as dbmod
+from . import db_marker
 from .errors import SettingError
 
 log = logging.getLogger(__name__)
@@ -62,16 +63,26 @@ class MigrationSet:
         return [m.name for m in Migration.load_directory(self.directory)]
 
 
-def pending(db: peewee.Database, migrations: MigrationSet) -> list[str]:
-    """The steps not applied to `db` yet, in order (SettingError for a newer database)."""
+def pending(db: peewee.Database, migrations: MigrationSet, init: bool = False) -> list[str]:
+    """The steps not applied to `db` yet, in order (SettingError for a newer database,
+    or a lost one: shared/db_marker.py)."""
+    guard = db_marker.guard(db, migrations.service, migrations.history_table, init)
+    if guard:
+        guard.before_connect()
     with db.connection_context():
+        if guard:
+            guard.check()
         return [m.name for m in _status(_runner(db, migrations), migrations) if not m.applied]
 
 
-def apply(db: peewee.Database, migrations: MigrationSet) -> list[str]:
+def apply(db: peewee.Database, migrations: MigrationSet, init: bool = False) -> list[str]:
     """Apply the pending steps to `db` under the service's lock; the names applied
-    (none when another process applied them first, or there were none)."""
-    with _locked_connection(db, migrations):
+    (none when another process applied them first, or there were none). A lost
+    database is refused first (SettingError) unless `init` (shared/db_marker.py)."""
+    guard = db_marker.guard(db, migrations.service, migrations.history_table, init)
+    with _locked_connection(db, migrations, guard.before_connect if guard else None):
+        if guard:
+            guard.check()
         if is_postgres(db):
             # A schema of its own per service (the connections' search_path names it).
             db.execute_sql(f'CREATE SCHEMA IF NOT EXISTS "{dbmod.schema_for(migrations.service)}"')
@@ -83,6 +94,8 @@ def apply(db: peewee.Database, migrations: MigrationSet) -> list[str]:
             # One line and exit 2 at start, like any other refusal; the runner logged the step.
             raise SettingError(f"a migration step of the {migrations.service} database failed and was rolled "
                                f"back (each step is one transaction): {first_line(exc)}") from None
+        if guard:
+            guard.record()
     for name in applied:
         log.info("applied the %s database's migration %s", migrations.service, name)
     return applied
@@ -119,16 +132,21 @@ def is_postgres(db: peewee.Database) -> bool:
 
 
 @contextlib.contextmanager
-def _locked_connection(db: peewee.Database, migrations: MigrationSet) -> Iterator[None]:
+def _locked_connection(db: peewee.Database, migrations: MigrationSet,
+                       before_connect: Callable[[], None] | None = None) -> Iterator[None]:
     """A connection to `db`, held under the service's migration lock. On SQLite the
     flock comes before the connection: opening one sets the file's journal mode
-    (WAL), which a process must not do while another is migrating it."""
+    (WAL), which a process must not do while another is migrating it; and
+    `before_connect` runs between them (opening a missing file creates it)."""
     if is_postgres(db):
         with db.connection_context(), _advisory_lock(db, migrations.lock_key):
             yield
     elif isinstance(db, peewee.SqliteDatabase) and db.database not in ("", ":memory:"):
-        with _file_lock(f"{db.database}-migrate.lock"), db.connection_context():
-            yield
+        with _file_lock(f"{db.database}-migrate.lock"):
+            if before_connect:
+                before_connect()
+            with db.connection_context():
+                yield
     else:  # an in-memory database is this process's alone
         with db.connection_context():
             yield

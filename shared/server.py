@@ -223,6 +223,17 @@ def node_token_command(prog: str, argv: list[str]) -> int:
     return 0
 
 
+INIT_HELP = ("start on a new, empty database where this service's database existed and is now missing "
+             "(otherwise refused); CORRAL_DB_INIT=1")
+
+
+def init_on_purpose() -> None:
+    """--init: the setting CORRAL_DB_INIT, for this start, read with the other database
+    settings by the service's migration (shared/db_marker.py). Its workers inherit it
+    and never migrate."""
+    os.environ["CORRAL_DB_INIT"] = "1"
+
+
 def migrate_command(prog: str, argv: list[str], migrate: Callable[[bool], list[str]]) -> int:
     """`PROG migrate [--check]`: apply the database's pending schema migrations and
     print them; with --check, print them without applying (exit 1 when there are
@@ -234,7 +245,10 @@ def migrate_command(prog: str, argv: list[str], migrate: Callable[[bool], list[s
                     "under a lock, as the server does at start. With --check, only list them.")
     parser.add_argument("--check", action="store_true",
                         help="print the pending steps and exit 1 when there are any (0 when up to date)")
+    parser.add_argument("--init", action="store_true", help=INIT_HELP)
     args = parser.parse_args(argv)
+    if args.init:
+        init_on_purpose()
     os.umask(0o077)  # a database (and lock file) made here is the server's own, as in run_service
     try:
         setup_logging(LOG_LEVEL.read(os.environ))
@@ -275,7 +289,10 @@ def run_service(prog: str, default_port: int, prepare: Callable[[], object],
     parser.add_argument("--insecure", action="store_true",
                         help="allow non-loopback addresses without CORRAL_API_TOKEN/CORRAL_AGENT_TOKEN "
                              "(CORRAL_INSECURE=1)")
+    parser.add_argument("--init", action="store_true", help=INIT_HELP)
     args = parser.parse_args(argv)
+    if args.init:
+        init_on_purpose()
     try:
         setup_logging(LOG_LEVEL.read(os.environ))
     except CorralError as exc:

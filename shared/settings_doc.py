@@ -60,7 +60,8 @@ SERVER_FLAGS = """\
 ## Server flags (`corral-registry`, `corral-scheduler`)
 
 `--host`, `--port`, `--bind`, `--workers`, `--threads`, `--gunicorn-config`,
-`--access-log`, `--certfile`, `--keyfile` and `--insecure` (`CORRAL_INSECURE`):
+`--access-log`, `--certfile`, `--keyfile`, `--insecure` (`CORRAL_INSECURE`) and
+`--init` (`CORRAL_DB_INIT`):
 [operations.md](operations.md#settings-and-server-flags); `PROG --help` lists them too.
 """
 

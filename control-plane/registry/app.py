@@ -82,7 +82,7 @@ def create_schema(settings: RegistrySettings, check: bool = False) -> list[str]:
     db = open_store(settings)
     dbmod.check_server(db, processes=1)
     try:
-        return (migrations.pending if check else migrations.apply)(db, MIGRATIONS)
+        return (migrations.pending if check else migrations.apply)(db, MIGRATIONS, settings.db_options.init)
     finally:
         dbmod.close_idle(db)  # the master forks the workers next
 
@@ -92,7 +92,7 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
     db = open_store(settings)
     clock = dbmod.deciding_clock(db, clock)  # PostgreSQL: the database's clock
     if not dbmod.in_a_worker():  # a server's master migrated before forking its workers
-        migrations.apply(db, MIGRATIONS)
+        migrations.apply(db, MIGRATIONS, settings.db_options.init)
     with db.connection_context():
         last_up = Node.select(fn.MAX(Node.last_heartbeat)).scalar()
     liveness = Liveness(settings.heartbeat_timeout_secs, clock(), last_up)

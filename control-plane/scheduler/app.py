@@ -102,7 +102,7 @@ def create_schema(settings: SchedulerSettings, check: bool = False) -> list[str]
     store = open_store(settings)
     dbmod.check_server(store.db, processes=1)
     try:
-        return (migrations.pending if check else migrations.apply)(store.db, MIGRATIONS)
+        return (migrations.pending if check else migrations.apply)(store.db, MIGRATIONS, settings.db_options.init)
     finally:
         dbmod.close_idle(store.db)  # the master forks the workers next
 
@@ -168,7 +168,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     store = Store(db, settings, on_placed=room.placed)
     clock = dbmod.deciding_clock(db, clock)  # PostgreSQL: the database's clock
     if not dbmod.in_a_worker():  # a server's master migrated before forking its workers
-        migrations.apply(store.db, MIGRATIONS)
+        migrations.apply(store.db, MIGRATIONS, settings.db_options.init)
     app = base_app(__name__, settings.max_body_bytes)
     floors = revocation.floors(db)
     guards.install(app, settings.credentials, ACCESS, settings.allowed_hosts, server.loopback_only(), RAW_ROUTES,
