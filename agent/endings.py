@@ -184,7 +184,7 @@ class Endings:
                            disk_mb=local.disk_mb)
         log.info("job %s attempt %s finished: %s (exit %s%s)", local.job_id, local.attempt, report.status,
                  report.exit_code, ", out of memory" if oom else "")
-        extra = {"requeue": True} if report.requeue else {}
+        extra: dict[str, object] = {"requeue": True} if report.requeue else {}
         why = ended_by(local.end_reason, oom)
         if why is not None and report.status == "failed":
             extra["ended_by"] = why
