@@ -26,7 +26,9 @@ runs, in this order:
    take `application/octet-stream` instead: a browser asks first (preflight) for
    that type and for every PUT, so the same holds.
 
-All three answer JSON errors and run before the database connection is opened.
+All three answer JSON errors and run before the request's database connection is
+taken; the access check reads the nodes' credential floors (shared/revocations.py)
+on a short connection of its own, at most once a second per process.
 """
 from __future__ import annotations
 
