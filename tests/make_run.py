@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 from cluster import base_env, kill_leftover_jobs
 from paths import REPO
@@ -45,15 +46,34 @@ def stop_local(proc: LocalRun, grace: float = 60.0) -> None:
             proc.wait(grace)
         except subprocess.TimeoutExpired:
             pass
-    started |= _descendants(proc.pid)
     if proc.poll() is None:
-        _signal(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-    for pid, start in started:
-        if _start_time(pid) == start:
-            _signal(pid, signal.SIGKILL)
+        started.add((proc.pid, _start_time(proc.pid) or 0))
+    _kill_tree(started)
+    proc.wait(10)
     for node in NODES:
         kill_leftover_jobs(node, proc.state_dir)
+
+
+def _kill_tree(processes: set[tuple[int, int]], timeout: float = 10.0) -> None:
+    """SIGKILL `processes` (pid, start time) and whatever they started. All are stopped
+    (SIGSTOP) first, and their children found again, until no new one appears: a
+    gunicorn master whose worker was killed first would start another, which nothing
+    would then find."""
+    stopped: set[tuple[int, int]] = set()
+    todo = {p for p in processes if _start_time(p[0]) == p[1]}
+    deadline = time.monotonic() + timeout
+    while todo and time.monotonic() < deadline:
+        for pid, _ in todo:
+            _signal(pid, signal.SIGSTOP)
+        stopped |= todo
+        while time.monotonic() < deadline and any(_state(pid) not in ("T", None, "Z", "X") for pid, _ in todo):
+            time.sleep(0.01)
+        todo = {child for pid, _ in todo for child in _descendants(pid)} - stopped
+    for pid, start in stopped:
+        if _start_time(pid) == start:
+            _signal(pid, signal.SIGKILL)
+    while time.monotonic() < deadline and any(_state(pid) not in (None, "Z", "X") for pid, _ in stopped):
+        time.sleep(0.01)
 
 
 def _signal(pid: int, sig: int) -> None:
@@ -61,6 +81,15 @@ def _signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _state(pid: int) -> str | None:
+    """A process's state letter (R, S, T, Z ...), or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError):
+        return None
 
 
 def _start_time(pid: int) -> int | None:
