@@ -15,8 +15,8 @@ A scan answers one of five verdicts:
   is malformed in a way the parser refuses as soon as it reads these bytes (a
   request line or head over its limit, a bare LF, conflicting framing
   headers), so the refusal (a JSON 4xx, shared/refusals.py) needs no more
-  bytes; or the body is larger than the services take, which the application
-  refuses (413) without reading it all;
+  bytes; or the body says in its Content-Length that it is larger than the
+  services take, which the application refuses (413) without reading it;
 - BAD_HEAD: the head is malformed in a way gunicorn's parser refuses, but the
   parser would wait for the rest of the head before it looks (a bare CR or a
   NUL or other control byte in the request line or a header, a header line
@@ -29,7 +29,9 @@ A scan answers one of five verdicts:
   parser raises for it (its own exception, so the answer is the same whoever
   finds it). A chunk-size line longer than gunicorn allows is refused even
   when its end has arrived (gunicorn's parser checks the length only while the
-  end is missing, and would then wait for a chunk of absurd size).
+  end is missing, and would then wait for a chunk of absurd size). A chunk
+  whose size takes the body past the services' limit makes `problem` a
+  BodyTooLarge (413, as for a sized body past it) at once.
 
 Each scan looks only at what arrived since the last one, so a client sending
 its request a byte at a time costs a constant amount of work per byte.
@@ -86,6 +88,17 @@ def head_limit(request_line: int, fields: int, field_size: int) -> int:
     empty line, the request line and its CRLF, and its header buffer
     (fields x (field_size + 2) + 4, message.py's max_buffer_headers)."""
     return 2 + request_line + 2 + fields * (field_size + 2) + 4
+
+
+class BodyTooLarge(ParseException):
+    """A chunked body whose chunks' sizes add up past the services' body limit."""
+
+    def __init__(self, size: int, limit: int):
+        super().__init__()
+        self.size, self.limit = size, limit
+
+    def __str__(self) -> str:
+        return f"chunked body of at least {self.size} bytes, over the limit of {self.limit}"
 
 
 class RequestScanner:
@@ -201,7 +214,9 @@ class RequestScanner:
                 if isinstance(size, ParseException):
                     return self._bad(size)
                 if self._body_bytes + size > self.limits.body:
-                    return Verdict.HAND_OVER  # the application answers 413
+                    # Refused (413) from the chunk's size, as a sized body is from its length: the
+                    # application would wait for the chunk's data, which may never come, to see it.
+                    return self._bad(BodyTooLarge(self._body_bytes + size, self.limits.body))
                 self._pos = self._search_from = found + 2
                 self._state, self._chunk_left = ("data", size) if size else ("trailers", 0)
             elif self._state == "data":

@@ -17,6 +17,8 @@ from http import HTTPStatus
 
 from gunicorn.http import errors as e
 
+from . import framing
+
 # How much of the offending text an error message quotes.
 QUOTE_CHARS = 80
 
@@ -76,6 +78,7 @@ CLIENT_ERRORS: list[tuple[tuple[type, ...], int, Callable[[Exception], str]]] = 
     ((e.InvalidHeader,), 400, lambda exc: f"invalid or conflicting header {_quote(exc.hdr)}"),
     ((e.UnsupportedTransferCoding,), 501,
      lambda exc: f"unsupported Transfer-Encoding {_quote(exc.hdr)}: only chunked is served"),
+    ((framing.BodyTooLarge,), 413, lambda exc: "request body too large"),  # as the application says it
     ((e.InvalidChunkSize, e.ChunkMissingTerminator, e.InvalidChunkExtension), 400,
      lambda exc: f"malformed chunked body: {_quote(str(exc))}"),
     ((e.ExpectationFailed,), 417,

@@ -89,7 +89,6 @@ HANDED_OVER = {  # the parser refuses these at once, or the body is over the lim
     "chunked on HTTP/1.0": b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
     "an unknown expectation": b"POST / HTTP/1.1\r\nExpect: lunch\r\nContent-Length: 5\r\n\r\n",
     "sized body over the limit": POST_HEAD % 1001,
-    "chunked body over the limit": CHUNKED_HEAD + b"3e8\r\n" + b"x" * 1000 + b"\r\n1\r\n",
 }
 
 
@@ -172,6 +171,18 @@ def test_a_folded_header_line_passes_where_gunicorn_permits_folding():
     head = b"GET / HTTP/1.1\r\nX-A: a\r\n b\r\n\r\n"
     assert framing.RequestScanner(limits).scan(head) is framing.Verdict.COMPLETE
     assert framing.RequestScanner(limits).scan(head.replace(b" b", b" \x00")) is framing.Verdict.BAD_HEAD
+
+
+@pytest.mark.parametrize("body", [b"3e8\r\n" + b"x" * 1000 + b"\r\n1\r\n", b"3e9\r\n", b"f" * 40 + b"\r\n"],
+                         ids=["the last chunk", "the first chunk", "an absurd size"])
+def test_a_chunked_body_over_the_limit_is_refused_413_at_the_chunk_size_that_takes_it_there(body):
+    """As a sized body is from its Content-Length: the chunk's data is not waited for
+    (it may never come, and the request would hold a thread until the read timeout)."""
+    verdicts, scanner = scan_bytewise(CHUNKED_HEAD + body)
+    assert verdicts[-1] is framing.Verdict.BAD_BODY and set(verdicts[:-1]) <= {framing.Verdict.MORE}
+    assert isinstance(scanner.problem, framing.BodyTooLarge)
+    refusal = refusals.refusal_for(scanner.problem, 10)
+    assert (refusal.status, refusal.message) == (413, "request body too large")
 
 
 # ---- refusals: JSON for every error gunicorn's parser raises -------------------------------
