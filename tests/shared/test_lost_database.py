@@ -24,7 +24,7 @@ from corral.shared.errors import SettingError
 
 from cluster import base_env, listening_socket
 from helpers import free_port, wait_for
-from make_run import run_local
+from make_run import run_local, stop_local
 
 BIN = os.path.dirname(sys.executable)
 START_TIMEOUT = 60  # seconds; generous: the machine may be loaded
@@ -195,9 +195,7 @@ def test_make_run_shows_the_refusal_of_a_lost_database(tmp_path):
         assert f"[registry] corral-registry: error: the registry database {state}/registry.db is missing" in output
         assert "Traceback" not in output
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+        stop_local(proc, grace=0)  # it and everything it started, each in a session of its own
 
 
 # ---- PostgreSQL -----------------------------------------------------------------------
