@@ -127,7 +127,7 @@ class Scheduler:
         idempotency key creates none); then the jobs placed (_write_then_place)."""
         # Any count MAX_PENDING_JOBS needs is made now, not under the write lock (SQLite).
         self.store.admission.refresh()
-        return self._write_then_place(add, lambda result: self.store.dispatch(now), 0,
+        return self._write_then_place(add, lambda result: self.store.dispatch(now, first_only=True), 0,
                                       scope=lambda result: None if result[1] else set(), new_work=True)
 
     def submit(self, fields: dict, now: float, idempotency_key: str | None = None) -> tuple[Job, bool]:

@@ -100,7 +100,7 @@ class Store:
         # The lease the background loops write under (fenced()); None for the API's writes.
         self.fence: Fence | None = None
         # MAX_PENDING_JOBS: one per process, shared by its fenced copies (admission.py).
-        self.admission = admission.PendingGate(settings.max_pending_jobs, self.count_pending)
+        self.admission = admission.PendingGate(settings.max_pending_jobs, self.count_pending, self._count_apart)
 
     def fenced(self, fence: Fence) -> "Store":
         """This store for a background loop: each of its write transactions first checks
@@ -885,7 +885,8 @@ class Store:
                 ended.append(job.job_id)
         return ended
 
-    def dispatch(self, now: float, nodes: Collection[str] | None = None, deep: bool = False) -> int:
+    def dispatch(self, now: float, nodes: Collection[str] | None = None, deep: bool = False,
+                 first_only: bool = False) -> int:
         """Place waiting jobs on nodes with room (placement.Planner over the snapshot,
         the jobs offered in queue order, page by page, until no slot is left; each
         assignment a conditional update); the number placed. `nodes`: only these may
@@ -894,7 +895,13 @@ class Store:
         (service.Scheduler: on PostgreSQL, new work locks the nodes that had a free
         slot), and the round robin turns. A pass that may place on every node also
         keeps the reasons of the jobs it could not place (waiting.py). `deep`: look as far
-        down the queue as the background pass does (PLACEMENT_SCAN_MAX)."""
+        down the queue as the background pass does (PLACEMENT_SCAN_MAX). `first_only`:
+        read no page past the first (as many jobs as there are free slots): the placement
+        of new work (a submit), whose cost must not grow with the queue. The jobs ahead
+        were offered these slots already (by the placement that freed them, or the
+        background pass); when the first ones do not fit (throttled, constrained), the
+        background pass, which looks deeper, places what is further down within
+        DISPATCH_INTERVAL_SECS."""
         with self._tx():
             rotate = nodes is None
             if nodes is None:
@@ -915,7 +922,7 @@ class Store:
             before = cursor
             planner = placement.Planner(infos, self.settings.placement_policy, cursor, fallback=FALLBACK_LIMITS)
             open_ids = sorted(n.node_id for n in infos if n.takes_work and n.free_slots > 0)
-            scan = PLACEMENT_SCAN_MAX if deep else total_free + QUEUE_PAGE
+            scan = PLACEMENT_SCAN_MAX if deep else total_free if first_only else total_free + QUEUE_PAGE
             candidates = self._offer_queue(planner, open_ids, now, total_free, scan)
             plan = planner.plan()
             cursor = plan.cursor
@@ -1054,11 +1061,13 @@ class Store:
                 and ("key", a.concurrency_key) not in known}
         if not arrays and not keys:
             return
-        holding = _placed_or_running()
+        holding = _holding_slots()
         found: dict[tuple[str, object], placement.Throttle] = {}
         if arrays:
+            # `+ 0` (and `|| ''` below): read through the index of the jobs holding slots, not
+            # the array's (or key's) own, which walks every queued job of a 100,000-job array.
             active = dict(Job.select(Job.array_id, fn.COUNT(Job.id)).where(
-                Job.array_id.in_(sorted(arrays)) & holding).group_by(Job.array_id).tuples())
+                (Job.array_id + 0).in_(sorted(arrays)) & holding).group_by(Job.array_id).tuples())
             for array_id, parallel in JobArray.select(JobArray.id, JobArray.parallel).where(
                     JobArray.id.in_(sorted(arrays))).tuples():
                 found[("array", array_id)] = placement.Throttle(parallel, active.get(array_id, 0))
@@ -1067,7 +1076,8 @@ class Store:
                 ConcurrencyLimit.key.in_(sorted(keys))).tuples())
             if limits:
                 active = dict(Job.select(Job.concurrency_key, fn.COUNT(Job.id)).where(
-                    Job.concurrency_key.in_(sorted(limits)) & holding).group_by(Job.concurrency_key).tuples())
+                    Job.concurrency_key.concat("").in_(sorted(limits)) & holding).group_by(
+                    Job.concurrency_key).tuples())
                 for key, limit in limits.items():
                     found[("key", key)] = placement.Throttle(limit, active.get(key, 0))
             for key in keys - set(limits):  # no limit set: unlimited (and not asked again this pass)
@@ -1151,6 +1161,12 @@ class Store:
         """How many jobs are pending (placed or not): an index-only count (admission.py)."""
         return self._sql.rows(self.db, "pending count", lambda: Job.select(fn.COUNT(Job.id)).where(
             Job.status == "pending"))[0][0]
+
+    def _count_apart(self) -> int:
+        """count_pending on a connection of its own, closed after (admission's count in
+        a thread of its own)."""
+        with self.db.connection_context():
+            return self.count_pending()
 
     @staticmethod
     def job_counts() -> dict[str, int]:
@@ -1575,6 +1591,12 @@ def _waiting_for(code: str, now: float) -> peewee.Expression:
 def _array_number(array_id: str) -> int | None:
     prefix, _, number = array_id.partition("-")
     return int(number) if prefix == "array" and number.isdigit() and 0 < len(number) <= 18 else None
+
+
+def _holding_slots() -> peewee.Expression:
+    """_placed_or_running, as a range of the (status, node_id, ...) index: a running job
+    is always on a node. Its rows are bounded by the cluster's slots, not by the queue."""
+    return Job.status.in_(["pending", "running"]) & Job.node_id.is_null(False)
 
 
 def _placed_or_running() -> peewee.Expression:

@@ -3,6 +3,8 @@
 and writes nothing; a repeat of an idempotent request and a retry of an existing job
 are never refused; a schedule's slot refused records a failed run saying why. And
 the count behind it (admission.py): made once a second, not on every submit."""
+import threading
+
 import pytest
 
 from corral.scheduler import admission
@@ -10,6 +12,7 @@ from corral.scheduler.models import Job, JobArray, ScheduleRun
 from corral.scheduler.schedules import Schedules
 from corral.shared.errors import TooManyRequests
 from helpers import wait_for
+from corral.scheduler.service import Scheduler
 from scheduler_app import end_attempt, make_app, set_nodes, submit
 
 LIMIT = 3
@@ -106,14 +109,18 @@ def test_a_schedule_slot_refused_at_the_limit_records_a_failed_run_saying_why(cl
 
 class Counted:
     def __init__(self, pending):
-        self.pending, self.calls = pending, 0
+        self.pending, self.threads = pending, []
 
     def __call__(self):
-        self.calls += 1
+        self.threads.append(threading.current_thread())
         return self.pending
 
+    @property
+    def calls(self):
+        return len(self.threads)
 
-def test_the_gate_counts_once_a_second_and_decides_on_its_own_admissions_between():
+
+def test_the_gate_decides_on_its_count_and_its_own_admissions_and_counts_again_apart():
     now = [100.0]
     count = Counted(0)
     gate = admission.PendingGate(10, count, clock=lambda: now[0])
@@ -127,11 +134,12 @@ def test_the_gate_counts_once_a_second_and_decides_on_its_own_admissions_between
     assert count.calls == 1  # refused on what it knows: counted again at most every REFUSED_RECOUNT_SECS
     count.pending = 4        # jobs started meanwhile
     now[0] += 2 * admission.REFUSED_RECOUNT_SECS
-    gate.admit(1)
-    assert count.calls == 2
+    gate.admit(1)            # it would have refused: a fresh count first, on the caller's thread
+    assert count.threads[1] is threading.current_thread()
     now[0] += admission.RECOUNT_SECS
-    gate.admit(1)
-    assert count.calls == 3
+    gate.admit(1)            # an old estimate that admits: decided at once, counted again apart
+    wait_for(lambda: count.calls == 3, timeout=30, message="the count in the background")
+    assert count.threads[2] is not threading.current_thread()
 
 
 def test_the_recount_decision():
@@ -140,5 +148,26 @@ def test_the_recount_decision():
     assert not admission.needs_count(fresh, 2, 10, 10.5)         # fits: the estimate decides
     assert admission.needs_count(fresh, 3, 10, 10.5)             # would refuse: look again first
     assert not admission.needs_count(fresh, 3, 10, 10.05)        # ... but not at every refusal
-    assert admission.needs_count(fresh, 1, 10, 10.0 + admission.RECOUNT_SECS)
     assert admission.needs_count(fresh, 1, 10, 9.0)              # a clock that went back
+    old = 10.0 + admission.RECOUNT_SECS
+    assert not admission.needs_count(fresh, 1, 10, old) and admission.stale(fresh, old)  # counted apart
+    assert not admission.stale(fresh, 10.5)
+
+
+# ---- what a submit reads of the queue --------------------------------------------------
+
+def test_a_submit_behind_jobs_that_fit_nowhere_is_placed_by_the_background_pass(client, store, clock, app):
+    """A submit's placement reads as many queued jobs as there are free slots, not the
+    queue's next page: here the four jobs ahead need a GPU no node has, so the new job
+    waits for the background pass (every DISPATCH_INTERVAL_SECS), which looks deeper."""
+    app.extensions["corral.store"].admission.limit = 1000
+    set_nodes(store, clock, "n1")  # 4 free slots
+    gpu = [{"label": "gpu", "op": "exists"}]
+    for _ in range(4):
+        clock.now += 1
+        assert client.post("/jobs", json={"command": "x", "constraints": gpu}).status_code == 201
+    clock.now += 1
+    job = submit(client)
+    assert job["status"] == "pending" and job["node_id"] is None
+    Scheduler(store).place(clock())
+    assert client.get(f"/jobs/{job['job_id']}").json["node_id"] == "n1"
