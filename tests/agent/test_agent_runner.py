@@ -180,3 +180,17 @@ def test_passthrough_cannot_name_tokens_or_loader_variables():
     assert jobenv.passthrough_problem("FOO") is None
     for name in ("CORRAL_AGENT_TOKEN", "CORRAL_NODE_TOKEN", "LD_PRELOAD", "LD_AUDIT", "A-B"):
         assert jobenv.passthrough_problem(name), name
+
+
+def test_a_warm_chain_runs_its_job_in_the_work_dir_below_where_it_waits(tmp_path):
+    """The chain waits in the work dirs' directory and enters the job's by a relative
+    path (the job's user may not be able to search the directories above)."""
+    workdir = tmp_path / "job-1-1"
+    workdir.mkdir()
+    (workdir / "in.txt").write_text("hello\n")
+    warm = runner.start_warm(65536, cwd=str(tmp_path))
+    try:
+        result = warm.launch("cat in.txt; pwd", str(workdir), {"PATH": launch.LAUNCH_PATH}).result()
+    finally:
+        warm.discard()
+    assert (result.exit_code, result.stdout, result.stderr) == (0, f"hello\n{workdir}\n", "")
