@@ -121,6 +121,7 @@ class RequestScanner:
         self._chunk_left = 0
         self._body_bytes = 0
         self._head = HeadChecker(limits.obsolete_folding) if limits.check_head else None
+        self._trailers: HeadChecker | None = None  # chunked: checks the trailer section's lines
 
     def scan(self, buf: bytes | bytearray) -> Verdict:
         if self.verdict is Verdict.MORE:
@@ -235,6 +236,12 @@ class RequestScanner:
                     self.end = self._pos + 2
                     return Verdict.COMPLETE
                 found = buf.find(END_OF_HEAD, max(self._pos, self._search_from))
+                # A trailer line gunicorn refuses is refused now, not once the section ends.
+                if self._trailers is None:
+                    self._trailers = HeadChecker(self.limits.obsolete_folding, request_line=False)
+                problem = self._trailers.check(buf, self._pos, len(buf) if found < 0 else found + 2)
+                if problem is not None:
+                    return self._bad(problem)
                 if found < 0:
                     self._search_from = max(self._pos, len(buf) - 3)
                     if len(buf) - self._pos > self.limits.trailers:
@@ -254,11 +261,11 @@ class HeadChecker:
     parse_request_line, parse_headers). A bare LF is not looked for here (the
     scanner hands it to the parser, which refuses it at once)."""
 
-    def __init__(self, folding: bool):
+    def __init__(self, folding: bool, request_line: bool = True):
         self.folding = folding
         self.line_start = -1         # where the current line starts; -1: not yet known
         self.checked = 0             # bytes before this are checked
-        self.request_line = True     # the current line is the request line
+        self.request_line = request_line  # the current line is the request line (False: trailers)
         self.colon = -1              # the current header line's first colon; -1: none yet
         self.continued = False       # the current line continues the header before it
         self.name = ""               # the last header's name

@@ -106,6 +106,8 @@ BAD_BODIES = {
     "no terminator": (b"2\r\n{}XX", e.ChunkMissingTerminator),
     "bare CR in an extension": (b"2;a\rb\r\n", e.InvalidChunkExtension),
     "bad extension": (b"2;\x00\r\n", e.InvalidChunkExtension),
+    "bare CR in a trailer": (b"2\r\n{}\r\n0\r\nX-Sum: 1\r2", e.InvalidHeader),
+    "a trailer without a colon": (b"0\r\nX-Sum\r\n", e.InvalidHeader),
 }
 
 
@@ -401,13 +403,16 @@ REFUSED = {
 def test_a_malformed_head_is_refused_at_once_not_at_the_read_timeout(start_cluster):
     """A head that can only be refused (a bare CR, a NUL, a header without a colon, a
     folded line) gets its JSON 400 as soon as the bad byte arrives, though the head
-    never ends, and the connection is closed: the client waits for no timeout."""
+    never ends, and the connection is closed: the client waits for no timeout. So
+    does a chunked body's trailer section."""
     c = start_cluster(CORRAL_REQUEST_READ_TIMEOUT_SECS=60)
-    conns = {name: RawConnection(c.scheduler_port, timeout=30) for name in BAD_HEADS}
+    stalled = {name: head for name, (head, _) in BAD_HEADS.items()}
+    stalled["bare CR in a trailer"] = CHUNKED_HEAD + b"2\r\n{}\r\n0\r\nX-Sum: 1\r2"
+    conns = {name: RawConnection(c.scheduler_port, timeout=30) for name in stalled}
     try:
         started = time.monotonic()
         for name, conn in conns.items():
-            conn.send(BAD_HEADS[name][0])
+            conn.send(stalled[name])
         answers = {name: conn.read_until_closed() for name, conn in conns.items()}
         took = time.monotonic() - started
     finally:
