@@ -134,6 +134,8 @@ class ServiceState:
     # The scheduler's service grant for this attempt on this node (with tokens): the
     # registry records the service only with it (shared/credentials.py).
     grant: str | None = None
+    # Its disk limit (disk.py), held by the next agent too; None: none.
+    disk_mb: int | None = None
 
     def write(self, path: str) -> None:
         """Atomically: a crash leaves the old file or the new one, never half of one."""
@@ -158,6 +160,8 @@ class ServiceState:
             raise ValueError("uid is not a whole number")
         if state.grant is not None and not isinstance(state.grant, str):
             raise ValueError("grant is not a string")
+        if state.disk_mb is not None and (isinstance(state.disk_mb, bool) or not isinstance(state.disk_mb, int)):
+            raise ValueError("disk_mb is not a whole number")
         return state
 
 

@@ -276,3 +276,24 @@ def test_a_cancelled_adopted_service_is_killed_through_its_cgroup(make_agent, sc
     assert process_gone(pid) and process_gone(child)
     wait_for(lambda: "job-1" not in registry.records, message="the record to be removed")
     assert scheduler.statuses("job-1") == ["running"]
+
+
+def test_an_adopted_service_keeps_its_disk_limit(make_agent, scheduler, registry):
+    first = make_agent()
+    first.startup()
+    scheduler.add(job_id="job-1", job_type="service", disk_mb=1,
+                  command="touch ready; while [ ! -e grow ]; do sleep 0.1; done; head -c 5242880 /dev/zero > big; "
+                          "sleep 300")
+    first.poll_once()
+    workdir = first.work_dir("job-1", 1)
+    wait_for(lambda: os.path.exists(os.path.join(workdir, "ready")), message="the service to start")
+    first.shutdown(flush_secs=2)  # it goes on running, left to the next agent
+
+    second = make_agent()
+    assert second.startup() == [("job-1", 1)]
+    assert second.local_job("job-1", 1).disk_mb == 1
+    open(os.path.join(workdir, "grow"), "w").close()
+    assert wait_for(second.check_disk_once, timeout=30, message="the service to outgrow its limit") == [("job-1", 1)]
+    assert wait_for(second.reap_once, timeout=30, message="the service to end") == [("job-1", 1, "failed")]
+    final = scheduler.final("job-1")
+    assert (final["ended_by"], final["stderr"].splitlines()[-1]) == ("disk", "job exceeded its disk limit of 1 MB")
