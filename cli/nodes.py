@@ -94,7 +94,9 @@ def list_nodes(env: Env, status: str | None, as_json: bool) -> None:
 
 def _set_drained(env: Env, node_id: str, drained: bool, as_json: bool) -> None:
     env.subject = node_id
-    answer = env.registry.drain(node_id) if drained else env.registry.undrain(node_id)
+    # Through the scheduler: it writes the registry's flag and its own copy, so the drain
+    # holds for every placement from the answer on (the registry's alone waits for a refresh).
+    answer = env.scheduler.drain(node_id) if drained else env.scheduler.undrain(node_id)
     if as_json:
         echo_json(answer)
     elif drained:

@@ -408,6 +408,14 @@ class SchedulerClient(_Client):
     def cancel(self, job_id: str) -> dict:
         return self._call("POST", f"/jobs/{_seg(job_id)}/cancel")
 
+    def drain(self, node_id: str) -> dict:
+        """No new work goes to the node from the answer on (the registry's flag and the
+        scheduler's copy); answers `{"node_id", "drained": true}`."""
+        return self._call("POST", f"/nodes/{_seg(node_id)}/drain")
+
+    def undrain(self, node_id: str) -> dict:
+        return self._call("POST", f"/nodes/{_seg(node_id)}/undrain")
+
     def retry(self, job_id: str) -> dict:
         """An operator's decision, taken once: not resent after a lost answer."""
         return self._call("POST", f"/jobs/{_seg(job_id)}/retry", resend=False)

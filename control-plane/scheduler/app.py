@@ -22,7 +22,7 @@ from corral.shared.wire import (IDEMPOTENCY_HEADER, JOB_TYPES, LOG_ATTEMPT_HEADE
 
 from corral.shared.changefeed import ChangeFeed
 
-from . import (contract, event_stream, events, longpoll, loops, metrics, openapi, pages, revocation, sampler,
+from . import (contract, drains, event_stream, events, longpoll, loops, metrics, openapi, pages, revocation, sampler,
                schedule_loop, sns_outbox, spans, sqs_intake, ui, validation, views, waiting)
 from .event_log import EventLog
 from .job_logs import JobLogs
@@ -73,6 +73,8 @@ ACCESS = {
     "renew_lease": auth.agent(auth.NODE_IN_PATH),
     "report": auth.agent(auth.NODE_IN_BODY),
     "report_batch": auth.agent(auth.NODE_IN_BODY),
+    "drain_node": auth.OPERATOR,
+    "undrain_node": auth.OPERATOR,
     "live_output": auth.agent(auth.NODE_IN_BODY),
     "put_log_chunk": auth.agent(auth.NODE_IN_RECORD),  # the node is in a header
     "put_log_chunks": auth.agent(auth.NODE_IN_BODY),
@@ -447,6 +449,18 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     @app.get("/jobs/<job_id>/events")
     def job_events(job_id):
         return respond([views.event(e) for e in store.events(job_id)], of=list[contract.JobEvent])
+    drain_registry = registry_client(settings, timeout=(2.0, 5.0))
+
+    @app.post("/nodes/<node_id>/drain")
+    def drain_node(node_id):
+        return respond(contract.NodeDrain.model_validate(
+            drains.set_drained(store, drain_registry, node_id, True, clock())))
+
+    @app.post("/nodes/<node_id>/undrain")
+    def undrain_node(node_id):
+        return respond(contract.NodeDrain.model_validate(
+            drains.set_drained(store, drain_registry, node_id, False, clock())))
+
 
     event_log = EventLog(store.db)
     stream_timing = event_stream.Timing(settings.events_keepalive_secs, settings.events_stream_max_secs,

@@ -783,6 +783,14 @@ class SchedulerNode(Answer):
     capacity: int = Field(ge=0)
     """Jobs the node may hold at once: min(MAX_JOBS_PER_NODE, slots)."""
     slots_used: int = Field(ge=0)
+class NodeDrain(Answer):
+    """A node's drain as the scheduler holds it from this answer on."""
+
+    node_id: str
+    drained: bool
+    """True: no placement from now on puts new work on the node; what it runs finishes."""
+
+
     """Its jobs that hold a slot: placed and pending, or running."""
     max_memory_mb: int | None
     max_cpu_percent: int | None

@@ -139,6 +139,7 @@ class Background:
         return pruned
 
     def refresh_nodes(self, now: float) -> None:
+        seen_drains = self.store.drain_count()  # before the list: a drain after it stays (sync_nodes)
         try:
             nodes = self.registry.list_nodes(kind="compute")
         except ClientError as exc:
@@ -149,7 +150,7 @@ class Background:
         if self.registry_down_since is not None:
             log.info("registry reachable again after %.0fs", now - self.registry_down_since)
             self.registry_down_since = None
-        self.store.sync_nodes(nodes, now)
+        self.store.sync_nodes(nodes, now, seen_drains)
 
 
 class PacedLoopThread(LoopThread):

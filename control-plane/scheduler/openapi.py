@@ -445,7 +445,8 @@ PATHS = {
                            "changed here, send it again.",
             "requestBody": _body(revocations.Revocation, required=False),
             "responses": {"200": _json(revocations.CredentialFloor, "The node's floor now, on both services."),
-                          "400": _error("BadRequest"), "415": _error("UnsupportedMediaType"),
+                          "400": _error("BadRequest"), "404": _error("NotFound"),
+                          "409": _error("Conflict"), "415": _error("UnsupportedMediaType"),
                           "503": _json(shared_contract.Error, "The registry could not be told; nothing changed here.")},
         },
     },
@@ -500,6 +501,39 @@ PATHS = {
                 "404": _error("NotFound"),
             },
         },
+    "/nodes/{node_id}/drain": {
+        "parameters": [NODE_ID_PARAM],
+        "post": {
+            "operationId": "drainNode", "tags": ["nodes"], "summary": "Drain a node: no new work goes to it.",
+            "description": "Sets the registry's drain flag, then the scheduler's own copy under the node's "
+                           "placement lock: from this answer on, no placement on any worker or replica puts "
+                           "new work on the node, and its placed jobs not yet claimed go back to the queue. "
+                           "What it runs finishes. The registry's own drain route is seen by placement at the "
+                           "next refresh of the node list (NODE_REFRESH_SECS). 503 when the registry does not "
+                           "answer (nothing is changed).",
+            "responses": {
+                "200": _json(contract.NodeDrain, "The node is drained."),
+                "400": _error("BadRequest"),
+                "404": _error("NotFound"),
+                "415": _error("UnsupportedMediaType"),
+                "503": _json(shared_contract.Error, "The registry did not answer; nothing was changed."),
+            },
+        },
+    },
+    "/nodes/{node_id}/undrain": {
+        "parameters": [NODE_ID_PARAM],
+        "post": {
+            "operationId": "undrainNode", "tags": ["nodes"], "summary": "Let a drained node take work again.",
+            "description": "The registry's flag, then the scheduler's copy; the node takes work from the answer on.",
+            "responses": {
+                "200": _json(contract.NodeDrain, "The node takes work again."),
+                "400": _error("BadRequest"),
+                "404": _error("NotFound"),
+                "415": _error("UnsupportedMediaType"),
+                "503": _json(shared_contract.Error, "The registry did not answer; nothing was changed."),
+            },
+        },
+    },
     },
     "/jobs/{job_id}/retry": {
         "parameters": [JOB_ID_PARAM],

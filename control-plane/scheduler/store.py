@@ -52,6 +52,9 @@ RR_CURSOR = "rr_cursor"
 # database only after a placement. On PostgreSQL only placements notify them, and a
 # row every placement writes would make placements on different nodes queue on it.
 PLACEMENT_MARK = "placement_mark"
+# Counts the drains and undrains through the scheduler (set_drained); a node list
+# fetched before the count moved keeps those nodes' drains (sync_nodes).
+DRAINS_COUNTER = "node_drains"
 # The design's default limits per job type, for a claim whose agent sent no defaults of its own.
 DESIGN_LIMITS = {"run": {"memory_mb": 512, "cpu_percent": 100},
                  "service": {"memory_mb": 1024, "cpu_percent": 200}}
@@ -787,8 +790,13 @@ class Store:
                 ended.append(job.job_id)
         return ended
 
-    def sync_nodes(self, nodes: list[dict], now: float) -> None:
-        """Replace the cached node list with the registry's, then move work off lost nodes."""
+    def sync_nodes(self, nodes: list[dict], now: float, seen_drains: int | None = None) -> None:
+        """Replace the cached node list with the registry's, then move work off lost nodes.
+
+        `seen_drains`: the `node_drains` count read before the list was fetched. A node
+        drained or undrained through the scheduler since (set_drained) keeps that state:
+        the list may predate the registry's write, and must not undo a drain that has
+        already answered. None: the list is the newest word on every node."""
         rows = [{
             "node_id": n["node_id"], "address": n.get("address") or "", "kind": n.get("kind") or "compute",
             "slots": int(n.get("slots") or 1), "status": _placement_status(n), "synced_at": now,
@@ -800,11 +808,17 @@ class Store:
             "reserve_memory_mb": n.get("reserved_memory_mb") or 0,
             "reserve_cpu_percent": n.get("reserved_cpu_percent") or 0,
         } for n in nodes]
-        after = {row["node_id"]: (row["status"], row["drained"]) for row in rows}
         with self.db.atomic():
             self.check_fence()
-            before = {node_id: (status, drained) for node_id, status, drained in self._sql.rows(
-                self.db, "node states", lambda: Node.select(Node.node_id, Node.status, Node.drained))}
+            current = {node_id: (status, drained, seq) for node_id, status, drained, seq in self._sql.rows(
+                self.db, "node states", lambda: Node.select(Node.node_id, Node.status, Node.drained, Node.drain_seq))}
+            before = {node_id: (status, drained) for node_id, (status, drained, _) in current.items()}
+            for row in rows:
+                _, drained, seq = current.get(row["node_id"], (None, False, None))
+                row["drain_seq"] = seq
+                if seen_drains is not None and seq is not None and seq > seen_drains:
+                    row["drained"], row["status"] = drained, _drain_status(row["status"], drained)
+            after = {row["node_id"]: (row["status"], row["drained"]) for row in rows}
             Node.delete().execute()
             # Every NODE_REFRESH_SECS: compiled once per number of nodes.
             self._sql.insert_rows(self.db, "node rows", Node, rows)
@@ -825,6 +839,32 @@ class Store:
         if not stranded:
             return 0
         states = dict(Node.select(Node.node_id, Node.status).tuples())
+    def drain_count(self) -> int:
+        """How many drains and undrains went through the scheduler (sync_nodes' `seen_drains`)."""
+        return self.counters().get(DRAINS_COUNTER, 0)
+
+    def set_drained(self, node_id: str, drained: bool, now: float) -> bool:
+        """The operator's drain (or undrain) of a node, in force from this commit on:
+        it waits for the placements on the node under way (the node's placement lock),
+        so every placement after it reads the node drained, on every worker and replica;
+        the jobs placed there but not yet claimed go back to the queue. False when the
+        node list has no such node yet (its next refresh brings the registry's flag)."""
+        with self._tx():
+            lock_placement(self.db, nodes=[node_id])
+            node = Node.get_or_none(Node.node_id == node_id)
+            if node is None:
+                return False
+            self.bump(**{DRAINS_COUNTER: 1})
+            status = _drain_status(node.status, drained)
+            Node.update(drained=drained, status=status, drain_seq=self.drain_count()).where(
+                Node.node_id == node_id).execute()
+            EventLog(self.db).record({"at": now, "type": "node", "job_id": None, "node_id": node_id,
+                                      "data": {"change": change, **data}} for _, change, data in node_changes(
+                                          {node_id: (node.status, node.drained)}, {node_id: (status, drained)}))
+            if drained:
+                self.release_lost(now)
+        return True
+
         released = 0
         for job in stranded:
             unplaced = Job.update(node_id=None, placed_at=None).where(
@@ -1544,6 +1584,26 @@ def _json(value):
     """A JSON column's value as a SELECT of raw rows gives it (text), parsed. The same
     texts come back on every placement (a node's labels and defaults, the jobs' few
     constraint sets): they are parsed once. The result is shared: never change it."""
+def _drain_status(status: str, drained: bool) -> str:
+    """A node's placement status once drained (or undrained): only a healthy node shows it."""
+    if drained and status == "healthy":
+        return "drained"
+    return "healthy" if not drained and status == "drained" else status
+
+
+def _asked(job: placement.Ask) -> str:
+    """The limits a job asks, those it gives only (`memory_mb=9000`, not `cpu_percent=None`)."""
+    asked = [f"{name}={value}" for name, value in (("memory_mb", job.memory_mb), ("cpu_percent", job.cpu_percent))
+             if value is not None]
+    return ", ".join(asked)
+
+
+def _maxima(node: Node) -> str:
+    """A node's largest limits; one it does not state is `no maximum`."""
+    return ", ".join(f"{name}<={value}" if value is not None else f"{name}: no maximum"
+                     for name, value in (("memory_mb", node.max_memory_mb), ("cpu_percent", node.max_cpu_percent)))
+
+
     return _parsed(value) if isinstance(value, str) else value
 
 
