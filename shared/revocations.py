@@ -31,7 +31,7 @@ from pydantic import Field
 
 from .contract import Answer, Request
 from .credentials import FIRST_GENERATION, MAX_GENERATION
-from .errors import BadRequest
+from .errors import BadRequest, Conflict
 from .timeutil import iso
 from .validate import NAME_RE
 
@@ -80,6 +80,17 @@ def check_node_id(node_id: str) -> None:
                          "starting with a letter or digit")
 
 
+def next_floor(current: int, at_least: int | None) -> int:
+    """The floor a revocation asks for, from the node's current one: `at_least` when
+    higher (never lower), or one more; a Conflict past the last generation."""
+    if at_least is not None:
+        return max(current, at_least)
+    if current >= MAX_GENERATION:
+        raise Conflict(f"the credentials of this node are at the last generation ({MAX_GENERATION}); none is "
+                       f"left to issue: rotate the agent secret instead")
+    return current + 1
+
+
 def raise_floor(db: peewee.Database, model: type[peewee.Model], node_id: str, at_least: int | None,
                 now: float) -> tuple[int, float]:
     """Raise `node_id`'s floor to `at_least` (when higher), or by one; the floor after
@@ -88,6 +99,7 @@ def raise_floor(db: peewee.Database, model: type[peewee.Model], node_id: str, at
     same moment (workers, replicas) never lower one another."""
     with db.atomic():
         model.insert(node_id=node_id, min_generation=FIRST_GENERATION, revoked_at=now).on_conflict_ignore().execute()
+        next_floor(model.get_by_id(node_id).min_generation, at_least)  # the Conflict at the last one
         if at_least is None:
             model.update(min_generation=model.min_generation + 1, revoked_at=now).where(
                 (model.node_id == node_id) & (model.min_generation < MAX_GENERATION)).execute()

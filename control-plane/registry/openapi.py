@@ -110,7 +110,8 @@ PATHS = {
                            "does this here and there at once.",
             "requestBody": _body(revocations.Revocation, required=False),
             "responses": {"200": _json(revocations.CredentialFloor, "The node's floor now."),
-                          "400": _error("BadRequest"), "415": _error("UnsupportedMediaType")},
+                          "400": _error("BadRequest"), "404": _error("NotFound"),
+                          "409": _error("Conflict"), "415": _error("UnsupportedMediaType")},
         },
     },
     "/sd/prometheus/services": {

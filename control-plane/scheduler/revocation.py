@@ -27,7 +27,7 @@ def revoke(db: peewee.Database, registry: RegistryClient, cache: revocations.Flo
            at_least: int | None, now: float) -> revocations.CredentialFloor:
     row = NodeCredential.get_or_none(NodeCredential.node_id == node_id)
     own = row.min_generation if row is not None else FIRST_GENERATION
-    wanted = max(own, at_least) if at_least is not None else own + 1
+    wanted = revocations.next_floor(own, at_least)
     try:
         answer = registry.revoke_credential(node_id, wanted)
         floor = int(answer["min_generation"])

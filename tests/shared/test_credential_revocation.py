@@ -195,3 +195,15 @@ def test_corral_node_revoke_credential_revokes_on_both_and_says_how_to_issue_the
     finally:
         scheduler.shutdown()
         scheduler.server_close()
+
+
+@pytest.mark.parametrize("cluster", ["scheduler", "registry"], indirect=True)
+def test_past_the_last_generation_a_revocation_is_a_conflict_that_changes_nothing(cluster):
+    client = cluster.client
+    last = cred.MAX_GENERATION
+    assert revoke(client, body={"min_generation": last}).json["min_generation"] == last
+    answer = revoke(client)
+    assert answer.status_code == 409 and "rotate the agent secret" in answer.json["error"], answer.json
+    assert revoke(client, body={"min_generation": last}).json["min_generation"] == last
+    last_token = bearer(cred.node_token(AGENT_SECRET, NODE, last))
+    assert cluster.registry.post(f"/nodes/{NODE}/heartbeat", json={}, headers=last_token).status_code == 200
