@@ -368,7 +368,7 @@ def test_404_gives_the_apis_error_text(mock):
 def test_409_gives_the_apis_error_text(mock):
     message = "job-7 is already done; only pending or running jobs can be cancelled"
     mock.post(f"{SCHED}/jobs/job-7/cancel", json={"error": message}, status=409)
-    assert one_line_error(corral("job", "cancel", "job-7")) == f"corral: job-7: {message}"
+    assert one_line_error(corral("job", "cancel", "job-7")) == f"corral: {message}"  # the id once
 
 
 def test_a_400_on_submit_is_one_line(mock):
@@ -423,7 +423,8 @@ def test_node_list_json(mock):
 @pytest.mark.parametrize("action, drained, said", [("drain", True, "node-1: drained"),
                                                    ("undrain", False, "node-1: undrained")])
 def test_drain_and_undrain(mock, action, drained, said):
-    mock.post(f"{REG}/nodes/node-1/{action}", json=dict(NODES[0], drained=drained),
+    # Through the scheduler, which holds the drain for placement from its answer on.
+    mock.post(f"{SCHED}/nodes/node-1/{action}", json={"node_id": "node-1", "drained": drained},
               match=[matchers.header_matcher({"Authorization": "Bearer t"})])
     result = corral("node", action, "node-1", token="t")
     assert result.exit_code == 0 and result.stdout.startswith(said)
@@ -431,7 +432,7 @@ def test_drain_and_undrain(mock, action, drained, said):
 
 
 def test_drain_an_unknown_node(mock):
-    mock.post(f"{REG}/nodes/nope/drain", json={"error": "no node 'nope'"}, status=404)
+    mock.post(f"{SCHED}/nodes/nope/drain", json={"error": "no node 'nope'"}, status=404)
     assert one_line_error(corral("node", "drain", "nope")) == "corral: nope: no node 'nope'"
 
 

@@ -125,6 +125,8 @@ SCHEDULER_ROUTES = {
     "remove_concurrency": ("DELETE", "/concurrency/migrations", None, "operator"),
     "cancel": ("POST", "/jobs/job-2/cancel", None, "operator"),
     "retry": ("POST", "/jobs/job-2/retry", None, "operator"),
+    "drain_node": ("POST", f"/nodes/{NODE}/drain", None, "operator"),
+    "undrain_node": ("POST", f"/nodes/{NODE}/undrain", None, "operator"),
     "claim": ("POST", f"/nodes/{NODE}/claim", {"max": 1, "wait_secs": 0}, "node"),
     "renew_lease": ("POST", f"/nodes/{NODE}/lease", {}, "node"),
     "report": ("POST", "/jobs/job-1/status", REPORT, "node"),
