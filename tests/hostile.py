@@ -9,10 +9,13 @@ was valid after all) may change it.
 """
 import sqlite3
 from copy import deepcopy
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from flask import Flask
 from hypothesis import strategies as st
+from werkzeug.serving import make_server
 from werkzeug.test import TestResponse
 
 from corral.registry.app import create_app as create_registry
@@ -59,6 +62,7 @@ class Service:
     name: str
     app: Flask
     db_path: str
+    close: Callable[[], None] = lambda: None  # stops what it started (the scheduler's registry)
 
     @property
     def client(self):
@@ -93,8 +97,14 @@ def scheduler(tmp_path) -> Service:
     schedule x. Claims answer at once, whatever wait they ask for; event streams end
     after their first look (one place each in the waiting room, freed when they end)."""
     db_path = f"{tmp_path}/scheduler.db"
+    # A registry of its own for the routes the scheduler passes on (a drain), served on a
+    # free loopback port: never the one a local cluster may be listening on.
+    registry_dir = tmp_path / "registry"
+    registry_dir.mkdir(exist_ok=True)
+    served = make_server("127.0.0.1", 0, registry(registry_dir).app, threaded=True)
+    threading.Thread(target=served.serve_forever, daemon=True).start()
     settings = SchedulerSettings(database_url=f"sqlite:///{db_path}", long_poll_max_waiters=4,
-                                 events_stream_max_secs=0.0)
+                                 events_stream_max_secs=0.0, registry_url=f"http://127.0.0.1:{served.server_port}")
     app = create_scheduler(settings, clock=lambda: NOW)
     app.extensions["corral.store"].sync_nodes(
         [{"node_id": "node-1", "address": "10.0.0.1", "kind": "compute", "slots": 1, "status": "healthy"}], NOW)
@@ -108,7 +118,7 @@ def scheduler(tmp_path) -> Service:
     # A schedule for the routes that name one (a path segment is filled with "x").
     assert client.post("/schedules", json={"name": "x", "cron": "@daily", "job": {"command": "true"}}
                        ).status_code == 201
-    return Service("scheduler", app, db_path)
+    return Service("scheduler", app, db_path, close=served.shutdown)
 
 
 def problem(response: TestResponse, method: str, before: dict, after: dict) -> str | None:

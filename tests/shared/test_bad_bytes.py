@@ -19,6 +19,7 @@ import io
 import json
 import socket
 import time
+from collections.abc import Iterator
 from urllib.parse import quote
 
 import pytest
@@ -157,8 +158,10 @@ def hostile_bodies(body: dict) -> list[bytes]:
 
 
 @pytest.fixture(params=["registry", "scheduler"])
-def service(request, tmp_path) -> hostile.Service:
-    return getattr(hostile, request.param)(tmp_path)
+def service(request, tmp_path) -> Iterator[hostile.Service]:
+    made = getattr(hostile, request.param)(tmp_path)
+    yield made
+    made.close()
 
 
 def send(service: hostile.Service, failures: list, method: str, path: str, *, query: str = "",
@@ -294,14 +297,17 @@ def test_a_body_of_exactly_the_limit_is_read_and_one_byte_more_is_413(tmp_path):
     """Sized and unsized (as a chunked body reaches the app: no Content-Length, the
     server terminating the stream) alike."""
     svc = hostile.scheduler(tmp_path)
-    body = b'{"command": "true"}'
-    exact = body + b" " * (DEFAULT_MAX_BODY_BYTES - len(body))
-    for data, status in ((exact, 201), (exact + b" ", 413)):
-        sized = svc.client.post("/jobs", data=data, content_type="application/json")
-        unsized = svc.client.post("/jobs", input_stream=io.BytesIO(data), content_type="application/json",
-                                  environ_overrides={"wsgi.input_terminated": True})
-        assert (sized.status_code, unsized.status_code) == (status, status), (sized.json, unsized.json)
-    assert len(svc.client.get("/jobs").json) == 2 + 2  # the seeded jobs and the two at the limit
+    try:
+        body = b'{"command": "true"}'
+        exact = body + b" " * (DEFAULT_MAX_BODY_BYTES - len(body))
+        for data, status in ((exact, 201), (exact + b" ", 413)):
+            sized = svc.client.post("/jobs", data=data, content_type="application/json")
+            unsized = svc.client.post("/jobs", input_stream=io.BytesIO(data), content_type="application/json",
+                                      environ_overrides={"wsgi.input_terminated": True})
+            assert (sized.status_code, unsized.status_code) == (status, status), (sized.json, unsized.json)
+        assert len(svc.client.get("/jobs").json) == 2 + 2  # the seeded jobs and the two at the limit
+    finally:
+        svc.close()
 
 
 def test_a_body_read_error_outside_read_json_object_is_a_json_400(tmp_path):
