@@ -25,6 +25,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import peewee
 from pydantic import Field
@@ -39,9 +40,10 @@ FLOORS_TTL_SECS = 1.0
 TABLE = "node_credential"
 
 
-def credential_model(database: peewee.DatabaseProxy) -> type[peewee.Model]:
+def credential_model(database: peewee.DatabaseProxy) -> Any:
     """The `node_credential` table, bound to a service's database proxy (each service
-    has a model class of its own: both may live in one process, as in tests)."""
+    has a model class of its own: both may live in one process, as in tests). Typed
+    Any: its fields are made here, where a type checker cannot see them."""
 
     class NodeCredential(peewee.Model):
         node_id = peewee.CharField(primary_key=True, max_length=128)
@@ -91,7 +93,7 @@ def next_floor(current: int, at_least: int | None) -> int:
     return current + 1
 
 
-def raise_floor(db: peewee.Database, model: type[peewee.Model], node_id: str, at_least: int | None,
+def raise_floor(db: peewee.Database, model: Any, node_id: str, at_least: int | None,
                 now: float) -> tuple[int, float]:
     """Raise `node_id`'s floor to `at_least` (when higher), or by one; the floor after
     and when it was last raised.
@@ -110,7 +112,7 @@ def raise_floor(db: peewee.Database, model: type[peewee.Model], node_id: str, at
         return row.min_generation, row.revoked_at
 
 
-def revoke(db: peewee.Database, model: type[peewee.Model], floors: Floors, node_id: str, at_least: int | None,
+def revoke(db: peewee.Database, model: Any, floors: Floors, node_id: str, at_least: int | None,
            now: float) -> CredentialFloor:
     """A service's own revocation: its floor raised, this process's copy forgotten."""
     floor, at = raise_floor(db, model, node_id, at_least, now)
@@ -125,7 +127,7 @@ def revocation_request(node_id: str, raw: bytes, body: Callable[[], dict]) -> in
     return Revocation.check(body() if raw.strip() else {}).min_generation
 
 
-def load_floors(db: peewee.Database, model: type[peewee.Model]) -> dict[str, int]:
+def load_floors(db: peewee.Database, model: Any) -> dict[str, int]:
     """Every node whose floor is above the first generation, on a connection of its own
     (the request check runs before the request's connection is taken)."""
     with db.connection_context():
