@@ -31,7 +31,7 @@ from corral.shared.errors import SettingError
 from corral.shared.settings import LOG_LEVEL, LOG_LEVELS, split_urls
 from corral.shared.signals import SignalWatch
 
-from . import cgroups, identity, launch
+from . import cgroups, disk, identity, launch
 from .agent import Agent, AgentStartError
 from .settings import AgentSettings
 
@@ -153,6 +153,10 @@ def check(settings: AgentSettings) -> dict:
         job_user = {"error": exc.message}
         problems.append(exc.message)
     tmp_problem = "AGENT_PRIVATE_TMP is false" if not settings.private_tmp else _private_tmp_problem(settings)
+    space = disk.describe(settings.work_root, settings.min_free_disk_mb)
+    if space["under_floor"]:
+        problems.append(f"only {space['free_mb']} MB free on the filesystem of {space['path']}, under "
+                        f"AGENT_MIN_FREE_DISK_MB ({space['min_free_mb']} MB): the agent would take no work")
     servers = {}
     for name, client_class, setting in (("registry", RegistryClient, settings.registry_url),
                                         ("scheduler", SchedulerClient, settings.scheduler_url)):
@@ -182,6 +186,7 @@ def check(settings: AgentSettings) -> dict:
                        "max_processes": settings.max_processes},
         "job_user": job_user,
         "private_tmp": {"enabled": tmp_problem is None, "reason": tmp_problem},
+        "disk": space,
         **servers,
     }
 
@@ -236,6 +241,11 @@ def format_check(report: dict) -> str:
         "private /tmp:   " + ("yes (and /var/tmp, /dev/shm, IPC)" if tmp["enabled"] else
                               f"no, TMPDIR in the work dir instead: {tmp['reason']}"),
     ]
+    space = report.get("disk")
+    if space is not None:
+        lines.append(f"disk:           {space['free_mb']} MB free for the work dirs, "
+                     f"{'UNDER' if space['under_floor'] else 'above'} AGENT_MIN_FREE_DISK_MB "
+                     f"({space['min_free_mb']} MB)")
     for name in ("registry", "scheduler"):
         for index, server in enumerate(report[name]["urls"]):
             state = "answers" if server["ok"] else f"DOES NOT ANSWER: {server['error']}"

@@ -95,6 +95,17 @@ def free_bytes(path: str) -> int:
     return st.f_bavail * st.f_frsize
 
 
+def describe(work_root: str, floor_mb: int) -> dict:
+    """What `corral-agent --check` says of the floor: the free space of the filesystem
+    the work dirs are (or will be) on, and whether it is under the floor."""
+    path = work_root
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)  # --check creates nothing: the nearest existing parent
+    free = free_bytes(path)
+    return {"path": work_root, "free_mb": free // MiB, "min_free_mb": floor_mb,
+            "under_floor": under_floor(free, floor_mb)}
+
+
 class DiskWatch:
     """The work dirs' limits and the node's floor, checked by one thread."""
 

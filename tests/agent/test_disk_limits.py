@@ -2,13 +2,18 @@
 decisions, measuring a work dir, and the Agent ending a job whose work dir outgrew
 its `disk_mb` and taking no work under the floor, against the real scheduler app
 (test_disk_limits_integration.py: `corral-agent` processes, for real)."""
+import json
 import logging
 import os
 
-from corral.agent import disk
+import responses
+
+from corral.agent import cgroups, disk
+from corral.agent.cli import main
 from corral.agent.endings import Report, ended_by, report_of
 from corral.agent.jobs import END_DISK, END_FENCED, END_TIMEOUT
 from helpers import wait_for
+from scheduler_double import REGISTRY, SCHEDULER
 
 MiB = 1024 * 1024
 
@@ -117,3 +122,32 @@ def test_under_the_floor_the_agent_takes_no_work_and_takes_it_again_once_space_i
     assert not agent.claims_blocked() and "taking work again" in caplog.text
     assert agent.poll_once() == [("job-1", 1)]
     assert wait_for(agent.reap_once, timeout=30, message="the job to end") == [("job-1", 1, "done")]
+
+
+# --- corral-agent --check ---------------------------------------------------------------------
+
+def _check(capsys, monkeypatch, tmp_path, *flags, **env):
+    monkeypatch.setattr(cgroups, "detect", lambda **kw: cgroups.NoCgroups("no cgroups in this test"))
+    monkeypatch.setenv("CORRAL_STATE_DIR", str(tmp_path / "state"))  # not made yet: --check creates nothing
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with responses.RequestsMock() as mock:
+        for url in (REGISTRY, SCHEDULER):
+            mock.add(responses.GET, url + "/healthz", json={"status": "ok"})
+        code = main(["--check", *flags, "--node-id", "n1", "--registry-url", REGISTRY, "--scheduler-url", SCHEDULER])
+    return code, capsys.readouterr().out
+
+
+def test_check_reports_the_free_space_against_the_floor(capsys, monkeypatch, tmp_path):
+    code, out = _check(capsys, monkeypatch, tmp_path, "--json", AGENT_MIN_FREE_DISK_MB="1")
+    space = json.loads(out)["disk"]
+    assert code == 0 and space["min_free_mb"] == 1 and space["free_mb"] > 1 and not space["under_floor"]
+    assert not (tmp_path / "state").exists()
+
+
+def test_check_exits_1_when_the_node_is_under_its_floor(capsys, monkeypatch, tmp_path):
+    floor = disk.free_bytes(str(tmp_path)) // MiB + 1024 * 1024
+    code, out = _check(capsys, monkeypatch, tmp_path, AGENT_MIN_FREE_DISK_MB=str(floor))
+    assert code == 1
+    assert f"UNDER AGENT_MIN_FREE_DISK_MB ({floor} MB)" in out
+    assert "the agent would take no work" in out
