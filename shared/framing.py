@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gunicorn.http.body import CHUNK_EXT_RE
@@ -81,6 +82,9 @@ class Limits:
     # False: malformed heads are left to the parser (with gunicorn's proxy_protocol on, a
     # PROXY line, binary in its v2, comes before the request line)
     check_head: bool = True
+    # Raises gunicorn's error for a request line it refuses (its parse_request_line with
+    # the server's settings), so that one is refused before the rest of the head is in.
+    request_line_check: Callable[[bytes], None] | None = None
 
 
 def head_limit(request_line: int, fields: int, field_size: int) -> int:
@@ -120,7 +124,7 @@ class RequestScanner:
         self._pos = 0                        # chunked: start of the current element
         self._chunk_left = 0
         self._body_bytes = 0
-        self._head = HeadChecker(limits.obsolete_folding) if limits.check_head else None
+        self._head = HeadChecker(limits.obsolete_folding, limits.request_line_check) if limits.check_head else None
         self._trailers: HeadChecker | None = None  # chunked: checks the trailer section's lines
 
     def scan(self, buf: bytes | bytearray) -> Verdict:
@@ -261,8 +265,9 @@ class HeadChecker:
     parse_request_line, parse_headers). A bare LF is not looked for here (the
     scanner hands it to the parser, which refuses it at once)."""
 
-    def __init__(self, folding: bool, request_line: bool = True):
+    def __init__(self, folding: bool, line_check: Callable[[bytes], None] | None = None, request_line: bool = True):
         self.folding = folding
+        self.line_check = line_check
         self.line_start = -1         # where the current line starts; -1: not yet known
         self.checked = 0             # bytes before this are checked
         self.request_line = request_line  # the current line is the request line (False: trailers)
@@ -329,7 +334,14 @@ class HeadChecker:
         line = self.line_start
         if self.request_line:
             self.request_line = False
-            return InvalidRequestLine("") if line_end == line else None
+            if line_end == line:
+                return InvalidRequestLine("")
+            if self.line_check is not None:
+                try:
+                    self.line_check(bytes(buf[line:line_end]))
+                except ParseException as exc:
+                    return exc
+            return None
         if not self.continued:
             if self.colon < 0:
                 return InvalidHeader(_text(buf[line:line_end]))  # a header line without a colon

@@ -62,6 +62,7 @@ from functools import partial
 from gunicorn import sock as gunicorn_sock
 from gunicorn import util
 from gunicorn.http import errors as http_errors
+from gunicorn.http.message import Request
 from gunicorn.http.parser import RequestParser
 from gunicorn.http.unreader import SocketUnreader
 from gunicorn.http.wsgi import Response, default_environ
@@ -111,6 +112,15 @@ CLOSED = "closed"
 def read_timeout_secs(env: Mapping[str, str] = os.environ) -> float:
     """CORRAL_REQUEST_READ_TIMEOUT_SECS: how long a client may take to send one request."""
     return REQUEST_READ_TIMEOUT.read(env)
+
+
+def _check_request_line(cfg, line: bytes) -> None:
+    """gunicorn's own check of a request line, with the server's settings: raises the
+    error its parser raises for it (message.py's Request.parse_request_line, run on
+    an empty request that holds only the settings it reads)."""
+    request = Request.__new__(Request)
+    request.cfg = cfg
+    Request.parse_request_line(request, line)
 
 
 def _peer(client) -> str:
@@ -260,7 +270,8 @@ class BufferingWorker(ThreadWorker):
                               head=framing.head_limit(request_line, fields, field_size),
                               body=body, chunk_line=field_size, trailers=fields * (field_size + 2) + 4,
                               obsolete_folding=bool(cfg.permit_obsolete_folding),
-                              check_head=getattr(cfg, "proxy_protocol", "off") in ("off", False, None))
+                              check_head=getattr(cfg, "proxy_protocol", "off") in ("off", False, None),
+                              request_line_check=partial(_check_request_line, cfg))
 
     # ---- the event loop ----------------------------------------------------------------
 

@@ -17,7 +17,9 @@ chunked framing, CR, LF or NUL in a header, hostile path values (no 5xx, no hang
 import http.client
 import io
 import json
+import pathlib
 import socket
+import tempfile
 import time
 from collections.abc import Iterator
 from urllib.parse import quote
@@ -367,17 +369,24 @@ def chunks(data: bytes, size: int = 64 * 1024) -> bytes:
                     for i in range(0, len(data), size)) + b"0\r\n\r\n"
 
 
+def route_tables() -> dict[str, list]:
+    """routes() of each service, from its app's own table."""
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ("registry", "scheduler"):
+            made = getattr(hostile, name)(pathlib.Path(tmp))
+            try:
+                out[name] = routes(made.app)
+            finally:
+                made.close()
+    return out
+
+
 def body_routes() -> list[tuple[str, str, bool]]:
     """(service, path, whether it reads its body) of every route that takes a POST,
     from the apps' own tables."""
-    import tempfile
-    out = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in ("registry", "scheduler"):
-            app = getattr(hostile, name)(tmp).app
-            out += [(name, fill(rule), (name, endpoint) in hostile.VALID_BODIES)
-                    for rule, endpoint, allowed in routes(app) if "POST" in allowed]
-    return out
+    return [(name, fill(rule), (name, endpoint) in hostile.VALID_BODIES)
+            for name, table in route_tables().items() for rule, endpoint, allowed in table if "POST" in allowed]
 
 
 # Chunked framing gunicorn's parser refuses; True: the client then closes its side.
@@ -522,13 +531,8 @@ ANSWER_SECS = 30
 
 def socket_routes() -> dict[str, list[tuple[str, str, list[str]]]]:
     """For each service: (path with plausible values, rule, methods) of every route."""
-    import tempfile
-    out = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in ("registry", "scheduler"):
-            app = getattr(hostile, name)(tmp).app
-            out[name] = [(fill(rule), rule, allowed) for rule, _, allowed in routes(app)]
-    return out
+    return {name: [(fill(rule), rule, allowed) for rule, _, allowed in table]
+            for name, table in route_tables().items()}
 
 
 def exchange(port: int, method: str, path: str, body: bytes = b"", content_type: str = "application/json",

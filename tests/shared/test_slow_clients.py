@@ -15,6 +15,7 @@ import ssl
 import statistics
 import threading
 import time
+from functools import partial
 
 import pytest
 import requests
@@ -27,7 +28,8 @@ from corral.shared import framing, refusals, worker
 from helpers import wait_for
 from certs import make_certificates
 
-LIMITS = framing.Limits(request_line=4094, head=framing.head_limit(4094, 100, 8190), body=1000)
+LIMITS = framing.Limits(request_line=4094, head=framing.head_limit(4094, 100, 8190), body=1000,
+                        request_line_check=partial(worker._check_request_line, Config()))
 POST_HEAD = (b"POST /jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
              b"Content-Length: %d\r\n\r\n")
 CHUNKED_HEAD = (b"POST /jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -136,6 +138,10 @@ BAD_HEADS = {
     "a folded header line": (b"GET / HTTP/1.1\r\nX-A: a\r\n ", e.ObsoleteFolding),
     "white space before the first header": (b"GET / HTTP/1.1\r\n ", e.InvalidHeaderName),
     "an empty request line": (b"\r\n\r\n", e.InvalidRequestLine),
+    "a lower-case method": (b"get /healthz HTTP/1.1\r\n", e.InvalidRequestMethod),
+    "HTTP/2.0": (b"GET /healthz HTTP/2.0\r\n", e.InvalidHTTPVersion),
+    "a target that is no path": (b"GET healthz HTTP/1.1\r\n", e.InvalidRequestLine),
+    "a space too many": (b"GET /healthz HTTP/1.1 \r\n", e.InvalidHTTPVersion),
 }
 
 
@@ -158,6 +164,8 @@ ODD_GOOD_HEADS = {
     "no headers": b"GET / HTTP/1.0\r\n\r\n",
     "token characters in a name": b"GET / HTTP/1.1\r\nX!#$%&'*+-.^_`|~9: y\r\n\r\n",
     "HTTP/1.0 without a Host": b"GET /healthz?a=%00&b=%0d HTTP/1.0\r\nX-A: 1\r\n\r\n",
+    "OPTIONS *": b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n",
+    "an absolute URL": b"GET http://127.0.0.1:9001/healthz#x HTTP/1.1\r\n\r\n",
 }
 
 
