@@ -449,6 +449,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     @app.get("/jobs/<job_id>/events")
     def job_events(job_id):
         return respond([views.event(e) for e in store.events(job_id)], of=list[contract.JobEvent])
+
     drain_registry = registry_client(settings, timeout=(2.0, 5.0))
 
     @app.post("/nodes/<node_id>/drain")
@@ -460,7 +461,6 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     def undrain_node(node_id):
         return respond(contract.NodeDrain.model_validate(
             drains.set_drained(store, drain_registry, node_id, False, clock())))
-
 
     event_log = EventLog(store.db)
     stream_timing = event_stream.Timing(settings.events_keepalive_secs, settings.events_stream_max_secs,

@@ -767,6 +767,14 @@ class JobEvent(Answer):
     reason: str = Field(examples=["placed on node-7"])
 
 
+class NodeDrain(Answer):
+    """A node's drain as the scheduler holds it from this answer on."""
+
+    node_id: str
+    drained: bool
+    """True: no placement from now on puts new work on the node; what it runs finishes."""
+
+
 class SchedulerNode(Answer):
     """A node as the scheduler sees it: its copy of the registry's node list (refreshed every
     NODE_REFRESH_SECS) and the slots the node's jobs hold."""
@@ -783,14 +791,6 @@ class SchedulerNode(Answer):
     capacity: int = Field(ge=0)
     """Jobs the node may hold at once: min(MAX_JOBS_PER_NODE, slots)."""
     slots_used: int = Field(ge=0)
-class NodeDrain(Answer):
-    """A node's drain as the scheduler holds it from this answer on."""
-
-    node_id: str
-    drained: bool
-    """True: no placement from now on puts new work on the node; what it runs finishes."""
-
-
     """Its jobs that hold a slot: placed and pending, or running."""
     max_memory_mb: int | None
     max_cpu_percent: int | None

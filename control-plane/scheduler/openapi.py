@@ -501,6 +501,7 @@ PATHS = {
                 "404": _error("NotFound"),
             },
         },
+    },
     "/nodes/{node_id}/drain": {
         "parameters": [NODE_ID_PARAM],
         "post": {
@@ -533,7 +534,6 @@ PATHS = {
                 "503": _json(shared_contract.Error, "The registry did not answer; nothing was changed."),
             },
         },
-    },
     },
     "/jobs/{job_id}/retry": {
         "parameters": [JOB_ID_PARAM],

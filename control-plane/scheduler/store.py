@@ -828,17 +828,6 @@ class Store:
                                      for node_id, change, data in node_changes(before, after))
             self.release_lost(now)
 
-    def release_lost(self, now: float) -> int:
-        """Unplace pending jobs whose node is unhealthy, drained or gone, so they go elsewhere.
-
-        Each write is conditional on the job being as it was read: still pending on that
-        node at that attempt. On PostgreSQL a claim in another process can take the job
-        between the read and the write, and an unconditional write then left a running
-        job with no node, which nothing would ever finish or requeue."""
-        stranded = self._stranded()
-        if not stranded:
-            return 0
-        states = dict(Node.select(Node.node_id, Node.status).tuples())
     def drain_count(self) -> int:
         """How many drains and undrains went through the scheduler (sync_nodes' `seen_drains`)."""
         return self.counters().get(DRAINS_COUNTER, 0)
@@ -865,6 +854,17 @@ class Store:
                 self.release_lost(now)
         return True
 
+    def release_lost(self, now: float) -> int:
+        """Unplace pending jobs whose node is unhealthy, drained or gone, so they go elsewhere.
+
+        Each write is conditional on the job being as it was read: still pending on that
+        node at that attempt. On PostgreSQL a claim in another process can take the job
+        between the read and the write, and an unconditional write then left a running
+        job with no node, which nothing would ever finish or requeue."""
+        stranded = self._stranded()
+        if not stranded:
+            return 0
+        states = dict(Node.select(Node.node_id, Node.status).tuples())
         released = 0
         for job in stranded:
             unplaced = Job.update(node_id=None, placed_at=None).where(
@@ -1573,17 +1573,6 @@ def _claim_limits(job: Job, request: dict) -> dict | None:
     return limits
 
 
-def _placement_status(node: dict) -> str:
-    """How the scheduler sees a registry node: a drained node takes no new work
-    (what it runs finishes), so for placement it is not `healthy`."""
-    status = node.get("status") or "unhealthy"
-    return "drained" if status == "healthy" and node.get("drained") else status
-
-
-def _json(value):
-    """A JSON column's value as a SELECT of raw rows gives it (text), parsed. The same
-    texts come back on every placement (a node's labels and defaults, the jobs' few
-    constraint sets): they are parsed once. The result is shared: never change it."""
 def _drain_status(status: str, drained: bool) -> str:
     """A node's placement status once drained (or undrained): only a healthy node shows it."""
     if drained and status == "healthy":
@@ -1604,6 +1593,17 @@ def _maxima(node: Node) -> str:
                      for name, value in (("memory_mb", node.max_memory_mb), ("cpu_percent", node.max_cpu_percent)))
 
 
+def _placement_status(node: dict) -> str:
+    """How the scheduler sees a registry node: a drained node takes no new work
+    (what it runs finishes), so for placement it is not `healthy`."""
+    status = node.get("status") or "unhealthy"
+    return "drained" if status == "healthy" and node.get("drained") else status
+
+
+def _json(value):
+    """A JSON column's value as a SELECT of raw rows gives it (text), parsed. The same
+    texts come back on every placement (a node's labels and defaults, the jobs' few
+    constraint sets): they are parsed once. The result is shared: never change it."""
     return _parsed(value) if isinstance(value, str) else value
 
 
