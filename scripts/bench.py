@@ -26,6 +26,8 @@ Scenarios (see docs/benchmarks.md for what each measures and why):
   idle_fleet        1,000 simulated idle agents spread over two schedulers: their CPU
   schedules         10 schedules firing every second for 30 s on an otherwise idle cluster with
                     2 agents: each slot's lag to its job's creation and to its start, the CPU
+  submit_pending    POST /jobs from 8 clients while every node is full, with 0 and then with
+                    100,000 jobs pending (added through SQL): p50/p99 of each and their ratios
   placement         no cluster: one placement pass (placement.Planner) over 10,000 waiting jobs
                     of four shapes and 500 labelled nodes, per policy, in memory
   node_floor        no scheduler: how fast this machine starts `true` jobs the way an agent
@@ -77,7 +79,8 @@ from cluster import all_jobs, wait_scheduler_sees_healthy  # tests/cluster.py (b
 from corral.shared.timeutil import epoch, iso
 
 SCENARIOS = ("submit_single", "submit_batch", "dispatch_latency", "dispatch_cross_replica", "throughput", "baseline",
-             "cpu_bound", "memory", "capacity", "idle_fleet", "schedules", "logs", "placement", "node_floor")
+             "cpu_bound", "memory", "capacity", "idle_fleet", "schedules", "logs", "submit_pending", "placement",
+             "node_floor")
 PROFILER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profile_requests.py")
 # Scenarios that touch no database: run once per round, whatever the backends.
 NO_DATABASE = ("placement", "node_floor")
@@ -89,7 +92,8 @@ COMPARED = {"submit_single": ("jobs_per_sec", "scheduler_cpu_ms_per_job"), "subm
             "capacity": ("jobs_per_sec", "scheduler_cpu_ms_per_job", "registry_cpu_ms_per_job"),
             "idle_fleet": ("schedulers_cpu_pct", "registry_cpu_pct"),
             "schedules": ("lag_p50_ms", "lag_p99_ms", "scheduler_cpu_pct"),
-            "logs": ("stored_mb_per_sec", "scheduler_cpu_ms_per_mb", "read_mb_per_sec")}
+            "logs": ("stored_mb_per_sec", "scheduler_cpu_ms_per_mb", "read_mb_per_sec"),
+            "submit_pending": ("pending_p50_ms", "pending_p99_ms")}
 
 # The control plane's targets on a 2-core machine, checked against the medians of a
 # full run: (scenario, backend or None for every backend, field, "min" or "max", limit).
@@ -102,6 +106,8 @@ TARGETS = (
     ("capacity", "postgresql", "jobs_per_sec", "min", 800),
     ("idle_fleet", None, "schedulers_cpu_pct", "max", 20),
     ("schedules", None, "lag_p99_ms", "max", 1000),
+    # A submit costs about the same whatever the length of the queue (MAX_PENDING_JOBS's default).
+    ("submit_pending", None, "p99_ratio", "max", 2.0),
     ("placement", None, "round_robin_ms", "max", 50), ("placement", None, "binpack_ms", "max", 50),
     ("placement", None, "spread_ms", "max", 50),
 )
@@ -165,6 +171,8 @@ class Config:
     log_jobs: int = 16                # jobs that each write log_mb of output as fast as they can
     log_mb: int = 8
     log_secs: float = 180.0
+    pending_fill: int = 100_000       # jobs added to the queue through SQL between the two measures
+    pending_submits: int = 1000       # POST /jobs per measure
 
 
 FULL = Config()
@@ -172,7 +180,8 @@ QUICK = Config(repeat=1, submit_jobs=100, batch_size=50, latency_jobs=5, latency
                throughput_jobs=40, throughput_secs=60.0, baseline_jobs=6, baseline_secs=60.0, baseline_latency_jobs=2,
                cpu_jobs=6, cpu_secs=60.0, warmup_jobs=2, floor_jobs=40, capacity_jobs=400, capacity_agents=10,
                capacity_batch=100, capacity_secs=60.0, idle_agents=20, idle_secs=3.0, idle_settle_secs=1.0,
-               schedule_count=3, schedule_secs=5, log_jobs=4, log_mb=2, log_secs=60.0)
+               schedule_count=3, schedule_secs=5, log_jobs=4, log_mb=2, log_secs=60.0,
+               pending_fill=2000, pending_submits=50)
 
 
 def rounded(value: float | None) -> float | None:
@@ -610,6 +619,7 @@ class Bench:
         self.guarded(self.round_idle_fleet, "idle_fleet")
         self.guarded(self.round_schedules, "schedules")
         self.guarded(self.round_logs, "logs")
+        self.guarded(self.round_submit_pending, "submit_pending")
 
     def guarded(self, round_fn, *scenarios: str) -> None:
         """Run one round of a group of scenarios; when its cluster cannot even be
@@ -1208,6 +1218,61 @@ class Bench:
                 "agent_cpu_ms_per_mb": round(1000 * agent_secs / stored, 1),
                 "read_mb_per_sec": round(offset / 2 ** 20 / read_secs, 1) if read_secs > 0 else None,
                 "read_bytes_ok": offset == size}
+
+    def round_submit_pending(self) -> None:
+        if not self.want("submit_pending"):
+            return
+        cfg = self.cfg
+        # One slot per node, and a bound on pending jobs well above what the scenario adds.
+        c = self.cluster("pending", agents=cfg.agents, slots=1, MAX_JOBS_PER_NODE=1,
+                         MAX_PENDING_JOBS=10 * (cfg.pending_fill + 2 * cfg.pending_submits))
+        try:
+            self.record("submit_pending", self.submit_pending, c)
+        finally:
+            c.stop()
+
+    def submit_pending(self, c: bl.BenchCluster) -> dict:
+        """What a submit costs as the queue grows: every node's slot taken by a long job,
+        POST /jobs from `submit_clients` clients with no job pending, then again once
+        `pending_fill` pending jobs were added straight into the database (the queue a
+        burst of arrays leaves). Each measure follows a warm-up of a tenth of its jobs."""
+        cfg = self.cfg
+        url = c.scheduler_url
+        blockers = [c.submit(command="sleep 600")["job_id"] for _ in range(cfg.agents)]
+        deadline = time.monotonic() + 60
+        while job_counts(url).get("running") != cfg.agents:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the {cfg.agents} long jobs did not all start within 60 s")
+            time.sleep(0.1)
+        request = {"command": "true"}
+
+        def measure() -> dict:
+            submit_concurrently(url, request, max(cfg.submit_clients, cfg.pending_submits // 10), cfg.submit_clients,
+                                cfg.submit_secs)
+            res = submit_concurrently(url, request, cfg.pending_submits, cfg.submit_clients, cfg.submit_secs)
+            if res["ok"] == 0:
+                raise RuntimeError(f"no job was accepted: {res['last_error']}")
+            return res
+
+        empty = measure()
+        started = time.monotonic()
+        benchdb.fill_pending(c.databases.get("scheduler"), os.path.join(c.state_dir, "scheduler.db"),
+                             cfg.pending_fill, time.time())
+        fill_secs = time.monotonic() - started
+        full = measure()
+        pending = job_counts(url).get("pending")
+        for job_id in blockers:
+            requests.post(f"{url}/jobs/{job_id}/cancel", json={}, timeout=10)
+        self.settings["submit_pending"] = {
+            "clients": cfg.submit_clients, "jobs_per_measure": cfg.pending_submits, "added": cfg.pending_fill,
+            "agents": cfg.agents, "slots": 1, "request": request,
+            "cluster": "every slot held by a `sleep 600` job: every submitted job stays pending, unplaced"}
+        p50, p99 = (bl.percentile(empty["latencies"], q) for q in (50, 99))
+        full_p50, full_p99 = (bl.percentile(full["latencies"], q) for q in (50, 99))
+        return {"empty_p50_ms": bl.ms(p50), "empty_p99_ms": bl.ms(p99),
+                "pending_p50_ms": bl.ms(full_p50), "pending_p99_ms": bl.ms(full_p99),
+                "p50_ratio": bl.ratio(full_p50, p50), "p99_ratio": bl.ratio(full_p99, p99),
+                "pending_jobs": pending, "errors": empty["errors"] + full["errors"], "fill_secs": round(fill_secs, 2)}
 
     def round_baseline(self) -> None:
         if not self.want("baseline"):

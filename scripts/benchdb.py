@@ -121,6 +121,42 @@ class Postgres:
             self.own.stop()
 
 
+# The columns a pending job needs (the others have SQL defaults or may be NULL), as a
+# fresh `{"command": "true"}` submit stores them, queued one after another.
+PENDING_COLUMNS = ("command, job_type, env_vars, status, attempt, retry_count, max_retries, on_node_lost, "
+                   "node_losses, created_at, priority, queue_at, dependencies_left, has_dependents, "
+                   "on_dependency_failure")
+
+
+def fill_pending(database_url: str | None, sqlite_path: str, count: int, now: float) -> None:
+    """Add `count` pending, unplaced jobs to a scheduler's database in one INSERT ... SELECT
+    (seconds for 100,000, where POST /jobs/batch would take minutes): the queue a burst of
+    submits leaves. `database_url`: its PostgreSQL database (tables in the corral_scheduler
+    schema); None: the SQLite file at `sqlite_path` (its servers keep running: WAL).
+    Then the database is left as it would be had the queue built up over minutes: the
+    WAL checkpointed (SQLite), the table vacuumed and analyzed (PostgreSQL's autovacuum),
+    so that the first submits after do not pay for the bulk insert."""
+    def values(now: str, false: str) -> str:
+        return f"'true', 'run', '{{}}', 'pending', 0, 0, 1, 'requeue', 0, {now}, 50, {now} + n, 0, {false}, 'cancel'"
+
+    if database_url:
+        with psycopg.connect(database_url, connect_timeout=CONNECT_TIMEOUT) as conn:
+            conn.execute(f"INSERT INTO corral_scheduler.job ({PENDING_COLUMNS}) SELECT {values('%(now)s', 'false')} "
+                         "FROM generate_series(1, %(count)s) AS s(n)", {"now": now, "count": count})
+        with psycopg.connect(database_url, connect_timeout=CONNECT_TIMEOUT, autocommit=True) as conn:
+            conn.execute("VACUUM (ANALYZE) corral_scheduler.job")
+        return
+    conn = sqlite3.connect(sqlite_path, timeout=60)
+    try:
+        with conn:
+            conn.execute(f"WITH RECURSIVE s(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM s WHERE n < :count) "
+                         f"INSERT INTO job ({PENDING_COLUMNS}) SELECT {values(':now', '0')} FROM s",
+                         {"now": now, "count": count})
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        conn.close()
+
+
 def local_postmaster(backend_pid: int) -> int | None:
     """The postmaster of a backend, when that backend runs on this machine (and in this
     pid namespace): the parent of a process named postgres."""

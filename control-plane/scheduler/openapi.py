@@ -26,6 +26,12 @@ NODE_ID_PARAM = _path_param("node_id", "The agent's node id.", NAME_PATTERN_PARA
 SCHEDULE_NAME_PARAM = _path_param("name", "A schedule's name.", NAME_PATTERN_PARAM)
 JOB_ID_PARAM = _path_param("job_id", "A job id such as `job-42`.", {"type": "string", "pattern": JOB_ID_PATTERN})
 
+PENDING_LIMIT = _json(shared_contract.Error, "The cluster holds MAX_PENDING_JOBS pending jobs: nothing was stored. "
+                      "The body also has `pending_jobs`, `max_pending_jobs`, `setting` and `requested` (the "
+                      "new jobs the request would add).",
+                      headers={"Retry-After": {"description": "Seconds to wait before trying again.",
+                                               "schema": {"type": "integer"}}})
+
 RESPONSES = error_responses(
     not_found="No such job.",
     conflict="The report is from another node, for a stale attempt, or asks for an illegal transition; "
@@ -137,6 +143,7 @@ PATHS = {
                 "409": _error("Conflict"),
                 "413": _error("PayloadTooLarge"),
                 "415": _error("UnsupportedMediaType"),
+                "429": PENDING_LIMIT,
             },
         },
         "get": {
@@ -302,6 +309,7 @@ PATHS = {
                 "400": _json(shared_contract.BatchError, "The body or an item is invalid; nothing was stored."),
                 "409": _error("Conflict"),
                 "413": _error("PayloadTooLarge"),
+                "429": PENDING_LIMIT,
                 "415": _error("UnsupportedMediaType"),
             },
         },

@@ -35,6 +35,7 @@ BENCH_NUMBERS = {
     "logs": ["stored_mb_per_sec", "scheduler_cpu_ms_per_mb", "agent_cpu_ms_per_mb", "read_mb_per_sec"],
     "node_floor": ["jobs_per_sec", "starter_cpu_ms_per_job", "job_processes_cpu_ms_per_job"],
     "placement": ["round_robin_ms", "binpack_ms", "spread_ms", "round_robin_explain_ms"],
+    "submit_pending": ["empty_p50_ms", "empty_p99_ms", "pending_p50_ms", "pending_p99_ms", "p99_ratio"],
 }
 NO_DATABASE = ("node_floor", "placement")
 # What only a PostgreSQL backend measures: the server's own CPU.
@@ -128,7 +129,7 @@ def test_the_benchmark_scripts_print_json_lines_and_leave_nothing_running():
     assert list(bench[0]["backends"]) == ["sqlite"]
     check_targets(bench[-1], [("dispatch_latency", "sqlite")] * 2 + [("dispatch_cross_replica", "sqlite")] * 2
                   + [("capacity", "sqlite"), ("idle_fleet", "sqlite"), ("schedules", "sqlite")]
-                  + [("placement", None)] * 3)
+                  + [("submit_pending", "sqlite")] + [("placement", None)] * 3)
     bench = bench[:-1]
     by_name = {r["scenario"]: r for r in bench[1:]}
     assert set(by_name) == {*BENCH_NUMBERS, "cpu_bound"}, list(by_name)
@@ -145,6 +146,8 @@ def test_the_benchmark_scripts_print_json_lines_and_leave_nothing_running():
     assert capacity["done"] == capacity["jobs"] > 0 and capacity["api_failed"] == 0, capacity
     schedules = by_name["schedules"]  # every slot of the window made exactly one job
     assert schedules["jobs"] == schedules["slots"] > 0 and schedules["slots_with_two_jobs"] == 0, schedules
+    pending = by_name["submit_pending"]  # the second measure ran with the added jobs queued, none refused
+    assert pending["pending_jobs"] >= pending["settings"]["added"] and pending["errors"] == 0, pending
     logs = by_name["logs"]  # every job's output stored whole, one read back byte for byte
     assert logs["complete"] == logs["jobs"] > 0 and logs["runs"][0]["read_bytes_ok"] is True, logs
 
