@@ -225,7 +225,13 @@ class Agent:
         self.private_tmp, self.private_tmp_reason = startup.detect_private_tmp(s, self._fstab, self.private_tmp)
         self.endings = Endings(s, self.jobs, self.outbox, self.users, lambda: self.lease.secs or 0, self._clock,
                                self.logs)
-        adopted = [self.jobs.held(key) for key in self.services.adopt(self.cgroups, self.users)]
+        adopted_keys, ended = self.services.adopt(self.cgroups, self.users)
+        adopted = [self.jobs.held(key) for key in adopted_keys]
+        for gone in ended:
+            # Sent by the work loop's first pass, right after registering: the scheduler
+            # learns it at once instead of when this node's lease or a reconcile runs out.
+            self.outbox.add(gone.state.job_id, gone.state.attempt, "failed", exit_code=-1, stdout=gone.stdout,
+                            stderr=gone.stderr, oom_killed=False, peak_memory_bytes=None, cpu_seconds=None)
         for local in adopted:  # their output goes on being shipped (from where the scheduler is)
             if local.log_files:
                 self.logs.follow_files(local.job_id, local.attempt, local.log_files)

@@ -52,12 +52,20 @@ class ServiceJobs:
         local.monitor = self._monitor(local.job_id, local.attempt, name, port, job.get("health_path"),
                                       log_files, job.get("service_grant"))
 
-    def adopt(self, cgroups_: cgroups.Manager, users: identity.JobUsers) -> list[Key]:
+    def adopt(self, cgroups_: cgroups.Manager, users: identity.JobUsers) -> tuple[list[Key], list[services.Ended]]:
         """Take over the services an earlier agent of this node left running (their
-        state files), each with its uid held again and a monitor that checks first."""
+        state files), each with its uid held again and a monitor that checks first.
+        Returns their keys, and the services that ended while no agent watched them:
+        their registry records are being removed (on threads of their own), their
+        reports are the caller's to send."""
         adopted = []
         s = self.settings
-        for found in services.adoptable(s.service_state_root, cgroups_, s.output_tail_bytes, s.kill_grace):
+        found_all, ended = services.adoptable(s.service_state_root, cgroups_, s.output_tail_bytes, s.kill_grace)
+        for gone in ended:
+            # Before anything else: a load balancer reading the registry must stop being
+            # sent to its port now, not when the node's lease runs out.
+            services.forget_record_soon(self.registry.clone(), gone.state.job_id, gone.state.attempt)
+        for found in found_all:
             state = found.state
             key = services.file_stem(state.job_id, state.attempt)
             held = users.hold(key, state.uid)
@@ -77,7 +85,7 @@ class ServiceJobs:
             adopted.append(local.key)
             log.info("re-adopted service job %s attempt %s (pid %d, port %s)", state.job_id,
                      state.attempt, state.pid, state.port)
-        return adopted
+        return adopted, ended
 
     def _monitor(self, job_id: str, attempt: int, name: str, port: int | None, health_path: str | None,
                  log_files, grant: str | None, check_first: bool = False) -> services.ServiceMonitor:

@@ -35,9 +35,12 @@ every service whose pid is still alive with the same start time (and, with
 cgroups, still in its cgroup) as an `AdoptedProcess`: it health-checks it, kills it
 through its cgroup when the scheduler cancels it, and when it exits reports it with
 its log tails and exit code -1, since only a process's parent can learn its real
-exit status. A state file whose process is gone is deleted (the scheduler still
-lists that job running here, so reconcile reports it failed and the retry rule
-applies). A service's state file is removed when the service ends.
+exit status. A service whose process is gone ended while no agent watched it:
+the next agent reports it `failed` (exit code -1, its log tails) from its first
+pass on, so the scheduler need not wait for anything to lapse and the retry rule
+applies, and it removes the service's registry record for that attempt
+(`remove_record`), so a load balancer stops being sent to a dead port; its state
+file is deleted. A service's state file is removed when the service ends.
 """
 from __future__ import annotations
 
@@ -69,6 +72,8 @@ RESEND_SECS = 30.0
 REMOVE_TRY_SECS = 30.0
 ADOPTED_MESSAGE = ("exit code unknown: this service was re-adopted by a restarted agent, "
                    "which cannot learn the exit status of a process it did not start")
+ENDED_UNWATCHED_MESSAGE = ("exit code unknown: this service ended while no agent watched it (its agent "
+                           "had stopped); the next agent found it gone")
 
 
 # --- processes ---------------------------------------------------------------------------
@@ -299,27 +304,7 @@ class ServiceMonitor:
         return healthy, now + RESEND_SECS
 
     def _remove_record(self) -> None:
-        deadline = time.monotonic() + REMOVE_TRY_SECS
-        backoff = Backoff(0.5, 8.0)
-        while True:
-            try:
-                self.registry.remove_service(self.job_id)
-                log.info("removed service job %s from the registry", self.job_id)
-                return
-            except Rejected as exc:
-                if exc.status == 404:
-                    return  # already gone
-                log.warning("the registry refused to remove service job %s: %s", self.job_id, exc)
-                return
-            except ClientError as exc:
-                delay = backoff.next()
-                if time.monotonic() + delay > deadline:
-                    log.warning("could not remove service job %s from the registry: %s; giving "
-                                "up, the record stays until removed by hand", self.job_id, exc)
-                    return
-                log.warning("could not remove service job %s from the registry: %s; retrying "
-                            "in %.1fs", self.job_id, exc, delay)
-                time.sleep(delay)
+        remove_record(self.registry, self.record["job_id"], self.record.get("attempt"))
 
     def _trim_logs(self) -> None:
         for path in self.log_files or ():
@@ -329,6 +314,51 @@ class ServiceMonitor:
 
 
 _UNSENT = object()
+
+
+def remove_record(registry, job_id: str, attempt: int | None) -> None:
+    """Remove the registry record of the service of `job_id` (only while it is the
+    record of `attempt`: never that of a newer attempt elsewhere), retried for about
+    REMOVE_TRY_SECS while the registry cannot be reached."""
+    deadline = time.monotonic() + REMOVE_TRY_SECS
+    backoff = Backoff(0.5, 8.0)
+    while True:
+        try:
+            registry.remove_service(job_id, attempt)
+            log.info("removed service job %s from the registry", job_id)
+            return
+        except Rejected as exc:
+            if exc.status in (404, 409):
+                return  # already gone, or a newer attempt's record: not ours to remove
+            log.warning("the registry refused to remove service job %s: %s", job_id, exc)
+            return
+        except ClientError as exc:
+            delay = backoff.next()
+            if time.monotonic() + delay > deadline:
+                log.warning("could not remove service job %s from the registry: %s; giving "
+                            "up, the record stays until removed by hand", job_id, exc)
+                return
+            log.warning("could not remove service job %s from the registry: %s; retrying "
+                        "in %.1fs", job_id, exc, delay)
+            time.sleep(delay)
+
+
+def forget_record_soon(registry, job_id: str, attempt: int) -> threading.Thread:
+    """remove_record on a thread of its own (`registry`: a client of its own), so an
+    agent starting while the registry is away does not wait for it."""
+    thread = threading.Thread(target=lambda: _remove_and_close(registry, job_id, attempt), daemon=True,
+                              name=f"forget-{job_id}")
+    thread.start()
+    return thread
+
+
+def _remove_and_close(registry, job_id: str, attempt: int) -> None:
+    try:
+        remove_record(registry, job_id, attempt)
+    except Exception:  # a bug here must not go unnoticed
+        log.exception("removing the record of service job %s failed", job_id)
+    finally:
+        registry.close()
 
 
 # --- re-adopted services ---------------------------------------------------------------------
@@ -416,12 +446,21 @@ class Adoptable(NamedTuple):
     process: AdoptedProcess
 
 
-def adoptable(state_root: str, manager, tail_bytes: int, kill_grace: float) -> list[Adoptable]:
-    """The services an earlier agent left running that this one can take over.
+class Ended(NamedTuple):
+    """A service that ended while no agent watched it: what its report needs."""
+    state: ServiceState
+    stdout: str  # the tails of its log files
+    stderr: str
+
+
+def adoptable(state_root: str, manager, tail_bytes: int, kill_grace: float
+              ) -> tuple[list[Adoptable], list[Ended]]:
+    """The services an earlier agent left running that this one can take over, and
+    those that ended meanwhile (with their log tails, read before the leftovers go).
     State files of services that are gone (or unreadable) are deleted. A service
     that is alive but no longer in its cgroup is killed instead: limits and a
     cancellation could not reach all of it, and the retry starts a clean one."""
-    found = []
+    found, ended = [], []
     for path in state_files(state_root):
         try:
             state = ServiceState.read(path)
@@ -433,6 +472,10 @@ def adoptable(state_root: str, manager, tail_bytes: int, kill_grace: float) -> l
             log.warning("service job %s attempt %s (pid %d) ended while no agent watched it; "
                         "the scheduler will be told it failed", state.job_id, state.attempt,
                         state.pid)
+            out, err = (runner.read_tail(p, tail_bytes) for p in (state.stdout, state.stderr))
+            if err and not err.endswith("\n"):
+                err += "\n"
+            ended.append(Ended(state, out, err + ENDED_UNWATCHED_MESSAGE))
             remove_file(path)
             continue
         cg = manager.adopt(state.cgroup) if manager.enforced else None
@@ -447,4 +490,4 @@ def adoptable(state_root: str, manager, tail_bytes: int, kill_grace: float) -> l
         process = AdoptedProcess(state, cg or cgroups.NullJobCgroup(state.cgroup), tail_bytes,
                                  enforced=cg is not None)
         found.append(Adoptable(state, path, process))
-    return found
+    return found, ended

@@ -291,8 +291,10 @@ class RegistryClient(_Client):
     def list_services(self, **filters) -> list[dict]:
         return self._call("GET", "/services", params=filters)
 
-    def remove_service(self, job_id: str) -> dict:
-        return self._call("DELETE", f"/services/{job_id}")
+    def remove_service(self, job_id: str, attempt: int | None = None) -> dict:
+        """With `attempt`: only while the record is that attempt's (409 otherwise)."""
+        params = {} if attempt is None else {"attempt": attempt}
+        return self._call("DELETE", f"/services/{job_id}", params=params)
 
     def drain(self, node_id: str) -> dict:
         """No new work goes to the node; answers the node (`drained: true`)."""

@@ -28,7 +28,7 @@ class FakeRegistry:
         return 200, {}, json.dumps(body)
 
     def _delete(self, request):
-        job_id = request.url.rsplit("/", 1)[-1]
+        job_id = request.url.split("?", 1)[0].rsplit("/", 1)[-1]  # ?attempt=N: the record's attempt
         self.deletes.append(job_id)
         if self.records.pop(job_id, None) is None:
             return 404, {}, json.dumps({"error": "no such service"})

@@ -11,7 +11,7 @@ from corral.shared import db as dbmod
 from corral.shared import migrations
 from corral.shared.contract import respond
 from corral.shared.errors import Conflict, Forbidden, NotFound
-from corral.shared.http import base_app, query_choice, read_json_object, serve_openapi, serve_readiness
+from corral.shared.http import base_app, query_choice, query_int, read_json_object, serve_openapi, serve_readiness
 from corral.shared.metrics import serve_metrics
 from corral.shared.timeutil import iso
 
@@ -95,7 +95,11 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
         migrations.apply(db, MIGRATIONS, settings.db_options.init)
     with db.connection_context():
         last_up = Node.select(fn.MAX(Node.last_heartbeat)).scalar()
+        last_checked = Service.select(fn.MAX(Service.checked_at)).scalar()
     liveness = Liveness(settings.heartbeat_timeout_secs, clock(), last_up)
+    # A health check older than SERVICE_CHECK_MAX_AGE_SECS says nothing any more: its
+    # agent stopped sending it (the same grace after a registry restart as for nodes).
+    freshness = Liveness(settings.service_check_max_age_secs, clock(), last_checked)
     app = base_app(__name__, settings.max_body_bytes)
     floors = revocations.Floors(lambda: revocations.load_floors(db, NodeCredential))
     guards.install(app, settings.credentials, ACCESS, settings.allowed_hosts, server.loopback_only(), floors=floors)
@@ -123,20 +127,31 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
     def healthy_node_ids(now: float):
         return Node.select(Node.node_id).where(Node.last_heartbeat >= liveness.cutoff(now))
 
-    def service_view(svc: Service, node_healthy: bool) -> contract.Service:
-        """A service is healthy when its check passes and its node is healthy: a lost
-        node's services are not served to load balancers, whatever they said last."""
+    def service_view(svc: Service, node_healthy: bool, now: float) -> contract.Service:
+        """A service is healthy when its check passes, recently, and its node is healthy:
+        a lost node's services are not served to load balancers, whatever they said
+        last (false), nor one whose check is stale (null: unknown)."""
+        healthy = svc.healthy
+        if healthy is not None and not node_healthy:
+            healthy = False
+        elif healthy is not None and (svc.checked_at is None or svc.checked_at < freshness.cutoff(now)):
+            healthy = None
         return contract.Service.model_validate({
             "job_id": svc.job_id, "name": svc.name, "node_id": svc.node_id, "address": svc.address,
-            "port": svc.port, "attempt": svc.attempt,
-            "healthy": svc.healthy if node_healthy or svc.healthy is None else False,
+            "port": svc.port, "attempt": svc.attempt, "healthy": healthy,
             "node_healthy": node_healthy, "checked_at": iso(svc.checked_at),
             "registered_at": iso(svc.registered_at),
         })
 
     def one_service_view(svc: Service) -> contract.Service:
         node = Node.get_or_none(Node.node_id == svc.node_id)
-        return service_view(svc, node is not None and liveness.status(node.last_heartbeat, clock()) == "healthy")
+        now = clock()
+        return service_view(svc, node is not None and liveness.status(node.last_heartbeat, now) == "healthy", now)
+
+    def checked_healthy(now: float):
+        """The services whose last check, recent enough, passed, on healthy nodes (a where clause)."""
+        return ((Service.healthy == True) & (Service.checked_at >= freshness.cutoff(now))  # noqa: E712
+                & Service.node_id.in_(healthy_node_ids(now)))
 
     @app.post("/nodes")
     def register_node():
@@ -263,15 +278,13 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
         query = Service.select().order_by(Service.name, Service.job_id)
         healthy = query_choice("healthy", ("true", "false"))
         if healthy == "true":
-            query = query.where((Service.healthy == True)  # noqa: E712 (peewee expression)
-                                & Service.node_id.in_(healthy_node_ids(now)))
+            query = query.where(checked_healthy(now))
         elif healthy == "false":
-            query = query.where((Service.healthy == False) | Service.healthy.is_null()  # noqa: E712
-                                | Service.node_id.not_in(healthy_node_ids(now)))
+            query = query.where(~checked_healthy(now) | Service.healthy.is_null() | Service.checked_at.is_null())
         for name in ("name", "node_id"):
             if request.args.get(name):
                 query = query.where(getattr(Service, name) == request.args[name])
-        return respond([service_view(s, s.node_id in healthy_nodes) for s in query], of=list[contract.Service])
+        return respond([service_view(s, s.node_id in healthy_nodes, now) for s in query], of=list[contract.Service])
 
     # ---- Prometheus HTTP service discovery (discovery.py) ----------------------
 
@@ -280,10 +293,11 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
 
     @app.get("/sd/prometheus/services")
     def sd_services():
-        """The service jobs whose last check passed, on healthy nodes."""
-        nodes = {n.node_id: n for n in Node.select().where(Node.last_heartbeat >= liveness.cutoff(clock()))}
-        query = Service.select().where((Service.healthy == True)  # noqa: E712 (peewee expression)
-                                       & Service.node_id.in_(list(nodes))).order_by(Service.name, Service.job_id)
+        """The service jobs whose last check, recent enough, passed, on healthy nodes."""
+        now = clock()
+        nodes = {n.node_id: n for n in Node.select().where(Node.last_heartbeat >= liveness.cutoff(now))}
+        query = Service.select().where(checked_healthy(now) & Service.node_id.in_(list(nodes))).order_by(
+            Service.name, Service.job_id)
         groups = [discovery.service_group(s.job_id, s.name, s.address, s.port, s.attempt, node_meta(nodes[s.node_id]))
                   for s in query]
         return respond([contract.TargetGroup.model_validate(g) for g in groups], of=list[contract.TargetGroup])
@@ -297,12 +311,23 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
 
     @app.delete("/services/<job_id>")
     def remove_service(job_id):
+        """With ?attempt=N, only while the record is that attempt's: an agent removing the
+        record of an attempt that ended never removes a newer attempt's, on another node."""
+        attempt = query_int("attempt", -1, 0, 1_000_000_000)
         svc = Service.get_or_none(Service.job_id == job_id)
         if svc is None:
             raise NotFound(f"no service for job {job_id!r}")
         auth.require_node(svc.node_id)
         with db.atomic():
-            svc.delete_instance()
+            query = Service.delete().where(Service.job_id == job_id)
+            if attempt >= 0:
+                query = query.where(Service.attempt.is_null() | (Service.attempt == attempt))
+            if not query.execute():
+                current = Service.get_or_none(Service.job_id == job_id)
+                if current is None:
+                    raise NotFound(f"no service for job {job_id!r}")
+                raise Conflict(f"the service of {job_id} is recorded for attempt {current.attempt}, "
+                               f"not attempt {attempt}; nothing was removed")
         return respond(one_service_view(svc))
 
     return app

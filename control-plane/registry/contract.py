@@ -175,7 +175,8 @@ class Service(Answer):
     attempt: int | None
     healthy: bool | None
     """The last check passed and the node is healthy; false while the node is unhealthy or unknown,
-    whatever the last check said."""
+    whatever the last check said; null when never checked, or last checked more than
+    SERVICE_CHECK_MAX_AGE_SECS ago (its agent stopped sending it)."""
     node_healthy: bool
     """Whether the service's node is healthy."""
     checked_at: Timestamp | None

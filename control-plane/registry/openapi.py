@@ -157,9 +157,9 @@ PATHS = {
             "summary": "List services, ordered by name then job_id (what a load balancer reads).",
             "description": "An empty parameter counts as not given.",
             "parameters": [
-                _query("healthy", "`true`: only services whose last check passed, on a healthy node; "
-                                  "`false`: the others (failed, never checked, or their node is unhealthy "
-                                  "or unknown).",
+                _query("healthy", "`true`: only services whose last check passed at most "
+                                  "SERVICE_CHECK_MAX_AGE_SECS ago, on a healthy node; `false`: the others (failed, "
+                                  "never checked, checked too long ago, or their node is unhealthy or unknown).",
                        {"type": "string", "enum": ["true", "false"]}),
                 _query("name", "Only services with this name.", {"type": "string"}),
                 _query("node_id", "Only services on this node.", {"type": "string"}),
@@ -174,8 +174,12 @@ PATHS = {
         "parameters": [SERVICE_JOB_ID_PARAM],
         "delete": {
             "operationId": "deregisterService", "tags": ["services"], "summary": "Remove a service record.",
+            "parameters": [_query("attempt", "Remove the record only while it is this attempt's (an agent removing "
+                                             "the record of an attempt that ended never removes a newer one's); "
+                                             "`409` otherwise.",
+                                  {"type": "integer", "minimum": 0, "maximum": 1_000_000_000})],
             "responses": {"200": _json(contract.Service, "The record as it was before removal."),
-                          "404": _error("NotFound")},
+                          "400": _error("BadRequest"), "404": _error("NotFound"), "409": _error("Conflict")},
         },
     },
 }

@@ -14,8 +14,14 @@ SD_NODE_PORT = Setting(
     "SD_NODE_PORT", "sd_node_port", "int", 9100,
     "the port of the nodes' targets in the Prometheus discovery document `GET /sd/prometheus/nodes` "
     "(node_exporter's by default)", minimum=1, maximum=65535)
+SERVICE_CHECK_MAX_AGE = Setting(
+    "SERVICE_CHECK_MAX_AGE_SECS", "service_check_max_age_secs", "float", 60.0,
+    "a service whose last health check is older than this reads `healthy: null` (unknown) and is not listed "
+    "by `GET /services?healthy=true` nor the Prometheus discovery: its agent stopped reporting it. Agents "
+    "send every service's health at least every 30 s plus AGENT_HEALTH_INTERVAL_SECS; keep it above that",
+    minimum=35.0)
 # The registry's own settings, besides those of both servers.
-SETTINGS = (SD_NODE_PORT,)
+SETTINGS = (SD_NODE_PORT, SERVICE_CHECK_MAX_AGE)
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,7 @@ class RegistrySettings:
     # CORRAL_ALLOWED_HOSTS: Host names a loopback-only server accepts besides loopback ones.
     allowed_hosts: frozenset[str] = frozenset()
     sd_node_port: int = 9100
+    service_check_max_age_secs: float = 60.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "RegistrySettings":

@@ -222,3 +222,35 @@ def test_agent_restart_leaves_services_running_and_the_next_agent_adopts_them(
     # Nothing left: the node's cgroup directories went with the last job.
     root_name = AgentSettings(node_id=node, state_dir=state_dir).cgroup_root_name
     assert cgroups.detect(root_name=root_name, prepare=False).list_job_cgroups() == []
+
+
+def test_a_service_that_died_while_no_agent_watched_is_failed_and_unlisted_at_the_next_start(
+        cluster, node, state_dir, start_agent):
+    """The agent is killed, then its service dies: the next agent tells the scheduler at
+    once (not when the node's lease runs out) and takes the record out of the registry,
+    so no load balancer is sent to the dead port meanwhile."""
+    port = free_port()
+    service = cluster.submit(job_type="service", command=http_server(port), port=port, name="web",
+                             health_path="/", instance_id=node, max_retries=0)["job_id"]
+    first = start_agent()
+    wait_for(lambda: (service_record(cluster, service) or {}).get("healthy") is True, timeout=30,
+             message="the service to be healthy")
+    state_file = services.state_path(os.path.join(state_dir, f"agent-{node}", "services"), service, 1)
+    with open(state_file) as f:
+        pid = json.load(f)["pid"]
+
+    os.killpg(first.pid, signal.SIGKILL)  # a crash: nothing detached, nothing reported
+    first.wait(10)
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: process_gone(pid), message="the service to die")
+    assert (service_record(cluster, service) or {}).get("healthy") is True  # what a load balancer still reads
+
+    start_agent()
+    ended = wait_for(lambda: (lambda job: job if job["status"] == "failed" else None)(cluster.job(service)),
+                     timeout=30, message="the service job to be failed")
+    healthy = requests.get(cluster.registry_url + "/services", params={"healthy": "true"}, timeout=10).json()
+    assert service not in {r["job_id"] for r in healthy}
+    wait_for(lambda: service_record(cluster, service) is None, timeout=30, message="the record to be removed")
+    assert ended["exit_code"] == -1 and "ended while no agent watched it" in ended["stderr"]
+    assert moves(cluster, service) == ["running", "failed"]  # not requeued: the retry rule applies
+    assert "ended while no agent watched it" in agent_log(state_dir, 1)

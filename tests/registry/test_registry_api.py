@@ -251,6 +251,46 @@ def test_a_service_of_a_lost_or_unknown_node_is_not_listed_healthy(client, clock
     assert healthy() == ["job-1", "job-2"]
 
 
+def test_a_service_whose_last_check_is_stale_is_not_listed_healthy(client, clock):
+    """An agent that stopped sending a service's health (it died, or lost the service)
+    leaves a record whose last word was healthy: past SERVICE_CHECK_MAX_AGE_SECS (60 s)
+    it reads unknown, and a load balancer no longer gets it."""
+    client.post("/nodes", json=NODE)
+    record = {"job_id": "job-1", "name": "web", "node_id": "node-1", "address": "10.0.0.5", "port": 8080,
+              "healthy": True}
+    client.post("/services", json=record)
+    client.post("/services", json=dict(record, job_id="job-2"))
+    healthy = lambda: [s["job_id"] for s in client.get("/services?healthy=true").json]  # noqa: E731
+    for _ in range(4):  # the node heartbeats on; only job-2's agent sends its health again
+        clock.now += 15
+        client.post("/nodes/node-1/heartbeat", json={})
+        client.post("/services", json=dict(record, job_id="job-2"))
+    clock.now += 1  # job-1 last checked 61 s ago
+    assert healthy() == ["job-2"]
+    listed = {s["job_id"]: s for s in client.get("/services").json}
+    assert (listed["job-1"]["healthy"], listed["job-1"]["node_healthy"]) == (None, True)
+    assert listed["job-2"]["healthy"] is True
+    assert [s["job_id"] for s in client.get("/services?healthy=false").json] == ["job-1"]
+    assert client.get("/sd/prometheus/services").json[0]["labels"]["__meta_corral_job_id"] == "job-2"
+    assert len(client.get("/sd/prometheus/services").json) == 1
+    client.post("/services", json=record)  # checked again
+    assert healthy() == ["job-1", "job-2"]
+
+
+def test_removing_a_service_record_of_an_attempt_never_removes_a_newer_attempts(client):
+    client.post("/nodes", json=NODE)
+    record = {"job_id": "job-1", "name": "web", "node_id": "node-1", "address": "10.0.0.5", "port": 8080,
+              "healthy": True, "attempt": 3}
+    client.post("/services", json=record)
+    stale = client.delete("/services/job-1?attempt=2", json={})
+    assert stale.status_code == 409 and "attempt 3" in stale.json["error"]
+    bad = client.delete("/services/job-1?attempt=x", json={})
+    assert bad.status_code == 400 and "attempt" in bad.json["error"]
+    assert [s["attempt"] for s in client.get("/services").json] == [3]  # neither changed anything
+    assert client.delete("/services/job-1?attempt=3", json={}).status_code == 200
+    assert client.delete("/services/job-1?attempt=3", json={}).status_code == 404
+
+
 def test_prometheus_discovery_lists_the_healthy_services_and_nodes_with_their_labels(database_url, clock):
     settings = RegistrySettings(database_url=database_url, heartbeat_timeout_secs=20, sd_node_port=9200)
     client = create_app(settings, clock=clock).test_client()
