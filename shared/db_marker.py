@@ -7,7 +7,8 @@ migration step applied to it, which a backup and its restore share):
 - SQLite: the file `<database>-id` beside the database file (with the
   `-writers.lock` and `-migrate.lock` files). The marker without the database
   (deleted, moved, a disk not mounted) or with an empty one in its place is a
-  lost database.
+  lost database. Where a release before markers ran, its `-writers.lock` (made
+  by the first write) says as much until the next start writes the marker.
 - PostgreSQL: the database server is the durable thing, so the marker is a row
   of `corral_cluster.service_database`, a schema of its own that neither
   service's schema holds: the row without the service's tables (its schema
@@ -139,12 +140,20 @@ class SqliteGuard(Guard):
         super().__init__(db, service, history_table, init)
         self.path = db.database
         self.marker_path = f"{self.path}-id"
+        # Made by the first write to a database: a release before markers leaves it, so a
+        # database lost before that release's first start here is refused too.
+        self.writers_lock = f"{self.path}-writers.lock"
+        self.said_by = self.marker_path
 
     def read_marker(self) -> tuple[bool, str | None]:
+        self.said_by = self.marker_path
         try:
             with open(self.marker_path, encoding="utf-8") as f:
                 text = f.read()
         except FileNotFoundError:
+            if os.path.exists(self.writers_lock):
+                self.said_by = self.writers_lock
+                return True, None
             return False, None
         except OSError as exc:
             raise SettingError(f"cannot read {self.marker_path}: {exc.strerror or exc}") from None
@@ -185,7 +194,7 @@ class SqliteGuard(Guard):
 
     def missing(self) -> str:
         state = "is missing" if not os.path.exists(self.path) else "is empty"
-        return (f"the {self.service} database {self.path} {state}, but {self.marker_path} says this server has "
+        return (f"the {self.service} database {self.path} {state}, but {self.said_by} says this server has "
                 f"had one there (deleted, moved, or its disk not mounted?): restore it or fix DATABASE_URL, "
                 f"or {HOW_TO_START_FRESH}")
 

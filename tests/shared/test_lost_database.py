@@ -161,6 +161,18 @@ def test_an_empty_file_in_place_of_the_database_is_refused(tmp_path):
     assert migrate(url, SCHEDULER_MIGRATIONS, init=True)
 
 
+def test_a_database_of_a_release_before_the_marker_lost_before_its_first_start_is_refused(tmp_path):
+    """No `-id` file yet, but its writers' lock says a database was written there."""
+    url = f"sqlite:///{tmp_path}/scheduler.db"
+    migrate(url, SCHEDULER_MIGRATIONS)
+    for name in ("scheduler.db", "scheduler.db-id"):
+        os.unlink(tmp_path / name)
+    with pytest.raises(SettingError, match=r"scheduler.db is missing, but .*scheduler.db-writers.lock says"):
+        migrate(url, SCHEDULER_MIGRATIONS)
+    assert not (tmp_path / "scheduler.db").exists()
+    assert migrate(url, SCHEDULER_MIGRATIONS, init=True) and (tmp_path / "scheduler.db-id").exists()
+
+
 def test_a_database_from_before_the_marker_gets_one_and_a_different_file_is_said(tmp_path, caplog):
     url = f"sqlite:///{tmp_path}/registry.db"
     migrate(url, REGISTRY_MIGRATIONS)
