@@ -93,7 +93,15 @@ class Env:
             message += " (the server may be older than this corral)"
         if exc.status == 401 or exc.status == 403:
             message += " (check --token / CORRAL_TOKEN)"
-        return CliError(f"{self.subject}: {message}" if self.subject else message)
+        return CliError(message if not self.subject or names_first(message, self.subject)
+                        else f"{self.subject}: {message}")
+
+
+def names_first(message: str, subject: str) -> bool:
+    """Whether the server's message already starts with the id (`job-1 is already done`):
+    then it is not prefixed again. `job-1` does not start `job-12 is …`."""
+    rest = message[len(subject):] if message.startswith(subject) else None
+    return rest is not None and (not rest or not (rest[0].isalnum() or rest[0] in "._-"))
 
 
 def echo_json(data) -> None:

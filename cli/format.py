@@ -101,9 +101,10 @@ def text(value) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, dict):
-        return ",".join(f"{k}={v}" for k, v in value.items()) or "-"
+        # A key whose value is null is left out: `skipped=None` says nothing to a person.
+        return ",".join(f"{k}={text(v)}" for k, v in value.items() if v is not None) or "-"
     if isinstance(value, (list, tuple)):
-        return ",".join(str(v) for v in value) or "-"
+        return ",".join(text(v) for v in value) or "-"
     return str(value).replace("\r", "\\r").replace("\n", "\\n").replace("\t", " ")
 
 

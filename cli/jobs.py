@@ -4,11 +4,15 @@ import sys
 
 import click
 
+from corral.shared.clients import Rejected
+
 from . import arrays
 from . import logs as complete_logs
 from . import format as fmt
 from . import scheduling as sched
-from .common import CliError, Env, echo_json, json_option, note
+from . import selection
+from .common import CliError, Env, echo_json, json_option, names_first, note
+from .job_options import job_options, request_fields
 from .polling import SIGINT_EXIT, Poller
 from .scheduling import Checked
 
@@ -149,16 +153,6 @@ def shell_command(words: tuple[str, ...]) -> str:
     return words[0] if len(words) == 1 else shlex.join(words)
 
 
-def parse_env(values: tuple[str, ...]) -> dict[str, str]:
-    env_vars = {}
-    for item in values:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"{item!r} is not K=V", param_hint="'--env'")
-        env_vars[key] = value
-    return env_vars
-
-
 # ---- commands -------------------------------------------------------------------------------
 
 @click.group()
@@ -167,26 +161,8 @@ def job() -> None:
 
 
 @job.command("run", context_settings={"allow_interspersed_args": False})
-@click.option("--type", "job_type", type=click.Choice(["run", "service"]), help="run (default) or service.")
-@click.option("--port", type=int, help="The port a service listens on (it gets PORT).")
-@click.option("--env", "env_vars", multiple=True, metavar="K=V", help="An environment variable (repeatable).")
-@click.option("--deploy-url", metavar="URL", help="http(s):// or s3:// zip unpacked into the work dir.")
-@click.option("--sha256", "deploy_sha256", metavar="HEX", help="The zip's SHA-256, checked before unpacking.")
-@click.option("--node", "instance_id", metavar="NODE", help="Pin the job to this node.")
-@click.option("--name", help="A name (services are registered under it).")
-@click.option("--max-retries", type=int, help="Retries of a failed attempt (default: the scheduler's).")
-@click.option("--memory-mb", type=int, help="Memory limit in MB.")
-@click.option("--cpu-percent", type=int, help="CPU limit, 100 = one CPU.")
-@click.option("--disk-mb", type=int, help="The most its work dir may hold, in MB (default: the cluster's).")
-@click.option("--health-path", metavar="PATH", help="A service's HTTP health check path.")
-@click.option("--on-node-lost", type=click.Choice(["requeue", "fail"]), help="What to do when the node is lost.")
+@job_options
 @click.option("--idempotency-key", metavar="KEY", help="Sending the same request with the same key creates one job.")
-@click.option("--constraint", "constraints", multiple=True, type=Checked(sched.parse_constraint, "EXPR"),
-              help="A condition on the node's labels (repeatable, all must hold): LABEL=V, LABEL!=V, "
-                   "LABEL:in=A,B, LABEL:not_in=A,B, LABEL:exists, LABEL:not_exists.")
-@click.option("--pool", type=Checked(sched.parse_name, "POOL"), help="Only nodes of this pool (their `pool` label).")
-@click.option("--priority", type=Checked(sched.parse_priority, "N"),
-              help="0-100 (default 50): higher is placed first.")
 @click.option("--at", "start", type=Checked(sched.parse_start, "TIME"),
               help="Not before TIME: ISO-8601 with a zone (2026-12-24T02:00:00Z), or from now: +30s, +10m, +2h, +1d.")
 @click.option("--after", "after", multiple=True, type=Checked(sched.parse_dependency, "JOB[:COND]"),
@@ -197,28 +173,23 @@ def job() -> None:
               help="Submit N copies (each gets CORRAL_ARRAY_INDEX 0..N-1 and CORRAL_ARRAY_COUNT); prints the array id.")
 @click.option("--parallel", type=Checked(sched.parse_count(1, sched.MAX_ARRAY), "M"),
               help="With --array: at most M of its jobs placed or running at once.")
-@click.option("--concurrency-key", type=Checked(sched.parse_name, "KEY"),
-              help="Share the key's limit (`corral concurrency set KEY N`) with the other jobs that name it.")
 @click.option("--wait", is_flag=True, help="Follow the job (or every job of an --array) to its end and exit with "
                                            "its exit code (an array: 0 when all are done, else 1).")
 @json_option("Print the job's JSON (with --wait: the final job's; an array: its summary).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[--] CMD [ARG]...")
 @click.pass_obj
-def run(env: Env, command: tuple[str, ...], env_vars, idempotency_key, wait, as_json, constraints, pool, priority,
-        start, after, on_dependency_failure, array, parallel, concurrency_key, **fields) -> None:
+def run(env: Env, command: tuple[str, ...], idempotency_key, wait, as_json, start, after, on_dependency_failure,
+        array, parallel, **options) -> None:
     """Submit a job.
 
     The words of CMD are joined with shell quoting (shlex.join) into the job's command,
     which the node runs with /bin/sh -c; a single word is taken as a whole shell command
     line, so `corral job run -- 'make test | tee log'` works as typed. Options go before
     CMD: everything from CMD on is part of the command."""
-    request = {key: value for key, value in fields.items() if value is not None}
-    request.update(sched.scheduling_fields(constraints, pool, priority, start, after, on_dependency_failure,
-                                           array, parallel, concurrency_key))
+    request = request_fields(options)
+    request.update(sched.scheduling_fields(start, after, on_dependency_failure, array, parallel))
     if command:
         request["command"] = shell_command(command)
-    if env_vars:
-        request["env_vars"] = parse_env(env_vars)
     if "command" not in request and "deploy_url" not in request:
         raise click.UsageError("give a command (after --) or --deploy-url")
     submitted = env.scheduler.submit(request, idempotency_key=idempotency_key)
@@ -272,14 +243,16 @@ def follow(env: Env, current: dict, quiet: bool = False) -> dict:
 @click.option("--type", "job_type", type=click.Choice(["run", "service"]), help="Only jobs of this type.")
 @click.option("--pending-reason", type=sched.choice(*sched.PENDING_REASONS),
               help="Only pending jobs waiting for this reason.")
+@selection.filter_options
 @click.option("--limit", type=click.IntRange(1, 1000), help="Jobs per page (default 20; 100 with --all).")
 @click.option("--all", "all_pages", is_flag=True, help="Follow the pages to the oldest job.")
 @json_option()
 @click.pass_obj
-def list_jobs(env: Env, status, node_id, job_type, pending_reason, limit, all_pages, as_json) -> None:
+def list_jobs(env: Env, status, node_id, job_type, pending_reason, limit, all_pages, as_json, **filters) -> None:
     """List jobs, newest first (pending ones with why they wait)."""
     query = {"order": "desc", "status": status, "node_id": node_id, "job_type": job_type,
-             "pending_reason": pending_reason, "limit": limit or (100 if all_pages else 20)}
+             "pending_reason": pending_reason, **selection.filter_query(filters, env.now()),
+             "limit": limit or (100 if all_pages else 20)}
     jobs, next_query = env.scheduler.list_jobs_page(**query)
     while all_pages and next_query:
         page, following = env.scheduler.list_jobs_page(**next_query)
@@ -376,14 +349,69 @@ def logs(env: Env, job_id: str, follow_output: bool, full: bool, attempt: int | 
 
 
 @job.command("cancel")
-@click.argument("job_id")
-@json_option("Print the API's answer (the job's JSON).")
+@click.argument("job_ids", nargs=-1, metavar="[JOB_ID]...")
+@click.option("--status", type=click.Choice(["pending", "running"]),
+              help="Without JOB_ID: the jobs in this status (default: pending and running).")
+@click.option("--node", "node_id", metavar="NODE", help="Without JOB_ID: the jobs placed on this node.")
+@selection.filter_options
+@click.option("--yes", "-y", is_flag=True, help="With filters: cancel without asking.")
+@json_option("Print the API's answers (one job: its JSON; several: a list).")
 @click.pass_obj
-def cancel(env: Env, job_id: str, as_json: bool) -> None:
-    """Cancel a pending or running job."""
-    env.subject = job_id
-    answer = env.scheduler.cancel(job_id)
-    echo_json(answer) if as_json else click.echo(progress(answer, env.now()))
+def cancel(env: Env, job_ids: tuple[str, ...], status, node_id, yes: bool, as_json: bool, **filters) -> None:
+    """Cancel pending or running jobs: those named, or those the filters match (listed
+    first, then cancelled once you confirm; --yes where nobody can answer). Each result
+    is printed; the exit code is 1 when any cancel failed."""
+    query = {"status": status, "node_id": node_id, **selection.filter_query(filters, env.now())}
+    given = [flag for flag, value in (("--status", status), ("--node", node_id), ("--name", query["name"]),
+                                      ("--schedule", query["schedule"]), ("--array", query["array"]),
+                                      ("--since", query["created_after"]), ("--until", query["created_before"]))
+             if value is not None]
+    if job_ids and given:
+        raise sched.usage_error(f"give job ids or filters ({', '.join(given)}), not both")
+    if not job_ids and not given:
+        raise click.UsageError("give the jobs to cancel: their ids, or filters such as --status, --name, --node")
+    if len(job_ids) == 1:  # one job, as always: its answer, or its error
+        env.subject = job_ids[0]
+        answer = env.scheduler.cancel(job_ids[0])
+        echo_json(answer) if as_json else click.echo(progress(answer, env.now()))
+        return
+    if given:
+        job_ids = tuple(selected_ids(env, query, yes))
+    cancel_each(env, job_ids, as_json)
+
+
+def selected_ids(env: Env, query: dict, yes: bool) -> list[str]:
+    """The active jobs the filters match, shown, and confirmed."""
+    statuses = [query["status"]] if query["status"] else ["pending", "running"]
+    found = sorted((job for status in statuses for job in selection.every_job(env, dict(query, status=status))),
+                   key=lambda job: int(job["job_id"].removeprefix("job-")))
+    if not found:
+        note("no pending or running job matches")
+        return []
+    now = env.now()
+    note(fmt.render_plain(fmt.table(JOB_HEADERS, [job_row(j, now) for j in found])).rstrip("\n"))
+    selection.confirm(f"Cancel these {len(found)} jobs?" if len(found) > 1 else "Cancel this job?", yes)
+    return [job["job_id"] for job in found]
+
+
+def cancel_each(env: Env, job_ids: tuple[str, ...], as_json: bool) -> None:
+    """Cancel each job, printing its result (a failure on stderr); exit 1 when any failed."""
+    answers, failed = [], 0
+    for job_id in job_ids:
+        try:
+            answer = env.scheduler.cancel(job_id)
+        except Rejected as exc:
+            failed += 1
+            message = exc.message
+            note(f"corral: {message if names_first(message, job_id) else f'{job_id}: {message}'}")
+            continue
+        answers.append(answer)
+        if not as_json:
+            click.echo(progress(answer, env.now()))
+    if as_json:
+        echo_json(answers)
+    if failed:
+        raise CliError(f"{failed} of {len(job_ids)} jobs could not be cancelled")
 
 
 @job.command("retry")

@@ -6,7 +6,8 @@ import click
 from . import format as fmt
 from . import scheduling as sched
 from .common import Env, echo_json, json_option, note
-from .jobs import parse_env, shell_command
+from .job_options import job_options, request_fields
+from .jobs import shell_command
 from .scheduling import Checked
 
 NAME = Checked(sched.parse_name, "NAME")
@@ -29,26 +30,21 @@ def schedule() -> None:
 @click.option("--catch-up", type=sched.choice("latest", "none", "all"),
               help="The slots missed while the scheduler was down: latest (default), none, all.")
 @click.option("--disabled", is_flag=True, help="Create it disabled (`corral schedule enable` starts it).")
-@click.option("--env", "env_vars", multiple=True, metavar="K=V", help="An environment variable (repeatable).")
-@click.option("--constraint", "constraints", multiple=True, type=Checked(sched.parse_constraint, "EXPR"),
-              help="A condition on the node's labels (repeatable), as `corral job run` takes it.")
-@click.option("--pool", type=Checked(sched.parse_name, "POOL"), help="Only nodes of this pool.")
-@click.option("--priority", type=Checked(sched.parse_priority, "N"), help="0-100 (default 50).")
-@click.option("--concurrency-key", type=Checked(sched.parse_name, "KEY"), help="Share the key's limit.")
+@job_options
 @json_option("Print the schedule's JSON.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[--] CMD [ARG]...")
 @click.pass_obj
-def add(env: Env, name: str, cron, interval_secs, start_at, time_zone, overlap, catch_up, disabled, env_vars,
-        constraints, pool, priority, concurrency_key, as_json, command) -> None:
+def add(env: Env, name: str, cron, interval_secs, start_at, time_zone, overlap, catch_up, disabled, as_json, command,
+        **options) -> None:
     """Run CMD at every slot of --cron (in --tz) or every --every seconds. Options may come
-    before or after NAME; CMD goes after `--`."""
+    before or after NAME; CMD goes after `--`. The job options are those of `corral job run`
+    (not --at, --after or --array: a slot is one job, started at its time)."""
     env.subject = name
-    if not command:
-        raise click.UsageError("give the command to run (after --)")
-    job: dict = {"command": shell_command(command)}
-    if env_vars:
-        job["env_vars"] = parse_env(env_vars)
-    job.update(sched.scheduling_fields(constraints, pool, priority, None, (), None, None, None, concurrency_key))
+    job = request_fields(options)
+    if command:
+        job["command"] = shell_command(command)
+    if "command" not in job and "deploy_url" not in job:
+        raise click.UsageError("give the command to run (after --) or --deploy-url")
     body = {"name": name, "job": job, **{key: value for key, value in (
         ("cron", cron), ("interval_secs", interval_secs), ("start_at", start_at), ("time_zone", time_zone),
         ("overlap", overlap), ("catch_up", catch_up)) if value is not None}}

@@ -1,6 +1,7 @@
 """The scheduling flags of `corral job run` (constraints, pool, priority, start time,
-dependencies, arrays, concurrency keys): their syntax, checked before anything is sent,
-and how the scheduler's reasons for a job's waiting read for people."""
+dependencies, arrays, concurrency keys, its timeout) and of `corral job list` (times):
+their syntax, checked before anything is sent, and how the scheduler's reasons for a
+job's waiting read for people."""
 import datetime
 import re
 from typing import Callable
@@ -60,11 +61,16 @@ def parse_constraint(text: str) -> dict:
         raise ValueError(f"a constraint is {CONSTRAINT_SYNTAX} (LABEL: {NAME_WHAT})")
     label = m["label"]
     if m["op"]:
+        if m["value"].startswith("="):
+            # `zone==a` would ask for the value "=a", which no node has: the job would wait forever.
+            raise ValueError(f"equality is one '=': {label}{m['op']}{m['value'].lstrip('=')}")
         return {"label": label, "op": m["op"], "value": m["value"]}
     if m["list_op"]:
         values = m["values"].split(",")
         if not all(values):
             raise ValueError(f"{m['list_op']} takes values separated by commas, none of them empty")
+        if any(value.startswith("=") for value in values):
+            raise ValueError(f"a value may not start with '=': {label}:{m['list_op']}=A,B")
         return {"label": label, "op": m["list_op"], "value": values}
     return {"label": label, "op": m["flag_op"]}
 
@@ -109,6 +115,35 @@ def parse_start(text: str) -> dict:
     return {"run_at": text}
 
 
+DURATION_RE = re.compile(r"([0-9]{1,9}(?:\.[0-9]{1,3})?)([smhd]?)")
+
+
+def parse_duration(text: str) -> float:
+    """--timeout: seconds, or with a unit: 90, 90s, 15m, 2h, 1d (more than 0)."""
+    m = DURATION_RE.fullmatch(text.strip())
+    if m is None or float(m[1]) <= 0:
+        raise ValueError("a duration more than 0: seconds (90) or with a unit: 90s, 15m, 2h, 1d")
+    secs = float(m[1]) * UNIT_SECS[m[2] or "s"]
+    return int(secs) if secs == int(secs) else secs
+
+
+def parse_since(text: str) -> dict:
+    """--since and --until: a time ago (`30m`, `2h`, `1d`: {"ago": secs}) or an ISO-8601
+    time with a zone ({"at": text}); the command turns `ago` into a time with its clock."""
+    try:
+        return {"ago": parse_duration(text)}
+    except ValueError:
+        pass
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError("give a time ago (30m, 2h, 1d) or an ISO-8601 time with a zone "
+                         "(2026-12-24T02:00:00Z)") from None
+    if when.tzinfo is None:
+        raise ValueError("the time needs a zone: end it with Z or an offset such as +01:00")
+    return {"at": text}
+
+
 def parse_dependency(text: str) -> dict:
     m = DEPENDENCY_RE.fullmatch(text)
     if m is None:
@@ -132,10 +167,10 @@ def choice(*choices: str) -> Checked:
     return Checked(parse, "[" + "|".join(choices) + "]")
 
 
-def scheduling_fields(constraints: tuple[dict, ...], pool: str | None, priority: int | None,
-                      start: dict | None, after: tuple[dict, ...], on_dependency_failure: str | None,
-                      array: int | None, parallel: int | None, concurrency_key: str | None) -> dict:
-    """The request fields of the scheduling flags (only those given)."""
+def scheduling_fields(start: dict | None, after: tuple[dict, ...], on_dependency_failure: str | None,
+                      array: int | None, parallel: int | None) -> dict:
+    """The request fields of the flags only a submission has (only those given); the
+    other scheduling flags are job options (job_options.py)."""
     if parallel is not None and array is None:
         raise usage_error("--parallel goes with --array N")
     if parallel is not None and array is not None and parallel > array:
@@ -143,16 +178,13 @@ def scheduling_fields(constraints: tuple[dict, ...], pool: str | None, priority:
     if on_dependency_failure is not None and not after:
         raise usage_error("--on-dependency-failure goes with --after JOB")
     fields: dict[str, object] = {}
-    if constraints:
-        fields["constraints"] = list(constraints)
     if after:
         fields["depends_on"] = list(after)
     if array is not None:
         fields["array"] = {"count": array} if parallel is None else {"count": array, "parallel": parallel}
     fields.update(start or {})
-    named = (("pool", pool), ("priority", priority), ("on_dependency_failure", on_dependency_failure),
-             ("concurrency_key", concurrency_key))
-    fields.update({key: value for key, value in named if value is not None})
+    if on_dependency_failure is not None:
+        fields["on_dependency_failure"] = on_dependency_failure
     return fields
 
 
@@ -165,7 +197,8 @@ def reason_text(reason: dict | None) -> str | None:
 
 def reason_details(reason: dict | None) -> str | None:
     """The reason's other fields (`key=value, …`), None when it has none."""
-    details = {k: v for k, v in (reason or {}).items() if k not in ("code", "message")}
+    # A detail whose value is null is left out, not shown as `key=None`.
+    details = {k: v for k, v in (reason or {}).items() if k not in ("code", "message") and v is not None}
     if not details:
         return None
     parts = []
@@ -173,6 +206,7 @@ def reason_details(reason: dict | None) -> str | None:
         if isinstance(value, list):
             value = ",".join(constraint_text(v) if isinstance(v, dict) and "op" in v else str(v) for v in value)
         elif isinstance(value, dict):
-            value = constraint_text(value) if "op" in value else ",".join(f"{k}={v}" for k, v in value.items())
+            value = constraint_text(value) if "op" in value else ",".join(f"{k}={v}" for k, v in value.items()
+                                                                          if v is not None)
         parts.append(f"{key}={value}")
     return ", ".join(parts)

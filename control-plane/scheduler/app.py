@@ -386,6 +386,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
         status = query_choice("status", ALL)
         job_type = query_choice("job_type", JOB_TYPES)
         pending_reason = query_choice("pending_reason", waiting.CODES)
+        filters = validation.job_filters(request.args)
         limit = query_int("limit", 100, 1, MAX_PAGE)
         newest_first = query_choice("order", ("asc", "desc")) == "desc"
         after = None
@@ -394,12 +395,12 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
             if after is None:
                 raise BadRequest("query parameter 'after' must be a job id such as job-42")
         if (node_id and status == "pending" and job_type is None and pending_reason is None and after is None
-                and not newest_first):
+                and not newest_first and not any(value is not None for value in filters.values())):
             jobs = store.pending_for_agent(node_id, limit)  # the agents' poll: at most its free slots
         else:
             jobs = store.iter_jobs(node_id=node_id, status=status, job_type=job_type, after=after,
                                    limit=limit, newest_first=newest_first, pending_reason=pending_reason,
-                                   now=clock())
+                                   now=clock(), **filters)
         view = agent_view if auth.calling_node() is not None else job_view
         page = pages.cut(((j.job_id, encode(view(j))) for j in jobs), limit,
                          settings.page_max_bytes)

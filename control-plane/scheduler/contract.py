@@ -62,6 +62,9 @@ MAX_CONSTRAINTS = 32
 MAX_CONSTRAINT_VALUES = 64
 MAX_PRIORITY = 100
 MAX_DELAY_SECS = 366 * 86400.0   # run_at and delay_secs: at most a year (and a day) ahead
+# A job's own timeout_secs: the model's bound; the cluster's (JOB_TIMEOUT_MAX_SECS) is
+# a setting, checked by the store (validation.check_timeout).
+MAX_TIMEOUT_SECS = 366 * 86400.0
 if typing.TYPE_CHECKING:
     ConstraintOp = str
 else:
@@ -84,11 +87,19 @@ class Constraint(Request):
         if self.op in ("=", "!="):
             if not isinstance(self.value, str):
                 raise refused(f"a constraint with op {self.op!r} needs a string 'value'")
+            if self.value.startswith("="):
+                # `zone==a` typed for equality arrives as `=` with the value "=a", which no
+                # node has: the job would wait forever. Refused rather than guessed at.
+                raise refused(f"a constraint's value may not start with '=' (got {self.value!r}): "
+                              f"equality is one '=', as in {self.label}={self.value.lstrip('=')}")
         elif self.op in ("in", "not_in"):
             if not isinstance(self.value, list) or not self.value:
                 raise refused(f"a constraint with op {self.op!r} needs a 'value' that is a non-empty list of strings")
             if len(self.value) > MAX_CONSTRAINT_VALUES:
                 raise refused(f"a constraint's 'value' may list at most {MAX_CONSTRAINT_VALUES} strings")
+            if any(value.startswith("=") for value in self.value):
+                raise refused(f"a constraint's value may not start with '=' (op {self.op!r} takes the values "
+                              f"themselves)")
         elif self.value is not None:
             raise refused(f"a constraint with op {self.op!r} takes no 'value'")
         return self
@@ -204,6 +215,9 @@ class JobRequest(Request):
     on_node_lost: Literal["requeue", "fail"] | None = "requeue"
     """When the job's node is lost while it runs: run it again elsewhere (not counted as a retry), or
     fail it (for jobs that must not run twice)."""
+    timeout_secs: float | None = Field(None, gt=0, le=MAX_TIMEOUT_SECS, examples=[7200])
+    """`run` jobs only: failed (exit code -1, stderr `job timed out`) once running this many seconds
+    (default JOB_TIMEOUT_SECS; at most JOB_TIMEOUT_MAX_SECS). A service has no timeout."""
     constraints: Annotated[list[Constraint] | None, Says(every="must be a list of constraints")] = Field(
         None, max_length=MAX_CONSTRAINTS, examples=[[{"label": "zone", "op": "=", "value": "a"},
                                                      {"label": "gpu", "op": "exists"}]])
@@ -265,6 +279,8 @@ class JobRequest(Request):
             raise refused("'deploy_sha256' needs 'deploy_url'")
         if self.health_path is not None and ((self.job_type or "run") != "service" or self.port is None):
             raise refused("'health_path' is for service jobs with a 'port'")
+        if self.timeout_secs is not None and (self.job_type or "run") == "service":
+            raise refused("'timeout_secs' is for run jobs: a service runs until it is cancelled")
         if self.run_at is not None and self.delay_secs is not None:
             raise refused("give 'run_at' or 'delay_secs', not both")
         if self.run_at is not None:
@@ -280,7 +296,7 @@ class JobRequest(Request):
             "instance_id": self.instance_id, "name": self.name, "memory_mb": self.memory_mb,
             "cpu_percent": self.cpu_percent, "max_processes": self.max_processes, "disk_mb": self.disk_mb,
             "health_path": self.health_path, "max_retries": self.max_retries,
-            "on_node_lost": self.on_node_lost or "requeue",
+            "on_node_lost": self.on_node_lost or "requeue", "timeout_secs": self.timeout_secs,
             "constraints": [c.column() for c in self.constraints] if self.constraints else None,
             "pool": self.pool, "priority": 50 if self.priority is None else self.priority,
             # When it may start: resolved against the clock when stored (Store.submit).
@@ -701,7 +717,7 @@ class Job(Answer):
     private_tmp: bool | None
     """Whether the node gave the job its own /tmp, /var/tmp and /dev/shm; false: TMPDIR points into its work dir."""
     timeout_secs: float | None
-    """JOB_TIMEOUT_SECS for `run` jobs; null for `service` jobs."""
+    """For `run` jobs, the request's `timeout_secs`, else JOB_TIMEOUT_SECS; null for `service` jobs."""
     created_at: Timestamp
     placed_at: Timestamp | None
     """When the current attempt was placed on a node."""

@@ -130,8 +130,10 @@ def started(job: JobFacts, now: float, limits_enforced: bool | None, limits: dic
 
 
 def past_timeout(job: JobFacts, now: float, policy: Policy) -> bool:
+    """Whether a `run` job has run past its own timeout_secs, else JOB_TIMEOUT_SECS."""
+    own = getattr(job, "timeout_secs", None)  # a stand-in without the field has none
     return (job.job_type == "run" and job.running_at is not None
-            and now - job.running_at >= policy.job_timeout_secs)
+            and now - job.running_at >= (own if own is not None else policy.job_timeout_secs))
 
 
 def finished(job: JobFacts, report: Report, now: float, policy: Policy) -> Transition:

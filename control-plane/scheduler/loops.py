@@ -7,7 +7,7 @@ lease row decides which one does the work. One pass:
   registry cannot be reached the cached list stays, so dispatch goes on;
 - unplaces pending jobs of nodes that turned unhealthy;
 - requeues running jobs of nodes whose agent stopped renewing its lease;
-- fails `run` jobs past JOB_TIMEOUT_SECS (every TIMEOUT_CHECK_SECS);
+- fails `run` jobs past their timeout_secs or JOB_TIMEOUT_SECS (every TIMEOUT_CHECK_SECS);
 - decides the dependencies a job's end missed (Store.settle_missed);
 - places waiting jobs (the node list changed, slots freed, retries came due),
   and keeps the reasons of the jobs at the head of the queue (Store.explain);
@@ -95,7 +95,7 @@ class Background:
         if now >= self.next_timeout_check:
             self.next_timeout_check = now + self.settings.timeout_check_secs
             for job_id in self.store.fail_timed_out(now):
-                log.warning("%s timed out after %.0fs; failed", job_id, self.settings.job_timeout_secs)
+                log.warning("%s ran past its timeout; failed", job_id)
         self.store.settle_missed(now)
         # Placement: the node list changed, slots freed, retries came due.
         self.scheduler.place(now)

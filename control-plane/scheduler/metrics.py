@@ -47,7 +47,8 @@ RUN_DURATION = Family("histogram", "corral_job_run_duration_seconds", "Seconds t
 RETRIES = Family("counter", "corral_job_retries", "Jobs put back to pending for another attempt: after a failed "
                  "attempt with retries left (trigger=failure), or by POST /jobs/{id}/retry (trigger=operator).",
                  ("trigger",), initial=[("failure",), ("operator",)])
-TIMEOUTS = Family("counter", "corral_job_timeouts", "Run jobs failed for running past JOB_TIMEOUT_SECS.")
+TIMEOUTS = Family("counter", "corral_job_timeouts",
+                  "Run jobs failed for running past their timeout_secs (default JOB_TIMEOUT_SECS).")
 NODE_LOSS_REQUEUES = Family("counter", "corral_job_node_loss_requeues", "Running jobs put back to pending "
                             "because their node was lost or gave the attempt up (not counted as a retry).")
 SQS_RECEIVED = Family("counter", "corral_sqs_messages_received", "Messages received from SQS_URL.")

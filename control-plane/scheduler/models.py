@@ -85,6 +85,7 @@ class Job(BaseModel):
     tracestate = peewee.TextField(null=True)
     pending_reason = JSONField(null=True)             # what placement last said (waiting.Reason.as_dict)
     pending_code = peewee.CharField(max_length=32, null=True)  # its code, for GET /jobs?pending_reason=
+    timeout_secs = peewee.DoubleField(null=True)      # the request's (0017); null: JOB_TIMEOUT_SECS
 
     class Meta:
         table_name = "job"
@@ -97,6 +98,8 @@ class Job(BaseModel):
             (("array_id",), False),
             (("concurrency_key",), False),
             (("next_attempt_at",), False),  # the background pass: the next job to come due
+            (("name",), False),          # GET /jobs?name= and ?schedule= (migration 0017)
+            (("schedule",), False),
         )
 
     @property

@@ -42,7 +42,7 @@ from .events import node_changes
 from .models import (ConcurrencyLimit, Counter, Job, JobArray, JobDependency, JobEvent, LogChunk, Node, NodeLease,
                      OutboxEvent, SchedulerState)
 from .settings import SchedulerSettings
-from .validation import parse_job_id, request_hash
+from .validation import check_timeout, parse_job_id, request_hash
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ EXPLAIN_MAX = 1000
 # (metrics.moved) and its notification (notifications.py): not the output or the request.
 DECIDING = (Job.id, Job.status, Job.attempt, Job.node_id, Job.job_type, Job.running_at, Job.retry_count,
             Job.max_retries, Job.on_node_lost, Job.node_losses, Job.name, Job.exit_code, Job.finished_at,
-            Job.created_at, Job.has_dependents, Job.schedule, Job.slot)
+            Job.created_at, Job.has_dependents, Job.schedule, Job.slot, Job.timeout_secs)
 
 
 class Store:
@@ -146,11 +146,21 @@ class Store:
 
     def iter_jobs(self, *, node_id=None, status=None, job_type=None, after: int | None = None,
                   limit: int = 100, newest_first: bool = False, pending_reason: str | None = None,
-                  now: float | None = None):
+                  now: float | None = None, name: str | None = None, schedule: str | None = None,
+                  array_id: int | None = None, created_after: float | None = None,
+                  created_before: float | None = None):
         """The jobs of a list, read one row at a time (a page of large jobs is never all in
         memory at once; pages.cut decides where it ends). `pending_reason`: only pending
-        jobs that wait for that reason at `now` (waiting.current)."""
+        jobs that wait for that reason at `now` (waiting.current). `created_after` and
+        `created_before` bound created_at (after: at or after; before: strictly before)."""
         query = Job.select()
+        for column, value in ((Job.name, name), (Job.schedule, schedule), (Job.array_id, array_id)):
+            if value is not None:
+                query = query.where(column == value)
+        if created_after is not None:
+            query = query.where(Job.created_at >= created_after)
+        if created_before is not None:
+            query = query.where(Job.created_at < created_before)
         if pending_reason is not None:
             query = query.where(_waiting_for(pending_reason, now if now is not None else 0.0))
         if node_id is not None:
@@ -778,13 +788,14 @@ class Store:
         return job
 
     def fail_timed_out(self, now: float) -> list[str]:
-        """Fail `run` jobs running longer than JOB_TIMEOUT_SECS; their agents kill them."""
-        deadline = now - self.settings.job_timeout_secs
+        """Fail `run` jobs running longer than their timeout_secs (else JOB_TIMEOUT_SECS);
+        their agents kill them."""
+        limit = fn.COALESCE(Job.timeout_secs, self.settings.job_timeout_secs)
         ended = []
         with self.db.atomic():
             self.check_fence()
             overdue = Job.select().where((Job.status == "running") & (Job.job_type == "run")
-                                         & (Job.running_at < deadline))
+                                         & (Job.running_at < now - limit))
             for job in overdue:
                 self._apply(job, lifecycle.timed_out(job, now), now)
                 ended.append(job.job_id)
@@ -1320,7 +1331,9 @@ class Store:
 
     def _check_limits(self, fields: dict, known: list[Node] | None = None) -> None:
         """Refuse limits no known node allows (a pinned job: its node), while nodes are known.
-        `known`: the compute nodes, when the caller already read them."""
+        `known`: the compute nodes, when the caller already read them. Also a job's own
+        timeout_secs above JOB_TIMEOUT_MAX_SECS."""
+        check_timeout(fields, self.settings.job_timeout_max_secs)
         if fields.get("memory_mb") is None and fields.get("cpu_percent") is None:
             return
         if known is None:
@@ -1330,10 +1343,8 @@ class Store:
                             cpu_percent=fields.get("cpu_percent"))
         if nodes and not any(placement.fits_maximum(job, placement.NodeInfo(
                 n.node_id, 1, max_memory_mb=n.max_memory_mb, max_cpu_percent=n.max_cpu_percent)) for n in nodes):
-            largest = ", ".join(f"{n.node_id}: memory_mb<={n.max_memory_mb}, cpu_percent<={n.max_cpu_percent}"
-                                for n in nodes[:5])
-            raise BadRequest(f"no node allows memory_mb={job.memory_mb}, cpu_percent={job.cpu_percent} "
-                             f"({largest})")
+            largest = ", ".join(f"{n.node_id}: {_maxima(n)}" for n in nodes[:5])
+            raise BadRequest(f"no node allows {_asked(job)} ({largest})")
 
     def _cursor(self) -> tuple[str | None, bool]:
         """The round-robin cursor (read under the placement lock), and whether its row exists."""

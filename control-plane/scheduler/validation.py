@@ -8,6 +8,7 @@ import json
 import re
 
 from pydantic import ValidationError
+from pydantic_core import PydanticCustomError
 
 from corral.shared import validate as v
 from corral.shared.contract import Request, refusal
@@ -16,7 +17,7 @@ from corral.shared.wire import (JOB_ID_RE, LOG_CHUNK_MAX_BYTES, LOG_FINAL_HEADER
                                LOG_OFFSET_HEADER, LOG_STREAMS)
 
 from .contract import (BatchReport, ClaimRequest, JobBatch, JobRef, JobRequest, LogChunkBatch, LogChunkItem,
-                       OutputBatch, OutputItem, ReportBatch, RidingClaim, StatusReport)
+                       OutputBatch, OutputItem, ReportBatch, RidingClaim, StatusReport, parse_instant)
 
 
 
@@ -26,6 +27,14 @@ def job_request(body: dict) -> dict:
     if any(kind == "index" for kind, _, _ in columns["depends_on"] or ()):
         raise BadRequest("a dependency's 'index' names an item of the same POST /jobs/batch; here give 'job_id'")
     return columns
+
+
+def check_timeout(fields: dict, maximum: float) -> None:
+    """A job's own `timeout_secs` within the cluster's JOB_TIMEOUT_MAX_SECS (a setting,
+    so not in the request model)."""
+    timeout = fields.get("timeout_secs")
+    if timeout is not None and timeout > maximum:
+        raise BadRequest(f"'timeout_secs' is at most {maximum:g} seconds on this cluster (JOB_TIMEOUT_MAX_SECS)")
 
 
 def job_batch(body: dict) -> list[dict]:
@@ -162,7 +171,7 @@ def idempotency_key(value: str | None) -> str | None:
 # existed and sent again with the same Idempotency-Key still digests alike.
 LATER_FIELDS = {"constraints": None, "pool": None, "priority": 50, "run_at": None, "delay_secs": None,
                 "depends_on": None, "on_dependency_failure": "cancel", "concurrency_key": None, "array": None,
-                "disk_mb": None}
+                "timeout_secs": None, "disk_mb": None}
 
 
 # Set from the request's headers, not its body: a repeat sent again within another
@@ -176,6 +185,32 @@ def request_hash(fields: dict) -> str:
             if name not in TRACE_FIELDS and (name not in LATER_FIELDS or value != LATER_FIELDS[name])}
     canonical = json.dumps(kept, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def job_filters(args) -> dict:
+    """GET /jobs's filters on what a job is (its query parameters `name`, `schedule`,
+    `array`, `created_after`, `created_before`), as Store.iter_jobs takes them; those
+    not given are None. A bad value: BadRequest naming the parameter."""
+    name, schedule, array = (args.get(key) or None for key in ("name", "schedule", "array"))
+    if name is not None and (len(name) > 128 or not v.NAME_RE.match(name)):
+        raise BadRequest("query parameter 'name' must be a job name (letters, digits, '.', '_' or '-', at most 128)")
+    if schedule is not None and (len(schedule) > 128 or not v.NAME_RE.match(schedule)):
+        raise BadRequest("query parameter 'schedule' must be a schedule name (letters, digits, '.', '_' or '-', "
+                         "at most 128)")
+    array_id = None
+    if array is not None:
+        prefix, _, number = array.partition("-")
+        if prefix != "array" or not (number.isascii() and number.isdigit()) or not 0 < len(number) <= 18:
+            raise BadRequest("query parameter 'array' must be an array id such as array-3")
+        array_id = int(number)
+    times = {}
+    for key in ("created_after", "created_before"):
+        raw = args.get(key) or None
+        try:
+            times[key] = None if raw is None else parse_instant(key, raw)
+        except PydanticCustomError as exc:
+            raise BadRequest(f"query parameter {exc.context['message']}") from None
+    return {"name": name, "schedule": schedule, "array_id": array_id, **times}
 
 
 def parse_job_id(job_id: str) -> int | None:

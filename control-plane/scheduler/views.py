@@ -48,7 +48,8 @@ def job(row: Job, settings: SchedulerSettings, now: float, service_grant: str | 
         "peak_memory_bytes": d("peak_memory_bytes"), "cpu_seconds": d("cpu_seconds"), "ended_by": d("ended_by"),
         "limits_enforced": d("limits_enforced"), "limits": limits and built(contract.Limits, limits),
         "private_tmp": d("private_tmp"),
-        "timeout_secs": settings.job_timeout_secs if job_type == "run" else None,
+        "timeout_secs": (settings.job_timeout_secs if d("timeout_secs") is None else d("timeout_secs"))
+        if job_type == "run" else None,
         "created_at": iso(d("created_at")), "placed_at": iso(d("placed_at")),
         "running_at": iso(d("running_at")), "finished_at": iso(d("finished_at")),
         "priority": d("priority"), "constraints": constraints and [_constraint(c) for c in constraints],

@@ -245,7 +245,8 @@ def test_job_why_prints_the_reason_and_what_the_closest_nodes_lack(mock):
 
 def test_job_why_of_a_job_that_does_not_wait_is_the_apis_409_in_one_line(mock):
     mock.get(f"{SCHED}/jobs/job-7/why", json={"error": "job-7 is running; only a pending job waits"}, status=409)
-    assert one_line_error(corral("job", "why", "job-7")) == "corral: job-7: job-7 is running; only a pending job waits"
+    # The API's message names the job first: it is not prefixed with the id again.
+    assert one_line_error(corral("job", "why", "job-7")) == "corral: job-7 is running; only a pending job waits"
 
 
 # ---- nodes: the scheduler's figures --------------------------------------------------------------
@@ -406,7 +407,7 @@ def test_the_real_scheduler_arrays_concurrency_and_a_why_refused(real_app):
     assert as_json("concurrency", "list", "--json") == []
     cancelled_one = as_json("array", "show", array_id, "--json")["first_job_id"]
     line = one_line_error(corral("job", "why", cancelled_one))
-    assert line.startswith(f"corral: {cancelled_one}: ")
+    assert line.startswith(f"corral: {cancelled_one} is cancelled")
     assert as_json("job", "status", "--json", cancelled_one)["status"] == "cancelled"
 
 

@@ -112,6 +112,15 @@ def test_a_failing_job_is_retried_once_then_failed(backend_cluster):
     assert ("running", "pending") in transitions and transitions[-1] == ("running", "failed")
 
 
+def test_a_job_with_its_own_short_timeout_is_failed_while_the_default_is_long(cluster):
+    cluster.start_agent("node-1")
+    job = cluster.submit(command="sleep 30", timeout_secs=1)  # JOB_TIMEOUT_SECS is an hour
+    assert job["timeout_secs"] == 1
+    failed = cluster.wait_status(job["job_id"], "failed", timeout=60)
+    assert failed["exit_code"] == -1 and "job timed out" in failed["stderr"]
+    assert failed["retry_count"] == 0  # a timeout is final
+
+
 def test_a_timed_out_job_is_failed_and_its_processes_are_gone(tmp_path, shared_dir):
     cluster = Cluster(tmp_path, JOB_TIMEOUT_SECS=2)
     pids = pathlib.Path(shared_dir) / "pids"

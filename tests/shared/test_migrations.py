@@ -121,7 +121,8 @@ def test_each_service_has_its_first_step_and_a_history_table_of_its_own():
     assert step_names(SCHEDULER) == ["0001_initial", "0002_placement_indexes", "0003_drop_status_node_index",
                                      "0004_scheduling", "0005_job_depends_on", "0006_schedules",
                                      "0007_job_trace", "0008_events", "0010_stats", "0011_log_chunks",
-                                     "0012_job_disk", "0020_node_credential"]
+                                     "0012_job_disk", "0016_node_drain_seq", "0017_job_timeout",
+                                     "0020_node_credential"]
     assert step_names(REGISTRY) == ["0001_initial", "0002_node_placement", "0003_node_credential"]
     assert SCHEDULER.migrations.history_table == "scheduler_schema_migration"
     assert REGISTRY.migrations.history_table == "registry_schema_migration"

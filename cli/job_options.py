@@ -1,0 +1,79 @@
+"""The options that describe a job, defined once for every command that makes one:
+`corral job run` (one job or an --array of them) and `corral schedule add` (the job
+each slot runs). Each of them takes every field of a job request the API takes;
+`job run` adds what only a submission has (a start time, dependencies, an array)."""
+from typing import Callable
+
+import click
+
+from . import scheduling as sched
+from .scheduling import Checked
+
+JOB_OPTIONS = (
+    click.option("--type", "job_type", type=click.Choice(["run", "service"]), help="run (default) or service."),
+    click.option("--port", type=int, help="The port a service listens on (it gets PORT)."),
+    click.option("--env", "env_vars", multiple=True, metavar="K=V", help="An environment variable (repeatable)."),
+    click.option("--deploy-url", metavar="URL", help="http(s):// or s3:// zip unpacked into the work dir."),
+    click.option("--sha256", "deploy_sha256", metavar="HEX", help="The zip's SHA-256, checked before unpacking."),
+    click.option("--node", "instance_id", metavar="NODE", help="Pin the job to this node."),
+    # Not `name`: `corral schedule add NAME` has an argument of that name.
+    click.option("--name", "job_name", metavar="NAME", help="A name for the job (services are registered under it)."),
+    click.option("--max-retries", type=int, help="Retries of a failed attempt (default: the scheduler's)."),
+    click.option("--memory-mb", type=int, help="Memory limit in MB."),
+    click.option("--cpu-percent", type=int, help="CPU limit, 100 = one CPU."),
+    click.option("--max-processes", type=int, help="The most processes and threads at once (default: the node's)."),
+    click.option("--disk-mb", type=int, help="The most its work dir may hold, in MB (default: the cluster's)."),
+    click.option("--timeout", "timeout_secs", type=Checked(sched.parse_duration, "DURATION"),
+                 help="Run jobs: fail it once it has run this long: 90, 90s, 15m, 2h, 1d (default: the "
+                      "scheduler's JOB_TIMEOUT_SECS; at most its JOB_TIMEOUT_MAX_SECS)."),
+    click.option("--health-path", metavar="PATH", help="A service's HTTP health check path."),
+    click.option("--on-node-lost", type=click.Choice(["requeue", "fail"]), help="What to do when the node is lost."),
+    click.option("--constraint", "constraints", multiple=True, type=Checked(sched.parse_constraint, "EXPR"),
+                 help="A condition on the node's labels (repeatable, all must hold): LABEL=V, LABEL!=V, "
+                      "LABEL:in=A,B, LABEL:not_in=A,B, LABEL:exists, LABEL:not_exists."),
+    click.option("--pool", type=Checked(sched.parse_name, "POOL"),
+                 help="Only nodes of this pool (their `pool` label)."),
+    click.option("--priority", type=Checked(sched.parse_priority, "N"),
+                 help="0-100 (default 50): higher is placed first."),
+    click.option("--concurrency-key", type=Checked(sched.parse_name, "KEY"),
+                 help="Share the key's limit (`corral concurrency set KEY N`) with the other jobs that name it."),
+)
+# The keyword arguments the options above give a command, and the request field of
+# each where the two differ.
+OPTION_NAMES = ("job_type", "port", "env_vars", "deploy_url", "deploy_sha256", "instance_id", "job_name",
+                "max_retries", "memory_mb", "cpu_percent", "max_processes", "disk_mb", "timeout_secs",
+                "health_path", "on_node_lost", "constraints", "pool", "priority", "concurrency_key")
+FIELD_NAMES = {"job_name": "name"}
+
+
+def job_options(command: Callable) -> Callable:
+    """The job options on a command, in the order of JOB_OPTIONS in its help."""
+    for option in reversed(JOB_OPTIONS):
+        command = option(command)
+    return command
+
+
+def parse_env(values: tuple[str, ...]) -> dict[str, str]:
+    env_vars = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not K=V", param_hint="'--env'")
+        env_vars[key] = value
+    return env_vars
+
+
+def request_fields(options: dict) -> dict:
+    """Take the job options out of a command's keyword arguments (`options` keeps the
+    others): the request fields of those given."""
+    given = {name: options.pop(name) for name in OPTION_NAMES}
+    fields = {}
+    for name, value in given.items():
+        if value is None or value == ():
+            continue
+        if name == "env_vars":
+            value = parse_env(value)
+        elif name == "constraints":
+            value = list(value)
+        fields[FIELD_NAMES.get(name, name)] = value
+    return fields
