@@ -1,4 +1,5 @@
 """The scheduler's HTTP API (Flask). Run by `corral-scheduler` under gunicorn."""
+import logging
 import time
 from collections.abc import Callable
 from urllib.parse import urlencode
@@ -25,6 +26,7 @@ from corral.shared.changefeed import ChangeFeed
 from . import (contract, drains, event_stream, events, longpoll, loops, metrics, openapi, pages, revocation, sampler,
                schedule_loop, sns_outbox, spans, sqs_intake, ui, validation, views, waiting)
 from .event_log import EventLog
+from . import stream_hub
 from .job_logs import JobLogs
 from .migrations import MIGRATIONS
 from .schedules import Schedules
@@ -32,6 +34,8 @@ from .models import Node, database
 from .settings import SchedulerSettings
 from .service import Scheduler
 from .store import Store
+
+log = logging.getLogger(__name__)
 
 SERVICE = "scheduler"  # its PostgreSQL schema: corral_scheduler
 MAX_PAGE = 1000
@@ -69,12 +73,12 @@ ACCESS = {
     "events_stream": auth.READ,
     "cancel": auth.OPERATOR,
     "retry": auth.OPERATOR,
+    "drain_node": auth.OPERATOR,
+    "undrain_node": auth.OPERATOR,
     "claim": auth.agent(auth.NODE_IN_PATH),
     "renew_lease": auth.agent(auth.NODE_IN_PATH),
     "report": auth.agent(auth.NODE_IN_BODY),
     "report_batch": auth.agent(auth.NODE_IN_BODY),
-    "drain_node": auth.OPERATOR,
-    "undrain_node": auth.OPERATOR,
     "live_output": auth.agent(auth.NODE_IN_BODY),
     "put_log_chunk": auth.agent(auth.NODE_IN_RECORD),  # the node is in a header
     "put_log_chunks": auth.agent(auth.NODE_IN_BODY),
@@ -120,13 +124,24 @@ def registry_client(settings: SchedulerSettings, **kwargs) -> RegistryClient:
 FULL_LOOK_SECS = 10.0
 
 
+def max_streams(settings: SchedulerSettings) -> int:
+    """Event streams open at once in this process (EVENTS_STREAMS_MAX, stream_hub.py)."""
+    if settings.events_streams_max is not None:
+        return settings.events_streams_max
+    return stream_hub.default_max_streams(server.worker_threads())
+
+
 def wait_room(settings: SchedulerSettings, feed: ChangeFeed, store_of: Callable[[], Store]) -> longpoll.WaitRoom:
     """The waiting room of this process's long-poll claims, woken by its change feed
     when another process commits (wakeup.py). `store_of()` gives the store the room
     reads from (made after the room: the store tells the room of its placements)."""
     max_waiters = settings.long_poll_max_waiters
     if max_waiters is None:
-        max_waiters = longpoll.default_max_waiters(server.worker_threads())
+        max_waiters = longpoll.default_max_waiters(server.worker_threads(), max_streams(settings))
+    elif max_waiters + max_streams(settings) >= server.worker_threads():
+        log.warning("LONG_POLL_MAX_WAITERS (%d) and EVENTS_STREAMS_MAX (%d) together may hold all %d threads of a "
+                    "worker: submits and reports would wait for a thread", max_waiters, max_streams(settings),
+                    server.worker_threads())
     seen: dict = {"mark": object(), "at": float("-inf")}  # the mark and time of the last full look
 
     def check_nodes(node_ids: set[str], recheck: bool = False) -> set[str]:
@@ -434,6 +449,18 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     def cancel(job_id):
         return respond(job_view(scheduler.cancel(job_id, clock())))
 
+    drain_registry = registry_client(settings, timeout=(2.0, 5.0))
+
+    @app.post("/nodes/<node_id>/drain")
+    def drain_node(node_id):
+        return respond(contract.NodeDrain.model_validate(
+            drains.set_drained(store, drain_registry, node_id, True, clock())))
+
+    @app.post("/nodes/<node_id>/undrain")
+    def undrain_node(node_id):
+        return respond(contract.NodeDrain.model_validate(
+            drains.set_drained(store, drain_registry, node_id, False, clock())))
+
     @app.post("/nodes/<node_id>/lease")
     def renew_lease(node_id):
         if not validation.NODE_ID_RE.match(node_id):
@@ -451,21 +478,14 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     def job_events(job_id):
         return respond([views.event(e) for e in store.events(job_id)], of=list[contract.JobEvent])
 
-    drain_registry = registry_client(settings, timeout=(2.0, 5.0))
-
-    @app.post("/nodes/<node_id>/drain")
-    def drain_node(node_id):
-        return respond(contract.NodeDrain.model_validate(
-            drains.set_drained(store, drain_registry, node_id, True, clock())))
-
-    @app.post("/nodes/<node_id>/undrain")
-    def undrain_node(node_id):
-        return respond(contract.NodeDrain.model_validate(
-            drains.set_drained(store, drain_registry, node_id, False, clock())))
-
     event_log = EventLog(store.db)
     stream_timing = event_stream.Timing(settings.events_keepalive_secs, settings.events_stream_max_secs,
                                         settings.events_retention_secs)
+    stream_budget = stream_hub.StreamBudget(max_streams(settings), settings.events_streams_per_credential)
+    hub = stream_hub.StreamHub(event_log, store.db, room.feed)
+    app.extensions["corral.stream_hub"] = hub
+    if start_loops:
+        server.on_stop_signal(hub.stop)  # under gunicorn: SIGTERM ends every stream at once
 
     @app.get("/events")
     def events_stream():
@@ -474,19 +494,36 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
             cursor, first = event_stream.start(event_log, request.headers.get("Last-Event-ID"))
         except events.BadCursor as exc:
             raise BadRequest(str(exc)) from None
-        if not room.hold():
-            metrics.event_stream("refused")
-            response = error_response(503, "this server process already holds as many event streams and waiting "
-                                           f"claims as it has threads for ({room.max_waiters}); try again shortly "
-                                           "or another replica")
-            response.headers["Retry-After"] = "2"
-            return response
+        who = stream_credential()
+        refusal = stream_budget.take(who)
+        if refusal is not None:
+            return stream_refused(refusal)
         metrics.event_stream("opened")
-        store.db.close()  # the stream holds no connection between its looks
-        body = event_stream.stream(event_log, store.db, room.feed, cursor, wanted, first, stream_timing,
-                                   lambda: room.closed, room.release)
+        store.db.close()  # the stream holds no connection between its reads
+        body = event_stream.stream(event_log, store.db, hub, cursor, wanted, first, stream_timing,
+                                   lambda: room.closed or hub.stopped, lambda: stream_budget.give_back(who))
         return app.response_class(body, mimetype="text/event-stream",
                                   headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    def stream_credential() -> str:
+        """Whose streams count together: the token's role, or the client's address
+        where no token is configured (loopback only)."""
+        role = g.get("corral_role")
+        return f"token:{role}" if role else f"address:{request.remote_addr}"
+
+    def stream_refused(refusal: str):
+        if refusal == stream_hub.PROCESS_FULL:
+            metrics.event_stream("refused")
+            response = error_response(503, "this server process already holds as many event streams as it "
+                                           f"allows (EVENTS_STREAMS_MAX={stream_budget.max_streams}); try again "
+                                           "shortly or another replica")
+        else:
+            metrics.event_stream("refused_credential")
+            response = error_response(429, "this credential already holds as many event streams in this server "
+                                           "process as it may (EVENTS_STREAMS_PER_CREDENTIAL="
+                                           f"{stream_budget.per_credential}); close one or try again shortly")
+        response.headers["Retry-After"] = "2"
+        return response
 
     def event_filter() -> events.Filter:
         job_row = None

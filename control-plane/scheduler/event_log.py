@@ -30,6 +30,16 @@ class Page:
     full: bool      # the page stopped at its limit: more may follow at once
 
 
+@dataclass(frozen=True)
+class Recent:
+    """An event as every stream that wants it sends it (stream_hub.StreamHub's ring)."""
+    id: int
+    type: str
+    job_row: int | None
+    node_id: str | None
+    sse: bytes
+
+
 class EventLog:
     def __init__(self, db: peewee.Database):
         self.db = db
@@ -58,10 +68,28 @@ class EventLog:
             return Page(events, Cursor(lo, hi, rows[-1].id, True) if full else Cursor(hi, hi, 0, True), full)
         # Read the newest id first: every row up to it has committed (one writer at a time).
         top = self._newest_id()
+        if top <= after.id:
+            return Page([], after, False)  # nothing new: no second query
         rows = self._rows((StreamEvent.id > after.id) & (StreamEvent.id <= top), wanted, limit)
         events = [_event(row, Cursor(id=row.id)) for row in rows]
         full = len(rows) == limit
         return Page(events, Cursor(id=rows[-1].id) if full else Cursor(id=max(top, after.id)), full)
+
+    def recent(self, after: int, upto: int, limit: int) -> list[Recent] | None:
+        """SQLite: every event with an id in (after, upto], unfiltered and ready to send
+        (what the stream hub shares among the streams); None when there are more than
+        `limit`."""
+        rows = list(StreamEvent.select().where((StreamEvent.id > after) & (StreamEvent.id <= upto))
+                    .order_by(StreamEvent.id).limit(limit + 1))
+        if len(rows) > limit:
+            return None
+        return [Recent(row.id, row.type, row.job_id, row.node_id, _event(row, Cursor(id=row.id)).sse())
+                for row in rows]
+
+    def mark(self) -> int:
+        """How far committed events reach, in one small query (stream_hub.behind compares a
+        stream's position with it): SQLite the newest id, PostgreSQL the transaction horizon."""
+        return self._horizon() if self.windowed else self._newest_id()
 
     def oldest(self) -> Cursor | None:
         """The position just before the oldest event kept (None: none kept)."""

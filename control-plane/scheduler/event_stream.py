@@ -3,22 +3,23 @@
 The stream begins with an `open` event whose id is where it starts (after the
 client's Last-Event-ID, or now), preceded by a `missed` event when the retention
 deleted events the client had not seen. Then it sends each stored event that
-the filter lets through (event_log.py), looking:
+the filter lets through (event_log.py), reading them:
 
-- when the process's change feed says something was committed (SQLite: any
-  commit of any process on the host; PostgreSQL: placements), and at least
-  every LOOK_SECS (PostgreSQL announces only placements; the other commits are
-  found by looking), but not more often than every MIN_GAP_SECS, so that a busy
-  cluster costs each stream a few queries a second, not one per commit;
+- only when the process's stream hub (stream_hub.py) says that events past the
+  stream's position may have been committed: the hub watches the change feed for
+  every stream of the process with one query per change, so an idle stream makes
+  no query and is not even woken; and not more often than every MIN_GAP_SECS, so
+  that a busy cluster costs each stream a few queries a second, not one per commit;
 - holding no database connection in between.
 
 An idle stream gets a keep-alive comment every EVENTS_KEEPALIVE_SECS (with the
-stream's position, events.keep_alive). A stream ends after EVENTS_STREAM_MAX_SECS
-(the client reconnects with its Last-Event-ID, so a long-lived connection never
-pins a worker that is being replaced), when the worker stops, or when the client
-goes away (a write fails). Each open stream holds a request thread: it takes its
-place from the waiting room's count (longpoll.WaitRoom.hold), shared with the
-waiting claims, and a stream beyond it is refused with 503 before it begins.
+stream's position, events.keep_alive; no query). A stream ends after
+EVENTS_STREAM_MAX_SECS (the client reconnects with its Last-Event-ID, so a
+long-lived connection never pins a worker that is being replaced), when the
+worker stops, or when the client goes away (a write fails). Each open stream
+holds a request thread: it takes a place in the process's stream budget
+(stream_hub.StreamBudget, apart from the waiting claims'), and a stream beyond it
+is refused before it begins.
 """
 from __future__ import annotations
 
@@ -29,15 +30,16 @@ from dataclasses import dataclass
 
 import peewee
 
-from corral.shared.changefeed import ChangeFeed
 from corral.shared.db import MaxConnectionsExceeded
 
+from . import metrics
 from .event_log import EventLog
 from .events import Cursor, Filter, frame, keep_alive
+from .stream_hub import StreamHub, behind
 
 log = logging.getLogger(__name__)
 
-LOOK_SECS = 0.5
+# A stream reads at most this often: a burst of commits is one read.
 MIN_GAP_SECS = 0.1
 PAGE = 500
 # Tells an EventSource-like client how soon to reconnect (ms).
@@ -94,44 +96,62 @@ class Body:
                 on_end()
 
 
-def stream(log_: EventLog, db: peewee.Database, feed: ChangeFeed, cursor: Cursor, wanted: Filter,
+def stream(log_: EventLog, db: peewee.Database, hub: StreamHub, cursor: Cursor, wanted: Filter,
            first: list[bytes], timing: Timing, closed: Callable[[], bool],
            on_end: Callable[[], None]) -> Body:
     """The stream's body (module docstring). `on_end` runs once, however it ends."""
-    return Body(_chunks(log_, db, feed, cursor, wanted, first, timing, closed), on_end)
+    return Body(_chunks(log_, db, hub, cursor, wanted, first, timing, closed), on_end)
 
 
-def _chunks(log_: EventLog, db: peewee.Database, feed: ChangeFeed, cursor: Cursor, wanted: Filter,
+def _chunks(log_: EventLog, db: peewee.Database, hub: StreamHub, cursor: Cursor, wanted: Filter,
             first: list[bytes], timing: Timing, closed: Callable[[], bool]) -> Iterator[bytes]:
     yield f"retry: {RETRY_MS}\n\n".encode()
     yield from first
-    began = last_write = last_look = time.monotonic()
-    seen = feed.generation
+    hub.join()
+    try:
+        yield from _follow(log_, db, hub, cursor, wanted, timing, closed)
+    finally:
+        hub.leave()
+
+
+def _follow(log_: EventLog, db: peewee.Database, hub: StreamHub, cursor: Cursor, wanted: Filter,
+            timing: Timing, closed: Callable[[], bool]) -> Iterator[bytes]:
+    began = last_write = time.monotonic()
+    last_read = float("-inf")
+    full = True  # the first read is unconditional: the hub's mark may not have caught up yet
     while not closed():
-        try:
-            with db.connection_context():
-                page = log_.read(cursor, wanted, PAGE)
-        except (peewee.DatabaseError, MaxConnectionsExceeded) as exc:
-            # The stream ends; the client resumes from its last event once the database is back.
-            log.warning("an event stream stopped: reading events failed: %s", exc)
-            return
-        last_look = time.monotonic()
-        cursor = page.cursor
-        if page.events:
-            yield b"".join(event.sse() for event in page.events)
-            last_write = time.monotonic()
-        if page.full:
-            continue
+        seen = hub.generation  # before reading: a mark that moves during the read wakes the wait below
+        shared = None if full else hub.take(cursor, wanted)
+        if shared is not None:  # the hub read them for every stream: no query
+            chunks, cursor = shared
+            if chunks:
+                yield b"".join(chunks)
+                last_write = time.monotonic()
+        elif full or behind(cursor, hub.mark):
+            gap = last_read + MIN_GAP_SECS - time.monotonic()
+            if gap > 0 and not full:
+                time.sleep(gap)  # let a burst of commits land: one read for all of them
+            try:
+                with db.connection_context():
+                    page = log_.read(cursor, wanted, PAGE)
+            except (peewee.DatabaseError, MaxConnectionsExceeded) as exc:
+                # The stream ends; the client resumes from its last event once the database is back.
+                log.warning("an event stream stopped: reading events failed: %s", exc)
+                return
+            last_read = time.monotonic()
+            metrics.event_stream_read()
+            cursor, full = page.cursor, page.full
+            if page.events:
+                yield b"".join(event.sse() for event in page.events)
+                last_write = time.monotonic()
+            if full:
+                continue
         now = time.monotonic()
         if now - began >= timing.max_secs:
             yield frame("end", {"reason": "EVENTS_STREAM_MAX_SECS reached; reconnect with Last-Event-ID"},
                         cursor)
             return
         if now - last_write >= timing.keepalive_secs:
-            yield keep_alive(cursor)
+            yield keep_alive(cursor)  # the stream's position, with no query
             last_write = now
-        wake = min(LOOK_SECS, last_write + timing.keepalive_secs - now, began + timing.max_secs - now)
-        seen = feed.wait_for_change(seen, max(0.0, wake))
-        gap = MIN_GAP_SECS - (time.monotonic() - last_look)
-        if gap > 0:
-            time.sleep(gap)  # let a burst of commits land: one look for all of them
+        hub.wait(seen, min(last_write + timing.keepalive_secs - now, began + timing.max_secs - now))

@@ -88,6 +88,13 @@ class Filter:
     node_id: str | None = None
     types: frozenset[str] | None = None
 
+    def lets(self, event_type: str, job_row: int | None, node_id: str | None) -> bool:
+        """Whether an event of this type, job (row id) and node passes (what
+        event_log's query asks of the rows, for events already read)."""
+        return ((self.job_row is None or job_row == self.job_row)
+                and (self.node_id is None or node_id == self.node_id)
+                and (self.types is None or event_type in self.types))
+
 
 @dataclass(frozen=True)
 class Event:

@@ -35,9 +35,9 @@ At most `max_waiters` claims wait at once in a process (LONG_POLL_MAX_WAITERS);
 a claim beyond that answers at once, possibly `[]`, with the header
 `X-Corral-Long-Poll: busy`, so that submits, reads and reports always find a
 free gunicorn thread. The agent then asks again after POLL_INTERVAL_SECS. The
-open event streams (`GET /events`, event_stream.py) hold a thread each too:
-they take their places from the same count (`hold`), and one beyond it is
-refused with 503.
+open event streams (`GET /events`, event_stream.py) hold a thread each too, from
+a budget of their own (stream_hub.StreamBudget): they never take a claim's
+place, and the claims' default leaves their cap free (`default_max_waiters`).
 """
 from __future__ import annotations
 
@@ -73,10 +73,12 @@ TIMED_OUT = "timed-out"    # waited the whole wait_secs
 GONE = "gone"              # the client closed its connection
 
 
-def default_max_waiters(threads: int) -> int:
-    """Waiting claims allowed per process when LONG_POLL_MAX_WAITERS is unset:
-    the worker's threads minus RESERVED_THREADS (at most half of them)."""
-    return max(0, threads - min(RESERVED_THREADS, max(1, threads // 2)))
+def default_max_waiters(threads: int, streams: int = 0) -> int:
+    """Waiting claims allowed per process when LONG_POLL_MAX_WAITERS is unset: the
+    worker's threads minus RESERVED_THREADS (at most half of them) for submits,
+    reads and reports, minus the `streams` the event streams may hold
+    (EVENTS_STREAMS_MAX): 128 - 8 - 16 = 104 by default."""
+    return max(0, threads - min(RESERVED_THREADS, max(1, threads // 2)) - streams)
 
 
 class Waiter:
@@ -119,19 +121,6 @@ class WaitRoom:
             self._by_node.setdefault(node_id, set()).add(waiter)
             self._count += 1
             return waiter
-
-    def hold(self) -> bool:
-        """A place for an event stream, counted with the waiting claims; False when full."""
-        with self._lock:
-            if self.closed or self._count >= self.max_waiters:
-                return False
-            self._count += 1
-            return True
-
-    def release(self) -> None:
-        """An event stream ended: its place is free."""
-        with self._lock:
-            self._count -= 1
 
     def leave(self, waiter: Waiter) -> None:
         with self._lock:

@@ -68,12 +68,16 @@ SCHEDULE_LAG = Family("histogram", "corral_schedule_firing_lag_seconds", "Second
                       "firing pass that made its job (a slot caught up after downtime waited that long).",
                       buckets=LAG_BUCKETS)
 EVENT_STREAMS = Family("counter", "corral_event_streams", "Event streams (GET /events) opened, by outcome: "
-                       "opened, or refused (503: the process's budget of streams and waiting claims was full).",
-                       ("outcome",), initial=[("opened",), ("refused",)])
+                       "opened, refused (503: the process's EVENTS_STREAMS_MAX was reached) or refused_credential "
+                       "(429: the credential's EVENTS_STREAMS_PER_CREDENTIAL was reached).",
+                       ("outcome",), initial=[("opened",), ("refused",), ("refused_credential",)])
+EVENT_STREAM_READS = Family("counter", "corral_event_stream_reads", "Reads of stored events by open event "
+                            "streams: one per stream when events past its position were committed (an idle "
+                            "stream reads nothing).")
 
 FAMILIES = (JOBS_SUBMITTED, JOBS_FINISHED, DISPATCH_LATENCY, RUN_DURATION, RETRIES, TIMEOUTS, NODE_LOSS_REQUEUES,
             SQS_RECEIVED, SQS_REJECTED, SNS_PUBLISHED, SNS_PUBLISH_FAILURES, SCHEDULE_RUNS, SCHEDULE_LAG,
-            TRACE_CONTEXT_INVALID, EVENT_STREAMS)
+            TRACE_CONTEXT_INVALID, EVENT_STREAMS, EVENT_STREAM_READS)
 # Computed at scrape time (`scrape`); the SNS ones only when SNS_TOPIC_ARN is set.
 SCRAPE_GAUGES = ("corral_jobs", "corral_scheduler_nodes", "corral_scheduler_node_list_age_seconds",
                  "corral_schedules", "corral_schedules_overdue_seconds",
@@ -136,6 +140,11 @@ def trace_context_invalid(source: str) -> None:
 def event_stream(outcome: str) -> None:
     """An event stream was opened, or refused for want of room."""
     EVENT_STREAMS.labels(outcome).inc()
+
+
+def event_stream_read() -> None:
+    """An open event stream read its next page of events."""
+    EVENT_STREAM_READS.inc()
 
 
 def sns_published(db, count: int) -> None:

@@ -500,24 +500,6 @@ PATHS = {
             },
         },
     },
-    "/nodes/{node_id}/lease": {
-        "parameters": [NODE_ID_PARAM],
-        "post": {
-            "operationId": "renewLease", "tags": ["agents"], "summary": "Renew a node's lease (agents).",
-            "description": "Agents call this every heartbeat while they hold jobs (a claim that takes jobs "
-                           "renews the lease too; idle agents renew once a minute for the list below). An agent "
-                           "that cannot renew for `lease_secs` stops its run jobs; the scheduler requeues them "
-                           "NODE_LOST_GRACE_SECS later. The answer "
-                           "lists the attempts the scheduler has running on the node: an attempt the agent runs "
-                           "that is not listed is stale and the agent ends it.",
-            "requestBody": _body(contract.LeaseRenewal, required=False),
-            "responses": {
-                "200": _json(contract.Lease, "The lease is renewed."),
-                "400": _error("BadRequest"),
-                "404": _error("NotFound"),
-            },
-        },
-    },
     "/nodes/{node_id}/drain": {
         "parameters": [NODE_ID_PARAM],
         "post": {
@@ -551,6 +533,24 @@ PATHS = {
             },
         },
     },
+    "/nodes/{node_id}/lease": {
+        "parameters": [NODE_ID_PARAM],
+        "post": {
+            "operationId": "renewLease", "tags": ["agents"], "summary": "Renew a node's lease (agents).",
+            "description": "Agents call this every heartbeat while they hold jobs (a claim that takes jobs "
+                           "renews the lease too; idle agents renew once a minute for the list below). An agent "
+                           "that cannot renew for `lease_secs` stops its run jobs; the scheduler requeues them "
+                           "NODE_LOST_GRACE_SECS later. The answer "
+                           "lists the attempts the scheduler has running on the node: an attempt the agent runs "
+                           "that is not listed is stale and the agent ends it.",
+            "requestBody": _body(contract.LeaseRenewal, required=False),
+            "responses": {
+                "200": _json(contract.Lease, "The lease is renewed."),
+                "400": _error("BadRequest"),
+                "404": _error("NotFound"),
+            },
+        },
+    },
     "/jobs/{job_id}/retry": {
         "parameters": [JOB_ID_PARAM],
         "post": {
@@ -580,8 +580,9 @@ PATHS = {
                 "(send it back as `Last-Event-ID` to resume after it), or a `missed` event first when events after "
                 "the client's position were deleted (EVENTS_RETENTION_SECS). Idle streams get keep-alive comments; "
                 "a stream ends with an `end` event after EVENTS_STREAM_MAX_SECS, and the client resumes. "
-                "Open streams share each server process's budget of waiting requests with the long-poll claims: "
-                "503 beyond it. See docs/api.md, \"The event stream\"."),
+                "Open streams have a budget of their own in each server process, apart from the long-poll "
+                "claims: EVENTS_STREAMS_MAX (503 beyond it) and EVENTS_STREAMS_PER_CREDENTIAL for one token, or "
+                "one client address without tokens (429 beyond it). See docs/api.md, \"The event stream\"."),
             "parameters": [
                 _query("job_id", "Only this job's events.", {"type": "string"}),
                 _query("node_id", "Only events of this node (its changes, and its jobs' transitions).",
@@ -595,9 +596,11 @@ PATHS = {
                 "200": {"description": "The stream; the schema describes one event.",
                         "content": {"text/event-stream": {"schema": SSE_EVENT}}},
                 "400": _error("BadRequest"),
-                "503": _json(shared_contract.Error, "This process holds as many event streams and waiting "
-                                                            "claims as it has threads for; `Retry-After` says when to "
-                                                            "try again."),
+                "429": _json(shared_contract.Error, "This credential already holds "
+                                                            "EVENTS_STREAMS_PER_CREDENTIAL streams in this process; "
+                                                            "`Retry-After` says when to try again."),
+                "503": _json(shared_contract.Error, "This process already holds EVENTS_STREAMS_MAX event "
+                                                            "streams; `Retry-After` says when to try again."),
             },
         },
     },

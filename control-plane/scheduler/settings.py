@@ -67,7 +67,7 @@ class SchedulerSettings:
     # least), so one request cannot make a worker hold hundreds of megabytes.
     page_max_bytes: int = 8 * 1024 * 1024
     # Long-poll claims (docs/dispatch.md): claims waiting at once per server process;
-    # None: the worker's threads minus 8 (longpoll.default_max_waiters).
+    # None: the worker's threads minus 8 and the streams' cap (longpoll.default_max_waiters).
     long_poll_max_waiters: int | None = None
     # Finished jobs older than this are deleted with their events (0: kept forever),
     # at most job_purge_batch per background pass.
@@ -78,6 +78,10 @@ class SchedulerSettings:
     events_retention_secs: float = 3600.0
     events_keepalive_secs: float = 15.0
     events_stream_max_secs: float = 300.0
+    # Open event streams per server process (None: an eighth of its threads,
+    # stream_hub.default_max_streams) and per credential in a process.
+    events_streams_max: int | None = None
+    events_streams_per_credential: int = 8
     # The charts' sampler (sampler.py): a sample every stats_interval_secs, kept for
     # stats_retention_secs.
     stats_interval_secs: float = 10.0
@@ -194,7 +198,7 @@ SETTINGS = (
               "the longest a retry waits", minimum=0.0, maximum=7 * 86400.0),
     s.Setting("LONG_POLL_MAX_WAITERS", "long_poll_max_waiters", "int", None,
               "claims that may wait at once in one server process; `0`: none waits", minimum=0, maximum=100_000,
-              shown="threads per worker − 8, at most half (120)"),
+              shown="threads per worker − 8 (at most half) − `EVENTS_STREAMS_MAX` (104)"),
     s.Setting("JOB_RETENTION_SECS", "job_retention_secs", "float", 7 * 86400.0,
               "finished jobs older than this are purged with their events; `0` keeps them", minimum=0.0),
     s.Setting("JOB_PURGE_BATCH", "job_purge_batch", "int", 500,
@@ -207,6 +211,14 @@ SETTINGS = (
     s.Setting("EVENTS_STREAM_MAX_SECS", "events_stream_max_secs", "float", 300.0,
               "an event stream ends after this long (its client resumes with Last-Event-ID); "
               "`0`: it sends the stored events and ends", minimum=0.0, maximum=86400.0),
+    s.Setting("EVENTS_STREAMS_MAX", "events_streams_max", "int", None,
+              "event streams (`GET /events`) open at once in one server process, each holding a thread; one "
+              "more is refused with `503` (the waiting claims have a budget of their own)", minimum=0,
+              maximum=100_000, shown="threads per worker ÷ 8 (16)"),
+    s.Setting("EVENTS_STREAMS_PER_CREDENTIAL", "events_streams_per_credential", "int", 8,
+              "event streams one credential (the operator token, the read-only token; without tokens, one client "
+              "address) may hold open at once in one server process; one more is refused with `429`",
+              minimum=1, maximum=100_000),
     s.Setting("STATS_INTERVAL_SECS", "stats_interval_secs", "float", 10.0,
               "how often the cluster's counts and usage are sampled for the dashboard's charts "
               "(`GET /stats/history`)", minimum=0.1, maximum=3600.0),

@@ -2,14 +2,17 @@
 filters, resuming with Last-Event-ID (PostgreSQL's commits out of id order too),
 the retention, keep-alives and the bound on open streams."""
 import json
+import threading
 
 import psycopg
 import pytest
 
+from helpers import wait_for
 from scheduler_app import Clock, end_attempt, make_app, set_nodes, submit
 
 from corral.scheduler.event_log import EventLog
 from corral.shared import sse
+from corral.shared.credentials import Credentials
 from corral.shared.db import is_postgres
 from corral.shared.timeutil import iso
 
@@ -173,19 +176,125 @@ def test_an_idle_stream_sends_keep_alives_with_its_position(tmp_path, clock):
 
 
 def test_streams_beyond_the_process_budget_are_refused_with_the_reason(tmp_path, clock):
-    app = app_for(f"sqlite:///{tmp_path}/s.db", clock, long_poll_max_waiters=1, events_stream_max_secs=60.0)
+    app = app_for(f"sqlite:///{tmp_path}/s.db", clock, events_streams_max=1, events_stream_max_secs=60.0)
     client = app.test_client()
     held = client.get("/events", buffered=False)
     assert held.status_code == 200
     refused = client.get("/events")
-    assert refused.status_code == 503 and "event streams" in refused.json["error"]
+    assert refused.status_code == 503 and "EVENTS_STREAMS_MAX" in refused.json["error"]
     assert refused.headers["Retry-After"]
     assert 'corral_event_streams_total{outcome="refused"}' in client.get("/metrics").get_data(as_text=True)
-    # A waiting claim counts the same.
-    claim = client.post("/nodes/n1/claim", json={"max": 1, "wait_secs": 1})
-    assert claim.headers.get("X-Corral-Long-Poll") == "busy"
     held.close()  # the client went away: its place is free again
     assert client.get("/events", buffered=False).status_code == 200
+
+
+def test_full_streams_never_refuse_a_claim_or_a_submit(tmp_path, clock):
+    """Streams have a budget of their own: with it full, an agent's waiting claim still
+    waits and takes the work placed on its node, and a submit is answered."""
+    app = app_for(f"sqlite:///{tmp_path}/s.db", clock, events_streams_max=1, long_poll_max_waiters=1,
+                  events_stream_max_secs=60.0)
+    client = app.test_client()
+    store = app.extensions["corral.store"]
+    set_nodes(store, clock, "n1")
+    room = app.extensions["corral.wait_room"]
+    held = client.get("/events", buffered=False)
+    answers = []
+    agent = threading.Thread(target=lambda: answers.append(client.post("/nodes/n1/claim",
+                                                                       json={"max": 1, "wait_secs": 20})))
+    try:
+        assert client.get("/events").status_code == 503
+        assert room.waiting == 0  # the open stream took no claim's place
+        agent.start()
+        wait_for(lambda: room.waiting == 1 or answers, timeout=30, message="the claim to wait")
+        assert not answers, answers[0].headers  # it waits: not answered "busy"
+        job = submit(client, command="true", instance_id="n1")
+        agent.join(timeout=60)
+        claim = answers[0]
+        if claim.headers.get("X-Corral-Long-Poll") == "again":  # the claim had waited past FRESH_SECS
+            claim = client.post("/nodes/n1/claim", json={"max": 1, "wait_secs": 0})
+        assert claim.status_code == 200 and [j["job_id"] for j in claim.json] == [job["job_id"]]
+    finally:
+        held.close()
+        room.close()
+        agent.join(timeout=60) if agent.is_alive() else None
+
+
+READER, OPERATOR = "events-test-reader-3b8e1f0c7a", "events-test-operator-6d2a9c4f1e"
+
+
+@pytest.mark.parametrize("tokens", [True, False], ids=["tokens", "tokenless"])
+def test_one_credential_cannot_take_every_stream(tmp_path, clock, tokens):
+    """At EVENTS_STREAMS_PER_CREDENTIAL the next stream of that credential (a token;
+    without tokens, a client address) is refused with 429 and the reason, while
+    another credential still opens one."""
+    extra = {"credentials": Credentials(OPERATOR, "events-test-agent-secret-5f1c8b2e", reader=READER)} if tokens else {}
+    app = app_for(f"sqlite:///{tmp_path}/s.db", clock, events_streams_per_credential=2, events_stream_max_secs=60.0,
+                  **extra)
+    client = app.test_client()
+    if tokens:
+        first, second = {"headers": bearer(READER)}, {"headers": bearer(OPERATOR)}
+    else:
+        first, second = {"environ_base": {"REMOTE_ADDR": "127.0.0.1"}}, {"environ_base": {"REMOTE_ADDR": "127.0.0.2"}}
+    held = [client.get("/events", buffered=False, **first) for _ in range(2)]
+    try:
+        assert [h.status_code for h in held] == [200, 200]
+        refused = client.get("/events", **first)
+        assert refused.status_code == 429, refused.get_data(as_text=True)
+        assert "EVENTS_STREAMS_PER_CREDENTIAL" in refused.json["error"] and refused.headers["Retry-After"]
+        other = client.get("/events", buffered=False, **second)
+        assert other.status_code == 200
+        other.close()
+        metrics_text = client.get("/metrics", **({"headers": bearer(OPERATOR)} if tokens else {})).get_data(True)
+        assert 'corral_event_streams_total{outcome="refused_credential"}' in metrics_text
+        held.pop().close()  # one closed: the credential may open another
+        held.append(client.get("/events", buffered=False, **first))
+        assert held[-1].status_code == 200
+    finally:
+        for h in held:
+            h.close()
+
+
+def bearer(token):
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_an_idle_stream_makes_no_query_and_wakes_for_an_event(tmp_path, clock, monkeypatch):
+    """An open stream sleeps until the change feed reports a commit with events for it:
+    over seconds of quiet it sends its keep-alives without one query, then an event
+    committed by a submit arrives at once."""
+    app = app_for(f"sqlite:///{tmp_path}/s.db", clock, events_keepalive_secs=0.2, events_stream_max_secs=60.0)
+    client = app.test_client()
+    db = app.extensions["corral.store"].db
+    queries = []
+    execute_sql = db.execute_sql
+    monkeypatch.setattr(db, "execute_sql", lambda sql, *a, **k: (queries.append(sql), execute_sql(sql, *a, **k))[1])
+    answer = client.get("/events", buffered=False)
+    assert answer.status_code == 200
+    text = []
+    chunks = iter(answer.response)
+
+    def read_all():
+        for chunk in chunks:
+            text.append(chunk.decode())
+
+    reader = threading.Thread(target=read_all, daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: "keep-alive" in "".join(text), timeout=30, message="a first keep-alive")
+        wait_for(lambda: app.extensions["corral.stream_hub"].mark is not None, timeout=30,
+                 message="the hub's first look")
+        queries.clear()
+        keep_alives = "".join(text).count("keep-alive")
+        wait_for(lambda: "".join(text).count("keep-alive") >= keep_alives + 10, timeout=60,
+                 message="ten more keep-alives")  # 2 s of quiet
+        assert queries == []
+        job = submit(client)
+        wait_for(lambda: job["job_id"] in "".join(text), timeout=30, message="the submit's event")
+    finally:
+        app.extensions["corral.stream_hub"].stop()  # the worker stops: the stream ends at once
+        reader.join(timeout=30)
+        answer.close()
+    assert not reader.is_alive()
 
 
 @pytest.mark.e2e
@@ -207,3 +316,43 @@ def test_postgres_sends_nothing_an_open_transaction_could_still_precede(pg_url, 
     assert bodies(messages, "log") == [{"slow": True, "at": iso(1.0)}]
     assert [e["job_id"] for e in bodies(messages)] == [job["job_id"]]
     assert [m.event for m in messages[1:]] == ["log", "job"]  # in id order
+
+
+def test_many_streams_share_one_read_of_new_events(tmp_path, clock, monkeypatch):
+    """Twenty streams following a busy cluster do not each query for every commit:
+    the hub reads the new events once and every stream sends them from there."""
+    streams = 20
+    app = app_for(f"sqlite:///{tmp_path}/s.db", clock, events_stream_max_secs=60.0,
+                  events_streams_max=streams, events_streams_per_credential=streams)
+    client = app.test_client()
+    db = app.extensions["corral.store"].db
+    queries = []
+    execute_sql = db.execute_sql
+    monkeypatch.setattr(db, "execute_sql", lambda sql, *a, **k: (queries.append(sql), execute_sql(sql, *a, **k))[1])
+    answers = [client.get("/events", buffered=False) for _ in range(streams)]
+    texts = [[] for _ in answers]
+
+    def read_all(answer, text):
+        for chunk in answer.response:
+            text.append(chunk.decode())
+
+    readers = [threading.Thread(target=read_all, args=pair, daemon=True) for pair in zip(answers, texts)]
+    for reader in readers:
+        reader.start()
+    hub = app.extensions["corral.stream_hub"]
+    try:
+        wait_for(lambda: hub.streams == streams and hub.mark is not None, timeout=30,
+                 message="every stream to follow the hub")
+        jobs = [submit(client)["job_id"] for _ in range(3)]
+        queries.clear()  # the submits' own queries were made
+        jobs += [submit(client)["job_id"] for _ in range(3)]
+        wait_for(lambda: all(all(j in "".join(t) for j in jobs) for t in texts), timeout=60,
+                 message="every stream to send every job's event")
+        reads = [q for q in queries if "stream_event" in q and "INSERT" not in q]
+        assert len(reads) < streams, reads  # not one read (or more) per stream
+    finally:
+        hub.stop()
+        for reader in readers:
+            reader.join(timeout=30)
+        for answer in answers:
+            answer.close()

@@ -911,8 +911,9 @@
   // GET /events read with fetch() and a streaming parser: a browser's EventSource cannot
   // send the bearer token, and the token never goes into a URL. A dropped or ended stream
   // is reopened after its last event id (Last-Event-ID), so nothing in between is missed;
-  // a refused one (503 when the scheduler holds as many streams as it has threads for,
-  // 404 from an older scheduler) is tried again later while the page polls.
+  // a refused one (503 when the scheduler process holds EVENTS_STREAMS_MAX streams, 429
+  // when this token holds EVENTS_STREAMS_PER_CREDENTIAL of them, 404 from an older
+  // scheduler) is tried again later while the page polls.
 
   const stream = {open: false, lastId: null, retryMs: 2000, failures: 0};
 
