@@ -30,6 +30,9 @@ Scenarios (see docs/benchmarks.md for what each measures and why):
                     100,000 jobs pending (added through SQL): p50/p99 of each and their ratios
   placement         no cluster: one placement pass (placement.Planner) over 10,000 waiting jobs
                     of four shapes and 500 labelled nodes, per policy, in memory
+  events_load       submit latency (8 clients) and submit-to-done (one job at a time, 2 agents) with no event
+                    stream open, then with 100 idle `GET /events` streams open; the scheduler's CPU while
+                    they sit idle
   node_floor        no scheduler: how fast this machine starts `true` jobs the way an agent
                     does (private /tmp, cgroup, a uid of its own, the environment from a memfd,
                     sh), from 4 threads: the ceiling of `throughput`
@@ -62,11 +65,13 @@ import random
 import resource
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import uuid
 from dataclasses import dataclass, replace
 
@@ -79,8 +84,8 @@ from cluster import all_jobs, wait_scheduler_sees_healthy  # tests/cluster.py (b
 from corral.shared.timeutil import epoch, iso
 
 SCENARIOS = ("submit_single", "submit_batch", "dispatch_latency", "dispatch_cross_replica", "throughput", "baseline",
-             "cpu_bound", "memory", "capacity", "idle_fleet", "schedules", "logs", "submit_pending", "placement",
-             "node_floor")
+             "cpu_bound", "memory", "capacity", "idle_fleet", "schedules", "logs", "submit_pending", "events_load",
+             "placement", "node_floor")
 PROFILER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profile_requests.py")
 # Scenarios that touch no database: run once per round, whatever the backends.
 NO_DATABASE = ("placement", "node_floor")
@@ -173,6 +178,10 @@ class Config:
     log_secs: float = 180.0
     pending_fill: int = 100_000       # jobs added to the queue through SQL between the two measures
     pending_submits: int = 1000       # POST /jobs per measure
+    event_streams: int = 100          # idle GET /events streams held open (events_load)
+    events_submits: int = 1000        # POST /jobs per measure (events_load)
+    events_done_jobs: int = 50        # jobs submitted one at a time, each waited for until done
+    events_idle_secs: float = 5.0     # the scheduler's CPU measured over this long, idle
 
 
 FULL = Config()
@@ -181,7 +190,8 @@ QUICK = Config(repeat=1, submit_jobs=100, batch_size=50, latency_jobs=5, latency
                cpu_jobs=6, cpu_secs=60.0, warmup_jobs=2, floor_jobs=40, capacity_jobs=400, capacity_agents=10,
                capacity_batch=100, capacity_secs=60.0, idle_agents=20, idle_secs=3.0, idle_settle_secs=1.0,
                schedule_count=3, schedule_secs=5, log_jobs=4, log_mb=2, log_secs=60.0,
-               pending_fill=2000, pending_submits=50)
+               pending_fill=2000, pending_submits=50, events_submits=100, events_done_jobs=10,
+               events_idle_secs=2.0)
 
 
 def rounded(value: float | None) -> float | None:
@@ -359,6 +369,52 @@ def submit_concurrently(url: str, request: dict, total: int, clients: int, time_
     elapsed = time.monotonic() - start
     return {"ok": state["ok"], "errors": state["errors"], "last_error": state["last_error"],
             "elapsed": elapsed, "latencies": latencies, "job_ids": job_ids}
+
+
+def open_streams(url: str, count: int) -> tuple[list[socket.socket], int]:
+    """`count` GET /events streams, each a connection whose answer's head was read and
+    that is then left open (idle: nothing is read from it). The open ones, and how many
+    were refused."""
+    host, port = urllib.parse.urlsplit(url).hostname, urllib.parse.urlsplit(url).port
+    opened, refused = [], 0
+    for _ in range(count):
+        sock = socket.create_connection((host, port), timeout=30)
+        sock.sendall(f"GET /events HTTP/1.1\r\nHost: {host}:{port}\r\nAccept: text/event-stream\r\n\r\n".encode())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            head += chunk
+        if head.startswith(b"HTTP/1.1 200"):
+            opened.append(sock)
+        else:
+            refused += 1
+            sock.close()
+    return opened, refused
+
+
+def submit_to_done(url: str, jobs: int, time_limit: float) -> list[float]:
+    """Seconds from POST /jobs to GET /jobs/{id} saying done, one `true` job at a time."""
+    took: list[float] = []
+    deadline = time.monotonic() + time_limit
+    with requests.Session() as s:
+        for _ in range(jobs):
+            if time.monotonic() > deadline:
+                break
+            t0 = time.monotonic()
+            r = s.post(f"{url}/jobs", json={"command": "true"}, timeout=30)
+            if r.status_code != 201:
+                raise RuntimeError(f"POST /jobs: {r.status_code} {r.text[:200]}")
+            job_id = r.json()["job_id"]
+            while time.monotonic() < deadline:
+                if s.get(f"{url}/jobs/{job_id}", timeout=30).json().get("status") == "done":
+                    took.append(time.monotonic() - t0)
+                    break
+                time.sleep(0.005)
+    if not took:
+        raise RuntimeError("no job was done in time")
+    return took
 
 
 def submit_batches(url: str, batcher: bl.BatchSubmitter, request: dict, total: int, size: int,
@@ -620,6 +676,7 @@ class Bench:
         self.guarded(self.round_schedules, "schedules")
         self.guarded(self.round_logs, "logs")
         self.guarded(self.round_submit_pending, "submit_pending")
+        self.guarded(self.round_events_load, "events_load")
 
     def guarded(self, round_fn, *scenarios: str) -> None:
         """Run one round of a group of scenarios; when its cluster cannot even be
@@ -1273,6 +1330,66 @@ class Bench:
                 "pending_p50_ms": bl.ms(full_p50), "pending_p99_ms": bl.ms(full_p99),
                 "p50_ratio": bl.ratio(full_p50, p50), "p99_ratio": bl.ratio(full_p99, p99),
                 "pending_jobs": pending, "errors": empty["errors"] + full["errors"], "fill_secs": round(fill_secs, 2)}
+
+    def round_events_load(self) -> None:
+        if not self.want("events_load"):
+            return
+        cfg = self.cfg
+        # Caps at the streams opened, so that every stream is open whichever worker takes
+        # it (the worst case for their cost); the claims keep 128 - 8 - 100 threads each.
+        caps = {"EVENTS_STREAMS_MAX": cfg.event_streams, "EVENTS_STREAMS_PER_CREDENTIAL": cfg.event_streams}
+        c = self.cluster("events", agents=cfg.agents, slots=1, MAX_JOBS_PER_NODE=1, **caps)
+        try:
+            self.warmup(c, cfg.warmup_jobs)
+            self.record("events_load", self.events_load, c)
+        finally:
+            c.stop()
+
+    def events_load(self, c: bl.BenchCluster) -> dict:
+        """Submit latency and submit-to-done with no stream open, then with
+        `event_streams` idle streams open (each a connection that read its headers and
+        is left open); and the scheduler's CPU over `events_idle_secs` of each, idle."""
+        cfg = self.cfg
+        url = c.scheduler_url
+        request = {"command": "true"}
+
+        def measure() -> dict:
+            cpu = bl.CpuMeter(lambda: c.pids("scheduler"))
+            time.sleep(cfg.events_idle_secs)
+            idle_pct = cpu.percent()
+            submit_concurrently(url, request, max(cfg.submit_clients, cfg.events_submits // 10), cfg.submit_clients,
+                                cfg.submit_secs)
+            res = submit_concurrently(url, request, cfg.events_submits, cfg.submit_clients, cfg.submit_secs)
+            if res["ok"] == 0:
+                raise RuntimeError(f"no job was accepted: {res['last_error']}")
+            wait_idle(url, 120)
+            done = submit_to_done(url, cfg.events_done_jobs, 60.0)
+            return {"p50": bl.percentile(res["latencies"], 50), "p99": bl.percentile(res["latencies"], 99),
+                    "done_p50": bl.percentile(done, 50), "done_p99": bl.percentile(done, 99),
+                    "idle_cpu_pct": idle_pct, "errors": res["errors"]}
+
+        none = measure()
+        streams, refused = open_streams(url, cfg.event_streams)
+        try:
+            loaded = measure()
+        finally:
+            for sock in streams:
+                sock.close()
+        self.settings["events_load"] = {
+            "streams": cfg.event_streams, "EVENTS_STREAMS_MAX": cfg.event_streams,
+            "EVENTS_STREAMS_PER_CREDENTIAL": cfg.event_streams,
+            "clients": cfg.submit_clients, "jobs_per_measure": cfg.events_submits, "agents": cfg.agents,
+            "done_jobs": cfg.events_done_jobs, "request": request,
+            "done": "POST /jobs -> GET /jobs/{id} says done (polled every 5 ms), one job at a time"}
+        return {"streams_open": len(streams), "streams_refused": refused,
+                "none_p50_ms": bl.ms(none["p50"]), "none_p99_ms": bl.ms(none["p99"]),
+                "streams_p50_ms": bl.ms(loaded["p50"]), "streams_p99_ms": bl.ms(loaded["p99"]),
+                "none_done_p50_ms": bl.ms(none["done_p50"]), "none_done_p99_ms": bl.ms(none["done_p99"]),
+                "streams_done_p50_ms": bl.ms(loaded["done_p50"]), "streams_done_p99_ms": bl.ms(loaded["done_p99"]),
+                "p99_ratio": bl.ratio(loaded["p99"], none["p99"]),
+                "none_idle_cpu_pct": round(none["idle_cpu_pct"], 1),
+                "streams_idle_cpu_pct": round(loaded["idle_cpu_pct"], 1),
+                "errors": none["errors"] + loaded["errors"]}
 
     def round_baseline(self) -> None:
         if not self.want("baseline"):

@@ -36,6 +36,8 @@ BENCH_NUMBERS = {
     "node_floor": ["jobs_per_sec", "starter_cpu_ms_per_job", "job_processes_cpu_ms_per_job"],
     "placement": ["round_robin_ms", "binpack_ms", "spread_ms", "round_robin_explain_ms"],
     "submit_pending": ["empty_p50_ms", "empty_p99_ms", "pending_p50_ms", "pending_p99_ms", "p99_ratio"],
+    "events_load": ["none_p50_ms", "none_p99_ms", "streams_p50_ms", "streams_p99_ms", "none_done_p50_ms",
+                    "streams_done_p50_ms", "none_idle_cpu_pct", "streams_idle_cpu_pct"],
 }
 NO_DATABASE = ("node_floor", "placement")
 # What only a PostgreSQL backend measures: the server's own CPU.
