@@ -1,13 +1,18 @@
 """The event stream with real processes: `corral events` follows a gunicorn scheduler
 of two workers through a kill -9 and a restart, and a replica's stream on
 PostgreSQL shows what the other replica and the agents did, failing over when its
-replica dies; every job's transitions arrive once each, in order, none missed."""
+replica dies; every job's transitions arrive once each, in order, none missed. And
+under gunicorn's thread pool, streams beyond their own budget are refused without
+taking the threads of the waiting claims and the submits."""
 import json
 import os
+import socket
 import subprocess
 import threading
+from urllib.parse import urlsplit
 
 import pytest
+import requests
 
 from cluster import BIN, Cluster, base_env, started
 from helpers import wait_for
@@ -96,3 +101,57 @@ def test_a_replicas_stream_shows_the_others_work_and_fails_over(tmp_path, reques
         finally:
             err = follower.stop()
         assert "Traceback" not in err
+
+
+class FewThreads(Cluster):
+    """A scheduler of one worker with 8 threads: by default 1 for an event stream, 3 for
+    waiting claims and 4 kept free for submits, reads and reports."""
+
+    def server_flags(self, name: str) -> list[str]:
+        return ["--threads", "8"] if name == "scheduler" else []
+
+    def start(self) -> "FewThreads":
+        self.start_registry()
+        self.start_scheduler(workers=1)
+        return self
+
+
+def open_stream(url: str) -> tuple[int, socket.socket]:
+    """A GET /events whose answer's head was read, its connection left open; the status."""
+    parts = urlsplit(url)
+    sock = socket.create_connection((parts.hostname, parts.port), timeout=30)
+    sock.sendall(f"GET /events HTTP/1.1\r\nHost: {parts.netloc}\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        head += chunk
+    return int(head.split(b" ", 2)[1]), sock
+
+
+def test_streams_never_take_the_threads_of_claims_and_submits(tmp_path, request):
+    """Under gunicorn's thread pool: more streams than the server allows are refused
+    with 503 at once, and the claims and submits still have their threads: a claim
+    waits (it is not answered "busy") and an agent runs submitted jobs to the end."""
+    streams = []
+    with started(FewThreads(tmp_path), request) as c:
+        try:
+            statuses = []
+            for _ in range(12):
+                status, sock = open_stream(c.scheduler_url)
+                statuses.append(status)
+                streams.append(sock)
+            assert statuses.count(200) == 1 and statuses.count(503) == 11, statuses
+            claim = requests.post(f"{c.scheduler_url}/nodes/probe/claim", json={"max": 1, "wait_secs": 1},
+                                  timeout=30)
+            assert claim.status_code == 200 and claim.json() == [], claim.text
+            assert "X-Corral-Long-Poll" not in claim.headers, claim.headers  # it waited: not "busy"
+            c.start_agent("ev1")
+            c.wait_nodes_healthy("ev1")
+            jobs = [c.submit(command="true")["job_id"] for _ in range(3)]
+            wait_for(lambda: all(c.job(j)["status"] == "done" for j in jobs), timeout=60,
+                     message="the jobs to finish")
+        finally:
+            for sock in streams:
+                sock.close()
