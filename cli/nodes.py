@@ -27,6 +27,16 @@ def node_row(node: dict, now: float, with_drained: bool) -> list:
     return row
 
 
+def with_capacity(row: list, figures: dict | None) -> list:
+    """The row with SLOTS as the scheduler counts them: the jobs the node may hold at once
+    (MAX_JOBS_PER_NODE caps what the agent advertises), the advertised ones beside when fewer."""
+    capacity, slots = (figures or {}).get("capacity"), (figures or {}).get("slots")
+    if not isinstance(capacity, int):
+        return row  # a scheduler that does not say: what the agent advertises
+    cell = f"{capacity} (advertises {slots})" if isinstance(slots, int) and slots != capacity else capacity
+    return row[:3] + [cell] + row[4:]
+
+
 def service_row(svc: dict, now: float) -> list:
     healthy = svc.get("healthy")
     health = "healthy" if healthy else ("unhealthy" if healthy is False else "unknown")
@@ -88,7 +98,8 @@ def list_nodes(env: Env, status: str | None, as_json: bool) -> None:
     rows = [node_row(n, now, "DRAINED" in headers) for n in nodes]
     if figures is not None:
         headers = headers + FIGURE_HEADERS
-        rows = [row + figure_cells(figures.get(str(n.get("node_id")))) for row, n in zip(rows, nodes)]
+        known = [figures.get(str(n.get("node_id"))) for n in nodes]
+        rows = [with_capacity(row, f) + figure_cells(f) for row, f in zip(rows, known)]
     fmt.emit(fmt.table(headers, rows, wide=("LABELS",)))
 
 

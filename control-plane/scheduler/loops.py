@@ -61,6 +61,8 @@ class Background:
         self.event_log = EventLog(self.store.db)
         self.logs = JobLogs(self.store.db, self.settings)
         self.registry_down_since: float | None = None
+        # The nodes already warned about for advertising more slots than MAX_JOBS_PER_NODE.
+        self.capped_nodes: set[str] = set()
         # Agents get a full lease period from the start of the tenure before any node
         # counts as lost: after a takeover, and after a pause longer than their lease
         # (their renewals could not land meanwhile either).
@@ -151,6 +153,25 @@ class Background:
             log.info("registry reachable again after %.0fs", now - self.registry_down_since)
             self.registry_down_since = None
         self.store.sync_nodes(nodes, now, seen_drains)
+        for message in over_cap(nodes, self.settings.max_jobs_per_node, self.capped_nodes):
+            log.warning("%s", message)
+
+
+def over_cap(nodes: list, cap: int, warned: set[str]) -> list[str]:
+    """What to say of the nodes that advertise more slots than MAX_JOBS_PER_NODE (`cap`)
+    lets them use, each once (`warned`: those said already, which this adds to): a node
+    list showing `slots: 2` while one job runs at a time is a surprise otherwise."""
+    messages = []
+    for node in nodes:
+        node_id, slots = (node.get("node_id"), node.get("slots")) if isinstance(node, dict) else (None, None)
+        if not isinstance(node_id, str) or isinstance(slots, bool) or not isinstance(slots, int):
+            continue
+        if slots > cap and node_id not in warned:
+            warned.add(node_id)
+            jobs = "1 job" if cap == 1 else f"{cap} jobs"
+            messages.append(f"node {node_id} advertises {slots} slots but MAX_JOBS_PER_NODE is {cap}: "
+                            f"it runs at most {jobs} at once (raise MAX_JOBS_PER_NODE to use them all)")
+    return messages
 
 
 class PacedLoopThread(LoopThread):

@@ -405,8 +405,12 @@ class Planner:
     def _why_not(self, shape: _Shape) -> Reason:
         """Why a shape fits no node now: no room on those it may go to, or none it may go to."""
         if shape.rooms:
-            lacking = {r.lacks(r.need(shape.ask, self.fallback)) for r in shape.rooms}
-            return waiting.no_capacity(len(shape.rooms), [x for x in ("slot", "memory", "cpu") if x in lacking])
+            lacks = [(r, r.lacks(r.need(shape.ask, self.fallback))) for r in shape.rooms]
+            lacking = {lack for _, lack in lacks}
+            filled = next((note for r, lack in lacks if lack == "cpu"
+                           for note in [service_fill(r.node, self.fallback, "there")] if note), None)
+            return waiting.no_capacity(len(shape.rooms), [x for x in ("slot", "memory", "cpu") if x in lacking],
+                                       cpu_note=filled)
         return unmatched(shape.ask, self.nodes)
 
 
@@ -451,6 +455,17 @@ def unmatched(ask: Ask, nodes: Sequence[NodeInfo]) -> Reason:
     return waiting.no_capacity(len(undrained), ["limits"])
 
 
+def service_fill(node: NodeInfo, fallback: Mapping[str, Limits], where: str) -> str | None:
+    """Why a node is out of CPU when one service job that asks for none fills it: its
+    default (AGENT_SERVICE_CPU_PERCENT, 200%) is all the node allows (a 2-CPU node),
+    and its jobs reserve at least that much. None otherwise."""
+    service_cpu = (node.default_limits.get("service") or fallback.get("service") or (0, 0))[1]
+    allocatable = node.allocatable_cpu_percent
+    if allocatable is None or service_cpu <= 0 or service_cpu < allocatable or node.reserved_cpu_percent < service_cpu:
+        return None
+    return f"a service job that asks for no cpu_percent reserves {service_cpu}% {where}, all the node allows"
+
+
 def shortfalls(ask: Ask, nodes: Iterable[NodeInfo], fallback: Mapping[str, Limits] | None = None,
                limit: int = 5) -> list[dict[str, Any]]:
     """The nodes that came closest to taking the job, each with what it lacks (fewest
@@ -481,7 +496,10 @@ def shortfalls(ask: Ask, nodes: Iterable[NodeInfo], fallback: Mapping[str, Limit
         if room.memory < memory:
             lacks.append(f"needs {memory} MB of memory, {max(0, room.memory)} MB unreserved")
         if room.cpu < cpu:
-            lacks.append(f"needs {cpu}% CPU, {max(0, room.cpu)}% unreserved")
+            filled = service_fill(node, fallback or {}, "here")
+            lacks.append(f"needs {cpu}% CPU, {max(0, room.cpu)}% unreserved" + (
+                f" (its jobs reserve {node.reserved_cpu_percent}% of {node.allocatable_cpu_percent}%; {filled})"
+                if filled else ""))
         found.append({"node_id": node.node_id, "lacks": lacks})
     found.sort(key=lambda item: (len(item["lacks"]), item["node_id"]))
     return found[:limit]

@@ -83,13 +83,14 @@ def draining(node_ids: Sequence[str]) -> Reason:
     return Reason("draining", f"the nodes it may go to are drained ({shown})", {"node_ids": list(node_ids[:20])})
 
 
-def no_capacity(nodes: int, lacking: Sequence[str]) -> Reason:
+def no_capacity(nodes: int, lacking: Sequence[str], cpu_note: str | None = None) -> Reason:
     """`lacking`: what the `nodes` it may go to lack (slot, memory, cpu; limits: it
-    asks more than they allow)."""
+    asks more than they allow). `cpu_note`: why one of them is out of CPU, when a
+    default service fills it (placement.service_fill)."""
     if list(lacking) == ["limits"]:
         return Reason("no_capacity", f"it asks for more than the {_nodes(nodes)} it may go to allow",
                       {"nodes": nodes, "lacking": ["limits"]})
-    words = {"slot": "a free slot", "memory": "free memory", "cpu": "free CPU"}
+    words = {"slot": "a free slot", "memory": "free memory", "cpu": "free CPU" + (f": {cpu_note}" if cpu_note else "")}
     return Reason("no_capacity", f"no room on the {_nodes(nodes)} it may go to (short of "
                   + " or ".join(words[x] for x in lacking) + ")", {"nodes": nodes, "lacking": list(lacking)})
 

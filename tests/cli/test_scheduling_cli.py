@@ -274,6 +274,16 @@ def test_node_list_shows_pool_allocatable_reserved_and_used(mock):
     assert result.stderr == ""
 
 
+def test_node_list_slots_are_what_the_node_may_hold_with_what_it_advertises_beside(mock):
+    """MAX_JOBS_PER_NODE caps what a node holds: SLOTS says the cap, not just what the agent offers."""
+    mock.get(f"{REG}/nodes", json=REG_NODES)
+    mock.get(f"{SCHED}/nodes", json=[dict(SCHED_NODES[0], slots=4, capacity=1),
+                                     dict(SCHED_NODES[1], slots=2, capacity=2)])
+    lines = corral("node", "list").stdout.splitlines()
+    assert lines[1].split()[:6] == ["node-1", "healthy", "10.0.0.5", "1", "(advertises", "4)"]
+    assert lines[2].split()[:5] == ["node-2", "healthy", "10.0.0.6", "2", "0"]
+
+
 def test_node_list_without_the_scheduler_shows_the_registrys_columns_and_says_why(mock):
     mock.get(f"{REG}/nodes", json=REG_NODES)
     mock.get(f"{SCHED}/nodes", json={"error": "the token is not valid"}, status=401)

@@ -118,6 +118,25 @@ def test_a_registry_outage_keeps_the_known_nodes(store):
     assert Job.get_by_id(job.id).node_id == "n2"
 
 
+def test_a_node_advertising_more_slots_than_the_cap_is_warned_about_once(database_url, caplog):
+    """MAX_JOBS_PER_NODE (1 by default) below what an agent advertises is a surprise
+    (`SLOTS 2` and one job at a time): said once per node, when its entry is first read."""
+    store = store_with(database_url, node_refresh_secs=2)  # MAX_JOBS_PER_NODE=1
+    registry = FakeRegistry([dict(node("n1"), slots=2), dict(node("n2"), slots=1)])
+    background = Background(store, registry, "a")
+    caplog.set_level("WARNING", logger="corral.scheduler.loops")
+    background.tick(T0)
+    background.tick(T0 + 2)
+    background.tick(T0 + 4)
+    warned = [r.getMessage() for r in caplog.records if "MAX_JOBS_PER_NODE" in r.getMessage()]
+    assert warned == ["node n1 advertises 2 slots but MAX_JOBS_PER_NODE is 1: it runs at most 1 job at once "
+                      "(raise MAX_JOBS_PER_NODE to use them all)"]
+    registry.nodes.append(dict(node("n3"), slots=8))
+    background.tick(T0 + 6)
+    warned = [r.getMessage() for r in caplog.records if "MAX_JOBS_PER_NODE" in r.getMessage()]
+    assert len(warned) == 2 and warned[1].startswith("node n3 advertises 8 slots")
+
+
 def test_timeouts_are_checked_on_their_own_interval(store):
     background = Background(store, FakeRegistry([node("n1")]), "a")
     background.tick(T0)

@@ -290,6 +290,26 @@ def test_queue_order_is_priority_with_aging():
 
 # ---- why it waits ----------------------------------------------------------------------------------
 
+def test_a_node_filled_by_a_default_service_says_so():
+    """A service that asks for no cpu_percent reserves the node's default (200%): on a
+    2-CPU node one such service leaves no CPU to anything else, slots or not."""
+    full = NodeInfo("n1", 1, max_memory_mb=4096, max_cpu_percent=200, reserved_memory_mb=1024,
+                    reserved_cpu_percent=200, default_limits={"run": (512, 100), "service": (1024, 200)})
+    result = plan([Ask(1)], [full], explain=True)
+    reason = result.waiting[1]
+    assert reason.code == "no_capacity" and reason.details["lacking"] == ["cpu"]
+    assert reason.message == ("no room on the 1 node it may go to (short of free CPU: a service job that asks "
+                              "for no cpu_percent reserves 200% there, all the node allows)")
+    assert shortfalls(Ask(1), [full])[0]["lacks"] == [
+        "needs 100% CPU, 0% unreserved (its jobs reserve 200% of 200%; a service job that asks for no "
+        "cpu_percent reserves 200% here, all the node allows)"]
+    # CPU taken by jobs that asked for it: nothing about services.
+    busy = NodeInfo("n2", 1, max_memory_mb=4096, max_cpu_percent=400, reserved_cpu_percent=400,
+                    default_limits={"run": (512, 100), "service": (1024, 200)})
+    assert plan([Ask(1)], [busy], explain=True).waiting[1].message == \
+        "no room on the 1 node it may go to (short of free CPU)"
+
+
 def test_shortfalls_lists_the_closest_nodes_first_with_what_each_lacks():
     nodes = [sized("a", 1000, labels={"zone": "b"}), sized("b", 100, labels={"zone": "a"}),
              NodeInfo("c", 0, status="unhealthy", drained=True, labels={})]
