@@ -34,6 +34,7 @@ VALID_BODIES = {
     ("registry", "register_node"): {"node_id": "node-2", "address": "10.0.0.2", "kind": "gpu", "slots": 2,
                                     "cpus": 4, "memory_mb": 1024, "labels": {"zone": "b"}},
     ("registry", "heartbeat"): {"running": 1},
+    ("registry", "revoke_credential"): {"min_generation": 2},
     ("registry", "register_service"): {"job_id": "job-2", "name": "web", "node_id": "node-1",
                                        "address": "10.0.0.1", "port": 8081, "healthy": True},
     ("scheduler", "submit"): {"command": "echo hi", "env_vars": {"A": "b"}, "name": "n", "memory_mb": 64,
@@ -48,6 +49,7 @@ VALID_BODIES = {
     ("scheduler", "put_log_chunks"): {"chunks": [{"job_id": "job-1", "node_id": "node-1", "attempt": 1,
                                                   "stream": "stdout", "seq": 0, "offset": 0, "data": "aGkK"}]},
     ("scheduler", "set_concurrency"): {"limit": 3},
+    ("scheduler", "revoke_credential"): {"min_generation": 2},
     ("scheduler", "create_schedule"): {"name": "nightly", "cron": "30 2 * * *", "time_zone": "Europe/Berlin",
                                        "job": {"command": "true", "env_vars": {"A": "b"}}, "overlap": "skip"},
     ("scheduler", "change_schedule"): {"enabled": False, "catch_up": "all"},
@@ -100,7 +102,7 @@ def scheduler(tmp_path) -> Service:
     # A registry of its own for the routes the scheduler passes on (a drain), served on a
     # free loopback port: never the one a local cluster may be listening on.
     registry_dir = tmp_path / "registry"
-    registry_dir.mkdir(exist_ok=True)
+    registry_dir.mkdir(parents=True, exist_ok=True)
     served = make_server("127.0.0.1", 0, registry(registry_dir).app, threaded=True)
     threading.Thread(target=served.serve_forever, daemon=True).start()
     settings = SchedulerSettings(database_url=f"sqlite:///{db_path}", long_poll_max_waiters=4,
