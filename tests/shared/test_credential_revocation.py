@@ -207,3 +207,38 @@ def test_past_the_last_generation_a_revocation_is_a_conflict_that_changes_nothin
     assert revoke(client, body={"min_generation": last}).json["min_generation"] == last
     last_token = bearer(cred.node_token(AGENT_SECRET, NODE, last))
     assert cluster.registry.post(f"/nodes/{NODE}/heartbeat", json={}, headers=last_token).status_code == 200
+
+
+def test_revocations_at_once_on_each_database_end_at_the_highest(database_url, tmp_path):
+    """PostgreSQL too (each service in its own schema): revocations sent at the same
+    time never lower one another, and both services refuse the old credential."""
+    from concurrent.futures import ThreadPoolExecutor
+    scheduler_url = database_url if database_url.startswith("postgresql") else f"sqlite:///{tmp_path}/sched.db"
+    registry_app = create_registry(RegistrySettings(database_url=database_url, credentials=CREDENTIALS))
+    server = make_server("127.0.0.1", 0, registry_app, threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        scheduler_app = create_scheduler(SchedulerSettings(
+            database_url=scheduler_url, credentials=CREDENTIALS, events_stream_max_secs=0.0,
+            registry_url=f"http://127.0.0.1:{server.server_port}"))
+
+        def send(generation: int) -> int:
+            answer = revoke(scheduler_app.test_client(), body={"min_generation": generation})
+            assert answer.status_code == 200, answer.json
+            return answer.json["min_generation"]
+
+        with ThreadPoolExecutor(8) as pool:
+            floors = list(pool.map(send, [2, 9, 3, 7, 4, 8, 5, 6]))
+        assert max(floors) == 9
+        assert revoke(scheduler_app.test_client(), body={"min_generation": 2}).json["min_generation"] == 9
+        registry = registry_app.test_client()
+        seed_registry_node = registry.post("/nodes", json={"node_id": NODE, "address": "10.0.0.1"},
+                                           headers=bearer(cred.node_token(AGENT_SECRET, NODE, 9)))
+        assert seed_registry_node.status_code == 201, seed_registry_node.json
+        for client, path in ((registry, "/nodes"), (scheduler_app.test_client(), f"/jobs?node_id={NODE}")):
+            old = call(client, "GET", path, None, bearer(cred.node_token(AGENT_SECRET, NODE, 8)))
+            assert old.status_code == 401, old.json
+            assert call(client, "GET", path, None, bearer(cred.node_token(AGENT_SECRET, NODE, 9))).status_code == 200
+    finally:
+        server.shutdown()
+        server.server_close()
