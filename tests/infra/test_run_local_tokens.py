@@ -48,3 +48,16 @@ def test_run_local_with_tokens_runs_a_job_with_the_printed_operator_token(tmp_pa
         assert listed.returncode == 0 and "node-1" in listed.stdout and "node-2" in listed.stdout, listed
     finally:
         stop_local(proc)
+
+
+@pytest.mark.e2e
+def test_run_local_with_one_token_only_stops_at_once_saying_which_is_missing(tmp_path):
+    proc, log = run_local(tmp_path, CORRAL_REGISTRY_PORT=free_port(), CORRAL_SCHEDULER_PORT=free_port(),
+                          CORRAL_API_TOKEN=API_TOKEN)
+    try:
+        code = proc.wait(60)
+    finally:
+        stop_local(proc)
+    text = open(log, errors="replace").read()
+    assert code == 2, text
+    assert "CORRAL_AGENT_TOKEN is not" in text and API_TOKEN not in text, text
