@@ -133,11 +133,11 @@ class Node(BaseModel):
     status = peewee.CharField(max_length=16)
     drained = peewee.BooleanField(default=False)      # the registry's flag (status is then `drained`
                                                       # while the node is healthy), shown by GET /nodes
+    drain_seq = peewee.BigIntegerField(null=True)     # the `node_drains` count of its last drain or
+                                                      # undrain through the scheduler (Store.set_drained)
     last_heartbeat = peewee.DoubleField(null=True)   # as the registry last saw it
     synced_at = peewee.DoubleField()
     labels = JSONField(default=dict)
-    drain_seq = peewee.BigIntegerField(null=True)     # the `node_drains` count of its last drain or
-                                                      # undrain through the scheduler (Store.set_drained)
     default_limits = JSONField(null=True)             # {"run": {"memory_mb", "cpu_percent"}, "service": ...}
     reserve_memory_mb = peewee.IntegerField(default=0)  # the agent's system reserve
     reserve_cpu_percent = peewee.IntegerField(default=0)
