@@ -33,7 +33,7 @@ ODD_TEXT = ["\x00", "a\x01b", "\x1b[2J", "\x7f", "\r\n", "\u2028", "\ufeff", "\U
 VALID_BODIES = {
     ("registry", "register_node"): {"node_id": "node-2", "address": "10.0.0.2", "kind": "gpu", "slots": 2,
                                     "cpus": 4, "memory_mb": 1024, "labels": {"zone": "b"}},
-    ("registry", "heartbeat"): {"running": 1},
+    ("registry", "heartbeat"): {"running": 1, "refusing_work": "only 812 MB free on the filesystem of /w"},
     ("registry", "revoke_credential"): {"min_generation": 2},
     ("registry", "register_service"): {"job_id": "job-2", "name": "web", "node_id": "node-1",
                                        "address": "10.0.0.1", "port": 8081, "healthy": True},

@@ -119,7 +119,7 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
             "max_memory_mb": node.max_memory_mb, "max_cpu_percent": node.max_cpu_percent,
             "labels": node.labels or {}, "default_limits": node.default_limits,
             "reserved_memory_mb": node.reserved_memory_mb or 0, "reserved_cpu_percent": node.reserved_cpu_percent or 0,
-            "running": node.running, "drained": node.drained,
+            "running": node.running, "drained": node.drained, "refusing_work": node.refusing_work,
             "status": liveness.status(node.last_heartbeat, now),
             "registered_at": iso(node.registered_at), "last_heartbeat": iso(node.last_heartbeat),
         })
@@ -199,10 +199,12 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
 
     @app.post("/nodes/<node_id>/heartbeat")
     def heartbeat(node_id):
-        running = contract.Heartbeat.check(read_json_object() if request.get_data(cache=True).strip() else {}).running
+        beat = contract.Heartbeat.check(read_json_object() if request.get_data(cache=True).strip() else {})
         now = clock()
         with db.atomic():
-            changed = Node.update(last_heartbeat=now, running=running).where(Node.node_id == node_id).execute()
+            # Every heartbeat says the node's whole state: one without `refusing_work` clears it.
+            changed = Node.update(last_heartbeat=now, running=beat.running, refusing_work=beat.refusing_work).where(
+                Node.node_id == node_id).execute()
         if not changed:
             raise NotFound(f"no node {node_id!r}; register it first (POST /nodes)")
         metrics.heartbeat()

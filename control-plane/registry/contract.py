@@ -19,6 +19,7 @@ MIN_LIMIT_MEMORY_MB = 4
 MAX_LIMIT_MEMORY_MB = 1024 * 1024
 MAX_LIMIT_CPU_PERCENT = 100_000
 MAX_LIMIT_PROCESSES = 4_194_304
+MAX_REFUSING_WORK = 1024
 
 Labels = Annotated[dict[Annotated[str, Field(pattern=NAME_PATTERN)], MapValue] | None,
                    Field(max_length=MAX_MAP_ENTRIES), Says(what="a name", every=MAP_SAYS.every)]
@@ -77,6 +78,9 @@ class NodeRegistration(Request):
     reserved_cpu_percent: int | None = Field(0, ge=0, le=MAX_LIMIT_CPU_PERCENT)
     """CPU (percent of one CPU) the node keeps for the system: placement counts its allocatable CPU as
     max_cpu_percent minus this."""
+    refusing_work: Text | None = Field(None, max_length=MAX_REFUSING_WORK)
+    """Why the node takes no new work now (its agent's own condition, e.g. short of disk space); null or
+    omitted: it takes work. Each heartbeat replaces it."""
     node_id: Name = Field(max_length=1024)  # last: a refusal names the node's other fields first
     """Letters, digits, '.', '_' or '-', at most 128 characters."""
 
@@ -95,7 +99,8 @@ class NodeRegistration(Request):
                 "max_cpu_percent": self.max_cpu_percent, "labels": self.labels or {},
                 "default_limits": None if self.default_limits is None else self.default_limits.columns(),
                 "reserved_memory_mb": self.reserved_memory_mb or 0,
-                "reserved_cpu_percent": self.reserved_cpu_percent or 0}
+                "reserved_cpu_percent": self.reserved_cpu_percent or 0,
+                "refusing_work": self.refusing_work}
 
 
 class Heartbeat(Request):
@@ -103,6 +108,9 @@ class Heartbeat(Request):
 
     running: int | None = Field(None, ge=0, le=1_000_000)
     """Jobs the node runs now; omitted or null clears it."""
+    refusing_work: Text | None = Field(None, max_length=MAX_REFUSING_WORK)
+    """Why the node takes no new work now (e.g. `only 812 MB free on the filesystem of /var/lib/corral/work, under
+    AGENT_MIN_FREE_DISK_MB (1024 MB)`); omitted or null: it takes work (an older agent sends none)."""
 
 
 class ServiceRegistration(Request):
@@ -160,6 +168,9 @@ class Node(Answer):
     """Jobs running, as last reported by the node's heartbeat."""
     drained: bool
     """A drained node gets no new work; it finishes what it runs."""
+    refusing_work: str | None
+    """Why the node's agent takes no new work now, as its last heartbeat said (e.g. short of disk space); null:
+    it takes work. The scheduler places nothing there meanwhile."""
     status: Literal["healthy", "unhealthy"]
     """`unhealthy` once the last heartbeat is older than HEARTBEAT_TIMEOUT_SECS."""
     registered_at: Timestamp

@@ -32,6 +32,9 @@ class Node(BaseModel):
     last_heartbeat = peewee.DoubleField(index=True)
     running = peewee.IntegerField(null=True)
     drained = peewee.BooleanField(default=False)  # an operator's choice; survives re-registration
+    # Why its agent takes no new work now (short of disk space), as its last heartbeat
+    # or registration said; null: it takes work.
+    refusing_work = peewee.TextField(null=True)
 
     class Meta:
         table_name = "node"

@@ -379,3 +379,39 @@ def test_concurrent_registrations_heartbeats_and_service_records_never_fail(clus
     assert set(codes) <= {200, 201} and codes.count(201) <= 2, codes
     assert [n["node_id"] for n in requests.get(url + "/nodes", timeout=5).json()] == ["race-1"]
     assert [s["job_id"] for s in requests.get(url + "/services", timeout=5).json()] == ["job-1"]
+
+
+LOW = "only 812 MB free on the filesystem of /var/lib/corral/work, under AGENT_MIN_FREE_DISK_MB (1024 MB)"
+
+
+def test_a_node_refusing_work_says_why_in_its_heartbeat_and_a_heartbeat_without_it_clears_it(client):
+    assert client.post("/nodes", json=NODE).json["refusing_work"] is None
+    answer = client.post("/nodes/node-1/heartbeat", json={"running": 0, "refusing_work": LOW})
+    assert answer.status_code == 200 and answer.json["refusing_work"] == LOW
+    assert client.get("/nodes/node-1").json["refusing_work"] == LOW
+    assert [n["refusing_work"] for n in client.get("/nodes").json] == [LOW]
+    # An older agent says nothing of it: it takes work.
+    assert client.post("/nodes/node-1/heartbeat", json={"running": 0}).json["refusing_work"] is None
+    client.post("/nodes/node-1/heartbeat", json={"refusing_work": LOW})
+    assert client.post("/nodes/node-1/heartbeat", json={"refusing_work": None}).json["refusing_work"] is None
+    # Registration says it too (an agent that starts short of space), and replaces it.
+    assert client.post("/nodes", json=dict(NODE, refusing_work=LOW)).json["refusing_work"] == LOW
+    assert client.post("/nodes", json=NODE).json["refusing_work"] is None
+
+
+@pytest.mark.parametrize("value", ["", 5, True, ["low"], {"why": "low"}, "x\x00y", "x" * 1025])
+def test_a_bad_refusing_work_is_refused_and_changes_nothing(client, value):
+    client.post("/nodes", json=NODE)
+    client.post("/nodes/node-1/heartbeat", json={"refusing_work": LOW})
+    answer = client.post("/nodes/node-1/heartbeat", json={"running": 3, "refusing_work": value})
+    assert answer.status_code == 400 and "refusing_work" in answer.json["error"]
+    node = client.get("/nodes/node-1").json
+    assert node["refusing_work"] == LOW and node["running"] is None
+    assert client.post("/nodes", json=dict(NODE, refusing_work=value)).status_code == 400
+
+
+def test_the_openapi_document_shows_refusing_work(client):
+    schemas = client.get("/openapi.json").json["components"]["schemas"]
+    assert "refusing_work" in schemas["Node"]["properties"]
+    assert "refusing_work" in schemas["Heartbeat"]["properties"]
+    assert "refusing_work" in schemas["NodeRegistration"]["properties"]
