@@ -126,14 +126,15 @@ class Agent:
         # The held and claimed jobs (jobs.py): only the work loop adds and removes held
         # ones; other threads read snapshots; a preparing thread changes its own LocalJob.
         self.jobs = JobTable()
-        self.membership = Membership(settings, registry, scheduler, self.jobs, self._end, clock,
-                                     self.default_limits, self.limits_enforced)
-        self.claims = Claims(self)
-        self.outbox = Outbox(settings.node_id, scheduler, clock, self.claims.queue, self.claims.answer_lost)
-        self.services = ServiceJobs(settings, registry, self.jobs, clock)
         # Work dirs held to their disk_mb, and no new work under the free-space floor (disk.py).
         self.disk = DiskWatch(settings.work_root, settings.min_free_disk_mb, settings.disk_check_interval,
                               self.jobs, self._end)
+        # The heartbeats say why no new work is taken (the floor), so the scheduler knows.
+        self.membership = Membership(settings, registry, scheduler, self.jobs, self._end, clock,
+                                     self.default_limits, self.limits_enforced, lambda: self.disk.low)
+        self.claims = Claims(self)
+        self.outbox = Outbox(settings.node_id, scheduler, clock, self.claims.queue, self.claims.answer_lost)
+        self.services = ServiceJobs(settings, registry, self.jobs, clock)
         # The complete logs: every attempt's output, shipped whole (log_shipping.py).
         self.logs = LogShipper(settings.node_id, settings.output_root, settings.log_max_bytes)
         # Set when a job ends so the work loop asks for more work at once.

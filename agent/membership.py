@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 # Lease renewals must not hang for long: a renewal stuck on a slow read is one that
 # cannot be retried before the lease runs out.
 LEASE_TIMEOUT = (3.05, 5.0)
+# The longest `refusing_work` the registry takes.
+REFUSING_WORK_MAX = 1024
 # How often the fence thread looks at the lease.
 FENCE_SECS = 0.1
 
@@ -46,10 +48,13 @@ FENCE_SECS = 0.1
 class Membership:
     def __init__(self, settings: AgentSettings, registry: RegistryClient, scheduler: SchedulerClient,
                  jobs: JobTable, end: Callable[[LocalJob, str], bool], clock: Callable[[], float],
-                 default_limits: Callable[[], dict], limits_enforced: Callable[[], bool]):
+                 default_limits: Callable[[], dict], limits_enforced: Callable[[], bool],
+                 refusing_work: Callable[[], str | None] = lambda: None):
         """`end` ends a held job for a reason (Endings.end); `default_limits` the limits
         jobs that ask for none get here, per job type (what claims say too);
-        `limits_enforced` whether jobs run in cgroups here."""
+        `limits_enforced` whether jobs run in cgroups here; `refusing_work` why the agent
+        takes no new work now (under the free-space floor, disk.py), None when it does:
+        each heartbeat says it, so the scheduler places nothing here meanwhile."""
         self.settings = settings
         self.registry = registry
         self.scheduler = scheduler
@@ -57,6 +62,7 @@ class Membership:
         self._end = end
         self._clock = clock
         self._default_limits = default_limits
+        self.refusing_work = refusing_work
         self.usage = Meter(jobs.snapshot, limits_enforced, clock)
         self.long_poll = settings.long_poll_secs > 0
         # When the last renewal that succeeded was sent (this agent's monotonic clock;
@@ -81,10 +87,18 @@ class Membership:
                 "reserved_cpu_percent": s.reserved_cpu_percent}
 
     def register(self) -> dict:
-        answer = self.registry.register_node({**self.node_info(), **self.placement_info()})
+        refusing = self.refusing()
+        answer = self.registry.register_node({**self.node_info(), **self.placement_info(),
+                                              **({"refusing_work": refusing} if refusing else {})})
         log.info("registered node %s (%d slots) with %s", self.settings.node_id, self.settings.slots,
                  self.settings.registry_url)
         return answer
+
+    def refusing(self) -> str | None:
+        """Why no new work is taken, within what the registry takes (a very long work
+        root must not get every heartbeat refused)."""
+        reason = self.refusing_work()
+        return None if reason is None else reason[:REFUSING_WORK_MAX]
 
     def refused_backoff(self, server: str, what: str) -> RefusedBackoff:
         """The pace of a loop whose calls are refused for this node's credential (refusals.py)."""
@@ -118,7 +132,7 @@ class Membership:
 
     def heartbeat_once(self) -> None:
         try:
-            self.registry.heartbeat(self.settings.node_id, running=len(self.jobs))
+            self.registry.heartbeat(self.settings.node_id, running=len(self.jobs), refusing_work=self.refusing())
         except Rejected as exc:
             if exc.status != 404:
                 raise

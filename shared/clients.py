@@ -277,8 +277,13 @@ class RegistryClient(_Client):
     def register_node(self, node: dict) -> dict:
         return self._call("POST", "/nodes", json=node)
 
-    def heartbeat(self, node_id: str, running: int | None = None) -> dict:
+    def heartbeat(self, node_id: str, running: int | None = None, refusing_work: str | None = None) -> dict:
+        """`refusing_work`: why the node takes no new work now; omitted when it does (the
+        registry clears it, and a registry of the previous release is not sent a field it
+        does not know)."""
         body = {} if running is None else {"running": running}
+        if refusing_work is not None:
+            body["refusing_work"] = refusing_work
         return self._call("POST", f"/nodes/{node_id}/heartbeat", json=body)
 
     def list_nodes(self, kind: str | None = None, status: str | None = None) -> list[dict]:

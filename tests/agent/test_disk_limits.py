@@ -124,6 +124,28 @@ def test_under_the_floor_the_agent_takes_no_work_and_takes_it_again_once_space_i
     assert wait_for(agent.reap_once, timeout=30, message="the job to end") == [("job-1", 1, "done")]
 
 
+def test_under_the_floor_the_heartbeat_and_registration_say_why_and_stop_saying_it_once_space_is_back(
+        make_agent, api):
+    api.add(responses.POST, f"{REGISTRY}/nodes", json={}, status=201)
+    api.add(responses.POST, f"{REGISTRY}/nodes/node-1/heartbeat", json={})
+
+    def sent(url_end):
+        return [json.loads(c.request.body) for c in api.calls if c.request.url.endswith(url_end)][-1]
+
+    agent = make_agent(node_id="node-1", min_free_disk_mb=disk.free_bytes("/") // MiB + 1024 * 1024)
+    agent.register()
+    agent.heartbeat_once()
+    for body in (sent("/nodes"), sent("/heartbeat")):
+        assert body["refusing_work"] == agent.disk.low and "under AGENT_MIN_FREE_DISK_MB" in body["refusing_work"]
+
+    agent.disk.floor_mb = 1  # as if space came back
+    agent.check_disk_once()
+    agent.heartbeat_once()
+    assert sent("/heartbeat").get("refusing_work") is None  # omitted: the registry clears it
+    agent.register()
+    assert sent("/nodes").get("refusing_work") is None
+
+
 # --- corral-agent --check ---------------------------------------------------------------------
 
 def _check(capsys, monkeypatch, tmp_path, *flags, **env):
