@@ -635,7 +635,7 @@ class PendingReason(Answer):
     node_id: str = optional_key()
     """placed, pinned_node_unavailable: the node."""
     node_ids: list[str] = optional_key()
-    """draining: the drained nodes it may go to."""
+    """draining: the drained nodes it may go to; node_refusing_work: those whose agents take no new work."""
     until: str = optional_key(examples=["2026-12-24T02:00:00.000Z"])
     """scheduled, backoff: when it may start (ISO-8601 UTC)."""
     job_id: str = optional_key()
@@ -802,6 +802,10 @@ class SchedulerNode(Answer):
     """Health as of the last refresh of the node list."""
     drained: bool
     """A drained node gets no new work."""
+    refusing_work: str | None
+    """Why the node's agent takes no new work now, as its last heartbeat said (e.g. `only 812 MB free on the
+    filesystem of /var/lib/corral/work, under AGENT_MIN_FREE_DISK_MB (1024 MB)`); null: it takes work. Placement
+    treats such a node like a drained one until the reason is gone."""
     slots: int = Field(ge=0)
     """The slots the agent advertises."""
     capacity: int = Field(ge=0)

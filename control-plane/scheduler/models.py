@@ -136,6 +136,8 @@ class Node(BaseModel):
     drain_seq = peewee.BigIntegerField(null=True)     # the `node_drains` count of its last drain or
                                                       # undrain through the scheduler (Store.set_drained)
     last_heartbeat = peewee.DoubleField(null=True)   # as the registry last saw it
+    refusing_work = peewee.TextField(null=True)       # why its agent takes no new work (short of disk
+                                                      # space), as its last heartbeat said; null: it does
     synced_at = peewee.DoubleField()
     labels = JSONField(default=dict)
     default_limits = JSONField(null=True)             # {"run": {"memory_mb", "cpu_percent"}, "service": ...}

@@ -7,7 +7,8 @@ and offers them to a `Planner`, page by page, until it has no capacity left;
 then it writes back the placements and the reasons the planner gives for the
 jobs it could not place (waiting.py words them).
 
-A job goes only to a node that is healthy and not drained, satisfies all its
+A job goes only to a node that is healthy, not drained and not refusing work
+(its agent's own condition: short of disk space), satisfies all its
 constraints and its pool, is its pin (when pinned), allows the limits it asks
 for (the node's maximum), has a free slot, and has room for its reservation:
 the memory and CPU it asks for, or the node's default for its type, within the
@@ -101,6 +102,7 @@ class NodeInfo:
     free_slots: int  # its capacity (min of MAX_JOBS_PER_NODE and its slots) less the jobs it holds
     status: str = "healthy"  # or "unhealthy"; drained is apart
     drained: bool = False
+    refusing_work: str | None = None     # why its agent takes no new work (short of disk space); None: it does
     labels: Mapping[str, str] = field(default_factory=dict)
     max_memory_mb: int | None = None     # the largest limits a job may ask for; None: unknown
     max_cpu_percent: int | None = None
@@ -116,7 +118,7 @@ class NodeInfo:
 
     @property
     def takes_work(self) -> bool:
-        return self.status == "healthy" and not self.drained
+        return self.status == "healthy" and not self.drained and self.refusing_work is None
 
     @property
     def allocatable_memory_mb(self) -> int | None:
@@ -431,8 +433,8 @@ def _meets(constraint: Constraint, node: NodeInfo) -> bool:
 
 def unmatched(ask: Ask, nodes: Sequence[NodeInfo]) -> Reason:
     """Why no node may take the job, room aside: its pin, no healthy node, the first
-    requirement no healthy node meets (or none meets them all), drained nodes, or
-    limits beyond what the nodes it may go to allow."""
+    requirement no healthy node meets (or none meets them all), drained nodes, nodes
+    whose agents take no new work, or limits beyond what the nodes it may go to allow."""
     if ask.pin is not None:
         node = next((n for n in nodes if n.node_id == ask.pin), None)
         if node is None or node.status != "healthy":
@@ -452,7 +454,10 @@ def unmatched(ask: Ask, nodes: Sequence[NodeInfo]) -> Reason:
     undrained = [n for n in meeting if not n.drained]
     if not undrained:
         return waiting.draining([n.node_id for n in meeting])
-    return waiting.no_capacity(len(undrained), ["limits"])
+    taking = [n for n in undrained if n.refusing_work is None]
+    if not taking:
+        return waiting.refusing_work({n.node_id: n.refusing_work or "" for n in undrained})
+    return waiting.no_capacity(len(taking), ["limits"])
 
 
 def service_fill(node: NodeInfo, fallback: Mapping[str, Limits], where: str) -> str | None:
@@ -479,6 +484,8 @@ def shortfalls(ask: Ask, nodes: Iterable[NodeInfo], fallback: Mapping[str, Limit
             lacks.append(f"the node is {node.status}")
         if node.drained:
             lacks.append("the node is drained")
+        if node.refusing_work is not None:
+            lacks.append(f"the node takes no new work: {node.refusing_work}")
         for i, (constraint, test) in enumerate(_requirements(ask)):
             if not test(node):
                 label = constraint[0]

@@ -813,6 +813,8 @@ class Store:
             "slots": int(n.get("slots") or 1), "status": _placement_status(n), "synced_at": now,
             "max_memory_mb": n.get("max_memory_mb"), "max_cpu_percent": n.get("max_cpu_percent"),
             "drained": bool(n.get("drained")), "last_heartbeat": epoch(n.get("last_heartbeat")),
+            # A registry of the previous release lists none: the node takes work.
+            "refusing_work": n.get("refusing_work") or None,
             # As the columns store them (insert_rows): JSON as text.
             "labels": Node.labels.db_value(n.get("labels") or {}),
             "default_limits": Node.default_limits.db_value(n.get("default_limits")),
@@ -866,7 +868,8 @@ class Store:
         return True
 
     def release_lost(self, now: float) -> int:
-        """Unplace pending jobs whose node is unhealthy, drained or gone, so they go elsewhere.
+        """Unplace pending jobs whose node is unhealthy, drained, refusing work or gone, so
+        they go elsewhere.
 
         Each write is conditional on the job being as it was read: still pending on that
         node at that attempt. On PostgreSQL a claim in another process can take the job
@@ -875,21 +878,24 @@ class Store:
         stranded = self._stranded()
         if not stranded:
             return 0
-        states = dict(Node.select(Node.node_id, Node.status).tuples())
+        states = {node_id: f"is {status}" if refusing is None or status != "healthy"
+                  else f"takes no new work: {refusing}"
+                  for node_id, status, refusing in Node.select(Node.node_id, Node.status, Node.refusing_work).tuples()}
         released = 0
         for job in stranded:
             unplaced = Job.update(node_id=None, placed_at=None).where(
                 (Job.id == job.id) & (Job.status == "pending") & (Job.node_id == job.node_id)
                 & (Job.attempt == job.attempt)).execute()
             if unplaced:
-                why = states.get(job.node_id, "gone from the registry")
-                self._event(job, "pending", "pending", now, f"node {job.node_id} is {why}; unplaced")
+                why = states.get(job.node_id, "is gone from the registry")
+                self._event(job, "pending", "pending", now, f"node {job.node_id} {why}; unplaced")
                 released += 1
         return released
 
     def _stranded(self) -> list[Job]:
-        """Pending jobs placed on a node that is not a healthy compute node (any more)."""
-        healthy = Node.select(Node.node_id).where((Node.status == "healthy") & (Node.kind == "compute"))
+        """Pending jobs placed on a node that is not a healthy compute node taking work (any more)."""
+        healthy = Node.select(Node.node_id).where((Node.status == "healthy") & (Node.kind == "compute")
+                                                  & Node.refusing_work.is_null())
         return list(Job.select().where((Job.status == "pending") & Job.node_id.is_null(False)
                                        & Job.node_id.not_in(healthy)))
 
@@ -1262,8 +1268,9 @@ class Store:
             where = None if include_others else Node.kind == "compute"
             if chosen is not None:
                 where = chosen.matches(Node.node_id) if where is None else where & chosen.matches(Node.node_id)
-            return (Node.select(Node.node_id, Node.slots, Node.status, Node.max_memory_mb, Node.max_cpu_percent,
-                                Node.labels, Node.default_limits, Node.reserve_memory_mb, Node.reserve_cpu_percent,
+            return (Node.select(Node.node_id, Node.slots, Node.status, Node.refusing_work, Node.max_memory_mb,
+                                Node.max_cpu_percent, Node.labels, Node.default_limits, Node.reserve_memory_mb,
+                                Node.reserve_cpu_percent,
                                 fn.COUNT(Job.id), fn.COALESCE(fn.SUM(Job.reserved_memory_mb), 0),
                                 fn.COALESCE(fn.SUM(Job.reserved_cpu_percent), 0))
                     .join(Job, peewee.JOIN.LEFT_OUTER, on=(Job.node_id == Node.node_id) & Job.status.in_(ACTIVE))
@@ -1274,11 +1281,12 @@ class Store:
                               **(chosen.values if chosen else {}))
         return [placement.NodeInfo(
             node_id, self._capacity(slots) - held, status="healthy" if status in ("healthy", "drained") else status,
-            drained=status == "drained", labels=_json(labels) or {}, max_memory_mb=max_memory,
+            drained=status == "drained", refusing_work=refusing, labels=_json(labels) or {},
+            max_memory_mb=max_memory,
             max_cpu_percent=max_cpu, reserve_memory_mb=reserve_memory or 0, reserve_cpu_percent=reserve_cpu or 0,
             reserved_memory_mb=int(reserved_memory or 0), reserved_cpu_percent=int(reserved_cpu or 0),
             default_limits=_limits_by_type(_json(defaults)))
-            for (node_id, slots, status, max_memory, max_cpu, labels, defaults, reserve_memory, reserve_cpu,
+            for (node_id, slots, status, refusing, max_memory, max_cpu, labels, defaults, reserve_memory, reserve_cpu,
                  held, reserved_memory, reserved_cpu) in rows]
 
     def _touch_lease(self, node_id: str, now: float) -> None:

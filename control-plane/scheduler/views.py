@@ -182,6 +182,7 @@ def node(row: Node, capacity: int, info: NodeInfo, used: tuple[int | None, int |
         "node_id": row.node_id, "address": row.address, "kind": row.kind,
         # Placement counts a healthy drained node as `drained`; here health and drain are apart.
         "status": "healthy" if row.status in ("healthy", "drained") else "unhealthy", "drained": bool(row.drained),
+        "refusing_work": row.refusing_work,
         "slots": row.slots, "capacity": capacity, "slots_used": capacity - info.free_slots,
         "max_memory_mb": row.max_memory_mb, "max_cpu_percent": row.max_cpu_percent,
         "labels": info.labels, "pool": info.pool,

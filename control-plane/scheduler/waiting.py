@@ -3,7 +3,8 @@ details of that code.
 
 Pure. Placement gives the reasons it finds when it offers a job and cannot
 place it (no_healthy_node, constraints_unmet, no_capacity,
-pinned_node_unavailable, draining, array_throttle, concurrency_limit); the
+pinned_node_unavailable, draining, node_refusing_work, array_throttle,
+concurrency_limit); the
 store keeps the last one with the job, written only when it changes. The
 others follow from the job's own fields at the moment it is read (`current`):
 placed (on a node, waiting for it to start the job), scheduled and backoff
@@ -19,7 +20,8 @@ from typing import Any
 from corral.shared.timeutil import iso
 
 CODES = ("placed", "no_healthy_node", "constraints_unmet", "no_capacity", "pinned_node_unavailable",
-         "scheduled", "backoff", "dependency", "array_throttle", "concurrency_limit", "draining")
+         "scheduled", "backoff", "dependency", "array_throttle", "concurrency_limit", "draining",
+         "node_refusing_work")
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,15 @@ def constraints_unmet(unmet: Sequence[Sequence[Any]], every: bool = False) -> Re
 def draining(node_ids: Sequence[str]) -> Reason:
     shown = ", ".join(node_ids[:5]) + (f" and {len(node_ids) - 5} more" if len(node_ids) > 5 else "")
     return Reason("draining", f"the nodes it may go to are drained ({shown})", {"node_ids": list(node_ids[:20])})
+
+
+def refusing_work(refusals: Mapping[str, str]) -> Reason:
+    """`refusals`: the nodes it may go to whose agents take no new work, with the reason
+    each gives (short of disk space), in node id order."""
+    shown = "; ".join(f"{node_id}: {why}" for node_id, why in list(refusals.items())[:3])
+    more = f"; and {len(refusals) - 3} more" if len(refusals) > 3 else ""
+    return Reason("node_refusing_work", f"the nodes it may go to take no new work ({shown}{more})",
+                  {"node_ids": list(refusals)[:20]})
 
 
 def no_capacity(nodes: int, lacking: Sequence[str], cpu_note: str | None = None) -> Reason:

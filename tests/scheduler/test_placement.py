@@ -162,6 +162,21 @@ def test_drained_and_unhealthy_nodes_take_nothing_and_the_reason_says_which():
     assert plan([Ask(1)], [NodeInfo("b", 4, status="unhealthy")]).waiting[1].code == "no_healthy_node"
 
 
+def test_a_node_refusing_work_takes_nothing_and_the_reason_names_it_and_why():
+    low = "only 812 MB free on the filesystem of /w, under AGENT_MIN_FREE_DISK_MB (1024 MB)"
+    nodes = [NodeInfo("a", 4, refusing_work=low), NodeInfo("b", 4, drained=True)]
+    assert not nodes[0].takes_work
+    result = plan([Ask(1), Ask(2, pin="a")], nodes)
+    assert pairs(result) == []
+    for job in (1, 2):
+        reason = result.waiting[job]
+        assert (reason.code, reason.details) == ("node_refusing_work", {"node_ids": ["a"]})
+        assert reason.message == f"the nodes it may go to take no new work (a: {low})"
+    assert pairs(plan([Ask(1)], nodes + [NodeInfo("c", 4)])) == [(1, "c")]
+    (found,) = shortfalls(Ask(1), nodes[:1])
+    assert found["lacks"] == [f"the node takes no new work: {low}"]
+
+
 # ---- reservations ---------------------------------------------------------------------------
 
 def test_reservations_never_exceed_allocatable_memory():
