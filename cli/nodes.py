@@ -18,8 +18,16 @@ def node_headers(nodes: list[dict]) -> list[str]:
     return headers
 
 
+def node_status(node: dict):
+    """Its health; a healthy node whose agent takes no new work (short of disk space) says so
+    (the reason is too long for a column: list_nodes prints it below)."""
+    if node.get("status") == "healthy" and node.get("refusing_work"):
+        return fmt.styled("healthy (no new work)", "yellow")
+    return fmt.status_cell(node.get("status"))
+
+
 def node_row(node: dict, now: float, with_drained: bool) -> list:
-    row = [node.get("node_id"), fmt.status_cell(node.get("status")), node.get("address"), node.get("slots"),
+    row = [node.get("node_id"), node_status(node), node.get("address"), node.get("slots"),
            node.get("running"), node.get("labels"), fmt.relative(node.get("last_heartbeat"), now)]
     if with_drained:
         drained = node.get("drained")
@@ -101,6 +109,9 @@ def list_nodes(env: Env, status: str | None, as_json: bool) -> None:
         known = [figures.get(str(n.get("node_id"))) for n in nodes]
         rows = [with_capacity(row, f) + figure_cells(f) for row, f in zip(rows, known)]
     fmt.emit(fmt.table(headers, rows, wide=("LABELS",)))
+    for n in nodes:
+        if n.get("status") == "healthy" and n.get("refusing_work"):
+            note(f"{n.get('node_id')} takes no new work: {n['refusing_work']}")
 
 
 def _set_drained(env: Env, node_id: str, drained: bool, as_json: bool) -> None:

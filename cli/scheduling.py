@@ -22,7 +22,8 @@ UNIT_SECS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 MAX_DELAY_SECS = 366 * 86400  # the scheduler takes a start at most a year (and a day) ahead
 DEPENDENCY_RE = re.compile(r"(job-[1-9][0-9]{0,17})(?::(done|failed|finished))?")
 PENDING_REASONS = ("placed", "no_healthy_node", "constraints_unmet", "no_capacity", "pinned_node_unavailable",
-                   "scheduled", "backoff", "dependency", "array_throttle", "concurrency_limit", "draining")
+                   "scheduled", "backoff", "dependency", "array_throttle", "concurrency_limit", "draining",
+                   "node_refusing_work")
 MAX_PRIORITY = 100
 MAX_ARRAY = 10_000
 MAX_CONCURRENCY_LIMIT = 100_000

@@ -415,6 +415,20 @@ def test_node_list_without_the_drained_field_has_no_drained_column(mock):
     assert "DRAINED" not in result.stdout
 
 
+def test_node_list_shows_a_node_that_takes_no_new_work_and_says_why(mock):
+    low = "only 812 MB free on the filesystem of /var/lib/corral/work, under AGENT_MIN_FREE_DISK_MB (1024 MB)"
+    mock.get(f"{REG}/nodes", json=[dict(NODES[0], drained=False, refusing_work=low),
+                                   dict(NODES[1], refusing_work=None)])
+    result = corral("node", "list")
+    assert result.exit_code == 0
+    lines = result.stdout.splitlines()
+    assert lines[1].split() == ["node-1", "healthy", "(no", "new", "work)", "10.0.0.5", "4", "1", "zone=a", "2s",
+                                "ago", "no"]
+    assert lines[2].split()[:2] == ["node-2", "unhealthy"]
+    assert f"\nnode-1 takes no new work: {low}\n" in "\n" + result.stderr
+    assert "node-2 takes" not in result.stderr
+
+
 def test_node_list_json(mock):
     mock.get(f"{REG}/nodes", json=NODES)
     assert json.loads(corral("node", "list", "--json").stdout) == NODES

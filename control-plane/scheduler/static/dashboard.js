@@ -22,7 +22,8 @@
   const JOB_TYPES = ["run", "service"];
   // The scheduler's pending reasons (GET /jobs?pending_reason=...).
   const REASON_CODES = ["placed", "no_healthy_node", "constraints_unmet", "no_capacity", "pinned_node_unavailable",
-                        "scheduled", "backoff", "dependency", "array_throttle", "concurrency_limit", "draining"];
+                        "scheduled", "backoff", "dependency", "array_throttle", "concurrency_limit", "draining",
+                        "node_refusing_work"];
   const PAGE = 100;               // newest jobs shown on the overview
   // The API lives beside /ui (the directory it is in), also behind a path prefix.
   const API_ROOT = new URL(".", window.location.href);
@@ -109,6 +110,15 @@
 
   function badge(status) {
     return el("span", status, "status " + status);
+  }
+
+  // A healthy node whose agent takes no new work (short of disk space) says so; the
+  // agent's reason is the tooltip.
+  function healthCell(node) {
+    if (node.status !== "healthy" || !node.refusing_work) return badge(node.status);
+    const cell = el("span", "healthy, no new work", "status refusing");
+    cell.title = node.refusing_work;
+    return cell;
   }
 
   function row(cells) {
@@ -323,7 +333,7 @@
       }));
 
     $("nodes").tBodies[0].replaceChildren(...nodes.map((node) => {
-      const tr = row([link(nodeHash(node.node_id), node.node_id), badge(node.status),
+      const tr = row([link(nodeHash(node.node_id), node.node_id), healthCell(node),
                       node.drained ? badge("drained") : "no", node.pool, labelsCell(node.labels),
                       `${node.slots_used} / ${node.capacity}`, resourceCell(node, "memory_mb", "", " MB"),
                       resourceCell(node, "cpu_percent", "%", ""), timeCell(node.last_heartbeat), node.address]);
