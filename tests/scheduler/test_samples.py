@@ -10,7 +10,8 @@ NOW = 1_800_000_000.0
 
 def node(node_id="n1", used=(512, 40), **overrides):
     fields = {"node_id": node_id, "address": "10.0.0.1", "kind": "compute", "status": "healthy", "drained": False,
-              "refusing_work": None, "slots": 4, "capacity": 2, "slots_used": 1, "max_memory_mb": 4096, "max_cpu_percent": 400,
+              "refusing_work": None, "slots": 4, "capacity": 2, "slots_used": 1, "max_memory_mb": 4096,
+              "max_cpu_percent": 400,
               "labels": {}, "pool": "default", "allocatable": {"memory_mb": 3072, "cpu_percent": 300},
               "reserved": {"memory_mb": 1024, "cpu_percent": 100},
               "used": None if used is None else {"memory_mb": used[0], "cpu_percent": used[1]},
