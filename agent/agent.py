@@ -76,7 +76,7 @@ from collections.abc import Callable
 from corral.shared.backoff import Backoff
 from corral.shared.clients import ClientError, RegistryClient, SchedulerClient
 
-from . import cgroups, daemon, identity, jobenv, launch, reconcile, runner, startup, warm
+from . import cgroups, daemon, diskfs, identity, jobenv, launch, reconcile, runner, startup, warm
 from .claims import Claims
 from .disk import DiskWatch
 from .endings import STOPPED_MESSAGE, TIMEOUT_MESSAGE, Endings
@@ -128,7 +128,10 @@ class Agent:
         self.jobs = JobTable()
         # Work dirs held to their disk_mb, and no new work under the free-space floor (disk.py).
         self.disk = DiskWatch(settings.work_root, settings.min_free_disk_mb, settings.disk_check_interval,
-                              self.jobs, self._end)
+                              self.jobs, self._end, full=lambda path: self.disk_fs_on and self.diskfs.full(path))
+        # The work dirs' own filesystems (diskfs.py), when startup() finds them usable.
+        self.diskfs = diskfs.DiskFs(os.path.join(settings.agent_dir, "disk"), settings.work_root)
+        self.disk_fs_on = False
         # The heartbeats say why no new work is taken (the floor), so the scheduler knows.
         self.membership = Membership(settings, registry, scheduler, self.jobs, self._end, clock,
                                      self.default_limits, self.limits_enforced, lambda: self.disk.low)
@@ -210,6 +213,7 @@ class Agent:
         else:
             log.warning("jobs run WITHOUT memory and cpu limits: %s", self.cgroups.reason)
         startup.make_dirs(s)
+        self.diskfs, self.disk_fs_on = startup.detect_disk_fs(s, wanted=self._start_job is runner.start)
         try:  # before the first claim: a node short of space takes nothing
             self.disk.check_floor()
         except OSError as exc:
@@ -225,7 +229,7 @@ class Agent:
         runner.tools()  # the launch programs, looked up once
         self.private_tmp, self.private_tmp_reason = startup.detect_private_tmp(s, self._fstab, self.private_tmp)
         self.endings = Endings(s, self.jobs, self.outbox, self.users, lambda: self.lease.secs or 0, self._clock,
-                               self.logs)
+                               self.logs, diskfs=self.diskfs)
         adopted_keys, ended = self.services.adopt(self.cgroups, self.users)
         adopted = [self.jobs.held(key) for key in adopted_keys]
         for gone in ended:
@@ -241,13 +245,15 @@ class Agent:
         for key, uid in self.users.forget_others(local.user_key for local in adopted if local.user_key):
             log.info("uid %d of job %s (left by an earlier agent) is free again", uid, key)
         if not s.keep_work_dirs:
+            self.diskfs.sweep(local.workdir for local in adopted)
             startup.remove_leftover_files(s, [path for local in adopted
                                               for path in (local.workdir, *(local.log_files or ()))])
         self._keep_warm(self.users, self.cgroups)
         self._preparer = Preparer(s, self.node_id, self.users, self.cgroups, self.warm, bool(self.private_tmp),
                                   self._private_tmp_of, jobenv.from_agent(os.environ, s.job_env_passthrough),
                                   self._start_job, stopping=lambda: self._stopping, wake=self._work_wake.set,
-                                  service_started=self.services.started, shipper=self.logs)
+                                  service_started=self.services.started, shipper=self.logs,
+                                  diskfs=self.diskfs if self.disk_fs_on else None)
         self._started = True
         return [local.key for local in adopted]
 

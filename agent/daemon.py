@@ -138,6 +138,8 @@ def shutdown(agent: Agent, flush_secs: float = FLUSH_SECS) -> int:
                     ", ".join(f"{r.job_id} attempt {r.attempt} {r.status}" for r in agent.outbox))
     if agent.cgroups is not None and not len(jobs) and not agent.cgroups.list_job_cgroups():
         agent.cgroups.cleanup()  # this node's cgroup directories, when no service uses them
+    if agent.disk_fs_on:
+        agent.diskfs.unshare_work_root()  # the work root's shared mount, when no job filesystem is left
     if agent.users is not None:
         agent.users.flush()  # the uids the detached services keep, for the next agent
     return len(agent.outbox)

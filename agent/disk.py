@@ -4,10 +4,12 @@ A job's work dir shares a filesystem with the other jobs, the agent's state and,
 a single host, the databases: a job that fills it hurts everyone. The watch thread
 (`DiskWatch.run`) measures, every AGENT_DISK_CHECK_SECS, how much each running job's
 work dir holds (its blocks, each inode once) and ends a job past its limit
-(jobs.END_DISK: reported failed, `ended_by: disk`). It is a watch, not a
-filesystem of the job's own size: it works on every node and filesystem, whatever
-way the job was started (cold or warm launch), at the cost of letting a fast writer
-go a few seconds' worth of writes past its limit before it is ended.
+(jobs.END_DISK: reported failed, `ended_by: disk`). It works on every node and
+filesystem, whatever way the job was started (cold or warm launch), at the cost of
+letting a fast writer go a few seconds' worth of writes past its limit before it is
+ended. Where the node allows it the work dir is also a filesystem of the job's size
+(diskfs.py), which stops writes at the limit; the watch then ends a job whose
+filesystem is full, the backstop for one that goes on running.
 
 The same pass reads the free space of the filesystem of the work dirs: below
 AGENT_MIN_FREE_DISK_MB the agent takes no new work (claims and polls pause, with a
@@ -111,7 +113,7 @@ class DiskWatch:
 
     def __init__(self, work_root: str, floor_mb: int, interval: float, jobs: JobTable,
                  end: Callable[[LocalJob, str], bool], free: Callable[[str], int] = free_bytes,
-                 measure: Callable[[str], Usage] = usage):
+                 measure: Callable[[str], Usage] = usage, full: Callable[[str], bool] = lambda path: False):
         self.work_root = work_root
         self.floor_mb = floor_mb
         self.interval = interval
@@ -119,6 +121,7 @@ class DiskWatch:
         self._end = end
         self._free = free
         self._measure = measure
+        self._full = full  # a work dir's own filesystem is full (diskfs.py): it is at its limit
         # Why the agent takes no new work now (under the floor); None: it does.
         self.low: str | None = None
 
@@ -141,8 +144,9 @@ class DiskWatch:
             if local.disk_mb is None or local.state != RUNNING:
                 continue
             used = self._measure(local.workdir)
-            if over_limit(used.bytes, local.disk_mb) and self._end(local, END_DISK):
-                log.warning("job %s attempt %s holds %d MB in its work dir, over its disk limit of %d MB; "
+            at_limit = over_limit(used.bytes, local.disk_mb) or self._full(local.workdir)
+            if at_limit and self._end(local, END_DISK):
+                log.warning("job %s attempt %s holds %d MB in its work dir, at or over its disk limit of %d MB; "
                             "ending it", local.job_id, local.attempt, used.bytes // MiB, local.disk_mb)
                 ended.append(local.key)
         return ended

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import cgroups, identity, launch, services, spans
+from . import cgroups, diskfs, identity, launch, services, spans
 from .disk import DISK_MESSAGE
 from .jobs import END_DISK, END_FENCED, END_RECONCILED, END_STOPPING, END_TIMEOUT, JobTable, LocalJob
 from .log_shipping import LogShipper
@@ -30,6 +30,8 @@ STOPPED_MESSAGE = "agent stopped before the job finished"
 FENCED_MESSAGE = ("the agent could not renew its lease with the scheduler for {:.0f}s and stopped the job, "
                   "so that it does not run twice once the scheduler moves it to another node")
 OOM_MESSAGE = "job killed: out of memory (limit {} MB)"
+FULL_MESSAGE = ("job reached its disk limit of {} MB: its work dir is a filesystem of that size and it is full "
+                "(writes failed with 'No space left on device')")
 SETUP_MESSAGE = ("the agent could not set the job up (its cgroup, private /tmp or environment), so the "
                  "command did not run (a problem of node {}, not of the job)")
 # Ends that are the node's doing, not the job's: reported with requeue=True, so the
@@ -53,12 +55,14 @@ def node_side_message(end_reason: str, lease_secs: float) -> str:
 
 
 def report_of(end_reason: str | None, exit_code: int, stderr: str, *, setup_failed: bool,
-              oom_limit_mb: int | None, node_id: str, lease_secs: float, disk_mb: int | None = None) -> Report:
+              oom_limit_mb: int | None, node_id: str, lease_secs: float, disk_mb: int | None = None,
+              disk_full: bool = False) -> Report:
     """The report of a started job that ended, `end_reason` being why the agent ended
     it (None: on its own). A job the agent ended is failed (-1) whatever its exit
     code; the node's own ends are requeued; a launch chain that failed before the
     command is the node's problem; `oom_limit_mb` is set when the kernel killed it
-    for memory."""
+    for memory; `disk_full` when it ended on its own with its work dir's filesystem
+    full (diskfs.py), whose failure that explains."""
     if end_reason == END_TIMEOUT:
         return Report("failed", -1, _append_line(stderr, TIMEOUT_MESSAGE))
     if end_reason == END_DISK:  # the job's own doing: failed, and retried as any failure
@@ -67,15 +71,18 @@ def report_of(end_reason: str | None, exit_code: int, stderr: str, *, setup_fail
         return Report("failed", -1, _append_line(stderr, node_side_message(end_reason, lease_secs)), requeue=True)
     if setup_failed:
         return Report("failed", -1, _append_line(stderr, SETUP_MESSAGE.format(node_id)))
+    if disk_full and end_reason is None and exit_code != 0:  # it failed on its own, for want of space
+        return Report("failed", exit_code, _append_line(stderr, FULL_MESSAGE.format(disk_mb)))
     if oom_limit_mb is not None:
         stderr = _append_line(stderr, OOM_MESSAGE.format(oom_limit_mb))
     return Report("done" if exit_code == 0 else "failed", exit_code, stderr)
 
 
-def ended_by(end_reason: str | None, oom: bool) -> str | None:
+def ended_by(end_reason: str | None, oom: bool, disk_full: bool = False) -> str | None:
     """A report's `ended_by` (wire.ENDED_BY): why the agent (or the kernel, for memory)
-    ended the job; None when it exited on its own or the node gave it up."""
-    if end_reason == END_DISK:
+    ended the job; None when it exited on its own or the node gave it up. A job that
+    failed on its own with its filesystem full (`disk_full`) was ended by its disk limit."""
+    if end_reason == END_DISK or (disk_full and end_reason is None):
         return "disk"
     if end_reason == END_TIMEOUT:
         return "timeout"
@@ -84,8 +91,10 @@ def ended_by(end_reason: str | None, oom: bool) -> str | None:
 
 class Endings:
     def __init__(self, settings: AgentSettings, jobs: JobTable, outbox: Outbox, users: identity.JobUsers,
-                 lease_secs: Callable[[], float], clock: Callable[[], float], shipper: LogShipper | None = None):
+                 lease_secs: Callable[[], float], clock: Callable[[], float], shipper: LogShipper | None = None,
+                 diskfs: diskfs.DiskFs | None = None):
         self.settings = settings
+        self.diskfs = diskfs  # the work dirs' own filesystems, removed with them
         self.shipper = shipper  # the complete logs: told when an attempt's output is all read
         self.jobs = jobs
         self.outbox = outbox
@@ -171,6 +180,9 @@ class Endings:
         oom = local.end_reason is None and cg is not None and cgroups.ended_by_oom(result.exit_code, cg)
         if cg is not None:
             cg.remove()
+        # Before the work dir goes: was its filesystem full (its writes failed for it)?
+        full = local.end_reason is None and result.exit_code != 0 and self.diskfs is not None \
+            and self.diskfs.full(local.workdir)
         self._free(local)
         if local.end_reason == END_RECONCILED:
             log.info("job %s attempt %s was ended by the scheduler; killed (exit %s), not reported",
@@ -181,11 +193,11 @@ class Endings:
         report = report_of(local.end_reason, result.exit_code, result.stderr,
                            setup_failed=launch.setup_failed(result.exit_code, result.stderr),
                            oom_limit_mb=limit, node_id=self.settings.node_id, lease_secs=self._lease_secs(),
-                           disk_mb=local.disk_mb)
+                           disk_mb=local.disk_mb, disk_full=full)
         log.info("job %s attempt %s finished: %s (exit %s%s)", local.job_id, local.attempt, report.status,
                  report.exit_code, ", out of memory" if oom else "")
         extra: dict[str, object] = {"requeue": True} if report.requeue else {}
-        why = ended_by(local.end_reason, oom)
+        why = ended_by(local.end_reason, oom, full)
         if why is not None and report.status == "failed":
             extra["ended_by"] = why
         spans.end_attempt(local.span, report.status, report.exit_code, local.end_reason)
@@ -219,6 +231,8 @@ class Endings:
             if self.users.mode == "per-job" and os.path.isdir(local.workdir):
                 identity.disown_workdir(local.workdir)
             return
+        if self.diskfs is not None:
+            self.diskfs.release(local.workdir)  # unmounted first: what is in it goes with its image
         shutil.rmtree(local.workdir, ignore_errors=True)
         for path in local.log_files or ():
             services.remove_file(path)

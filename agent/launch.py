@@ -1,7 +1,7 @@
 """How a job's process starts: the programs between the agent (root) and the job's
 shell, and the private /tmp they set up.
 
-    unshare --mount --ipc --propagation private --               (private /tmp)
+    unshare --mount --ipc --propagation slave --                 (private /tmp)
     /bin/sh -c SETUP corral-setup MOUNT FSTAB SIZE JOIN... --    (cgroups or private /tmp)
     setpriv --no-new-privs --bounding-set=-all
             --reuid=U --regid=G --clear-groups --                (another user, for good)
@@ -255,7 +255,10 @@ def setup_argv(tools: Tools, cgroup_files: Sequence[str] = (), private_tmp: Priv
     if private_tmp is not None:
         if tools.unshare is None or tools.mount is None:
             raise ValueError("a private /tmp needs unshare and mount (util-linux)")
-        chain += [tools.unshare, "--mount", "--ipc", "--propagation", "private", "--"]
+        # slave: the job's own mounts stay in it, while the work dirs' filesystems
+        # (diskfs.py, under a shared work root) mounted and unmounted after it was made
+        # reach it, a warm launch's included, and leave no copy behind.
+        chain += [tools.unshare, "--mount", "--ipc", "--propagation", "slave", "--"]
     if cgroup_files or private_tmp is not None:
         chain += [SHELL, "-c", _SETUP, SETUP_NAME, tools.mount or "",
                   private_tmp.fstab if private_tmp else "", str(int(private_tmp.size_mb)) if private_tmp else "",

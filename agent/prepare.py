@@ -16,7 +16,7 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import artifacts, cgroups, identity, jobenv, launch, runner, services, uids, warm
+from . import artifacts, cgroups, diskfs, identity, jobenv, launch, runner, services, uids, warm
 from .jobs import END_STOPPING, LocalJob
 from .log_shipping import LogShipper
 from .settings import AgentSettings, safe_path_part
@@ -109,6 +109,7 @@ class Preparer:
     wake: Callable[[], None]  # the work loop looks (a job was prepared, or its output closed)
     service_started: Callable[[LocalJob, dict, int | None, cgroups.JobCgroup], None]
     shipper: LogShipper | None = None  # the complete logs (log_shipping.py); None: not kept
+    diskfs: diskfs.DiskFs | None = None  # work dirs get a filesystem of their disk_mb (None: the watch alone)
 
     def prepare(self, local: LocalJob, job: dict, plan: Plan) -> None:
         """On a worker thread: environment, work dir, artifact, uid and ownership, cgroup,
@@ -120,7 +121,11 @@ class Preparer:
         captures = None
         try:
             job_env = jobenv.job_vars(job)  # a forbidden variable fails the job before anything
+            if self.diskfs is not None:
+                self.diskfs.release(local.workdir)  # one an earlier agent left on this attempt's dir
             _fresh_dir(local.workdir)
+            if self.diskfs is not None and local.disk_mb:  # before the archive, which counts too
+                self.diskfs.create(local.workdir, local.disk_mb)
             command = job.get("command")
             if job.get("deploy_url"):
                 unpacked = artifacts.fetch_and_unpack(job["deploy_url"], local.workdir,

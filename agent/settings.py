@@ -79,6 +79,8 @@ class AgentSettings:
     # than this (MB; 0: no floor); how often that and the jobs' disk limits are checked.
     min_free_disk_mb: int = 1024
     disk_check_interval: float = 2.0
+    # A filesystem of its disk_mb per work dir (diskfs.py): auto, fs or watch.
+    disk_limit_mode: str = "auto"
     token: str | None = field(default=None, repr=False)  # CORRAL_NODE_TOKEN; never logged
     # CA bundle that verifies https:// REGISTRY_URL and SCHEDULER_URL; None: the system's CAs.
     ca_bundle: str | None = None
@@ -456,6 +458,11 @@ SETTINGS = (
     Setting("AGENT_DISK_CHECK_SECS", "disk_check_interval", "float", 2.0,
             "how often the free space and each running job's work dir (against its `disk_mb`) are measured; a "
             "job past its limit is ended (`ended_by: disk`)", above=0),
+    Setting("AGENT_DISK_LIMIT_MODE", "disk_limit_mode", "choice", "auto",
+            "how a job's `disk_mb` is held: `fs` a loop-mounted filesystem of that size on its work dir (writes "
+            "past it fail with ENOSPC; the agent refuses to start where it cannot), `watch` the measuring "
+            "thread alone, `auto` a filesystem where this node allows it (root, loop devices, mkfs.ext4), "
+            "else the watch", choices=("auto", "fs", "watch")),
 )
 _SETTING = by_name(SETTINGS)
 # Each per-type default limit and the node maximum it must fit under.

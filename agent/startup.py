@@ -11,7 +11,7 @@ import os
 import shutil
 from collections.abc import Iterable
 
-from . import launch, runner, services
+from . import diskfs, launch, runner, services
 from .settings import AgentSettings
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,25 @@ def detect_private_tmp(settings: AgentSettings, fstab: str, forced: bool | None)
         log.warning("jobs share /tmp with the node (TMPDIR points into their work dir): %s",
                     reason or "turned off")
     return enabled, reason
+
+
+def detect_disk_fs(settings: AgentSettings, wanted: bool = True) -> tuple[diskfs.DiskFs, bool]:
+    """The work dirs' filesystems (diskfs.py) and whether jobs get one here, decided once
+    by AGENT_DISK_LIMIT_MODE and a real trial (`wanted` False: a test's fake runner, no
+    trial). Logs the mode in force and why; raises SettingError for `fs` where it cannot."""
+    fs = diskfs.DiskFs(os.path.join(settings.agent_dir, "disk"), settings.work_root)
+    mode = settings.disk_limit_mode if wanted else "watch"
+    on, why = diskfs.decide(mode, fs.probe() if mode != "watch" else None)
+    if on:
+        try:
+            fs.share_work_root()
+        except OSError as exc:
+            on, why = diskfs.decide(mode, diskfs.Probe(True, True, "mkfs.ext4", f"sharing the work root: {exc}"))
+    if on:
+        log.info("jobs' disk limits are filesystems of their size on their work dirs (%s)", why)
+    else:
+        log.info("jobs' disk limits are watched every AGENT_DISK_CHECK_SECS, not filesystems: %s", why)
+    return fs, on
 
 
 def remove_leftover_files(settings: AgentSettings, keep: Iterable[str]) -> None:

@@ -7,6 +7,7 @@ import sys
 
 from corral.agent import cgroups, identity
 from corral.agent.settings import AgentSettings
+from helpers import unmount_under
 
 SKIP_REASON = "needs root and a writable cgroup v1 or v2 hierarchy: "
 # The job's uid must be able to run it: not a python under /root.
@@ -53,6 +54,7 @@ def remove_node_cgroups(node, state_dir):
     manager = cgroups.detect(root_name=root_name)
     manager.remove_job_cgroups()
     assert manager.cleanup(), f"could not remove {manager.roots}"
+    unmount_under(AgentSettings(node_id=node, state_dir=state_dir).agent_dir)  # work dir filesystems left
 
 
 class FakeClock:

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import requests
 
-from helpers import wait_for
+from helpers import unmount_under, wait_for
 
 BIN = os.path.dirname(sys.executable)
 
@@ -107,6 +107,7 @@ def kill_leftover_jobs(node_id: str, state_dir: str) -> None:
                 os.killpg(int(json.load(f)["pid"]), signal.SIGKILL)
         except (OSError, ValueError, KeyError):
             pass
+    unmount_under(settings.agent_dir)  # the work dirs' filesystems (agent/diskfs.py) it left mounted
 
 
 def base_env(state_dir: str, **extra) -> dict:

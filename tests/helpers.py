@@ -1,6 +1,8 @@
 """Test helpers: wait on conditions with a deadline instead of sleeping, free ports,
 servers on threads."""
+import os
 import socket
+import subprocess
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -87,3 +89,13 @@ def stop_held_jobs(agents) -> None:
                 local.monitor.stop(remove=False)
             if local.process is not None:
                 local.process.kill(0)
+        unmount_under(agent.settings.agent_dir)  # its jobs' work dir filesystems (agent/diskfs.py)
+
+
+def unmount_under(path: str) -> None:
+    """Unmount every filesystem at or under `path`, deepest first (a loop device goes with its own)."""
+    prefix = os.path.join(os.path.realpath(path), "")
+    with open("/proc/self/mountinfo") as f:
+        targets = [line.split()[4] for line in f]
+    for target in sorted((t for t in targets if t.startswith(prefix)), key=len, reverse=True):
+        subprocess.run(["umount", "--lazy", target], capture_output=True, timeout=30)

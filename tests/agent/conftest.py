@@ -83,7 +83,8 @@ def make_agent(tmp_path, api, clock):
         values = dict(node_id=NODE, registry_url=REGISTRY, scheduler_url=SCHEDULER,
                       state_dir=str(tmp_path / "state"), slots=2, poll_interval=0.05,
                       heartbeat_interval=0.05, labels={"zone": "a"}, output_tail_bytes=4096,
-                      stop_grace=0.2, kill_grace=0.3, max_memory_mb=4096, max_cpu_percent=400)
+                      stop_grace=0.2, kill_grace=0.3, max_memory_mb=4096, max_cpu_percent=400,
+                      disk_limit_mode="watch")  # no loop-mounted work dirs: test_disk_fs_integration.py has them
         values.update(overrides)
         agent = Agent(AgentSettings(**values), RegistryClient(REGISTRY), SchedulerClient(SCHEDULER),
                       clock=clock, job_identity=SAME_USER,
