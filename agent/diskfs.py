@@ -129,6 +129,10 @@ class DiskFs:
         trial = None
         if root and loop and mkfs:
             os.makedirs(self.image_root, mode=0o700, exist_ok=True)
+            for entry in os.scandir(self.image_root):  # a trial an agent killed meanwhile left mounted
+                if entry.name.startswith(".probe-") and entry.is_dir(follow_symlinks=False):
+                    self.release(os.path.join(entry.path, "mnt"))
+                    shutil.rmtree(entry.path, ignore_errors=True)
             where = tempfile.mkdtemp(prefix=".probe-", dir=self.image_root)
             target = os.path.join(where, "mnt")
             os.mkdir(target)

@@ -2,12 +2,16 @@
 what its start-up probe found, what a job that failed on a full filesystem reports,
 and the watch ending a job whose filesystem is full
 (test_disk_fs_integration.py: real loop mounts under `corral-agent` processes)."""
+import os
+import shutil
+
 import pytest
 
 from corral.agent import diskfs, disk
 from corral.agent.endings import Report, ended_by, report_of
 from corral.agent.jobs import RUNNING, JobTable, LocalJob
 from corral.shared.errors import SettingError
+from helpers import unmount_under
 
 WORKS = diskfs.Probe(root=True, loop_control=True, mkfs="/sbin/mkfs.ext4", trial=None)
 
@@ -62,3 +66,44 @@ def test_the_watch_ends_a_running_job_whose_filesystem_is_full(tmp_path):
                            full=lambda path: path == str(tmp_path))
     assert watch.check_jobs() == [("job-1", 1)]
     assert ended == [(("job-1", 1), "disk")]
+
+
+@pytest.fixture
+def fs(tmp_path):
+    if os.geteuid() != 0 or not os.access("/dev/loop-control", os.R_OK | os.W_OK) or not shutil.which("mkfs.ext4"):
+        pytest.skip("work dir filesystems need root, /dev/loop-control and mkfs.ext4")
+    made = diskfs.DiskFs(str(tmp_path / "disk"), str(tmp_path / "work"))
+    os.makedirs(made.work_root)
+    try:
+        yield made
+    finally:
+        unmount_under(str(tmp_path))
+
+
+def test_the_start_up_sweep_removes_what_an_earlier_agent_left_but_the_adopted_services(fs):
+    kept, left = os.path.join(fs.work_root, "svc-1"), os.path.join(fs.work_root, "job-1")
+    for path in (kept, left):
+        os.mkdir(path)
+        assert fs.create(path, 8)
+    with open(os.path.join(left, "data"), "wb") as f:
+        f.write(b"x" * 4096)
+    assert fs.sweep([kept]) == 1
+    assert diskfs.mounted(kept) and os.path.exists(fs.image_path(kept))
+    assert not diskfs.mounted(left) and not os.path.exists(fs.image_path(left)) and os.listdir(left) == []
+    fs.release(kept)
+    assert not diskfs.mounted(kept) and os.listdir(fs.image_root) == []
+
+
+def test_a_filesystem_that_cannot_be_made_leaves_nothing_and_the_job_keeps_its_work_dir(fs):
+    workdir = os.path.join(fs.work_root, "job-2")
+    os.mkdir(workdir)
+    assert fs.create(workdir, 0) is False  # mkfs refuses an empty image: the watch holds this one
+    assert not diskfs.mounted(workdir) and os.path.isdir(workdir) and os.listdir(fs.image_root) == []
+
+
+def test_the_probe_works_here_and_clears_a_trial_a_killed_agent_left(fs):
+    leftover = os.path.join(fs.image_root, ".probe-old", "mnt")
+    os.makedirs(leftover)
+    assert fs.create(leftover, diskfs.PROBE_MB, quiet=False)
+    assert fs.probe() == diskfs.Probe(True, True, shutil.which("mkfs.ext4"), None)
+    assert not diskfs.mounted(leftover) and os.listdir(fs.image_root) == []
