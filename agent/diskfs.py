@@ -117,6 +117,7 @@ class DiskFs:
         self.image_root = image_root
         self.work_root = work_root
         self._mkfs = shutil.which("mkfs.ext4") or ""
+        self._bound = False  # this agent made the work root's bind mount (share_work_root)
 
     def image_path(self, workdir: str) -> str:
         return os.path.join(self.image_root, os.path.basename(os.path.normpath(workdir)) + IMAGE_SUFFIX)
@@ -150,14 +151,16 @@ class DiskFs:
     def share_work_root(self) -> None:
         """Make the work root a shared mount (a bind mount on itself, once), so that
         jobs' mount namespaces, its slaves, follow each job filesystem's mount and unmount."""
-        if not mounted(self.work_root):
+        if not mounted(self.work_root):  # else a mount of the operator's, or an earlier agent's bind
             _run(["mount", "--bind", self.work_root, self.work_root])
+            self._bound = True
         _run(["mount", "--make-shared", self.work_root])
 
     def unshare_work_root(self) -> None:
-        """Undo share_work_root when no job filesystem is left under it (the agent stops
-        without services); a busy one stays."""
-        if not mounted(self.work_root):
+        """Undo share_work_root's bind mount, when it made one and no job filesystem is
+        left under it (the agent stops without services); a filesystem the operator
+        mounted there is never unmounted."""
+        if not self._bound or not mounted(self.work_root):
             return
         prefix = os.path.join(os.path.abspath(self.work_root), "")
         try:
@@ -165,6 +168,7 @@ class DiskFs:
                 if any(_unescape(line.split()[4]).startswith(prefix) for line in f if len(line.split()) > 4):
                     return
             _run(["umount", self.work_root])
+            self._bound = False
         except OSError as exc:
             log.warning("could not unmount the work root %s: %s", self.work_root, exc)
 

@@ -104,7 +104,7 @@ def test_a_services_filesystem_outlives_an_agent_restart_and_goes_when_it_is_can
              timeout=60, message="the service's mount, loop device and image to go")
     second.send_signal(signal.SIGTERM)
     assert second.wait(30) == 0, _log(state_dir, 1)
-    assert _mounts_under(work_root) == []  # the work root's shared mount too, with no job left
+    assert _mounts_under(work_root) == []  # no job filesystem left under the work root
 
 
 def test_fs_mode_refuses_to_start_where_the_node_cannot_make_filesystems(node, state_dir, tmp_path):
