@@ -339,7 +339,7 @@ def test_the_page_follows_the_event_stream(browser, ui_cluster, tmp_path):
 def test_without_the_stream_the_page_polls(browser, tmp_path):
     """A scheduler with no thread for streams answers GET /events with a 503: the page
     says it polls, and still shows new jobs."""
-    c = Cluster(tmp_path, LONG_POLL_MAX_WAITERS=0)
+    c = Cluster(tmp_path, EVENTS_STREAMS_MAX=0)  # streams have a budget of their own, apart from claims
     try:
         c.start()
         assert requests.get(c.scheduler_url + "/events", timeout=10).status_code == 503
