@@ -242,13 +242,19 @@ def test_a_claim_whose_client_went_away_claims_nothing(slow_heartbeats_cluster):
     request = (b"POST /nodes/d1/claim HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                b"Content-Length: %d\r\n\r\n" % len(body) + body)
 
+    def readable(sock) -> bool:
+        # poll, not select: a test process may hold descriptors numbered past select's 1024
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(0))
+
     def raw_claim_waiting():
         """A claim on a socket of our own, sent again while a probe held the room (busy)."""
         sock = socket.create_connection(("127.0.0.1", cluster.scheduler_port))
         sock.sendall(request)
         deadline = time.monotonic() + 3
         while time.monotonic() < deadline:
-            if select.select([sock], [], [], 0)[0]:  # answered at once: busy
+            if readable(sock):  # answered at once: busy
                 sock.close()
                 return None
             if room_is_full(cluster):
