@@ -35,16 +35,16 @@ check: venv
 	$(BIN)/ruff check shared control-plane agent cli scripts tests
 	@rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/corral
 	@for p in shared agent cli; do ln -s $(CURDIR)/$$p $(TYPECHECK)/corral/$$p; done
-	@for p in registry scheduler; do ln -s $(CURDIR)/control-plane/$$p $(TYPECHECK)/corral/$$p; done
+	@for p in registry scheduler server; do ln -s $(CURDIR)/control-plane/$$p $(TYPECHECK)/corral/$$p; done
 	cd $(TYPECHECK) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/setup.cfg
 	$(BIN)/pytest -q -n 2 --dist worksteal -p no:cacheprovider -m "not e2e and not root"
 
 bench: venv
 	@$(BIN)/python scripts/bench.py $(BENCH_ARGS)
 
-# docs/settings.md from the settings' definitions (tests/shared/test_settings_doc.py checks it).
+# docs/settings.md from the settings' definitions (tests/scripts/test_settings_doc.py checks it).
 settings-doc: venv
-	$(BIN)/python -m corral.shared.settings_doc docs/settings.md
+	$(BIN)/python scripts/settings_doc.py docs/settings.md
 
 clean:
 	rm -rf $(VENV) var .pytest_cache

@@ -4,7 +4,7 @@
 # `--gunicorn-config /etc/corral/gunicorn.conf.py`. It is plain Python, read by
 # gunicorn at start and again on `systemctl reload` (SIGHUP).
 #
-# Precedence: Corral's built-in defaults (shared/server.py, the same values as
+# Precedence: Corral's built-in defaults (control-plane/server/serve.py, the same values as
 # below), then this file, then the command-line flags (--host/--port/--bind,
 # --workers, --threads, --access-log). Any gunicorn setting may be added here; see
 # https://docs.gunicorn.org/en/stable/settings.html. Names gunicorn does not know
@@ -19,7 +19,7 @@
 # (CORRAL_REQUEST_READ_TIMEOUT_SECS bounds it; README "Security"). A long-running
 # request (such as a long-poll for work) holds a thread, not a whole worker, and the
 # worker keeps heartbeating to the master meanwhile, so `timeout` does not kill it.
-worker_class = "corral.shared.worker.BufferingWorker"
+worker_class = "corral.server.worker.BufferingWorker"
 
 # Worker processes per server. All state is in the database, so every worker serves
 # the same data and the scheduler's background loops still run once (behind a lease).

@@ -40,14 +40,15 @@ from urllib.parse import parse_qsl, quote, urlsplit
 import requests
 import urllib3
 
-from .settings import split_urls
-from .wire import IDEMPOTENCY_HEADER, LOG_FINAL_HEADER, LOG_NODE_HEADER, LOG_OFFSET_HEADER, LONG_POLL_HEADER
+from corral.shared.settings import split_urls
+from corral.shared.wire import (IDEMPOTENCY_HEADER, LOG_FINAL_HEADER, LOG_NODE_HEADER, LOG_OFFSET_HEADER,
+                                LONG_POLL_HEADER)
 
 E = TypeVar("E")  # an entry split_batches cuts into batches
 DEFAULT_TIMEOUT = (3.05, 10.0)  # (connect, read) seconds
 # A long-poll claim may wait wait_secs before answering: its read timeout is that plus this.
 CLAIM_READ_MARGIN_SECS = 10.0
-# State-changing requests carry this content type even without a body (shared/guards.py).
+# State-changing requests carry this content type even without a body (control-plane/server/guards.py).
 JSON_HEADERS = {"Content-Type": "application/json"}
 # Answers of a proxy that may have passed the request on before it failed.
 MAYBE_DONE_STATUSES = (502, 504)
@@ -309,7 +310,7 @@ class RegistryClient(_Client):
         return self._call("POST", f"/nodes/{_seg(node_id)}/undrain")
 
     def revoke_credential(self, node_id: str, min_generation: int | None = None) -> dict:
-        """Refuse the node's credentials below a generation (shared/revocations.py). A
+        """Refuse the node's credentials below a generation (control-plane/server/revocations.py). A
         named generation may be sent again; a raise by one only once."""
         body = {} if min_generation is None else {"min_generation": min_generation}
         return self._call("POST", f"/nodes/{_seg(node_id)}/credential/revoke", json=body,

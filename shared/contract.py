@@ -10,7 +10,7 @@ it. Cross-field rules raise `refused(message)` with their own sentence.
 
 Answer models (`Answer`) describe what the services send; the views fill them and
 `respond` serializes them. The OpenAPI documents are generated from both kinds
-(shared/openapi.py).
+(control-plane/server/openapi.py).
 """
 import typing
 from dataclasses import dataclass
@@ -21,8 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
-from .errors import BadRequest
-from .validate import NAME_PATTERN
+from corral.shared.errors import BadRequest
+from corral.shared.validate import NAME_PATTERN
 
 # Patterns in the dialect both pydantic (Rust regex) and JSON Schema (ECMA 262) read
 # alike: `$` is the end of the text only, so "node-1\n" is no name.

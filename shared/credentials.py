@@ -38,9 +38,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .errors import SettingError
-from .settings import Setting, read_all
-from .validate import NAME_RE
+from corral.shared.errors import SettingError
+from corral.shared.settings import Setting, read_all
+from corral.shared.validate import NAME_RE
 
 OPERATOR_ROLE = "operator"
 AGENT_ROLE = "agent"

@@ -5,12 +5,12 @@ A `Setting` is one row of a declarative table: the variable's name (and the
 names read when it is unset), the settings field it fills, its kind, default,
 bounds and a one-line meaning. Each process's table sits beside its settings
 dataclass (registry/settings.py, scheduler/settings.py, agent/settings.py, and
-for what several processes read: this module, shared/server_settings.py,
-shared/db.py, shared/credentials.py, shared/guards.py); `from_env` reads its
+for what several processes read: this module, control-plane/server/settings.py,
+control-plane/server/db.py, shared/credentials.py, control-plane/server/guards.py); `from_env` reads its
 table with `read_all`, then applies the rules that tie settings together (a
 dead-letter queue other than the intake queue, per-type limits lowered on a
 small node...) in code beside it. docs/settings.md is generated from the same
-tables (shared/settings_doc.py).
+tables (scripts/settings_doc.py).
 
 Why a table of our own and not pydantic-settings: the fields are a hundred
 scalars whose parsers (env_int, env_float, ...) already give the one-line errors
@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import SettingError
+from corral.shared.errors import SettingError
 
 DEV_STATE_DIR = "./var"
 SYNCHRONOUS_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
@@ -236,7 +236,7 @@ STATE_DIR = Setting(
     "SQLite files, metrics files and the agents' work dirs (under `agent-<node_id>/`); the flag is the "
     "agent's", parse=_absolute, form="a directory", shown="`./var` (the systemd units: `/var/lib/corral`)",
     flag="--state-dir")
-# Read by shared/server.py and agent/cli.py.
+# Read by control-plane/server/serve.py and agent/cli.py.
 LOG_LEVEL = Setting("CORRAL_LOG_LEVEL", "log_level", "choice", "INFO",
                     "how much the process logs; the flag is the agent's", choices=LOG_LEVELS, flag="--log-level")
 COMMON = (STATE_DIR, LOG_LEVEL)

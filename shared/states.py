@@ -12,7 +12,7 @@ outside `JobStatus` (a CHECK constraint on the column).
 """
 from enum import Enum
 
-from .errors import Conflict
+from corral.shared.errors import Conflict
 
 
 class JobStatus(str, Enum):

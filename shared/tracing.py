@@ -21,7 +21,7 @@ attempt's span, whether or not anything is exported, so ids are picked by
 tracecontext.py and the provider's id generator (`new_provider`) takes them.
 
 The BatchSpanProcessor's thread does not survive a fork: a gunicorn server sets up
-in each worker after the fork (shared/server.py), and `shutdown` (a worker's exit,
+in each worker after the fork (control-plane/server/serve.py), and `shutdown` (a worker's exit,
 the agent's stop) exports what is queued within a time limit.
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags, \
     TraceState
 
-from .tracecontext import TraceContext
+from corral.shared.tracecontext import TraceContext
 
 log = logging.getLogger(__name__)
 

@@ -6,13 +6,13 @@ from dataclasses import dataclass
 from flask import Flask, request
 from peewee import fn
 
-from corral.shared import auth, guards, revocations, server
-from corral.shared import db as dbmod
-from corral.shared import migrations
+from corral.server import auth, guards, revocations, serve as server
+from corral.server import db as dbmod
+from corral.server import migrations
 from corral.shared.contract import respond
 from corral.shared.errors import Conflict, Forbidden, NotFound
-from corral.shared.http import base_app, query_choice, query_int, read_json_object, serve_openapi, serve_readiness
-from corral.shared.metrics import serve_metrics
+from corral.server.http import base_app, query_choice, query_int, read_json_object, serve_openapi, serve_readiness
+from corral.server.metrics import serve_metrics
 from corral.shared.timeutil import iso
 
 from . import contract, discovery, metrics, openapi
@@ -22,7 +22,7 @@ from .settings import RegistrySettings
 
 SERVICE = "registry"  # its PostgreSQL schema: corral_registry
 
-# Who may call each route (shared/auth.py); a route missing here is operator-only.
+# Who may call each route (control-plane/server/auth.py); a route missing here is operator-only.
 # Agents register, heartbeat and record services for the node of their credential
 # only (services of their own jobs: the scheduler's grant); operators drain and
 # forget nodes; both read.
@@ -234,7 +234,7 @@ def create_app(settings: RegistrySettings | None = None, clock: Callable[[], flo
 
     @app.post("/nodes/<node_id>/credential/revoke")
     def revoke_credential(node_id):
-        """Refuse the node's credentials below a generation, here (shared/revocations.py)."""
+        """Refuse the node's credentials below a generation, here (control-plane/server/revocations.py)."""
         wanted = revocations.revocation_request(node_id, request.get_data(cache=True), read_json_object)
         return respond(revocations.revoke(db, NodeCredential, floors, node_id, wanted, clock()))
 

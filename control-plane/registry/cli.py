@@ -1,5 +1,5 @@
 """`corral-registry`: the registry under gunicorn."""
-from corral.shared.server import run_service
+from corral.server.serve import run_service
 
 from .app import create_app, create_schema
 from .settings import RegistrySettings

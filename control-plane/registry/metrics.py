@@ -5,7 +5,7 @@ and services are counted from the database at scrape time.
 """
 from peewee import fn
 
-from corral.shared.metrics import DATABASE_GAUGES, Family, database_gauges, gauge, sample_names
+from corral.server.metrics import DATABASE_GAUGES, Family, database_gauges, gauge, sample_names
 
 from .models import Node, Service
 

@@ -1,8 +1,8 @@
 """Registry tables. Health is not stored: it is derived from `last_heartbeat`."""
 import peewee
 
-from corral.shared.db import JSONField
-from corral.shared.revocations import credential_model
+from corral.server.db import JSONField
+from corral.server.revocations import credential_model
 
 database = peewee.DatabaseProxy()
 
@@ -57,7 +57,7 @@ class Service(BaseModel):
         table_name = "service"
 
 
-# The lowest generation of each node's credential still accepted (shared/revocations.py).
+# The lowest generation of each node's credential still accepted (control-plane/server/revocations.py).
 NodeCredential = credential_model(database)
 
 MODELS = [Node, Service, NodeCredential]

@@ -1,13 +1,13 @@
 """Registry settings, read from the environment: those it shares with the scheduler
-(shared/server_settings.py) and its own (SETTINGS); docs/settings.md lists them."""
+(control-plane/server/settings.py) and its own (SETTINGS); docs/settings.md lists them."""
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from corral.shared.db import DatabaseOptions
+from corral.server.db import DatabaseOptions
 from corral.shared.credentials import Credentials
-from corral.shared.http import DEFAULT_MAX_BODY_BYTES
-from corral.shared.server_settings import server_fields
+from corral.server.http import DEFAULT_MAX_BODY_BYTES
+from corral.server.settings import server_fields
 from corral.shared.settings import Setting, read_all
 
 SD_NODE_PORT = Setting(
@@ -28,7 +28,7 @@ SETTINGS = (SD_NODE_PORT, SERVICE_CHECK_MAX_AGE)
 class RegistrySettings:
     database_url: str
     sqlite_synchronous: str = "NORMAL"
-    # CORRAL_DB_POOL_SIZE, CORRAL_DB_POOL_WAIT_SECS, CORRAL_PG_POLL_ONLY (shared/db.py).
+    # CORRAL_DB_POOL_SIZE, CORRAL_DB_POOL_WAIT_SECS, CORRAL_PG_POLL_ONLY (control-plane/server/db.py).
     db_options: DatabaseOptions = DatabaseOptions()
     heartbeat_timeout_secs: float = 20.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES

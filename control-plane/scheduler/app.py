@@ -8,20 +8,22 @@ from flask import Flask, after_this_request, g, request
 import peewee
 from peewee import fn
 
-from corral.shared import auth, guards, revocations, server, tracecontext
-from corral.shared import db as dbmod
-from corral.shared import migrations
-from corral.shared.metrics import serve_metrics
+from corral.shared import tracecontext
+
+from corral.server import auth, guards, revocations, serve as server
+from corral.server import db as dbmod
+from corral.server import migrations
+from corral.server.metrics import serve_metrics
 from corral.shared.clients import RegistryClient
 from corral.shared.contract import encode, respond
 from corral.shared.errors import BadRequest, TooLarge
-from corral.shared.http import (base_app, error_response, query_choice, query_float, query_int, read_json_object,
+from corral.server.http import (base_app, error_response, query_choice, query_float, query_int, read_json_object,
                                 request_body, serve_openapi, serve_readiness)
 from corral.shared.states import ALL
 from corral.shared.wire import (IDEMPOTENCY_HEADER, JOB_TYPES, LOG_ATTEMPT_HEADER, LOG_CHUNK_MAX_BYTES,
                                LOG_COMPLETE_HEADER, LOG_SIZE_HEADER, LONG_POLL_HEADER)
 
-from corral.shared.changefeed import ChangeFeed
+from corral.server.changefeed import ChangeFeed
 
 from . import (contract, drains, event_stream, events, longpoll, loops, metrics, openapi, pages, revocation, sampler,
                schedule_loop, sns_outbox, spans, sqs_intake, ui, validation, views, waiting)
@@ -45,7 +47,7 @@ MAX_UNIX_SECS = 253402300799.0  # 9999-12-31T23:59:59Z: GET /stats/history?since
 # pause; "again" (work came for the node after the claim had waited a while): ask
 # again at once. See longpoll.py.
 
-# Who may call each route (shared/auth.py); a route missing here is operator-only.
+# Who may call each route (control-plane/server/auth.py); a route missing here is operator-only.
 # Agents: claims, leases, reports, live output and the original design's poll, each
 # for the node of their credential only. The read-only token: every read (READ),
 # with env var values hidden.

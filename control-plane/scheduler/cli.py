@@ -1,5 +1,5 @@
 """`corral-scheduler`: the scheduler under gunicorn, its loops in every worker behind a lease."""
-from corral.shared.server import run_service
+from corral.server.serve import run_service
 
 from .app import create_app, create_schema
 from .settings import SchedulerSettings

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import peewee
 
-from corral.shared.db import MaxConnectionsExceeded
+from corral.server.db import MaxConnectionsExceeded
 
 from . import metrics
 from .event_log import EventLog

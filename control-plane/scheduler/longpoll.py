@@ -6,7 +6,7 @@ process's `WaitRoom` and sleeps WITHOUT a database connection until it is poked:
 
 - by a commit in this process that placed a job on its node: `Store.dispatch`
   registers an after-commit callback that calls `poke(node_ids)`;
-- by the process's change feed (shared/changefeed.py), which reports every commit anywhere
+- by the process's change feed (control-plane/server/changefeed.py), which reports every commit anywhere
   (another worker, another replica, the background loop). When the feed says
   which nodes the commit placed work on (PostgreSQL's notifications name them),
   their waiters are poked; else, on the feed's thread, ONE grouped query ("which
@@ -49,7 +49,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from corral.shared.changefeed import ChangeFeed
+from corral.server.changefeed import ChangeFeed
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class WaitRoom:
     def __init__(self, feed: ChangeFeed, max_waiters: int,
                  check: Callable[[set[str], bool], set[str]]):
         """`check(node_ids, recheck)` answers which of those nodes have claimable work (one
-        query); `recheck` as the feed's listeners get it (shared/changefeed.py)."""
+        query); `recheck` as the feed's listeners get it (control-plane/server/changefeed.py)."""
         self.feed = feed
         self.max_waiters = max_waiters
         self._check = check

@@ -24,9 +24,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from corral.shared import server
+from corral.server import serve as server
 from corral.shared.clients import ClientError, RegistryClient
-from corral.shared.leader import Fence, LeaseLost, LoopThread, Tenure, holder_id
+from corral.server.leader import Fence, LeaseLost, LoopThread, Tenure, holder_id
 
 from .event_log import EventLog
 from .job_logs import JobLogs

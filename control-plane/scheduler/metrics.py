@@ -12,7 +12,7 @@ import time
 
 from peewee import fn
 
-from corral.shared.metrics import DATABASE_GAUGES, Family, database_gauges, gauge, on_commit, sample_names
+from corral.server.metrics import DATABASE_GAUGES, Family, database_gauges, gauge, on_commit, sample_names
 from corral.shared.states import ALL, FINAL_STATUSES
 
 from .models import Job, Node, Schedule

@@ -6,9 +6,9 @@ leaves it as it was, so dispatch to known nodes goes on.
 """
 import peewee
 
-from corral.shared.db import JSONField
-from corral.shared.leader import Lease
-from corral.shared.revocations import credential_model
+from corral.server.db import JSONField
+from corral.server.leader import Lease
+from corral.server.revocations import credential_model
 from corral.shared.states import ALL
 
 database = peewee.DatabaseProxy()
@@ -338,7 +338,7 @@ class LogChunk(BaseModel):
 
 Lease.bind(database)  # the shared lease table lives in the scheduler's database
 
-# The lowest generation of each node's credential still accepted (shared/revocations.py).
+# The lowest generation of each node's credential still accepted (control-plane/server/revocations.py).
 NodeCredential = credential_model(database)
 
 MODELS = [Job, JobEvent, Node, NodeLease, SchedulerState, Counter, OutboxEvent, Lease, JobDependency, JobArray,

@@ -1,19 +1,20 @@
 """The scheduler's OpenAPI 3.1.0 document, served at GET /openapi.json: its routes,
 parameters and answers, with every body schema generated from the models of
-contract.py (shared/openapi.py builds it).
+contract.py (control-plane/server/openapi.py builds it).
 
 tests/test_openapi.py checks every route is listed and runs schemathesis
 against a live server to check every answer against it.
 """
 
 from corral.shared import contract as shared_contract
-from corral.shared import revocations, states, wire
-from corral.shared.openapi import NAME_PATTERN_PARAM, build, error_responses, meta_paths
-from corral.shared.openapi import body as _body
-from corral.shared.openapi import error as _error
-from corral.shared.openapi import json_response as _json
-from corral.shared.openapi import path_param as _path_param
-from corral.shared.openapi import query as _query
+from corral.shared import states, wire
+from corral.server import revocations
+from corral.server.openapi import NAME_PATTERN_PARAM, build, error_responses, meta_paths
+from corral.server.openapi import body as _body
+from corral.server.openapi import error as _error
+from corral.server.openapi import json_response as _json
+from corral.server.openapi import path_param as _path_param
+from corral.server.openapi import query as _query
 
 from . import contract, events, waiting
 

@@ -1,4 +1,4 @@
-"""Revoking one node's credential through the scheduler (shared/revocations.py says
+"""Revoking one node's credential through the scheduler (control-plane/server/revocations.py says
 how a credential's generation and each service's floor work).
 
 One call revokes on both services: the registry's floor is raised first, to the
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import peewee
 
-from corral.shared import revocations
+from corral.server import revocations
 from corral.shared.clients import ClientError, Rejected, RegistryClient
 from corral.shared.credentials import FIRST_GENERATION
 from corral.shared.errors import Unavailable

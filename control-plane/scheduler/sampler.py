@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from peewee import fn
 
-from corral.shared.leader import Fence, LeaseLost, holder_id
+from corral.server.leader import Fence, LeaseLost, holder_id
 
 from . import samples, views
 from .models import Job, StatsSample

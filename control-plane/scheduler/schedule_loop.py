@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from corral.shared.backoff import Backoff
-from corral.shared.leader import Fence, LeaseLost, Tenure, holder_id
+from corral.server.leader import Fence, LeaseLost, Tenure, holder_id
 
 from .schedules import Schedules
 from .service import Scheduler

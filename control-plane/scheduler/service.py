@@ -36,7 +36,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TypeVar
 
-from corral.shared.db import lock_placement, one_writer
+from corral.server.db import lock_placement, one_writer
 
 from .models import Job
 from .store import Store

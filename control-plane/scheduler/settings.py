@@ -1,16 +1,16 @@
 """Scheduler settings, read from the environment: the table of each (SETTINGS, AWS)
-is below the dataclass, those both servers read are in shared/server_settings.py,
+is below the dataclass, those both servers read are in control-plane/server/settings.py,
 and docs/settings.md lists them all (SQS and SNS: docs/sqs-sns.md)."""
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from corral.shared import settings as s
-from corral.shared.db import DatabaseOptions
+from corral.server.db import DatabaseOptions
 from corral.shared.credentials import Credentials
 from corral.shared.errors import SettingError
-from corral.shared.http import DEFAULT_MAX_BODY_BYTES
-from corral.shared.server_settings import server_fields
+from corral.server.http import DEFAULT_MAX_BODY_BYTES
+from corral.server.settings import server_fields
 
 from . import placement
 from .retry import Backoff
@@ -20,7 +20,7 @@ from .retry import Backoff
 class SchedulerSettings:
     database_url: str
     sqlite_synchronous: str = "NORMAL"
-    # CORRAL_DB_POOL_SIZE, CORRAL_DB_POOL_WAIT_SECS, CORRAL_PG_POLL_ONLY (shared/db.py).
+    # CORRAL_DB_POOL_SIZE, CORRAL_DB_POOL_WAIT_SECS, CORRAL_PG_POLL_ONLY (control-plane/server/db.py).
     db_options: DatabaseOptions = DatabaseOptions()
     # The registry's base URL, or its replicas' comma-separated (the client fails over).
     registry_url: str = "http://127.0.0.1:9000"
@@ -141,7 +141,7 @@ def _topic_arn(name: str, topic: str) -> str:
     return topic
 
 
-# The scheduler's own settings (besides those both servers read: shared/server_settings.py).
+# The scheduler's own settings (besides those both servers read: control-plane/server/settings.py).
 SETTINGS = (
     s.Setting("REGISTRY_URL", "registry_url", "urls", "http://127.0.0.1:9000",
               "where the node list comes from (read with `CORRAL_API_TOKEN`); several URLs: the registry's "

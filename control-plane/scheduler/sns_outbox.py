@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from corral.shared.leader import Fence, holder_id
+from corral.server.leader import Fence, holder_id
 
 from . import aws_clients
 from .retry import Backoff

@@ -35,9 +35,11 @@ from dataclasses import dataclass, field
 import peewee
 from opentelemetry.trace import INVALID_SPAN, Span
 
-from corral.shared import json_body, tracecontext, tracing
+from corral.shared import tracecontext, tracing
+
+from corral.server import json_body
 from corral.shared.errors import BadRequest, CorralError, TooManyRequests
-from corral.shared.leader import Fence, LeaseLost, holder_id
+from corral.server.leader import Fence, LeaseLost, holder_id
 
 from . import admission, aws_clients, metrics, spans, validation
 from .retry import Backoff

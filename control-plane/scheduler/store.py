@@ -28,11 +28,11 @@ from collections.abc import Callable, Collection
 import peewee
 from peewee import fn
 
-from corral.shared.db import lock_placement, locked_nodes, one_writer, wakes_on_every_commit
+from corral.server.db import lock_placement, locked_nodes, one_writer, wakes_on_every_commit
 from corral.shared.errors import BadRequest, BatchError, Conflict, CorralError, NotFound
-from corral.shared.leader import Fence
+from corral.server.leader import Fence
 from corral.shared.states import ACTIVE, FINAL_STATUSES, check_transition
-from corral.shared.statements import Child, Statements, ValueList, param
+from corral.server.statements import Child, Statements, ValueList, param
 from corral.shared.timeutil import epoch
 from corral.shared import tracing
 
@@ -94,7 +94,7 @@ class Store:
         waiting room: the claims of those nodes wake at once)."""
         self.db = db
         self.settings = settings
-        # The statements of a job's trip (place, claim, report), compiled once: see shared/statements.py.
+        # The statements of a job's trip (place, claim, report), compiled once: see control-plane/server/statements.py.
         self._sql = Statements()
         self.policy = lifecycle.Policy(settings.max_node_losses, settings.job_timeout_secs,
                                        settings.output_tail_bytes, settings.backoff)
@@ -107,7 +107,7 @@ class Store:
 
     def fenced(self, fence: Fence) -> "Store":
         """This store for a background loop: each of its write transactions first checks
-        that the loop still holds its lease (shared/leader.py Fence)."""
+        that the loop still holds its lease (control-plane/server/leader.py Fence)."""
         loop_store = copy.copy(self)
         loop_store.fence = fence
         return loop_store

@@ -13,7 +13,7 @@ refused before it begins (503 for the process, 429 for the credential).
 Watcher (`StreamHub`): an open stream sleeps on the hub, holding no database
 connection, and reads only when the hub says that an event it has not read may
 have been committed. The hub's one thread waits on the process's change feed
-(shared/changefeed.py, the feed the waiting claims use) and, on a change, runs ONE
+(control-plane/server/changefeed.py, the feed the waiting claims use) and, on a change, runs ONE
 small query for every stream of the process: the newest position committed (SQLite:
 the newest event id; PostgreSQL: the transaction horizon, since ids are not
 committed in order, events.py). Only when it moved are the streams woken, and
@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 import peewee
 
-from corral.shared.changefeed import ChangeFeed
+from corral.server.changefeed import ChangeFeed
 
 from .event_log import EventLog, Recent
 from .events import Cursor, Filter

@@ -1,5 +1,5 @@
 """Make the SQL dumps of databases an older Corral wrote: tests/data/scheduler-COMMIT.sql
-and tests/data/registry-COMMIT.sql, which tests/shared/test_migrations.py upgrades in place.
+and tests/data/registry-COMMIT.sql, which tests/server/test_migrations.py upgrades in place.
 
     .venv/bin/python tests/data/make_old_databases.py 6d050af 2f6dbbf
 
@@ -215,7 +215,7 @@ def make(commit: str, out_dir: str) -> None:
                 "Made by tests/data/make_old_databases.py: that commit's own registry, scheduler and",
                 "two agents ran from a git worktree of it and were given jobs, a service and drained",
                 "nodes through their HTTP APIs; the file is Python's sqlite3 iterdump of the result.",
-                "tests/shared/test_migrations.py loads it into a new file and upgrades it in place.",
+                "tests/server/test_migrations.py loads it into a new file and upgrades it in place.",
                 ""])
     except BaseException:
         for process in processes:

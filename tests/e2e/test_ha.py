@@ -24,7 +24,7 @@ from cluster import Cluster, all_jobs, final_transitions, holder_pid, process_gr
 from helpers import HoldingProxy, QuietHandler, process_gone, wait_for
 
 from corral.scheduler.loops import LEASE_NAME
-from corral.shared.backends.postgres import IDLE_IN_TRANSACTION_TIMEOUT_MS, LOCK_TIMEOUT_MS, PLACEMENT_LOCK_KEY
+from corral.server.backends.postgres import IDLE_IN_TRANSACTION_TIMEOUT_MS, LOCK_TIMEOUT_MS, PLACEMENT_LOCK_KEY
 
 pytestmark = pytest.mark.e2e
 
@@ -154,7 +154,7 @@ def wait_all_done(url: str, job_ids, timeout: float) -> dict[str, dict]:
 
 
 def assert_no_internal_errors(c: Cluster) -> None:
-    """No server answered a 500 (shared/http.py logs each as an unhandled error)."""
+    """No server answered a 500 (control-plane/server/http.py logs each as an unhandled error)."""
     for name in ("registry", *c.scheduler_names):
         log = c.procs[name].output()
         at = log.find("unhandled error")

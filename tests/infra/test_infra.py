@@ -28,7 +28,8 @@ PROCESS_SOURCES = {
     "scheduler": os.path.join(REPO, "control-plane", "scheduler"),
     "agent": os.path.join(REPO, "agent"),
 }
-SHARED = os.path.join(REPO, "shared")
+# The common code the processes call into: shared/ (every process) and the servers' own.
+COMMON_SOURCES = [os.path.join(REPO, "shared"), os.path.join(REPO, "control-plane", "server")]
 # In the env files but read by the systemd unit (ExecStart=), not by Corral's code.
 UNIT_ONLY_VARS = {"registry": {"CORRAL_SERVER_FLAGS"}, "scheduler": {"CORRAL_SERVER_FLAGS"}, "agent": set()}
 
@@ -84,10 +85,10 @@ def _read(path: str) -> str:
 
 
 def shared_function_vars() -> dict[str, set[str]]:
-    """For each function defined in shared/, the environment variables it reads,
-    directly or through the other shared functions it calls."""
+    """For each function defined in shared/ or control-plane/server/, the environment variables
+    it reads, directly or through the other such functions it calls."""
     bodies: dict[str, str] = {}
-    for path in _py_files(SHARED):
+    for path in [p for directory in COMMON_SOURCES for p in _py_files(directory)]:
         source = _read(path)
         for node in ast.walk(ast.parse(source)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -106,10 +107,10 @@ def shared_function_vars() -> dict[str, set[str]]:
 
 def vars_read_by(process: str) -> set[str]:
     """Every environment variable `process` reads: each of its settings' definitions
-    (shared/settings_doc.py; tests/shared/test_settings_doc.py checks that they are read), and
+    (scripts/settings_doc.py; tests/scripts/test_settings_doc.py checks that they are read), and
     any read literally in its own modules or through a shared/ function they call
     (such as run_service)."""
-    from corral.shared.settings_doc import read_by
+    from settings_doc import read_by
 
     shared = shared_function_vars()
     names = {name for setting in read_by(process) for name in setting.names}
@@ -205,8 +206,8 @@ def test_gunicorn_config_uses_only_known_settings():
     unknown = set(values) - set(Config().settings)
     assert not unknown, f"gunicorn ignores unknown settings silently: {sorted(unknown)}"
     from corral.agent.settings import AgentSettings
-    from corral.shared.server import DEFAULTS
-    assert values["worker_class"] == DEFAULTS["worker_class"] == "corral.shared.worker.BufferingWorker"
+    from corral.server.serve import DEFAULTS
+    assert values["worker_class"] == DEFAULTS["worker_class"] == "corral.server.worker.BufferingWorker"
     assert values["worker_connections"] == DEFAULTS["worker_connections"] >= 1000  # a thousand idle clients fit
     assert values["graceful_timeout"] == 30
     # An agent speaks every heartbeat interval on a kept-alive connection: a server that
@@ -237,7 +238,7 @@ def test_server_starts_with_the_gunicorn_config_and_notifies_systemd(tmp_path):
         response = wait_for(lambda: requests.get(f"http://127.0.0.1:{port}/healthz", timeout=2),
                             timeout=30, message="the registry to answer /healthz")
         assert response.status_code == 200, response.text
-        assert "Using worker: corral.shared.worker.BufferingWorker" in proc.output()
+        assert "Using worker: corral.server.worker.BufferingWorker" in proc.output()
     finally:
         code = proc.stop(grace=40)
         notify.close()

@@ -15,7 +15,7 @@ from corral.scheduler.loops import PURGE_INTERVAL_SECS, Background
 from corral.scheduler.models import MODELS, Job, JobEvent, NodeLease
 from corral.scheduler.service import Scheduler
 from corral.scheduler.settings import SchedulerSettings
-from corral.shared.changefeed import ChangeFeed
+from corral.server.changefeed import ChangeFeed
 from corral.shared.errors import SettingError
 from helpers import wait_for
 from scheduler_app import make_app, set_nodes, submit

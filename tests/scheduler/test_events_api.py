@@ -13,7 +13,7 @@ from scheduler_app import Clock, end_attempt, make_app, set_nodes, submit
 from corral.scheduler.event_log import EventLog
 from corral.shared import sse
 from corral.shared.credentials import Credentials
-from corral.shared.db import is_postgres
+from corral.server.db import is_postgres
 from corral.shared.timeutil import iso
 
 

@@ -12,8 +12,8 @@ from corral.scheduler.settings import SchedulerSettings
 from corral.scheduler.store import Store
 from corral.scheduler.validation import claim_request, status_report
 from corral.shared.clients import Unreachable
-from corral.shared import server
-from corral.shared.leader import Lease, LeaseLost, LoopThread, Tenure
+from corral.server import serve as server
+from corral.server.leader import Lease, LeaseLost, LoopThread, Tenure
 
 from helpers import wait_for
 

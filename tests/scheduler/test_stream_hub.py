@@ -10,7 +10,7 @@ from helpers import wait_for
 from corral.scheduler import longpoll, stream_hub
 from corral.scheduler.event_log import Recent
 from corral.scheduler.events import Cursor, Filter
-from corral.shared.changefeed import ChangeFeed
+from corral.server.changefeed import ChangeFeed
 
 
 def test_a_credential_at_its_cap_is_refused_while_others_open_streams():

@@ -1,5 +1,5 @@
 """Signals are acted on outside their handler (shared/signals.py), in every process
-that handles them: the servers' workers (shared/server.py) and the agent."""
+that handles them: the servers' workers (control-plane/server/serve.py) and the agent."""
 import subprocess
 import sys
 
@@ -16,7 +16,7 @@ print(stop.wait(10))
 
 SERVER_STOP_CALLBACKS = """
 import os, signal, threading
-from corral.shared import server
+from corral.server import serve as server
 seen = []
 signal.signal(signal.SIGTERM, lambda signum, frame: seen.append("previous handler"))
 done = threading.Event()

@@ -11,7 +11,7 @@ Class names matter as much as table names: peewee names indexes after them.
 """
 import peewee
 
-from corral.shared.migrations import create_or_complete
+from corral.server.migrations import create_or_complete
 
 # Nullable columns added to tables before migrations began, which a database of an
 # earlier release may lack.

@@ -1,4 +1,4 @@
-"""Per-node credential revocation (shared/revocations.py): the lowest generation of
+"""Per-node credential revocation (control-plane/server/revocations.py): the lowest generation of
 each node's credential the registry still accepts. A table only: servers of the
 previous release do not read it, and accept every credential as before."""
 import peewee

@@ -11,7 +11,7 @@ Class names matter as much as table names: peewee names indexes after them.
 """
 import peewee
 
-from corral.shared.migrations import create_or_complete
+from corral.server.migrations import create_or_complete
 
 STATUS_CHECK = "status IN ('pending', 'running', 'done', 'failed', 'cancelled')"
 
@@ -138,7 +138,7 @@ class OutboxEvent(peewee.Model):
 
 
 class Lease(peewee.Model):
-    """The background loops' lease (shared/leader.py)."""
+    """The background loops' lease (control-plane/server/leader.py)."""
 
     name = peewee.CharField(primary_key=True, max_length=64)
     holder = peewee.CharField(max_length=128, null=True)

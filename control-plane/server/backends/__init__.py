@@ -1,0 +1,1 @@
+"""Storage backends (see control-plane/server/db.py)."""

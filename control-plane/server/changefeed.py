@@ -1,0 +1,130 @@
+"""Change feeds: telling a process's waiting claims that the database may have changed.
+
+A long-poll claim (scheduler/longpoll.py) must not query the database on every
+tick while it waits. Instead each server process has ONE change feed, and
+waiters sleep until the feed says "something was committed" (or until a local
+commit pokes their node directly, see longpoll.WaitRoom.poke).
+
+The interface is `ChangeFeed`:
+
+- `generation` grows by at least one after every change the feed noticed;
+- `add_listener(fn)` calls `fn(recheck, nodes)` (on the feed's thread) after each
+  change; `recheck` is True when the feed noticed nothing and only looks again in
+  case a notice was lost (PostgreSQL's periodic re-check), so a listener may first
+  ask whether anything changed at all; `nodes` is the set of nodes the change
+  placed work on when the notice said (PostgreSQL's notifications carry them),
+  else None (anything may have changed);
+- `wait_for_change(seen, timeout)` blocks until `generation != seen`;
+- `ring(nodes)`: this process committed work (placed on `nodes`, None: not
+  said) that other processes' waiters may want; tell them now;
+- `ensure_started()` starts the feed's thread in this process. It is called
+  lazily, by the first waiter, and is guarded by `os.getpid()`: a feed created
+  before gunicorn forked starts a thread of its own in every worker.
+
+Each storage backend has its own (control-plane/server/backends/): SQLite watches
+`PRAGMA data_version` and rings doorbell sockets between the processes of its
+host; PostgreSQL LISTENs and NOTIFYs between replicas. `IntervalFeed`, a
+look every interval, is the fallback (an in-memory database, PgBouncer in
+transaction mode).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Collection
+
+log = logging.getLogger(__name__)
+
+FALLBACK_INTERVAL_SECS = 0.5
+# While a feed's connection fails, waiters are woken this often (degraded to polling).
+ERROR_BACKOFF_SECS = 1.0
+
+
+class ChangeFeed:
+    """Base class: a generation counter, a condition, listeners, a lazily started thread."""
+
+    name = "change feed"
+
+    def __init__(self, interval: float):
+        self.interval = interval
+        self._pid: int | None = None
+        self._cond = threading.Condition()
+        self._generation = 0
+        self._listeners: list[Callable[[bool, set[str] | None], None]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    def add_listener(self, fn: Callable[[bool, set[str] | None], None]) -> None:
+        self._listeners.append(fn)
+
+    def ensure_started(self) -> None:
+        """Start the feed's thread in this process (once; again after a fork)."""
+        pid = os.getpid()
+        if self._pid == pid:
+            return
+        with _START_LOCK:
+            if self._pid == pid:
+                return
+            if self._pid is not None:
+                # Inherited through a fork: the parent's thread and locks are not ours.
+                self._cond = threading.Condition()
+                self._stop = threading.Event()
+            self._thread = threading.Thread(target=self._run, name=f"corral-{self.name}", daemon=True)
+            self._thread.start()
+            self._pid = pid
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread.is_alive() and self._pid == os.getpid():
+            self._thread.join(timeout)
+
+    def changed(self, recheck: bool = False, nodes: set[str] | None = None) -> None:
+        """Bump the generation and wake everyone: the database may have changed
+        (`recheck`: nothing was noticed, this is only a look in case a notice was lost;
+        `nodes`: the change placed work on these nodes, and did nothing else a waiter
+        may want)."""
+        with self._cond:
+            self._generation += 1
+            self._cond.notify_all()
+        for fn in list(self._listeners):
+            try:
+                fn(recheck, nodes)
+            except Exception:
+                log.exception("a %s listener failed", self.name)
+
+    def wait_for_change(self, seen: int, timeout: float) -> int:
+        """Block until the generation differs from `seen` (or `timeout`); the generation."""
+        self.ensure_started()
+        with self._cond:
+            self._cond.wait_for(lambda: self._generation != seen, timeout)
+            return self._generation
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def ring(self, nodes: Collection[str] | None = None) -> None:
+        """This process committed work other processes' waiters may want, placed on
+        `nodes` (None: not said): tell them now (a feed that cannot, does nothing; they
+        notice at their next look)."""
+
+
+class IntervalFeed(ChangeFeed):
+    """No change detection: 'maybe changed' every `interval` seconds (the fallback)."""
+
+    name = "interval-feed"
+
+    def __init__(self, interval: float = FALLBACK_INTERVAL_SECS):
+        super().__init__(interval)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.changed()
+
+
+
+_START_LOCK = threading.Lock()

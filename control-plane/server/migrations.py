@@ -1,0 +1,225 @@
+"""Versioned schema migrations of a service's database.
+
+Each service keeps numbered scripts in its `migrations/` package (0001_initial.py,
+0002_....py), each with `up(migrator, db)`. peewee's runner (playhouse.migrations)
+applies the pending ones in order, each in a transaction of its own, and records
+them in the service's history table (`scheduler_schema_migration`,
+`registry_schema_migration`). A script declares frozen copies of the tables it
+makes, never the live models, so that it does the same thing in every release.
+
+Replicas that start together migrate once: the steps are applied under a lock
+and the history is read again once it is held, so whoever comes second finds
+them applied. The lock is, on PostgreSQL, a session advisory lock (a constant per
+service) on the migrating connection; on SQLite, an exclusive flock on
+`<database>-migrate.lock` beside the file, which every process of the host that
+opens it takes (a SQLite database has no other host).
+
+Between releases migrations only add (tables, columns, indexes), so servers of
+the previous release keep working on a migrated database during a rolling
+upgrade. A database whose history holds a step these scripts do not know was
+migrated by a newer Corral: that is refused (SettingError, exit 2) rather than
+run on.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+import peewee
+from playhouse.migrate import SchemaMigrator
+from playhouse.migrations import Migration, Runner
+
+from corral.server import db as dbmod
+from corral.server import db_marker
+from corral.shared.errors import SettingError
+
+log = logging.getLogger(__name__)
+
+# How long a process waits for the lock while another one migrates, and how often
+# it asks again. Additive steps take milliseconds; an index on a large table, longer.
+LOCK_TIMEOUT_SECS = 600.0
+LOCK_RETRY_SECS = 0.1
+
+
+@dataclass(frozen=True)
+class MigrationSet:
+    """The migrations of one service: its scripts' folder and its lock."""
+
+    service: str      # "scheduler" or "registry"
+    directory: str    # the folder of its numbered scripts
+    lock_key: int     # its PostgreSQL advisory lock (a bigint no other lock of Corral uses)
+
+    @property
+    def history_table(self) -> str:
+        return f"{self.service}_schema_migration"
+
+    def names(self) -> list[str]:
+        """Every step these scripts define, in order."""
+        return [m.name for m in Migration.load_directory(self.directory)]
+
+
+def pending(db: peewee.Database, migrations: MigrationSet, init: bool = False) -> list[str]:
+    """The steps not applied to `db` yet, in order (SettingError for a newer database,
+    or a lost one: control-plane/server/db_marker.py)."""
+    guard = db_marker.guard(db, migrations.service, migrations.history_table, init)
+    if guard:
+        guard.before_connect()
+    with db.connection_context():
+        if guard:
+            guard.check()
+        return [m.name for m in _status(_runner(db, migrations), migrations) if not m.applied]
+
+
+def apply(db: peewee.Database, migrations: MigrationSet, init: bool = False) -> list[str]:
+    """Apply the pending steps to `db` under the service's lock; the names applied
+    (none when another process applied them first, or there were none). A lost
+    database is refused first (SettingError) unless `init` (control-plane/server/db_marker.py)."""
+    guard = db_marker.guard(db, migrations.service, migrations.history_table, init)
+    with _locked_connection(db, migrations, guard.before_connect if guard else None):
+        if guard:
+            guard.check()
+        if is_postgres(db):
+            # A schema of its own per service (the connections' search_path names it).
+            db.execute_sql(f'CREATE SCHEMA IF NOT EXISTS "{dbmod.schema_for(migrations.service)}"')
+        runner = _runner(db, migrations)
+        _status(runner, migrations)
+        try:
+            applied = runner.up()
+        except peewee.DatabaseError as exc:
+            # One line and exit 2 at start, like any other refusal; the runner logged the step.
+            raise SettingError(f"a migration step of the {migrations.service} database failed and was rolled "
+                               f"back (each step is one transaction): {first_line(exc)}") from None
+        if guard:
+            guard.record()
+    for name in applied:
+        log.info("applied the %s database's migration %s", migrations.service, name)
+    return applied
+
+
+def applied(db: peewee.Database, migrations: MigrationSet) -> list[str]:
+    """The steps the history of `db` records, in order."""
+    with db.connection_context():
+        return [m.name for m in _runner(db, migrations).status() if m.applied]
+
+
+def _runner(db: peewee.Database, migrations: MigrationSet) -> Runner:
+    return Runner(db, migrations.directory, table_name=migrations.history_table)
+
+
+def _status(runner: Runner, migrations: MigrationSet) -> list[Migration]:
+    steps = runner.status()
+    unknown = [m.name for m in steps if m.path is None]
+    if unknown:
+        raise SettingError(
+            f"the {migrations.service} database was migrated by a newer Corral: its history "
+            f"({migrations.history_table}) has the step(s) {', '.join(unknown)}, which this version does not "
+            f"know; run that newer version (or restore a backup made before the upgrade)")
+    return steps
+
+
+def first_line(exc: Exception) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def is_postgres(db: peewee.Database) -> bool:
+    return isinstance(db, peewee.PostgresqlDatabase)
+
+
+@contextlib.contextmanager
+def _locked_connection(db: peewee.Database, migrations: MigrationSet,
+                       before_connect: Callable[[], None] | None = None) -> Iterator[None]:
+    """A connection to `db`, held under the service's migration lock. On SQLite the
+    flock comes before the connection: opening one sets the file's journal mode
+    (WAL), which a process must not do while another is migrating it; and
+    `before_connect` runs between them (opening a missing file creates it)."""
+    if is_postgres(db):
+        with db.connection_context(), _advisory_lock(db, migrations.lock_key):
+            yield
+    elif isinstance(db, peewee.SqliteDatabase) and db.database not in ("", ":memory:"):
+        with _file_lock(f"{db.database}-migrate.lock"):
+            if before_connect:
+                before_connect()
+            with db.connection_context():
+                yield
+    else:  # an in-memory database is this process's alone
+        with db.connection_context():
+            yield
+
+
+def _wait_for(take, what: str) -> None:
+    """Call take() until it returns True, saying once that we wait; SettingError after LOCK_TIMEOUT_SECS."""
+    deadline = time.monotonic() + LOCK_TIMEOUT_SECS
+    said = False
+    while not take():
+        if time.monotonic() >= deadline:
+            raise SettingError(f"another process has held {what} for over {LOCK_TIMEOUT_SECS:g} s; "
+                               f"is a migration stuck?")
+        if not said:
+            log.warning("waiting for %s: another process is migrating the database", what)
+            said = True
+        time.sleep(LOCK_RETRY_SECS)
+
+
+@contextlib.contextmanager
+def _advisory_lock(db: peewee.Database, key: int) -> Iterator[None]:
+    # pg_try_advisory_lock, asked again and again, so that the wait has a deadline of
+    # ours (a plain pg_advisory_lock would wait for the session's lock_timeout).
+    _wait_for(lambda: bool(db.execute_sql("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]),
+              f"the migration lock (PostgreSQL advisory lock {key})")
+    try:
+        yield
+    finally:
+        db.execute_sql("SELECT pg_advisory_unlock(%s)", (key,))
+
+
+@contextlib.contextmanager
+def _file_lock(path: str) -> Iterator[None]:
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise SettingError(f"cannot open the migration lock file {path}: {exc.strerror or exc}") from None
+    try:
+        def take() -> bool:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                return False
+
+        _wait_for(take, f"the migration lock ({path})")
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def create_or_complete(db: peewee.Database, migrator: SchemaMigrator, models: Iterable[type[peewee.Model]],
+                       added_columns: Mapping[str, Iterable[str]]) -> None:
+    """A service's first step: make its tables, or complete those of a database made
+    before versioned migrations (tables, no history). Such a table may lack only the
+    nullable columns `added_columns` names (table -> columns, added by releases before
+    migrations began): they are added, and its rows read them as null. A table that
+    lacks any other column is from a Corral too old to upgrade in place (SettingError).
+    Then every missing table and index is made."""
+    models = list(models)
+    db.bind(models)
+    for model in models:
+        table = model._meta.table_name
+        if not db.table_exists(table):
+            continue
+        have = {column.name for column in db.get_columns(table)}
+        missing = [field for field in model._meta.sorted_fields if field.column_name not in have]
+        addable = set(added_columns.get(table, ()))
+        too_old = [field.column_name for field in missing if field.column_name not in addable or not field.null]
+        if too_old:
+            raise SettingError(f"the {table} table lacks the column(s) {', '.join(too_old)}, which cannot be added "
+                               f"to its rows: this database is from a Corral too old to upgrade in place")
+        for field in missing:
+            migrator.migrate(migrator.add_column(table, field.column_name, field))
+            log.info("added the column %s to the %s table", field.column_name, table)
+    db.create_tables(models, safe=True)

@@ -1,1 +1,0 @@
-"""Storage backends (see shared/db.py)."""
