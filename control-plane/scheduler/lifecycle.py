@@ -31,7 +31,7 @@ from typing import Any, Protocol
 from corral.shared.errors import Conflict
 from corral.shared.states import FINAL_STATUSES, JobStatus, after_failure, check_transition
 
-from .retry import Backoff
+from .retry import RetryDelay
 
 # A job's stdout/stderr belong to its current attempt (live output fills them while it
 # runs): a job that goes back to pending for another attempt starts without any.
@@ -67,7 +67,7 @@ class Policy:
     max_node_losses: int = 3
     job_timeout_secs: float = 3600.0
     output_tail_bytes: int = 64 * 1024
-    backoff: Backoff = field(default_factory=lambda: Backoff(2.0, 2.0, 300.0))
+    backoff: RetryDelay = field(default_factory=lambda: RetryDelay(2.0, 2.0, 300.0))
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from corral.server.http import DEFAULT_MAX_BODY_BYTES
 from corral.server.settings import server_fields
 
 from . import placement
-from .retry import Backoff
+from .retry import RetryDelay
 
 
 @dataclass(frozen=True)
@@ -106,8 +106,8 @@ class SchedulerSettings:
     aws_read_timeout_secs: float = 10.0
 
     @property
-    def backoff(self) -> Backoff:
-        return Backoff(self.retry_base_secs, self.retry_factor, self.retry_cap_secs)
+    def backoff(self) -> RetryDelay:
+        return RetryDelay(self.retry_base_secs, self.retry_factor, self.retry_cap_secs)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "SchedulerSettings":

@@ -20,10 +20,10 @@ import logging
 import time
 from collections.abc import Callable
 
+from corral.shared.backoff import Backoff
 from corral.server.leader import Fence, holder_id
 
 from . import aws_clients
-from .retry import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class Publisher:
         # A pass publishes one batch, so it is short next to the lease; renewing
         # every pass keeps it.
         self.lease_ttl = max(10.0, 5 * self.settings.sns_poll_interval_secs)
-        self.backoff = Backoff(1.0, 2.0, self.settings.sns_backoff_cap_secs)
+        self.backoff = Backoff(1.0, self.settings.sns_backoff_cap_secs)
         self.token: int | None = None
         self.failures = 0
         self.next_backlog_check = 0.0
@@ -116,11 +116,12 @@ class Publisher:
         if self.failures:
             log.info("SNS publish works again after %d failed tries", self.failures)
             self.failures = 0
+            self.backoff.reset()
         return 0.0 if len(rows) == self.settings.sns_publish_batch else self.settings.sns_poll_interval_secs
 
     def failed(self, text: str, count: int) -> float:
         self.failures += 1
-        delay = self.backoff.ceiling(self.failures - 1)
+        delay = self.backoff.next()
         log.warning("SNS publish to %s failed (%s); %d notifications stay in the outbox; next try in %.1fs",
                     self.settings.sns_topic_arn, text, count, delay)
         return delay

@@ -36,13 +36,13 @@ import peewee
 from opentelemetry.trace import INVALID_SPAN, Span
 
 from corral.shared import tracecontext, tracing
+from corral.shared.backoff import Backoff
 
 from corral.server import json_body
 from corral.shared.errors import BadRequest, CorralError, TooManyRequests
 from corral.server.leader import Fence, LeaseLost, holder_id
 
 from . import admission, aws_clients, metrics, spans, validation
-from .retry import Backoff
 from .service import Scheduler
 
 log = logging.getLogger(__name__)
@@ -201,7 +201,7 @@ class Intake:
         # A pass waits up to SQS_WAIT_TIME_SECS in ReceiveMessage, then submits:
         # the lease must outlast it comfortably.
         self.lease_ttl = max(30.0, 2 * (self.settings.sqs_wait_time_secs + self.settings.aws_read_timeout_secs))
-        self.backoff = Backoff(1.0, 2.0, self.settings.sqs_backoff_cap_secs)
+        self.backoff = Backoff(1.0, self.settings.sqs_backoff_cap_secs)
         self.token: int | None = None
         self.failures = 0
 
@@ -388,11 +388,12 @@ class Intake:
         if self.failures:
             log.info("SQS intake works again after %d failed tries", self.failures)
             self.failures = 0
+            self.backoff.reset()
         return 0.0  # the long poll paces the loop
 
     def failed(self, text: str) -> float:
         self.failures += 1
-        delay = self.backoff.ceiling(self.failures - 1)
+        delay = self.backoff.next()
         log.warning("SQS intake from %s failed (%s); next try in %.1fs", self.settings.sqs_url, text, delay)
         return delay
 

@@ -5,13 +5,13 @@ from dataclasses import dataclass, replace
 import pytest
 
 from corral.scheduler import lifecycle
-from corral.scheduler.retry import Backoff
+from corral.scheduler.retry import RetryDelay
 from corral.shared.errors import Conflict
 from corral.shared.states import InvalidTransition
 
 NOW = 1_800_000_000.0
 POLICY = lifecycle.Policy(max_node_losses=3, job_timeout_secs=3600, output_tail_bytes=8,
-                          backoff=Backoff(2.0, 2.0, 300.0))
+                          backoff=RetryDelay(2.0, 2.0, 300.0))
 
 
 @dataclass(frozen=True)

@@ -387,8 +387,8 @@ def test_a_retry_waits_out_its_backoff(database_url, clock):
 
 
 def test_backoff_ceiling_grows_and_is_capped():
-    from corral.scheduler.retry import Backoff
-    backoff = Backoff(base_secs=2, factor=3, cap_secs=50)
+    from corral.scheduler.retry import RetryDelay
+    backoff = RetryDelay(base_secs=2, factor=3, cap_secs=50)
     assert [backoff.ceiling(n) for n in range(5)] == [2, 6, 18, 50, 50]
     assert backoff.ceiling(10**6) == 50
     import random
