@@ -1,0 +1,3 @@
+"""The registry's routes, one module per resource (nodes, services, Prometheus
+discovery), each route declared once with its access rule and OpenAPI operation
+(control-plane/server/routes.py)."""
