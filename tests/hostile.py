@@ -108,7 +108,7 @@ def scheduler(tmp_path) -> Service:
     settings = SchedulerSettings(database_url=f"sqlite:///{db_path}", long_poll_max_waiters=4,
                                  events_stream_max_secs=0.0, registry_url=f"http://127.0.0.1:{served.server_port}")
     app = create_scheduler(settings, clock=lambda: NOW)
-    app.extensions["corral.store"].sync_nodes(
+    app.extensions["corral.store"].nodes.sync_nodes(
         [{"node_id": "node-1", "address": "10.0.0.1", "kind": "compute", "slots": 1, "status": "healthy"}], NOW)
     client = app.test_client()
     for command in ("sleep 1000", "true"):

@@ -26,7 +26,7 @@ def set_nodes(store, clock, *nodes, slots=4):
         node_id, status = (node, "healthy") if isinstance(node, str) else node
         listed.append({"node_id": node_id, "address": "127.0.0.1", "kind": "compute",
                        "slots": slots, "status": status})
-    store.sync_nodes(listed, clock())
+    store.nodes.sync_nodes(listed, clock())
     Scheduler(store).place(clock())  # what the background pass does after a refresh
 
 

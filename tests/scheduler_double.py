@@ -101,8 +101,8 @@ class SchedulerDouble:
         self.riding_claims: list[dict] = []
         self.batches: list[list] = []
         with self.store.db.connection_context():
-            self.store.sync_nodes([{"node_id": node_id, "address": "127.0.0.1", "kind": "compute",
-                                    "slots": slots, "status": "healthy"}], time.time())
+            self.store.nodes.sync_nodes([{"node_id": node_id, "address": "127.0.0.1", "kind": "compute",
+                                          "slots": slots, "status": "healthy"}], time.time())
         base = re.escape(url)
         api.add_callback(responses.GET, re.compile(base + r"/jobs(\?.*)?$"), callback=self._forward)
         api.add_callback(responses.POST, re.compile(base + r"/jobs/output$"), callback=self._forward)
@@ -173,7 +173,7 @@ class SchedulerDouble:
         self.cancel(job_id)
         self.call("POST", "/jobs", {"command": "true", "instance_id": "nowhere"}, 201)
         with self.store.db.connection_context():
-            assert self.store.purge_finished(time.time() + 1, 1000) == 1
+            assert self.store.purge.finished(time.time() + 1, 1000) == 1
         self.call("GET", f"/jobs/{job_id}", expect=404)
 
     def lose_node(self) -> list[str]:
@@ -182,7 +182,7 @@ class SchedulerDouble:
         are requeued (or failed), then placed again."""
         later = time.time() + self.settings.heartbeat_timeout_secs + self.settings.node_lost_grace_secs + 1
         with self.store.db.connection_context():
-            lost = self.store.requeue_lost(later, watching_since=0.0)
+            lost = self.store.leases.requeue_lost(later, watching_since=0.0)
             Scheduler(self.store).place(time.time())
         return lost
 

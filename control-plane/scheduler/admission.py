@@ -1,7 +1,7 @@
 """The cluster-wide bound on pending jobs (MAX_PENDING_JOBS): whether a request that
 creates n new jobs may store them.
 
-Every path that creates jobs asks (Store.submit, submit_batch, submit_array: POST
+Every path that creates jobs asks (Submits.submit, submit_batch, submit_array: POST
 /jobs, POST /jobs/batch, arrays, SQS messages, schedule runs), after its idempotency
 key was looked up (a repeat creates nothing, so it is never refused) and before it
 writes. A retry or a requeue of a job that exists creates none and never asks.

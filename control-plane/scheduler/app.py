@@ -161,17 +161,17 @@ def wait_room(settings: SchedulerSettings, feed: ChangeFeed, store_of: Callable[
         store = store_of()
         mark: object
         with store.db.connection_context():
-            if store.marks_placements:
-                mark = store.placement_mark()
+            if store.marks.marks_placements:
+                mark = store.marks.placement_mark()
                 if mark == seen["mark"]:
                     return set()
             elif recheck:
-                mark = store.event_mark()
+                mark = store.marks.event_mark()
                 if mark == seen["mark"] and time.monotonic() - seen["at"] < FULL_LOOK_SECS:
                     return set()
             else:
                 mark = seen["mark"]
-            ready = store.nodes_with_work(node_ids)
+            ready = store.claims.nodes_with_work(node_ids)
             seen.update(mark=mark, at=time.monotonic())
             return ready
 
@@ -232,7 +232,8 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
 
     @app.get("/stats")
     def stats():
-        return respond(views.stats(store.job_counts(), store.counters(), settings, *store.outbox_backlog(clock())))
+        return respond(views.stats(store.stats.job_counts(), store.stats.counters(), settings,
+                                   *store.outbox.backlog(clock())))
 
     @app.get("/stats/history")
     def stats_history():
@@ -243,7 +244,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
 
     @app.get("/nodes")
     def list_nodes():
-        return respond([views.node(*row) for row in store.nodes_and_slots()], of=list[contract.SchedulerNode])
+        return respond([views.node(*row) for row in store.nodes.nodes_and_slots()], of=list[contract.SchedulerNode])
 
     def traced(source: str) -> dict:
         """The trace columns of this request's jobs, from its traceparent and tracestate
@@ -307,7 +308,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     def live_output():
         items = validation.output_batch(read_json_object())
         require_items_node(items)
-        return respond(contract.OutputResults.model_validate({"results": store.store_output(items)}))
+        return respond(contract.OutputResults.model_validate({"results": store.output.store(items)}))
 
     @app.post("/nodes/<node_id>/claim")
     def claim(node_id):
@@ -332,17 +333,17 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
             return respond(views.array_created(array, first, last), 201 if created else 200)
         job, created = scheduler.submit(fields, clock(), key)
         submitted(created, job_id=job.job_id, job_count=1)
-        metrics.submitted(store.db, "api", int(created))  # committed: store.submit has returned
+        metrics.submitted(store.db, "api", int(created))  # committed: store.submits.submit has returned
         return respond(job_view(job), 201 if created else 200)
 
     @app.get("/arrays/<array_id>")
     def read_array(array_id):
-        return respond(views.array_summary(*store.array(array_id)))
+        return respond(views.array_summary(*store.jobs.array(array_id)))
 
     @app.post("/arrays/<array_id>/cancel")
     def cancel_array(array_id):
         scheduler.cancel_array(array_id, clock())
-        return respond(views.array_summary(*store.array(array_id)))
+        return respond(views.array_summary(*store.jobs.array(array_id)))
 
     schedules = Schedules(store)
 
@@ -379,21 +380,21 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
 
     @app.get("/concurrency")
     def list_concurrency():
-        return respond([views.concurrency(*row) for row in store.concurrency_limits()],
+        return respond([views.concurrency(*row) for row in store.limits.concurrency_limits()],
                        of=list[contract.ConcurrencyLimitAnswer])
 
     @app.put("/concurrency/<key>")
     def set_concurrency(key):
         key = validation.concurrency_key(key)
         limit = contract.ConcurrencyLimitRequest.check(read_json_object()).limit
-        store.set_concurrency_limit(key, limit)
+        store.limits.set_concurrency_limit(key, limit)
         scheduler.limits_changed(clock())
-        return respond(views.concurrency(*store.concurrency_limits(key)[0]))
+        return respond(views.concurrency(*store.limits.concurrency_limits(key)[0]))
 
     @app.delete("/concurrency/<key>")
     def remove_concurrency(key):
         key = validation.concurrency_key(key)
-        store.remove_concurrency_limit(key)
+        store.limits.remove_concurrency_limit(key)
         scheduler.limits_changed(clock())
         return app.response_class(status=204)
 
@@ -413,11 +414,11 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
                 raise BadRequest("query parameter 'after' must be a job id such as job-42")
         if (node_id and status == "pending" and job_type is None and pending_reason is None and after is None
                 and not newest_first and not any(value is not None for value in filters.values())):
-            jobs = store.pending_for_agent(node_id, limit)  # the agents' poll: at most its free slots
+            jobs = store.jobs.pending_for_agent(node_id, limit)  # the agents' poll: at most its free slots
         else:
-            jobs = store.iter_jobs(node_id=node_id, status=status, job_type=job_type, after=after,
-                                   limit=limit, newest_first=newest_first, pending_reason=pending_reason,
-                                   now=clock(), **filters)
+            jobs = store.jobs.iter_jobs(node_id=node_id, status=status, job_type=job_type, after=after,
+                                        limit=limit, newest_first=newest_first, pending_reason=pending_reason,
+                                        now=clock(), **filters)
         view = agent_view if auth.calling_node() is not None else job_view
         page = pages.cut(((j.job_id, encode(view(j))) for j in jobs), limit,
                          settings.page_max_bytes)
@@ -438,11 +439,11 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
 
     @app.get("/jobs/<job_id>")
     def read_job(job_id):
-        return respond(job_view(store.get(job_id)))
+        return respond(job_view(store.jobs.get(job_id)))
 
     @app.get("/jobs/<job_id>/why")
     def why_it_waits(job_id):
-        job, closest = store.why(job_id)
+        job, closest = store.placing.why(job_id)
         view = job_view(job)
         return respond(contract.WhyItWaits.model_validate({
             "job_id": job.job_id, "pending_reason": view.pending_reason, "closest_nodes": closest}))
@@ -469,7 +470,8 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
             raise BadRequest("the node id must be letters, digits, '.', '_' or '-' (at most 128)")
         renewal = contract.LeaseRenewal.check(read_json_object() if request_body().strip() else {})
         usage = renewal.usage
-        running = store.renew_lease(node_id, clock(), None if usage is None else (usage.memory_mb, usage.cpu_percent))
+        running = store.leases.renew_lease(node_id, clock(),
+                                           None if usage is None else (usage.memory_mb, usage.cpu_percent))
         return respond(views.lease(node_id, settings.heartbeat_timeout_secs, running))
 
     @app.post("/jobs/<job_id>/retry")
@@ -478,7 +480,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
 
     @app.get("/jobs/<job_id>/events")
     def job_events(job_id):
-        return respond([views.event(e) for e in store.events(job_id)], of=list[contract.JobEvent])
+        return respond([views.event(e) for e in store.jobs.events(job_id)], of=list[contract.JobEvent])
 
     event_log = EventLog(store.db)
     stream_timing = event_stream.Timing(settings.events_keepalive_secs, settings.events_stream_max_secs,

@@ -299,7 +299,7 @@ class JobRequest(Request):
             "on_node_lost": self.on_node_lost or "requeue", "timeout_secs": self.timeout_secs,
             "constraints": [c.column() for c in self.constraints] if self.constraints else None,
             "pool": self.pool, "priority": 50 if self.priority is None else self.priority,
-            # When it may start: resolved against the clock when stored (Store.submit).
+            # When it may start: resolved against the clock when stored (store/new_jobs.py).
             "run_at": None if self.run_at is None else parse_run_at(self.run_at, time.time()),
             "delay_secs": self.delay_secs,
             "depends_on": [d.column() for d in self.depends_on] if self.depends_on else None,

@@ -4,7 +4,7 @@ The registry keeps the operator's drain flag, and the scheduler copies it with t
 node list every NODE_REFRESH_SECS; a drain said to the registry alone is seen by
 placement at the next refresh. Through the scheduler the flag is written to the
 registry first (nothing changes when that fails) and then to the scheduler's own
-node row under the node's placement lock (Store.set_drained), so no placement that
+node row under the node's placement lock (Nodes.set_drained), so no placement that
 starts after the answer, on any worker or replica, puts work on the node."""
 from corral.shared.clients import ClientError, Rejected, RegistryClient
 from corral.shared.errors import BadRequest, NotFound, Unavailable
@@ -30,5 +30,5 @@ def set_drained(store: Store, registry: RegistryClient, node_id: str, drained: b
                           "nothing was changed") from None
     except ClientError as exc:
         raise Unavailable(f"the registry did not answer the {action} ({exc}); nothing was changed") from None
-    store.set_drained(node_id, drained, now)
+    store.nodes.set_drained(node_id, drained, now)
     return {"node_id": node_id, "drained": drained}

@@ -286,7 +286,7 @@ class JobLogs:
     # ---- retention ---------------------------------------------------------------
 
     def delete_objects(self, keys: list[str]) -> int:
-        """Delete the S3 objects of purged jobs' chunks (Store.purge_finished's keys)."""
+        """Delete the S3 objects of purged jobs' chunks (Purge.finished's keys)."""
         return self.objects.delete(keys) if self.objects is not None and keys else 0
 
     @staticmethod

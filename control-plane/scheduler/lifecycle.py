@@ -1,7 +1,7 @@
 """Every decision about a job's state, in one pure module.
 
 The store reads a job, asks this module what an event does to it, and applies
-the answer in one write (`Store._apply`): a compare-and-set on the job's
+the answer in one write (store/transitions.py): a compare-and-set on the job's
 status and attempt, its event row, its notification. Nothing here touches the
 database, the clock or the network: the job, the event, the policy and `now`
 come in, a `Transition` (or a refusal) goes out.
@@ -45,7 +45,9 @@ class JobFacts(Protocol):
     """What the lifecycle reads of a job: a row of the store's Job model, or a
     test's stand-in."""
 
-    job_id: str
+    @property
+    def job_id(self) -> str: ...  # read-only: the model derives it from the row id
+
     job_type: str
     status: str
     attempt: int

@@ -1,10 +1,10 @@
 """Long-poll claims (`POST /nodes/{node_id}/claim`): the waiting room of one server process.
 
-A claim first tries at once (Store.claim: one short write transaction). When
+A claim first tries at once (Claims.take_placed: one short write transaction). When
 nothing is claimable and the agent asked to wait, the request thread enters the
 process's `WaitRoom` and sleeps WITHOUT a database connection until it is poked:
 
-- by a commit in this process that placed a job on its node: `Store.dispatch`
+- by a commit in this process that placed a job on its node: `Placing.dispatch`
   registers an after-commit callback that calls `poke(node_ids)`;
 - by the process's change feed (control-plane/server/changefeed.py), which reports every commit anywhere
   (another worker, another replica, the background loop). When the feed says

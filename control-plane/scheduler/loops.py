@@ -8,9 +8,9 @@ lease row decides which one does the work. One pass:
 - unplaces pending jobs of nodes that turned unhealthy;
 - requeues running jobs of nodes whose agent stopped renewing its lease;
 - fails `run` jobs past their timeout_secs or JOB_TIMEOUT_SECS (every TIMEOUT_CHECK_SECS);
-- decides the dependencies a job's end missed (Store.settle_missed);
+- decides the dependencies a job's end missed (Dependents.settle_missed);
 - places waiting jobs (the node list changed, slots freed, retries came due),
-  and keeps the reasons of the jobs at the head of the queue (Store.explain);
+  and keeps the reasons of the jobs at the head of the queue (Placing.explain);
 - deletes finished jobs older than JOB_RETENTION_SECS with their events, at most
   JOB_PURGE_BATCH per pass (one short transaction), every PURGE_INTERVAL_SECS
   or on the next pass while a backlog remains; and so the event stream's events
@@ -92,16 +92,16 @@ class Background:
         if now >= self.next_sync:
             self.next_sync = now + self.settings.node_refresh_secs
             self.refresh_nodes(now)
-        for job_id in self.store.requeue_lost(now, self.tenure.since):
+        for job_id in self.store.leases.requeue_lost(now, self.tenure.since):
             log.warning("%s: its node stopped renewing its lease; handled per on_node_lost", job_id)
         if now >= self.next_timeout_check:
             self.next_timeout_check = now + self.settings.timeout_check_secs
-            for job_id in self.store.fail_timed_out(now):
+            for job_id in self.store.actions.fail_timed_out(now):
                 log.warning("%s ran past its timeout; failed", job_id)
-        self.store.settle_missed(now)
+        self.store.dependents.settle_missed(now)
         # Placement: the node list changed, slots freed, retries came due.
         self.scheduler.place(now)
-        self.store.explain(now)
+        self.store.placing.explain(now)
         self.purge(now)
         self.prune_events(now)
         return True
@@ -113,7 +113,7 @@ class Background:
         interval = self.settings.dispatch_interval_secs
         if self.tenure.token is None:
             return interval  # another process runs the passes
-        due = self.store.next_due(now)
+        due = self.store.snapshot.next_due(now)
         return interval if due is None else max(0.0, min(interval, due - now))
 
     def purge(self, now: float) -> int:
@@ -123,7 +123,7 @@ class Background:
             return 0
         batch = self.settings.job_purge_batch
         gone_objects: list[str] = []
-        purged = self.store.purge_finished(now - retention, batch, gone_objects)
+        purged = self.store.purge.finished(now - retention, batch, gone_objects)
         self.logs.delete_objects(gone_objects)  # after the commit: a row never names a deleted object
         # A full chunk means more are waiting: the next pass goes on; else wait a while.
         self.next_purge = now if purged >= batch else now + PURGE_INTERVAL_SECS
@@ -141,7 +141,7 @@ class Background:
         return pruned
 
     def refresh_nodes(self, now: float) -> None:
-        seen_drains = self.store.drain_count()  # before the list: a drain after it stays (sync_nodes)
+        seen_drains = self.store.nodes.drain_count()  # before the list: a drain after it stays (sync_nodes)
         try:
             nodes = self.registry.list_nodes(kind="compute")
         except ClientError as exc:
@@ -152,7 +152,7 @@ class Background:
         if self.registry_down_since is not None:
             log.info("registry reachable again after %.0fs", now - self.registry_down_since)
             self.registry_down_since = None
-        self.store.sync_nodes(nodes, now, seen_drains)
+        self.store.nodes.sync_nodes(nodes, now, seen_drains)
         for message in over_cap(nodes, self.settings.max_jobs_per_node, self.capped_nodes):
             log.warning("%s", message)
 

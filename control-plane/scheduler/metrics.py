@@ -98,7 +98,7 @@ def submitted(db, source: str, count: int = 1) -> None:
 
 
 def moved(db, job: Job, new: str, now: float, changes: dict) -> None:
-    """`job` (as it was before) moves to `new` with `changes` (Store._apply_all), on commit."""
+    """`job` (as it was before) moves to `new` with `changes` (store/status_writer.py), on commit."""
     old = job.status
     if new == "running":
         started(db, [job], now)
@@ -205,7 +205,7 @@ def scrape(store, clock=time.time) -> list:
                               "refreshed from the registry.", (), {(): max(0.0, now - newest)}))
     families += _schedule_gauges(now)
     if store.settings.sns_topic_arn:
-        pending, oldest_age = store.outbox_backlog(now)
+        pending, oldest_age = store.outbox.backlog(now)
         families.append(gauge("corral_sns_pending", "Notifications in the outbox not yet published.", (),
                               {(): pending}))
         families.append(gauge("corral_sns_oldest_pending_age_seconds", "Age of the oldest unpublished "

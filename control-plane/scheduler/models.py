@@ -134,7 +134,7 @@ class Node(BaseModel):
     drained = peewee.BooleanField(default=False)      # the registry's flag (status is then `drained`
                                                       # while the node is healthy), shown by GET /nodes
     drain_seq = peewee.BigIntegerField(null=True)     # the `node_drains` count of its last drain or
-                                                      # undrain through the scheduler (Store.set_drained)
+                                                      # undrain through the scheduler (Nodes.set_drained)
     last_heartbeat = peewee.DoubleField(null=True)   # as the registry last saw it
     refusing_work = peewee.TextField(null=True)       # why its agent takes no new work (short of disk
                                                       # space), as its last heartbeat said; null: it does
@@ -319,7 +319,7 @@ class LogChunk(BaseModel):
     or in S3 under `object_key` (CORRAL_LOG_BUCKET)."""
 
     id = peewee.BigAutoField()
-    job_id = peewee.BigIntegerField()   # the job's row id; deleted with it (Store.purge_finished)
+    job_id = peewee.BigIntegerField()   # the job's row id; deleted with it (Purge.finished)
     attempt = peewee.IntegerField()
     stream = peewee.CharField(max_length=8)  # stdout or stderr
     seq = peewee.IntegerField()

@@ -63,7 +63,7 @@ class Sampler:
                 return max(0.0, previous + self.interval - now)
             start, end = samples.window(previous, now, self.interval)
             data = samples.sample(finished(start, end), pending_and_running(), dispatch_waits(start, end),
-                                  [views.node(*row) for row in self.store.nodes_and_slots()])
+                                  [views.node(*row) for row in self.store.nodes.nodes_and_slots()])
             # To the millisecond, as the answer's ISO times are: `since=` that time excludes it.
             at = round(now, 3)
             StatsSample.insert(at=at, since=previous if previous is not None else at - self.interval,

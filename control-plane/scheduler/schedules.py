@@ -211,7 +211,7 @@ class Schedules:
             run["skipped"] = f"overlap: skip: {previous.job_id} was still {previous.status}"
             return run, None, False
         if previous is not None and action == "cancel_previous":
-            self.store.cancel(previous.job_id, now)
+            self.store.actions.cancel(previous.job_id, now)
         span: Span = INVALID_SPAN
         try:
             # Each run is the root of a trace of its own (no request came with one).
@@ -220,7 +220,7 @@ class Schedules:
                           **tracecontext.job_fields(got))
             span = spans.submit(got, fields, "schedule", kind=tracing.INTERNAL,
                                 attributes={"corral.schedule": schedule.name})
-            job, created = self.store.submit(fields, now, idempotency_key=run_key(schedule.id, slot))
+            job, created = self.store.submits.submit(fields, now, idempotency_key=run_key(schedule.id, slot))
             spans.submitted(span, created, {"corral.job_id": job.job_id, "corral.job_count": 1})
             tracing.end(span)
         except CorralError as exc:

@@ -6,7 +6,7 @@ never hidden inside a write.
 
     submit ─┐
     report ─┤                       ┌─ placement.plan (pure) over the snapshot
-    cancel ─┼─ store (lifecycle) ──▶ Store.dispatch ──▶ waiting claims wake (on commit)
+    cancel ─┼─ store (lifecycle) ──▶ store.placing.dispatch ──▶ waiting claims wake (on commit)
     retry  ─┤
     claim  ─┘ (a free slot of the claiming node is filled first, then taken)
 
@@ -112,7 +112,7 @@ class Scheduler:
             # work there). None: nothing to place into, and a slot freed later is
             # filled by the placement of whoever frees it, which reads the queue after
             # that commit and so sees this write.
-            nodes = self.store.open_nodes()
+            nodes = self.store.snapshot.open_nodes()
             if not nodes:
                 return result, nothing
         try:
@@ -127,31 +127,32 @@ class Scheduler:
         idempotency key creates none); then the jobs placed (_write_then_place)."""
         # Any count MAX_PENDING_JOBS needs is made now, not under the write lock (SQLite).
         self.store.admission.refresh()
-        return self._write_then_place(add, lambda result: self.store.dispatch(now, first_only=True), 0,
+        return self._write_then_place(add, lambda result: self.store.placing.dispatch(now, first_only=True), 0,
                                       scope=lambda result: None if result[1] else set(), new_work=True)
 
     def submit(self, fields: dict, now: float, idempotency_key: str | None = None) -> tuple[Job, bool]:
         """A new job, placed when a node has room. With an idempotency key, a repeat of
         the same request answers the job it created first (and False)."""
-        (job, created), placed = self._add_then_place(lambda: self.store.submit(fields, now, idempotency_key), now)
-        return (self.store.get(job.job_id) if placed else job), created
+        (job, created), placed = self._add_then_place(
+            lambda: self.store.submits.submit(fields, now, idempotency_key), now)
+        return (self.store.jobs.get(job.job_id) if placed else job), created
 
     def submit_batch(self, items: list[dict], now: float, idempotency_key: str | None = None
                      ) -> tuple[list[Job], bool]:
         """Many jobs in one transaction (all or nothing), then placed."""
         (jobs, created), placed = self._add_then_place(
-            lambda: self.store.submit_batch(items, now, idempotency_key), now)
+            lambda: self.store.submits.submit_batch(items, now, idempotency_key), now)
         # Read back after the commit (outside the lock): with a key, every job (of those an
         # earlier copy of the batch created, the store read only the ids), else the placed ones.
         if idempotency_key:
-            return self.store.reload(jobs), created
-        return (self.store.with_placements(jobs) if placed else jobs), created
+            return self.store.jobs.reload(jobs), created
+        return (self.store.jobs.with_placements(jobs) if placed else jobs), created
 
     def submit_array(self, fields: dict, now: float, idempotency_key: str | None = None):
-        """An array of jobs (Store.submit_array), placed as far as nodes have room and
+        """An array of jobs (Submits.submit_array), placed as far as nodes have room and
         its `parallel` allows."""
         def add():
-            array, first, last, created = self.store.submit_array(fields, now, idempotency_key)
+            array, first, last, created = self.store.submits.submit_array(fields, now, idempotency_key)
             return (array, first, last), created
         (result, created), _ = self._add_then_place(add, now)
         return (*result, created)
@@ -159,9 +160,9 @@ class Scheduler:
     def cancel_array(self, array_id: str, now: float) -> None:
         """Cancel what has not finished of an array; the slots it held go to waiting work."""
         with self.placing():
-            freed = self.store.cancel_array(array_id, now)
+            freed = self.store.actions.cancel_array(array_id, now)
             if freed:
-                self.store.dispatch(now, freed)
+                self.store.placing.dispatch(now, freed)
 
     def limits_changed(self, now: float) -> int:
         """A concurrency limit was set or raised: place what it held back."""
@@ -173,10 +174,10 @@ class Scheduler:
             return _offered_work([(report["node_id"], job.status)])
 
         job, placed = self._write_then_place(
-            lambda: self.store.report(job_id, report, now),
-            lambda job: self.store.dispatch(now, offered(job)), 0, scope=offered)
+            lambda: self.store.reports.report(job_id, report, now),
+            lambda job: self.store.placing.dispatch(now, offered(job)), 0, scope=offered)
         if placed and job.status == "pending":
-            job = self.store.get(job_id)  # requeued: placement may have moved it since
+            job = self.store.jobs.get(job_id)  # requeued: placement may have moved it since
         return job
 
     def report_batch(self, items: list, now: float, claim: tuple[str, dict] | None = None
@@ -195,25 +196,25 @@ class Scheduler:
         def place_and_claim(results: list[dict]) -> list[Job]:
             nodes = offered(results)
             if nodes is None or nodes:
-                self.store.dispatch(now, nodes)
+                self.store.placing.dispatch(now, nodes)
             if claim is None:
                 return []
             # The claiming node's free slots were just offered the waiting work: no second look.
             return self._claim(claim[0], claim[1], now, offered=nodes is None or claim[0] in nodes)
 
-        return self._write_then_place(lambda: self.store.apply_reports(items, now), place_and_claim, [],
+        return self._write_then_place(lambda: self.store.reports.apply_reports(items, now), place_and_claim, [],
                                       scope=scope, only_places=claim is None,
                                       scope_ahead=_reported_nodes(items, claim))
 
     def claim(self, node_id: str, request: dict, now: float, poked: bool = False) -> list[Job]:
-        """Take up to request['max'] jobs placed on the node (see Store.take_placed). A
+        """Take up to request['max'] jobs placed on the node (see Claims.take_placed). A
         claim that can take nothing writes nothing (no write transaction), as read
         first; but `poked`, a waiting claim that work placed on its node woke, skips that
         read where writers do not wait for each other (PostgreSQL): it almost always
         finds the work, and the read is a round trip on the dispatch path. (On SQLite
         a write transaction that finds nothing, the node's report-riding claim having
         taken it first, would hold up every other writer.)"""
-        if not (poked and not one_writer(self.store.db)) and not self.store.may_claim(node_id, now):
+        if not (poked and not one_writer(self.store.db)) and not self.store.claims.may_claim(node_id, now):
             return []  # nothing placed here and nothing to place
         with self.store.db.atomic():
             return self._claim(node_id, request, now)
@@ -221,38 +222,38 @@ class Scheduler:
     def _claim(self, node_id: str, request: dict, now: float, offered: bool = False) -> list[Job]:
         """The claim in the current transaction. `offered`: this transaction already offered
         the node's free slots the waiting work (what is left does not fit or is not due)."""
-        free, fill_first = self.store.claim_room(node_id, request, now)
+        free, fill_first = self.store.claims.claim_room(node_id, request, now)
         if free <= 0:
             return []
         if fill_first and not offered:
-            self.store.dispatch(now, [node_id])  # a slot is free here and work waits unplaced
-        return self.store.take_placed(node_id, request, free, now)
+            self.store.placing.dispatch(now, [node_id])  # a slot is free here and work waits unplaced
+        return self.store.claims.take_placed(node_id, request, free, now)
 
     def cancel(self, job_id: str, now: float) -> Job:
         """Cancel a pending or running job (its agent ends a running one); its slot is free."""
         with self.placing():
-            job = self.store.cancel(job_id, now)
+            job = self.store.actions.cancel(job_id, now)
             if job.node_id is not None:  # it held a slot there
-                self.store.dispatch(now, [job.node_id])
-        return self.store.get(job_id)
+                self.store.placing.dispatch(now, [job.node_id])
+        return self.store.jobs.get(job_id)
 
     def retry(self, job_id: str, now: float) -> Job:
         """An operator's retry of a failed job, placed when a node has room."""
         with self.placing():
-            self.store.retry(job_id, now)
-            self.store.dispatch(now)
-        return self.store.get(job_id)
+            self.store.actions.retry(job_id, now)
+            self.store.placing.dispatch(now)
+        return self.store.jobs.get(job_id)
 
     def place(self, now: float) -> int:
         """Placement on its own (the background pass: node changes, due retries), on
         the nodes that have a free slot (locked: the others' placements go on)."""
-        if not self.store.unplaced_due(now):
+        if not self.store.claims.unplaced_due(now):
             return 0  # nothing waits: no node list read, no lock taken
-        nodes = self.store.open_nodes()
+        nodes = self.store.snapshot.open_nodes()
         if not nodes:
             return 0
         with self.placing(only_places=True, nodes=nodes, skip_busy=True):
-            return self.store.dispatch(now, deep=True)
+            return self.store.placing.dispatch(now, deep=True)
 
 
 def _reported_nodes(items: list, claim: tuple[str, dict] | None) -> set[str] | None:

@@ -1,8 +1,9 @@
 """SNS notifications of final job states, through a transactional outbox.
 
-`Store._apply_all` writes a row to `sns_outbox` in the same transaction as a
-job's move to `done`, `failed` (final: retries exhausted, timed out, node lost
-with on_node_lost=fail) or `cancelled`, when SNS_TOPIC_ARN is set. The
+The store's status writer (store/status_writer.py) writes a row to `sns_outbox` in
+the same transaction as a job's move to `done`, `failed` (final: retries exhausted,
+timed out, node lost with on_node_lost=fail) or `cancelled`, when SNS_TOPIC_ARN is
+set. The
 `Publisher` loop, behind its own lease so one process across workers and
 replicas runs it, publishes pending rows oldest first with PublishBatch and
 marks them published only after SNS accepted them.
@@ -84,14 +85,14 @@ class Publisher:
             self.check_backlog(now)
         if now >= self.next_purge:
             self.next_purge = now + 3600.0
-            purged = self.store.outbox_purge(now - self.settings.sns_retention_secs)
+            purged = self.store.outbox.purge(now - self.settings.sns_retention_secs)
             if purged:
                 log.info("deleted %d published notifications older than SNS_RETENTION_SECS", purged)
         return self.publish_batch(now)
 
     def publish_batch(self, now: float) -> float:
         """Publish the oldest pending notifications (one PublishBatch call)."""
-        rows = self.store.outbox_pending(self.settings.sns_publish_batch)
+        rows = self.store.outbox.pending(self.settings.sns_publish_batch)
         if not rows:
             return self.settings.sns_poll_interval_secs
         entries = [publish_entry(row.id, row.message, self.fifo) for row in rows]
@@ -102,13 +103,13 @@ class Publisher:
                                                PublishBatchRequestEntries=entries)
         except aws_clients.AWS_ERRORS as exc:
             text = aws_clients.error_text(exc)
-            self.store.outbox_failed({row.id: text for row in rows})
+            self.store.outbox.failed({row.id: text for row in rows})
             return self.failed(text, len(rows))
         published = [int(ok["Id"]) for ok in answer.get("Successful", [])]
-        self.store.outbox_published(published, now)
+        self.store.outbox.published(published, now)
         refused = {int(bad["Id"]): f"{bad.get('Code')}: {bad.get('Message', '')}" for bad in answer.get("Failed", [])}
         if refused:
-            self.store.outbox_failed(refused)
+            self.store.outbox.failed(refused)
             for row_id, text in refused.items():
                 log.error("SNS refused notification %s (outbox row %d): %s; it stays pending",
                           next(r.message["event_id"] for r in rows if r.id == row_id), row_id, text)
@@ -128,7 +129,7 @@ class Publisher:
 
     def check_backlog(self, now: float) -> tuple[int, float | None]:
         """Warn when the oldest waiting notification is older than SNS_BACKLOG_WARN_SECS."""
-        pending, oldest_age = self.store.outbox_backlog(now)
+        pending, oldest_age = self.store.outbox.backlog(now)
         if oldest_age is not None and oldest_age >= self.settings.sns_backlog_warn_secs:
             log.warning("SNS outbox backlog: %d notifications waiting, the oldest for %.0fs "
                         "(see GET /stats; SNS_TOPIC_ARN=%s)", pending, oldest_age, self.settings.sns_topic_arn)

@@ -338,7 +338,7 @@ class Intake:
     def count(self, **counts: int) -> None:
         metrics.sqs_counted(counts)  # Prometheus first: it needs no database
         try:
-            self.store.bump(**counts)
+            self.store.stats.bump(**counts)
         except peewee.PeeweeException as exc:  # only statistics: never worth a redelivery
             log.warning("could not update the SQS counters: %s", exc)
 

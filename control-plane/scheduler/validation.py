@@ -189,7 +189,7 @@ def request_hash(fields: dict) -> str:
 
 def job_filters(args) -> dict:
     """GET /jobs's filters on what a job is (its query parameters `name`, `schedule`,
-    `array`, `created_after`, `created_before`), as Store.iter_jobs takes them; those
+    `array`, `created_after`, `created_before`), as Jobs.iter_jobs takes them; those
     not given are None. A bad value: BadRequest naming the parameter."""
     name, schedule, array = (args.get(key) or None for key in ("name", "schedule", "array"))
     if name is not None and (len(name) > 128 or not v.NAME_RE.match(name)):

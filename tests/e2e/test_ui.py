@@ -100,7 +100,7 @@ def test_nodes_show_health_drain_slots_used_and_last_heartbeat(tmp_path):
                      clock=lambda: now)
     client, store = app.test_client(), app.extensions["corral.store"]
     beat = "2027-01-15T08:00:00.250Z"
-    store.sync_nodes([
+    store.nodes.sync_nodes([
         {"node_id": "ui-a", "address": "10.0.0.1", "kind": "compute", "slots": 4, "status": "healthy",
          "drained": False, "last_heartbeat": beat},
         {"node_id": "ui-b", "address": "10.0.0.2", "kind": "compute", "slots": 1, "status": "healthy",

@@ -22,7 +22,7 @@ def test_an_array_is_count_jobs_with_their_index_and_at_most_parallel_at_once(cl
                                              for i in range(50)]
     assert [(j["array_id"], j["array_index"]) for j in jobs] == [(array["array_id"], i) for i in range(50)]
     assert len(placed(client)) == 3
-    store.explain(clock())
+    store.placing.explain(clock())
     waiting = client.get(f"/jobs/job-{first + 3}").json["pending_reason"]
     assert waiting == {"code": "array_throttle", "message": "3 of its array's jobs are placed or running "
                        "(parallel 3)", "array_id": array["array_id"], "parallel": 3, "active": 3}
@@ -67,7 +67,7 @@ def test_a_concurrency_key_limits_jobs_across_nodes(client, store, clock):
     assert [j["node_id"] is not None for j in jobs] == [True, False, False] and other["node_id"] is not None
     assert {j["concurrency_key"] for j in jobs} == {"migrations"} and other["array_id"] is None
     assert client.get("/concurrency").json == [{"key": "migrations", "limit": 1, "active": 1}]
-    store.explain(clock())
+    store.placing.explain(clock())
     assert client.get(f"/jobs/{jobs[1]['job_id']}").json["pending_reason"]["code"] == "concurrency_limit"
     end_attempt(client, jobs[0]["job_id"])
     assert [client.get(f"/jobs/{j['job_id']}").json["node_id"] is not None for j in jobs[1:]] == [True, False]

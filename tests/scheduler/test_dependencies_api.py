@@ -143,7 +143,7 @@ def test_the_background_pass_settles_a_condition_a_concurrent_end_missed(client,
     b = submit(client, command="b", depends_on=[{"job_id": a["job_id"]}])
     Job.update(status="done", finished_at=clock()).where(Job.id == int(a["job_id"][4:])).execute()  # unseen
     assert client.get(f"/jobs/{b['job_id']}").json["pending_reason"]["code"] == "dependency"
-    assert store.settle_missed(clock()) == 1
-    assert store.settle_missed(clock()) == 0
+    assert store.dependents.settle_missed(clock()) == 1
+    assert store.dependents.settle_missed(clock()) == 0
     place(store, clock)
     assert state(client, b["job_id"]) == ("pending", True)

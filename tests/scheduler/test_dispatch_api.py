@@ -123,7 +123,7 @@ def test_a_claim_that_takes_nothing_writes_nothing_and_a_lost_answer_is_requeued
     assert claim(client, "n1") == []      # later empty claims do not keep the lease alive
     settings = store.settings
     clock.now = taken_at + settings.heartbeat_timeout_secs + settings.node_lost_grace_secs + 1
-    assert store.requeue_lost(clock.now, watching_since=taken_at - 100) == [job["job_id"]]
+    assert store.leases.requeue_lost(clock.now, watching_since=taken_at - 100) == [job["job_id"]]
     assert client.get(f"/jobs/{job['job_id']}").json["status"] == "pending"
 
 
@@ -191,8 +191,8 @@ def test_a_poked_claim_reads_nothing_before_its_transaction_where_writers_do_not
     client, store = app.test_client(), app.extensions["corral.store"]
     set_nodes(store, clock, "n1")
     reads = []
-    may_claim = type(store).may_claim
-    monkeypatch.setattr(type(store), "may_claim", lambda self, node_id, now: reads.append(node_id)
+    may_claim = type(store.claims).may_claim
+    monkeypatch.setattr(type(store.claims), "may_claim", lambda self, node_id, now: reads.append(node_id)
                         or may_claim(self, node_id, now))
     answer = []
     waiting = threading.Thread(target=lambda: answer.append(app.test_client().post(
@@ -351,8 +351,8 @@ def test_bad_batch_bodies_are_400(client, body):
 
 
 def test_a_batch_over_a_nodes_limits_stores_nothing(client, store, clock):
-    store.sync_nodes([{"node_id": "n1", "address": "a", "kind": "compute", "slots": 4, "status": "healthy",
-                       "max_memory_mb": 1024, "max_cpu_percent": 200}], clock())
+    store.nodes.sync_nodes([{"node_id": "n1", "address": "a", "kind": "compute", "slots": 4, "status": "healthy",
+                             "max_memory_mb": 1024, "max_cpu_percent": 200}], clock())
     response = submit_batch(client, [{"command": "ok"}, {"command": "big", "memory_mb": 4096}])
     assert response.status_code == 400 and response.json["errors"][0]["index"] == 1
     assert Job.select().count() == 0
@@ -444,13 +444,13 @@ def test_a_node_no_longer_listed_may_claim_only_within_the_slots_its_running_job
     set_nodes(store, clock, "n1", slots=3)
     submit_batch(client, [{"command": "a"}, {"command": "b"}])
     assert len(claim(client, "n1")) == 2
-    assert store.claim_room("n1", {"max": 5}, clock()) == (1, False)  # a free slot, but nothing waits
+    assert store.claims.claim_room("n1", {"max": 5}, clock()) == (1, False)  # a free slot, but nothing waits
     submit(client, command="c", instance_id="n2")   # waits unplaced for n2, which nobody lists yet
-    assert store.claim_room("n1", {"max": 5}, clock()) == (1, True)   # placement may look first
+    assert store.claims.claim_room("n1", {"max": 5}, clock()) == (1, True)   # placement may look first
     set_nodes(store, clock, "n2", slots=1)  # n1 is gone from the registry's list
-    assert store.claim_room("n1", {"max": 5}, clock()) == (1, False)
-    assert store.claim_room("n1", {"max": 1}, clock()) == (1, False)
-    assert store.claim_room("never-seen", {"max": 5}, clock()) == (3, False)
+    assert store.claims.claim_room("n1", {"max": 5}, clock()) == (1, False)
+    assert store.claims.claim_room("n1", {"max": 1}, clock()) == (1, False)
+    assert store.claims.claim_room("never-seen", {"max": 5}, clock()) == (3, False)
 
 
 def test_a_claim_riding_on_reports_that_freed_nothing_still_places_due_work(database_url, clock):
@@ -501,7 +501,7 @@ class NoRegistry:
 
 def finish(store, job_id, status, now):
     scheduler = Scheduler(store)
-    job = store.get(job_id)
+    job = store.jobs.get(job_id)
     if status == "cancelled":
         return scheduler.cancel(job_id, now)
     scheduler.report(job_id, {"node_id": job.node_id, "attempt": job.attempt, "status": "running",
@@ -520,15 +520,15 @@ def test_old_finished_jobs_are_purged_in_chunks_with_their_events(plain_store):
     for job_id, status in zip(ids[:4], ("done", "failed", "cancelled", "done")):
         finish(store, job_id, status, T0 + 10)           # old, once the clock moves on
     finish(store, ids[4], "done", T0 + 900)               # recent
-    store.report(ids[5], {"node_id": "n1", "attempt": 1, "status": "running", "limits_enforced": None,
-                          "limits": None}, T0 + 10)       # running since long ago: active, kept
+    store.reports.report(ids[5], {"node_id": "n1", "attempt": 1, "status": "running", "limits_enforced": None,
+                                  "limits": None}, T0 + 10)       # running since long ago: active, kept
     finish(store, ids[7], "done", T0 + 10)                # old; on SQLite the newest row: kept
     keeps_newest = store.db.reuses_ids
     now = T0 + 1500
     before = JobEvent.select().count()
     assert background.purge(now) == 2                     # one chunk per pass
     assert background.next_purge == now                   # a full chunk: more to do next pass
-    store.renew_lease("n1", now)                          # (n1 is alive: job-6 stays running)
+    store.leases.renew_lease("n1", now)                          # (n1 is alive: job-6 stays running)
     background.tick(now + 1)                              # the leader's pass runs the next chunk
     assert background.purge(now + 2) == (0 if keeps_newest else 1)   # the rest: no full chunk left
     assert background.next_purge == now + 2 + PURGE_INTERVAL_SECS
@@ -538,16 +538,16 @@ def test_old_finished_jobs_are_purged_in_chunks_with_their_events(plain_store):
     assert JobEvent.select().where(JobEvent.job.not_in([int(j[4:]) for j in left])).count() == 0
     assert JobEvent.select().count() < before
     # Ids are never handed out again: the next job gets a new one.
-    assert store.submit({"command": "new"}, now)[0].id == 9
+    assert store.submits.submit({"command": "new"}, now)[0].id == 9
 
 
 def test_retention_zero_keeps_everything(database_url):
     settings = SchedulerSettings(database_url=database_url, job_retention_secs=0)
     create_schema(settings)
     store = open_store(settings)
-    job, _ = store.submit({"command": "x"}, T0)
-    store.cancel(job.job_id, T0)
-    store.submit({"command": "y"}, T0)
+    job, _ = store.submits.submit({"command": "x"}, T0)
+    store.actions.cancel(job.job_id, T0)
+    store.submits.submit({"command": "y"}, T0)
     assert Background(store, NoRegistry(), "me").purge(T0 + 10**9) == 0 and Job.select().count() == 2
     assert SchedulerSettings.from_env({"JOB_RETENTION_SECS": "0"}).job_retention_secs == 0
     defaults = SchedulerSettings.from_env({})
@@ -567,15 +567,15 @@ def test_a_recheck_with_no_placement_since_the_last_look_runs_no_grouped_query(d
     client, store = app.test_client(), app.extensions["corral.store"]
     check = app.extensions["corral.wait_room"]._check
     looks = []
-    real = store.nodes_with_work
-    monkeypatch.setattr(store, "nodes_with_work", lambda nodes: looks.append(set(nodes)) or real(nodes))
+    real = store.claims.nodes_with_work
+    monkeypatch.setattr(store.claims, "nodes_with_work", lambda nodes: looks.append(set(nodes)) or real(nodes))
     set_nodes(store, clock, "n1", "n2")
     assert check({"n1"}, True) == set() and len(looks) == 1        # the first look always queries
     assert check({"n1"}, True) == set() and len(looks) == 1        # nothing placed since
     submit_batch(client, [{"command": "true"}])                     # placed on n1 (round robin's first)
     assert check({"n1", "n2"}, True) == {"n1"} and len(looks) == 2
     assert check({"n1", "n2"}, True) == set() and len(looks) == 2
-    if store.marks_placements:
+    if store.marks.marks_placements:
         return   # SQLite: the placement mark is exact; no notification, no full look
     assert check({"n1", "n2"}, False) == {"n1"} and len(looks) == 3  # a notification always looks
     monkeypatch.setattr(appmod, "FULL_LOOK_SECS", 0.0)              # once in a while, it looks all the same
@@ -588,8 +588,8 @@ def test_the_background_pass_reads_no_node_list_when_nothing_waits_unplaced(data
     scheduler = app.extensions["corral.scheduler"]
     set_nodes(store, clock, "n1")
     reads = []
-    real = store.open_nodes
-    monkeypatch.setattr(store, "open_nodes", lambda: reads.append(1) or real())
+    real = store.snapshot.open_nodes
+    monkeypatch.setattr(store.snapshot, "open_nodes", lambda: reads.append(1) or real())
     assert scheduler.place(clock()) == 0 and reads == []               # idle: no read, no lock
     submit_batch(client, [{"command": "a"}, {"command": "b"}])        # b waits: n1 is full
     del reads[:]
@@ -603,10 +603,10 @@ def test_the_waiters_check_counts_only_nodes_with_a_free_slot(database_url, cloc
     client, store = app.test_client(), app.extensions["corral.store"]
     set_nodes(store, clock, "n1", "n2", slots=2)
     submit_batch(client, [{"command": str(i)} for i in range(4)])
-    assert store.nodes_with_work({"n1", "n2", "n3"}) == {"n1", "n2"}
+    assert store.claims.nodes_with_work({"n1", "n2", "n3"}) == {"n1", "n2"}
     claim(client, "n1", max=1)
-    assert store.nodes_with_work({"n1", "n2"}) == {"n1", "n2"}
+    assert store.claims.nodes_with_work({"n1", "n2"}) == {"n1", "n2"}
     # n2 shrinks to one slot while a job runs there: its pending job is not claimable.
     claim(client, "n2", max=1)
     set_nodes(store, clock, "n1", "n2", slots=1)
-    assert store.nodes_with_work({"n1", "n2"}) == set()
+    assert store.claims.nodes_with_work({"n1", "n2"}) == set()

@@ -57,19 +57,19 @@ def test_a_drain_holds_for_placement_from_its_answer_before_any_refresh(app, clo
 def test_a_node_list_fetched_before_the_drain_does_not_undo_it(app, clock, registry):
     client, store = app.test_client(), app.extensions["corral.store"]
     set_nodes(store, clock, "n1", "n2", slots=64)
-    seen = store.drain_count()                      # the background pass reads this, then the list ...
+    seen = store.nodes.drain_count()                      # the background pass reads this, then the list ...
     assert client.post("/nodes/n1/drain", json={}).status_code == 200
-    store.sync_nodes(listed(drained=False), clock(), seen)   # ... which predates the registry's write
+    store.nodes.sync_nodes(listed(drained=False), clock(), seen)   # ... which predates the registry's write
     Scheduler(store).place(clock())
     assert {submit(client)["node_id"] for _ in range(4)} == {"n2"}
     # A list fetched after it carries the registry's flag; the undrain holds likewise.
-    store.sync_nodes(listed(drained=True), clock(), store.drain_count())
-    seen = store.drain_count()
+    store.nodes.sync_nodes(listed(drained=True), clock(), store.nodes.drain_count())
+    seen = store.nodes.drain_count()
     assert client.post("/nodes/n1/undrain", json={}).json == {"node_id": "n1", "drained": False}
-    store.sync_nodes(listed(drained=True), clock(), seen)
+    store.nodes.sync_nodes(listed(drained=True), clock(), seen)
     assert "n1" in {submit(client)["node_id"] for _ in range(8)}
     # Once the registry's list is newer than every drain, it is the word on the node again.
-    store.sync_nodes(listed(drained=True), clock(), store.drain_count())
+    store.nodes.sync_nodes(listed(drained=True), clock(), store.nodes.drain_count())
     assert {submit(client)["node_id"] for _ in range(4)} == {"n2"}
 
 

@@ -112,8 +112,8 @@ def test_node_changes_are_events(database_url, clock):
     set_nodes(store, clock, "n1")
     set_nodes(store, clock, ("n1", "unhealthy"), "n2")
     set_nodes(store, clock, "n1", "n2")
-    store.sync_nodes([{"node_id": "n1", "status": "healthy", "drained": True}], clock())
-    store.sync_nodes([{"node_id": "n1", "status": "healthy", "drained": False}], clock())
+    store.nodes.sync_nodes([{"node_id": "n1", "status": "healthy", "drained": True}], clock())
+    store.nodes.sync_nodes([{"node_id": "n1", "status": "healthy", "drained": False}], clock())
     changes = [(e["node_id"], e["change"]) for e in bodies(read(client, start, "?type=node"), "node")]
     assert changes == [("n1", "registered"), ("n1", "unhealthy"), ("n2", "registered"), ("n1", "healthy"),
                        ("n1", "drained"), ("n2", "deregistered"), ("n1", "undrained")]

@@ -187,7 +187,7 @@ def test_the_purge_deletes_a_jobs_chunks_with_it(client, store, clock, running):
     end_attempt(client, running, status="done")
     submit(client, command="true")  # SQLite keeps the newest job row: it is not that one
     assert LogChunk.select().count() == 1
-    assert store.purge_finished(clock() + 1, 100) == 1
+    assert store.purge.finished(clock() + 1, 100) == 1
     assert LogChunk.select().count() == 0
 
 

@@ -88,16 +88,16 @@ def test_the_watcher_fails_a_job_past_its_own_timeout_not_the_default(client, st
         assert report(client, job, "running").status_code == 200
     clock.now += 4
     with store.db.connection_context():
-        assert store.fail_timed_out(clock()) == []
+        assert store.actions.fail_timed_out(clock()) == []
     clock.now += 2
     with store.db.connection_context():
-        assert store.fail_timed_out(clock()) == [short["job_id"]]
+        assert store.actions.fail_timed_out(clock()) == [short["job_id"]]
     ended = client.get(f"/jobs/{short['job_id']}").json
     assert (ended["status"], ended["exit_code"], ended["stderr"]) == ("failed", -1, "job timed out")
     assert client.get(f"/jobs/{default['job_id']}").json["status"] == "running"
     clock.now += 3600
     with store.db.connection_context():
-        assert store.fail_timed_out(clock()) == [default["job_id"]]
+        assert store.actions.fail_timed_out(clock()) == [default["job_id"]]
 
 
 def test_a_failure_reported_past_the_jobs_own_timeout_is_final(client, store, clock):
@@ -133,8 +133,8 @@ def test_a_constraint_value_starting_with_equals_is_refused(client, constraint):
 
 
 def test_limits_no_node_allows_are_refused_without_none_in_the_message(client, store, clock):
-    store.sync_nodes([{"node_id": "n1", "address": "a", "kind": "compute", "slots": 1, "status": "healthy",
-                       "max_memory_mb": 512}], clock())
+    store.nodes.sync_nodes([{"node_id": "n1", "address": "a", "kind": "compute", "slots": 1, "status": "healthy",
+                             "max_memory_mb": 512}], clock())
     answer = client.post("/jobs", json={"command": "x", "memory_mb": 4096})
     assert answer.status_code == 400
     assert answer.json["error"] == "no node allows memory_mb=4096 (n1: memory_mb<=512, cpu_percent: no maximum)"

@@ -9,7 +9,7 @@ from corral.scheduler.loops import Background
 from corral.scheduler.models import Job, Node
 from corral.scheduler.service import Scheduler
 from corral.scheduler.settings import SchedulerSettings
-from corral.scheduler.store import Store
+from corral.scheduler.store.nodes import Nodes
 from corral.scheduler.validation import claim_request, status_report
 from corral.shared.clients import Unreachable
 from corral.server import serve as server
@@ -72,15 +72,15 @@ def test_a_leader_that_lost_its_lease_mid_pass_changes_nothing(store):
     overdue = T0 + store.settings.job_timeout_secs + 50
     taken_over = T0 + old.lease_ttl + 1
     assert new.tick(taken_over) is True
-    store.renew_lease("n1", overdue)
-    waiting, _ = store.submit({"command": "true"}, overdue)  # work for the pass to place
+    store.leases.renew_lease("n1", overdue)
+    waiting, _ = store.submits.submit({"command": "true"}, overdue)  # work for the pass to place
     # The old leader resumes the pass it started with its old token.
     with pytest.raises(LeaseLost):
-        old.store.fail_timed_out(overdue)
+        old.store.actions.fail_timed_out(overdue)
     with pytest.raises(LeaseLost):
         old.scheduler.place(overdue)
     with pytest.raises(LeaseLost):
-        old.store.sync_nodes([], overdue)
+        old.store.nodes.sync_nodes([], overdue)
     with pytest.raises(LeaseLost):
         old._pass(overdue, 1)                      # the whole pass stops at its first write
     assert Job.get_by_id(job.id).status == "running" and Node.select().count() == 2
@@ -92,7 +92,7 @@ def test_a_leader_that_lost_its_lease_mid_pass_changes_nothing(store):
 def test_nodes_are_refreshed_and_waiting_jobs_placed(store):
     registry = FakeRegistry()
     background = Background(store, registry, "a")
-    job, _ = store.submit({"command": "true"}, T0)
+    job, _ = store.submits.submit({"command": "true"}, T0)
     background.tick(T0)
     assert Job.get_by_id(job.id).node_id is None
     registry.nodes = [node("n1")]
@@ -141,12 +141,12 @@ def test_timeouts_are_checked_on_their_own_interval(store):
     background = Background(store, FakeRegistry([node("n1")]), "a")
     background.tick(T0)
     job, _ = Scheduler(store).submit({"command": "sleep 1000"}, T0)
-    store.report(job.job_id, status_report({"node_id": "n1", "attempt": 1, "status": "running"}), T0)
+    store.reports.report(job.job_id, status_report({"node_id": "n1", "attempt": 1, "status": "running"}), T0)
     for now in (T0 + 95, T0 + 101):      # not overdue, then overdue but the check is not due
-        store.renew_lease("n1", now)
+        store.leases.renew_lease("n1", now)
         background.tick(now)
     assert Job.get_by_id(job.id).status == "running"
-    store.renew_lease("n1", T0 + 105)
+    store.leases.renew_lease("n1", T0 + 105)
     background.tick(T0 + 105)
     failed = Job.get_by_id(job.id)
     assert failed.status == "failed" and failed.exit_code == -1 and failed.stderr == "job timed out"
@@ -155,7 +155,8 @@ def test_timeouts_are_checked_on_their_own_interval(store):
 def running_job(store, background, now, node_id="n1", **fields):
     job, _ = Scheduler(store).submit({"command": "sleep 1000", **fields}, now)
     job = Job.get_by_id(job.id)
-    store.report(job.job_id, status_report({"node_id": job.node_id, "attempt": job.attempt, "status": "running"}), now)
+    store.reports.report(job.job_id, status_report({"node_id": job.node_id, "attempt": job.attempt,
+                                                    "status": "running"}), now)
     return Job.get_by_id(job.id)
 
 
@@ -167,9 +168,9 @@ def test_running_jobs_of_a_node_whose_lease_lapsed_are_requeued_after_the_grace(
     keep = running_job(store, background, T0, instance_id="n1")
     fail = running_job(store, background, T0, instance_id="n1", on_node_lost="fail")
     other = running_job(store, background, T0, instance_id="n2")
-    store.renew_lease("n1", T0 + 1)
+    store.leases.renew_lease("n1", T0 + 1)
     for t in range(2, 40, 2):           # n2 keeps renewing; n1 went silent at T0 + 1
-        store.renew_lease("n2", T0 + t)
+        store.leases.renew_lease("n2", T0 + t)
         background.tick(T0 + t)
         if t < 36:
             assert Job.get_by_id(keep.id).status == "running", t
@@ -184,14 +185,14 @@ def test_a_new_leader_gives_every_node_a_full_lease_period(database_url):
     background = Background(store, FakeRegistry([node("n1")]), "a")
     background.tick(T0)
     job = running_job(store, background, T0)
-    store.renew_lease("n1", T0)
+    store.leases.renew_lease("n1", T0)
     # The scheduler was down for a minute; the node renews again soon after it is back.
     restarted = Background(store, FakeRegistry([node("n1")]), "b")
     restarted.tick(T0 + 60)             # the old holder's lease row expired long ago
     assert restarted.tenure.since == T0 + 60
     restarted.tick(T0 + 70)
     assert Job.get_by_id(job.id).status == "running"
-    store.renew_lease("n1", T0 + 72)
+    store.leases.renew_lease("n1", T0 + 72)
     restarted.tick(T0 + 100)
     assert Job.get_by_id(job.id).status == "running"
 
@@ -206,7 +207,8 @@ def test_a_job_that_keeps_losing_its_node_fails(database_url):
         background.tick(T0 + t)
     job = Job.get_by_id(job.id)
     assert job.status == "pending" and job.node_id == "n1" and job.node_losses == 1
-    store.report(job.job_id, status_report({"node_id": "n1", "attempt": job.attempt, "status": "running"}), T0 + 6)
+    store.reports.report(job.job_id, status_report({"node_id": "n1", "attempt": job.attempt, "status": "running"}),
+                         T0 + 6)
     for t in range(6, 11):
         background.tick(T0 + t)
     job = Job.get_by_id(job.id)
@@ -221,14 +223,14 @@ def test_a_leader_that_did_not_run_for_a_lease_gives_every_node_a_full_lease_per
     background = Background(store, FakeRegistry([node("n1")]), "a")
     background.tick(T0)
     job = running_job(store, background, T0)
-    store.renew_lease("n1", T0)
+    store.leases.renew_lease("n1", T0)
     background.tick(T0 + 1)
     background.tick(T0 + 60)           # stopped for a minute, then running again
     assert background.tenure.since == T0 + 60
     assert Job.get_by_id(job.id).status == "running"
     for t in range(61, 100, 2):        # the agent's renewals land again soon after
         if t > 61:
-            store.renew_lease("n1", T0 + t)
+            store.leases.renew_lease("n1", T0 + t)
         background.tick(T0 + t)
         assert Job.get_by_id(job.id).status == "running", t
     # A node that does stay silent is still lost, a lease period and the grace later.
@@ -292,7 +294,7 @@ def test_a_job_claimed_after_it_was_read_as_stranded_keeps_its_node(store, monke
     scheduler = Scheduler(store)
     job, _ = scheduler.submit({"command": "true"}, T0 + 1)
     assert (job.status, job.node_id) == ("pending", "n1")
-    read_stranded = Store._stranded
+    read_stranded = Nodes._stranded
 
     def claimed_right_after_the_read(self):
         stranded = read_stranded(self)
@@ -300,12 +302,12 @@ def test_a_job_claimed_after_it_was_read_as_stranded_keeps_its_node(store, monke
         assert [j.id for j in scheduler.claim("n1", claim_request({"max": 1}), T0 + 2)] == [job.id]
         return stranded
 
-    monkeypatch.setattr(Store, "_stranded", claimed_right_after_the_read)
+    monkeypatch.setattr(Nodes, "_stranded", claimed_right_after_the_read)
     registry.nodes = [node("n1", "unhealthy")]
     background.tick(T0 + 3)
     row = Job.get_by_id(job.id)
     assert (row.status, row.node_id) == ("running", "n1")
-    assert not [e for e in store.events(job.job_id) if "unplaced" in e.reason]
+    assert not [e for e in store.jobs.events(job.job_id) if "unplaced" in e.reason]
 
 
 def test_a_tenure_begins_at_a_new_token_or_after_a_pause_longer_than_its_gap():

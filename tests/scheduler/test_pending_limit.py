@@ -77,7 +77,7 @@ def test_a_retry_of_an_existing_job_is_never_refused(client, store, clock):
     assert client.post("/jobs", json={"command": "true"}).status_code == 429
     retried = client.post(f"/jobs/{failed}/retry", json={})
     assert retried.status_code == 200 and retried.json["status"] == "pending", retried.json
-    assert store.count_pending() == LIMIT + 1  # over the limit: a retry is not new work
+    assert store.stats.count_pending() == LIMIT + 1  # over the limit: a retry is not new work
 
 
 def test_submits_are_admitted_again_once_pending_jobs_start_or_end(client, store):
@@ -87,7 +87,7 @@ def test_submits_are_admitted_again_once_pending_jobs_start_or_end(client, store
     # The process counts again at most every RECOUNT_SECS: within that it may still refuse.
     wait_for(lambda: client.post("/jobs", json={"command": "true"}).status_code == 201, timeout=30,
              message="a submit admitted after a pending job was cancelled")
-    assert store.count_pending() == LIMIT
+    assert store.stats.count_pending() == LIMIT
 
 
 def test_a_schedule_slot_refused_at_the_limit_records_a_failed_run_saying_why(client, store, clock):

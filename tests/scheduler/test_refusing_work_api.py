@@ -22,11 +22,11 @@ def app(database_url, clock):
 def sync(store, clock, refusing=None):
     """The registry's list as the background pass reads it, then a placement pass, and the
     reasons kept."""
-    store.sync_nodes([{"node_id": n, "address": "a", "kind": "compute", "slots": 64, "status": "healthy",
-                       "drained": False, "refusing_work": refusing if n == "n1" else None}
-                      for n in ("n1", "n2")], clock())
+    store.nodes.sync_nodes([{"node_id": n, "address": "a", "kind": "compute", "slots": 64, "status": "healthy",
+                             "drained": False, "refusing_work": refusing if n == "n1" else None}
+                            for n in ("n1", "n2")], clock())
     Scheduler(store).place(clock())
-    store.explain(clock())
+    store.placing.explain(clock())
 
 
 def test_a_node_refusing_work_gets_none_its_placed_jobs_go_elsewhere_and_the_reason_says_why(app, clock):
@@ -66,7 +66,7 @@ def test_a_node_refusing_work_gets_none_its_placed_jobs_go_elsewhere_and_the_rea
 
 def test_a_registry_of_the_previous_release_lists_no_refusing_work_and_its_nodes_take_work(app, clock):
     client, store = app.test_client(), app.extensions["corral.store"]
-    store.sync_nodes([{"node_id": "n1", "address": "a", "kind": "compute", "slots": 4, "status": "healthy"}],
-                     clock())
+    store.nodes.sync_nodes([{"node_id": "n1", "address": "a", "kind": "compute", "slots": 4, "status": "healthy"}],
+                           clock())
     assert submit(client)["node_id"] == "n1"
     assert client.get("/nodes").json[0]["refusing_work"] is None

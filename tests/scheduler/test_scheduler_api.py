@@ -264,10 +264,10 @@ def test_run_jobs_past_the_timeout_are_failed(database_url, clock):
     for job in (slow, service):
         report(client, job, "running")
     clock.now += 59
-    assert store.fail_timed_out(clock()) == []
+    assert store.actions.fail_timed_out(clock()) == []
     clock.now += 2
     with store.db.connection_context():
-        assert store.fail_timed_out(clock()) == ["job-1"]
+        assert store.actions.fail_timed_out(clock()) == ["job-1"]
     timed_out = client.get("/jobs/job-1").json
     assert timed_out["status"] == "failed" and timed_out["exit_code"] == -1
     assert timed_out["stderr"] == "job timed out"
@@ -328,9 +328,9 @@ def test_limits_and_results_are_recorded(client, store, clock):
 
 
 def nodes_with_maxima(store, clock, *maxima):
-    store.sync_nodes([{"node_id": f"n{i + 1}", "address": "a", "kind": "compute", "slots": 4, "status": "healthy",
-                       "max_memory_mb": mem, "max_cpu_percent": cpu} for i, (mem, cpu) in enumerate(maxima)],
-                     clock())
+    store.nodes.sync_nodes([{"node_id": f"n{i + 1}", "address": "a", "kind": "compute", "slots": 4, "status": "healthy",
+                             "max_memory_mb": mem, "max_cpu_percent": cpu} for i, (mem, cpu) in enumerate(maxima)],
+                           clock())
 
 
 def test_limits_above_every_known_nodes_maximum_are_refused(client, store, clock):
@@ -378,10 +378,10 @@ def test_a_retry_waits_out_its_backoff(database_url, clock):
     due = parse_iso(waiting["next_attempt_at"])
     assert clock.now <= due <= clock.now + 10.0
     clock.now = due - 0.01
-    store.dispatch(clock())
+    store.placing.dispatch(clock())
     assert client.get("/jobs/job-1").json["node_id"] is None
     clock.now = due + 0.001  # the view shows milliseconds, truncated
-    store.dispatch(clock())
+    store.placing.dispatch(clock())
     placed = client.get("/jobs/job-1").json
     assert placed["node_id"] == "n1" and placed["next_attempt_at"] is None and placed["attempt"] == 2
 
@@ -482,7 +482,7 @@ def test_a_lease_renewal_may_say_what_the_node_s_jobs_use(client, store, clock):
 def test_a_busy_database_is_a_503_not_a_500(client, store, monkeypatch):
     def locked(*args, **kwargs):
         raise peewee.OperationalError("database is locked")
-    monkeypatch.setattr(store, "submit", locked)
+    monkeypatch.setattr(store.submits, "submit", locked)
     response = client.post("/jobs", json={"command": "true"})
     assert response.status_code == 503 and response.headers["Retry-After"] == "1"
     assert "nothing was changed" in response.json["error"]
@@ -490,18 +490,18 @@ def test_a_busy_database_is_a_503_not_a_500(client, store, monkeypatch):
 
 def test_a_drained_node_gets_no_new_work_and_keeps_what_it_runs(client, store, clock):
     nodes = [{"node_id": n, "address": "a", "kind": "compute", "slots": 4, "status": "healthy"} for n in ("n1", "n2")]
-    store.sync_nodes(nodes, clock())
+    store.nodes.sync_nodes(nodes, clock())
     Scheduler(store).place(clock())
     running, waiting = submit(client, command="a"), submit(client, command="b", instance_id="n1")
     report(client, running, "running")
     nodes[0]["drained"] = True
-    store.sync_nodes(nodes, clock())
+    store.nodes.sync_nodes(nodes, clock())
     assert client.get(f"/jobs/{running['job_id']}").json["status"] == "running"   # finishes there
     assert client.get(f"/jobs/{waiting['job_id']}").json["node_id"] is None       # pinned: waits
     assert "n1 is drained" in client.get(f"/jobs/{waiting['job_id']}/events").json[-1]["reason"]
     assert {submit(client)["node_id"] for _ in range(3)} == {"n2"}
     nodes[0]["drained"] = False
-    store.sync_nodes(nodes, clock())
+    store.nodes.sync_nodes(nodes, clock())
     Scheduler(store).place(clock())
     assert client.get(f"/jobs/{waiting['job_id']}").json["node_id"] == "n1"
 
@@ -528,10 +528,10 @@ def test_an_error_quoting_a_huge_id_stays_small(client):
 
 def lose_node(store, clock, job):
     """n1 went silent long enough: its running job is requeued (and placed on n2)."""
-    store.renew_lease(job["node_id"], clock())
+    store.leases.renew_lease(job["node_id"], clock())
     clock.now += 100
     set_nodes(store, clock, ("n1", "unhealthy"), "n2")
-    assert store.requeue_lost(clock(), 0.0) == [job["job_id"]]
+    assert store.leases.requeue_lost(clock(), 0.0) == [job["job_id"]]
     Scheduler(store).place(clock())  # the background pass places it again
 
 

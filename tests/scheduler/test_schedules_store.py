@@ -67,8 +67,8 @@ def test_a_slot_whose_job_exists_already_makes_no_second_one(schedules, store, c
     # (one transaction); but were the key taken, the slot would name that job.
     t0 = clock()
     tick = every_second(schedules, clock)
-    earlier, _ = store.submit(dict(job_request(JOB), schedule="tick", slot=t0 + 1), t0,
-                              idempotency_key=run_key(tick.id, t0 + 1))
+    earlier, _ = store.submits.submit(dict(job_request(JOB), schedule="tick", slot=t0 + 1), t0,
+                                      idempotency_key=run_key(tick.id, t0 + 1))
     fired = fire(schedules, tick, t0 + 1.5, missed_before=t0)
     assert fired.created == [earlier.id] and len(jobs_of("tick")) == 1
 
@@ -96,7 +96,7 @@ def test_overlap_skip_and_cancel_previous(schedules, store, clock):
     assert schedules.runs("skip")[0][0].skipped == f"overlap: skip: {first.job_id} was still pending"
     last = schedules.last_runs(schedules.list_schedules())  # the skipped slot is the latest run
     assert [(r.slot, r.job_id, status) for r, status in last.values()] == [(t0 + 2, None, None)]
-    store.cancel(first.job_id, t0 + 2.5)  # it ended: the next slot runs
+    store.actions.cancel(first.job_id, t0 + 2.5)  # it ended: the next slot runs
     assert len(fire(schedules, skip, t0 + 3, missed_before=t0).created) == 1
 
     cancel = schedules.create({"name": "cancel", "interval_secs": 1, "job": JOB, "overlap": "cancel_previous"}, t0)
@@ -110,11 +110,11 @@ def test_overlap_skip_and_cancel_previous(schedules, store, clock):
 
 def test_a_template_no_longer_valid_records_a_failed_run_and_the_schedule_goes_on(schedules, store, clock):
     t0 = clock()
-    store.sync_nodes([{"node_id": "n1", "address": "127.0.0.1", "kind": "compute", "slots": 4, "status": "healthy",
-                       "max_memory_mb": 1024, "max_cpu_percent": 400}], t0)
+    store.nodes.sync_nodes([{"node_id": "n1", "address": "127.0.0.1", "kind": "compute", "slots": 4,
+                             "status": "healthy", "max_memory_mb": 1024, "max_cpu_percent": 400}], t0)
     big = schedules.create({"name": "big", "interval_secs": 1, "job": dict(JOB, memory_mb=512)}, t0)
-    store.sync_nodes([{"node_id": "n1", "address": "127.0.0.1", "kind": "compute", "slots": 4, "status": "healthy",
-                       "max_memory_mb": 256, "max_cpu_percent": 400}], t0)  # the node shrank
+    store.nodes.sync_nodes([{"node_id": "n1", "address": "127.0.0.1", "kind": "compute", "slots": 4,
+                             "status": "healthy", "max_memory_mb": 256, "max_cpu_percent": 400}], t0)  # the node shrank
     fired = fire(schedules, big, t0 + 1.5, missed_before=t0)
     assert fired.created == [] and fired.failed == 1
     run, status = schedules.runs("big")[0]

@@ -4,10 +4,10 @@ import datetime
 
 import pytest
 
-from corral.scheduler import store as store_module
 from corral.scheduler.loops import Background
 from corral.scheduler.service import Scheduler
-from corral.scheduler.store import Store
+from corral.scheduler.store import placing as store_module
+from corral.scheduler.store.placement_reads import PlacementReads
 from scheduler_app import end_attempt, make_app, submit
 
 HOUR = 3600.0
@@ -17,14 +17,14 @@ def nodes(store, clock, *specs):
     """Nodes as the registry lists them: each a dict with node_id and what differs."""
     listed = [{"address": "127.0.0.1", "kind": "compute", "slots": 4, "status": "healthy", **spec}
               for spec in specs]
-    store.sync_nodes(listed, clock())
+    store.nodes.sync_nodes(listed, clock())
     background_pass(store, clock)
 
 
 def background_pass(store, clock):
     """What the background loop does for placement: place, then keep the reasons."""
     Scheduler(store).place(clock())
-    store.explain(clock())
+    store.placing.explain(clock())
 
 
 def sized(node_id, memory=16_384, cpu=1600, **extra):
@@ -115,7 +115,7 @@ def test_a_job_without_limits_reserves_the_node_s_default_and_the_reserve_counts
 
 def test_get_nodes_leaves_out_a_node_the_registry_sync_adds_while_it_reads(client, store, clock, monkeypatch):
     nodes(store, clock, sized("a"))
-    read = Store._placement_nodes
+    read = PlacementReads.nodes
     added = []
 
     def racing(self, *args, **kwargs):
@@ -124,10 +124,10 @@ def test_get_nodes_leaves_out_a_node_the_registry_sync_adds_while_it_reads(clien
             added.append(True)
             listed = [{"address": "127.0.0.1", "kind": "compute", "slots": 4, "status": "healthy", **sized(n)}
                       for n in ("a", "b")]
-            store.sync_nodes(listed, clock())
+            store.nodes.sync_nodes(listed, clock())
         return found
 
-    monkeypatch.setattr(Store, "_placement_nodes", racing)
+    monkeypatch.setattr(PlacementReads, "nodes", racing)
     answer = client.get("/nodes")
     assert answer.status_code == 200 and [n["node_id"] for n in answer.json] == ["a"]
     assert [n["node_id"] for n in client.get("/nodes").json] == ["a", "b"]
@@ -203,7 +203,7 @@ def test_run_at_is_honoured_and_the_job_can_be_cancelled_while_it_waits(client, 
     assert [j["job_id"] for j in client.get("/jobs?pending_reason=scheduled").json] == [later["job_id"]]
     delayed = submit(client, command="y", delay_secs=30)
     assert delayed["run_at"] is not None and delayed["node_id"] is None
-    assert store.next_due(clock.now) == clock.now + 30
+    assert store.snapshot.next_due(clock.now) == clock.now + 30
     clock.now += 29
     background_pass(store, clock)
     assert job(client, delayed["job_id"])["node_id"] is None
@@ -211,7 +211,7 @@ def test_run_at_is_honoured_and_the_job_can_be_cancelled_while_it_waits(client, 
     background_pass(store, clock)
     assert job(client, delayed["job_id"])["node_id"] == "a"
     assert client.post(f"/jobs/{later['job_id']}/cancel", json={}).json["status"] == "cancelled"
-    assert store.next_due(clock.now) is None
+    assert store.snapshot.next_due(clock.now) is None
 
 
 def test_a_run_at_with_an_offset_is_the_same_instant(client, store, clock):

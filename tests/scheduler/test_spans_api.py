@@ -73,7 +73,7 @@ def test_an_sqs_message_is_a_consumer_submit_span_under_its_trace(app, store, cl
         "traceparent": {"DataType": "String", "StringValue": TRACEPARENT}}}
     with store.db.connection_context():
         assert intake.handle([message], clock()).created == 1
-        job = store.list_jobs()[0]
+        job = store.jobs.list_jobs()[0]
     span = recorded.one("corral.submit", TRACE)
     assert span.kind == SpanKind.CONSUMER and hex_ids(span) == (TRACE, traceparent_ids(job.traceparent)[1],
                                                                  CALLER_SPAN)

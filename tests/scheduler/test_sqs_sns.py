@@ -415,12 +415,12 @@ def make_store(tmp_path, **overrides):
     settings = SchedulerSettings(database_url=f"sqlite:///{tmp_path}/s.db", retry_base_secs=0, **overrides)
     create_schema(settings)
     store = open_store(settings)
-    store.sync_nodes([{"node_id": "n1", "address": "a", "kind": "compute", "slots": 4, "status": "healthy"}], T0)
+    store.nodes.sync_nodes([{"node_id": "n1", "address": "a", "kind": "compute", "slots": 4, "status": "healthy"}], T0)
     return store
 
 
 def finish(store, job_id, status, exit_code, now):
-    job = store.get(job_id)
+    job = store.jobs.get(job_id)
     sent = {"node_id": job.node_id, "attempt": job.attempt}
     Scheduler(store).report(job_id, status_report({**sent, "status": "running"}), now)
     return Scheduler(store).report(job_id, status_report({**sent, "status": status, "exit_code": exit_code}), now)
@@ -440,7 +440,7 @@ def test_final_states_only_are_written_to_the_outbox(tmp_path):
     assert [r.event_id for r in rows] == ["job-1:1:done", "job-2:2:failed", "job-3:0:cancelled"]
     assert rows[1].message["retry_count"] == 1 and rows[1].message["exit_code"] == 1
     assert rows[2].message["node_id"] is None and rows[2].message["finished_at"] == "2027-01-15T08:00:04.000Z"
-    assert store.outbox_backlog(T0 + 10) == (3, 10 - 1)
+    assert store.outbox.backlog(T0 + 10) == (3, 10 - 1)
 
 
 def test_a_rolled_back_status_change_leaves_no_notification(tmp_path):
@@ -499,7 +499,7 @@ def test_intake_pass_creates_jobs_drops_bad_messages_and_counts(aws, tmp_path, c
     dropped = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(dropped) == 1 and "not_json" in dropped[0].getMessage() and "no SQS_DLQ_URL" in dropped[0].getMessage()
     assert aws.depth(queue) == 0
-    assert store.counters() == {"sqs_received": 2, "sqs_jobs_created": 1, "sqs_rejected": 1, "sqs_dropped": 1}
+    assert store.stats.counters() == {"sqs_received": 2, "sqs_jobs_created": 1, "sqs_rejected": 1, "sqs_dropped": 1}
 
 
 def test_a_message_delivered_again_after_the_commit_makes_no_second_job(aws, tmp_path):
@@ -513,7 +513,7 @@ def test_a_message_delivered_again_after_the_commit_makes_no_second_job(aws, tmp
 
     def again():
         intake.tick(T0 + 5)                       # the visibility timeout runs out; SQS delivers it again
-        return store.counters().get("sqs_duplicates")
+        return store.stats.counters().get("sqs_duplicates")
     wait_for(again, timeout=10, message="the redelivery")
     assert Job.select().count() == 1 and Job.get().idempotency_key == f"sqs:{message_id}"
     assert aws.depth(queue) == 0
@@ -537,7 +537,7 @@ def test_a_message_refused_at_max_pending_jobs_stays_in_the_queue_and_makes_its_
     assert intake.tick(T0) == 1.0  # the cluster is full: the intake backs off
     assert Job.select().count() == 1
     assert aws.depth(queue) == 1 and aws.depth(dlq) == 0  # kept for later, not dead-lettered
-    assert store.counters() == {"sqs_received": 1, "sqs_requeued": 1}
+    assert store.stats.counters() == {"sqs_received": 1, "sqs_requeued": 1}
     Scheduler(store).cancel(waiting.job_id, T0)
     store.admission.forget()  # (or wait out admission.RECOUNT_SECS)
 
@@ -578,7 +578,7 @@ def test_outbox_pass_publishes_oldest_first_and_marks_them(aws, tmp_path):
     assert published == [T0 + 1, T0 + 1, T0 + 2]
     bodies = notifications(aws.take_all(events))
     assert sorted(b["event_id"] for b in bodies) == ["job-1:0:cancelled", "job-2:0:cancelled", "job-3:0:cancelled"]
-    assert store.counters()["sns_published"] == 3 and store.outbox_backlog(T0 + 3) == (0, None)
+    assert store.stats.counters()["sns_published"] == 3 and store.outbox.backlog(T0 + 3) == (0, None)
 
 
 def test_an_unreachable_topic_keeps_rows_pending_backs_off_and_warns(aws, tmp_path, late_server, caplog):

@@ -58,7 +58,7 @@ def test_a_sample_counts_what_finished_and_started_since_the_previous_one(client
     assert sum(n["slots_used"] for n in nodes.values()) == 2  # slow runs, left is placed
     assert nodes["n2"]["slots_used"] >= 1 and nodes["n1"]["capacity"] == 4
     assert nodes["n1"]["used"] is None  # its agent never said
-    assert store.get(left).status == "pending"
+    assert store.jobs.get(left).status == "pending"
     only = history(client, f"{t0 + 1}&node_id=n2")["samples"]
     assert [[n["node_id"] for n in s["nodes"]] for s in only] == [["n2"]]
     assert only[0]["nodes"][0] == nodes["n2"] and only[0]["finished"] == second["finished"]

@@ -346,8 +346,8 @@ def test_the_scheduler_hands_a_service_grant_to_the_node_only(tmp_path):
     for job_id in ("job-1", "job-2"):  # the seeded jobs: out of the way (one slot per node)
         call(client, "POST", f"/jobs/{job_id}/cancel", None, AS_OPERATOR)
     store = client.application.extensions["corral.store"]
-    store.sync_nodes([{"node_id": NODE, "kind": "compute", "slots": 4, "status": "healthy",
-                       "address": "10.0.0.1"}], time.time())
+    store.nodes.sync_nodes([{"node_id": NODE, "kind": "compute", "slots": 4, "status": "healthy",
+                             "address": "10.0.0.1"}], time.time())
     client.post("/jobs", json={"job_type": "service", "command": "sleep 60", "port": 8080}, headers=AS_OPERATOR)
     claimed = client.post(f"/nodes/{NODE}/claim", json={"max": 4, "wait_secs": 0}, headers=AS_NODE).json
     service = [j for j in claimed if j["job_type"] == "service"]

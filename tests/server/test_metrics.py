@@ -284,14 +284,14 @@ def test_metrics_count_only_what_was_committed(tmp_path):
     class Abort(Exception):
         pass
     with pytest.raises(Abort), store.db.connection_context(), store.db.atomic():
-        store.submit_batch([{"command": "true"}, {"command": "true"}], 1_800_000_000.0)
+        store.submits.submit_batch([{"command": "true"}, {"command": "true"}], 1_800_000_000.0)
         raise Abort  # the batch is rolled back: nothing was created
     assert local("corral_jobs_submitted_total", source="batch") == batch
 
     job = client.post("/jobs/batch", json={"jobs": [{"command": "true"}]}).get_json()[0]
     assert local("corral_jobs_submitted_total", source="batch") == batch + 1
     with pytest.raises(Abort), store.db.connection_context(), store.db.atomic():
-        store.cancel(job["job_id"], 1_800_000_001.0)
+        store.actions.cancel(job["job_id"], 1_800_000_001.0)
         raise Abort
     assert local("corral_jobs_finished_total", status="cancelled") == cancelled
     assert client.post(f"/jobs/{job['job_id']}/cancel", json={}).status_code == 200

@@ -431,7 +431,7 @@ def test_registry_and_scheduler_share_one_postgresql_database(pg_url):
             assert answer.status_code == 201, answer.json
         jobs = [scheduler.post("/jobs", json={"command": f"echo {n}"}).json for n in range(2)]  # a slot each
         now = time.time()
-        store.sync_nodes(registry.get("/nodes").json, now)   # what the scheduler's refresh does
+        store.nodes.sync_nodes(registry.get("/nodes").json, now)   # what the scheduler's refresh does
         Scheduler(store).place(now)
 
         assert {n["node_id"] for n in registry.get("/nodes").json} == {"node-1", "node-2"}

@@ -431,14 +431,14 @@ def test_placements_on_different_nodes_run_side_by_side_and_one_over_every_node_
             assert free_to(other, "pg_try_advisory_xact_lock_shared(%s)", postgres.PLACEMENT_LOCK_KEY)
             assert not free_to(other, "pg_try_advisory_xact_lock(%s, %s)", node, postgres.node_lock_key("n1"))
             assert not free_to(other, "pg_try_advisory_xact_lock(%s)", postgres.PLACEMENT_LOCK_KEY)
-        store.dispatch(0.0, ["n1"])  # within its scope: nothing more is asked
-        store.dispatch(0.0)          # every node it locked
+        store.placing.dispatch(0.0, ["n1"])  # within its scope: nothing more is asked
+        store.placing.dispatch(0.0)          # every node it locked
         with pytest.raises(RuntimeError, match="in a transaction that locked n1"):
-            store.dispatch(0.0, ["n1", "n2"])
+            store.placing.dispatch(0.0, ["n1", "n2"])
         with pytest.raises(RuntimeError, match="every node in a transaction that locked n1"):
             dbmod.lock_placement(store.db)
     with store.db.connection_context(), scheduler.placing():
-        store.dispatch(0.0, ["n1"])  # every node's placement covers each node's
+        store.placing.dispatch(0.0, ["n1"])  # every node's placement covers each node's
         with psycopg.connect(pg_url, autocommit=True) as other:
             assert not free_to(other, "pg_try_advisory_xact_lock_shared(%s)", postgres.PLACEMENT_LOCK_KEY)
 
@@ -456,14 +456,14 @@ def test_a_placement_on_one_node_does_not_hold_up_one_on_another(pg_url):
     for node in ("n1", "n2"):  # each node runs one job and finishes it; the other two wait, unplaced
         [job] = client.post(f"/nodes/{node}/claim", json={"max": 1, "wait_secs": 0}).json
         with store.db.connection_context():
-            store.report(job["job_id"], status_report({"node_id": node, "attempt": job["attempt"],
-                                                       "status": "done", "exit_code": 0}), clock())
+            store.reports.report(job["job_id"], status_report({"node_id": node, "attempt": job["attempt"],
+                                                               "status": "done", "exit_code": 0}), clock())
     placed = {}
 
     @contextlib.contextmanager
     def placing_on(node: str):
         with store.db.connection_context(), scheduler.placing(only_places=True, nodes=[node]):
-            placed[node] = store.dispatch(clock(), [node])
+            placed[node] = store.placing.dispatch(clock(), [node])
             yield
 
     def place_on(node: str) -> None:
@@ -492,7 +492,7 @@ def test_a_submit_places_on_the_free_nodes_without_waiting_for_the_others_placem
     @contextlib.contextmanager
     def placing_on_held():
         with store.db.connection_context(), scheduler.placing(only_places=True, nodes=[held]):
-            store.dispatch(clock(), [held])
+            store.placing.dispatch(clock(), [held])
             yield
 
     with held_in_a_thread(placing_on_held):
@@ -550,13 +550,13 @@ def test_a_replica_stopped_inside_a_placing_transaction_frees_the_placement_lock
     executemany once left sessions without that timeout.)"""
     app = app_on(pg_url)
     store = app.extensions["corral.store"]
-    job, _ = store.submit({"command": "true"}, 0.0)
+    job, _ = store.submits.submit({"command": "true"}, 0.0)
     db = store.db
     with pytest.raises((peewee.OperationalError, peewee.InterfaceError)):
         with db.connection_context(), db.atomic():
             db.lock_placement()
-            store._events([{"job": job.id, "at": 1.0, "old": "pending", "new": "pending", "attempt": 0,
-                            "node_id": None, "reason": "a test"}] * 3)
+            store.transitions.writer.events([{"job": job.id, "at": 1.0, "old": "pending", "new": "pending",
+                                              "attempt": 0, "node_id": None, "reason": "a test"}] * 3)
             time.sleep(postgres.IDLE_IN_TRANSACTION_TIMEOUT_MS / 1000 + 1)   # stopped for longer than the timeout
             with psycopg.connect(pg_url, autocommit=True) as other:       # another replica
                 assert other.execute("SELECT pg_try_advisory_lock(%s)", (postgres.PLACEMENT_LOCK_KEY,)).fetchone()[0]
@@ -568,28 +568,28 @@ def test_a_placement_that_fails_after_its_write_committed_keeps_the_write_and_it
     only): when that placement fails, the client still learns what was stored, and the
     background pass places it later."""
     from corral.scheduler.service import Scheduler
-    from corral.scheduler.store import Store
+    from corral.scheduler.store.placing import Placing
 
     clock = Clock()
     app = app_on(pg_url, clock, max_jobs_per_node=2)
     store = app.extensions["corral.store"]
     client = app.test_client()
     set_nodes(store, clock, "n1")
-    placing = Store.dispatch
+    placing = Placing.dispatch
 
     def broken(self, *args, **kwargs):
         raise peewee.OperationalError("the server went away")
 
-    monkeypatch.setattr(Store, "dispatch", broken)
+    monkeypatch.setattr(Placing, "dispatch", broken)
     batch = client.post("/jobs/batch", json={"jobs": [{"command": "a"}, {"command": "b"}]})
     assert batch.status_code == 201, batch.json
     assert [(j["status"], j["node_id"]) for j in batch.json] == [("pending", None)] * 2
-    monkeypatch.setattr(Store, "dispatch", placing)
+    monkeypatch.setattr(Placing, "dispatch", placing)
     assert Scheduler(store).place(clock()) == 2  # the background pass
     claimed = client.post("/nodes/n1/claim", json={"max": 2, "wait_secs": 0}).json
     assert sorted(j["job_id"] for j in claimed) == sorted(j["job_id"] for j in batch.json)
 
-    monkeypatch.setattr(Store, "dispatch", broken)
+    monkeypatch.setattr(Placing, "dispatch", broken)
     reports = client.post("/jobs/reports", json={
         "reports": [{"job_id": j["job_id"], "node_id": "n1", "attempt": 1, "status": "done", "exit_code": 0}
                     for j in claimed], "claim": {"node_id": "n1", "max": 2}})
@@ -601,9 +601,13 @@ def test_a_placement_that_fails_after_its_write_committed_keeps_the_write_and_it
 
 def app_with_store_spies(pg_url, monkeypatch, max_jobs_per_node: int, query: str):
     """A test client of an app with one node, n1, and `spy(name, fail=False)`: each call
-    of Store.<name> then appends (name, what `query` answers in its transaction) to
-    `seen`; with `fail`, its first call raises instead of running."""
-    from corral.scheduler.store import Store
+    of the store part's <name> then appends (name, what `query` answers in its transaction)
+    to `seen`; with `fail`, its first call raises instead of running."""
+    from corral.scheduler.store.claims import Claims
+    from corral.scheduler.store.placing import Placing
+    from corral.scheduler.store.reports import Reports
+    from corral.scheduler.store.submits import Submits
+    parts = {"submit": Submits, "dispatch": Placing, "take_placed": Claims, "apply_reports": Reports}
 
     clock = Clock()
     app = app_on(pg_url, clock, max_jobs_per_node=max_jobs_per_node)
@@ -611,14 +615,14 @@ def app_with_store_spies(pg_url, monkeypatch, max_jobs_per_node: int, query: str
     seen: list[tuple[str, object]] = []
 
     def spy(name, fail=False):
-        original = getattr(Store, name)
+        original = getattr(parts[name], name)
 
         def recorded(self, *args, **kwargs):
-            seen.append((name, self.db.execute_sql(query).fetchone()[0]))
+            seen.append((name, self.ctx.db.execute_sql(query).fetchone()[0]))
             if fail and sum(1 for called, _ in seen if called == name) == 1:
                 raise RuntimeError("a placement bug")
             return original(self, *args, **kwargs)
-        monkeypatch.setattr(Store, name, recorded)
+        monkeypatch.setattr(parts[name], name, recorded)
     return app.test_client(), seen, spy
 
 

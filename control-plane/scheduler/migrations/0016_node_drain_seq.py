@@ -1,6 +1,6 @@
 """`node.drain_seq`: the number of the operator's last drain or undrain of the node
 through the scheduler (the `node_drains` counter), so that a node list fetched from
-the registry before that drain cannot undo it (Store.sync_nodes)."""
+the registry before that drain cannot undo it (Nodes.sync_nodes)."""
 import peewee
 
 

@@ -1,0 +1,61 @@
+"""Status changes asked for by an operator or decided by the clock: cancel a job or
+a whole array, retry a failed job, fail the `run` jobs past their timeout."""
+from peewee import fn
+
+from corral.shared.states import ACTIVE
+
+from .. import lifecycle
+from ..models import Job
+from .columns import DECIDING
+from .context import StoreContext
+from .jobs import Jobs
+from .transitions import Transitions
+
+
+class Actions:
+    def __init__(self, ctx: StoreContext, jobs: Jobs, transitions: Transitions):
+        self.ctx = ctx
+        self.jobs = jobs
+        self.transitions = transitions
+
+    def cancel(self, job_id: str, now: float) -> Job:
+        """Cancel a pending or running job; the agent ends a running one at its next poll."""
+        with self.ctx.tx():
+            job = self.jobs.get(job_id)
+            transition = lifecycle.cancelled(job, now)
+            if transition is None:
+                return job  # cancelled already
+            self.transitions.apply(job, transition, now)
+        return job
+
+    def cancel_array(self, array_id: str, now: float) -> list[str]:
+        """Cancel every job of the array that has not finished, in one transaction (their
+        dependents are decided as for any cancel); returns the nodes whose slots freed."""
+        array = self.jobs.array(array_id)[0]
+        with self.ctx.tx():
+            jobs = list(Job.select(*DECIDING).where((Job.array_id == array.id) & Job.status.in_(ACTIVE)))
+            decided = [(job, transition) for job in jobs if (transition := lifecycle.cancelled(job, now)) is not None]
+            held = {job.node_id for job, _ in decided if job.node_id is not None}
+            self.transitions.apply_all(decided, now)
+        return sorted(held)
+
+    def retry(self, job_id: str, now: float) -> Job:
+        """Put a failed job back to pending with a fresh retry budget (an operator's decision)."""
+        with self.ctx.tx():
+            job = self.jobs.get(job_id)
+            self.transitions.apply(job, lifecycle.retried(job, now), now)
+        return job
+
+    def fail_timed_out(self, now: float) -> list[str]:
+        """Fail `run` jobs running longer than their timeout_secs (else JOB_TIMEOUT_SECS);
+        their agents kill them."""
+        limit = fn.COALESCE(Job.timeout_secs, self.ctx.settings.job_timeout_secs)
+        ended = []
+        with self.ctx.db.atomic():
+            self.ctx.check_fence()
+            overdue = Job.select().where((Job.status == "running") & (Job.job_type == "run")
+                                         & (Job.running_at < now - limit))
+            for job in overdue:
+                self.transitions.apply(job, lifecycle.timed_out(job, now), now)
+                ended.append(job.job_id)
+        return ended

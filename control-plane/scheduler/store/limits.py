@@ -1,0 +1,84 @@
+"""Limits a submit is checked against, and the concurrency limits operators set: a
+job's memory and CPU against what the known nodes allow, its own timeout against
+JOB_TIMEOUT_MAX_SECS; the concurrency keys' limits, set, removed and listed."""
+from typing import Any
+
+from peewee import fn
+
+from corral.shared.errors import BadRequest, NotFound
+
+from .. import placement
+from ..models import ConcurrencyLimit, Job, Node
+from ..validation import check_timeout
+from .context import StoreContext
+from .rows import tuples
+
+
+class Limits:
+    def __init__(self, ctx: StoreContext):
+        self.ctx = ctx
+
+    @staticmethod
+    def concurrency_limits(key: str | None = None) -> list[tuple[str, int, int]]:
+        """(key, limit, jobs with the key placed or running), of every limit set (or of `key`'s)."""
+        query = ConcurrencyLimit.select()
+        if key is not None:
+            query = query.where(ConcurrencyLimit.key == key)
+        limits = {row.key: row.limit for row in query.order_by(ConcurrencyLimit.key)}
+        if not limits:
+            return []
+        holding = _placed_or_running()
+        active = dict(tuples(Job.select(Job.concurrency_key, fn.COUNT(Job.id)).where(
+            Job.concurrency_key.in_(sorted(limits)) & holding).group_by(Job.concurrency_key)))
+        return [(k, limit, active.get(k, 0)) for k, limit in limits.items()]
+
+    def set_concurrency_limit(self, key: str, limit: int) -> None:
+        with self.ctx.tx():
+            ConcurrencyLimit.insert(key=key, limit=limit).on_conflict(
+                conflict_target=[ConcurrencyLimit.key], preserve=[ConcurrencyLimit.limit]).execute()
+
+    def remove_concurrency_limit(self, key: str) -> None:
+        with self.ctx.tx():
+            if ConcurrencyLimit.delete().where(ConcurrencyLimit.key == key).execute() == 0:
+                raise NotFound(f"no concurrency limit is set for {key!r}")
+
+    @staticmethod
+    def compute_nodes() -> list[Node]:
+        """The compute nodes with what check() reads of them (not their labels and
+        defaults, JSON parsed for every node)."""
+        return list(Node.select(Node.node_id, Node.max_memory_mb, Node.max_cpu_percent).where(Node.kind == "compute"))
+
+    def check(self, fields: dict, known: list[Node] | None = None) -> None:
+        """Refuse limits no known node allows (a pinned job: its node), while nodes are known.
+        `known`: the compute nodes, when the caller already read them. Also a job's own
+        timeout_secs above JOB_TIMEOUT_MAX_SECS."""
+        check_timeout(fields, self.ctx.settings.job_timeout_max_secs)
+        if fields.get("memory_mb") is None and fields.get("cpu_percent") is None:
+            return
+        if known is None:
+            known = self.compute_nodes()
+        nodes = [n for n in known if not fields.get("instance_id") or n.node_id == fields["instance_id"]]
+        job = placement.Ask(0, pin=fields.get("instance_id"), memory_mb=fields.get("memory_mb"),
+                            cpu_percent=fields.get("cpu_percent"))
+        if nodes and not any(placement.fits_maximum(job, placement.NodeInfo(
+                n.node_id, 1, max_memory_mb=n.max_memory_mb, max_cpu_percent=n.max_cpu_percent)) for n in nodes):
+            largest = ", ".join(f"{n.node_id}: {_maxima(n)}" for n in nodes[:5])
+            raise BadRequest(f"no node allows {_asked(job)} ({largest})")
+
+
+def _asked(job: placement.Ask) -> str:
+    """The limits a job asks, those it gives only (`memory_mb=9000`, not `cpu_percent=None`)."""
+    asked = [f"{name}={value}" for name, value in (("memory_mb", job.memory_mb), ("cpu_percent", job.cpu_percent))
+             if value is not None]
+    return ", ".join(asked)
+
+
+def _maxima(node: Node) -> str:
+    """A node's largest limits; one it does not state is `no maximum`."""
+    return ", ".join(f"{name}<={value}" if value is not None else f"{name}: no maximum"
+                     for name, value in (("memory_mb", node.max_memory_mb), ("cpu_percent", node.max_cpu_percent)))
+
+
+def _placed_or_running() -> Any:
+    """The jobs that count against an array's `parallel` and a concurrency key's limit."""
+    return (Job.status == "running") | ((Job.status == "pending") & Job.node_id.is_null(False))

@@ -1,0 +1,151 @@
+"""The scheduler's copy of the registry's node list: its refresh (with the node events
+of what changed), operators' drains through the scheduler, and the release of jobs
+placed on nodes that can no longer take them."""
+from corral.server.db import lock_placement
+from corral.shared.timeutil import epoch
+
+from .. import placement
+from ..event_log import EventLog
+from ..events import node_changes
+from ..models import Job, Node, NodeLease
+from .context import StoreContext
+from .rows import tuples
+from .placement_reads import PlacementReads
+from .stats import Stats
+from .status_writer import StatusWriter
+
+# Counts the drains and undrains through the scheduler (set_drained); a node list
+# fetched before the count moved keeps those nodes' drains (sync_nodes).
+DRAINS_COUNTER = "node_drains"
+
+
+class Nodes:
+    def __init__(self, ctx: StoreContext, stats: Stats, writer: StatusWriter, reads: PlacementReads):
+        self.ctx = ctx
+        self.stats = stats
+        self.writer = writer
+        self.reads = reads
+
+    def sync_nodes(self, nodes: list[dict], now: float, seen_drains: int | None = None) -> None:
+        """Replace the cached node list with the registry's, then move work off lost nodes.
+
+        `seen_drains`: the `node_drains` count read before the list was fetched. A node
+        drained or undrained through the scheduler since (set_drained) keeps that state:
+        the list may predate the registry's write, and must not undo a drain that has
+        already answered. None: the list is the newest word on every node."""
+        db = self.ctx.db
+        rows = [{
+            "node_id": n["node_id"], "address": n.get("address") or "", "kind": n.get("kind") or "compute",
+            "slots": int(n.get("slots") or 1), "status": _placement_status(n), "synced_at": now,
+            "max_memory_mb": n.get("max_memory_mb"), "max_cpu_percent": n.get("max_cpu_percent"),
+            "drained": bool(n.get("drained")), "last_heartbeat": epoch(n.get("last_heartbeat")),
+            # A registry of the previous release lists none: the node takes work.
+            "refusing_work": n.get("refusing_work") or None,
+            # As the columns store them (insert_rows): JSON as text.
+            "labels": Node.labels.db_value(n.get("labels") or {}),
+            "default_limits": Node.default_limits.db_value(n.get("default_limits")),
+            "reserve_memory_mb": n.get("reserved_memory_mb") or 0,
+            "reserve_cpu_percent": n.get("reserved_cpu_percent") or 0,
+        } for n in nodes]
+        with db.atomic():
+            self.ctx.check_fence()
+            current = {node_id: (status, drained, seq) for node_id, status, drained, seq in self.ctx.sql.rows(
+                db, "node states", lambda: Node.select(Node.node_id, Node.status, Node.drained, Node.drain_seq))}
+            before = {node_id: (status, drained) for node_id, (status, drained, _) in current.items()}
+            for row in rows:
+                _, drained, seq = current.get(row["node_id"], (None, False, None))
+                row["drain_seq"] = seq
+                if seen_drains is not None and seq is not None and seq > seen_drains:
+                    row["drained"], row["status"] = drained, _drain_status(row["status"], drained)
+            after = {row["node_id"]: (row["status"], row["drained"]) for row in rows}
+            Node.delete().execute()
+            # Every NODE_REFRESH_SECS: compiled once per number of nodes.
+            self.ctx.sql.insert_rows(db, "node rows", Node, rows)
+            # What changed since the last list, for the event stream (events.node_changes).
+            EventLog(db).record({"at": now, "type": "node", "job_id": None, "node_id": node_id,
+                                 "data": {"change": change, **data}}
+                                for node_id, change, data in node_changes(before, after))
+            self.release_lost(now)
+
+    def drain_count(self) -> int:
+        """How many drains and undrains went through the scheduler (sync_nodes' `seen_drains`)."""
+        return self.stats.counters().get(DRAINS_COUNTER, 0)
+
+    def set_drained(self, node_id: str, drained: bool, now: float) -> bool:
+        """The operator's drain (or undrain) of a node, in force from this commit on:
+        it waits for the placements on the node under way (the node's placement lock),
+        so every placement after it reads the node drained, on every worker and replica;
+        the jobs placed there but not yet claimed go back to the queue. False when the
+        node list has no such node yet (its next refresh brings the registry's flag)."""
+        with self.ctx.tx():
+            lock_placement(self.ctx.db, nodes=[node_id])
+            node = Node.get_or_none(Node.node_id == node_id)
+            if node is None:
+                return False
+            self.stats.bump(**{DRAINS_COUNTER: 1})
+            status = _drain_status(node.status, drained)
+            Node.update(drained=drained, status=status, drain_seq=self.drain_count()).where(
+                Node.node_id == node_id).execute()
+            EventLog(self.ctx.db).record({"at": now, "type": "node", "job_id": None, "node_id": node_id,
+                                          "data": {"change": change, **data}} for _, change, data in node_changes(
+                                              {node_id: (node.status, node.drained)}, {node_id: (status, drained)}))
+            if drained:
+                self.release_lost(now)
+        return True
+
+    def release_lost(self, now: float) -> int:
+        """Unplace pending jobs whose node is unhealthy, drained, refusing work or gone, so
+        they go elsewhere.
+
+        Each write is conditional on the job being as it was read: still pending on that
+        node at that attempt. On PostgreSQL a claim in another process can take the job
+        between the read and the write, and an unconditional write then left a running
+        job with no node, which nothing would ever finish or requeue."""
+        stranded = self._stranded()
+        if not stranded:
+            return 0
+        states = {node_id: f"is {status}" if refusing is None or status != "healthy"
+                  else f"takes no new work: {refusing}"
+                  for node_id, status, refusing in tuples(Node.select(Node.node_id, Node.status, Node.refusing_work))}
+        released = 0
+        for job in stranded:
+            unplaced = Job.update(node_id=None, placed_at=None).where(
+                (Job.id == job.id) & (Job.status == "pending") & (Job.node_id == job.node_id)
+                & (Job.attempt == job.attempt)).execute()
+            if unplaced:
+                why = states.get(job.node_id, "is gone from the registry")
+                self.writer.event(job, "pending", "pending", now, f"node {job.node_id} {why}; unplaced")
+                released += 1
+        return released
+
+    def _stranded(self) -> list[Job]:
+        """Pending jobs placed on a node that is not a healthy compute node taking work (any more)."""
+        healthy = Node.select(Node.node_id).where((Node.status == "healthy") & (Node.kind == "compute")
+                                                  & Node.refusing_work.is_null())
+        return list(Job.select().where((Job.status == "pending") & Job.node_id.is_null(False)
+                                       & Job.node_id.not_in(healthy)))
+
+    def nodes_and_slots(self) -> list[tuple[Node, int, placement.NodeInfo, tuple[int | None, int | None] | None]]:
+        """The cached node list, each node with its capacity, what its jobs hold (as
+        placement sees it) and what they use (as its agent last said; None: never)."""
+        infos = {info.node_id: info for info in self.reads.nodes(include_others=True)}
+        used = {node_id: (memory, cpu) for node_id, memory, cpu in tuples(NodeLease.select(
+            NodeLease.node_id, NodeLease.used_memory_mb, NodeLease.used_cpu_percent))}
+        # Two reads: a node the registry sync added or removed between them is left out
+        # (it shows on the next read), not an error.
+        return [(n, self.ctx.capacity(n.slots), infos[n.node_id], used.get(n.node_id))
+                for n in Node.select().order_by(Node.node_id) if n.node_id in infos]
+
+
+def _drain_status(status: str, drained: bool) -> str:
+    """A node's placement status once drained (or undrained): only a healthy node shows it."""
+    if drained and status == "healthy":
+        return "drained"
+    return "healthy" if not drained and status == "drained" else status
+
+
+def _placement_status(node: dict) -> str:
+    """How the scheduler sees a registry node: a drained node takes no new work
+    (what it runs finishes), so for placement it is not `healthy`."""
+    status = node.get("status") or "unhealthy"
+    return "drained" if status == "healthy" and node.get("drained") else status

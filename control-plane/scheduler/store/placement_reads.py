@@ -1,0 +1,151 @@
+"""What placement reads: the snapshot a placement pass plans on. The compute nodes with
+their free slots and what their jobs reserve, the due queue page by page, the limits
+of the arrays and concurrency keys the queued jobs belong to (throttles), and the
+round-robin cursor. Reads only; placement_writes.py writes what the stage decides."""
+from collections.abc import Collection
+from typing import Any
+
+import peewee
+from peewee import fn
+
+from corral.server.statements import ValueList, param
+from corral.shared.states import ACTIVE
+
+from .. import placement
+from ..models import ConcurrencyLimit, Job, JobArray, Node, SchedulerState
+from .columns import QUEUED
+from .context import StoreContext
+from .rows import json_value, limits_by_type, tuples
+
+RR_CURSOR = "rr_cursor"
+
+
+class PlacementReads:
+    def __init__(self, ctx: StoreContext):
+        self.ctx = ctx
+
+    def nodes(self, only: Collection[str] | None = None, include_others: bool = False
+              ) -> list[placement.NodeInfo]:
+        """The compute nodes (`only` these, when given; `include_others`: nodes of every
+        kind) as placement sees them: status, labels, limits, free slots and what their
+        jobs reserve."""
+        if only is not None and not only:
+            return []
+        chosen = ValueList(self.ctx.db, "only", sorted(only)) if only is not None else None
+
+        def compute_nodes() -> Any:
+            # Each node with the count of its jobs that hold a slot and what they reserve,
+            # in one walk of the (node_id, status) index per node (a join, grouped).
+            where = None if include_others else Node.kind == "compute"
+            if chosen is not None:
+                where = chosen.matches(Node.node_id) if where is None else where & chosen.matches(Node.node_id)
+            return (Node.select(Node.node_id, Node.slots, Node.status, Node.refusing_work, Node.max_memory_mb,
+                                Node.max_cpu_percent, Node.labels, Node.default_limits, Node.reserve_memory_mb,
+                                Node.reserve_cpu_percent,
+                                fn.COUNT(Job.id), fn.COALESCE(fn.SUM(Job.reserved_memory_mb), 0),
+                                fn.COALESCE(fn.SUM(Job.reserved_cpu_percent), 0))
+                    .join(Job, peewee.JOIN.LEFT_OUTER, on=(Job.node_id == Node.node_id) & Job.status.in_(ACTIVE))
+                    .where(where if where is not None else peewee.SQL("1 = 1"))
+                    .group_by(Node.node_id))
+
+        rows = self.ctx.sql.rows(self.ctx.db, ("placement nodes", chosen and chosen.size, include_others),
+                                 compute_nodes, **(chosen.values if chosen else {}))
+        capacity = self.ctx.capacity
+        return [placement.NodeInfo(
+            node_id, capacity(slots) - held, status="healthy" if status in ("healthy", "drained") else status,
+            drained=status == "drained", refusing_work=refusing, labels=json_value(labels) or {},
+            max_memory_mb=max_memory,
+            max_cpu_percent=max_cpu, reserve_memory_mb=reserve_memory or 0, reserve_cpu_percent=reserve_cpu or 0,
+            reserved_memory_mb=int(reserved_memory or 0), reserved_cpu_percent=int(reserved_cpu or 0),
+            default_limits=limits_by_type(json_value(defaults)))
+            for (node_id, slots, status, refusing, max_memory, max_cpu, labels, defaults, reserve_memory, reserve_cpu,
+                 held, reserved_memory, reserved_cpu) in rows]
+
+    def open_nodes(self) -> list[str]:
+        """The healthy compute nodes with a free slot (one read, no lock)."""
+        return [n.node_id for n in self.nodes() if n.takes_work and n.free_slots > 0]
+
+    def queue_page(self, open_nodes: ValueList, now: float, limit: int,
+                   after: tuple[float, int] | None) -> list[tuple]:
+        """Up to `limit` due jobs (rows of columns.QUEUED) an open node may take (unpinned,
+        or pinned to one of `open_nodes`), in queue order, after (queue_at, id) `after`."""
+        def unplaced() -> Any:
+            # Ordered as the (status, node_id, queue_at, id) index is: status and node_id are the
+            # same in every row, so this is queue order, read from the index up to the
+            # limit. Ordered by id alone, PostgreSQL walks the primary key past every
+            # finished job, and SQLite sorts every queued one. On PostgreSQL,
+            # placements on other nodes run meanwhile: each skips the jobs another
+            # is placing, rather than waiting for its commit to find them placed.
+            where = ((Job.status == "pending") & Job.node_id.is_null() & (Job.dependencies_left == 0)
+                     & (Job.next_attempt_at.is_null() | (Job.next_attempt_at <= param("now")))
+                     & (Job.instance_id.is_null() | open_nodes.matches(Job.instance_id)))
+            if after is not None:
+                where &= peewee.Tuple(Job.queue_at, Job.id) > peewee.Tuple(param("after_at"), param("after_id"))
+            query = Job.select(*QUEUED).where(where).order_by(
+                Job.status, Job.node_id, Job.queue_at, Job.id).limit(param("limit"))
+            return query.for_update(skip_locked=True) if getattr(self.ctx.db, "for_update", False) else query
+
+        extra = {} if after is None else {"after_at": after[0], "after_id": after[1]}
+        return self.ctx.sql.rows(self.ctx.db, ("unplaced", open_nodes.size, after is not None), unplaced,
+                                 now=now, limit=limit, **open_nodes.values, **extra)
+
+    def queue_head(self, now: float, limit: int) -> list[tuple]:
+        """The first `limit` due jobs of the queue (rows of columns.QUEUED), read without a lock."""
+        return self.ctx.sql.rows(self.ctx.db, "explain queue", lambda: Job.select(*QUEUED).where(
+            (Job.status == "pending") & Job.node_id.is_null() & (Job.dependencies_left == 0)
+            & (Job.next_attempt_at.is_null() | (Job.next_attempt_at <= param("now")))
+        ).order_by(Job.status, Job.node_id, Job.queue_at, Job.id).limit(param("limit")), now=now, limit=limit)
+
+    def next_due(self, now: float) -> float | None:
+        """The earliest time after `now` an unplaced job comes due (a run_at, a retry's
+        backoff), for the background pass to wake then; None when none waits for a time."""
+        due: float | None = self.ctx.sql.rows(
+            self.ctx.db, "next due", lambda: Job.select(fn.MIN(Job.next_attempt_at)).where(
+                (Job.next_attempt_at > param("now")) & (Job.status == "pending") & Job.node_id.is_null()),
+            now=now)[0][0]
+        return due
+
+    @staticmethod
+    def throttles(known: Collection[tuple[str, object]], asks: list[placement.Ask]
+                  ) -> dict[tuple[str, object], placement.Throttle]:
+        """The limits of the arrays and concurrency keys of these jobs not `known` yet,
+        and how many of their jobs are placed or running."""
+        arrays = {a.array_id for a in asks if a.array_id is not None and ("array", a.array_id) not in known}
+        keys = {a.concurrency_key for a in asks if a.concurrency_key is not None
+                and ("key", a.concurrency_key) not in known}
+        found: dict[tuple[str, object], placement.Throttle] = {}
+        if not arrays and not keys:
+            return found
+        holding = _holding_slots()
+        if arrays:
+            # `+ 0` (and `|| ''` below): read through the index of the jobs holding slots, not
+            # the array's (or key's) own, which walks every queued job of a 100,000-job array.
+            active = dict(tuples(Job.select(Job.array_id, fn.COUNT(Job.id)).where(
+                (Job.array_id + 0).in_(sorted(arrays)) & holding).group_by(Job.array_id)))
+            for array_id, parallel in tuples(JobArray.select(JobArray.id, JobArray.parallel).where(
+                    JobArray.id.in_(sorted(arrays)))):
+                found[("array", array_id)] = placement.Throttle(parallel, active.get(array_id, 0))
+        if keys:
+            limits = dict(tuples(ConcurrencyLimit.select(ConcurrencyLimit.key, ConcurrencyLimit.limit).where(
+                ConcurrencyLimit.key.in_(sorted(keys)))))
+            if limits:
+                active = dict(tuples(Job.select(Job.concurrency_key, fn.COUNT(Job.id)).where(
+                    Job.concurrency_key.concat("").in_(sorted(limits)) & holding).group_by(
+                    Job.concurrency_key)))
+                for key, limit in limits.items():
+                    found[("key", key)] = placement.Throttle(limit, active.get(key, 0))
+            for key in keys - set(limits):  # no limit set: unlimited (and not asked again this pass)
+                found[("key", key)] = placement.Throttle(placement.UNCOUNTED, 0)
+        return found
+
+    def cursor(self) -> tuple[str | None, bool]:
+        """The round-robin cursor (read under the placement lock), and whether its row exists."""
+        rows = self.ctx.sql.rows(self.ctx.db, "cursor value", lambda: SchedulerState.select(
+            SchedulerState.value).where(SchedulerState.key == RR_CURSOR))
+        return (rows[0][0], True) if rows else (None, False)
+
+
+def _holding_slots() -> Any:
+    """The jobs placed or running, as a range of the (status, node_id, ...) index: a running
+    job is always on a node. Its rows are bounded by the cluster's slots, not by the queue."""
+    return Job.status.in_(["pending", "running"]) & Job.node_id.is_null(False)

@@ -1,0 +1,156 @@
+"""Placement orchestration: the stage between the pure planner (placement.py) and the
+database. It reads a snapshot (placement_reads.py: the nodes with their free
+capacity, the due queue page by page, the arrays' and keys' throttles, the cursor),
+lets the planner choose, and writes the outcome (placement_writes.py: placements,
+the reasons of the jobs left waiting, the cursor and mark). Policy that decides who
+goes first (quotas, fair share) belongs here and in the planner, nowhere else.
+
+Concurrency: on SQLite every `db.atomic()` is BEGIN IMMEDIATE, so transactions that
+place jobs are serialised by the database lock. On PostgreSQL placement is
+serialised by transaction-level advisory locks (`lock_placement`: over every node,
+or per node for a placement that fills only some nodes' slots), which
+service.Scheduler takes before its transaction locks any row; placements skip the
+jobs another placement is placing (FOR UPDATE SKIP LOCKED)."""
+import os
+from collections.abc import Collection
+
+from corral.server.db import lock_placement, locked_nodes
+from corral.server.statements import ValueList
+from corral.shared.errors import Conflict
+
+from .. import placement
+from ..models import Job
+from .columns import QUEUED
+from .context import StoreContext
+from .jobs import Jobs
+from .marks import PLACEMENT_MARK
+from .placement_reads import RR_CURSOR, PlacementReads
+from .placement_writes import PlacementWrites
+from .rows import FALLBACK_LIMITS, ask
+
+# A placement pass reads the queue in pages of this many jobs after the first (as many
+# as there are free slots) while it has room. The background pass looks at most
+# PLACEMENT_SCAN_MAX jobs down the queue; a placement on the way of a submit, a report
+# or a claim one page past the first read: when the jobs ahead fit nowhere (nodes full
+# by their reservations, constraints no free node meets) it does not read thousands of
+# rows on every request, and what is deeper is placed by the next background pass.
+QUEUE_PAGE = 500
+PLACEMENT_SCAN_MAX = 10_000
+# The background pass gives this many jobs at the head of the queue their reasons.
+EXPLAIN_MAX = 1000
+
+
+class Placing:
+    def __init__(self, ctx: StoreContext, reads: PlacementReads, writes: PlacementWrites, jobs: Jobs):
+        self.ctx = ctx
+        self.reads = reads
+        self.writes = writes
+        self.jobs = jobs
+
+    def dispatch(self, now: float, nodes: Collection[str] | None = None, deep: bool = False,
+                 first_only: bool = False) -> int:
+        """Place waiting jobs on nodes with room (placement.Planner over the snapshot,
+        the jobs offered in queue order, page by page, until no slot is left; each
+        assignment a conditional update); the number placed. `nodes`: only these may
+        take work (the nodes whose slots just freed: new work was offered to every
+        node when it came), else every node the transaction locked for placement
+        (service.Scheduler: on PostgreSQL, new work locks the nodes that had a free
+        slot), and the round robin turns. A pass that may place on every node also
+        keeps the reasons of the jobs it could not place (waiting.py). `deep`: look as far
+        down the queue as the background pass does (PLACEMENT_SCAN_MAX). `first_only`:
+        read no page past the first (as many jobs as there are free slots): the placement
+        of new work (a submit), whose cost must not grow with the queue. The jobs ahead
+        were offered these slots already (by the placement that freed them, or the
+        background pass); when the first ones do not fit (throttled, constrained), the
+        background pass, which looks deeper, places what is further down within
+        DISPATCH_INTERVAL_SECS."""
+        with self.ctx.tx():
+            rotate = nodes is None
+            if nodes is None:
+                nodes = locked_nodes(self.ctx.db)
+            every_node = nodes is None
+            # One placement at a time on each node across every process (the caller
+            # usually took the lock first; taking it again is free). Most calls find
+            # no free slot.
+            lock_placement(self.ctx.db, nodes=nodes)
+            infos = self.reads.nodes(nodes)
+            total_free = sum(max(0, n.free_slots) for n in infos if n.takes_work)
+            if total_free <= 0:
+                return 0
+            # The round robin turns in placements of new work; filling the slots a node's
+            # own jobs freed is not its turn (and leaves the cursor's row alone, which
+            # placements on different nodes would otherwise queue on).
+            cursor, cursor_stored = self.reads.cursor() if rotate else (None, False)
+            before = cursor
+            planner = placement.Planner(infos, self.ctx.settings.placement_policy, cursor,
+                                        fallback=FALLBACK_LIMITS)
+            open_ids = sorted(n.node_id for n in infos if n.takes_work and n.free_slots > 0)
+            scan = PLACEMENT_SCAN_MAX if deep else total_free if first_only else total_free + QUEUE_PAGE
+            candidates = self._offer_queue(planner, open_ids, now, total_free, scan)
+            plan = planner.plan()
+            cursor = plan.cursor
+            placed = self.writes.place(plan.placed, {row[0]: row[1] for row in candidates}, now)
+            if every_node:
+                self.writes.keep_reasons(plan.waiting, {row[0]: row[2] for row in candidates})
+            state: dict[str, str | None] = {}
+            if placed:
+                self.writes.wake_after_commit({node_id for _, node_id in placed})
+                if self.ctx.marks_placements:
+                    state[PLACEMENT_MARK] = os.urandom(8).hex()
+            if rotate and (not cursor_stored or cursor != before):
+                state[RR_CURSOR] = cursor
+            self.writes.set_state(state)
+            return len(placed)
+
+    def _offer_queue(self, planner: placement.Planner, open_ids: list[str], now: float, first: int,
+                     scan: int) -> list[tuple]:
+        """Offer the planner the due jobs an open node may take (unpinned, or pinned to
+        one of them), in queue order: `first` of them, then pages of QUEUE_PAGE while it
+        has room, up to `scan` in all. Returns (id, attempt, stored reason) of each."""
+        open_nodes = ValueList(self.ctx.db, "open", open_ids)
+        seen: list[tuple] = []
+        limit, after = first, None
+        while not planner.exhausted and len(seen) < scan:
+            rows = self.reads.queue_page(open_nodes, now, limit, after)
+            asks = [ask(row) for row in rows]
+            self._add_throttles(planner, asks)
+            planner.offer(asks)
+            seen += [(row[0], row[1], row[-2]) for row in rows]
+            if len(rows) < limit:
+                break
+            limit, after = min(QUEUE_PAGE, scan - len(seen)), (rows[-1][-1], rows[-1][0])
+        return seen
+
+    def explain(self, now: float, limit: int = EXPLAIN_MAX) -> int:
+        """Why the first `limit` due jobs in the queue are not placed, against every
+        node (the background pass: the reasons of jobs no placement looks at, such as
+        when no node has a free slot or none is healthy). Reads without a lock and
+        writes only the reasons that changed; returns how many."""
+        rows = self.reads.queue_head(now, limit)
+        if not rows:
+            return 0
+        planner = placement.Planner(self.reads.nodes(), self.ctx.settings.placement_policy,
+                                    fallback=FALLBACK_LIMITS, explain=True)
+        asks = [ask(row) for row in rows]
+        self._add_throttles(planner, asks)
+        planner.offer(asks)
+        # A job the planner could place waits only for the next placement: it keeps its reason.
+        return self.writes.keep_reasons(planner.plan().waiting, {row[0]: row[-2] for row in rows})
+
+    def why(self, job_id: str) -> tuple[Job, list[dict]]:
+        """A pending job and the nodes that came closest to taking it, each with what it
+        lacks (placement.shortfalls); Conflict for a job that does not wait."""
+        job = self.jobs.get(job_id)
+        if job.status != "pending":
+            raise Conflict(f"{job.job_id} is {job.status}: it does not wait")
+        if job.node_id is not None:
+            return job, []
+        return job, placement.shortfalls(ask(tuple(getattr(job, f.name) for f in QUEUED)), self.reads.nodes(),
+                                         FALLBACK_LIMITS)
+
+    def _add_throttles(self, planner: placement.Planner, asks: list[placement.Ask]) -> None:
+        """Tell the planner the limits of the arrays and concurrency keys of these jobs
+        it does not know yet, and how many of their jobs are placed or running."""
+        found = self.reads.throttles(set(planner.throttles), asks)
+        if found:
+            planner.add_throttles(found)

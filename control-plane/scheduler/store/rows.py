@@ -1,0 +1,48 @@
+"""Raw rows as placement reads them: JSON columns parsed (once per distinct text),
+a queued job as a placement.Ask, a node's advertised default limits.
+
+Placement reads tuples, not model instances (a pass reads thousands of rows), so
+these conversions are the ones peewee's fields would otherwise make."""
+import functools
+import json
+from typing import Any
+
+from .. import placement
+
+# The design's default limits per job type, for a claim whose agent sent no defaults of its own.
+DESIGN_LIMITS = {"run": {"memory_mb": 512, "cpu_percent": 100},
+                 "service": {"memory_mb": 1024, "cpu_percent": 200}}
+FALLBACK_LIMITS = {job_type: (limits["memory_mb"], limits["cpu_percent"])
+                   for job_type, limits in DESIGN_LIMITS.items()}
+
+
+def json_value(value: Any) -> Any:
+    """A JSON column's value as a SELECT of raw rows gives it (text), parsed. The same
+    texts come back on every placement (a node's labels and defaults, the jobs' few
+    constraint sets): they are parsed once. The result is shared: never change it."""
+    return _parsed(value) if isinstance(value, str) else value
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed(text: str) -> Any:
+    return json.loads(text)
+
+
+def limits_by_type(defaults: dict | None) -> dict[str, placement.Limits]:
+    """A node's default limits per job type, as its agent advertised them."""
+    return {job_type: (limits["memory_mb"], limits["cpu_percent"]) for job_type, limits in (defaults or {}).items()
+            if isinstance(limits, dict) and "memory_mb" in limits and "cpu_percent" in limits}
+
+
+def ask(row: tuple) -> placement.Ask:
+    """A queued job (a row of columns.QUEUED) as placement reads it."""
+    job_id, _, job_type, pin, memory, cpu, constraints, pool, array_id, key = row[:10]
+    return placement.Ask(job_id, job_type=job_type, pin=pin, memory_mb=memory, cpu_percent=cpu,
+                         constraints=tuple((label, op, tuple(value) if isinstance(value, list) else value)
+                                           for label, op, value in (json_value(constraints) or ())),
+                         pool=pool, array_id=array_id, concurrency_key=key)
+
+
+def tuples(query: Any) -> Any:
+    """A query's rows as tuples (peewee's stubs type them as model instances: untyped here)."""
+    return query.tuples()
