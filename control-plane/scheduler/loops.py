@@ -1,7 +1,7 @@
 """The scheduler's background work, run by exactly one process at a time.
 
-Every gunicorn worker runs a `LoopThread` calling `Background.tick(now)`; a
-lease row decides which one does the work. One pass:
+A leased loop (corral.server.leased): every gunicorn worker runs its thread, and
+the lease decides which one does the work. One pass:
 
 - refreshes the node list from the registry (every NODE_REFRESH_SECS); when the
   registry cannot be reached the cached list stays, so dispatch goes on;
@@ -16,17 +16,17 @@ lease row decides which one does the work. One pass:
   or on the next pass while a backlog remains; and so the event stream's events
   older than EVENTS_RETENTION_SECS (event_log.py).
 
-The SQS intake (sqs_intake.py) and the SNS outbox (sns_outbox.py) are loops
-of their own, each behind its own lease, run with `PacedLoopThread`.
+Schedules (schedule_loop.py), the sampler (sampler.py), the SQS intake
+(sqs_intake.py) and the SNS outbox (sns_outbox.py) are leased loops of their own,
+each behind its own lease.
 """
-import atexit
 import logging
 import time
 from collections.abc import Callable
 
-from corral.server import serve as server
 from corral.shared.clients import ClientError, RegistryClient
-from corral.server.leader import Fence, LeaseLost, LoopThread, Tenure, holder_id
+from corral.server.leased import LeasedLoop
+from corral.server.leader import LoopThread
 
 from .event_log import EventLog
 from .job_logs import JobLogs
@@ -43,17 +43,23 @@ MAX_BACKOFF_SECS = 5.0
 PURGE_INTERVAL_SECS = 60.0
 
 
-class Background:
-    def __init__(self, store: Store, registry: RegistryClient, holder: str | None = None):
-        self.holder = holder or holder_id()
-        self.fence = Fence(LEASE_NAME, self.holder)
-        # Every write of a pass is made under the lease: refused once another process holds it.
-        self.store = store.fenced(self.fence)
+class Background(LeasedLoop[Store, bool]):
+    """The scheduler's pass; `tick(now)` says whether this process held the lease for it."""
+
+    doing = "running the background loops"
+
+    def __init__(self, store: Store, registry: RegistryClient, holder: str | None = None,
+                 clock: Callable[[], float] = time.time):
+        # The lease outlives several passes, so a slow pass does not lose it. Agents get a
+        # full lease period from the start of the tenure before any node counts as lost:
+        # after a takeover, and after a pause longer than their lease (their renewals
+        # could not land meanwhile either).
+        super().__init__(store, LEASE_NAME, max(10.0, 5 * store.settings.dispatch_interval_secs), holder,
+                         gap=store.settings.heartbeat_timeout_secs, max_backoff=MAX_BACKOFF_SECS)
         self.scheduler = Scheduler(self.store)
         self.registry = registry
+        self.clock = clock
         self.settings = store.settings
-        # The lease outlives several passes, so a slow pass does not lose it.
-        self.lease_ttl = max(10.0, 5 * self.settings.dispatch_interval_secs)
         self.next_sync = 0.0
         self.next_timeout_check = 0.0
         self.next_purge = 0.0
@@ -63,32 +69,18 @@ class Background:
         self.registry_down_since: float | None = None
         # The nodes already warned about for advertising more slots than MAX_JOBS_PER_NODE.
         self.capped_nodes: set[str] = set()
-        # Agents get a full lease period from the start of the tenure before any node
-        # counts as lost: after a takeover, and after a pause longer than their lease
-        # (their renewals could not land meanwhile either).
-        self.tenure = Tenure(self.settings.heartbeat_timeout_secs)
 
-    def tick(self, now: float) -> bool:
-        """One pass; returns False when another process holds the lease (or took it
-        over during the pass: the rest of the pass is refused by the fence)."""
-        token = self.fence.acquire(self.store.db, self.lease_ttl, now)
-        if token is None:
-            self.tenure.lost()
-            return False
-        try:
-            return self._pass(now, token)
-        except LeaseLost as exc:
-            self.tenure.lost()
-            log.warning("stopped a background pass: %s", exc)
-            return False
+    def not_holding(self) -> bool:
+        return False
 
-    def _pass(self, now: float, token: int) -> bool:
-        began = self.tenure.begin_pass(token, now)
-        if began == "taken":
-            log.info("running the background loops (lease token %d)", token)
-        elif began == "resumed":
-            log.warning("the background loops did not run for %.1fs; every node gets a full lease period "
-                        "before any counts as lost", self.tenure.paused)
+    def delay(self, result: bool) -> float:
+        return self.delay_after(self.clock())
+
+    def resumed(self, paused: float) -> None:
+        log.warning("the background loops did not run for %.1fs; every node gets a full lease period "
+                    "before any counts as lost", paused)
+
+    def one_pass(self, now: float) -> bool:
         if now >= self.next_sync:
             self.next_sync = now + self.settings.node_refresh_secs
             self.refresh_nodes(now)
@@ -174,70 +166,6 @@ def over_cap(nodes: list, cap: int, warned: set[str]) -> list[str]:
     return messages
 
 
-class PacedLoopThread(LoopThread):
-    """A LoopThread whose `tick(now)` returns how many seconds to wait before the next pass.
-
-    0 means "at once" (a long poll paces itself; a full batch means more work).
-    An exception is still logged and backed off (doubling from `interval`).
-    """
-
-    def delay_after(self, result: object) -> float:
-        return max(0.0, float(result))  # type: ignore[arg-type]  # tick returns a number
-
-
-def on_a_connection(store: Store, tick: Callable[[float], object]) -> Callable[[float], object]:
-    """`tick` run with a connection from the pool that is given back after each pass.
-    A connection the database dropped meanwhile (a restart, a fast shutdown, a network
-    cut) is discarded then and the next pass opens a new one; a connection kept open
-    by the thread would fail every pass from then on."""
-
-    def tick_on_a_connection(now: float):
-        with store.db.connection_context():
-            return tick(now)
-    return tick_on_a_connection
-
-
-def run_in_background(store: Store, loop: LoopThread, fence: Fence, join_timeout: float = 5.0) -> LoopThread:
-    """Start `loop`, whose passes run under `fence`'s lease, each on a connection of
-    its own (on_a_connection).
-
-    The lease is given up when the loop ends, so that a restarted scheduler or another
-    replica does not wait out the ttl before the loops run again. A worker told to
-    stop (SIGTERM) ends its loop at once: it finishes the pass under way and takes
-    no lease over from then on (Fence.stopping), so a worker that is itself shutting
-    down never takes the lease another one just gave up. At any other normal exit
-    the loop is stopped then (atexit)."""
-    loop.tick = on_a_connection(store, loop.tick)
-
-    def give_up_lease():
-        with store.db.connection_context():
-            fence.release(store.db)
-
-    def told_to_stop():
-        fence.stopping.set()
-        loop.stop_event.set()
-
-    def at_exit():
-        loop.stop(join_timeout)
-        if loop.thread.is_alive():  # a pass is stuck: its late writes are fenced off
-            try:
-                give_up_lease()
-            except Exception:
-                log.exception("could not release the %s lease", fence.name)
-
-    loop.on_exit = give_up_lease
-    server.on_stop_signal(told_to_stop)
-    atexit.register(at_exit)
-    return loop.start()
-
-
 def start(store: Store, registry: RegistryClient, clock: Callable[[], float] = time.time) -> LoopThread:
-    background = Background(store, registry)
-
-    def tick(now: float) -> float:
-        background.tick(now)
-        return background.delay_after(clock())
-
-    loop = PacedLoopThread("scheduler-loops", store.settings.dispatch_interval_secs, tick, clock=clock,
-                           max_backoff=MAX_BACKOFF_SECS)
-    return run_in_background(store, loop, background.fence)
+    return Background(store, registry, clock=clock).start("scheduler-loops", store.settings.dispatch_interval_secs,
+                                                          clock)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from peewee import fn
 
-from corral.server.leader import Fence, LeaseLost, holder_id
+from corral.server.leased import PacedLoop
 
 from . import samples, views
 from .models import Job, StatsSample
@@ -34,24 +34,21 @@ LEASE_NAME = "scheduler-stats"
 EARLY_FRACTION = 0.05
 
 
-class Sampler:
+class Sampler(PacedLoop[Store]):
+    """One pass takes a sample when one is due; it answers how long to sleep."""
+
+    doing = "taking samples of the cluster"
+
     def __init__(self, store: Store, holder: str | None = None):
-        self.fence = Fence(LEASE_NAME, holder or holder_id())
-        self.store = store.fenced(self.fence)
         self.interval = store.settings.stats_interval_secs
         self.retention = store.settings.stats_retention_secs
+        self.idle = self.interval  # another process samples; look again in an interval
         # Renewed every interval: it outlives a slow pass or two before another process takes over.
-        self.lease_ttl = max(5.0, 3 * self.interval)
+        super().__init__(store, LEASE_NAME, max(5.0, 3 * self.interval), holder,
+                         max_backoff=max(30.0, self.interval))
 
-    def tick(self, now: float) -> float:
-        """One pass: a sample when one is due and this process holds the lease; how long to sleep."""
-        if self.fence.acquire(self.store.db, self.lease_ttl, now) is None:
-            return self.interval  # another process samples; look again in an interval
-        try:
-            return self.take(now)
-        except LeaseLost as exc:
-            log.warning("stopped sampling: %s", exc)
-            return self.interval
+    def one_pass(self, now: float) -> float:
+        return self.take(now)
 
     def take(self, now: float) -> float:
         """Take a sample at `now` unless the newest one is younger than an interval (then
@@ -109,9 +106,5 @@ def history(since: float | None) -> list[StatsSample]:
 
 def start(store: Store, clock: Callable[[], float] = time.time):
     """Run the sampler in this process (every gunicorn worker; the lease picks one)."""
-    from .loops import PacedLoopThread, run_in_background
-
     sampler = Sampler(store)
-    loop = PacedLoopThread("stats-sampler", sampler.interval, sampler.tick, clock=clock,
-                           max_backoff=max(30.0, sampler.interval))
-    return run_in_background(store, loop, sampler.fence)
+    return sampler.start("stats-sampler", sampler.interval, clock)

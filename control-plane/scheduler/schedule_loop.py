@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable
 
 from corral.shared.backoff import Backoff
-from corral.server.leader import Fence, LeaseLost, Tenure, holder_id
+from corral.server.leased import PacedLoop
+from corral.server.leader import LeaseLost
 
 from .schedules import Schedules
 from .service import Scheduler
@@ -32,58 +33,46 @@ SCHEDULE_POLL_SECS = 1.0
 FAILING_BACKOFF_CAP_SECS = 60.0
 
 
-class Firing:
+class Firing(PacedLoop[Store]):
+    """One pass fires the due slots of every schedule; it answers how long to sleep."""
+
+    doing = "firing schedules"
+    idle = LEASE_TTL_SECS / 4
+
     def __init__(self, store: Store, holder: str | None = None):
-        self.fence = Fence(LEASE_NAME, holder or holder_id())
-        self.store = store.fenced(self.fence)
+        # Slots before the tenure began were missed (catch_up decides them).
+        super().__init__(store, LEASE_NAME, LEASE_TTL_SECS, holder, max_backoff=5.0)
         self.schedules = Schedules(self.store)
         self.scheduler = Scheduler(self.store)
         self.catch_up_max = store.settings.schedule_catch_up_max
-        self.tenure = Tenure(LEASE_TTL_SECS)  # slots before its start were missed
         # Schedules that failed to fire: when each is tried again, and its backoff.
         # This process's pacing only; the schedule's slots are in the database.
         self.failing: dict[int, tuple[float, Backoff]] = {}
 
-    def tick(self, now: float) -> float:
-        """One pass; returns how long to sleep."""
-        token = self.fence.acquire(self.store.db, LEASE_TTL_SECS, now)
-        if token is None:
-            self.tenure.lost()
-            return LEASE_TTL_SECS / 4
-        if self.tenure.begin_pass(token, now) == "taken":
-            log.info("firing schedules (lease token %d)", token)
-        try:
-            created = 0
-            for schedule_id in self.schedules.due(now):
-                retry_at, backoff = self.failing.get(schedule_id, (now, None))
-                if retry_at > now:
-                    continue
-                try:
-                    fired = self.schedules.fire(schedule_id, now, self.tenure.since, self.catch_up_max)
-                except LeaseLost:
-                    raise
-                except Exception:  # one schedule's trouble holds up no other
-                    backoff = backoff or Backoff(1.0, FAILING_BACKOFF_CAP_SECS)
-                    delay = backoff.next()
-                    self.failing[schedule_id] = (now + delay, backoff)
-                    log.exception("firing schedule %d failed; it is tried again in %.0fs", schedule_id, delay)
-                    continue
-                self.failing.pop(schedule_id, None)
-                created += len(fired.created)
-            if created:
-                self.scheduler.place(now)
-        except LeaseLost as exc:
-            self.tenure.lost()
-            log.warning("stopped firing schedules: %s", exc)
-            return LEASE_TTL_SECS / 4
+    def one_pass(self, now: float) -> float:
+        created = 0
+        for schedule_id in self.schedules.due(now):
+            retry_at, backoff = self.failing.get(schedule_id, (now, None))
+            if retry_at > now:
+                continue
+            try:
+                fired = self.schedules.fire(schedule_id, now, self.tenure.since, self.catch_up_max)
+            except LeaseLost:
+                raise
+            except Exception:  # one schedule's trouble holds up no other
+                backoff = backoff or Backoff(1.0, FAILING_BACKOFF_CAP_SECS)
+                delay = backoff.next()
+                self.failing[schedule_id] = (now + delay, backoff)
+                log.exception("firing schedule %d failed; it is tried again in %.0fs", schedule_id, delay)
+                continue
+            self.failing.pop(schedule_id, None)
+            created += len(fired.created)
+        if created:
+            self.scheduler.place(now)
         following = self.schedules.next_slot()
         return SCHEDULE_POLL_SECS if following is None else max(0.0, min(SCHEDULE_POLL_SECS, following - now))
 
 
 def start(store: Store, clock: Callable[[], float] = time.time):
     """Run the loop in this process (every gunicorn worker; the lease picks one)."""
-    from .loops import PacedLoopThread, run_in_background
-
-    firing = Firing(store)
-    loop = PacedLoopThread("schedules", SCHEDULE_POLL_SECS, firing.tick, clock=clock, max_backoff=5.0)
-    return run_in_background(store, loop, firing.fence)
+    return Firing(store).start("schedules", SCHEDULE_POLL_SECS, clock)

@@ -21,8 +21,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from corral.shared.backoff import Backoff
-from corral.server.leader import Fence, holder_id
+from corral.server.leased import PacedLoop
 
 from . import aws_clients
 
@@ -52,34 +51,24 @@ def publish_entry(row_id: int, message: dict, fifo: bool = False) -> dict:
 
 # ---- the loop -------------------------------------------------------------------
 
-class Publisher:
+class Publisher(PacedLoop):
     """One pass of the outbox publisher per `tick(now)`; returns the seconds until the next pass."""
 
     def __init__(self, store, holder: str | None = None, client_factory=aws_clients.sns_client):
-        self.holder = holder or holder_id()
-        self.fence = Fence(LEASE_NAME, self.holder)
-        self.store = store.fenced(self.fence)  # its writes are refused once the lease is lost
+        # A pass publishes one batch, so it is short next to the lease; renewing
+        # every pass keeps it.
+        lease_ttl = max(10.0, 5 * store.settings.sns_poll_interval_secs)
+        super().__init__(store, LEASE_NAME, lease_ttl, holder, max_backoff=store.settings.sns_backoff_cap_secs)
+        self.idle = lease_ttl / 4
         self.settings = store.settings
         self.client_factory = client_factory
         self.client = None
         self.fifo = (self.settings.sns_topic_arn or "").endswith(".fifo")
-        # A pass publishes one batch, so it is short next to the lease; renewing
-        # every pass keeps it.
-        self.lease_ttl = max(10.0, 5 * self.settings.sns_poll_interval_secs)
-        self.backoff = Backoff(1.0, self.settings.sns_backoff_cap_secs)
-        self.token: int | None = None
-        self.failures = 0
+        self.doing = f"publishing job notifications to {self.settings.sns_topic_arn}"
         self.next_backlog_check = 0.0
         self.next_purge = 0.0
 
-    def tick(self, now: float) -> float:
-        token = self.fence.acquire(self.store.db, self.lease_ttl, now)
-        if token is None:
-            self.token = None
-            return self.lease_ttl / 4
-        if token != self.token:
-            self.token = token
-            log.info("publishing job notifications to %s (lease token %d)", self.settings.sns_topic_arn, token)
+    def one_pass(self, now: float) -> float:
         if now >= self.next_backlog_check:
             self.next_backlog_check = now + BACKLOG_CHECK_SECS
             self.check_backlog(now)
@@ -104,7 +93,7 @@ class Publisher:
         except aws_clients.AWS_ERRORS as exc:
             text = aws_clients.error_text(exc)
             self.store.outbox.failed({row.id: text for row in rows})
-            return self.failed(text, len(rows))
+            return self.publish_failed(text, len(rows))
         published = [int(ok["Id"]) for ok in answer.get("Successful", [])]
         self.store.outbox.published(published, now)
         refused = {int(bad["Id"]): f"{bad.get('Code')}: {bad.get('Message', '')}" for bad in answer.get("Failed", [])}
@@ -113,19 +102,13 @@ class Publisher:
             for row_id, text in refused.items():
                 log.error("SNS refused notification %s (outbox row %d): %s; it stays pending",
                           next(r.message["event_id"] for r in rows if r.id == row_id), row_id, text)
-            return self.failed(next(iter(refused.values())), len(refused))
-        if self.failures:
-            log.info("SNS publish works again after %d failed tries", self.failures)
-            self.failures = 0
-            self.backoff.reset()
+            return self.publish_failed(next(iter(refused.values())), len(refused))
+        self.recovered("SNS publish")
         return 0.0 if len(rows) == self.settings.sns_publish_batch else self.settings.sns_poll_interval_secs
 
-    def failed(self, text: str, count: int) -> float:
-        self.failures += 1
-        delay = self.backoff.next()
-        log.warning("SNS publish to %s failed (%s); %d notifications stay in the outbox; next try in %.1fs",
-                    self.settings.sns_topic_arn, text, count, delay)
-        return delay
+    def publish_failed(self, text: str, count: int) -> float:
+        return self.failed(f"SNS publish to {self.settings.sns_topic_arn} failed ({text}); "
+                           f"{count} notifications stay in the outbox")
 
     def check_backlog(self, now: float) -> tuple[int, float | None]:
         """Warn when the oldest waiting notification is older than SNS_BACKLOG_WARN_SECS."""
@@ -138,9 +121,4 @@ class Publisher:
 
 def start(store, clock: Callable[[], float] = time.time):
     """Run the publisher in this process (every gunicorn worker; the lease picks one)."""
-    from .loops import PacedLoopThread, run_in_background
-
-    publisher = Publisher(store)
-    loop = PacedLoopThread("sns-outbox", store.settings.sns_poll_interval_secs, publisher.tick,
-                           max_backoff=store.settings.sns_backoff_cap_secs, clock=clock)
-    return run_in_background(store, loop, publisher.fence)
+    return Publisher(store).start("sns-outbox", store.settings.sns_poll_interval_secs, clock)

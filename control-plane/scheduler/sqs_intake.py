@@ -36,11 +36,11 @@ import peewee
 from opentelemetry.trace import INVALID_SPAN, Span
 
 from corral.shared import tracecontext, tracing
-from corral.shared.backoff import Backoff
 
 from corral.server import json_body
 from corral.shared.errors import BadRequest, CorralError, TooManyRequests
-from corral.server.leader import Fence, LeaseLost, holder_id
+from corral.server.leased import PacedLoop
+from corral.server.leader import LeaseLost
 
 from . import admission, aws_clients, metrics, spans, validation
 from .service import Scheduler
@@ -185,35 +185,28 @@ class Outcome:
 
 # ---- the loop -------------------------------------------------------------------
 
-class Intake:
+class Intake(PacedLoop):
     """One receive-and-submit pass per `tick(now)`; returns the seconds until the next pass."""
 
     def __init__(self, store, holder: str | None = None, client_factory=aws_clients.sqs_client,
                  clock: Callable[[], float] = time.time):
-        self.holder = holder or holder_id()
-        self.fence = Fence(LEASE_NAME, self.holder)
-        self.store = store.fenced(self.fence)  # its writes are refused once the lease is lost
-        self.scheduler = Scheduler(self.store)
-        self.clock = clock  # a receive may wait: jobs are created at the time it returned
-        self.settings = store.settings
-        self.client_factory = client_factory
-        self.client = None
+        settings = store.settings
         # A pass waits up to SQS_WAIT_TIME_SECS in ReceiveMessage, then submits:
         # the lease must outlast it comfortably.
-        self.lease_ttl = max(30.0, 2 * (self.settings.sqs_wait_time_secs + self.settings.aws_read_timeout_secs))
-        self.backoff = Backoff(1.0, self.settings.sqs_backoff_cap_secs)
-        self.token: int | None = None
-        self.failures = 0
+        lease_ttl = max(30.0, 2 * (settings.sqs_wait_time_secs + settings.aws_read_timeout_secs))
+        super().__init__(store, LEASE_NAME, lease_ttl, holder, max_backoff=settings.sqs_backoff_cap_secs)
+        self.idle = min(5.0, lease_ttl / 4)
+        self.scheduler = Scheduler(self.store)
+        self.clock = clock  # a receive may wait: jobs are created at the time it returned
+        self.settings = settings
+        self.client_factory = client_factory
+        self.client = None
+        self.doing = f"taking job requests from {settings.sqs_url}"
 
-    def tick(self, now: float) -> float:
-        token = self.fence.acquire(self.store.db, self.lease_ttl, now)
-        if token is None:
-            self.token = None
-            return min(5.0, self.lease_ttl / 4)
-        if token != self.token:
-            self.token = token
-            log.info("taking job requests from %s (dead-letter queue: %s; lease token %d)",
-                     self.settings.sqs_url, self.settings.sqs_dlq_url or "none", token)
+    def taken(self, token: int) -> None:
+        log.info("%s (dead-letter queue: %s; lease token %d)", self.doing, self.settings.sqs_dlq_url or "none", token)
+
+    def one_pass(self, now: float) -> float:
         try:
             messages = self.receive()
             if not messages:
@@ -223,11 +216,11 @@ class Intake:
                        sqs_duplicates=outcome.duplicates, sqs_rejected=len(outcome.reject))
             self.settle(outcome)
         except aws_clients.AWS_ERRORS as exc:
-            return self.failed(aws_clients.error_text(exc))
+            return self.intake_failed(aws_clients.error_text(exc))
         if outcome.database_down:
-            return self.failed("the database is unavailable")
+            return self.intake_failed("the database is unavailable")
         if outcome.full:
-            return self.failed(f"the cluster holds {admission.SETTING} pending jobs")
+            return self.intake_failed(f"the cluster holds {admission.SETTING} pending jobs")
         return self.succeeded()
 
     def receive(self) -> list[dict]:
@@ -385,24 +378,14 @@ class Intake:
                         "SQS_VISIBILITY_TIMEOUT_SECS", len(answer["Failed"]))
 
     def succeeded(self) -> float:
-        if self.failures:
-            log.info("SQS intake works again after %d failed tries", self.failures)
-            self.failures = 0
-            self.backoff.reset()
+        self.recovered("SQS intake")
         return 0.0  # the long poll paces the loop
 
-    def failed(self, text: str) -> float:
-        self.failures += 1
-        delay = self.backoff.next()
-        log.warning("SQS intake from %s failed (%s); next try in %.1fs", self.settings.sqs_url, text, delay)
-        return delay
+    def intake_failed(self, text: str) -> float:
+        return self.failed(f"SQS intake from {self.settings.sqs_url} failed ({text})")
 
 
 def start(store, clock: Callable[[], float] = time.time):
     """Run the intake in this process (every gunicorn worker; the lease picks one)."""
-    from .loops import PacedLoopThread, run_in_background
-
-    intake = Intake(store, clock=clock)
-    loop = PacedLoopThread("sqs-intake", 1.0, intake.tick, max_backoff=store.settings.sqs_backoff_cap_secs, clock=clock)
     # The thread may sit in a long poll: do not hold a stopping worker up for it.
-    return run_in_background(store, loop, intake.fence, join_timeout=1.0)
+    return Intake(store, clock=clock).start("sqs-intake", 1.0, clock, join_timeout=1.0)

@@ -3,7 +3,8 @@
 Every process runs the loop thread; each pass first tries to take or renew a
 lease row in the database. Only the holder does the work. A holder that dies
 stops renewing and another process takes over once `expires_at` has passed; the
-token increases on every change of holder (a fencing token).
+token increases on every change of holder (a fencing token). The loops themselves
+are built on leased.py.
 """
 import logging
 import os

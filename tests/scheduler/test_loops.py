@@ -12,7 +12,7 @@ from corral.scheduler.settings import SchedulerSettings
 from corral.scheduler.store.nodes import Nodes
 from corral.scheduler.validation import claim_request, status_report
 from corral.shared.clients import Unreachable
-from corral.server import serve as server
+from corral.server import leased, serve as server
 from corral.server.leader import Lease, LeaseLost, LoopThread, Tenure
 
 from helpers import wait_for
@@ -82,7 +82,7 @@ def test_a_leader_that_lost_its_lease_mid_pass_changes_nothing(store):
     with pytest.raises(LeaseLost):
         old.store.nodes.sync_nodes([], overdue)
     with pytest.raises(LeaseLost):
-        old._pass(overdue, 1)                      # the whole pass stops at its first write
+        old.one_pass(overdue)                      # the whole pass stops at its first write
     assert Job.get_by_id(job.id).status == "running" and Node.select().count() == 2
     assert Job.get_by_id(waiting.id).node_id is None
     assert new.tick(overdue) is True and Job.get_by_id(job.id).status == "failed"   # the new leader's work
@@ -247,7 +247,7 @@ def test_a_worker_told_to_stop_gives_the_lease_up_and_a_stopping_worker_never_ta
     it up."""
     told_to_stop = []
     monkeypatch.setattr(server, "on_stop_signal", told_to_stop.append)
-    monkeypatch.setattr(loops.atexit, "register", lambda at_exit: None)
+    monkeypatch.setattr(leased.atexit, "register", lambda at_exit: None)
     registry = FakeRegistry([node("n1")])
     leader, other = Background(store, registry, "leader"), Background(store, registry, "other")
     in_pass, leader_gone = threading.Event(), threading.Event()
@@ -264,9 +264,9 @@ def test_a_worker_told_to_stop_gives_the_lease_up_and_a_stopping_worker_never_ta
         with store.db.connection_context():
             return Lease.get_by_id(loops.LEASE_NAME)
 
-    first = loops.run_in_background(store, LoopThread("leader", 0.01, leader.tick), leader.fence)
+    first = leased.run_in_background(store.db, LoopThread("leader", 0.01, leader.tick), leader.fence)
     wait_for(lambda: leader.tenure.token is not None, message="the leader's first pass")
-    second = loops.run_in_background(store, LoopThread("other", 0.01, other.tick), other.fence)
+    second = leased.run_in_background(store.db, LoopThread("other", 0.01, other.tick), other.fence)
     assert in_pass.wait(10), "the other worker's pass under way"
     stop_leader, stop_other = told_to_stop
     stop_other()

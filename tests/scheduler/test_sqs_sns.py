@@ -350,7 +350,7 @@ def test_a_fifo_dead_letter_queue_gets_a_group_and_a_deduplication_id():
 
 
 def test_a_paced_loop_survives_a_failing_pass_and_waits_what_the_pass_says():
-    from corral.scheduler.loops import PacedLoopThread
+    from corral.server.leased import PacedLoopThread
     calls = []
 
     def tick(now):
