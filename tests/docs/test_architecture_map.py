@@ -175,6 +175,8 @@ class Code:
         if depth > 10:
             return False
         for base in node.bases:
+            if isinstance(base, ast.Subscript):  # a generic base: LeasedLoop[Store, bool]
+                base = base.value
             base_name = base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", None)
             for _, base_node in self.classes.get(base_name or "", []):
                 if self.member(base_node, name, depth + 1):
@@ -257,7 +259,7 @@ def test_the_checks_catch_a_stale_map(tmp_path):
     (tmp_path / "pkg" / "__init__.py").write_text('"""The package."""\n', encoding="utf-8")
     (tmp_path / "pkg" / "base.py").write_text("class Base:\n    def ping(self): ...\n", encoding="utf-8")
     (tmp_path / "pkg" / "store.py").write_text(
-        "from .base import Base\n\nclass Store(Base):\n    limit = 1\n    def take(self): ...\n\n"
+        "from .base import Base\n\nclass Store(Base[int]):\n    limit = 1\n    def take(self): ...\n\n"
         "def helper(): ...\n", encoding="utf-8")
     (tmp_path / "pkg" / "left_out.py").write_text("", encoding="utf-8")
     (tmp_path / "pkg" / "migrations").mkdir()
