@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import bisect
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from collections.abc import Callable
 import peewee
 
 from corral.server.changefeed import ChangeFeed
+from corral.server.process_thread import ProcessThread
 
 from .event_log import EventLog, Recent
 from .events import Cursor, Filter
@@ -118,7 +118,7 @@ class StreamHub:
         self.feed = feed
         self._clock = clock
         self._cond = threading.Condition()
-        self._pid: int | None = None
+        self._thread = ProcessThread("corral-event-streams", self._run, self._after_fork)
         self.mark: int | None = None
         self.generation = 0   # grows when the mark moves
         self.streams = 0      # open streams using the hub
@@ -135,7 +135,7 @@ class StreamHub:
         with self._cond:
             self.streams += 1
             self._cond.notify_all()
-        self._ensure_thread()
+        self._thread.ensure_started()
 
     def leave(self) -> None:
         with self._cond:
@@ -153,17 +153,8 @@ class StreamHub:
             self.stopped = True
             self._cond.notify_all()
 
-    def _ensure_thread(self) -> None:
-        pid = os.getpid()
-        if self._pid == pid:
-            return
-        with _START_LOCK:
-            if self._pid == pid:
-                return
-            if self._pid is not None:  # inherited through a fork: the parent's lock is not ours
-                self._cond = threading.Condition()
-            threading.Thread(target=self._run, name="corral-event-streams", daemon=True).start()
-            self._pid = pid
+    def _after_fork(self) -> None:
+        self._cond = threading.Condition()
 
     def _run(self) -> None:
         seen = self.feed.generation
@@ -229,6 +220,3 @@ class StreamHub:
             start = bisect.bisect_right(self._ring_ids, cursor.id)
             chunks = [e.sse for e in self._ring[start:] if wanted.lets(e.type, e.job_row, e.node_id)]
             return chunks, Cursor(id=max(cursor.id, self.mark or 0))
-
-
-_START_LOCK = threading.Lock()

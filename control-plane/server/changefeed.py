@@ -30,9 +30,10 @@ transaction mode).
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable, Collection
+
+from corral.server.process_thread import ProcessThread
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +49,11 @@ class ChangeFeed:
 
     def __init__(self, interval: float):
         self.interval = interval
-        self._pid: int | None = None
         self._cond = threading.Condition()
         self._generation = 0
         self._listeners: list[Callable[[bool, set[str] | None], None]] = []
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = ProcessThread(f"corral-{self.name}", self._run, self._after_fork)
 
     @property
     def generation(self) -> int:
@@ -64,24 +64,15 @@ class ChangeFeed:
 
     def ensure_started(self) -> None:
         """Start the feed's thread in this process (once; again after a fork)."""
-        pid = os.getpid()
-        if self._pid == pid:
-            return
-        with _START_LOCK:
-            if self._pid == pid:
-                return
-            if self._pid is not None:
-                # Inherited through a fork: the parent's thread and locks are not ours.
-                self._cond = threading.Condition()
-                self._stop = threading.Event()
-            self._thread = threading.Thread(target=self._run, name=f"corral-{self.name}", daemon=True)
-            self._thread.start()
-            self._pid = pid
+        self._thread.ensure_started()
+
+    def _after_fork(self) -> None:
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
 
     def stop(self, timeout: float = 2.0) -> None:
         self._stop.set()
-        if self._thread is not None and self._thread.is_alive() and self._pid == os.getpid():
-            self._thread.join(timeout)
+        self._thread.join(timeout)
 
     def changed(self, recheck: bool = False, nodes: set[str] | None = None) -> None:
         """Bump the generation and wake everyone: the database may have changed
@@ -124,7 +115,3 @@ class IntervalFeed(ChangeFeed):
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             self.changed()
-
-
-
-_START_LOCK = threading.Lock()
