@@ -2,7 +2,7 @@
 
 A job is first *claimed*: the scheduler handed it over (a claim, or a report's
 riding claim) and it waits in the table's queue for the work loop, as the job dict
-the scheduler sent. The work loop takes it (Agent.take_claimed) and it becomes a
+the scheduler sent. The work loop takes it (Intake.take_claimed) and it becomes a
 `LocalJob`, whose `state` is then:
 
     preparing ──▶ running ──▶ ending ──▶ (removed: its report is in the outbox)

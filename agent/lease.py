@@ -5,7 +5,7 @@ A renewal counts from when it was *sent*, not answered: the scheduler records it
 arrival, which is later, so the agent's deadline always comes before the one the
 scheduler requeues by. A claim that handed out jobs renewed it too (the scheduler
 touches the lease in the claim's transaction). While the lease is lapsed the agent
-stops its run jobs (agent.Agent.fence_once) and claims nothing while it holds any.
+stops its run jobs (Membership.fence_once) and claims nothing while it holds any.
 
 Pure state and arithmetic, time passed in; the lock is there because the lease, the
 claim and the work loop threads all bring evidence.

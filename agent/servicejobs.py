@@ -103,6 +103,10 @@ class ServiceJobs:
             self.settings.health_timeout, log_files, self.settings.service_log_max_bytes,
             check_first=check_first).start()
 
+    def only_services_left(self) -> bool:
+        """Every job held here is a running service (corral-agent --once is done)."""
+        return all(detachable(local) for local in self.jobs.snapshot())
+
     def detach(self) -> list[Key]:
         """Forget the running services without stopping them: their state files let
         the next agent re-adopt them. Returns their keys."""

@@ -135,6 +135,10 @@ class AgentSettings:
     def work_root(self) -> str:
         return os.path.join(self.agent_dir, "work")
 
+    def work_dir(self, job_id: str, attempt: int) -> str:
+        """A job attempt's work dir."""
+        return os.path.join(self.work_root, f"{safe_path_part(job_id)}-{attempt}")
+
     @property
     def log_root(self) -> str:
         """Where services' stdout/stderr files live (<job>-<attempt>.out|.err)."""

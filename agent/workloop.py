@@ -10,25 +10,40 @@ doubling to 30 s), a failed poll or reconcile too (1 s to 30 s), each logged.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from corral.shared.backoff import Backoff
 from corral.shared.clients import ClientError, Rejected
 
 from .refusals import RefusedBackoff, credential_refused
 
-if TYPE_CHECKING:
-    from .agent import Agent
-
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class Steps:
+    """The one-pass steps a tick runs, each of one of the agent's parts, and what paces them."""
+    reap: Callable[[], object]  # Agent.reap_once
+    take_claimed: Callable[[], object]  # Intake.take_claimed
+    reconcile: Callable[[], object]  # Agent.reconcile_once
+    reconcile_paced: Callable[[Backoff], float]  # Agent.reconcile_paced: when the next one is due
+    poll: Callable[[], object]  # Intake.poll_once
+    only_services_left: Callable[[], bool]
+    refused_backoff: Callable[[str, str], RefusedBackoff]  # Membership.refused_backoff
+    slot_freed: threading.Event  # a job ended: poll at once
+    clock: Callable[[], float]
+    poll_interval: float
+    long_poll: bool
+
+
 class WorkLoop:
-    def __init__(self, agent: Agent, now: float, claims: bool, once: bool = False):
+    def __init__(self, steps: Steps, now: float, claims: bool, once: bool = False):
         """`claims`: a claim thread takes work (long-poll), so the loop only
         reconciles; else it polls. `once`: take work from one successful poll only
         (corral-agent --once)."""
-        self.agent = agent
+        self.steps = steps
         self.claims = claims
         self.once = once
         self.reap_backoff = Backoff(0.5, 30.0)
@@ -40,49 +55,48 @@ class WorkLoop:
 
     def done(self) -> bool:
         """Once mode: the jobs of the one poll have ended (services may go on)."""
-        return self.once and self.polled and self.agent.only_services_left()
+        return self.once and self.polled and self.steps.only_services_left()
 
     def tick(self, now: float) -> None:
-        agent = self.agent
+        steps = self.steps
         if now >= self.next_reap:
             try:
-                agent.reap_once()
+                steps.reap()
                 self.reap_backoff.reset()
             except Exception:
                 delay = self.reap_backoff.next()
                 log.exception("checking jobs failed; retrying in %.1fs", delay)
-                self.next_reap = agent._clock() + delay
-        agent.take_claimed()
-        if self.claims and agent.long_poll:
+                self.next_reap = steps.clock() + delay
+        steps.take_claimed()
+        if self.claims and steps.long_poll:
             # Long-poll: the claim thread takes work; compare with the scheduler every
             # poll interval (cancelled, moved, timed-out jobs end here).
             if now >= self.next_poll:
-                self.next_poll = agent.reconcile_paced(self.poll_backoff)
+                self.next_poll = steps.reconcile_paced(self.poll_backoff)
         # A freed slot means poll now, unless the scheduler is failing (then the backoff
         # decides).
-        elif now >= self.next_poll or (self.poll_ok and agent.slot_freed.is_set()):
-            agent.slot_freed.clear()
+        elif now >= self.next_poll or (self.poll_ok and steps.slot_freed.is_set()):
+            steps.slot_freed.clear()
             try:
-                agent.reconcile_once()
+                steps.reconcile()
                 if not (self.once and self.polled):
-                    agent.poll_once()
+                    steps.poll()
                     self.polled = True
                 self.poll_backoff.reset()
                 if self.poll_refused is not None:
                     self.poll_refused.accepted()
                 self.poll_ok = True
-                self.next_poll = agent._clock() + agent.settings.poll_interval
+                self.next_poll = steps.clock() + steps.poll_interval
             except Exception as exc:
                 self.poll_ok = False
                 if isinstance(exc, Rejected) and credential_refused(exc):
                     if self.poll_refused is None:
-                        self.poll_refused = agent.membership.refused_backoff("scheduler",
-                                                                            "asking the scheduler for work")
-                    self.next_poll = agent._clock() + self.poll_refused.after(exc)
+                        self.poll_refused = steps.refused_backoff("scheduler", "asking the scheduler for work")
+                    self.next_poll = steps.clock() + self.poll_refused.after(exc)
                     return
                 delay = self.poll_backoff.next()
                 if isinstance(exc, ClientError):
                     log.warning("asking the scheduler for work failed: %s; retrying in %.1fs", exc, delay)
                 else:
                     log.exception("asking the scheduler for work failed; retrying in %.1fs", delay)
-                self.next_poll = agent._clock() + delay
+                self.next_poll = steps.clock() + delay

@@ -82,8 +82,8 @@ def stop_held_jobs(agents) -> None:
     """End every job the given Agent objects hold (services included), so that no job
     process outlives a test that drove agents in-process."""
     for agent in agents:
-        for key in agent.running_keys():
-            local = agent.local_job(*key)
+        for key in agent.jobs.keys():
+            local = agent.jobs.get(key)
             local.prepared.wait(10)
             if local.monitor is not None:
                 local.monitor.stop(remove=False)

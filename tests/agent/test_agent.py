@@ -102,7 +102,7 @@ def bodies(api, url_end):
 
 
 def test_register_sends_the_node_description(agent, api):
-    agent.register()
+    agent.membership.register()
     (body,) = bodies(api, "/nodes")
     assert body["node_id"] == NODE and body["kind"] == "compute"
     assert body["address"] == "127.0.0.1" and body["slots"] == 2
@@ -114,14 +114,14 @@ def test_register_sends_the_node_description(agent, api):
 
 def test_heartbeat_sends_the_running_count(agent, api):
     api.add(responses.POST, f"{REGISTRY}/nodes/{NODE}/heartbeat", json={})
-    agent.heartbeat_once()
+    agent.membership.heartbeat_once()
     assert bodies(api, "/heartbeat") == [{"running": 0}]
 
 
 def test_heartbeat_404_registers_again(agent, api):
     api.add(responses.POST, f"{REGISTRY}/nodes/{NODE}/heartbeat", json={"error": "unknown node"},
             status=404)
-    agent.heartbeat_once()
+    agent.membership.heartbeat_once()
     urls = [c.request.url for c in api.calls]
     assert urls == [f"{REGISTRY}/nodes/{NODE}/heartbeat", f"{REGISTRY}/nodes"]
 
@@ -129,7 +129,7 @@ def test_heartbeat_404_registers_again(agent, api):
 def test_heartbeat_other_refusals_are_raised(agent, api):
     api.add(responses.POST, f"{REGISTRY}/nodes/{NODE}/heartbeat", json={"error": "bad"}, status=400)
     with pytest.raises(Rejected):
-        agent.heartbeat_once()
+        agent.membership.heartbeat_once()
     assert not bodies(api, "/nodes")
 
 
@@ -138,16 +138,16 @@ def test_heartbeat_other_refusals_are_raised(agent, api):
 
 def test_job_is_reported_running_before_it_starts_then_done(agent, scheduler):
     scheduler.add(command="touch started; echo hello")
-    workdir = agent.work_dir("job-1", 1)
+    workdir = agent.settings.work_dir("job-1", 1)
     seen = {}
 
     def on_report(job_id, body):
         if body["status"] == "running":
             seen["workdir_existed"] = os.path.exists(workdir)
-            seen["running_locally"] = agent.running_count()
+            seen["running_locally"] = len(agent.jobs)
 
     scheduler.on_report = on_report
-    assert agent.poll_once() == [("job-1", 1)]
+    assert agent.intake.poll_once() == [("job-1", 1)]
     assert seen == {"workdir_existed": False, "running_locally": 0}
     assert reap_until_ended(agent) == [("job-1", 1, "done")]
     assert scheduler.statuses("job-1") == ["running", "done"]
@@ -162,7 +162,7 @@ def test_job_is_reported_running_before_it_starts_then_done(agent, scheduler):
 
 def test_startup_removes_work_dirs_an_earlier_agent_left(make_agent, tmp_path):
     first = make_agent()
-    stale = first.work_dir("job-7", 2)
+    stale = first.settings.work_dir("job-7", 2)
     os.makedirs(os.path.join(stale, "sub"))
     stale_log = os.path.join(first.settings.log_root, "job-8-1.out")
     open(stale_log, "w").close()
@@ -176,9 +176,9 @@ def test_startup_removes_work_dirs_an_earlier_agent_left(make_agent, tmp_path):
 def test_work_dir_is_kept_when_asked(make_agent, scheduler):
     agent = make_agent(keep_work_dirs=True)
     scheduler.add(command="echo kept > out.txt")
-    agent.poll_once()
+    agent.intake.poll_once()
     reap_until_ended(agent)
-    path = os.path.join(agent.work_dir("job-1", 1), "out.txt")
+    path = os.path.join(agent.settings.work_dir("job-1", 1), "out.txt")
     assert path.startswith(os.path.join(agent.settings.state_dir, f"agent-{NODE}", "work", "job-1-1"))
     with open(path) as f:
         assert f.read() == "kept\n"
@@ -197,9 +197,9 @@ def test_refused_running_report_means_the_job_is_not_started(agent, scheduler, s
             scheduler.purge(job_id)
 
     scheduler.on_report = on_report
-    assert agent.poll_once() == []
-    assert agent.running_count() == 0
-    assert not os.path.exists(agent.work_dir("job-1", 1))
+    assert agent.intake.poll_once() == []
+    assert len(agent.jobs) == 0
+    assert not os.path.exists(agent.settings.work_dir("job-1", 1))
     assert scheduler.answers == [("job-1", "running", status)]
 
 
@@ -207,8 +207,8 @@ def test_unreachable_running_report_starts_nothing(agent, scheduler):
     scheduler.add(job_id="job-1")
     scheduler.add(job_id="job-2")
     scheduler.down_for[("job-1", "running")] = 1
-    assert agent.poll_once() == []
-    assert agent.running_count() == 0
+    assert agent.intake.poll_once() == []
+    assert len(agent.jobs) == 0
     assert len(scheduler.attempts) == 1  # the scheduler is down: job-2 is not tried either
 
 
@@ -216,14 +216,14 @@ def test_only_free_slots_are_filled(make_agent, scheduler):
     agent = make_agent(slots=1)
     scheduler.add(job_id="job-1", command="sleep 30")
     scheduler.add(job_id="job-2")
-    assert agent.poll_once() == [("job-1", 1)]
-    assert agent.poll_once() == []  # no free slot: the scheduler is not even asked
+    assert agent.intake.poll_once() == [("job-1", 1)]
+    assert agent.intake.poll_once() == []  # no free slot: the scheduler is not even asked
     assert scheduler.statuses("job-2") == []
 
 
 def test_failing_command_reports_failed_with_its_exit_code(agent, scheduler):
     scheduler.add(command="echo partial; echo oops >&2; exit 3")
-    agent.poll_once()
+    agent.intake.poll_once()
     assert reap_until_ended(agent) == [("job-1", 1, "failed")]
     final = scheduler.final("job-1")
     assert (final["status"], final["exit_code"]) == ("failed", 3)
@@ -233,7 +233,7 @@ def test_failing_command_reports_failed_with_its_exit_code(agent, scheduler):
 def test_job_environment(agent, scheduler):
     scheduler.add(command='echo "$STAGE $CORRAL_JOB_ID $CORRAL_NODE_ID $CORRAL_ATTEMPT"',
                   env_vars={"STAGE": "prod"}, attempt=4)
-    agent.poll_once()
+    agent.intake.poll_once()
     reap_until_ended(agent)
     assert scheduler.final("job-1")["stdout"] == f"prod job-1 {NODE} 4\n"
 
@@ -241,7 +241,7 @@ def test_job_environment(agent, scheduler):
 def test_each_attempt_runs_with_a_span_of_its_own_in_the_jobs_trace(agent, scheduler):
     job = scheduler.add(command='echo "$TRACEPARENT ${TRACESTATE:-none}"', attempt=2,
                         env_vars={"TRACEPARENT": "00-forged"})  # the agent's value wins
-    agent.poll_once()
+    agent.intake.poll_once()
     reap_until_ended(agent)
     version, trace_id, job_span, flags = job["traceparent"].split("-")
     got, state = scheduler.final(job["job_id"])["stdout"].split()
@@ -257,10 +257,10 @@ def test_the_job_environment_holds_none_of_the_agents_own(make_agent, scheduler,
     monkeypatch.setenv("LC_TIME", "C")
     agent = make_agent(job_env_passthrough=passthrough)  # reads its environment at start-up
     scheduler.add(command='echo "${AWS_SECRET_ACCESS_KEY:-none} ${FOO:-none} $LC_TIME $TMPDIR"')
-    agent.poll_once()
+    agent.intake.poll_once()
     reap_until_ended(agent)
     # Without a private /tmp (the work dirs lie under /tmp here), TMPDIR is in the work dir.
-    assert scheduler.final("job-1")["stdout"] == f"none {foo} C {agent.work_dir('job-1', 1)}/.tmp\n"
+    assert scheduler.final("job-1")["stdout"] == f"none {foo} C {agent.settings.work_dir('job-1', 1)}/.tmp\n"
 
 
 @pytest.mark.parametrize("name", ["LD_PRELOAD", "LD_AUDIT"])
@@ -269,24 +269,24 @@ def test_a_job_setting_a_loader_variable_is_failed_and_nothing_starts(agent, sch
     scheduler.add(job_id="job-1", command=f"touch {marker}")
     # The scheduler's API refuses such a job: the row is written straight in its database.
     scheduler.set_row("job-1", env_vars={name: "/tmp/evil.so"})
-    assert agent.poll_once() == [("job-1", 1)]
+    assert agent.intake.poll_once() == [("job-1", 1)]
     assert reap_until_ended(agent) == [("job-1", 1, "failed")]
     final = scheduler.final("job-1")
     assert final["exit_code"] == -1 and f"refuses to run a job whose env_vars set {name}" in final["stderr"]
-    assert not marker.exists() and not os.path.exists(agent.work_dir("job-1", 1))
+    assert not marker.exists() and not os.path.exists(agent.settings.work_dir("job-1", 1))
 
 
 def test_start_failure_is_reported_failed(agent, scheduler, monkeypatch):
     monkeypatch.setattr(launch, "SHELL", "/no/such/shell")
     scheduler.add()
-    assert agent.poll_once() == [("job-1", 1)]
-    assert agent.running_count() == 1  # holds its slot while it is prepared
+    assert agent.intake.poll_once() == [("job-1", 1)]
+    assert len(agent.jobs) == 1  # holds its slot while it is prepared
     assert reap_until_ended(agent) == [("job-1", 1, "failed")]
-    assert agent.running_count() == 0
+    assert len(agent.jobs) == 0
     assert scheduler.statuses("job-1") == ["running", "failed"]
     final = scheduler.final("job-1")
     assert final["exit_code"] == 127 and "/no/such/shell" in final["stderr"]
-    assert not os.path.exists(agent.work_dir("job-1", 1))
+    assert not os.path.exists(agent.settings.work_dir("job-1", 1))
 
 
 def test_runner_file_output_mode(tmp_path):
@@ -313,7 +313,7 @@ def test_running_report_carries_the_limits_the_job_will_get(make_agent, schedule
     scheduler.add(job_id="job-1")
     scheduler.add(job_id="job-2", memory_mb=64, cpu_percent=50, max_processes=20)
     scheduler.add(job_id="job-3", job_type="service", command="sleep 30", memory_mb=None)
-    agent.poll_once()
+    agent.intake.poll_once()
     running = {jid: body for jid, body in scheduler.reports if body["status"] == "running"}
     assert running["job-1"]["limits_enforced"] is True and running["job-1"]["private_tmp"] is False
     # run default
@@ -331,7 +331,7 @@ def test_without_a_pids_controller_no_process_limit_is_claimed(make_agent, sched
     fake.limits_processes = False
     agent = make_agent(cgroup_manager=fake)
     scheduler.add(job_id="job-1", command="true", max_processes=20)
-    agent.poll_once()
+    agent.intake.poll_once()
     assert scheduler.reports[0][1]["limits"] == {"memory_mb": 512, "cpu_percent": 100, "max_processes": None}
     assert agent.default_limits()["run"]["max_processes"] is None
 
@@ -340,7 +340,7 @@ def test_final_report_carries_usage_and_oom(make_agent, scheduler):
     fake = FakeCgroups()
     agent = make_agent(cgroup_manager=fake)
     scheduler.add(job_id="job-1", command="echo fine")
-    agent.poll_once()
+    agent.intake.poll_once()
     reap_until_ended(agent)
     final = scheduler.final("job-1")
     assert (final["status"], final["oom_killed"]) == ("done", False)
@@ -349,7 +349,7 @@ def test_final_report_carries_usage_and_oom(make_agent, scheduler):
 
     fake.oom_kills = 1  # the kernel's counter went up, and the job died of SIGKILL
     scheduler.add(job_id="job-2", command="echo allocating; kill -9 $$", memory_mb=64)
-    agent.poll_once()
+    agent.intake.poll_once()
     reap_until_ended(agent)
     final = scheduler.final("job-2")
     assert (final["status"], final["exit_code"], final["oom_killed"]) == ("failed", -9, True)
@@ -360,7 +360,7 @@ def test_final_report_carries_usage_and_oom(make_agent, scheduler):
 def test_sigkill_without_the_oom_counter_is_not_an_oom(make_agent, scheduler):
     agent = make_agent(cgroup_manager=FakeCgroups())
     scheduler.add(command="kill -9 $$")
-    agent.poll_once()
+    agent.intake.poll_once()
     reap_until_ended(agent)
     final = scheduler.final("job-1")
     assert (final["exit_code"], final["oom_killed"], final["stderr"]) == (-9, False, "")
@@ -385,17 +385,17 @@ def test_a_job_over_the_node_maximum_fails_clearly(agent, scheduler, field, valu
         scheduler.set_row("job-1", **{field: value})
     else:
         scheduler.add(job_id="job-1", command="touch ran", **{field: value})
-    assert agent.poll_once() == [("job-1", 1)]
-    assert agent.running_count() == 0
+    assert agent.intake.poll_once() == [("job-1", 1)]
+    assert len(agent.jobs) == 0
     assert scheduler.statuses("job-1") == ["running", "failed"]
     final = scheduler.final("job-1")
     assert (final["exit_code"], final["stderr"]) == (-1, message)
-    assert not os.path.exists(agent.work_dir("job-1", 1))
+    assert not os.path.exists(agent.settings.work_dir("job-1", 1))
 
 
 def test_a_job_that_cannot_join_its_cgroup_is_a_node_failure(agent, scheduler):
     scheduler.add(command=f"echo '{launch.JOIN_FAILED_MESSAGE} /sys/x' >&2; exit 125")
-    agent.poll_once()
+    agent.intake.poll_once()
     reap_until_ended(agent)
     final = scheduler.final("job-1")
     assert (final["status"], final["exit_code"]) == ("failed", -1)
@@ -480,7 +480,7 @@ def test_deploy_url_job_unpacks_and_runs_run_sh(agent, scheduler, web):
     web.files["/app.zip"] = APP_ZIP
     scheduler.add(command=None, deploy_url=web.url("/app.zip"), port=8123,
                   deploy_sha256=hashlib.sha256(APP_ZIP).hexdigest().upper())
-    agent.poll_once()
+    agent.intake.poll_once()
     assert reap_until_ended(agent) == [("job-1", 1, "done")]
     final = scheduler.final("job-1")
     assert final["stdout"] == "run.sh in job-1-1 on port 8123\nanswer=42\n", final
@@ -489,7 +489,7 @@ def test_deploy_url_job_unpacks_and_runs_run_sh(agent, scheduler, web):
 def test_deploy_url_job_with_a_command_runs_it_in_the_tree(agent, scheduler, web):
     web.files["/app.zip"] = APP_ZIP
     scheduler.add(command="cat conf/app.conf", deploy_url=web.url("/app.zip"))
-    agent.poll_once()
+    agent.intake.poll_once()
     reap_until_ended(agent)
     assert scheduler.final("job-1")["stdout"] == "answer=42\n"
 
@@ -497,7 +497,7 @@ def test_deploy_url_job_with_a_command_runs_it_in_the_tree(agent, scheduler, web
 def test_run_sh_without_an_execute_bit_runs_under_sh(agent, scheduler, web):
     web.files["/plain.zip"] = zip_of({"run.sh": (b"echo plain $0\n", 0o644)})
     scheduler.add(command=None, deploy_url=web.url("/plain.zip"))
-    agent.poll_once()
+    agent.intake.poll_once()
     reap_until_ended(agent)
     assert scheduler.final("job-1")["stdout"] == "plain ./run.sh\n"
 
@@ -505,27 +505,27 @@ def test_run_sh_without_an_execute_bit_runs_under_sh(agent, scheduler, web):
 def test_missing_run_sh_fails_clearly(agent, scheduler, web):
     web.files["/norun.zip"] = zip_of({"app.py": (b"print(1)\n", 0o644)})
     scheduler.add(command=None, deploy_url=web.url("/norun.zip"))
-    agent.poll_once()
+    agent.intake.poll_once()
     assert reap_until_ended(agent) == [("job-1", 1, "failed")]
     final = scheduler.final("job-1")
     assert (final["exit_code"], final["stderr"]) == (-1, NO_RUN_SH_MESSAGE)
-    assert not os.path.exists(agent.work_dir("job-1", 1))
+    assert not os.path.exists(agent.settings.work_dir("job-1", 1))
 
 
 def test_bad_checksum_fails_the_attempt(agent, scheduler, web):
     web.files["/app.zip"] = APP_ZIP
     scheduler.add(command=None, deploy_url=web.url("/app.zip"), deploy_sha256="0" * 64)
-    agent.poll_once()
+    agent.intake.poll_once()
     assert reap_until_ended(agent) == [("job-1", 1, "failed")]
     final = scheduler.final("job-1")
     assert final["exit_code"] == -1 and "checksum failed" in final["stderr"]
     assert final["stdout"] == "" and final["oom_killed"] is False
-    assert not os.path.exists(agent.work_dir("job-1", 1))
+    assert not os.path.exists(agent.settings.work_dir("job-1", 1))
 
 
 def test_missing_artifact_names_the_http_status(agent, scheduler, web):
     scheduler.add(command="true", deploy_url=web.url("/gone.zip"))
-    agent.poll_once()
+    agent.intake.poll_once()
     reap_until_ended(agent)
     final = scheduler.final("job-1")
     assert final["exit_code"] == -1 and "download failed" in final["stderr"] and "404" in final["stderr"]
@@ -536,9 +536,9 @@ def test_slow_download_does_not_block_and_a_cancel_stops_the_start(agent, schedu
     web.held["/slow.zip"] = threading.Event()
     scheduler.add(command=None, deploy_url=web.url("/slow.zip"))
     began = time.monotonic()
-    assert agent.poll_once() == [("job-1", 1)]
+    assert agent.intake.poll_once() == [("job-1", 1)]
     assert time.monotonic() - began < 2  # the download happens on a worker thread
-    assert agent.running_count() == 1
+    assert len(agent.jobs) == 1
     assert agent.reap_once() == []
     assert agent.reconcile_once() == []  # listed as running: it holds its slot, not lost
 
@@ -547,7 +547,7 @@ def test_slow_download_does_not_block_and_a_cancel_stops_the_start(agent, schedu
     web.held["/slow.zip"].set()
     assert reap_until_ended(agent) == [("job-1", 1, "killed")]
     assert not os.path.exists(tmp_path / "started")
-    assert scheduler.statuses("job-1") == ["running"] and agent.pending_reports() == []
+    assert scheduler.statuses("job-1") == ["running"] and list(agent.outbox) == []
 
 
 def test_stopping_while_a_job_downloads_reports_it_and_never_starts_it(make_agent, scheduler, web,
@@ -556,8 +556,8 @@ def test_stopping_while_a_job_downloads_reports_it_and_never_starts_it(make_agen
     web.files["/slow.zip"] = zip_of({"run.sh": (f"touch {tmp_path}/started\n".encode(), 0o755)})
     web.held["/slow.zip"] = threading.Event()
     scheduler.add(command=None, deploy_url=web.url("/slow.zip"))
-    agent.poll_once()
-    local = agent.local_job("job-1", 1)
+    agent.intake.poll_once()
+    local = agent.jobs.get(("job-1", 1))
     assert agent.shutdown(flush_secs=2) == 0
     final = scheduler.final("job-1")
     assert (final["status"], final["exit_code"], final["stderr"]) == ("failed", -1, STOPPED_MESSAGE)
@@ -572,16 +572,16 @@ def test_stopping_while_a_job_downloads_reports_it_and_never_starts_it(make_agen
 def test_unreachable_final_report_is_kept_and_delivered_later(agent, scheduler, clock):
     scheduler.add(command="echo hello")
     scheduler.down_for[("job-1", "done")] = 2
-    agent.poll_once()
+    agent.intake.poll_once()
     assert reap_until_ended(agent) == [("job-1", 1, "done")]
     assert scheduler.statuses("job-1") == ["running"]
-    assert len(agent.pending_reports()) == 1
+    assert len(list(agent.outbox)) == 1
 
     agent.reap_once()  # not due yet: no new call
     assert len(scheduler.attempts) == 2
     clock.advance(1.01)
     agent.reap_once()  # due, fails again: the backoff doubles
-    assert len(scheduler.attempts) == 3 and len(agent.pending_reports()) == 1
+    assert len(scheduler.attempts) == 3 and len(list(agent.outbox)) == 1
     clock.advance(1.01)
     agent.reap_once()
     assert len(scheduler.attempts) == 3
@@ -589,16 +589,16 @@ def test_unreachable_final_report_is_kept_and_delivered_later(agent, scheduler, 
     agent.reap_once()
     assert scheduler.statuses("job-1") == ["running", "done"]
     assert scheduler.final("job-1")["stdout"] == "hello\n"
-    assert agent.pending_reports() == []
+    assert list(agent.outbox) == []
 
 
 def test_refused_final_report_is_dropped(agent, scheduler):
     scheduler.add()
     # Cancelled as it ended: the scheduler refuses its report as stale (409).
     scheduler.on_report = lambda job_id, body: body["status"] == "done" and scheduler.cancel(job_id)
-    agent.poll_once()
+    agent.intake.poll_once()
     reap_until_ended(agent)
-    assert agent.pending_reports() == []
+    assert list(agent.outbox) == []
     assert scheduler.answers == [("job-1", "running", 200), ("job-1", "done", 409)]
 
 
@@ -608,7 +608,7 @@ def test_too_large_report_is_sent_again_with_less_output(agent, make_scheduler, 
     calls = []
     scheduler.on_report = lambda job_id, body: calls.append(len(body.get("stdout") or ""))
     monkeypatch.setattr(reports, "SHRUNK_OUTPUT_CHARS", 100)
-    agent.poll_once()
+    agent.intake.poll_once()
     reap_until_ended(agent)
     assert calls == [0, 3000, 100]
     assert [code for _, _, code in scheduler.answers] == [200, 413, 200]
@@ -622,7 +622,7 @@ def test_job_past_its_timeout_is_killed_and_reported(agent, make_scheduler, cloc
     scheduler = make_scheduler(job_timeout_secs=5)  # handed to the agent as the job's timeout_secs
     pid_file = tmp_path / "child.pid"
     scheduler.add(job_id="job-1", command=f"sh -c 'echo $$ > {pid_file}; exec sleep 60' & echo begun; wait")
-    agent.poll_once()
+    agent.intake.poll_once()
     child = int(wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=5,
                          message="the job's child to start"))
     clock.advance(4.9)
@@ -639,16 +639,16 @@ def test_job_past_its_timeout_is_killed_and_reported(agent, make_scheduler, cloc
 def test_service_jobs_have_no_timeout(agent, make_scheduler, clock):
     scheduler = make_scheduler(job_timeout_secs=1)  # for run jobs only
     scheduler.add(command="sleep 60", job_type="service")
-    agent.poll_once()
+    agent.intake.poll_once()
     clock.advance(100)
     assert agent.reap_once() == []
-    assert agent.running_count() == 1
+    assert len(agent.jobs) == 1
 
 
 def test_reconcile_kills_a_job_the_scheduler_no_longer_lists(agent, scheduler, tmp_path):
     pid_file = tmp_path / "child.pid"
     scheduler.add(command=f"sh -c 'trap \"\" TERM; echo $$ > {pid_file}; sleep 60' & wait")
-    agent.poll_once()
+    agent.intake.poll_once()
     child = int(wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=5,
                          message="the job's child to start"))
     assert agent.reconcile_once() == []  # still listed as running here: left alone
@@ -659,7 +659,7 @@ def test_reconcile_kills_a_job_the_scheduler_no_longer_lists(agent, scheduler, t
     assert process_gone(child)
     assert scheduler.statuses("job-1") == ["running"]  # not reported
     assert scheduler.job("job-1")["status"] == "cancelled"
-    assert agent.pending_reports() == []
+    assert list(agent.outbox) == []
 
 
 def test_reconcile_reports_a_job_listed_here_that_the_agent_does_not_run(agent, make_scheduler):
@@ -667,7 +667,7 @@ def test_reconcile_reports_a_job_listed_here_that_the_agent_does_not_run(agent, 
     job_id = scheduler.add(command="true", attempt=3)["job_id"]
     assert [j["job_id"] for j in scheduler.claim_unseen()] == [job_id]  # its answer never came
     assert agent.reconcile_once() == []
-    agent.flush_reports()
+    agent.outbox.flush()
     final = scheduler.final(job_id)
     assert (final["status"], final["attempt"], final["exit_code"]) == ("failed", 3, -1)
     # The node's doing, not the job's (a claim whose answer was lost never started it):
@@ -711,7 +711,7 @@ def test_run_forever_runs_jobs_and_stops_cleanly(make_agent, scheduler, api, lon
         wait_for(lambda: bodies(api, "/heartbeat"), timeout=5, message="a heartbeat")
 
         scheduler.add(job_id="job-3", command="trap '' TERM; sleep 60")
-        wait_for(lambda: agent.running_count() == 1, timeout=5, message="job-3 to start")
+        wait_for(lambda: len(agent.jobs) == 1, timeout=5, message="job-3 to start")
     finally:
         stop.set()
         thread.join(15)
@@ -763,14 +763,14 @@ def test_a_claimed_job_runs_without_a_running_report(make_agent, scheduler):
     agent = make_agent(slots=3, cgroup_manager=FakeCgroups())
     scheduler.add(job_id="job-1", command="echo one")
     scheduler.add(job_id="job-2", command="echo two", job_type="service", memory_mb=64)
-    keys, pause = agent.claim_once(wait_secs=0)
+    keys, pause = agent.claims.claim_once(wait_secs=0)
     assert keys == [("job-1", 1), ("job-2", 1)] and pause is False
     (claim,) = scheduler.claims
     assert claim == {"max": 3, "wait_secs": 0, "limits_enforced": True, "private_tmp": False, "default_limits": {
         "run": {"memory_mb": 512, "cpu_percent": 100, "max_processes": 1024},
         "service": {"memory_mb": 1024, "cpu_percent": 200, "max_processes": 1024}}}
-    assert agent.free_slots() == 1 and agent.claimed_keys() == keys  # queued, holding their slots
-    assert agent.take_claimed() == keys and agent.claimed_keys() == []
+    assert agent.free_slots() == 1 and agent.jobs.claimed_keys() == keys  # queued, holding their slots
+    assert agent.intake.take_claimed() == keys and agent.jobs.claimed_keys() == []
     wait_for(lambda: ("job-1", 1, "done") in agent.reap_once(), timeout=10, message="job-1 to end")
     assert scheduler.statuses("job-1") == ["done"]  # the claim was the `running` transition
     assert scheduler.final("job-1")["stdout"] == "one\n"
@@ -781,8 +781,8 @@ def test_reports_of_ended_jobs_carry_the_claim_for_the_next_ones(make_agent, sch
     agent.claims.running = True  # as while the claim thread runs (long-poll)
     scheduler.add(job_id="job-1", command="echo one")
     scheduler.add(job_id="job-2", command="echo two")
-    assert agent.claim_once(wait_secs=0)[0] == [("job-1", 1), ("job-2", 1)]
-    agent.take_claimed()
+    assert agent.claims.claim_once(wait_secs=0)[0] == [("job-1", 1), ("job-2", 1)]
+    agent.intake.take_claimed()
     scheduler.add(job_id="job-3", command="echo three")
     wait_for(lambda: all(local.prepared.is_set() and local.process is not None
                          and local.process.poll() is not None for local in agent.jobs.snapshot()),
@@ -793,10 +793,10 @@ def test_reports_of_ended_jobs_carry_the_claim_for_the_next_ones(make_agent, sch
         "node_id": NODE, "max": 2, "limits_enforced": True, "private_tmp": False,
         "default_limits": agent.default_limits()}]
     assert scheduler.statuses("job-1") == scheduler.statuses("job-2") == ["done"]
-    assert agent.claimed_keys() == [("job-3", 1)]  # queued for the work loop, holding a slot
+    assert agent.jobs.claimed_keys() == [("job-3", 1)]  # queued for the work loop, holding a slot
     assert agent.claims.wake.is_set()  # one slot is still free: the claim thread asks for it
     agent.claims.wake.clear()
-    agent.take_claimed()
+    agent.intake.take_claimed()
     wait_for(lambda: ("job-3", 1, "done") in agent.reap_once(), timeout=10, message="job-3 to end")
     assert scheduler.statuses("job-3") == ["done"]
 
@@ -804,12 +804,13 @@ def test_reports_of_ended_jobs_carry_the_claim_for_the_next_ones(make_agent, sch
 def test_no_claim_rides_without_the_claim_thread_or_when_stopping(make_agent, scheduler):
     agent = make_agent(slots=1, cgroup_manager=FakeCgroups())
     scheduler.add(job_id="job-1", command="true")
-    agent.claim_once(wait_secs=0)
-    agent.take_claimed()
+    agent.claims.claim_once(wait_secs=0)
+    agent.intake.take_claimed()
     scheduler.add(job_id="job-2")
     wait_for(lambda: agent.reap_once(), timeout=10, message="job-1 to end")
     assert scheduler.riding_claims == [] and scheduler.statuses("job-1") == ["done"]  # polling agent
-    agent.claims.running, agent._stopping = True, True
+    agent.claims.running = True
+    agent.stopping.set()
     assert agent.claims.riding() is None
 
 
@@ -827,7 +828,7 @@ def test_an_idle_agent_reconciles_only_when_its_lease_lists_an_attempt_it_does_n
     agent.membership.apply_lease(clock(), lease)
     agent.reconcile_paced(Backoff())
     assert lists() == 1 and not agent.membership.unknown_listed
-    assert [(r.job_id, r.status) for r in agent.pending_reports()] == [(job_id, "failed")]  # lost here
+    assert [(r.job_id, r.status) for r in list(agent.outbox)] == [(job_id, "failed")]  # lost here
     agent.reconcile_paced(Backoff())
     assert lists() == 1  # idle again: no request
 
@@ -836,37 +837,37 @@ def test_claims_ask_only_for_free_slots_and_not_while_jobs_are_held_under_a_laps
         make_agent, scheduler, clock, api):
     agent = make_agent(slots=1)
     scheduler.add(job_id="job-1", command="sleep 60")
-    assert agent.claim_once(wait_secs=0)[0] == [("job-1", 1)]
+    assert agent.claims.claim_once(wait_secs=0)[0] == [("job-1", 1)]
     scheduler.add(job_id="job-2")
-    assert agent.claim_once(wait_secs=0) == ([], False)  # no free slot: the scheduler is not asked
+    assert agent.claims.claim_once(wait_secs=0) == ([], False)  # no free slot: the scheduler is not asked
     assert len(scheduler.claims) == 1
-    agent.take_claimed()
+    agent.intake.take_claimed()
     api.add(responses.POST, f"{SCHEDULER}/nodes/{NODE}/lease", json={"node_id": NODE, "lease_secs": 5})
     busy = make_agent(slots=2)
-    busy.renew_lease_once()
-    assert busy.claim_once(wait_secs=0)[0] == [("job-2", 1)]
-    busy.take_claimed()
+    busy.membership.renew_with(busy.scheduler)
+    assert busy.claims.claim_once(wait_secs=0)[0] == [("job-2", 1)]
+    busy.intake.take_claimed()
     scheduler.add(job_id="job-3", command="sleep 60")
     clock.advance(6)
     # It holds a job under a lapsed lease (being fenced): no more work.
-    assert busy.lease_lapsed() and busy.claim_once(wait_secs=0) == ([], False)
+    assert busy.membership.lapsed() and busy.claims.claim_once(wait_secs=0) == ([], False)
     assert len(scheduler.claims) == 2
 
 
 def test_an_idle_agent_claims_whatever_its_lease_and_the_claim_renews_it(make_agent, scheduler, clock, api):
     api.add(responses.POST, f"{SCHEDULER}/nodes/{NODE}/lease", json={"node_id": NODE, "lease_secs": 5})
     agent = make_agent(slots=1)
-    agent.renew_lease_once()
+    agent.membership.renew_with(agent.scheduler)
     clock.advance(60)
-    assert agent.lease_lapsed() and not agent.claims_blocked()  # nothing held: nothing to fence
+    assert agent.membership.lapsed() and not agent.claims_blocked()  # nothing held: nothing to fence
     scheduler.add(job_id="job-1", command="sleep 60")
-    assert agent.claim_once(wait_secs=0)[0] == [("job-1", 1)]
+    assert agent.claims.claim_once(wait_secs=0)[0] == [("job-1", 1)]
     # The claim that handed the job out renewed the lease (counted from when it was sent),
     # so the job starts instead of being given back.
-    assert not agent.lease_lapsed()
-    assert agent.take_claimed() == [("job-1", 1)]
+    assert not agent.membership.lapsed()
+    assert agent.intake.take_claimed() == [("job-1", 1)]
     clock.advance(6)
-    assert agent.lease_lapsed() and agent.claims_blocked()
+    assert agent.membership.lapsed() and agent.claims_blocked()
 
 
 def test_an_idle_agent_renews_once_a_minute_and_a_busy_one_every_beat(make_agent, scheduler, clock, api):
@@ -880,8 +881,8 @@ def test_an_idle_agent_renews_once_a_minute_and_a_busy_one_every_beat(make_agent
         clock.advance(5)
     assert renewals.call_count == 2     # at the start, and a minute later
     scheduler.add(job_id="job-1", command="sleep 60")
-    agent.claim_once(wait_secs=0)
-    agent.take_claimed()
+    agent.claims.claim_once(wait_secs=0)
+    agent.intake.take_claimed()
     before = renewals.call_count
     for _ in range(3):                  # holding a job: every beat
         agent.membership.renew_if_due(agent.scheduler)
@@ -900,15 +901,15 @@ def test_an_empty_answer_that_did_not_wait_means_pause(make_agent, api):
     api.add(responses.POST, f"{SCHEDULER}/nodes/{NODE}/claim", json=[],
             headers={"X-Corral-Long-Poll": "busy"})
     agent = make_agent()
-    assert agent.claim_once(wait_secs=20) == ([], True)
+    assert agent.claims.claim_once(wait_secs=20) == ([], True)
     # Without the header, an empty answer long before the deadline is also a reason to pause.
     api.replace(responses.POST, f"{SCHEDULER}/nodes/{NODE}/claim", json=[])
-    assert agent.claim_once(wait_secs=20) == ([], True)
-    assert agent.claim_once(wait_secs=0) == ([], False)
+    assert agent.claims.claim_once(wait_secs=20) == ([], True)
+    assert agent.claims.claim_once(wait_secs=0) == ([], False)
     # "again": work came while the claim waited; the next claim (at once) takes it.
     api.replace(responses.POST, f"{SCHEDULER}/nodes/{NODE}/claim", json=[],
                 headers={"X-Corral-Long-Poll": "again"})
-    assert agent.claim_once(wait_secs=20) == ([], False)
+    assert agent.claims.claim_once(wait_secs=20) == ([], False)
 
 
 def test_long_poll_setting():
@@ -937,8 +938,8 @@ def test_the_claim_thread_asks_again_once_the_work_loop_took_what_it_got(make_ag
     thread.start()
     try:
         wait_for(lambda: waits, timeout=10, message="the claim thread to wait for the hand-over")
-        assert waits == [(30.0, 1)] and agent.claimed_keys() == [("job-1", 1)]
-        assert agent.take_claimed() == [("job-1", 1)]
+        assert waits == [(30.0, 1)] and agent.jobs.claimed_keys() == [("job-1", 1)]
+        assert agent.intake.take_claimed() == [("job-1", 1)]
         wait_for(lambda: len(scheduler.claims) >= 2, timeout=10, message="the next claim")
     finally:
         stop.set()
@@ -957,7 +958,7 @@ def test_a_refused_claim_is_retried_after_a_pause_and_the_agent_never_falls_back
     thread, outcome = run_in_thread(agent, stop)
     try:
         wait_for(lambda: len(scheduler.claims) >= 3, timeout=10, message="the claims to be sent again")
-        assert agent.long_poll
+        assert agent.membership.long_poll
         scheduler.claim_refusal = None
         scheduler.add(job_id="job-1", command="echo claimed")
         wait_for(lambda: scheduler.statuses("job-1") == ["done"], timeout=10, message="job-1 to run")
@@ -976,17 +977,17 @@ def test_a_newer_attempt_waits_until_the_older_one_ended_here(make_agent, make_s
     scheduler = make_scheduler(max_node_losses=3)
     agent = make_agent(slots=2)
     scheduler.add(job_id="job-1", command=FIRST_ATTEMPT_HOLDS)
-    agent.claim_once(wait_secs=0)
-    agent.take_claimed()
-    wait_for(lambda: agent.local_job("job-1", 1).prepared.is_set(), timeout=5, message="job-1 to start")
+    agent.claims.claim_once(wait_secs=0)
+    agent.intake.take_claimed()
+    wait_for(lambda: agent.jobs.get(("job-1", 1)).prepared.is_set(), timeout=5, message="job-1 to start")
     # The scheduler gave the node up for lost and placed the job here again: attempt 2.
     assert scheduler.lose_node() == ["job-1"]
     assert (scheduler.job("job-1")["attempt"], scheduler.job("job-1")["node_id"]) == (2, NODE)
-    agent.claim_once(wait_secs=0)
-    assert agent.take_claimed() == [] and agent.claimed_keys() == [("job-1", 2)]
+    agent.claims.claim_once(wait_secs=0)
+    assert agent.intake.take_claimed() == [] and agent.jobs.claimed_keys() == [("job-1", 2)]
     assert agent.reconcile_once() == [("job-1", 1)]  # attempt 1 is no longer listed: killed
     wait_for(lambda: ("job-1", 1, "killed") in agent.reap_once(), timeout=10, message="attempt 1 to end")
-    assert agent.take_claimed() == [("job-1", 2)]
+    assert agent.intake.take_claimed() == [("job-1", 2)]
     wait_for(lambda: ("job-1", 2, "done") in agent.reap_once(), timeout=10, message="attempt 2 to end")
     assert scheduler.final("job-1")["stdout"] == "second\n"
 
@@ -996,10 +997,10 @@ def test_reconcile_waits_for_a_claim_on_its_way_before_reporting_a_job_lost(agen
     job_id = scheduler.add(command="true", attempt=3)["job_id"]
     scheduler.claim_unseen()
     agent.claims.sent = 1  # a claim sent, not answered yet
-    assert agent.reconcile_once() == [] and agent.pending_reports() == []
+    assert agent.reconcile_once() == [] and list(agent.outbox) == []
     agent.claims.done = 1  # it came back without the job: the attempt is lost
     agent.reconcile_once()
-    (report,) = agent.pending_reports()
+    (report,) = list(agent.outbox)
     assert (report.job_id, report.attempt, report.status) == (job_id, 3, "failed")
 
 
@@ -1007,16 +1008,16 @@ def test_reconcile_drops_a_claimed_job_the_scheduler_ended_before_it_started(mak
     scheduler = make_scheduler(max_node_losses=3)
     agent = make_agent(slots=2)
     scheduler.add(job_id="job-1", command=FIRST_ATTEMPT_HOLDS)
-    agent.claim_once(wait_secs=0)
-    agent.take_claimed()
+    agent.claims.claim_once(wait_secs=0)
+    agent.intake.take_claimed()
     scheduler.lose_node()  # moved: placed here again as attempt 2, which waits for attempt 1
-    agent.claim_once(wait_secs=0)
-    assert agent.take_claimed() == [] and agent.claimed_keys() == [("job-1", 2)]
+    agent.claims.claim_once(wait_secs=0)
+    assert agent.intake.take_claimed() == [] and agent.jobs.claimed_keys() == [("job-1", 2)]
     scheduler.cancel("job-1")  # and attempt 2 is cancelled before it could start
     assert agent.reconcile_once() == [("job-1", 1)]
-    assert agent.claimed_keys() == []
+    assert agent.jobs.claimed_keys() == []
     wait_for(lambda: ("job-1", 1, "killed") in agent.reap_once(), timeout=10, message="attempt 1 to end")
-    assert agent.take_claimed() == [] and agent.running_count() == 0
+    assert agent.intake.take_claimed() == [] and len(agent.jobs) == 0
     assert scheduler.reports == []  # nothing reported: the scheduler ended both
 
 
@@ -1024,7 +1025,7 @@ def test_stopping_gives_claimed_jobs_that_never_started_back(make_agent, make_sc
     scheduler = make_scheduler(max_node_losses=3)
     agent = make_agent(slots=2)
     scheduler.add(job_id="job-1", command="true")
-    agent.claim_once(wait_secs=0)
+    agent.claims.claim_once(wait_secs=0)
     assert agent.shutdown(flush_secs=2) == 0
     final = scheduler.final("job-1")
     assert (final["status"], final["requeue"], final["stderr"]) == ("failed", True, STOPPED_MESSAGE)
@@ -1038,21 +1039,21 @@ def test_stopping_gives_claimed_jobs_that_never_started_back(make_agent, make_sc
 def finished_jobs(agent, scheduler, *commands, first=1):
     for n, command in enumerate(commands, first):
         scheduler.add(job_id=f"job-{n}", command=command)
-    agent.claim_once(wait_secs=0)
-    agent.take_claimed()
-    agent.flush_reports = lambda force=False, claim=False: len(agent.pending_reports())  # hold the reports back
+    agent.claims.claim_once(wait_secs=0)
+    agent.intake.take_claimed()
+    agent.outbox.flush = lambda force=False, claim=None: len(list(agent.outbox))  # hold the reports back
     try:
-        wait_for(lambda: agent.reap_once() is not None and len(agent.pending_reports()) == len(commands),
+        wait_for(lambda: agent.reap_once() is not None and len(list(agent.outbox)) == len(commands),
                  timeout=10, message="every job to end")
     finally:
-        del agent.flush_reports
+        del agent.outbox.flush
 
 
 def test_due_reports_go_in_one_batch(make_agent, scheduler):
     agent = make_agent(slots=3)
     finished_jobs(agent, scheduler, "echo a", "exit 3", "echo c")
     scheduler.cancel("job-2")  # its report is stale (409) among them
-    assert agent.flush_reports() == 0
+    assert agent.outbox.flush() == 0
     assert sorted(scheduler.answers) == [("job-1", "done", 200), ("job-2", "failed", 409), ("job-3", "done", 200)]
     (batch,) = scheduler.batches
     assert sorted(item["job_id"] for item in batch) == ["job-1", "job-2", "job-3"]
@@ -1066,21 +1067,21 @@ def test_a_refused_batch_goes_one_by_one_and_the_next_is_a_batch_again(make_agen
     scheduler.batch_refusal = status
     agent = make_agent(slots=2)
     finished_jobs(agent, scheduler, "echo a", "echo b")
-    assert agent.flush_reports() == 0
+    assert agent.outbox.flush() == 0
     assert scheduler.batches == [] and scheduler.statuses("job-1") == scheduler.statuses("job-2") == ["done"]
     scheduler.batch_refusal = None
     finished_jobs(agent, scheduler, "echo c", "echo d", first=3)
-    assert agent.flush_reports() == 0 and len(scheduler.batches) == 1
+    assert agent.outbox.flush() == 0 and len(scheduler.batches) == 1
 
 
 def test_an_unreachable_batch_keeps_every_report(make_agent, scheduler, clock):
     agent = make_agent(slots=2)
     finished_jobs(agent, scheduler, "echo a", "echo b")
     scheduler.down_for[("job-1", "done")] = 1
-    assert agent.flush_reports() == 2
-    assert all(r.tries == 1 for r in agent.pending_reports())
+    assert agent.outbox.flush() == 2
+    assert all(r.tries == 1 for r in list(agent.outbox))
     clock.advance(1.01)
-    assert agent.flush_reports() == 0 and len(scheduler.batches) == 2
+    assert agent.outbox.flush() == 0 and len(scheduler.batches) == 2
 
 
 # --- cli ------------------------------------------------------------------------------------
@@ -1270,12 +1271,12 @@ def test_a_job_that_exited_before_the_fence_is_reported_as_it_ended(agent, sched
     """The lease lapses (a stopped scheduler) after the job exited but before the work
     loop, blocked on the scheduler, reaped it: the exit 0 is reported, not a stop."""
     scheduler.add(job_id="job-1", command="echo finished")
-    agent.poll_once()
-    local = wait_for(lambda: agent.local_job("job-1", 1) and agent.local_job("job-1", 1).process
-                     and agent.local_job("job-1", 1), message="the job to start")
+    agent.intake.poll_once()
+    local = wait_for(lambda: agent.jobs.get(("job-1", 1)) and agent.jobs.get(("job-1", 1)).process
+                     and agent.jobs.get(("job-1", 1)), message="the job to start")
     wait_for(lambda: local.process.poll() is not None, message="the job to exit")
-    agent.lease.sent_at, agent.lease.secs = agent._clock() - 100, 20.0  # lapsed meanwhile
-    assert agent.fence_once() == []
+    agent.membership.lease.sent_at, agent.membership.lease.secs = agent._clock() - 100, 20.0  # lapsed meanwhile
+    assert agent.membership.fence_once() == []
     wait_for(lambda: ("job-1", 1, "done") in agent.reap_once(), message="the job to be reaped")
     final = scheduler.final("job-1")
     assert (final["status"], final["stdout"]) == ("done", "finished\n") and not final.get("requeue")

@@ -49,8 +49,8 @@ def agent(state_dir, node, scheduler, registry):
     try:
         yield a
     finally:
-        for key in a.running_keys():
-            local = a.local_job(*key)
+        for key in a.jobs.keys():
+            local = a.jobs.get(key)
             local.prepared.wait(10)
             if local.process is not None:
                 local.process.kill(0)
@@ -64,7 +64,7 @@ def reap_until(agent, timeout=15):
 def test_out_of_memory_is_detected_and_reported(agent, scheduler):
     assert agent.cgroups.enforced
     scheduler.add(command=f"{PYTHON3} -c 'x = b\"x\" * (200 << 20)'", memory_mb=32, cpu_percent=50)
-    agent.poll_once()
+    agent.intake.poll_once()
     assert reap_until(agent) == [("job-1", 1, "failed")]
     running = scheduler.reports[0][1]
     assert (running["limits_enforced"], running["limits"]) == (
@@ -80,12 +80,12 @@ def test_out_of_memory_is_detected_and_reported(agent, scheduler):
 def test_job_runs_as_its_own_uid_in_its_cgroup_and_both_go(agent, scheduler):
     scheduler.add(command='id -u; grep -c "/job-1-1$" /proc/self/cgroup; echo "$HOME $USER"; '
                           'echo hi > mine.txt && echo wrote')
-    agent.poll_once()
+    agent.intake.poll_once()
     assert reap_until(agent) == [("job-1", 1, "done")]
     final = scheduler.final("job-1")
     uid, in_cgroup, home, wrote = final["stdout"].splitlines()
     assert 70000 <= int(uid) <= 79999 and int(in_cgroup) >= 2 and wrote == "wrote"  # memory, cpu, ...
-    assert home == f"{agent.work_dir('job-1', 1)} corral-{uid}"  # no passwd entry: HOME is the work dir
+    assert home == f"{agent.settings.work_dir('job-1', 1)} corral-{uid}"  # no passwd entry: HOME is the work dir
     assert final["oom_killed"] is False and final["peak_memory_bytes"] > 0
     assert agent.cgroups.list_job_cgroups() == []
     assert agent.users.pool.held() == {}  # the uid was given back
@@ -94,8 +94,8 @@ def test_job_runs_as_its_own_uid_in_its_cgroup_and_both_go(agent, scheduler):
 def test_cancel_kills_the_whole_tree_through_the_cgroup(agent, scheduler):
     scheduler.add(command="setsid sh -c 'trap \"\" TERM; echo $$ > grandchild.pid; sleep 300' & "
                           "echo $$ > main.pid; sleep 300")
-    agent.poll_once()
-    workdir = agent.work_dir("job-1", 1)
+    agent.intake.poll_once()
+    workdir = agent.settings.work_dir("job-1", 1)
     pids = wait_for(lambda: [int(open(os.path.join(workdir, n)).read()) for n in
                              ("main.pid", "grandchild.pid")], message="both pids")
     scheduler.cancel("job-1")
@@ -114,7 +114,7 @@ def test_deploy_artifact_is_owned_by_the_job_user(agent, scheduler, api):
         zf.writestr(info, "#!/bin/sh\nid -u > out.txt && cat out.txt\n")
     api.add(responses.GET, "https://builds.test/app.zip", body=buf.getvalue())
     scheduler.add(command=None, deploy_url="https://builds.test/app.zip")
-    agent.poll_once()
+    agent.intake.poll_once()
     assert reap_until(agent) == [("job-1", 1, "done")], scheduler.final("job-1")
     assert 70000 <= int(scheduler.final("job-1")["stdout"]) <= 79999
 
@@ -124,10 +124,10 @@ def test_lease_renewals_carry_what_the_jobs_use(agent, scheduler, leases):
     busy loop's CPU (at most its 100% limit, give or take a CFS period)."""
     scheduler.add(command=f"{PYTHON3} -c \"b = bytearray(40 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\n"
                           f"while True: pass\"", memory_mb=128)
-    agent.poll_once()
+    agent.intake.poll_once()
 
     def renewed_with_usage():
-        agent.renew_lease_once()
+        agent.membership.renew_with(agent.scheduler)
         memory, cpu = leases()
         return (memory, cpu) if memory >= 40 and cpu >= 30 else None
 

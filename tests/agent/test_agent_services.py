@@ -60,9 +60,9 @@ def make_agent(state_dir, node, scheduler, registry):
 
 
 def the_pid(agent, job_id, attempt=1):
-    local = wait_for(lambda: agent.local_job(job_id, attempt)
-                     and agent.local_job(job_id, attempt).process
-                     and agent.local_job(job_id, attempt), message=f"{job_id} to start")
+    local = wait_for(lambda: agent.jobs.get((job_id, attempt))
+                     and agent.jobs.get((job_id, attempt)).process
+                     and agent.jobs.get((job_id, attempt)), message=f"{job_id} to start")
     return local.process.pid
 
 
@@ -77,9 +77,9 @@ def test_service_is_recorded_health_checked_and_removed_on_cancel(make_agent, sc
     port = free_port()
     scheduler.add(job_id="job-1", job_type="service", command=http_server(port), port=port,
                   name="web", health_path="/")
-    agent.poll_once()
+    agent.intake.poll_once()
     pid = the_pid(agent, "job-1")
-    local = agent.local_job("job-1", 1)
+    local = agent.jobs.get(("job-1", 1))
 
     # Recorded right after start, health unknown; then healthy. The record names the attempt
     # and carries the scheduler's grant for it (the registry asks for it with tokens).
@@ -134,9 +134,9 @@ def test_service_that_exits_is_reported_with_its_log_tails(make_agent, scheduler
     scheduler.add(job_id="job-1", job_type="service",
                   command="head -c 20000 /dev/zero | tr '\\0' x; echo; echo to-err >&2; "
                           "while [ ! -e stop ]; do sleep 0.05; done; echo last-line; exit 3")
-    agent.poll_once()
+    agent.intake.poll_once()
     the_pid(agent, "job-1")
-    local = agent.local_job("job-1", 1)
+    local = agent.jobs.get(("job-1", 1))
     out_file = local.log_files[0]
     wait_for(lambda: open(out_file).read().startswith("[corral: log truncated after"),
              message="the log to be truncated")
@@ -156,7 +156,7 @@ def test_a_service_with_a_tcp_check_exits_and_leaves_the_registry(make_agent, sc
     agent.startup()
     port = free_port()
     scheduler.add(job_id="job-1", job_type="service", command=http_server(port), port=port)
-    agent.poll_once()
+    agent.intake.poll_once()
     pid = the_pid(agent, "job-1")
     wait_for(lambda: registry.healthy("job-1") is True, message="a healthy TCP check")
     assert registry.records["job-1"]["name"] == "job-1"  # no name: the job id
@@ -175,16 +175,16 @@ def test_a_new_agent_re_adopts_a_running_service(make_agent, scheduler, registry
     scheduler.add(job_id="job-1", job_type="service", command=http_server(port), port=port,
                   name="web", health_path="/")
     scheduler.add(job_id="job-2", command="sleep 60")  # a run job: ended by the stop
-    first.poll_once()
+    first.intake.poll_once()
     pid = the_pid(first, "job-1")
     the_pid(first, "job-2")
-    popen = first.local_job("job-1", 1).process
-    uid = first.local_job("job-1", 1).uid
+    popen = first.jobs.get(("job-1", 1)).process
+    uid = first.jobs.get(("job-1", 1)).uid
     mount_ns = os.readlink(f"/proc/{pid}/ns/mnt")
     wait_for(lambda: registry.healthy("job-1") is True, message="the service to be healthy")
 
     first.shutdown(flush_secs=2)  # SIGTERM of the agent
-    assert first.running_count() == 0
+    assert len(first.jobs) == 0
     assert scheduler.final("job-2")["status"] == "failed"
     assert not process_gone(pid) and "job-1" in registry.records  # left running, still recorded
     state_file = services.state_path(first.settings.service_state_root, "job-1", 1)
@@ -198,18 +198,18 @@ def test_a_new_agent_re_adopts_a_running_service(make_agent, scheduler, registry
     second = make_agent()
     assert second.startup() == [("job-1", 1)]
     assert not any(os.path.exists(p) for p in stray.paths())
-    adopted = second.local_job("job-1", 1)
+    adopted = second.jobs.get(("job-1", 1))
     assert adopted.process.pid == pid and adopted.adopted
     assert adopted.cgroup.pids() == [pid]  # no second copy
     # It keeps its uid and its private /tmp; no new job gets that uid while it runs.
     assert adopted.uid == uid and second.users.pool.held() == {"job-1-1": uid}
     assert os.readlink(f"/proc/{pid}/ns/mnt") == mount_ns
     scheduler.add(job_id="job-3", command="id -u")
-    second.poll_once()
+    second.intake.poll_once()
     wait_for(lambda: ("job-3", 1, "done") in second.reap_once(), message="job-3 to end")
     assert scheduler.final("job-3")["stdout"] != f"{uid}\n"
     assert second.reconcile_once() == []  # the scheduler still lists it: nothing to do
-    assert second.poll_once() == [] and second.reap_once() == []
+    assert second.intake.poll_once() == [] and second.reap_once() == []
     # Still health-checked by the new agent, which records it with the grant it was started with.
     wait_for(lambda: len(registry.upserts) > checks_before and registry.healthy("job-1") is True,
              message="the new agent to record the service")
@@ -241,12 +241,12 @@ def test_a_service_that_died_while_no_agent_watched_is_reported_failed(make_agen
     assert [j["job_id"] for j in scheduler.claim_unseen()] == ["job-1"]
     state_file = services.state_path(agent.settings.service_state_root, "job-1", 2)
     dead = services.ServiceState("job-1", 2, 999_999_999, 1, "job-1-2", 8080, "web", None,
-                                 agent.work_dir("job-1", 2), "/nonexistent.out", "/nonexistent.err")
+                                 agent.settings.work_dir("job-1", 2), "/nonexistent.out", "/nonexistent.err")
     dead.write(state_file)
     assert agent.startup() == []
     assert not os.path.exists(state_file)
     agent.reconcile_once()
-    agent.flush_reports()
+    agent.outbox.flush()
     final = scheduler.final("job-1")
     assert (final["status"], final["attempt"], final["exit_code"]) == ("failed", 2, -1)
 
@@ -259,10 +259,10 @@ def test_a_cancelled_adopted_service_is_killed_through_its_cgroup(make_agent, sc
     scheduler.add(job_id="job-1", job_type="service", port=port,
                   command=f"setsid sh -c 'trap \"\" TERM; echo $$ > child.pid; sleep 300' & "
                           f"{http_server(port)}")
-    first.poll_once()
+    first.intake.poll_once()
     pid = the_pid(first, "job-1")
-    popen = first.local_job("job-1", 1).process
-    workdir = first.local_job("job-1", 1).workdir
+    popen = first.jobs.get(("job-1", 1)).process
+    workdir = first.jobs.get(("job-1", 1)).workdir
     child = int(wait_for(lambda: open(os.path.join(workdir, "child.pid")).read().strip(),
                          message="the child's pid"))
     first.shutdown(flush_secs=1)
@@ -284,16 +284,16 @@ def test_an_adopted_service_keeps_its_disk_limit(make_agent, scheduler, registry
     scheduler.add(job_id="job-1", job_type="service", disk_mb=1,
                   command="touch ready; while [ ! -e grow ]; do sleep 0.1; done; head -c 5242880 /dev/zero > big; "
                           "sleep 300")
-    first.poll_once()
-    workdir = first.work_dir("job-1", 1)
+    first.intake.poll_once()
+    workdir = first.settings.work_dir("job-1", 1)
     wait_for(lambda: os.path.exists(os.path.join(workdir, "ready")), message="the service to start")
     first.shutdown(flush_secs=2)  # it goes on running, left to the next agent
 
     second = make_agent()
     assert second.startup() == [("job-1", 1)]
-    assert second.local_job("job-1", 1).disk_mb == 1
+    assert second.jobs.get(("job-1", 1)).disk_mb == 1
     open(os.path.join(workdir, "grow"), "w").close()
-    assert wait_for(second.check_disk_once, timeout=30, message="the service to outgrow its limit") == [("job-1", 1)]
+    assert wait_for(second.disk.check_once, timeout=30, message="the service to outgrow its limit") == [("job-1", 1)]
     assert wait_for(second.reap_once, timeout=30, message="the service to end") == [("job-1", 1, "failed")]
     final = scheduler.final("job-1")
     assert (final["ended_by"], final["stderr"].splitlines()[-1]) == ("disk", "job exceeded its disk limit of 1 MB")

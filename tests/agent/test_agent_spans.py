@@ -17,7 +17,7 @@ def agent(api, make_agent):
 
 
 def run_attempt(agent):
-    assert agent.poll_once()
+    assert agent.intake.poll_once()
     wait_for(agent.reap_once, timeout=10, message="the attempt to end")
 
 
@@ -58,7 +58,7 @@ def test_a_retry_is_a_second_attempt_span_beside_the_first_under_the_submit_span
 
 def test_an_attempt_that_cannot_run_here_is_a_failed_attempt_span_at_once(agent, scheduler, recorded):
     job = scheduler.add(command="true", memory_mb=1_000_000)
-    agent.poll_once()
+    agent.intake.poll_once()
     attempt = wait_for(lambda: recorded.all("corral.attempt"), timeout=5, message="the attempt span")[0]
     assert attempt.status.status_code == StatusCode.ERROR
     assert hex_ids(attempt)[2] == traceparent_ids(job["traceparent"])[1]

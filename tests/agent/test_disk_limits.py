@@ -83,8 +83,8 @@ def test_under_the_floor_the_watch_says_why_once_and_when_it_is_over(caplog):
 def test_a_job_whose_work_dir_outgrows_its_disk_mb_is_ended_as_failed_by_disk(make_agent, scheduler):
     agent = make_agent()
     scheduler.add(command="head -c 5242880 /dev/zero > big && sleep 60", disk_mb=1)
-    assert agent.poll_once() == [("job-1", 1)]
-    assert wait_for(agent.check_disk_once, timeout=30, message="the job to outgrow its limit") == [("job-1", 1)]
+    assert agent.intake.poll_once() == [("job-1", 1)]
+    assert wait_for(agent.disk.check_once, timeout=30, message="the job to outgrow its limit") == [("job-1", 1)]
     assert wait_for(agent.reap_once, timeout=30, message="the job to end") == [("job-1", 1, "failed")]
     final = scheduler.final("job-1")
     assert (final["status"], final["exit_code"], final["ended_by"]) == ("failed", -1, "disk")
@@ -96,10 +96,10 @@ def test_a_job_whose_work_dir_outgrows_its_disk_mb_is_ended_as_failed_by_disk(ma
 def test_a_job_within_its_disk_mb_runs_to_its_end(make_agent, scheduler):
     agent = make_agent()
     scheduler.add(command="head -c 1048576 /dev/zero > small && echo ok", disk_mb=5)
-    assert agent.poll_once() == [("job-1", 1)]
+    assert agent.intake.poll_once() == [("job-1", 1)]
 
     def ended():
-        assert agent.check_disk_once() == []  # never over its limit
+        assert agent.disk.check_once() == []  # never over its limit
         return agent.reap_once()
 
     assert wait_for(ended, timeout=30, message="the job to end") == [("job-1", 1, "done")]
@@ -114,13 +114,13 @@ def test_under_the_floor_the_agent_takes_no_work_and_takes_it_again_once_space_i
     assert agent.claims_blocked() and "under AGENT_MIN_FREE_DISK_MB" in agent.disk.low
     assert "taking no new work: only" in caplog.text
     scheduler.add(command="echo hi")
-    assert agent.poll_once() == [] and agent.claim_once() == ([], False)
+    assert agent.intake.poll_once() == [] and agent.claims.claim_once() == ([], False)
     assert scheduler.job("job-1")["status"] == "pending"
 
     agent.disk.floor_mb = 1  # as if space came back
-    agent.check_disk_once()
+    agent.disk.check_once()
     assert not agent.claims_blocked() and "taking work again" in caplog.text
-    assert agent.poll_once() == [("job-1", 1)]
+    assert agent.intake.poll_once() == [("job-1", 1)]
     assert wait_for(agent.reap_once, timeout=30, message="the job to end") == [("job-1", 1, "done")]
 
 
@@ -133,16 +133,16 @@ def test_under_the_floor_the_heartbeat_and_registration_say_why_and_stop_saying_
         return [json.loads(c.request.body) for c in api.calls if c.request.url.endswith(url_end)][-1]
 
     agent = make_agent(node_id="node-1", min_free_disk_mb=disk.free_bytes("/") // MiB + 1024 * 1024)
-    agent.register()
-    agent.heartbeat_once()
+    agent.membership.register()
+    agent.membership.heartbeat_once()
     for body in (sent("/nodes"), sent("/heartbeat")):
         assert body["refusing_work"] == agent.disk.low and "under AGENT_MIN_FREE_DISK_MB" in body["refusing_work"]
 
     agent.disk.floor_mb = 1  # as if space came back
-    agent.check_disk_once()
-    agent.heartbeat_once()
+    agent.disk.check_once()
+    agent.membership.heartbeat_once()
     assert sent("/heartbeat").get("refusing_work") is None  # omitted: the registry clears it
-    agent.register()
+    agent.membership.register()
     assert sent("/nodes").get("refusing_work") is None
 
 

@@ -251,7 +251,7 @@ def test_the_agents_preparation_never_runs_a_loader_variable_as_root(make_agent,
     make_agent.scheduler.add(job_id="job-1", command="id -u")
     # Past the scheduler's own submit check too: the row holds them.
     make_agent.scheduler.set_row("job-1", env_vars={"LD_PRELOAD": evil_so, "LD_AUDIT": evil_so})
-    agent.poll_once()
+    agent.intake.poll_once()
     final = run_until_done(agent, make_agent.scheduler, "job-1")
     uid = int(final["stdout"])
     assert final["status"] == "done" and UID_RANGE[0] <= uid <= UID_RANGE[1]
@@ -273,19 +273,20 @@ def test_two_jobs_cannot_reach_each_other_nor_the_agents_files(make_agent, share
                           f"while [ ! -e {shared_dir}/b.done ]; do sleep 0.05; done; echo finished")
     # C (job-2): a service writing its log file.
     scheduler.add(job_id="job-2", job_type="service", command="echo service-s3cret; exec sleep 300")
-    agent.poll_once()
+    agent.intake.poll_once()
     a_pid = int(wait_for(lambda: open(f"{shared_dir}/a.pid").read().strip(), message="A's pid"))
     c_log = os.path.join(s.log_root, "job-2-1.out")
     wait_for(lambda: os.path.exists(c_log) and "service-s3cret" in open(c_log).read(), message="C's log")
-    c_pid = agent.local_job("job-2", 1).process.pid
+    c_pid = agent.jobs.get(("job-2", 1)).process.pid
     attack = os.path.join(shared_dir, "attack.py")
     with open(attack, "w") as f:
-        f.write(ATTACK.format(a_pid=a_pid, c_pid=c_pid, a_work=agent.work_dir("job-1", 1), agent_dir=s.agent_dir,
+        f.write(ATTACK.format(a_pid=a_pid, c_pid=c_pid, a_work=agent.settings.work_dir("job-1", 1),
+                              agent_dir=s.agent_dir,
                               work_root=s.work_root, c_log=c_log, secret_db=secret_db,
                               state_root=s.service_state_root, done=f"{shared_dir}/b.done",
                               a_copy=os.path.join(s.output_root, "job-1-1.stdout")))
     scheduler.add(job_id="job-3", command=f"{PYTHON3} {attack}")
-    agent.poll_once()
+    agent.intake.poll_once()
     b = run_until_done(agent, scheduler, "job-3")
     assert b["status"] == "done", b
     outcome = json.loads(b["stdout"])
@@ -354,7 +355,7 @@ def test_concurrent_jobs_get_uids_of_their_own_which_come_back_late(make_agent, 
     for job_id in ("job-1", "job-2"):
         scheduler.add(job_id=job_id, command=f"id -u; touch {shared_dir}/{job_id}; "
                                              f"while [ ! -e {shared_dir}/go ]; do sleep 0.05; done")
-    agent.poll_once()
+    agent.intake.poll_once()
     wait_for(lambda: all(os.path.exists(f"{shared_dir}/{j}") for j in ("job-1", "job-2")),
              message="both jobs to run at once")
     held = agent.users.pool.held()
@@ -365,7 +366,7 @@ def test_concurrent_jobs_get_uids_of_their_own_which_come_back_late(make_agent, 
     assert agent.users.pool.held() == {}  # given back
     assert not any(os.path.exists(os.path.join(agent.users.pool.claims_dir, str(u))) for u in uids)
     scheduler.add(job_id="job-3", command="id -u")
-    agent.poll_once()
+    agent.intake.poll_once()
     third = int(run_until_done(agent, scheduler, "job-3")["stdout"])
     assert third not in uids  # not the one given back just now: the next after the last given
 
@@ -375,7 +376,7 @@ def test_agent_job_user_still_runs_every_job_as_that_user(make_agent):
     scheduler = make_agent.scheduler
     scheduler.add(job_id="job-1", command="id -un")
     scheduler.add(job_id="job-2", command="id -un")
-    agent.poll_once()
+    agent.intake.poll_once()
     assert [run_until_done(agent, scheduler, j)["stdout"] for j in ("job-1", "job-2")] == ["nobody\n"] * 2
 
 
@@ -402,18 +403,18 @@ def test_a_fork_bomb_stays_inside_its_job(make_agent):
     agent = make_agent()
     scheduler = make_agent.scheduler
     scheduler.add(job_id="job-1", command=FORK_UNTIL_REFUSED, max_processes=20)
-    agent.poll_once()
+    agent.intake.poll_once()
     first = run_until_done(agent, scheduler, "job-1")
     assert first["status"] == "done" and int(first["stdout"]) < 20, first  # no 20th process, let alone a 50th
     assert scheduler.reports[0][1]["limits"]["max_processes"] == 20
     # The real thing, ended by its timeout: the node and the agent carry on.
     scheduler.add(job_id="job-2", command="bomb() { bomb | bomb & }; bomb; sleep 60", max_processes=50)
-    agent.poll_once()
+    agent.intake.poll_once()
     bomb = run_until_done(agent, scheduler, "job-2", timeout=30)
     assert (bomb["status"], bomb["exit_code"]) == ("failed", -1) and "job timed out" in bomb["stderr"]
     assert agent.cgroups.list_job_cgroups() == []
     scheduler.add(job_id="job-3", command="echo still here")
-    agent.poll_once()
+    agent.intake.poll_once()
     assert run_until_done(agent, scheduler, "job-3")["stdout"] == "still here\n"
 
 
@@ -426,7 +427,7 @@ def test_a_jobs_tmp_is_its_own_and_goes_with_it(make_agent, shared_dir):
     scheduler.add(job_id="job-1", command=f"for d in /tmp /var/tmp /dev/shm; do echo a > $d/{name}; done; "
                                           f"echo $$ > {shared_dir}/a.pid; "
                                           f"while [ ! -e {shared_dir}/go ]; do sleep 0.05; done")
-    agent.poll_once()
+    agent.intake.poll_once()
     a_pid = int(wait_for(lambda: open(f"{shared_dir}/a.pid").read().strip(), message="A's pid"))
     # There, in A's own mount namespace (root may look through /proc/<pid>/root) ...
     for d in ("/tmp", "/var/tmp", "/dev/shm"):
@@ -437,14 +438,14 @@ def test_a_jobs_tmp_is_its_own_and_goes_with_it(make_agent, shared_dir):
     # ... nor for another job running beside it,
     check = f"ls /tmp/{name} /var/tmp/{name} /dev/shm/{name} 2>&1; grep -c ' /tmp ' /proc/self/mountinfo"
     scheduler.add(job_id="job-2", command=check)
-    agent.poll_once()
+    agent.intake.poll_once()
     b = run_until_done(agent, scheduler, "job-2")
     assert b["stdout"].count("No such file or directory") == 3 and b["stdout"].endswith("1\n"), b
     # ... and after A ended, no trace: its file systems went with its namespace.
     open(f"{shared_dir}/go", "w").close()
     assert run_until_done(agent, scheduler, "job-1")["status"] == "done"
     scheduler.add(job_id="job-3", command=check)
-    agent.poll_once()
+    agent.intake.poll_once()
     assert run_until_done(agent, scheduler, "job-3")["stdout"].count("No such file or directory") == 3
 
 
@@ -461,7 +462,7 @@ def _normalised(report, agent, job_id):
     """Its lines but pid, uid, cgroups and its own span, with its work dir, id and uid replaced."""
     text = report["stdout"]
     uid = text.split("uid ")[1].split()[0]
-    text = text.replace(agent.work_dir(job_id, 1), "WORK").replace(job_id, "JOB").replace(uid, "UID")
+    text = text.replace(agent.settings.work_dir(job_id, 1), "WORK").replace(job_id, "JOB").replace(uid, "UID")
     return [line for line in text.splitlines()
             if not line.startswith(("pid ", "uid ", "TRACEPARENT=")) and not re.match(r"\d+:", line)]
 
@@ -473,10 +474,10 @@ def test_a_job_that_takes_the_warm_launch_runs_as_a_cold_started_one(make_agent)
     warm = agent.warm.fill_once()
     assert warm is not None and warm.key in agent.users.pool.held()
     scheduler.add(job_id="job-1", command=SELF_VIEW + "; cat /proc/self/cgroup")
-    agent.poll_once()
+    agent.intake.poll_once()
     taken = run_until_done(agent, scheduler, "job-1")
     scheduler.add(job_id="job-2", command=SELF_VIEW + "; cat /proc/self/cgroup")
-    agent.poll_once()  # nothing filled the keeper again: this one starts cold
+    agent.intake.poll_once()  # nothing filled the keeper again: this one starts cold
     cold = run_until_done(agent, scheduler, "job-2")
     assert taken["status"] == cold["status"] == "done", (taken, cold)
     # It is the process started ahead, in the cgroup made ahead, under the uid held ahead ...
@@ -498,7 +499,7 @@ def test_a_warm_launch_that_does_not_fit_the_job_goes_and_the_next_fits(make_age
     scheduler = make_agent.scheduler
     first = agent.warm.fill_once()
     scheduler.add(job_id="job-1", command="echo $$", memory_mb=300)
-    agent.poll_once()
+    agent.intake.poll_once()
     big = run_until_done(agent, scheduler, "job-1")
     assert big["status"] == "done" and big["stdout"] != f"{first.start.pid}\n"
     second = agent.warm.fill_once()  # discards the first, makes one for 300 MB
@@ -507,7 +508,7 @@ def test_a_warm_launch_that_does_not_fit_the_job_goes_and_the_next_fits(make_age
     assert first.key not in agent.users.pool.held() and second.key in agent.users.pool.held()
     assert second.limits.memory_mb == 300 and second.cgroup.limits["memory_mb"] == 300
     scheduler.add(job_id="job-2", command="echo $$; df -m /tmp | tail -1", memory_mb=300)
-    agent.poll_once()
+    agent.intake.poll_once()
     again = run_until_done(agent, scheduler, "job-2")
     assert again["stdout"].startswith(f"{second.start.pid}\n") and " 300 " in again["stdout"], again
 
@@ -619,9 +620,9 @@ def test_a_kept_work_dir_is_roots_once_its_uid_is_given_back(make_agent):
     agent = make_agent(keep_work_dirs=True)
     scheduler = make_agent.scheduler
     scheduler.add(job_id="job-1", command="echo kept > out.txt")
-    agent.poll_once()
+    agent.intake.poll_once()
     assert run_until_done(agent, scheduler, "job-1")["status"] == "done"
-    workdir = agent.work_dir("job-1", 1)
+    workdir = agent.settings.work_dir("job-1", 1)
     for path in (workdir, os.path.join(workdir, "out.txt")):
         assert (os.stat(path).st_uid, os.stat(path).st_gid) == (0, 0)
     assert oct(os.stat(workdir).st_mode & 0o777) == "0o700"
@@ -649,19 +650,19 @@ def test_jobs_enter_their_work_dir_when_the_state_dirs_parent_is_private(make_ag
         warm = agent.warm.fill_once()
         assert warm is not None
         scheduler.add(job_id="job-1", command=IN_WORK_DIR)
-        agent.poll_once()  # alone: a job of other limits prepared first would discard the warm launch
+        agent.intake.poll_once()  # alone: a job of other limits prepared first would discard the warm launch
         run_until_done(agent, scheduler, "job-1", timeout=60)
         scheduler.add(job_id="job-2", command=IN_WORK_DIR, memory_mb=300)  # other limits: cold
         scheduler.add(job_id="job-3", job_type="service", command=IN_WORK_DIR + "; exec sleep 300")
-        agent.poll_once()
+        agent.intake.poll_once()
         for job_id in ("job-1", "job-2"):
             final = run_until_done(agent, scheduler, job_id, timeout=60)
             pid = final["stdout"].split("\n")[0]
-            expected = ("done", f"{pid}\ndata\n{agent.work_dir(job_id, 1)}\n")
+            expected = ("done", f"{pid}\ndata\n{agent.settings.work_dir(job_id, 1)}\n")
             assert (final["status"], final["stdout"]) == expected, str(final)
             assert (pid == str(warm.start.pid)) == (job_id == "job-1"), final  # job-1 took the warm launch
         service_log = os.path.join(agent.settings.log_root, "job-3-1.out")
-        workdir = agent.work_dir("job-3", 1)
+        workdir = agent.settings.work_dir("job-3", 1)
         wait_for(lambda: os.path.exists(service_log) and workdir in open(service_log).read(), timeout=60,
                  message="the service's output")
         assert open(service_log).read().split("\n")[1:] == ["data", workdir, ""]
@@ -724,10 +725,10 @@ def test_warm_launched_jobs_and_services_cannot_gain_privileges(make_agent, setu
     warm_uid = agent.users.pool.held()[warm.key]
     command = f"{PRIVILEGES}; {setuid_root}; id -u"
     scheduler.add(job_id="job-1", command=command)
-    agent.poll_once()  # alone: a service prepared first would discard the warm launch
+    agent.intake.poll_once()  # alone: a service prepared first would discard the warm launch
     final = run_until_done(agent, scheduler, "job-1", timeout=60)
     scheduler.add(job_id="job-2", job_type="service", command=command + "; exec sleep 300")
-    agent.poll_once()
+    agent.intake.poll_once()
     assert final["status"] == "done" and final["stdout"].startswith(NO_PRIVILEGES), final
     uid = final["stdout"].split("\n")[-2]
     assert final["stdout"] == f"{NO_PRIVILEGES}{uid} {uid}\n{uid}\n" and int(uid) == warm_uid, final

@@ -65,8 +65,8 @@ def lease_bodies(api):
 
 def running_in_its_cgroup(agent, scheduler, key=("job-1", 1), command="sleep 30"):
     scheduler.add(job_id=key[0], command=command)
-    agent.poll_once()
-    return wait_for(lambda: (agent.local_job(*key) or None) and agent.local_job(*key).cgroup,
+    agent.intake.poll_once()
+    return wait_for(lambda: (agent.jobs.get(key) or None) and agent.jobs.get(key).cgroup,
                     message="the job in its cgroup")
 
 
@@ -76,7 +76,7 @@ def running_in_its_cgroup(agent, scheduler, key=("job-1", 1), command="sleep 30"
 def test_the_registration_carries_the_default_limits_and_the_reserve(make_agent, registry_nodes):
     agent = make_agent(cgroup_manager=Metered(), reserved_memory_mb=512, reserved_cpu_percent=50,
                        run_memory_mb=256, service_cpu_percent=300)
-    agent.register()
+    agent.membership.register()
     node = registry_nodes()
     assert node["default_limits"] == agent.default_limits() == {
         "run": {"memory_mb": 256, "cpu_percent": 100, "max_processes": 1024},
@@ -87,7 +87,7 @@ def test_the_registration_carries_the_default_limits_and_the_reserve(make_agent,
 
 def test_without_a_pids_controller_the_registered_defaults_limit_no_processes(make_agent, registry_nodes):
     agent = make_agent()  # no cgroups at all: the defaults are still what placement reserves
-    agent.register()
+    agent.membership.register()
     node = registry_nodes()
     assert node["default_limits"]["run"] == {"memory_mb": 512, "cpu_percent": 100, "max_processes": None}
     assert (node["reserved_memory_mb"], node["reserved_cpu_percent"]) == (0, 0)
@@ -98,20 +98,20 @@ def test_a_lease_renewal_carries_what_the_jobs_use(make_agent, scheduler, leases
     agent = make_agent(cgroup_manager=fake)
     cgroup = running_in_its_cgroup(agent, scheduler)
     fake.usage[cgroup.name] = {"memory_bytes": 300 * MiB, "cpu_seconds": 2.0}
-    agent.renew_lease_once()
+    agent.membership.renew_with(agent.scheduler)
     # The first reading has no interval: memory only.
     assert lease_bodies(api)[-1] == {"usage": {"memory_mb": 300, "cpu_percent": 0}}
     assert leases() == (300, 0)
     fake.usage[cgroup.name] = {"memory_bytes": 310 * MiB, "cpu_seconds": 3.5}
     clock.advance(5)
-    agent.renew_lease_once()
+    agent.membership.renew_with(agent.scheduler)
     assert leases() == (310, 30)  # 1.5 s of CPU in 5 s
 
 
 def test_without_cgroups_a_renewal_carries_no_usage(make_agent, scheduler, leases, api):
     agent = make_agent()  # NoCgroups: limits not enforced, nothing to read
     running_in_its_cgroup(agent, scheduler)
-    agent.renew_lease_once()
+    agent.membership.renew_with(agent.scheduler)
     assert lease_bodies(api) == [{}]
     assert leases() == (None, None)
 
@@ -121,6 +121,6 @@ def test_a_failed_reading_renews_the_lease_without_usage(make_agent, scheduler, 
     agent = make_agent(cgroup_manager=fake)
     cgroup = running_in_its_cgroup(agent, scheduler)
     fake.usage[cgroup.name] = OSError("the cgroup went away")
-    agent.renew_lease_once()
+    agent.membership.renew_with(agent.scheduler)
     assert lease_bodies(api) == [{}] and leases() == (None, None)
-    assert agent.lease.sent_at == clock.now  # renewed all the same
+    assert agent.membership.lease.sent_at == clock.now  # renewed all the same

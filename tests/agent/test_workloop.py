@@ -2,7 +2,7 @@
 import threading
 import types
 
-from corral.agent.workloop import WorkLoop
+from corral.agent.workloop import Steps, WorkLoop
 from corral.shared.clients import Unreachable
 
 
@@ -41,6 +41,12 @@ class FakeAgent:
         return self.services_only
 
 
+def steps(agent):
+    return Steps(agent.reap_once, agent.take_claimed, agent.reconcile_once, agent.reconcile_paced, agent.poll_once,
+                 agent.only_services_left, refused_backoff=None, slot_freed=agent.slot_freed, clock=agent._clock,
+                 poll_interval=agent.settings.poll_interval, long_poll=agent.long_poll)
+
+
 def fake(now=100.0):
     clock = [now]
     agent = FakeAgent(lambda: clock[0])
@@ -49,7 +55,7 @@ def fake(now=100.0):
 
 def test_with_claims_it_reaps_and_takes_claimed_work_every_tick_and_reconciles_every_poll_interval():
     agent, clock = fake()
-    loop = WorkLoop(agent, clock[0], claims=True)
+    loop = WorkLoop(steps(agent), clock[0], claims=True)
     loop.tick(clock[0])
     assert agent.calls == ["reap", "take", "reconcile"]
     agent.calls.clear()
@@ -65,7 +71,7 @@ def test_with_claims_it_reaps_and_takes_claimed_work_every_tick_and_reconciles_e
 def test_a_failing_reap_backs_off_and_the_rest_of_the_tick_goes_on():
     agent, clock = fake()
     agent.fail.add("reap")
-    loop = WorkLoop(agent, clock[0], claims=True)
+    loop = WorkLoop(steps(agent), clock[0], claims=True)
     loop.tick(clock[0])
     assert agent.calls == ["reap", "take", "reconcile"] and loop.next_reap == clock[0] + 0.5
     agent.calls.clear()
@@ -77,7 +83,7 @@ def test_a_failing_reap_backs_off_and_the_rest_of_the_tick_goes_on():
 
 def test_when_polling_a_freed_slot_polls_at_once_and_a_failing_scheduler_waits_its_backoff():
     agent, clock = fake()
-    loop = WorkLoop(agent, clock[0], claims=False)
+    loop = WorkLoop(steps(agent), clock[0], claims=False)
 
     def tick_at(t):
         agent.calls.clear()
@@ -98,7 +104,7 @@ def test_when_polling_a_freed_slot_polls_at_once_and_a_failing_scheduler_waits_i
 
 def test_once_mode_takes_work_from_one_poll_and_is_done_when_only_services_are_left():
     agent, clock = fake()
-    loop = WorkLoop(agent, clock[0], claims=False, once=True)
+    loop = WorkLoop(steps(agent), clock[0], claims=False, once=True)
     assert not loop.done()
     loop.tick(clock[0])
     assert agent.calls.count("poll") == 1 and not loop.done()
