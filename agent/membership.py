@@ -106,29 +106,9 @@ class Membership:
 
     def register_until_done(self, stop_event: threading.Event) -> bool:
         """Register, retrying with backoff until the registry answers; False if stopped first."""
-        backoff = Backoff(1.0, 30.0)
-        refused = self.refused_backoff("registry", f"registering node {self.settings.node_id}")
-        while not stop_event.is_set():
-            try:
-                self.register()
-                refused.accepted()
-                return True
-            except Rejected as exc:
-                if credential_refused(exc):
-                    delay = refused.after(exc)
-                else:
-                    delay = backoff.next()
-                    log.warning("registering node %s failed: %s; retrying in %.1fs", self.settings.node_id,
-                                exc, delay)
-            except ClientError as exc:
-                delay = backoff.next()
-                log.warning("registering node %s failed: %s; retrying in %.1fs", self.settings.node_id,
-                            exc, delay)
-            except Exception:
-                delay = backoff.next()
-                log.exception("registering node %s failed; retrying in %.1fs", self.settings.node_id, delay)
-            stop_event.wait(delay)
-        return False
+        what = f"registering node {self.settings.node_id}"
+        return self.keep_trying(stop_event, self.register, Backoff(1.0, 30.0), self.refused_backoff("registry", what),
+                                what)
 
     def heartbeat_once(self) -> None:
         try:
@@ -151,15 +131,26 @@ class Membership:
         answered 401/403): nothing changes until someone acts, so that is said as an
         error and retried ever later (refusals.py).
         """
-        beat = beat or self.heartbeat_once
         interval = self.settings.heartbeat_interval
-        backoff = Backoff(min(0.5, interval), interval)
-        refused = self.refused_backoff(server, what)
+        self.keep_trying(stop_event, beat or self.heartbeat_once, Backoff(min(0.5, interval), interval),
+                         self.refused_backoff(server, what), what, interval)
+
+    @staticmethod
+    def keep_trying(stop_event: threading.Event, attempt: Callable[[], object], backoff: Backoff,
+                    refused: RefusedBackoff, what: str, interval: float | None = None) -> bool:
+        """Call `attempt` until `stop_event` is set: until it succeeds once (then True) when
+        `interval` is None, else every `interval` seconds; False once stopped.
+
+        A failure waits `backoff`'s next delay and is logged (a warning for an answer or
+        a connection error, with the traceback for anything else); a refused credential
+        waits what `refused` says (refusals.py). A success starts both over."""
         while not stop_event.is_set():
             try:
-                beat()
-                backoff.reset()
+                attempt()
                 refused.accepted()
+                if interval is None:
+                    return True
+                backoff.reset()
                 delay = interval
             except Rejected as exc:
                 if credential_refused(exc):
@@ -174,6 +165,7 @@ class Membership:
                 delay = backoff.next()
                 log.exception("%s failed; retrying in %.1fs", what, delay)
             stop_event.wait(delay)
+        return False
 
     # --- the lease --------------------------------------------------------------
 
