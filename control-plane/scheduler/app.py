@@ -299,7 +299,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
         if claim is not None:
             auth.require_node(claim[0])
         results, claimed = scheduler.report_batch(items, clock(), claim)
-        answer = {"results": results}
+        answer: dict = {"results": [views.report_result(r) for r in results]}
         if claim is not None:
             answer["claimed"] = [agent_view(j) for j in claimed]
         return respond(contract.ReportResults.model_validate(answer))
@@ -308,7 +308,8 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     def live_output():
         items = validation.output_batch(read_json_object())
         require_items_node(items)
-        return respond(contract.OutputResults.model_validate({"results": store.output.store(items)}))
+        return respond(contract.OutputResults.model_validate(
+            {"results": [views.item_result(r) for r in store.output.store(items)]}))
 
     @app.post("/nodes/<node_id>/claim")
     def claim(node_id):
@@ -551,13 +552,14 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
         if len(data) > LOG_CHUNK_MAX_BYTES:
             raise TooLarge(f"a log chunk is at most {LOG_CHUNK_MAX_BYTES} bytes; this one has {len(data)}")
         stored = job_logs.put(job_id, data=data, now=clock(), **chunk)
-        return respond(contract.LogChunkStored.model_validate(stored))
+        return respond(contract.LogChunkStored.model_validate(views.log_position(stored)))
 
     @app.post("/jobs/logs")
     def put_log_chunks():
         items = validation.log_chunk_batch(read_json_object())
         require_items_node(items)
-        return respond(contract.LogChunkResults.model_validate({"results": job_logs.put_many(items, clock())}))
+        return respond(contract.LogChunkResults.model_validate(
+            {"results": [views.log_chunk_result(r) for r in job_logs.put_many(items, clock())]}))
 
     @app.get("/jobs/<job_id>/logs")
     def read_logs(job_id):

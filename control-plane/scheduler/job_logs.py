@@ -35,11 +35,11 @@ from corral.shared.wire import LOG_MARK_ROOM
 from .event_log import EventLog
 from .log_objects import LogObjects
 from .models import Job, JobEvent, LogChunk
+from .outcomes import ItemOutcome, LogPosition
 from .settings import SchedulerSettings
 from .validation import parse_job_id
 
 REPEAT, STORE = "repeat", "store"
-_WHERE = ("expected_seq", "expected_offset", "complete")  # what a refusal says of the stream
 
 
 @dataclass(frozen=True)
@@ -97,12 +97,6 @@ class LogSlice:
 _PIECE = (LogChunk.seq, LogChunk.start, LogChunk.size, LogChunk.final, LogChunk.sha256)
 
 
-def _refusal(index: int, job_id: str, exc: CorralError) -> dict:
-    """A refused item's result: its error, and where its stream is when that was the reason."""
-    return {"index": index, "job_id": job_id, "code": exc.status, "error": exc.message,
-            **{k: v for k, v in exc.fields.items() if k in _WHERE}}
-
-
 def _chunk(seq: int, start: int, data: bytes, final: bool) -> Piece:
     """A chunk as sent: where it goes, and its digest."""
     if not data and not final:
@@ -114,10 +108,10 @@ def _not_ran(job_id: str, attempt: int, node_id: str) -> Conflict:
     return Conflict(f"attempt {attempt} of {job_id} did not run on node {node_id!r}; its log is refused")
 
 
-def _position(last: Piece, stored: bool) -> dict:
+def _position(last: Piece, stored: bool) -> LogPosition:
     """The answer to a chunk: whether it was stored, and the stream after it (its last
     chunk is `last`: the stream ends there, without gap)."""
-    return {"stored": stored, "size": last.end, "complete": last.final, "next_seq": last.seq + 1}
+    return LogPosition(stored, last.end, last.final, last.seq + 1)
 
 
 def _row(job_row: int, attempt: int, stream: str, chunk: Piece, data: bytes, key: str | None, now: float) -> dict:
@@ -143,9 +137,9 @@ class JobLogs:
     # ---- shipping ----------------------------------------------------------------
 
     def put(self, job_id: str, attempt: int, stream: str, seq: int, node_id: str, start: int, final: bool,
-            data: bytes, now: float) -> dict:
-        """Store one chunk (module docstring); the answer {"stored", "size", "complete",
-        "next_seq"}: what the stream holds after it, and the seq its next chunk takes."""
+            data: bytes, now: float) -> LogPosition:
+        """Store one chunk (module docstring); the answer: whether it was stored, what the
+        stream holds after it, and the seq its next chunk takes."""
         job_row = self._job_row(job_id)
         chunk = _chunk(seq, start, data, final)
         where = (LogChunk.job_id == job_row) & (LogChunk.attempt == attempt) & (LogChunk.stream == stream)
@@ -173,10 +167,11 @@ class JobLogs:
             raise
         return _position(chunk, stored=True)
 
-    def put_many(self, items: list[tuple[str, dict | CorralError]], now: float) -> list[dict]:
+    def put_many(self, items: list[tuple[str, dict | CorralError]], now: float
+                 ) -> list[ItemOutcome[LogPosition]]:
         """Many small chunks (POST /jobs/logs), each stored or refused on its own, as put
-        would. One result per item: {"index", "job_id", "code"}, and put's answer (200)
-        or the error and where the stream is.
+        would. One outcome per item: put's answer, or the error (which says where the
+        stream is when that was the reason).
 
         Without S3 the whole batch costs a few statements, however many chunks: what
         the batch's jobs ran where and their streams' chunks are read at once, each
@@ -189,19 +184,20 @@ class JobLogs:
                     return self._put_together(items, now)
             except peewee.IntegrityError:
                 pass
-        results = []
+        results: list[ItemOutcome[LogPosition]] = []
         for index, (job_id, item) in enumerate(items):
             try:
                 if isinstance(item, CorralError):
                     raise item
                 answer = self.put(job_id, now=now, **item)
             except CorralError as exc:
-                results.append(_refusal(index, job_id, exc))
+                results.append(ItemOutcome(index, job_id, error=exc))
                 continue
-            results.append({"index": index, "job_id": job_id, "code": 200, **answer})
+            results.append(ItemOutcome(index, job_id, answer))
         return results
 
-    def _put_together(self, items: list[tuple[str, dict | CorralError]], now: float) -> list[dict]:
+    def _put_together(self, items: list[tuple[str, dict | CorralError]], now: float
+                      ) -> list[ItemOutcome[LogPosition]]:
         rows = {parse_job_id(job_id) for job_id, item in items if not isinstance(item, CorralError)} - {None}
         jobs = set(Job.select(Job.id).where(Job.id.in_(rows)).scalars()) if rows else set()
         ran = set(JobEvent.select(JobEvent.job, JobEvent.attempt, JobEvent.node_id).where(
@@ -210,7 +206,8 @@ class JobLogs:
         for row in (LogChunk.select(LogChunk.job_id, LogChunk.attempt, LogChunk.stream, *_PIECE)
                     .where(LogChunk.job_id.in_(jobs)) if jobs else ()):
             stored.setdefault((row.job_id, row.attempt, row.stream), {})[row.seq] = Piece.of(row)
-        results, inserts, events = [], [], []
+        results: list[ItemOutcome[LogPosition]] = []
+        inserts, events = [], []
         for index, (job_id, item) in enumerate(items):
             try:
                 if isinstance(item, CorralError):
@@ -225,15 +222,15 @@ class JobLogs:
                 last = chunks[max(chunks)] if chunks else None
                 if judge(chunk, chunks.get(chunk.seq), last, self.cap) == REPEAT:
                     assert last is not None  # a repeat: a chunk is stored
-                    results.append({"index": index, "job_id": job_id, "code": 200, **_position(last, stored=False)})
+                    results.append(ItemOutcome(index, job_id, _position(last, stored=False)))
                     continue
             except CorralError as exc:
-                results.append(_refusal(index, job_id, exc))
+                results.append(ItemOutcome(index, job_id, error=exc))
                 continue
             chunks[chunk.seq] = chunk
             inserts.append(_row(job_row, item["attempt"], item["stream"], chunk, item["data"], None, now))
             events.append(_event(job_row, item["node_id"], item["attempt"], item["stream"], chunk, now))
-            results.append({"index": index, "job_id": job_id, "code": 200, **_position(chunk, stored=True)})
+            results.append(ItemOutcome(index, job_id, _position(chunk, stored=True)))
         if inserts:
             LogChunk.insert_many(inserts).execute()
             self.event_log.record(events)

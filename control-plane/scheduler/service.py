@@ -39,6 +39,7 @@ from typing import TypeVar
 from corral.server.db import lock_placement, one_writer
 
 from .models import Job
+from .outcomes import ItemOutcome, JobState
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -181,19 +182,19 @@ class Scheduler:
         return job
 
     def report_batch(self, items: list, now: float, claim: tuple[str, dict] | None = None
-                     ) -> tuple[list[dict], list[Job]]:
+                     ) -> tuple[list[ItemOutcome[JobState]], list[Job]]:
         """Many reports (each on its own), one placement for the slots they freed, and the
         claim riding on them (node_id, claim request): an agent's next work comes with
         the answer to its reports (no work when that placement failed: it claims again)."""
-        def offered(results: list[dict]) -> set[str] | None:
-            return _offered_work([(items[r["index"]][1]["node_id"], r["job_status"])
-                                  for r in results if r["code"] == 200])
+        def offered(results: list[ItemOutcome[JobState]]) -> set[str] | None:
+            return _offered_work([(items[r.index][1]["node_id"], r.value.status)
+                                  for r in results if r.error is None and r.value is not None])
 
-        def scope(results: list[dict]) -> set[str] | None:
+        def scope(results: list[ItemOutcome[JobState]]) -> set[str] | None:
             nodes = offered(results)
             return nodes if nodes is None or claim is None else nodes | {claim[0]}
 
-        def place_and_claim(results: list[dict]) -> list[Job]:
+        def place_and_claim(results: list[ItemOutcome[JobState]]) -> list[Job]:
             nodes = offered(results)
             if nodes is None or nodes:
                 self.store.placing.dispatch(now, nodes)

@@ -1,8 +1,10 @@
 """What the scheduler's API answers: jobs, events, nodes and /stats as the answer
-models of contract.py, filled from the rows the store reads. Pure: no database, no Flask."""
+models of contract.py, filled from the rows the store reads, and the items of batch
+answers from the store's outcomes (outcomes.py). Pure: no database, no Flask."""
 import datetime
 import functools
 import zoneinfo
+from typing import Any
 
 from corral.shared.contract import built
 from corral.shared.states import ALL
@@ -10,6 +12,7 @@ from corral.shared.timeutil import iso
 
 from . import contract, samples, waiting
 from .models import Job, JobArray, JobEvent, Node, Schedule, ScheduleRun, StatsSample
+from .outcomes import ItemOutcome, JobState, LogPosition
 from .placement import NodeInfo
 from .settings import SchedulerSettings
 
@@ -224,3 +227,38 @@ def lease(node_id: str, lease_secs: float, running: list[Job]) -> contract.Lease
     """A renewed lease (POST /nodes/{node_id}/lease) and the attempts running on the node."""
     return contract.Lease(node_id=node_id, lease_secs=lease_secs,
                           running=[contract.RunningAttempt(job_id=j.job_id, attempt=j.attempt) for j in running])
+
+
+def item_result(outcome: ItemOutcome[Any], applied: dict[str, Any] | None = None,
+                refusal_fields: tuple[str, ...] = ()) -> dict[str, Any]:
+    """One item of a batch's answer: its index and job, and the code the request alone
+    would have had; `applied` (code 200) what it did, else its error and the fields
+    of the error named in `refusal_fields`."""
+    error = outcome.error
+    if error is None:
+        return {"index": outcome.index, "job_id": outcome.job_id, "code": 200, **(applied or {})}
+    return {"index": outcome.index, "job_id": outcome.job_id, "code": error.status, "error": error.message,
+            **{name: value for name, value in error.fields.items() if name in refusal_fields}}
+
+
+def report_result(outcome: ItemOutcome[JobState]) -> dict[str, Any]:
+    """A report of POST /jobs/reports: the job's status and attempt after it (200)."""
+    state = outcome.value
+    return item_result(outcome, None if state is None else {"job_status": state.status, "attempt": state.attempt})
+
+
+def log_position(position: LogPosition) -> dict[str, Any]:
+    """Where a log stream is after a chunk (PUT of a chunk, and each chunk of POST /jobs/logs)."""
+    return {"stored": position.stored, "size": position.size, "complete": position.complete,
+            "next_seq": position.next_seq}
+
+
+# What a refused chunk says of its stream (job_logs.judge's Conflict), for the agent to go on from.
+LOG_REFUSAL_FIELDS = ("expected_seq", "expected_offset", "complete")
+
+
+def log_chunk_result(outcome: ItemOutcome[LogPosition]) -> dict[str, Any]:
+    """A chunk of POST /jobs/logs: where its stream is (200), or why it was refused and,
+    for a chunk out of order, where the stream goes on."""
+    position = outcome.value
+    return item_result(outcome, None if position is None else log_position(position), LOG_REFUSAL_FIELDS)

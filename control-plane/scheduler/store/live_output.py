@@ -5,6 +5,7 @@ from corral.shared.errors import Conflict, CorralError, NotFound
 
 from .. import lifecycle
 from ..models import Job
+from ..outcomes import ItemOutcome
 from ..validation import parse_job_id
 from .context import StoreContext
 from .reports import check_attempt
@@ -14,13 +15,13 @@ class LiveOutput:
     def __init__(self, ctx: StoreContext):
         self.ctx = ctx
 
-    def store(self, items: list[tuple[str, dict | CorralError]]) -> list[dict]:
-        """Each item on its own, in one transaction. Returns one result per item:
-        {"index", "job_id", "code", and "error" unless the code is 200}."""
+    def store(self, items: list[tuple[str, dict | CorralError]]) -> list[ItemOutcome[None]]:
+        """Each item on its own, in one transaction. Returns one outcome per item: stored,
+        or why it was refused."""
         tail = self.ctx.settings.output_tail_bytes
         wanted = sorted({parse_job_id(job_id) for job_id, body in items  # type: ignore[type-var]
                          if not isinstance(body, CorralError)})
-        results = []
+        results: list[ItemOutcome[None]] = []
         with self.ctx.db.atomic():
             jobs = {job.id: job for job in Job.select(Job.id, Job.node_id, Job.attempt, Job.status)
                     .where(Job.id.in_(wanted))} if wanted else {}
@@ -41,7 +42,7 @@ class LiveOutput:
                             & (Job.node_id == job.node_id)).execute() != 1:
                         raise Conflict(f"{job.job_id} changed while this request ran; its live output is refused")
                 except CorralError as exc:
-                    results.append({"index": index, "job_id": job_id, "code": exc.status, "error": exc.message})
+                    results.append(ItemOutcome(index, job_id, error=exc))
                     continue
-                results.append({"index": index, "job_id": job_id, "code": 200})
+                results.append(ItemOutcome(index, job_id))
         return results

@@ -8,6 +8,7 @@ from corral.shared.errors import Conflict, CorralError, NotFound
 
 from .. import lifecycle
 from ..models import Job, JobEvent
+from ..outcomes import ItemOutcome, JobState
 from ..validation import parse_job_id
 from .columns import DECIDING, INSERT_CHUNK
 from .context import StoreContext
@@ -49,14 +50,14 @@ class Reports:
             raise Conflict(f"{job.job_id} is {job.status}, not running; the {new!r} report is refused")
         return lifecycle.finished(job, report, now, policy)
 
-    def apply_reports(self, items: list[tuple[str, dict | CorralError]], now: float) -> list[dict]:
+    def apply_reports(self, items: list[tuple[str, dict | CorralError]], now: float
+                      ) -> list[ItemOutcome[JobState]]:
         """Apply many reports, each on its own: a refused one changes nothing and does
         not stop the others. `items` are (job_id, validated report or the error that
         made it invalid). One transaction: the reported jobs are read in one query (the
         columns a decision reads), decided one by one, and written together. Returns
-        one result per item: {"index", "job_id", "code", and "job_status" and
-        "attempt" (200) or "error" (anything else)}."""
-        results: list[dict | None] = [None] * len(items)
+        one outcome per item: the job's status and attempt after it, or why it was refused."""
+        results: list[ItemOutcome[JobState] | None] = [None] * len(items)
         with self.ctx.tx():
             jobs = self._deciding({number for job_id, body in items if not isinstance(body, CorralError)
                                    if (number := parse_job_id(job_id)) is not None})
@@ -75,19 +76,17 @@ class Reports:
                         decided = []
                     decided.append((index, job, self._decide(job, body, now)))
                 except CorralError as exc:
-                    results[index] = {"index": index, "job_id": job_id, "code": exc.status, "error": exc.message}
+                    results[index] = ItemOutcome(index, job_id, error=exc)
             self._write(decided, now, results)
         return [r for r in results if r is not None]
 
-    def _write(self, decided: list, now: float, results: list) -> None:
+    def _write(self, decided: list, now: float, results: list[ItemOutcome[JobState] | None]) -> None:
         stale = self.transitions.apply_all([(job, t) for _, job, t in decided if t is not None], now)
         for index, job, _ in decided:
             if job in stale:
-                results[index] = {"index": index, "job_id": job.job_id, "code": 409,
-                                  "error": changed_meanwhile(job).message}
-            else:
-                results[index] = {"index": index, "job_id": job.job_id, "code": 200, "job_status": job.status,
-                                  "attempt": job.attempt}
+                results[index] = ItemOutcome(index, job.job_id, error=changed_meanwhile(job))
+            else:  # as the job is now: a later report of the batch may change it again
+                results[index] = ItemOutcome(index, job.job_id, JobState(job.status, job.attempt))
 
     def _deciding(self, ids: set[int]) -> dict[int, Job]:
         """The jobs with these row ids, with the columns lifecycle decisions, their
