@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import peewee
 from peewee import fn
 
+from corral.server.backends.lookup import backend_of
 from corral.shared.timeutil import iso
 
 from .events import Cursor, Event, Filter
@@ -43,7 +44,7 @@ class Recent:
 class EventLog:
     def __init__(self, db: peewee.Database):
         self.db = db
-        self.windowed = isinstance(db, peewee.PostgresqlDatabase)
+        self.windowed = backend_of(db).windowed_events
 
     def parse(self, text: str) -> Cursor:
         return Cursor.parse(text, self.windowed)

@@ -21,6 +21,7 @@ import peewee
 from opentelemetry.trace import INVALID_SPAN, Span
 from peewee import fn
 
+from corral.server.backends.lookup import backend_of
 from corral.shared.errors import BadRequest, Conflict, CorralError, NotFound
 from corral.shared.states import ACTIVE
 from corral.shared import tracecontext, tracing
@@ -169,8 +170,8 @@ class Schedules:
             self.store.check_fence()  # the firing loop's lease: still its holder
             query = Schedule.select().where((Schedule.id == schedule_id) & Schedule.enabled
                                             & (Schedule.next_run_at <= now))
-            if getattr(self.db, "for_update", False):
-                query = query.for_update()  # a second replica's pass waits here, then finds it advanced
+            # Where writers run side by side, a second replica's pass waits here, then finds it advanced.
+            query = backend_of(self.db).lock_rows(query)
             schedule = query.first()
             if schedule is None:
                 return Fired([], 0, 0)

@@ -21,7 +21,8 @@ run side by side. A cancel, a retry and a report that requeues a job lock every
 node. On SQLite a write and its placement are one transaction; on PostgreSQL
 submits and reports commit first and placement follows in a transaction of its
 own (for a submit, only when a node has a free slot), so the lock covers placement only
-(_write_then_place), and such a placement's commit does not wait for the disk:
+(each backend's strategy: control-plane/server/backends/write_then_place.py), and
+such a placement's commit does not wait for the disk:
 a crash may undo it, and the jobs are placed again. An agent's batch of `done`
 (or `running`) reports knows its nodes before it is applied, and takes their
 locks first: its reports, the placement on the slots they freed and the claim
@@ -36,7 +37,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TypeVar
 
-from corral.server.db import lock_placement, one_writer
+from corral.server.backends.base import Backend
+from corral.server.backends.lookup import backend_of
 
 from .models import Job
 from .outcomes import ItemOutcome, JobState
@@ -51,6 +53,14 @@ R = TypeVar("R")
 class Scheduler:
     store: Store
 
+    @property
+    def backend(self) -> Backend:
+        return backend_of(self.store.db)
+
+    def open_nodes(self) -> Collection[str]:
+        """The nodes with a free slot now (read without a lock)."""
+        return self.store.snapshot.open_nodes()
+
     @contextlib.contextmanager
     def placing(self, only_places: bool = False, nodes: Collection[str] | None = None, skip_busy: bool = False):
         """A transaction that may place: the placement lock first. `only_places`: it
@@ -59,7 +69,7 @@ class Scheduler:
         `nodes`: it places on these nodes only (None: on any); `skip_busy`: on those
         of them no other placement holds (new work: lock_placement)."""
         with self.store.db.atomic():
-            lock_placement(self.store.db, recomputable=only_places, nodes=nodes, skip_busy=skip_busy)
+            self.backend.lock_placement(self.store.db, recomputable=only_places, nodes=nodes, skip_busy=skip_busy)
             self.store.check_fence()  # a background loop's placement: still its lease's holder
             yield
 
@@ -74,54 +84,18 @@ class Scheduler:
         writes nothing else (no claim), so its commit need not wait for the disk
         (placing()).
 
-        With one writer at a time (SQLite) both share one transaction: every write
-        transaction is serialised anyway. With several writers (PostgreSQL) the
-        write commits first, outside the placement lock, which then covers only the
-        placement, and only on the nodes it places on: submits and reports commit
-        side by side (their disk flushes shared), none holds up anyone's placement,
-        the reports of different nodes place side by side, and new work with no free
-        slot anywhere takes no lock at all. A placement that fails after the write
-        committed is logged, not raised (the client must learn that its write
-        stands), and gives `nothing`: the background pass places what it left.
+        How the write and its placement share transactions is the backend's
+        strategy (control-plane/server/backends/write_then_place.py): one transaction
+        with one writer at a time (SQLite); the write committed first, then its
+        placement under the lock of the nodes it places on, with several (PostgreSQL).
 
         `scope_ahead`: a superset of `scope(result)` known before the write (reports
         that cannot send a job back to pending, so they free only their own nodes'
-        slots). Then the write and its placement share one transaction on those
-        nodes' locks, taken first: one commit instead of two for an agent's reports
-        and the claim riding on them. Should that transaction fail, the write is
-        tried alone as above, so a placement's failure never costs the write.
+        slots), which lets the strategy lock those nodes first and keep the write and
+        its placement in one transaction.
         """
-        if one_writer(self.store.db):
-            with self.placing():
-                result = write()
-                return result, place(result) if scope(result) != set() else nothing
-        if scope_ahead is not None:
-            try:
-                with self.placing(only_places=False, nodes=scope_ahead):
-                    result = write()
-                    return result, place(result) if scope(result) != set() else nothing
-            except Exception:
-                log.exception("a write and its placement in one transaction failed; the write goes alone")
-        result = write()  # the store's transaction, where it needs one (a submit is one statement)
-        nodes = scope(result)
-        if nodes is not None and not nodes:
-            return result, nothing
-        if new_work:
-            # The nodes with a free slot (read after the commit, without a lock), which
-            # the placement locks, but for those another placement holds (that one, or
-            # the node's next claim, or the background pass, takes the oldest waiting
-            # work there). None: nothing to place into, and a slot freed later is
-            # filled by the placement of whoever frees it, which reads the queue after
-            # that commit and so sees this write.
-            nodes = self.store.snapshot.open_nodes()
-            if not nodes:
-                return result, nothing
-        try:
-            with self.placing(only_places, nodes, skip_busy=new_work):
-                return result, place(result)
-        except Exception:
-            log.exception("placement after a committed write failed; the background pass places it")
-            return result, nothing
+        return self.backend.write_then_place(self, write, place, nothing, scope, new_work, only_places,
+                                             scope_ahead)
 
     def _add_then_place(self, add: Callable[[], tuple[T, bool]], now: float) -> tuple[tuple[T, bool], int]:
         """New work: `add()` stores it and says whether it created any (a repeated
@@ -215,7 +189,7 @@ class Scheduler:
         finds the work, and the read is a round trip on the dispatch path. (On SQLite
         a write transaction that finds nothing, the node's report-riding claim having
         taken it first, would hold up every other writer.)"""
-        if not (poked and not one_writer(self.store.db)) and not self.store.claims.may_claim(node_id, now):
+        if not (poked and not self.backend.one_writer) and not self.store.claims.may_claim(node_id, now):
             return []  # nothing placed here and nothing to place
         with self.store.db.atomic():
             return self._claim(node_id, request, now)

@@ -9,17 +9,18 @@ names, each in its own module:
   several replicas of each service on one database, each service in its own
   PostgreSQL schema.
 
-Both answer the same few questions for the code above them, so the store and
-the loops do not care which one runs: `lock_placement(recomputable, nodes)`
-(serialise placement, on every node or on some, until the transaction ends;
-`recomputable`: this transaction only places, so its commit need not wait for
-the disk) and `locked_nodes()` (which nodes it locked), `one_writer` (whether
-write transactions run one at a time), `wakes_on_every_commit` (whether every
-commit wakes the waiting claims' watchers), `reuses_ids` (whether a deleted
-newest id is handed out again), `lost()` (why the database cannot keep what it
-is given: a deleted file, a full disk), `change_feed(db)` (how a process hears
-of other processes' commits) and `deciding_clock(db, clock)` (whose clock
-decides).
+Both answer the same few questions for the code above them, each in its
+`Backend` (control-plane/server/backends/base.py, reached with
+`backend_of(db)`), so the store, the loops, the migrations and the compiled
+statements never test which database they run on: the placement lock
+(`lock_placement`, `locked_nodes`), row locks (`skip_locked`, `lock_rows`,
+`for_share`), `one_writer` (whether write transactions run one at a time) and
+the write-then-place strategy that follows from it, `wakes_on_every_commit`,
+whether event reads are windowed, the statements' forms (`arrays`, `pick`),
+the change feed, the migration lock and the lost-database marker. Beside them:
+`reuses_ids` (whether a deleted newest id is handed out again), `lost()` (why
+the database cannot keep what it is given: a deleted file, a full disk) and
+`deciding_clock(db, clock)` (whose clock decides).
 Queries stay dialect-neutral.
 """
 import json
@@ -33,14 +34,16 @@ from playhouse.pool import MaxConnectionsExceeded
 
 from corral.shared import settings as s
 from corral.server.backends import postgres, sqlite
+from corral.server.backends.base import Backend
+from corral.server.backends.lookup import backend_of
 from corral.server.backends.sqlite import sqlite_path
-from corral.server.changefeed import ChangeFeed, IntervalFeed
+from corral.server.changefeed import ChangeFeed
 from corral.shared.errors import SettingError
 
 log = logging.getLogger(__name__)
 
 __all__ = ["MaxConnectionsExceeded", "DatabaseOptions", "open_database", "schema_for", "change_feed",
-           "close_idle", "sqlite_path", "init_app", "JSONField"]
+           "close_idle", "sqlite_path", "init_app", "JSONField", "Backend", "backend_of"]
 
 
 @dataclass(frozen=True)
@@ -114,17 +117,12 @@ def open_database(url: str, synchronous: str = "NORMAL", *, service: str = "sche
 
 def check_server(db: peewee.Database, processes: int) -> None:
     """At start (the gunicorn master): refuse a database server we cannot use (exit 2)."""
-    if isinstance(db, postgres.PostgresDatabase):
-        postgres.check_server(db, db.pool_size, processes)
+    backend_of(db).check_server(db, processes)
 
 
 def change_feed(db: peewee.Database, service: str, options: DatabaseOptions = DatabaseOptions()) -> ChangeFeed:
     """How this process hears that other processes committed work (control-plane/server/changefeed.py)."""
-    if isinstance(db, postgres.PostgresDatabase):
-        if options.poll_only:
-            return IntervalFeed(postgres.POLL_ONLY_INTERVAL_SECS)
-        return postgres.NotifyFeed(db.url, f"{postgres.schema_for(service)}_work")
-    return sqlite.change_feed(db)
+    return backend_of(db).change_feed(db, service, options.poll_only)
 
 
 def check_ready(db: peewee.Database, checks: dict) -> None:
@@ -173,33 +171,22 @@ def in_a_worker() -> bool:
     return _in_a_worker
 
 
+# What the store asks of the backend until it reaches it itself (backend_of(db)).
 def lock_placement(db: peewee.Database, recomputable: bool = False, nodes: Collection[str] | None = None,
                    skip_busy: bool = False) -> None:
-    """Serialise placement across every process until the current transaction ends.
-    `recomputable`: the transaction only places, so its commit need not wait for the disk.
-    `nodes`: it places on these nodes only (None: on any), and need not exclude the
-    placements on others. `skip_busy`: of those, only the nodes no other placement
-    holds now (locked_nodes() then says which)."""
-    db.lock_placement(recomputable, nodes, skip_busy)  # type: ignore[attr-defined]  # each backend's own
+    backend_of(db).lock_placement(db, recomputable, nodes, skip_busy)
 
 
 def locked_nodes(db: peewee.Database) -> frozenset | None:
-    """The nodes the current transaction locked for placement (lock_placement's
-    `nodes`); None when it may place on any."""
-    return db.locked_nodes()  # type: ignore[attr-defined]  # each backend's own
+    return backend_of(db).locked_nodes(db)
 
 
 def one_writer(db: peewee.Database) -> bool:
-    """Whether write transactions run one at a time (SQLite's writers' lock), rather
-    than side by side (PostgreSQL)."""
-    return bool(getattr(db, "one_writer", True))
+    return backend_of(db).one_writer
 
 
 def wakes_on_every_commit(db: peewee.Database) -> bool:
-    """Whether a process's waiting claims are woken by every commit to this database
-    (SQLite's data-version feed), rather than only by placements (PostgreSQL's
-    notifications), so that they need a cheap mark of placements to tell them apart."""
-    return bool(getattr(db, "wakes_on_every_commit", True))
+    return backend_of(db).wakes_on_every_commit
 
 
 def close_idle(db: peewee.Database) -> None:

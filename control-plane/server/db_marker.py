@@ -23,18 +23,17 @@ different file, or another database's restore) is used and said in the log.
 
 It runs in the migrating process under the service's migration lock
 (control-plane/server/migrations.py): `before_connect()` (SQLite: opening a missing file
-would create it), `check()`, the migrations, then `record()`.
+would create it), `check()`, the migrations, then `record()`. Here is what every
+backend shares; each backend's own guard (its `marker_guard()`) is in
+control-plane/server/backends/sqlite_marker.py and postgres_marker.py.
 """
 from __future__ import annotations
 
-import json
 import logging
-import os
 from dataclasses import dataclass
 
 import peewee
 
-from corral.server.backends import postgres
 from corral.shared.errors import SettingError
 
 log = logging.getLogger(__name__)
@@ -133,110 +132,3 @@ class Guard:
         row = self.db.execute_sql(f'SELECT name, applied FROM "{self.history_table}" '
                                   f'ORDER BY name LIMIT 1').fetchone()
         return f"{row[0]} applied {row[1]}" if row else None
-
-
-class SqliteGuard(Guard):
-    def __init__(self, db: peewee.Database, service: str, history_table: str, init: bool):
-        super().__init__(db, service, history_table, init)
-        self.path = db.database
-        self.marker_path = f"{self.path}-id"
-        # Made by the first write to a database: a release before markers leaves it, so a
-        # database lost before that release's first start here is refused too.
-        self.writers_lock = f"{self.path}-writers.lock"
-        self.said_by = self.marker_path
-
-    def read_marker(self) -> tuple[bool, str | None]:
-        self.said_by = self.marker_path
-        try:
-            with open(self.marker_path, encoding="utf-8") as f:
-                text = f.read()
-        except FileNotFoundError:
-            if os.path.exists(self.writers_lock):
-                self.said_by = self.writers_lock
-                return True, None
-            return False, None
-        except OSError as exc:
-            raise SettingError(f"cannot read {self.marker_path}: {exc.strerror or exc}") from None
-        try:
-            marked_id = json.loads(text).get("database_id")
-        except (ValueError, AttributeError):
-            marked_id = None  # damaged: it still says a database existed
-        return True, marked_id if isinstance(marked_id, str) else None
-
-    def write_marker(self, database_id: str) -> None:
-        text = json.dumps({"service": self.service, "database_id": database_id,
-                           "says": f"this host has had the {self.service} database {os.path.basename(self.path)}; "
-                                   f"without it, the server refuses to start (see --init)"}) + "\n"
-        temporary = f"{self.marker_path}.tmp"
-        try:
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            try:
-                os.write(fd, text.encode())
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(temporary, self.marker_path)
-            directory = os.open(os.path.dirname(os.path.abspath(self.path)), os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                os.fsync(directory)  # the rename itself survives a crash
-            finally:
-                os.close(directory)
-        except OSError as exc:
-            raise SettingError(f"cannot write {self.marker_path}: {exc.strerror or exc}") from None
-
-    def tables(self) -> list[str]:
-        return [name for (name,) in self.db.execute_sql(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'").fetchall()]
-
-    def before_connect(self) -> None:
-        if not os.path.exists(self.path) and not self.init and self.read_marker()[0]:
-            raise SettingError(self.missing())
-
-    def missing(self) -> str:
-        state = "is missing" if not os.path.exists(self.path) else "is empty"
-        return (f"the {self.service} database {self.path} {state}, but {self.said_by} says this server has "
-                f"had one there (deleted, moved, or its disk not mounted?): restore it or fix DATABASE_URL, "
-                f"or {HOW_TO_START_FRESH}")
-
-
-class PostgresGuard(Guard):
-    def __init__(self, db: postgres.PostgresDatabase, service: str, history_table: str, init: bool):
-        super().__init__(db, service, history_table, init)
-        self.url = db.url
-
-    def read_marker(self) -> tuple[bool, str | None]:
-        if self.db.execute_sql("SELECT to_regclass(%s)", (MARKER_TABLE,)).fetchone()[0] is None:
-            return False, None
-        row = self.db.execute_sql(f"SELECT database_id FROM {MARKER_TABLE} WHERE service = %s",
-                                  (self.service,)).fetchone()
-        return (True, row[0]) if row else (False, None)
-
-    def write_marker(self, database_id: str) -> None:
-        with self.db.atomic():
-            self.db.execute_sql("SELECT pg_advisory_xact_lock(%s)", (MARKER_LOCK_KEY,))
-            self.db.execute_sql(f"CREATE SCHEMA IF NOT EXISTS {MARKER_SCHEMA}")
-            self.db.execute_sql(f"CREATE TABLE IF NOT EXISTS {MARKER_TABLE} (service text PRIMARY KEY, "
-                                f"database_id text NOT NULL, recorded_at timestamptz NOT NULL DEFAULT now())")
-            self.db.execute_sql(f"INSERT INTO {MARKER_TABLE} (service, database_id) VALUES (%s, %s) "
-                                f"ON CONFLICT (service) DO UPDATE SET database_id = excluded.database_id, "
-                                f"recorded_at = now()", (self.service, database_id))
-
-    def tables(self) -> list[str]:
-        return [name for (name,) in self.db.execute_sql(
-            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
-            (postgres.schema_for(self.service),)).fetchall()]
-
-    def missing(self) -> str:
-        where = postgres.redact(self.url)
-        return (f"the {self.service}'s tables (schema {postgres.schema_for(self.service)}) are missing from "
-                f"{where}, but {MARKER_TABLE} there says they existed (dropped, or DATABASE_URL names "
-                f"another database?): restore them or fix the URL, or {HOW_TO_START_FRESH}")
-
-
-def guard(db: peewee.Database, service: str, history_table: str, init: bool) -> Guard | None:
-    """The marker's guard of `db`, or None where nothing outlives it (in memory)."""
-    if isinstance(db, postgres.PostgresDatabase):
-        return PostgresGuard(db, service, history_table, init)
-    if isinstance(db, peewee.SqliteDatabase) and db.database not in ("", ":memory:"):
-        return SqliteGuard(db, service, history_table, init)
-    return None

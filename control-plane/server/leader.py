@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import peewee
 
+from corral.server.backends.lookup import backend_of
 from corral.shared.backoff import Backoff
 
 log = logging.getLogger(__name__)
@@ -85,8 +86,7 @@ class Fence:
             raise LeaseLost(f"not holding the {self.name} lease")
         query = Lease.select(Lease.token).where((Lease.name == self.name) & (Lease.holder == self.holder)
                                                 & (Lease.token == self.token))
-        if getattr(db, "for_update", False):
-            query = query.for_update("FOR SHARE")  # type: ignore[arg-type]  # peewee takes the clause text
+        query = backend_of(db).for_share(query)
         if not list(query.tuples()):
             token, self.token = self.token, None
             raise LeaseLost(f"the {self.name} lease (token {token}) was taken over; this write is refused")

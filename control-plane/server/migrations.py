@@ -12,7 +12,8 @@ and the history is read again once it is held, so whoever comes second finds
 them applied. The lock is, on PostgreSQL, a session advisory lock (a constant per
 service) on the migrating connection; on SQLite, an exclusive flock on
 `<database>-migrate.lock` beside the file, which every process of the host that
-opens it takes (a SQLite database has no other host).
+opens it takes (a SQLite database has no other host): each backend's
+`migration_lock()` (control-plane/server/backends/).
 
 Between releases migrations only add (tables, columns, indexes), so servers of
 the previous release keep working on a migrated database during a rolling
@@ -22,29 +23,18 @@ run on.
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import logging
-import os
-import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import peewee
 from playhouse.migrate import SchemaMigrator
 from playhouse.migrations import Migration, Runner
 
-from corral.server import db as dbmod
-from corral.server import db_marker
+from corral.server.backends.lookup import backend_of
 from corral.shared.errors import SettingError
 
 log = logging.getLogger(__name__)
-
-# How long a process waits for the lock while another one migrates, and how often
-# it asks again. Additive steps take milliseconds; an index on a large table, longer.
-LOCK_TIMEOUT_SECS = 600.0
-LOCK_RETRY_SECS = 0.1
-
 
 @dataclass(frozen=True)
 class MigrationSet:
@@ -66,7 +56,7 @@ class MigrationSet:
 def pending(db: peewee.Database, migrations: MigrationSet, init: bool = False) -> list[str]:
     """The steps not applied to `db` yet, in order (SettingError for a newer database,
     or a lost one: control-plane/server/db_marker.py)."""
-    guard = db_marker.guard(db, migrations.service, migrations.history_table, init)
+    guard = backend_of(db).marker_guard(db, migrations.service, migrations.history_table, init)
     if guard:
         guard.before_connect()
     with db.connection_context():
@@ -79,13 +69,12 @@ def apply(db: peewee.Database, migrations: MigrationSet, init: bool = False) -> 
     """Apply the pending steps to `db` under the service's lock; the names applied
     (none when another process applied them first, or there were none). A lost
     database is refused first (SettingError) unless `init` (control-plane/server/db_marker.py)."""
-    guard = db_marker.guard(db, migrations.service, migrations.history_table, init)
-    with _locked_connection(db, migrations, guard.before_connect if guard else None):
+    backend = backend_of(db)
+    guard = backend.marker_guard(db, migrations.service, migrations.history_table, init)
+    with backend.migration_lock(db, migrations.lock_key, guard.before_connect if guard else None):
         if guard:
             guard.check()
-        if is_postgres(db):
-            # A schema of its own per service (the connections' search_path names it).
-            db.execute_sql(f'CREATE SCHEMA IF NOT EXISTS "{dbmod.schema_for(migrations.service)}"')
+        backend.prepare(db, migrations.service)
         runner = _runner(db, migrations)
         _status(runner, migrations)
         try:
@@ -125,77 +114,6 @@ def _status(runner: Runner, migrations: MigrationSet) -> list[Migration]:
 def first_line(exc: Exception) -> str:
     lines = str(exc).strip().splitlines()
     return lines[0] if lines else type(exc).__name__
-
-
-def is_postgres(db: peewee.Database) -> bool:
-    return isinstance(db, peewee.PostgresqlDatabase)
-
-
-@contextlib.contextmanager
-def _locked_connection(db: peewee.Database, migrations: MigrationSet,
-                       before_connect: Callable[[], None] | None = None) -> Iterator[None]:
-    """A connection to `db`, held under the service's migration lock. On SQLite the
-    flock comes before the connection: opening one sets the file's journal mode
-    (WAL), which a process must not do while another is migrating it; and
-    `before_connect` runs between them (opening a missing file creates it)."""
-    if is_postgres(db):
-        with db.connection_context(), _advisory_lock(db, migrations.lock_key):
-            yield
-    elif isinstance(db, peewee.SqliteDatabase) and db.database not in ("", ":memory:"):
-        with _file_lock(f"{db.database}-migrate.lock"):
-            if before_connect:
-                before_connect()
-            with db.connection_context():
-                yield
-    else:  # an in-memory database is this process's alone
-        with db.connection_context():
-            yield
-
-
-def _wait_for(take, what: str) -> None:
-    """Call take() until it returns True, saying once that we wait; SettingError after LOCK_TIMEOUT_SECS."""
-    deadline = time.monotonic() + LOCK_TIMEOUT_SECS
-    said = False
-    while not take():
-        if time.monotonic() >= deadline:
-            raise SettingError(f"another process has held {what} for over {LOCK_TIMEOUT_SECS:g} s; "
-                               f"is a migration stuck?")
-        if not said:
-            log.warning("waiting for %s: another process is migrating the database", what)
-            said = True
-        time.sleep(LOCK_RETRY_SECS)
-
-
-@contextlib.contextmanager
-def _advisory_lock(db: peewee.Database, key: int) -> Iterator[None]:
-    # pg_try_advisory_lock, asked again and again, so that the wait has a deadline of
-    # ours (a plain pg_advisory_lock would wait for the session's lock_timeout).
-    _wait_for(lambda: bool(db.execute_sql("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]),
-              f"the migration lock (PostgreSQL advisory lock {key})")
-    try:
-        yield
-    finally:
-        db.execute_sql("SELECT pg_advisory_unlock(%s)", (key,))
-
-
-@contextlib.contextmanager
-def _file_lock(path: str) -> Iterator[None]:
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
-        raise SettingError(f"cannot open the migration lock file {path}: {exc.strerror or exc}") from None
-    try:
-        def take() -> bool:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return True
-            except BlockingIOError:
-                return False
-
-        _wait_for(take, f"the migration lock ({path})")
-        yield
-    finally:
-        os.close(fd)  # releases the flock
 
 
 def create_or_complete(db: peewee.Database, migrator: SchemaMigrator, models: Iterable[type[peewee.Model]],

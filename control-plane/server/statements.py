@@ -5,7 +5,9 @@ turning query objects into SQL text took about 60% of the CPU of a job's trip
 (submit, place, claim, report), far more than SQLite spent running it. The hot
 statements are therefore written as ordinary peewee queries whose variable
 parts are `param("name")` markers, compiled once per process by the database's
-own dialect, and run with `execute_sql`, so they stay dialect-neutral. Rows
+own dialect, and run with `execute_sql`, so they stay dialect-neutral; where a
+dialect has a cheaper form of its own (PostgreSQL's array parameters), its
+backend says so (`Backend.arrays`, control-plane/server/backends/base.py). Rows
 that become model instances are built here from the compiled column list:
 peewee's `Model.raw` works the columns out again for every query, which cost
 a quarter of the scheduler's CPU under load.
@@ -21,6 +23,8 @@ from dataclasses import dataclass
 from functools import partial
 
 import peewee
+
+from corral.server.backends.lookup import backend_of
 
 
 class _Marker:
@@ -145,7 +149,7 @@ class Statements:
         names = list(dict.fromkeys(name for row in rows for name, value in row.items() if value is not None)) \
             or list(rows[0])
         key = (key, *names)
-        if isinstance(db, peewee.PostgresqlDatabase):
+        if backend_of(db).arrays:
             return self._insert_postgres(db, key, model, rows, names, returning, skip_duplicates, child)
         if child is None:
             return self._insert_values(db, key, model, rows, names, returning, skip_duplicates)
@@ -208,15 +212,15 @@ class Statements:
         if not rows:
             return set()
         pk = _primary_key(model)
-        postgres = isinstance(db, peewee.PostgresqlDatabase)
+        arrays = backend_of(db).arrays
         statement_key = ("update rows", key, tuple(names), tuple(constants), tuple(where),
-                         0 if postgres else len(rows))
+                         0 if arrays else len(rows))
         compiled = self._written.get(statement_key)
         if compiled is None:
             compiled = _remember(self._written, statement_key,
                                  (_update_from(db, model, names, list(constants), list(where), len(rows)), []))
         columns = [pk.name, *names]
-        if postgres:
+        if arrays:
             params = [list(constants.values()), [[row[name] for row in rows] for name in columns], list(where.values())]
         else:
             params = [[row[name] for row in rows for name in columns], list(constants.values()),
@@ -286,7 +290,7 @@ def _update_from(db: peewee.Database, model: type[peewee.Model], names: list[str
                       *(f'"{fields[name].column_name}" = "rows"."{fields[name].column_name}"' for name in names)])
     conditions = " AND ".join([f'{table}."{pk.column_name}" = "rows"."{pk.column_name}"',
                                *(f'{table}."{fields[name].column_name}" = {db.param}' for name in where)])
-    if isinstance(db, peewee.PostgresqlDatabase):
+    if backend_of(db).arrays:
         arrays = ", ".join(f"%s::{_column_type(db, field)}[]" for field in columns)
         return (f'UPDATE {table} SET {sets} FROM unnest({arrays}) AS "rows"({column_list}) '
                 f'WHERE {conditions} RETURNING {table}."{pk.column_name}"')
@@ -344,7 +348,7 @@ class ValueList:
     def __init__(self, db: peewee.Database, name: str, ids: list):
         assert ids, "an empty list selects nothing: the caller skips the statement"
         self.name = name
-        self.array = isinstance(db, peewee.PostgresqlDatabase)
+        self.array = backend_of(db).arrays
         self.values: dict[str, object]
         if self.array:
             self.size = 0

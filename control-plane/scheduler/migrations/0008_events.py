@@ -10,6 +10,8 @@ statement-level trigger (one insert per statement, not one per row of a batch).
 """
 import peewee
 
+from corral.server.backends.lookup import backend_of
+
 
 class StreamEvent(peewee.Model):
     id = peewee.BigAutoField()
@@ -54,10 +56,9 @@ REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION job_event_
 def up(migrator, db):
     db.bind([StreamEvent])
     db.create_tables([StreamEvent], safe=True)
-    if isinstance(db, peewee.PostgresqlDatabase):
-        db.execute_sql("ALTER TABLE stream_event ALTER COLUMN tx SET DEFAULT pg_current_xact_id()::text::bigint")
-        db.execute_sql(POSTGRES_FUNCTION)
-        db.execute_sql("DROP TRIGGER IF EXISTS job_event_to_stream ON job_event")
-        db.execute_sql(POSTGRES_TRIGGER)
-    else:
-        db.execute_sql(SQLITE_TRIGGER)
+    for sql in backend_of(db).pick(
+            sqlite=[SQLITE_TRIGGER],
+            postgresql=["ALTER TABLE stream_event ALTER COLUMN tx SET DEFAULT pg_current_xact_id()::text::bigint",
+                        POSTGRES_FUNCTION, "DROP TRIGGER IF EXISTS job_event_to_stream ON job_event",
+                        POSTGRES_TRIGGER]):
+        db.execute_sql(sql)

@@ -20,6 +20,10 @@ Everything that is PostgreSQL's own lives here:
   slot for new work) takes it shared plus those nodes' locks, so placements on
   different nodes run side by side; one on every node (a cancel, a retry, a
   requeue) takes it alone.
+- `PostgresBackend`: PostgreSQL's answers to the backend interface (base.py):
+  writers side by side, so rows locked FOR UPDATE [SKIP LOCKED] or FOR SHARE,
+  a write committed before its placement, events read in windows of
+  transaction ids, array parameters; the migration lock an advisory lock.
 - `check_server()`: what start-up refuses (exit 2) — a URL that does not
   connect (named by host and database, never the password), a server older
   than 13, a pool that would not fit in `max_connections`.
@@ -38,16 +42,26 @@ import os
 import threading
 import time
 import zlib
-from collections.abc import Callable, Collection
-from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
+from typing import Any, cast
+from urllib.parse import parse_qs, urlsplit
 
 import peewee
 import psycopg
 from playhouse.pool import PooledPostgresqlDatabase
 
-from corral.server.changefeed import ERROR_BACKOFF_SECS, ChangeFeed
+from corral.server.changefeed import ERROR_BACKOFF_SECS, ChangeFeed, IntervalFeed
+from corral.server.db_marker import Guard
 from corral.shared.errors import SettingError
+
+from .base import Backend, Query, T, wait_for
+from .postgres_marker import PostgresGuard
+from .postgres_url import parse_url, redact, schema_for
+from .write_then_place import commit_then_place
+
+__all__ = ["PostgresDatabase", "PostgresBackend", "POSTGRES", "check_server", "NotifyFeed", "parse_url", "redact",
+           "schema_for", "session_options"]
 
 log = logging.getLogger(__name__)
 
@@ -87,10 +101,6 @@ MAX_PAYLOAD_BYTES = 4000
 POLL_ONLY_INTERVAL_SECS = 0.25
 
 
-def schema_for(service: str) -> str:
-    return f"corral_{service}"
-
-
 def session_options(url: str, schema: str) -> str:
     """The session settings every connection of a service starts with, as libpq's
     `options` (sent with the connection's start-up, so they cost no round trip;
@@ -103,43 +113,10 @@ def session_options(url: str, schema: str) -> str:
     return f"{given[-1]} {ours}" if given else ours
 
 
-def parse_url(url: str) -> dict:
-    """The parts of a postgresql:// URL, or a SettingError (the password is never echoed)."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise SettingError(f"DATABASE_URL is not a valid postgresql:// URL ({exc})") from None
-    database = unquote(parts.path.lstrip("/"))
-    if parts.scheme not in ("postgres", "postgresql") or not database or "/" in database:
-        raise SettingError("DATABASE_URL must look like postgresql://USER:PASSWORD@HOST:PORT/DATABASE, "
-                           f"got {redact(url)!r}")
-    return {"host": parts.hostname or "localhost", "port": port or 5432, "database": database,
-            "user": unquote(parts.username) if parts.username else None}
-
-
-def redact(url: str) -> str:
-    """`url` without its password."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparsable URL>"
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return parts._replace(netloc=netloc).geturl()
-
-
 class PostgresDatabase(PooledPostgresqlDatabase):
     """The pooled database of one service (its schema and session timeouts set on connect)."""
 
     reuses_ids = False  # sequences never go back
-    # Several writers at once: a write commits before the placement it calls for,
-    # which alone holds the placement lock (service.Scheduler._write_then_place).
-    one_writer = False
-    # Only placements wake the watchers of waiting claims (NotifyFeed), and the
-    # periodic re-check.
-    wakes_on_every_commit = False
 
     def __init__(self, url: str, service: str, pool_size: int, pool_wait_secs: float):
         self.url = url
@@ -548,3 +525,68 @@ def node_lock_key(node_id: str) -> int:
 
 def _scope_text(scope: str | frozenset) -> str:
     return scope if isinstance(scope, str) else ", ".join(sorted(scope))
+
+
+class PostgresBackend(Backend):
+    """PostgreSQL: several writers at once."""
+
+    name = "postgresql"
+    # A write commits before the placement it calls for, which alone holds the placement lock.
+    one_writer = False
+    write_then_place = staticmethod(commit_then_place)
+    # Only placements wake the watchers of waiting claims (NotifyFeed), and the periodic re-check.
+    wakes_on_every_commit = False
+    windowed_events = True
+    arrays = True
+
+    def lock_placement(self, db: peewee.Database, recomputable: bool = False,
+                       nodes: Collection[str] | None = None, skip_busy: bool = False) -> None:
+        cast(PostgresDatabase, db).lock_placement(recomputable, nodes, skip_busy)
+
+    def locked_nodes(self, db: peewee.Database) -> frozenset | None:
+        return cast(PostgresDatabase, db).locked_nodes()
+
+    def skip_locked(self, query: Query) -> Query:
+        return query.for_update(skip_locked=True)
+
+    def lock_rows(self, query: Query) -> Query:
+        return query.for_update()
+
+    def for_share(self, query: Query) -> Query:
+        return query.for_update("FOR SHARE")  # type: ignore[arg-type]  # peewee takes the clause text
+
+    def pick(self, *, sqlite: T, postgresql: T) -> T:
+        return postgresql
+
+    def change_feed(self, db: peewee.Database, service: str, poll_only: bool) -> ChangeFeed:
+        if poll_only:
+            return IntervalFeed(POLL_ONLY_INTERVAL_SECS)
+        return NotifyFeed(cast(PostgresDatabase, db).url, f"{schema_for(service)}_work")
+
+    def check_server(self, db: peewee.Database, processes: int) -> None:
+        if isinstance(db, PostgresDatabase):
+            check_server(db, db.pool_size, processes)
+
+    def prepare(self, db: peewee.Database, service: str) -> None:
+        # A schema of its own per service (the connections' search_path names it).
+        db.execute_sql(f'CREATE SCHEMA IF NOT EXISTS "{schema_for(service)}"')
+
+    @contextmanager
+    def migration_lock(self, db: peewee.Database, key: int,
+                       before_connect: Callable[[], None] | None = None) -> Iterator[None]:
+        """A session advisory lock on the migrating connection, asked again and again
+        (pg_try_advisory_lock) so that the wait has a deadline of ours (a plain
+        pg_advisory_lock would wait for the session's lock_timeout)."""
+        with db.connection_context():
+            wait_for(lambda: bool(db.execute_sql("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]),
+                     f"the migration lock (PostgreSQL advisory lock {key})")
+            try:
+                yield
+            finally:
+                db.execute_sql("SELECT pg_advisory_unlock(%s)", (key,))
+
+    def marker_guard(self, db: peewee.Database, service: str, history_table: str, init: bool) -> Guard | None:
+        return PostgresGuard(db, service, history_table, init, cast(PostgresDatabase, db).url)
+
+
+POSTGRES = PostgresBackend()

@@ -7,6 +7,9 @@ Everything that is SQLite's own lives here:
   reads and then writes fails with `database is locked` under concurrent
   writers instead of waiting for the lock), writers of every process of the
   host queued on an OS lock (the writers' `flock`).
+- `SqliteBackend`: SQLite's answers to the backend interface (base.py): one
+  writer at a time, so no row locks and a write and its placement in one
+  transaction; the migration lock a flock beside the file.
 - `check_file()`: a file that cannot be opened, is locked exclusively or is
   not a database stops the start; we never silently start on a new, empty one.
 - `DataVersionFeed` and `Doorbells`: the change feed of the long-poll claims
@@ -38,14 +41,19 @@ import sqlite3
 import threading
 import time
 import urllib.parse
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 
 import peewee
 from playhouse.db_url import connect
 from playhouse.pool import PooledSqliteDatabase
 
 from corral.server.changefeed import ERROR_BACKOFF_SECS, FALLBACK_INTERVAL_SECS, ChangeFeed, IntervalFeed
+from corral.server.db_marker import Guard
 from corral.shared.errors import SettingError
+
+from .base import Backend, wait_for
+from .sqlite_marker import SqliteGuard
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +86,6 @@ def open_sqlite(url: str, synchronous: str = "NORMAL", pool_size: int | None = N
     if path == ":memory:":  # every connection would be a database of its own
         db = connect(url, pragmas=pragmas, timeout=BUSY_TIMEOUT_SECS, lock_type="IMMEDIATE")
         db.reuses_ids = True
-        db.one_writer = True
-        db.wakes_on_every_commit = True
-        db.lock_placement = lambda recomputable=False, nodes=None, skip_busy=False: None
-        db.locked_nodes = lambda: None
         db.lost = lambda: None
         return db
     # `timeout` is the pool's wait for a free connection; SQLite's busy timeout
@@ -144,20 +148,6 @@ class QueuedWritersSqlite(PooledSqliteDatabase):
 
     # Without AUTOINCREMENT a deleted newest row's id is handed out again (max(id) + 1).
     reuses_ids = True
-    # Write transactions run one at a time (the writers' lock): a write and the
-    # placement it calls for share one (service.Scheduler._write_then_place).
-    one_writer = True
-    # Every commit wakes the watchers of waiting claims (the data-version feed).
-    wakes_on_every_commit = True
-
-    def lock_placement(self, recomputable: bool = False, nodes: Collection[str] | None = None,
-                       skip_busy: bool = False) -> None:
-        # The write lock every transaction takes already serialises placement; a write and
-        # its placement are one transaction (and WAL commits with synchronous=NORMAL do not fsync).
-        return None
-
-    def locked_nodes(self) -> frozenset | None:
-        return None  # the write lock covers every node
 
     def lost(self) -> str | None:
         """Why this database can no longer keep what it is given, or None: its file was
@@ -472,3 +462,59 @@ def change_feed(db: peewee.Database) -> ChangeFeed:
     if isinstance(db, QueuedWritersSqlite):
         return DataVersionFeed(path)
     return IntervalFeed(FALLBACK_INTERVAL_SECS)
+
+
+def _is_file(db: peewee.Database) -> bool:
+    return isinstance(db, peewee.SqliteDatabase) and db.database not in ("", ":memory:")
+
+
+class SqliteBackend(Backend):
+    """SQLite, a file or in memory: the interface's defaults (one writer at a time),
+    and what a file has that outlives the process."""
+
+    name = "sqlite"
+
+    def change_feed(self, db: peewee.Database, service: str, poll_only: bool) -> ChangeFeed:
+        return change_feed(db)
+
+    @contextmanager
+    def migration_lock(self, db: peewee.Database, key: int,
+                       before_connect: Callable[[], None] | None = None) -> Iterator[None]:
+        """An exclusive flock on `<database>-migrate.lock`, before the connection:
+        opening one sets the file's journal mode (WAL), which a process must not do
+        while another is migrating it (and opening a missing file creates it)."""
+        if not _is_file(db):
+            with super().migration_lock(db, key, before_connect):
+                yield
+            return
+        with _file_lock(f"{db.database}-migrate.lock"):
+            if before_connect:
+                before_connect()
+            with db.connection_context():
+                yield
+
+    def marker_guard(self, db: peewee.Database, service: str, history_table: str, init: bool) -> Guard | None:
+        return SqliteGuard(db, service, history_table, init) if _is_file(db) else None
+
+
+SQLITE = SqliteBackend()
+
+
+@contextmanager
+def _file_lock(path: str) -> Iterator[None]:
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise SettingError(f"cannot open the migration lock file {path}: {exc.strerror or exc}") from None
+    try:
+        def take() -> bool:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                return False
+
+        wait_for(take, f"the migration lock ({path})")
+        yield
+    finally:
+        os.close(fd)  # releases the flock
