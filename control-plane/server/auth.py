@@ -1,8 +1,9 @@
 """Access control for the registry and the scheduler: who may call each route.
 
-Each service lists every route's `Access` in one table (`ACCESS` in its app.py);
-`access_check` (installed by control-plane/server/guards.py before any route runs) checks
-every request against it. Deny by default:
+Each route declares its `Access` (control-plane/server/routes.py); each service's
+table of them (`ACCESS` in its routes.py) is what `access_check` (installed by
+control-plane/server/guards.py before any route runs) checks every request against.
+Deny by default:
 
 - without any token configured (shared/credentials.py) every route is open, and
   the servers listen on loopback only (`bind_refusal`);
@@ -10,8 +11,8 @@ every request against it. Deny by default:
   `/openapi.json`, the dashboard's static files) needs a valid credential of a
   role the route allows: none or a wrong one is 401 (`WWW-Authenticate: Bearer`),
   a valid one of another role is 403. A route missing from the table is
-  operator-only. The optional read-only token (`CORRAL_READ_TOKEN`) is let
-  through reads only (`readable`, `READ`), and sees no env var values.
+  operator-only (none is: the services refuse to start with one). The optional
+  read-only token (`CORRAL_READ_TOKEN`) is let through reads only (`readable`, `READ`), and sees no env var values.
 
 A node's credential names its node. Where a route's node is in its path or
 query string the check compares it here; where it is in the body (reports,

@@ -1,9 +1,10 @@
 """Building the services' OpenAPI 3.1.0 documents (served at /openapi.json).
 
-Each service's openapi.py lists its routes (operations, parameters, answers) and
-names the pydantic models of their bodies; `build` generates every schema from
-those models (3.1's schemas are the JSON Schema pydantic writes). The parts every
-service shares (errors, /healthz, /readyz, /metrics, /openapi.json) are here once.
+Each route declares its operation (parameters, answers, the pydantic models of its
+bodies: control-plane/server/routes.py); each service's openapi.py adds its shared
+parts, and `build` generates every schema from those models (3.1's schemas are the
+JSON Schema pydantic writes). The parts every service shares (errors, /healthz,
+/readyz, /metrics, /openapi.json) are here once.
 """
 import types
 import typing

@@ -562,7 +562,7 @@ def test_a_recheck_with_no_placement_since_the_last_look_runs_no_grouped_query(d
     """The idle fleet's cost: a feed's periodic re-check (PostgreSQL) or a commit that
     placed nothing (SQLite: a lease renewal) must not query every waiting node; a
     placement, or on PostgreSQL a notification or FULL_LOOK_SECS passed, must."""
-    from corral.scheduler import app as appmod
+    from corral.scheduler import wiring as appmod
     app = make_app(database_url, clock)
     client, store = app.test_client(), app.extensions["corral.store"]
     check = app.extensions["corral.wait_room"]._check

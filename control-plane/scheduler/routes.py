@@ -1,0 +1,15 @@
+"""The scheduler's routes: the resource groups (api/), and what is generated from
+their declarations: the access table (control-plane/server/auth.py) and the routes
+that take raw bytes rather than JSON (control-plane/server/guards.py)."""
+from corral.server.routes import access_table, raw_routes
+
+from .api import agents, arrays, concurrency, events, jobs, logs, nodes, schedules, stats, submits
+
+GROUPS = (stats.routes, nodes.routes, submits.routes, jobs.routes, arrays.routes, schedules.routes,
+          concurrency.routes, events.routes, agents.routes, logs.routes)
+
+# Who may call each route, from each route's declaration. Agents: claims, leases,
+# reports, live output and the original design's poll, each for the node of their
+# credential only. The read-only token: every read (READ), with env var values hidden.
+ACCESS = access_table(GROUPS)
+RAW_ROUTES = raw_routes(GROUPS)
