@@ -187,7 +187,7 @@ def test_replicas_wake_each_other_with_one_debounced_notification(pg_url):
 
 def test_the_listener_tells_a_notification_from_a_periodic_recheck(pg_url):
     """A re-check (no notification within the period) may be answered from a cheap mark;
-    another replica's notification must always be looked at (scheduler/app.py)."""
+    another replica's notification must always be looked at (scheduler/wiring.py)."""
     channel = "corral_test_recheck"
     a = postgres.NotifyFeed(pg_url, channel, recheck=0.2)
     b = postgres.NotifyFeed(pg_url, channel, recheck=30.0)
