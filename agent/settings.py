@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from corral.shared import limits
 from corral.shared.credentials import token_node
 from corral.shared.errors import SettingError
 from corral.shared.settings import STATE_DIR, Setting, by_name, env_str, read_all, split_urls
@@ -31,12 +32,7 @@ from .jobenv import passthrough_problem
 from .uids import parse_range
 
 
-# The scheduler refuses a report whose stdout or stderr is over 512 KiB characters;
-# stay below that with room for the line the agent may append ("job timed out").
-MAX_TAIL_BYTES = 512 * 1024
 MiB = 1024 * 1024
-# The scheduler lets a claim wait at most 25 s (below gunicorn's graceful_timeout).
-MAX_LONG_POLL_SECS = 25.0
 
 # The design's per-job-type defaults.
 DEFAULT_RUN_MEMORY_MB = 512
@@ -47,12 +43,6 @@ DEFAULT_SERVICE_CPU_PERCENT = 200
 DEFAULT_UID_RANGE = (70000, 79999)
 DEFAULT_JOB_MAX_PROCESSES = 1024
 DEFAULT_MAX_PROCESSES = 32768
-# The per-type default limits the registry and the scheduler take (a node whose
-# defaults were outside them could not register); 4 MB: the least a job may ask for.
-MIN_LIMIT_MEMORY_MB = 4
-MAX_LIMIT_MEMORY_MB = 1024 * 1024
-MAX_LIMIT_CPU_PERCENT = 100_000
-MAX_LIMIT_PROCESSES = 4_194_304  # Linux's largest pid_max
 
 
 @dataclass(frozen=True)
@@ -64,7 +54,7 @@ class AgentSettings:
     poll_interval: float = 3.0
     # Long-poll claims: how long each claim may wait on the scheduler for work; 0 turns
     # long-poll off (the agent asks every poll_interval, as the original design did).
-    long_poll_secs: float = 20.0
+    long_poll_secs: float = limits.DEFAULT_WAIT_SECS
     heartbeat_interval: float = 5.0
     state_dir: str = os.path.abspath("./var")
     slots: int = 1
@@ -355,8 +345,8 @@ SETTINGS = (
             "the scheduler, never passed to jobs; `CORRAL_AGENT_TOKEN` (the cluster's secret) set on a node "
             "stops the agent", form="NODE.HEX"),
     STATE_DIR,
-    Setting("AGENT_LONG_POLL_SECS", "long_poll_secs", "float", 20.0,
-            "how long a claim may wait on the scheduler; `0`: poll instead", minimum=0, maximum=MAX_LONG_POLL_SECS),
+    Setting("AGENT_LONG_POLL_SECS", "long_poll_secs", "float", limits.DEFAULT_WAIT_SECS,
+            "how long a claim may wait on the scheduler; `0`: poll instead", minimum=0, maximum=limits.MAX_WAIT_SECS),
     Setting("POLL_INTERVAL_SECS", "poll_interval", "float", 3.0,
             "how often to ask for work when not long-polling (with long-poll: how often an agent holding jobs "
             "reconciles them with the scheduler)", above=0),
@@ -391,32 +381,32 @@ SETTINGS = (
             form="names, comma-separated", shown="none"),
     Setting("AGENT_RUN_MEMORY_MB", "run_memory_mb", "int", DEFAULT_RUN_MEMORY_MB,
             "memory limit of `run` jobs that ask for none (lowered to `AGENT_MAX_MEMORY_MB` when unset and "
-            "above it)", minimum=MIN_LIMIT_MEMORY_MB, maximum=MAX_LIMIT_MEMORY_MB),
+            "above it)", minimum=limits.MIN_MEMORY_MB, maximum=limits.MAX_MEMORY_MB),
     Setting("AGENT_RUN_CPU_PERCENT", "run_cpu_percent", "int", DEFAULT_RUN_CPU_PERCENT,
             "CPU limit (percent of one CPU) of `run` jobs that ask for none (lowered to `AGENT_MAX_CPU_PERCENT` "
-            "when unset and above it)", minimum=1, maximum=MAX_LIMIT_CPU_PERCENT),
+            "when unset and above it)", minimum=1, maximum=limits.MAX_CPU_PERCENT),
     Setting("AGENT_SERVICE_MEMORY_MB", "service_memory_mb", "int", DEFAULT_SERVICE_MEMORY_MB,
             "memory limit of `service` jobs that ask for none (lowered like `AGENT_RUN_MEMORY_MB`)",
-            minimum=MIN_LIMIT_MEMORY_MB, maximum=MAX_LIMIT_MEMORY_MB),
+            minimum=limits.MIN_MEMORY_MB, maximum=limits.MAX_MEMORY_MB),
     Setting("AGENT_SERVICE_CPU_PERCENT", "service_cpu_percent", "int", DEFAULT_SERVICE_CPU_PERCENT,
             "CPU limit of `service` jobs that ask for none (lowered like `AGENT_RUN_CPU_PERCENT`)", minimum=1,
-            maximum=MAX_LIMIT_CPU_PERCENT),
+            maximum=limits.MAX_CPU_PERCENT),
     Setting("AGENT_MAX_MEMORY_MB", "max_memory_mb", "int", _memory_mb,
-            "the most memory a job may ask for here (advertised to the scheduler)", minimum=MIN_LIMIT_MEMORY_MB,
+            "the most memory a job may ask for here (advertised to the scheduler)", minimum=limits.MIN_MEMORY_MB,
             shown="the node's memory"),
     Setting("AGENT_MAX_CPU_PERCENT", "max_cpu_percent", "int", lambda: _cpus() * 100,
             "the most CPU a job may ask for here (advertised to the scheduler)", minimum=1, shown="100 per CPU"),
     Setting("AGENT_RESERVED_MEMORY_MB", "reserved_memory_mb", "int", 0,
             "memory kept for the system: placement counts the node's allocatable memory as "
             "`AGENT_MAX_MEMORY_MB` minus this (at most `AGENT_MAX_MEMORY_MB`)", minimum=0,
-            maximum=MAX_LIMIT_MEMORY_MB),
+            maximum=limits.MAX_MEMORY_MB),
     Setting("AGENT_RESERVED_CPU_PERCENT", "reserved_cpu_percent", "int", 0,
             "CPU (percent of one CPU) kept for the system: placement counts the node's allocatable CPU as "
             "`AGENT_MAX_CPU_PERCENT` minus this (at most `AGENT_MAX_CPU_PERCENT`)", minimum=0,
-            maximum=MAX_LIMIT_CPU_PERCENT),
+            maximum=limits.MAX_CPU_PERCENT),
     Setting("AGENT_JOB_MAX_PROCESSES", "job_max_processes", "int", DEFAULT_JOB_MAX_PROCESSES,
             "processes and threads a job may run at once (`pids.max`) when it asks for no `max_processes` "
-            "(lowered to `AGENT_MAX_PROCESSES` when unset and above it)", minimum=1, maximum=MAX_LIMIT_PROCESSES),
+            "(lowered to `AGENT_MAX_PROCESSES` when unset and above it)", minimum=1, maximum=limits.MAX_PROCESSES),
     Setting("AGENT_MAX_PROCESSES", "max_processes", "int", DEFAULT_MAX_PROCESSES,
             "the most `max_processes` a job may ask for here", minimum=1),
     Setting("AGENT_REQUIRE_CGROUPS", "require_cgroups", "bool", False,
@@ -442,7 +432,9 @@ SETTINGS = (
     Setting("AGENT_ARTIFACT_TIMEOUT_SECS", "artifact_timeout", "float", 1800.0,
             "timeout of a whole download; `0`: none", minimum=0),
     Setting("CORRAL_OUTPUT_TAIL_BYTES", "output_tail_bytes", "int", 65536,
-            "how much of the end of stdout and stderr is kept and reported", minimum=0, maximum=MAX_TAIL_BYTES),
+            # At most what the scheduler takes of a report's stdout or stderr.
+            "how much of the end of stdout and stderr is kept and reported", minimum=0,
+            maximum=limits.MAX_OUTPUT_CHARS),
     Setting("CORRAL_LOG_MAX_BYTES", "log_max_bytes", "int", 10 * MiB,
             "each stream of each attempt is shipped whole up to this many bytes; past it, the first and last "
             "halves and a line saying how much was dropped (give the scheduler the same)", minimum=64 * 1024,

@@ -19,6 +19,8 @@ import threading
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
+from corral.shared import limits
+
 from .jobs import LocalJob
 
 log = logging.getLogger(__name__)
@@ -26,8 +28,8 @@ log = logging.getLogger(__name__)
 MiB = 1024 * 1024
 # The most a renewal's usage may say (the scheduler's LeaseRenewal); a figure past
 # them is sent as the bound, not refused with the renewal.
-MAX_MEMORY_MB = 16 * 1024 * 1024
-MAX_CPU_PERCENT = 100_000
+MAX_MEMORY_MB = limits.MAX_USED_MEMORY_MB
+MAX_CPU_PERCENT = limits.MAX_CPU_PERCENT
 
 
 @dataclass(frozen=True)

@@ -9,16 +9,15 @@ from pydantic import Field, model_validator
 
 from corral.shared.contract import (MAP_SAYS, MAX_MAP_ENTRIES, Answer, MapValue, Name, NodeId, Request, Says, Text,
                                     Timestamp, refused)
+from corral.shared.limits import MAX_CPU_PERCENT as MAX_LIMIT_CPU_PERCENT
+from corral.shared.limits import MAX_MEMORY_MB as MAX_LIMIT_MEMORY_MB
+from corral.shared.limits import MAX_PROCESSES as MAX_LIMIT_PROCESSES
+from corral.shared.limits import MIN_MEMORY_MB as MIN_LIMIT_MEMORY_MB
 from corral.shared.validate import NAME_PATTERN
 
 KIND_PATTERN = r"^[a-z][a-z0-9-]{0,31}$"
 MAX_MEMORY_MB = 1 << 40
 MAX_SLOTS = 10_000
-# The bounds of a job's limits, as the scheduler takes them.
-MIN_LIMIT_MEMORY_MB = 4
-MAX_LIMIT_MEMORY_MB = 1024 * 1024
-MAX_LIMIT_CPU_PERCENT = 100_000
-MAX_LIMIT_PROCESSES = 4_194_304
 MAX_REFUSING_WORK = 1024
 
 Labels = Annotated[dict[Annotated[str, Field(pattern=NAME_PATTERN)], MapValue] | None,

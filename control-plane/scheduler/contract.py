@@ -13,6 +13,8 @@ from urllib.parse import urlsplit
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from corral.shared import states, wire
+from corral.shared.limits import (DEFAULT_WAIT_SECS, MAX_CPU_PERCENT, MAX_MEMORY_MB, MAX_OUTPUT_CHARS, MAX_PROCESSES,
+                                  MAX_USED_MEMORY_MB, MAX_WAIT_SECS, MIN_MEMORY_MB)
 from corral.shared.errors import BadRequest
 from corral.shared.contract import (MAP_SAYS, MAX_MAP_ENTRIES, NO_NUL_PATTERN, MapValue, Answer, Name, NodeId,
                                     Request, Says, Text, Timestamp, optional_key, refused)
@@ -35,17 +37,11 @@ DEPLOY_SCHEMES = ("http", "https", "s3")
 MAX_COMMAND_CHARS = 64 * 1024
 SHA256_PATTERN = r"^[0-9a-fA-F]{64}$"
 HEALTH_PATH_PATTERN = r"^/[\x21-\x7e]{0,1023}$"  # printable ASCII, no spaces
-MAX_MEMORY_MB = 1024 * 1024      # 1 TiB
-MAX_CPU_PERCENT = 100_000        # 1,000 CPUs
-MAX_PROCESSES = 4_194_304        # Linux's largest pid_max
 MAX_DISK_MB = 16 * 1024 * 1024   # 16 TiB
-MAX_OUTPUT_CHARS = 512 * 1024
 MAX_ATTEMPT = 1_000_000_000
 # Batches (POST /jobs/batch, POST /jobs/reports, POST /jobs/output) and claims.
 MAX_BATCH = 1000
 MAX_CLAIM = 1000
-MAX_WAIT_SECS = 25.0
-DEFAULT_WAIT_SECS = 20.0
 
 JobId = Annotated[str, Field(min_length=1, max_length=1024, pattern=wire.JOB_ID_PATTERN),
                   Says(what="a job id such as job-42")]
@@ -196,7 +192,7 @@ class JobRequest(Request):
     """Pin the job to this node."""
     name: Name | None = Field(None, max_length=1024)
     """A name for the job; a service is registered under it (default: the job id)."""
-    memory_mb: int | None = Field(None, ge=4, le=MAX_MEMORY_MB)
+    memory_mb: int | None = Field(None, ge=MIN_MEMORY_MB, le=MAX_MEMORY_MB)
     """Memory limit; default 512 for `run`, 1024 for `service` (the node's settings). Refused when no
     known node allows it."""
     cpu_percent: int | None = Field(None, ge=1, le=MAX_CPU_PERCENT)
@@ -506,7 +502,7 @@ class DefaultLimits(Request):
 class Usage(Request):
     """What the jobs of a node use now, as its agent reads their cgroups."""
 
-    memory_mb: int = Field(ge=0, le=16 * MAX_MEMORY_MB)
+    memory_mb: int = Field(ge=0, le=MAX_USED_MEMORY_MB)
     """Their memory, in MB."""
     cpu_percent: int = Field(ge=0, le=MAX_CPU_PERCENT)
     """Their CPU since the agent's previous renewal, in percent of one CPU."""

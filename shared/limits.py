@@ -1,0 +1,17 @@
+"""The numeric bounds of the job contract that the scheduler and the registry check and
+the agent must stay within: a job's limits, a report's output, a claim's wait. One copy,
+so that what the agent sends and what the servers take cannot drift apart."""
+
+# A job's limits (memory_mb, cpu_percent, max_processes), and a node's default limits.
+MIN_MEMORY_MB = 4  # the least a job may ask for
+MAX_MEMORY_MB = 1024 * 1024  # 1 TiB
+MAX_CPU_PERCENT = 100_000  # 1,000 CPUs
+MAX_PROCESSES = 4_194_304  # Linux's largest pid_max
+# A lease renewal's measured use of the node (the sum of its jobs').
+MAX_USED_MEMORY_MB = 16 * MAX_MEMORY_MB
+# A report's stdout or stderr, in characters: the agent sends the tails within it.
+MAX_OUTPUT_CHARS = 512 * 1024
+# How long a long-poll claim may wait (below gunicorn's graceful_timeout), and waits
+# when it does not say.
+MAX_WAIT_SECS = 25.0
+DEFAULT_WAIT_SECS = 20.0
