@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from corral.shared import states
 from corral.shared.backoff import Backoff
 from corral.shared.clients import ClientError, RegistryClient, SchedulerClient
 
@@ -148,7 +149,7 @@ class Agent:
         for gone in ended:
             # Sent by the work loop's first pass, right after registering: the scheduler
             # learns it at once instead of when this node's lease or a reconcile runs out.
-            self.outbox.add(gone.state.job_id, gone.state.attempt, "failed", exit_code=-1, stdout=gone.stdout,
+            self.outbox.add(gone.state.job_id, gone.state.attempt, states.FAILED, exit_code=-1, stdout=gone.stdout,
                             stderr=gone.stderr, oom_killed=False, peak_memory_bytes=None, cpu_seconds=None)
         for local in adopted:  # their output goes on being shipped (from where the scheduler is)
             if local.log_files:

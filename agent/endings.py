@@ -16,6 +16,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from corral.shared import states
+
 from . import cgroups, diskfs, identity, launch, services, spans
 from .disk import DISK_MESSAGE
 from .jobs import END_DISK, END_FENCED, END_RECONCILED, END_STOPPING, END_TIMEOUT, JobTable, LocalJob
@@ -64,18 +66,18 @@ def report_of(end_reason: str | None, exit_code: int, stderr: str, *, setup_fail
     for memory; `disk_full` when it ended on its own with its work dir's filesystem
     full (diskfs.py), whose failure that explains."""
     if end_reason == END_TIMEOUT:
-        return Report("failed", -1, _append_line(stderr, TIMEOUT_MESSAGE))
+        return Report(states.FAILED, -1, _append_line(stderr, TIMEOUT_MESSAGE))
     if end_reason == END_DISK:  # the job's own doing: failed, and retried as any failure
-        return Report("failed", -1, _append_line(stderr, DISK_MESSAGE.format(disk_mb)))
+        return Report(states.FAILED, -1, _append_line(stderr, DISK_MESSAGE.format(disk_mb)))
     if end_reason in NODE_SIDE_ENDS:
-        return Report("failed", -1, _append_line(stderr, node_side_message(end_reason, lease_secs)), requeue=True)
+        return Report(states.FAILED, -1, _append_line(stderr, node_side_message(end_reason, lease_secs)), requeue=True)
     if setup_failed:
-        return Report("failed", -1, _append_line(stderr, SETUP_MESSAGE.format(node_id)))
+        return Report(states.FAILED, -1, _append_line(stderr, SETUP_MESSAGE.format(node_id)))
     if disk_full and end_reason is None and exit_code != 0:  # it failed on its own, for want of space
-        return Report("failed", exit_code, _append_line(stderr, FULL_MESSAGE.format(disk_mb)))
+        return Report(states.FAILED, exit_code, _append_line(stderr, FULL_MESSAGE.format(disk_mb)))
     if oom_limit_mb is not None:
         stderr = _append_line(stderr, OOM_MESSAGE.format(oom_limit_mb))
-    return Report("done" if exit_code == 0 else "failed", exit_code, stderr)
+    return Report(states.DONE if exit_code == 0 else states.FAILED, exit_code, stderr)
 
 
 def ended_by(end_reason: str | None, oom: bool, disk_full: bool = False) -> str | None:
@@ -168,9 +170,9 @@ class Endings:
             exit_code, message, extra = -1, self.node_side_message(local.end_reason), {"requeue": True}
         else:
             exit_code, message = local.start_error or (-1, "the agent could not start the job")
-        spans.end_attempt(local.span, "failed", exit_code, local.end_reason or "not started")
+        spans.end_attempt(local.span, states.FAILED, exit_code, local.end_reason or "not started")
         self.outbox.add_failed(local.job_id, local.attempt, exit_code, message, attempt_span=local.span, **extra)
-        return (local.job_id, local.attempt, "failed")
+        return (local.job_id, local.attempt, states.FAILED)
 
     def _finish(self, local: LocalJob) -> Ended:
         assert local.process is not None  # reap finishes only started jobs here
@@ -198,7 +200,7 @@ class Endings:
                  report.exit_code, ", out of memory" if oom else "")
         extra: dict[str, object] = {"requeue": True} if report.requeue else {}
         why = ended_by(local.end_reason, oom, full)
-        if why is not None and report.status == "failed":
+        if why is not None and report.status == states.FAILED:
             extra["ended_by"] = why
         spans.end_attempt(local.span, report.status, report.exit_code, local.end_reason)
         self.outbox.add(local.job_id, local.attempt, report.status, attempt_span=local.span, exit_code=report.exit_code,

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from corral.shared import states
 from corral.shared.clients import Rejected, SchedulerClient, Unreachable
 
 from . import spans
@@ -66,7 +67,7 @@ class Intake:
             plan = plan_of(self.settings, job)
             enforced = self.limits_enforced()
             try:
-                self.scheduler.report(job_id, node_id, attempt, "running", limits_enforced=enforced,
+                self.scheduler.report(job_id, node_id, attempt, states.RUNNING, limits_enforced=enforced,
                                       limits=self.applied_limits(plan.limits) if enforced else None,
                                       private_tmp=self.private_tmp)
             except Rejected as exc:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from opentelemetry.trace import INVALID_SPAN, Span
 
+from corral.shared import states
 from corral.shared.backoff import Backoff
 from corral.shared.clients import Rejected, SchedulerClient, Unreachable, split_batches
 
@@ -71,7 +72,7 @@ class Outbox:
 
     def add_failed(self, job_id: str, attempt: int, exit_code: int, stderr: str, **extra) -> None:
         """A job that ended without a process of its own (it never started)."""
-        self.add(job_id, attempt, "failed", exit_code=exit_code, stdout="", stderr=stderr,
+        self.add(job_id, attempt, states.FAILED, exit_code=exit_code, stdout="", stderr=stderr,
                  oom_killed=False, peak_memory_bytes=None, cpu_seconds=None, **extra)
 
     def flush(self, force: bool = False, claim: Callable[[], dict | None] | None = None) -> int:

@@ -20,7 +20,7 @@ from typing import Any
 
 from opentelemetry.trace import INVALID_SPAN, Span
 
-from corral.shared import tracecontext, tracing
+from corral.shared import states, tracecontext, tracing
 from corral.shared.tracecontext import TraceContext
 
 ATTEMPT = "corral.attempt"
@@ -48,7 +48,7 @@ def start_attempt(job: dict, own: TraceContext | None, job_id: str, attempt: int
 def failed_attempt(job: dict, job_id: str, attempt: int, node_id: str, why: str) -> Span:
     """The span of an attempt that ended as it was taken (it could not start here)."""
     span = start_attempt(job, attempt_context(job), job_id, attempt, node_id)
-    end_attempt(span, "failed", -1, why)
+    end_attempt(span, states.FAILED, -1, why)
     return span
 
 
@@ -62,7 +62,7 @@ def end_attempt(span: Span, status: str | None, exit_code: int | None, ended_by:
         attributes["process.exit.code"] = exit_code
     if ended_by is not None:
         attributes["corral.ended_by"] = ended_by
-    error = None if status == "done" else ", ".join(
+    error = None if status == states.DONE else ", ".join(
         part for part in (status or "killed", ended_by, None if exit_code is None else f"exit code {exit_code}")
         if part)
     tracing.end(span, error=error, attributes=attributes)

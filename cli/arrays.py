@@ -2,11 +2,13 @@
 and following an array submitted with `corral job run --array N --wait`."""
 import click
 
+from corral.shared import states
+
 from . import format as fmt
 from .common import CliError, Env, echo_json, json_option, note
 from .polling import SIGINT_EXIT, Poller
 
-COUNTED = ("pending", "running", "done", "failed", "cancelled")
+COUNTED = states.ALL
 
 
 def counts(summary: dict) -> str:
@@ -17,7 +19,7 @@ def counts(summary: dict) -> str:
 
 def unfinished(summary: dict) -> bool:
     jobs = summary.get("jobs") or {}
-    return bool(jobs.get("pending") or jobs.get("running"))
+    return bool(jobs.get(states.PENDING) or jobs.get(states.RUNNING))
 
 
 def job_range(summary: dict) -> str:
@@ -44,7 +46,7 @@ def submitted(env: Env, answer: dict, wait: bool, as_json: bool) -> None:
     if as_json:
         echo_json(final)
     jobs = final.get("jobs") or {}
-    if jobs.get("done", 0) != final.get("count"):
+    if jobs.get(states.DONE, 0) != final.get("count"):
         raise CliError(f"{array_id}: not every job is done ({counts(final)})")
 
 

@@ -12,10 +12,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-FINAL = ("done", "failed", "cancelled")
+from corral.shared import states
+
+FINAL = states.FINAL_STATUSES
 
 STATUS_STYLES = {
-    "pending": "yellow", "running": "cyan", "done": "green", "failed": "bold red", "cancelled": "magenta",
+    states.PENDING: "yellow", states.RUNNING: "cyan", states.DONE: "green", states.FAILED: "bold red",
+    states.CANCELLED: "magenta",
     "healthy": "green", "unhealthy": "bold red",
 }
 

@@ -4,6 +4,7 @@ import sys
 
 import click
 
+from corral.shared import states
 from corral.shared.clients import Rejected
 
 from . import arrays
@@ -16,7 +17,7 @@ from .job_options import job_options, request_fields
 from .polling import SIGINT_EXIT, Poller
 from .scheduling import Checked
 
-STATUSES = ("pending", "running", "done", "failed", "cancelled")
+STATUSES = states.ALL
 STATUS_TAIL_LINES = 10  # output lines `job status` shows
 
 
@@ -25,9 +26,9 @@ STATUS_TAIL_LINES = 10  # output lines `job status` shows
 def exit_status(job: dict) -> int:
     """The exit code of `corral job run --wait` for a final job."""
     status, code = job.get("status"), job.get("exit_code")
-    if status == "done":
+    if status == states.DONE:
         return 0 if not code or not 0 < code < 256 else code
-    if status == "failed" and isinstance(code, int) and 0 < code < 256:
+    if status == states.FAILED and isinstance(code, int) and 0 < code < 256:
         return code
     return 1
 
@@ -37,7 +38,7 @@ def progress(job: dict, now: float) -> str:
     status, node = job.get("status"), job.get("node_id")
     line = f"{job['job_id']}: {status}"
     details = []
-    if status == "pending":
+    if status == states.PENDING:
         reason = job.get("pending_reason") or {}
         if reason.get("code") not in (None, "placed", "backoff"):  # those two are said below
             details.append(reason.get("message"))
@@ -48,10 +49,10 @@ def progress(job: dict, now: float) -> str:
             details.append(f"next attempt {fmt.relative(job['next_attempt_at'], now)}")
         if node:
             line += f", placed on {node}"
-    elif status == "running":
+    elif status == states.RUNNING:
         line += f" on {node or '?'}"
         details.append(f"attempt {job.get('attempt')}")
-    elif status in ("done", "failed"):
+    elif status in (states.DONE, states.FAILED):
         if job.get("exit_code") is not None:
             details.append(f"exit code {job['exit_code']}")
         if job.get("oom_killed"):
@@ -212,7 +213,7 @@ def run(env: Env, command: tuple[str, ...], idempotency_key, wait, as_json, star
     else:
         write_output(final.get("stdout") or "")
         write_output(final.get("stderr") or "", err=True)
-    if final.get("status") == "cancelled":
+    if final.get("status") == states.CANCELLED:
         raise CliError(f"{job_id} was cancelled")
     click.get_current_context().exit(exit_status(final))
 
@@ -350,7 +351,7 @@ def logs(env: Env, job_id: str, follow_output: bool, full: bool, attempt: int | 
 
 @job.command("cancel")
 @click.argument("job_ids", nargs=-1, metavar="[JOB_ID]...")
-@click.option("--status", type=click.Choice(["pending", "running"]),
+@click.option("--status", type=click.Choice(states.ACTIVE),
               help="Without JOB_ID: the jobs in this status (default: pending and running).")
 @click.option("--node", "node_id", metavar="NODE", help="Without JOB_ID: the jobs placed on this node.")
 @selection.filter_options
@@ -382,7 +383,7 @@ def cancel(env: Env, job_ids: tuple[str, ...], status, node_id, yes: bool, as_js
 
 def selected_ids(env: Env, query: dict, yes: bool) -> list[str]:
     """The active jobs the filters match, shown, and confirmed."""
-    statuses = [query["status"]] if query["status"] else ["pending", "running"]
+    statuses = [query["status"]] if query["status"] else list(states.ACTIVE)
     found = sorted((job for status in statuses for job in selection.every_job(env, dict(query, status=status))),
                    key=lambda job: int(job["job_id"].removeprefix("job-")))
     if not found:

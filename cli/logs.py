@@ -16,7 +16,7 @@ import json
 import sys
 from typing import BinaryIO
 
-from corral.shared import sse
+from corral.shared import sse, states
 from corral.shared.clients import Rejected
 from corral.shared.wire import LOG_ATTEMPT_HEADER, LOG_COMPLETE_HEADER, LOG_SIZE_HEADER
 
@@ -96,7 +96,7 @@ def follow(env: Env, job_id: str, stream: str, full: bool, out: BinaryIO) -> Non
                 printer.catch_up()
         elif message.event == "job":
             attempt = event.get("attempt") or 0
-            if attempt > (printer.attempt or 0) and event.get("to") == "running":
+            if attempt > (printer.attempt or 0) and event.get("to") == states.RUNNING:
                 new_attempt(printer, attempt)
             elif event.get("to") in fmt.FINAL:
                 ended = True

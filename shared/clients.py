@@ -40,6 +40,7 @@ from urllib.parse import parse_qsl, quote, urlsplit
 import requests
 import urllib3
 
+from corral.shared import states
 from corral.shared.settings import split_urls
 from corral.shared.wire import (IDEMPOTENCY_HEADER, LOG_FINAL_HEADER, LOG_NODE_HEADER, LOG_OFFSET_HEADER,
                                 LONG_POLL_HEADER)
@@ -440,7 +441,7 @@ class SchedulerClient(_Client):
 
     def pending_for(self, node_id: str) -> list[dict]:
         """What the agents poll: the pending jobs placed on `node_id`, up to its free slots."""
-        return self.list_jobs(node_id=node_id, status="pending")
+        return self.list_jobs(node_id=node_id, status=states.PENDING)
 
     def renew_lease(self, node_id: str, usage: dict | None = None) -> dict:
         """Tell the scheduler this node's agent is alive, and what its jobs use
@@ -449,7 +450,7 @@ class SchedulerClient(_Client):
         return self._call("POST", f"/nodes/{node_id}/lease", json={} if usage is None else {"usage": usage})
 
     def running_on(self, node_id: str) -> list[dict]:
-        return self.list_jobs(node_id=node_id, status="running", limit=1000)
+        return self.list_jobs(node_id=node_id, status=states.RUNNING, limit=1000)
 
     def report(self, job_id: str, node_id: str, attempt: int, status: str, **result) -> dict:
         """Report a status change of one attempt. A Rejected(409) means the attempt is stale."""

@@ -23,6 +23,13 @@ class JobStatus(str, Enum):
     CANCELLED = "cancelled"
 
 
+# The statuses as plain strings: what the agent and the CLI send, compare and print.
+PENDING = JobStatus.PENDING.value
+RUNNING = JobStatus.RUNNING.value
+DONE = JobStatus.DONE.value
+FAILED = JobStatus.FAILED.value
+CANCELLED = JobStatus.CANCELLED.value
+
 ALL = tuple(s.value for s in JobStatus)
 FINAL = frozenset({JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCELLED})
 ACTIVE = (JobStatus.PENDING.value, JobStatus.RUNNING.value)  # hold (or will hold) a node slot
