@@ -26,7 +26,7 @@ Queries stay dialect-neutral.
 import json
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import peewee
@@ -110,8 +110,8 @@ def open_database(url: str, synchronous: str = "NORMAL", *, service: str = "sche
         return sqlite.open_sqlite(url, synchronous, options.pool_size,
                                   sqlite.BUSY_TIMEOUT_SECS if wait is None else wait)
     if is_postgres(url):
-        return postgres.PostgresDatabase(url, service, options.pool_size or PG_DEFAULT_POOL_SIZE,
-                                         PG_DEFAULT_POOL_WAIT_SECS if wait is None else wait)
+        return postgres.open_postgres(url, service, options.pool_size or PG_DEFAULT_POOL_SIZE,
+                                      PG_DEFAULT_POOL_WAIT_SECS if wait is None else wait)
     raise SettingError(f"DATABASE_URL must start with sqlite:/// or postgresql://, got {postgres.redact(url)!r}")
 
 
@@ -169,24 +169,6 @@ def serve_in_a_worker() -> None:
 
 def in_a_worker() -> bool:
     return _in_a_worker
-
-
-# What the store asks of the backend until it reaches it itself (backend_of(db)).
-def lock_placement(db: peewee.Database, recomputable: bool = False, nodes: Collection[str] | None = None,
-                   skip_busy: bool = False) -> None:
-    backend_of(db).lock_placement(db, recomputable, nodes, skip_busy)
-
-
-def locked_nodes(db: peewee.Database) -> frozenset | None:
-    return backend_of(db).locked_nodes(db)
-
-
-def one_writer(db: peewee.Database) -> bool:
-    return backend_of(db).one_writer
-
-
-def wakes_on_every_commit(db: peewee.Database) -> bool:
-    return backend_of(db).wakes_on_every_commit
 
 
 def close_idle(db: peewee.Database) -> None:

@@ -398,7 +398,7 @@ def test_the_placement_lock_and_a_placements_own_commit_setting_are_one_statemen
         with store.db.connection_context():
             with scheduler.placing(only_places):
                 setting = store.db.execute_sql("SHOW synchronous_commit").fetchone()[0]
-                dbmod.lock_placement(store.db)  # taken again: nothing is sent, the setting stays
+                dbmod.backend_of(store.db).lock_placement(store.db)  # taken again: nothing is sent, the setting stays
                 again = store.db.execute_sql("SHOW synchronous_commit").fetchone()[0]
                 with psycopg.connect(pg_url, autocommit=True) as other:
                     locked = not other.execute("SELECT pg_try_advisory_lock(%s)",
@@ -436,7 +436,7 @@ def test_placements_on_different_nodes_run_side_by_side_and_one_over_every_node_
         with pytest.raises(RuntimeError, match="in a transaction that locked n1"):
             store.placing.dispatch(0.0, ["n1", "n2"])
         with pytest.raises(RuntimeError, match="every node in a transaction that locked n1"):
-            dbmod.lock_placement(store.db)
+            dbmod.backend_of(store.db).lock_placement(store.db)
     with store.db.connection_context(), scheduler.placing():
         store.placing.dispatch(0.0, ["n1"])  # every node's placement covers each node's
         with psycopg.connect(pg_url, autocommit=True) as other:

@@ -103,12 +103,11 @@ class Claims:
         runs under the write lock; on PostgreSQL the select skips rows another
         claim has locked (FOR UPDATE SKIP LOCKED).
         """
-        db = self.ctx.db
         with self.ctx.tx():
             def placed_here() -> Any:
                 query = (Job.select(*CLAIMED).where((Job.status == "pending") & (Job.node_id == param("node_id")))
                          .order_by(Job.status, Job.node_id, Job.queue_at, Job.id).limit(param("limit")))
-                return query.for_update(skip_locked=True) if getattr(db, "for_update", False) else query
+                return self.ctx.backend.skip_locked(query)
 
             decided = [(job, lifecycle.started(job, now, bool(request["limits_enforced"]), _claim_limits(job, request),
                                                request.get("private_tmp"), "claimed by the node"))

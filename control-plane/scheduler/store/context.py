@@ -1,6 +1,7 @@
 """What every part of the store shares: the database, the settings, the compiled
 statements, and the lease a background loop writes under (its Fence).
 
+The database's backend (`backend`) answers what differs between the dialects.
 One small object handed to each part, so that a part needs no hub to reach them;
 `fenced` makes the copy a leased loop's parts are built on."""
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Any
 
 import peewee
 
-from corral.server.db import wakes_on_every_commit
+from corral.server.backends.base import Backend
+from corral.server.backends.lookup import backend_of
 from corral.server.leader import Fence
 from corral.server.statements import Statements
 
@@ -41,9 +43,14 @@ class StoreContext:
             on_placed)
 
     @property
+    def backend(self) -> Backend:
+        """What differs between the databases (control-plane/server/backends/base.py)."""
+        return backend_of(self.db)
+
+    @property
     def marks_placements(self) -> bool:
         """Whether every placement changes PLACEMENT_MARK (where every commit wakes the watchers)."""
-        return wakes_on_every_commit(self.db)
+        return self.backend.wakes_on_every_commit
 
     def fenced(self, fence: Fence) -> StoreContext:
         """The same context for a background loop holding `fence` (statements stay shared)."""

@@ -1,7 +1,6 @@
 """The scheduler's copy of the registry's node list: its refresh (with the node events
 of what changed), operators' drains through the scheduler, and the release of jobs
 placed on nodes that can no longer take them."""
-from corral.server.db import lock_placement
 from corral.shared.timeutil import epoch
 
 from .. import placement
@@ -78,7 +77,7 @@ class Nodes:
         the jobs placed there but not yet claimed go back to the queue. False when the
         node list has no such node yet (its next refresh brings the registry's flag)."""
         with self.ctx.tx():
-            lock_placement(self.ctx.db, nodes=[node_id])
+            self.ctx.backend.lock_placement(self.ctx.db, nodes=[node_id])
             node = Node.get_or_none(Node.node_id == node_id)
             if node is None:
                 return False

@@ -83,7 +83,7 @@ class PlacementReads:
                 where &= peewee.Tuple(Job.queue_at, Job.id) > peewee.Tuple(param("after_at"), param("after_id"))
             query = Job.select(*QUEUED).where(where).order_by(
                 Job.status, Job.node_id, Job.queue_at, Job.id).limit(param("limit"))
-            return query.for_update(skip_locked=True) if getattr(self.ctx.db, "for_update", False) else query
+            return self.ctx.backend.skip_locked(query)
 
         extra = {} if after is None else {"after_at": after[0], "after_id": after[1]}
         return self.ctx.sql.rows(self.ctx.db, ("unplaced", open_nodes.size, after is not None), unplaced,

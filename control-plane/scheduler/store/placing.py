@@ -14,7 +14,6 @@ jobs another placement is placing (FOR UPDATE SKIP LOCKED)."""
 import os
 from collections.abc import Collection
 
-from corral.server.db import lock_placement, locked_nodes
 from corral.server.statements import ValueList
 from corral.shared.errors import Conflict
 
@@ -67,12 +66,12 @@ class Placing:
         with self.ctx.tx():
             rotate = nodes is None
             if nodes is None:
-                nodes = locked_nodes(self.ctx.db)
+                nodes = self.ctx.backend.locked_nodes(self.ctx.db)
             every_node = nodes is None
             # One placement at a time on each node across every process (the caller
             # usually took the lock first; taking it again is free). Most calls find
             # no free slot.
-            lock_placement(self.ctx.db, nodes=nodes)
+            self.ctx.backend.lock_placement(self.ctx.db, nodes=nodes)
             infos = self.reads.nodes(nodes)
             total_free = sum(max(0, n.free_slots) for n in infos if n.takes_work)
             if total_free <= 0:

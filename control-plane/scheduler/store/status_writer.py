@@ -6,7 +6,6 @@ Every status change is checked against shared.states first. Deciding the jobs th
 waited on one that ended is not this module's: transitions.py adds that."""
 from typing import Any
 
-from corral.server.db import one_writer
 from corral.server.statements import ValueList, param
 from corral.shared.states import FINAL_STATUSES, check_transition
 
@@ -33,7 +32,7 @@ class StatusWriter:
         for job, transition in decided:
             check_transition(job.status, transition.new)
             key = (job.status, job.attempt, transition.new, tuple(sorted(transition.changes)),
-                   None if one_writer(db) else repr(sorted(transition.changes.items())))
+                   None if self.ctx.backend.one_writer else repr(sorted(transition.changes.items())))
             groups.setdefault(key, []).append((job, transition))
         stale, rows = [], []
         for (old, attempt, new, _, _), members in groups.items():

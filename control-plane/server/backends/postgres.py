@@ -60,8 +60,8 @@ from .postgres_marker import PostgresGuard
 from .postgres_url import parse_url, redact, schema_for
 from .write_then_place import commit_then_place
 
-__all__ = ["PostgresDatabase", "PostgresBackend", "POSTGRES", "check_server", "NotifyFeed", "parse_url", "redact",
-           "schema_for", "session_options"]
+__all__ = ["PostgresDatabase", "open_postgres", "PostgresBackend", "POSTGRES", "check_server", "NotifyFeed",
+           "parse_url", "redact", "schema_for", "session_options"]
 
 log = logging.getLogger(__name__)
 
@@ -242,6 +242,11 @@ class PostgresDatabase(PooledPostgresqlDatabase):
             "FROM pg_stat_activity WHERE datname = current_database() AND xact_start IS NOT NULL "
             "AND pid <> pg_backend_pid()").fetchone()
         return {"tables": tables, "oldest_transaction_secs": float(oldest), "clock_skew_secs": self.clock.skew()}
+
+
+def open_postgres(url: str, service: str, pool_size: int, pool_wait_secs: float) -> PostgresDatabase:
+    """The pooled database of `service` at a postgresql:// URL (only parsed: check_server() connects)."""
+    return PostgresDatabase(url, service, pool_size, pool_wait_secs)
 
 
 def check_server(db: PostgresDatabase, pool_size: int, processes: int) -> None:
