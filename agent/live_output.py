@@ -21,7 +21,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 
-from corral.shared import backoff
+from corral.shared import backoff, limits
 from corral.shared.clients import ClientError, Rejected, SchedulerClient, split_batches
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 # About this many bytes of JSON per request: with the default tails, dozens of jobs
 # fit in one, well under the scheduler's CORRAL_MAX_BODY_BYTES.
 BATCH_BYTES = 1024 * 1024
-BATCH_MAX = 500  # items per request (the scheduler takes up to 1,000)
+BATCH_MAX = limits.MAX_BATCH // 2  # items per request
 # The longest pause between tries while the scheduler cannot be reached.
 BACKOFF_CAP_SECS = 30.0
 STREAMS = ("stdout", "stderr")

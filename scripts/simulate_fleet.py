@@ -293,7 +293,7 @@ class Fleet:
                 self._run(session, node_id, job)
             finally:
                 self.holding.discard(node_id)
-        # As the agent does (agent.claim_once): "again" (work came after the claim had
+        # As the agent does (Claims.claim_once): "again" (work came after the claim had
         # waited a while) asks again at once; "busy" (the waiting room was full),
         # "stopping", or an empty answer well before the wait was over, after
         # POLL_INTERVAL_SECS.

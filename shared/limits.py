@@ -11,6 +11,8 @@ MAX_PROCESSES = 4_194_304  # Linux's largest pid_max
 MAX_USED_MEMORY_MB = 16 * MAX_MEMORY_MB
 # A report's stdout or stderr, in characters: the agent sends the tails within it.
 MAX_OUTPUT_CHARS = 512 * 1024
+# The items of one batch request (submits, reports, output, log chunks).
+MAX_BATCH = 1000
 # How long a long-poll claim may wait (below gunicorn's graceful_timeout), and waits
 # when it does not say.
 MAX_WAIT_SECS = 25.0

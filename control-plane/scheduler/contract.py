@@ -13,9 +13,9 @@ from urllib.parse import urlsplit
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from corral.shared import states, wire
-from corral.shared.limits import (DEFAULT_WAIT_SECS, MAX_CPU_PERCENT, MAX_MEMORY_MB, MAX_OUTPUT_CHARS, MAX_PROCESSES,
-                                  MAX_USED_MEMORY_MB, MAX_WAIT_SECS, MIN_MEMORY_MB)
 from corral.shared.errors import BadRequest
+from corral.shared.limits import (DEFAULT_WAIT_SECS, MAX_BATCH, MAX_CPU_PERCENT, MAX_MEMORY_MB, MAX_OUTPUT_CHARS,
+                                  MAX_PROCESSES, MAX_USED_MEMORY_MB, MAX_WAIT_SECS, MIN_MEMORY_MB)
 from corral.shared.contract import (MAP_SAYS, MAX_MAP_ENTRIES, NO_NUL_PATTERN, MapValue, Answer, Name, NodeId,
                                     Request, Says, Text, Timestamp, optional_key, refused)
 from corral.shared.validate import ENV_NAME_PATTERN, forbidden_env_var
@@ -39,8 +39,7 @@ SHA256_PATTERN = r"^[0-9a-fA-F]{64}$"
 HEALTH_PATH_PATTERN = r"^/[\x21-\x7e]{0,1023}$"  # printable ASCII, no spaces
 MAX_DISK_MB = 16 * 1024 * 1024   # 16 TiB
 MAX_ATTEMPT = 1_000_000_000
-# Batches (POST /jobs/batch, POST /jobs/reports, POST /jobs/output) and claims.
-MAX_BATCH = 1000
+# The jobs one claim may ask for (POST /nodes/{id}/claim); batches: shared/limits.py.
 MAX_CLAIM = 1000
 
 JobId = Annotated[str, Field(min_length=1, max_length=1024, pattern=wire.JOB_ID_PATTERN),
