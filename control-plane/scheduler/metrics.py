@@ -187,12 +187,10 @@ def scrape(store, clock=time.time) -> list:
     now = clock()
     by_status = dict(Job.select(Job.status, fn.COUNT(Job.id)).group_by(Job.status).tuples())
     nodes: dict[tuple[str, str], int] = {}
-    newest = None
-    for status, kind, count, synced in (Node.select(Node.status, Node.kind, fn.COUNT(Node.node_id),
-                                                    fn.MAX(Node.synced_at))
-                                        .group_by(Node.status, Node.kind).tuples()):
+    for status, kind, count in (Node.select(Node.status, Node.kind, fn.COUNT(Node.node_id))
+                                .group_by(Node.status, Node.kind).tuples()):
         nodes[(status, kind)] = count
-        newest = synced if newest is None else max(newest, synced)
+    newest = store.nodes.list_synced_at()
     nodes.setdefault(("healthy", "compute"), 0)
     families = [
         gauge("corral_jobs", "Jobs by status now (pending is the queue).", ("status",),

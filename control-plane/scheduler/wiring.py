@@ -7,7 +7,6 @@ import time
 from collections.abc import Callable
 
 import peewee
-from peewee import fn
 
 from corral.server import db as dbmod
 from corral.server import migrations
@@ -20,7 +19,7 @@ from .api.context import SchedulerApi
 from .event_log import EventLog
 from .job_logs import JobLogs
 from .migrations import MIGRATIONS
-from .models import Node, database
+from .models import database
 from .schedules import Schedules
 from .service import Scheduler
 from .settings import SchedulerSettings
@@ -132,7 +131,7 @@ def readiness(api: SchedulerApi) -> Callable[[dict], None]:
 
     def ready(checks: dict) -> None:
         dbmod.check_ready(api.store.db, checks)
-        newest = Node.select(fn.MAX(Node.synced_at)).scalar()
+        newest = api.store.nodes.list_synced_at()
         age = None if newest is None else api.clock() - newest
         checks["node_list_age_secs"] = None if age is None else round(age, 1)
         if age is not None and age <= 3 * api.settings.node_refresh_secs:

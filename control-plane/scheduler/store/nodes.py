@@ -1,12 +1,19 @@
 """The scheduler's copy of the registry's node list: its refresh (with the node events
 of what changed), operators' drains through the scheduler, and the release of jobs
-placed on nodes that can no longer take them."""
+placed on nodes that can no longer take them.
+
+A refresh writes only the node rows that changed (every NODE_REFRESH_SECS, with
+thousands of nodes, rewriting every row was most of its cost); when the list was
+last refreshed is one scheduler_state value, shown as each node's `synced_at`."""
+from peewee import fn
+
 from corral.shared.timeutil import epoch
 
 from .. import placement
 from ..event_log import EventLog
 from ..events import node_changes
-from ..models import Job, Node, NodeLease
+from ..models import Job, Node, NodeLease, SchedulerState
+from .columns import INSERT_CHUNK
 from .context import StoreContext
 from .rows import tuples
 from .placement_reads import PlacementReads
@@ -16,6 +23,11 @@ from .status_writer import StatusWriter
 # Counts the drains and undrains through the scheduler (set_drained); a node list
 # fetched before the count moved keeps those nodes' drains (sync_nodes).
 DRAINS_COUNTER = "node_drains"
+# When the node list was last refreshed from the registry (scheduler_state; seconds since the epoch).
+LIST_SYNCED = "node_list_synced_at"
+# The columns a refresh sets (besides node_id and synced_at): a row whose values are these already is left alone.
+REFRESHED = ("address", "kind", "slots", "status", "max_memory_mb", "max_cpu_percent", "drained", "last_heartbeat",
+             "refusing_work", "labels", "default_limits", "reserve_memory_mb", "reserve_cpu_percent", "drain_seq")
 
 
 class Nodes:
@@ -26,7 +38,8 @@ class Nodes:
         self.reads = reads
 
     def sync_nodes(self, nodes: list[dict], now: float, seen_drains: int | None = None) -> None:
-        """Replace the cached node list with the registry's, then move work off lost nodes.
+        """Make the cached node list the registry's (its rows that changed written, those
+        of nodes gone deleted), then move work off lost nodes.
 
         `seen_drains`: the `node_drains` count read before the list was fetched. A node
         drained or undrained through the scheduler since (set_drained) keeps that state:
@@ -48,23 +61,45 @@ class Nodes:
         } for n in nodes]
         with db.atomic():
             self.ctx.check_fence()
-            current = {node_id: (status, drained, seq) for node_id, status, drained, seq in self.ctx.sql.rows(
-                db, "node states", lambda: Node.select(Node.node_id, Node.status, Node.drained, Node.drain_seq))}
-            before = {node_id: (status, drained) for node_id, (status, drained, _) in current.items()}
+            # Each node's row as stored: the columns of REFRESHED, by name.
+            current = {row[0]: dict(zip(REFRESHED, row[1:])) for row in self.ctx.sql.rows(
+                db, "node rows now", lambda: Node.select(Node.node_id, *(getattr(Node, name) for name in REFRESHED)))}
+            before = {node_id: (row["status"], bool(row["drained"])) for node_id, row in current.items()}
             for row in rows:
-                _, drained, seq = current.get(row["node_id"], (None, False, None))
+                stored = current.get(row["node_id"])
+                drained, seq = (bool(stored["drained"]), stored["drain_seq"]) if stored else (False, None)
                 row["drain_seq"] = seq
                 if seen_drains is not None and seq is not None and seq > seen_drains:
                     row["drained"], row["status"] = drained, _drain_status(row["status"], drained)
             after = {row["node_id"]: (row["status"], row["drained"]) for row in rows}
-            Node.delete().execute()
-            # Every NODE_REFRESH_SECS: compiled once per number of nodes.
-            self.ctx.sql.insert_rows(db, "node rows", Node, rows)
+            self._write_changed(current, rows)
+            SchedulerState.insert(key=LIST_SYNCED, value=repr(now)).on_conflict(
+                conflict_target=[SchedulerState.key], preserve=[SchedulerState.value]).execute()
             # What changed since the last list, for the event stream (events.node_changes).
             EventLog(db).record({"at": now, "type": "node", "job_id": None, "node_id": node_id,
                                  "data": {"change": change, **data}}
                                 for node_id, change, data in node_changes(before, after))
             self.release_lost(now)
+
+    def _write_changed(self, current: dict[str, dict], rows: list[dict]) -> None:
+        """Delete the rows of nodes gone from the list and of those that changed, and
+        insert the changed and new ones (values compared as the columns store them)."""
+        listed = {row["node_id"] for row in rows}
+        changed = [row for row in rows if current.get(row["node_id"]) != {name: row[name] for name in REFRESHED}]
+        stale = sorted((set(current) - listed) | {row["node_id"] for row in changed if row["node_id"] in current})
+        for start in range(0, len(stale), INSERT_CHUNK):
+            Node.delete().where(Node.node_id.in_(stale[start:start + INSERT_CHUNK])).execute()
+        # Compiled once per number of rows.
+        self.ctx.sql.insert_rows(self.ctx.db, "node rows", Node, changed)
+
+    def list_synced_at(self) -> float | None:
+        """When the node list was last refreshed from the registry; None while it lists no node."""
+        newest_row = Node.select(fn.MAX(Node.synced_at)).scalar()
+        if newest_row is None:
+            return None
+        state = SchedulerState.get_or_none(SchedulerState.key == LIST_SYNCED)
+        # No value yet: rows a release before this one wrote, each with its refresh's time.
+        return float(state.value) if state is not None and state.value else float(newest_row)
 
     def drain_count(self) -> int:
         """How many drains and undrains went through the scheduler (sync_nodes' `seen_drains`)."""
@@ -130,10 +165,14 @@ class Nodes:
         infos = {info.node_id: info for info in self.reads.nodes(include_others=True)}
         used = {node_id: (memory, cpu) for node_id, memory, cpu in tuples(NodeLease.select(
             NodeLease.node_id, NodeLease.used_memory_mb, NodeLease.used_cpu_percent))}
+        synced = self.list_synced_at()
         # Two reads: a node the registry sync added or removed between them is left out
         # (it shows on the next read), not an error.
-        return [(n, self.ctx.capacity(n.slots), infos[n.node_id], used.get(n.node_id))
-                for n in Node.select().order_by(Node.node_id) if n.node_id in infos]
+        listed = [n for n in Node.select().order_by(Node.node_id) if n.node_id in infos]
+        if synced is not None:
+            for n in listed:  # as of the list's last refresh, which found it as it is
+                n.synced_at = synced
+        return [(n, self.ctx.capacity(n.slots), infos[n.node_id], used.get(n.node_id)) for n in listed]
 
 
 def _drain_status(status: str, drained: bool) -> str:
