@@ -15,7 +15,7 @@ from ..events import node_changes
 from ..models import Job, Node, NodeLease, SchedulerState
 from .columns import INSERT_CHUNK
 from .context import StoreContext
-from .rows import tuples
+from .rows import json_value, tuples
 from .placement_reads import PlacementReads
 from .stats import Stats
 from .status_writer import StatusWriter
@@ -53,16 +53,15 @@ class Nodes:
             "drained": bool(n.get("drained")), "last_heartbeat": epoch(n.get("last_heartbeat")),
             # A registry of the previous release lists none: the node takes work.
             "refusing_work": n.get("refusing_work") or None,
-            # As the columns store them (insert_rows): JSON as text.
-            "labels": Node.labels.db_value(n.get("labels") or {}),
-            "default_limits": Node.default_limits.db_value(n.get("default_limits")),
+            # Compared as values (JSON text is made only for the rows written: _write_changed).
+            "labels": n.get("labels") or {}, "default_limits": n.get("default_limits"),
             "reserve_memory_mb": n.get("reserved_memory_mb") or 0,
             "reserve_cpu_percent": n.get("reserved_cpu_percent") or 0,
         } for n in nodes]
         with db.atomic():
             self.ctx.check_fence()
-            # Each node's row as stored: the columns of REFRESHED, by name.
-            current = {row[0]: dict(zip(REFRESHED, row[1:])) for row in self.ctx.sql.rows(
+            # Each node's row as stored: the columns of REFRESHED, by name, JSON parsed.
+            current = {row[0]: _as_values(dict(zip(REFRESHED, row[1:]))) for row in self.ctx.sql.rows(
                 db, "node rows now", lambda: Node.select(Node.node_id, *(getattr(Node, name) for name in REFRESHED)))}
             before = {node_id: (row["status"], bool(row["drained"])) for node_id, row in current.items()}
             for row in rows:
@@ -83,14 +82,16 @@ class Nodes:
 
     def _write_changed(self, current: dict[str, dict], rows: list[dict]) -> None:
         """Delete the rows of nodes gone from the list and of those that changed, and
-        insert the changed and new ones (values compared as the columns store them)."""
+        insert the changed and new ones."""
         listed = {row["node_id"] for row in rows}
         changed = [row for row in rows if current.get(row["node_id"]) != {name: row[name] for name in REFRESHED}]
         stale = sorted((set(current) - listed) | {row["node_id"] for row in changed if row["node_id"] in current})
         for start in range(0, len(stale), INSERT_CHUNK):
             Node.delete().where(Node.node_id.in_(stale[start:start + INSERT_CHUNK])).execute()
-        # Compiled once per number of rows.
-        self.ctx.sql.insert_rows(self.ctx.db, "node rows", Node, changed)
+        # As the columns store them (insert_rows): JSON as text.
+        self.ctx.sql.insert_rows(self.ctx.db, "node rows", Node, [
+            dict(row, labels=Node.labels.db_value(row["labels"]),
+                 default_limits=Node.default_limits.db_value(row["default_limits"])) for row in changed])
 
     def list_synced_at(self) -> float | None:
         """When the node list was last refreshed from the registry; None while it lists no node."""
@@ -173,6 +174,13 @@ class Nodes:
             for n in listed:  # as of the list's last refresh, which found it as it is
                 n.synced_at = synced
         return [(n, self.ctx.capacity(n.slots), infos[n.node_id], used.get(n.node_id)) for n in listed]
+
+
+def _as_values(row: dict) -> dict:
+    """A node row as read (JSON as text, booleans as the database gives them) as the
+    refresh's values compare with it: JSON parsed (once per text: rows.json_value)."""
+    row["labels"], row["default_limits"] = json_value(row["labels"]), json_value(row["default_limits"])
+    return row
 
 
 def _drain_status(status: str, drained: bool) -> str:
