@@ -2,9 +2,9 @@
 another, each with the narrow collaborators it needs (never the Agent itself).
 
 Its own steps are the ones that span parts: startup (detect what the node offers, re-adopt
-services), reap_once (end jobs, report, claim for the freed slots) and reconcile_once
-(compare with the scheduler). Tests drive the parts' one-pass methods directly;
-daemon.py runs them on threads. How the agent behaves: docs/agent.md.
+services, make the parts that need what it found) and reap_once (end jobs, report, claim
+for the freed slots). Tests drive the parts' one-pass methods directly; daemon.py runs
+them on threads. How the agent behaves: docs/agent.md.
 """
 from __future__ import annotations
 
@@ -17,18 +17,19 @@ from collections.abc import Callable
 
 from corral.shared import states
 from corral.shared.backoff import Backoff
-from corral.shared.clients import ClientError, RegistryClient, SchedulerClient
+from corral.shared.clients import RegistryClient, SchedulerClient
 
-from . import cgroups, daemon, diskfs, identity, jobenv, launch, reconcile, runner, startup, warm
+from . import cgroups, daemon, diskfs, identity, jobenv, launch, runner, startup, warm
 from .claims import Claims, ClaimsNeed
 from .disk import DiskWatch
 from .endings import STOPPED_MESSAGE, TIMEOUT_MESSAGE, Endings
 from .intake import Intake
-from .jobs import END_RECONCILED, JobTable, LocalJob
+from .jobs import JobTable, LocalJob
 from .log_shipping import LogShipper
 from .membership import Membership
 from .prepare import Plan, Preparer, applied_limits, default_limits, plan_of, warm_limits
-from .reconcile import Key, listed_keys
+from .reconcile import Key
+from .reconciler import Reconciler
 from .reports import Outbox
 from .servicejobs import ServiceJobs
 from .settings import AgentSettings, total_memory_mb
@@ -92,14 +93,12 @@ class Agent:
         self.services = ServiceJobs(settings, registry, self.jobs, clock)
         # The complete logs: every attempt's output, shipped whole (log_shipping.py).
         self.logs = LogShipper(settings.node_id, settings.output_root, settings.log_max_bytes)
-        # Jobs the scheduler lists here that this agent does not know, with the claims
-        # sent by then (see reconcile_once).
-        self._suspects: dict[Key, int] = {}
         # Made by startup(), from what it detects: the job launch kept started ahead
         # (warm.py; None when off), a job's preparation, and its end.
         self.warm: warm.WarmKeeper | None = None
         self.endings: Endings | None = None
         self.intake: Intake | None = None  # taking claimed or polled jobs in
+        self.reconciler: Reconciler | None = None  # comparing with the scheduler
 
     def free_slots(self) -> int:
         """Slots neither running a job nor holding a claimed one (under the job table's
@@ -172,6 +171,8 @@ class Agent:
                              self.free_slots, self.membership.lapsed, lambda: self.disk.low is not None,
                              self.endings.node_side_message, self.limits_enforced, self.applied_limits,
                              bool(self.private_tmp), self.claims.taken)
+        self.reconciler = Reconciler(s, self.scheduler, self.jobs, self.outbox, self.claims, self.membership,
+                                     self.endings.end, self.intake.take_claimed, self._clock)
         self._started = True
         return [local.key for local in adopted]
 
@@ -257,97 +258,24 @@ class Agent:
             self.claims.wake.set()
         return ended
 
-    # --- reconcile --------------------------------------------------------------
-
-    def reconcile_once(self) -> list[Key]:
-        """Compare what runs here with what the scheduler thinks runs here.
-
-        A local job missing from the scheduler's running list was ended there
-        (timed out, moved, cancelled): kill it (a service also leaves the registry),
-        do not report; a claimed job not started yet is simply dropped. Only jobs
-        known before the request was sent count, since their claim (or `running`
-        report) was accepted before it. A job listed as running here that this agent
-        neither runs nor still has a report for was lost (a restart, a claim whose
-        answer never arrived, a service that ended while no agent watched it): it is
-        reported failed so it does not hold the node forever. With long-poll, a
-        claim may be on its way back while the list is read, so such a job is
-        reported only once every claim sent before the list was read has been
-        handled (a later reconcile, at most one long poll later).
-        Returns the keys of the jobs killed.
-        """
-        self._require_startup()
-        assert self.intake is not None  # made by startup()
-        self.intake.take_claimed()
-        known = self.jobs.keys() | set(self.jobs.claimed_keys())
-        listed, malformed = listed_keys(self.scheduler.running_on(self.settings.node_id))
-        for job in malformed:
-            log.warning("ignoring a malformed job from the scheduler: %r", job)
-        claims_sent = self.claims.sent  # read after the list: claims that may be in it
-        killed = []
-        for key in reconcile.ended_there(known, listed):
-            local = self.jobs.get(key)
-            if local is None:
-                if self.jobs.drop_claimed(key):
-                    log.info("job %s attempt %s was ended by the scheduler before it started here; "
-                             "not starting it", *key)
-                continue
-            if local.end_reason is not None:
-                continue
-            log.warning("job %s attempt %s is no longer running here according to the scheduler; "
-                        "killing it", *key)
-            self._end(local, END_RECONCILED)
-            killed.append(key)
-        claims_done = self.claims.done  # before looking at the queue: what was handled is in it
-        known = self.jobs.keys() | set(self.jobs.claimed_keys()) | {(r.job_id, r.attempt) for r in self.outbox}
-        lost, self._suspects = reconcile.lost_here(listed, known, self._suspects, claims_sent, claims_done)
-        for key in lost:
-            log.warning("job %s attempt %s is running on this node according to the scheduler, "
-                        "but this agent does not run it; reporting it failed", *key)
-            # The node's doing, not the job's (the job may never have started): it goes
-            # back to pending without spending a retry, like a node loss.
-            self.outbox.add_failed(*key, -1, f"the agent on node {self.settings.node_id} was not running this job "
-                                           "(it restarted or lost track of it)", requeue=True)
-        return killed
-
-    def reconcile_paced(self, backoff: Backoff) -> float:
-        """reconcile_once; when the next one is due. An idle agent (no job held or
-        claimed) skips it unless its last lease answer listed attempts it does not
-        hold: that answer (once a minute when idle, and soon after a claim that got
-        no answer) already says what runs here, and an idle agent has nothing to
-        kill, so a fleet of idle agents sends no reconcile requests (one every
-        POLL_INTERVAL_SECS per agent otherwise)."""
-        if not self.membership.holds_work() and not self.membership.unknown_listed:
-            return self._clock() + self.settings.poll_interval
-        try:
-            self.reconcile_once()
-            self.membership.unknown_listed = False  # (a renewal meanwhile that lists one again sets it again)
-            backoff.reset()
-            return self._clock() + self.settings.poll_interval
-        except Exception as exc:
-            delay = backoff.next()
-            if isinstance(exc, ClientError):
-                log.warning("checking jobs with the scheduler failed: %s; retrying in %.1fs", exc, delay)
-            else:
-                log.exception("checking jobs with the scheduler failed; retrying in %.1fs", delay)
-            return self._clock() + delay
-
     # --- running and stopping (daemon.py) -----------------------------------------
 
     def run_forever(self, stop_event: threading.Event, once: bool = False) -> int:
         """Start up, then run the agent's threads until stop_event is set (daemon.run)."""
         self.startup()
-        return daemon.run(self._parts(), stop_event, once)
+        assert self.intake is not None and self.reconciler is not None  # made by startup()
+        steps = Steps(self.reap_once, self.intake.take_claimed, self.reconciler.reconcile_once,
+                      self.reconciler.reconcile_paced, self.intake.poll_once, self.services.only_services_left,
+                      self.membership.refused_backoff, self.slot_freed, self._clock, self.settings.poll_interval,
+                      self.membership.long_poll)
+        return daemon.run(self._parts(), steps, stop_event, once)
 
     def shutdown(self, flush_secs: float = daemon.FLUSH_SECS) -> int:
         """Stop the agent's work (daemon.shutdown); how many reports are still undelivered."""
         return daemon.shutdown(self._parts(), flush_secs)
 
     def _parts(self) -> daemon.Parts:
-        intake = self.intake  # (None before startup: then only shutdown's reaping runs)
-        take, poll = (intake.take_claimed, intake.poll_once) if intake else (self._require_startup,) * 2
-        steps = Steps(self.reap_once, take, self.reconcile_once, self.reconcile_paced, poll,
-                      self.services.only_services_left, self.membership.refused_backoff, self.slot_freed,
-                      self._clock, self.settings.poll_interval, self.membership.long_poll)
         return daemon.Parts(self.settings, self.scheduler, self.membership, self.jobs, self.claims, self.outbox,
-                            self.services, self.logs, self.disk, steps, self.stopping, self._work_wake, self.warm,
-                            self.endings, self.cgroups, self.users, self.diskfs if self.disk_fs_on else None)
+                            self.services, self.logs, self.disk, self.reap_once, self._clock, self.stopping,
+                            self._work_wake, self.warm, self.endings, self.cgroups, self.users,
+                            self.diskfs if self.disk_fs_on else None)

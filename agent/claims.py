@@ -84,7 +84,7 @@ class Claims:
             self.answer_lost()
             raise
         finally:
-            self.done = sequence  # after the jobs are queued: see Agent.reconcile_once
+            self.done = sequence  # after the jobs are queued: see Reconciler.reconcile_once
         if result.not_waited == "again":  # work came while it waited: ask again at once
             return keys, False
         pause = result.not_waited is not None or (

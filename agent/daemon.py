@@ -50,7 +50,8 @@ class Parts:
     services: ServiceJobs
     logs: LogShipper
     disk: DiskWatch
-    steps: Steps  # the work loop's (its clock is the agent's)
+    reap: Callable[[], object]  # Agent.reap_once
+    clock: Callable[[], float]
     stopping: threading.Event
     work_wake: threading.Event  # claimed jobs, or a job's output closed: the work loop looks
     warm: warm.WarmKeeper | None
@@ -59,12 +60,8 @@ class Parts:
     users: identity.JobUsers | None
     diskfs: diskfs.DiskFs | None  # the work dirs' filesystems, when in use
 
-    @property
-    def clock(self) -> Callable[[], float]:
-        return self.steps.clock
 
-
-def run(parts: Parts, stop_event: threading.Event, once: bool = False) -> int:
+def run(parts: Parts, steps: Steps, stop_event: threading.Event, once: bool = False) -> int:
     """Run until stop_event is set (or, with once, until the jobs of one successful
     poll have ended; services are left running), then shutdown(). Returns the exit
     status: 0, or 1 in once mode when reports could not be delivered."""
@@ -93,7 +90,7 @@ def run(parts: Parts, stop_event: threading.Event, once: bool = False) -> int:
     for thread in beats:
         thread.start()
     try:
-        _work(parts, stop_event, once)
+        _work(parts, steps, stop_event, once)
     finally:
         # Heartbeats go on while running jobs are given their grace period.
         undelivered = shutdown(parts)
@@ -103,13 +100,13 @@ def run(parts: Parts, stop_event: threading.Event, once: bool = False) -> int:
     return 1 if once and undelivered else 0
 
 
-def _work(parts: Parts, stop_event: threading.Event, once: bool) -> None:
+def _work(parts: Parts, steps: Steps, stop_event: threading.Event, once: bool) -> None:
     claim_stop = threading.Event()
     claims = parts.membership.long_poll and not once
     if claims:
         threading.Thread(target=parts.claims.loop, args=(claim_stop,), name="claim", daemon=True).start()
         parts.claims.running = True
-    loop = WorkLoop(parts.steps, parts.clock(), claims, once)
+    loop = WorkLoop(steps, parts.clock(), claims, once)
     try:
         while not stop_event.is_set() and not loop.done():
             loop.tick(parts.clock())
@@ -184,7 +181,7 @@ def _reap_until_empty(parts: Parts, deadline: float, only_started: bool = False)
         # A service whose start was under way when the stop began is left running too.
         parts.services.detach()
         try:
-            parts.steps.reap()
+            parts.reap()
         except Exception:
             log.exception("checking jobs failed while stopping")
         if waiting():

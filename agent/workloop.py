@@ -27,8 +27,8 @@ class Steps:
     """The one-pass steps a tick runs, each of one of the agent's parts, and what paces them."""
     reap: Callable[[], object]  # Agent.reap_once
     take_claimed: Callable[[], object]  # Intake.take_claimed
-    reconcile: Callable[[], object]  # Agent.reconcile_once
-    reconcile_paced: Callable[[Backoff], float]  # Agent.reconcile_paced: when the next one is due
+    reconcile: Callable[[], object]  # Reconciler.reconcile_once
+    reconcile_paced: Callable[[Backoff], float]  # Reconciler.reconcile_paced: when the next one is due
     poll: Callable[[], object]  # Intake.poll_once
     only_services_left: Callable[[], bool]
     refused_backoff: Callable[[str, str], RefusedBackoff]  # Membership.refused_backoff

@@ -540,10 +540,10 @@ def test_slow_download_does_not_block_and_a_cancel_stops_the_start(agent, schedu
     assert time.monotonic() - began < 2  # the download happens on a worker thread
     assert len(agent.jobs) == 1
     assert agent.reap_once() == []
-    assert agent.reconcile_once() == []  # listed as running: it holds its slot, not lost
+    assert agent.reconciler.reconcile_once() == []  # listed as running: it holds its slot, not lost
 
     scheduler.cancel("job-1")  # cancelled while it downloads
-    assert agent.reconcile_once() == [("job-1", 1)]
+    assert agent.reconciler.reconcile_once() == [("job-1", 1)]
     web.held["/slow.zip"].set()
     assert reap_until_ended(agent) == [("job-1", 1, "killed")]
     assert not os.path.exists(tmp_path / "started")
@@ -651,10 +651,10 @@ def test_reconcile_kills_a_job_the_scheduler_no_longer_lists(agent, scheduler, t
     agent.intake.poll_once()
     child = int(wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=5,
                          message="the job's child to start"))
-    assert agent.reconcile_once() == []  # still listed as running here: left alone
+    assert agent.reconciler.reconcile_once() == []  # still listed as running here: left alone
 
     scheduler.cancel("job-1")  # no longer running here (as when timed out or moved)
-    assert agent.reconcile_once() == [("job-1", 1)]
+    assert agent.reconciler.reconcile_once() == [("job-1", 1)]
     assert reap_until_ended(agent) == [("job-1", 1, "killed")]
     assert process_gone(child)
     assert scheduler.statuses("job-1") == ["running"]  # not reported
@@ -666,7 +666,7 @@ def test_reconcile_reports_a_job_listed_here_that_the_agent_does_not_run(agent, 
     scheduler = make_scheduler(max_node_losses=3)
     job_id = scheduler.add(command="true", attempt=3)["job_id"]
     assert [j["job_id"] for j in scheduler.claim_unseen()] == [job_id]  # its answer never came
-    assert agent.reconcile_once() == []
+    assert agent.reconciler.reconcile_once() == []
     agent.outbox.flush()
     final = scheduler.final(job_id)
     assert (final["status"], final["attempt"], final["exit_code"]) == ("failed", 3, -1)
@@ -818,7 +818,7 @@ def test_an_idle_agent_reconciles_only_when_its_lease_lists_an_attempt_it_does_n
                                                                                          api, clock):
     agent = make_agent()
     lists = lambda: len([c for c in api.calls if c.request.method == "GET" and "/jobs" in c.request.url])  # noqa: E731
-    agent.reconcile_paced(Backoff())
+    agent.reconciler.reconcile_paced(Backoff())
     assert lists() == 0  # idle, nothing unknown: no request
     # A lease answer lists a job running here (a claim whose answer was lost): look now.
     job_id = scheduler.add(command="true")["job_id"]
@@ -826,10 +826,10 @@ def test_an_idle_agent_reconciles_only_when_its_lease_lists_an_attempt_it_does_n
     lease = scheduler.call("POST", f"/nodes/{NODE}/lease", {})  # the scheduler's answer to a renewal
     assert lease["running"] == [{"job_id": job_id, "attempt": 1}]
     agent.membership.apply_lease(clock(), lease)
-    agent.reconcile_paced(Backoff())
+    agent.reconciler.reconcile_paced(Backoff())
     assert lists() == 1 and not agent.membership.unknown_listed
     assert [(r.job_id, r.status) for r in list(agent.outbox)] == [(job_id, "failed")]  # lost here
-    agent.reconcile_paced(Backoff())
+    agent.reconciler.reconcile_paced(Backoff())
     assert lists() == 1  # idle again: no request
 
 
@@ -985,7 +985,7 @@ def test_a_newer_attempt_waits_until_the_older_one_ended_here(make_agent, make_s
     assert (scheduler.job("job-1")["attempt"], scheduler.job("job-1")["node_id"]) == (2, NODE)
     agent.claims.claim_once(wait_secs=0)
     assert agent.intake.take_claimed() == [] and agent.jobs.claimed_keys() == [("job-1", 2)]
-    assert agent.reconcile_once() == [("job-1", 1)]  # attempt 1 is no longer listed: killed
+    assert agent.reconciler.reconcile_once() == [("job-1", 1)]  # attempt 1 is no longer listed: killed
     wait_for(lambda: ("job-1", 1, "killed") in agent.reap_once(), timeout=10, message="attempt 1 to end")
     assert agent.intake.take_claimed() == [("job-1", 2)]
     wait_for(lambda: ("job-1", 2, "done") in agent.reap_once(), timeout=10, message="attempt 2 to end")
@@ -997,9 +997,9 @@ def test_reconcile_waits_for_a_claim_on_its_way_before_reporting_a_job_lost(agen
     job_id = scheduler.add(command="true", attempt=3)["job_id"]
     scheduler.claim_unseen()
     agent.claims.sent = 1  # a claim sent, not answered yet
-    assert agent.reconcile_once() == [] and list(agent.outbox) == []
+    assert agent.reconciler.reconcile_once() == [] and list(agent.outbox) == []
     agent.claims.done = 1  # it came back without the job: the attempt is lost
-    agent.reconcile_once()
+    agent.reconciler.reconcile_once()
     (report,) = list(agent.outbox)
     assert (report.job_id, report.attempt, report.status) == (job_id, 3, "failed")
 
@@ -1014,7 +1014,7 @@ def test_reconcile_drops_a_claimed_job_the_scheduler_ended_before_it_started(mak
     agent.claims.claim_once(wait_secs=0)
     assert agent.intake.take_claimed() == [] and agent.jobs.claimed_keys() == [("job-1", 2)]
     scheduler.cancel("job-1")  # and attempt 2 is cancelled before it could start
-    assert agent.reconcile_once() == [("job-1", 1)]
+    assert agent.reconciler.reconcile_once() == [("job-1", 1)]
     assert agent.jobs.claimed_keys() == []
     wait_for(lambda: ("job-1", 1, "killed") in agent.reap_once(), timeout=10, message="attempt 1 to end")
     assert agent.intake.take_claimed() == [] and len(agent.jobs) == 0

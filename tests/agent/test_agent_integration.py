@@ -99,7 +99,7 @@ def test_cancel_kills_the_whole_tree_through_the_cgroup(agent, scheduler):
     pids = wait_for(lambda: [int(open(os.path.join(workdir, n)).read()) for n in
                              ("main.pid", "grandchild.pid")], message="both pids")
     scheduler.cancel("job-1")
-    assert agent.reconcile_once() == [("job-1", 1)]
+    assert agent.reconciler.reconcile_once() == [("job-1", 1)]
     assert reap_until(agent) == [("job-1", 1, "killed")]
     assert all(process_gone(pid) for pid in pids)
     assert agent.cgroups.list_job_cgroups() == []

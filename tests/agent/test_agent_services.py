@@ -118,7 +118,7 @@ def test_service_is_recorded_health_checked_and_removed_on_cancel(make_agent, sc
 
     # Cancelled: the scheduler stops listing it. Killed, record removed, not reported.
     scheduler.cancel("job-1")
-    assert agent.reconcile_once() == [("job-1", 1)]
+    assert agent.reconciler.reconcile_once() == [("job-1", 1)]
     assert reap_until(agent) == [("job-1", 1, "killed")]
     assert process_gone(pid)
     wait_for(lambda: "job-1" not in registry.records, message="the record to be removed")
@@ -208,7 +208,7 @@ def test_a_new_agent_re_adopts_a_running_service(make_agent, scheduler, registry
     second.intake.poll_once()
     wait_for(lambda: ("job-3", 1, "done") in second.reap_once(), message="job-3 to end")
     assert scheduler.final("job-3")["stdout"] != f"{uid}\n"
-    assert second.reconcile_once() == []  # the scheduler still lists it: nothing to do
+    assert second.reconciler.reconcile_once() == []  # the scheduler still lists it: nothing to do
     assert second.intake.poll_once() == [] and second.reap_once() == []
     # Still health-checked by the new agent, which records it with the grant it was started with.
     wait_for(lambda: len(registry.upserts) > checks_before and registry.healthy("job-1") is True,
@@ -245,7 +245,7 @@ def test_a_service_that_died_while_no_agent_watched_is_reported_failed(make_agen
     dead.write(state_file)
     assert agent.startup() == []
     assert not os.path.exists(state_file)
-    agent.reconcile_once()
+    agent.reconciler.reconcile_once()
     agent.outbox.flush()
     final = scheduler.final("job-1")
     assert (final["status"], final["attempt"], final["exit_code"]) == ("failed", 2, -1)
@@ -270,7 +270,7 @@ def test_a_cancelled_adopted_service_is_killed_through_its_cgroup(make_agent, sc
     second = make_agent()
     assert second.startup() == [("job-1", 1)]
     scheduler.cancel("job-1")
-    assert second.reconcile_once() == [("job-1", 1)]
+    assert second.reconciler.reconcile_once() == [("job-1", 1)]
     assert reap_until(second) == [("job-1", 1, "killed")]
     popen.poll()
     assert process_gone(pid) and process_gone(child)
