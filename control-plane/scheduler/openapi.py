@@ -12,7 +12,7 @@ from corral.server.openapi import NAME_PATTERN_PARAM, build, error_responses, me
 from corral.server.openapi import path_param as _path_param
 from corral.server.routes import openapi_paths
 
-from . import routes
+from . import routes, ui
 from .api import logs
 
 NODE_ID_PARAM = _path_param("node_id", "The agent's node id.", NAME_PATTERN_PARAM)
@@ -38,16 +38,12 @@ PATH_PARAMETERS = {
                        {"type": "integer", "minimum": 0, "maximum": 2 ** 31 - 1}),
 }
 
-# The dashboard's files (ui.py).
+# The dashboard's files (ui.py declares them).
 DASHBOARD_PATHS = {path: {"get": {
     "operationId": operation, "tags": ["dashboard"], "summary": summary,
     "description": "The dashboard is one static page; its script reads this API.",
     "responses": {"200": {"description": summary, "content": {media_type: {"schema": {"type": "string"}}}}},
-}} for path, operation, summary, media_type in [
-    ("/ui", "getDashboard", "The dashboard (HTML).", "text/html"),
-    ("/ui/dashboard.js", "getDashboardScript", "The dashboard's script.", "text/javascript"),
-    ("/ui/dashboard.css", "getDashboardStyle", "The dashboard's style sheet.", "text/css"),
-]}
+}} for path, (_, media_type, operation, summary) in ui.ASSETS.items()}
 
 PATHS = {**meta_paths("scheduler"), **DASHBOARD_PATHS, **openapi_paths(routes.GROUPS, PATH_PARAMETERS)}
 

@@ -16,12 +16,13 @@ from flask import Blueprint, Response, send_from_directory
 
 STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 
-# route → (file in static/, media type). Fixed names, so the routes can be listed in
-# the OpenAPI document, and the media type does not depend on the host's mime table.
+# route → (file in static/, media type, OpenAPI operationId and summary). Fixed names,
+# so the routes are listed in the OpenAPI document (openapi.py reads this table), and
+# the media type does not depend on the host's mime table. Open to all (auth.OPEN_PATHS).
 ASSETS = {
-    "/ui": ("index.html", "text/html"),
-    "/ui/dashboard.js": ("dashboard.js", "text/javascript"),
-    "/ui/dashboard.css": ("dashboard.css", "text/css"),
+    "/ui": ("index.html", "text/html", "getDashboard", "The dashboard (HTML)."),
+    "/ui/dashboard.js": ("dashboard.js", "text/javascript", "getDashboardScript", "The dashboard's script."),
+    "/ui/dashboard.css": ("dashboard.css", "text/css", "getDashboardStyle", "The dashboard's style sheet."),
 }
 
 # The page loads only its own files and talks only to its own origin; it may not be
@@ -45,6 +46,6 @@ def _serve(filename: str, mimetype: str):
     return view
 
 
-for _rule, (_filename, _mimetype) in ASSETS.items():
+for _rule, (_filename, _mimetype, _, _) in ASSETS.items():
     blueprint.add_url_rule(_rule, endpoint=_filename.replace(".", "_"), view_func=_serve(_filename, _mimetype),
                            methods=["GET"])
