@@ -1,7 +1,7 @@
 """The registry's HTTP contract: every request and answer body as a pydantic model.
 
-app.py checks requests and builds answers with these; openapi.py generates the
-document from them.
+The routes (api/) check requests and build answers with these; openapi.py generates
+the document from them.
 """
 from typing import Annotated, Literal
 
