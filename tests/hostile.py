@@ -11,7 +11,7 @@ import sqlite3
 from copy import deepcopy
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from flask import Flask
 from hypothesis import strategies as st
@@ -65,20 +65,30 @@ class Service:
     app: Flask
     db_path: str
     close: Callable[[], None] = lambda: None  # stops what it started (the scheduler's registry)
+    # The last snapshot, and the database's data_version when it was taken.
+    _reader: sqlite3.Connection | None = field(default=None, repr=False)
+    _snapshot: dict[str, list[str]] | None = field(default=None, repr=False)
+    _version: int = -1
 
     @property
     def client(self):
         return self.app.test_client()
 
     def stored(self) -> dict[str, list[str]]:
-        """Every row of every table, in a stable order: what 'changed nothing' compares."""
-        conn = sqlite3.connect(self.db_path)
-        try:
+        """Every row of every table, in a stable order: what 'changed nothing' compares.
+        Read again only when another connection committed since the last read (SQLite's
+        data_version on a connection of our own says): thousands of requests change nothing."""
+        if self._reader is None:
+            self._reader = sqlite3.connect(self.db_path, check_same_thread=False)
+        conn = self._reader
+        # Read before the rows: a commit in between is read again next time. fetchall: no statement left open.
+        version = conn.execute("PRAGMA data_version").fetchall()[0][0]
+        if self._snapshot is None or version != self._version:
             tables = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
-            return {table: sorted(repr(row) for row in conn.execute(f'SELECT * FROM "{table}"'))
-                    for table in tables}
-        finally:
-            conn.close()
+            self._snapshot = {table: sorted(repr(row) for row in conn.execute(f'SELECT * FROM "{table}"'))
+                              for table in tables}
+            self._version = version
+        return self._snapshot
 
 
 def registry(tmp_path) -> Service:
@@ -105,7 +115,8 @@ def scheduler(tmp_path) -> Service:
     registry_dir.mkdir(parents=True, exist_ok=True)
     served = make_server("127.0.0.1", 0, registry(registry_dir).app, threaded=True)
     threading.Thread(target=served.serve_forever, daemon=True).start()
-    settings = SchedulerSettings(database_url=f"sqlite:///{db_path}", long_poll_max_waiters=4,
+    # No waiting room: a claim that finds nothing answers at once (no test here wants it to wait).
+    settings = SchedulerSettings(database_url=f"sqlite:///{db_path}", long_poll_max_waiters=0,
                                  events_stream_max_secs=0.0, registry_url=f"http://127.0.0.1:{served.server_port}")
     app = create_scheduler(settings, clock=lambda: NOW)
     app.extensions["corral.store"].nodes.sync_nodes(
