@@ -1,34 +1,10 @@
-"""HTTP clients for the registry and the scheduler APIs.
+"""HTTP clients of the registry and the scheduler APIs: every call has a timeout, and
+fails as `Unreachable` (refused, timed out, a 5xx: try again later) or `Rejected`
+(a 4xx: the same request will not do better).
 
-Every call has a timeout. Failures come back as one exception type per kind of
-failure so callers can decide: `Unreachable` (connection refused, timeout, 5xx:
-try again later) and `Rejected` (a 4xx: the request itself is wrong or stale,
-retrying the same thing will not help).
-
-A client may be given several base URLs of one service (replicas on one
-database, `http://a:9001,http://b:9001`). A call goes to the current URL, the
-one that answered last; when that one fails (refused, timed out, a 5xx) the
-call moves on to the next, each URL at most once per call, in order, and the
-one that answers becomes current. A 4xx is an answer and moves nothing.
-
-A call whose answer was lost (a read timeout, a dropped connection) may have
-been acted on, and is sent to the next replica all the same only when doing it
-twice does what doing it once does. That holds for every call but two: reads;
-reports (fenced by node and attempt: a repeated `running` is accepted as is, a
-repeated final report is refused with 409, which the agent takes as delivered,
-as for any refused report: it drops it, and here the first copy landed); lease
-renewals, live output and heartbeats (each replaces the last); registrations,
-drains and cancels (a repeat changes nothing); submits (they always carry an
-`Idempotency-Key`, so a repeat answers the job the first one created). The two
-are a claim and an operator's retry: a claim whose answer was lost may have
-handed out jobs (the agent then renews its lease at once, whose answer lists
-them), and a retry must happen once. They go to the next URL only when the
-first server surely did not act: its connection was refused or timed out, or
-it answered 500 or 503 (Corral's servers roll a failed request's transaction
-back); after a lost answer, or a proxy's 502 or 504, they fail with
-`Unreachable` and the next call starts at the next URL. A long-poll claim's
-read timeout is its wait plus a margin, so a claim that waits is never cut
-short to try another URL.
+A client may hold several URLs of one service (replicas): a call goes to the one
+that answered last and moves on when it fails, sending a request again only when
+that is safe (docs/operations.md, "A list of URLs", says which are).
 """
 import json
 import uuid
@@ -130,7 +106,10 @@ class _Client:
         """The answer of a call that succeeded (2xx-4xx handled as for `_call`), for callers
         that need its headers. The call fails over from URL to URL (see the module's
         docstring); `resend`: whether it may go to the next URL after a server that
-        may have acted on it (False for requests that must not happen twice);
+        may have acted on it (a lost answer, a proxy's 502 or 504). False for requests
+        that must not happen twice (a claim, an operator's retry): those move on only
+        when the first server surely did not act (refused, timed out connecting, 500 or
+        503: Corral's servers roll a failed request's transaction back);
         `stream`: the body is read by the caller as it comes (it closes the answer);
         `data`: raw bytes to send (the caller's headers say their type)."""
         if json is None and data is None and method not in ("GET", "HEAD"):

@@ -1,34 +1,11 @@
-"""Who may speak to the registry and the scheduler: the operators' token, and node
-credentials derived from the cluster's agent secret.
+"""Who may speak to the registry and the scheduler: the operators' token, node
+credentials derived from the cluster's agent secret, and service grants
+(docs/security.md has the formats, revocation by generation, and rotation).
 
-Two configurations only: no token at all (both services then listen on loopback
-only), or both `CORRAL_API_TOKEN` (the operators' bearer token) and
-`CORRAL_AGENT_TOKEN` (the cluster's agent secret, held by the servers only). With
-exactly one of them set, the services refuse to start: a role without a
-credential would otherwise be open.
-
-A node proves who it is with a credential derived from the agent secret:
-
-    <node_id>.<hex HMAC-SHA256(secret, node_id)>                 (generation 1)
-    <node_id>~<generation>.<hex HMAC-SHA256(secret, node_id~generation)>
-
-given to its agent as `CORRAL_NODE_TOKEN` and sent as its bearer token. Any
-replica of either service verifies it from the secret alone and takes the node id
-from it, so a node can neither act for nor read the work of another node, whatever
-its request says. The generation lets one node's credential be revoked alone: each
-service keeps, per node, the lowest generation it still accepts (shared/
-revocations.py), and refuses older credentials of that node. `CORRAL_AGENT_TOKEN_PREVIOUS` keeps
-credentials of the previous secret valid while a rotation is under way. The same
-derivation by hand: `printf %s NODE | openssl dgst -sha256 -hmac "$SECRET"`.
-
-A service grant is the scheduler's word that one attempt of a job was handed to
-one node: HMAC-SHA256(secret, "corral-service\\n<job>\\n<attempt>\\n<node>"). The
-scheduler gives it with the job; the registry accepts a node's service record
-only with it, so a node can record services of its own jobs only.
-
-Secrets and tokens are compared in constant time and never appear in a repr, a
-log line or an error message. Nothing here imports Flask: the agent and the
-console scripts use it too.
+Either no token at all (the services then listen on loopback only) or both
+CORRAL_API_TOKEN and CORRAL_AGENT_TOKEN: with one alone a role would be open, so
+the services refuse to start. Secrets are compared in constant time and never
+shown in a repr, a log line or an error. No Flask here: the agent and the CLI use it.
 """
 from __future__ import annotations
 

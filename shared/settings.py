@@ -1,25 +1,9 @@
-"""Settings: each environment variable defined once, as a `Setting`, and read with
-one clear error per bad value.
+"""Settings: each environment variable defined once, as a `Setting` (name, fallback
+names, field, kind, default, bounds, a one-line meaning), and read with one clear
+error per bad value ("MAX_JOB_RETRIES must be at most 20, got 99").
 
-A `Setting` is one row of a declarative table: the variable's name (and the
-names read when it is unset), the settings field it fills, its kind, default,
-bounds and a one-line meaning. Each process's table sits beside its settings
-dataclass (registry/settings.py, scheduler/settings.py, agent/settings.py, and
-for what several processes read: this module, control-plane/server/settings.py,
-control-plane/server/db.py, shared/credentials.py, control-plane/server/guards.py); `from_env` reads its
-table with `read_all`, then applies the rules that tie settings together (a
-dead-letter queue other than the intake queue, per-type limits lowered on a
-small node...) in code beside it. docs/settings.md is generated from the same
-tables (scripts/settings_doc.py).
-
-Why a table of our own and not pydantic-settings: the fields are a hundred
-scalars whose parsers (env_int, env_float, ...) already give the one-line errors
-operators and tests rely on ("MAX_JOB_RETRIES must be at most 20, got 99");
-pydantic reports several lines per error and would need its messages rewritten
-back into these, its alias machinery for the fallback names, and a model beside
-the frozen dataclasses the rest of the code builds with keyword arguments. A
-table the existing parsers interpret keeps the messages as they are, adds no
-dependency, and is plain data the generator can print.
+Each process's table sits beside its settings dataclass; `read_all` reads one, and
+docs/settings.md is generated from them (scripts/settings_doc.py).
 """
 from __future__ import annotations
 
@@ -38,6 +22,10 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 KINDS = ("int", "float", "bool", "choice", "text", "urls", "file")
 
 
+# A table of our own rather than pydantic-settings: its parsers give the one-line
+# errors operators and tests rely on, where pydantic reports several lines per error,
+# would need aliases for the fallback names, and a model beside the frozen dataclasses
+# the code builds with keyword arguments; this table is plain data the doc generator prints.
 @dataclass(frozen=True)
 class Setting:
     """One environment variable: how it is read, checked and documented."""

@@ -1,28 +1,10 @@
-"""Exporting spans (OpenTelemetry), set up from OpenTelemetry's standard variables
-only, and the one way Corral's code starts a span.
+"""Exporting spans (OpenTelemetry, over OTLP/HTTP) set up from OpenTelemetry's own
+variables (docs/operations.md, "Tracing"), and the one way Corral's code starts a span.
 
-`setup(service)` installs a TracerProvider with a BatchSpanProcessor and the
-OTLP/HTTP exporter when all of these hold (`why_not` decides, pure):
-
-- the SDK and exporter are installed (the `corral[otel]` extra);
-- OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set;
-- OTEL_SDK_DISABLED is not `true`, OTEL_TRACES_EXPORTER is unset or `otlp` (`none`
-  turns exporting off), and the OTLP protocol is unset or `http/protobuf`.
-
-The SDK reads every other OTEL_* variable itself (headers, timeout, compression,
-certificates, OTEL_BSP_* batching, OTEL_TRACES_SAMPLER, OTEL_RESOURCE_ATTRIBUTES);
-OTEL_SERVICE_NAME names the service, else the default given to `setup`.
-Otherwise nothing is installed: `start` then returns the API's no-op span without
-looking at its arguments, so spans cost nothing.
-
-A span's ids can be chosen before it starts (`own`): a job stores the traceparent
-of its submit's span, and an attempt's process gets TRACEPARENT naming the
-attempt's span, whether or not anything is exported, so ids are picked by
-tracecontext.py and the provider's id generator (`new_provider`) takes them.
-
-The BatchSpanProcessor's thread does not survive a fork: a gunicorn server sets up
-in each worker after the fork (control-plane/server/serve.py), and `shutdown` (a worker's exit,
-the agent's stop) exports what is queued within a time limit.
+Nothing is installed unless `why_not` (pure) finds the SDK, an endpoint and nothing
+turning it off; `start` then returns the API's no-op span, so spans cost nothing.
+A span's ids can be chosen before it starts (`own`, ids from tracecontext.py): a job
+keeps its submit's traceparent, an attempt's process gets its span's as TRACEPARENT.
 """
 from __future__ import annotations
 
@@ -103,7 +85,8 @@ def sdk_installed() -> bool:
 def setup(default_service: str) -> bool:
     """Install the exporting provider when the environment asks for it (module
     docstring); whether it did. Call it in the process that makes the spans, after
-    any fork."""
+    any fork: the BatchSpanProcessor's thread does not survive one (a gunicorn server
+    sets up in each worker, control-plane/server/serve.py)."""
     why = why_not(os.environ)
     if why is not None:
         log.debug("not exporting spans: %s", why)

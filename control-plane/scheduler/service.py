@@ -1,33 +1,12 @@
 """What the API, the SQS intake and the background loops ask of the scheduler: the
-store applies the change (its state decided by lifecycle.py), then placement
-fills the slots it freed or the work it added. So placement is an explicit
-step, taken after a submit, a freed slot, a node change or a due retry, and
-never hidden inside a write.
+store applies the change (its state decided by lifecycle.py), then placement fills
+the slots it freed or the work it added, an explicit step never hidden in a write.
 
-    submit ─┐
-    report ─┤                       ┌─ placement.plan (pure) over the snapshot
-    cancel ─┼─ store (lifecycle) ──▶ store.placing.dispatch ──▶ waiting claims wake (on commit)
-    retry  ─┤
-    claim  ─┘ (a free slot of the claiming node is filled first, then taken)
-
-Placement runs under the placement lock (`placing()`): on PostgreSQL advisory
-locks taken before any row lock of their transaction, so a cancel, a retry, a
-report and a placement never wait on each other in a cycle; on SQLite the write
-lock every transaction takes already serialises them. A placement locks the
-nodes it may place on: those whose slots its reports freed, a claiming node, or
-for new work (a submit, the background pass) the nodes that had a free slot and
-that no other placement holds at that moment; so placements on different nodes
-run side by side. A cancel, a retry and a report that requeues a job lock every
-node. On SQLite a write and its placement are one transaction; on PostgreSQL
-submits and reports commit first and placement follows in a transaction of its
-own (for a submit, only when a node has a free slot), so the lock covers placement only
-(each backend's strategy: control-plane/server/backends/write_then_place.py), and
-such a placement's commit does not wait for the disk:
-a crash may undo it, and the jobs are placed again. An agent's batch of `done`
-(or `running`) reports knows its nodes before it is applied, and takes their
-locks first: its reports, the placement on the slots they freed and the claim
-riding on them are one transaction. A cancel and a retry take the lock first
-and do both in one transaction.
+Placement runs under the placement lock (`placing()`): PostgreSQL's advisory locks,
+per node, taken before any row lock (so nothing waits in a cycle, and placements on
+different nodes run side by side); SQLite's one writer. How a write and its
+placement share transactions is each backend's (backends/write_then_place.py;
+docs/dispatch.md says what a batch of reports with a claim does).
 """
 from __future__ import annotations
 

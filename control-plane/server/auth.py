@@ -1,25 +1,11 @@
-"""Access control for the registry and the scheduler: who may call each route.
+"""Access control for the registry and the scheduler: who may call each route
+(docs/security.md, "Deny by default").
 
-Each route declares its `Access` (control-plane/server/routes.py); each service's
-table of them (`ACCESS` in its routes.py) is what `access_check` (installed by
-control-plane/server/guards.py before any route runs) checks every request against.
-Deny by default:
-
-- without any token configured (shared/credentials.py) every route is open, and
-  the servers listen on loopback only (`bind_refusal`);
-- with tokens, every route but the open ones (`/healthz`, `/readyz`, `/metrics`,
-  `/openapi.json`, the dashboard's static files) needs a valid credential of a
-  role the route allows: none or a wrong one is 401 (`WWW-Authenticate: Bearer`),
-  a valid one of another role is 403. A route missing from the table is
-  operator-only (none is: the services refuse to start with one). The optional
-  read-only token (`CORRAL_READ_TOKEN`) is let through reads only (`readable`, `READ`), and sees no env var values.
-
-A node's credential names its node. Where a route's node is in its path or
-query string the check compares it here; where it is in the body (reports,
-registrations) or in a stored record (a service), the route calls
-`require_node` once it has read it. So a node can neither report, claim, renew,
-heartbeat, register services for nor read the work of another node, whatever
-it puts in headers, paths or bodies.
+Each route declares its `Access` (control-plane/server/routes.py); `access_check`,
+installed by guards.py, checks every request against its service's table: no
+credential or a wrong one is 401, a valid one of another role 403. A node's
+credential names its node: the check compares it with a node in the path or query
+here, and a route whose node is in its body or a stored record calls `require_node`.
 """
 from __future__ import annotations
 

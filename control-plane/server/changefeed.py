@@ -1,31 +1,11 @@
-"""Change feeds: telling a process's waiting claims that the database may have changed.
+"""Change feeds: how a server process's waiting claims (scheduler/longpoll.py) hear
+that the database may have changed, without querying it while they wait.
 
-A long-poll claim (scheduler/longpoll.py) must not query the database on every
-tick while it waits. Instead each server process has ONE change feed, and
-waiters sleep until the feed says "something was committed" (or until a local
-commit pokes their node directly, see longpoll.WaitRoom.poke).
-
-The interface is `ChangeFeed`:
-
-- `generation` grows by at least one after every change the feed noticed;
-- `add_listener(fn)` calls `fn(recheck, nodes)` (on the feed's thread) after each
-  change; `recheck` is True when the feed noticed nothing and only looks again in
-  case a notice was lost (PostgreSQL's periodic re-check), so a listener may first
-  ask whether anything changed at all; `nodes` is the set of nodes the change
-  placed work on when the notice said (PostgreSQL's notifications carry them),
-  else None (anything may have changed);
-- `wait_for_change(seen, timeout)` blocks until `generation != seen`;
-- `ring(nodes)`: this process committed work (placed on `nodes`, None: not
-  said) that other processes' waiters may want; tell them now;
-- `ensure_started()` starts the feed's thread in this process. It is called
-  lazily, by the first waiter, and is guarded by `os.getpid()`: a feed created
-  before gunicorn forked starts a thread of its own in every worker.
-
-Each storage backend has its own (control-plane/server/backends/): SQLite watches
-`PRAGMA data_version` and rings doorbell sockets between the processes of its
-host; PostgreSQL LISTENs and NOTIFYs between replicas. `IntervalFeed`, a
-look every interval, is the fallback (an in-memory database, PgBouncer in
-transaction mode).
+Each process has one `ChangeFeed`: its `generation` grows after every change it
+noticed, listeners are called on its thread, and `ring` tells other processes of a
+commit. Each backend has its own (backends/): SQLite watches `PRAGMA data_version`
+and rings doorbell sockets between the processes of its host; PostgreSQL LISTENs
+and NOTIFYs. `IntervalFeed`, a look every interval, is the fallback.
 """
 from __future__ import annotations
 
@@ -60,10 +40,15 @@ class ChangeFeed:
         return self._generation
 
     def add_listener(self, fn: Callable[[bool, set[str] | None], None]) -> None:
+        """Call `fn(recheck, nodes)` on the feed's thread after each change. `recheck`:
+        the feed noticed nothing and only looks in case a notice was lost (PostgreSQL's
+        periodic re-check), so a listener may first ask whether anything changed;
+        `nodes`: the nodes the change placed work on when the notice said, else None."""
         self._listeners.append(fn)
 
     def ensure_started(self) -> None:
-        """Start the feed's thread in this process (once; again after a fork)."""
+        """Start the feed's thread in this process (once; again after a fork: a feed made
+        before gunicorn forked gets a thread in every worker). The first waiter calls it."""
         self._thread.ensure_started()
 
     def _after_fork(self) -> None:

@@ -1,31 +1,12 @@
-"""A lost database is refused at start, never replaced by a new, empty one.
+"""A lost database is refused at start, never replaced by a new, empty one
+(docs/operations.md, "A lost database is refused").
 
-Each service records that it has had a database, somewhere that outlives the
-database itself, and says which one (its id: the name and time of the first
-migration step applied to it, which a backup and its restore share):
-
-- SQLite: the file `<database>-id` beside the database file (with the
-  `-writers.lock` and `-migrate.lock` files). The marker without the database
-  (deleted, moved, a disk not mounted) or with an empty one in its place is a
-  lost database. Where a release before markers ran, its `-writers.lock` (made
-  by the first write) says as much until the next start writes the marker.
-- PostgreSQL: the database server is the durable thing, so the marker is a row
-  of `corral_cluster.service_database`, a schema of its own that neither
-  service's schema holds: the row without the service's tables (its schema
-  dropped, its tables dropped) is a lost database. A whole database dropped and
-  made again empty looks like a first start: that is what backups are for.
-
-A refused start is one line and exit code 2 (SettingError) that names what is
-missing and how to start fresh on purpose: `--init` or CORRAL_DB_INIT=1. A
-first start (no marker) just works, and a database from before markers gets its
-marker at its next start. A database whose id differs from the marker's (a
-different file, or another database's restore) is used and said in the log.
-
-It runs in the migrating process under the service's migration lock
-(control-plane/server/migrations.py): `before_connect()` (SQLite: opening a missing file
-would create it), `check()`, the migrations, then `record()`. Here is what every
-backend shares; each backend's own guard (its `marker_guard()`) is in
-control-plane/server/backends/sqlite_marker.py and postgres_marker.py.
+Each service records, somewhere that outlives the database, that it has had one and
+which (its id: the name and time of its first migration step, which a backup and
+its restore share): SQLite a `<database>-id` file beside it, PostgreSQL a row of
+`corral_cluster.service_database`. The migrating process runs `before_connect()`,
+`check()`, the migrations, then `record()`, under the migration lock; what each
+backend checks is its `marker_guard()` (backends/sqlite_marker.py, postgres_marker.py).
 """
 from __future__ import annotations
 

@@ -1,34 +1,12 @@
 """The checks every request of the registry and the scheduler passes before its route
-runs, in this order:
+runs (and before it takes a database connection), in this order, each answering a
+JSON error (docs/security.md, "Browsers cannot be turned against a cluster"):
 
-1. **Host** (DNS rebinding). A server without tokens answers whoever reaches
-   it, and browsers reach it too: a web page whose name an attacker points at
-   127.0.0.1 (or at the server's address) could then talk to it as if it were
-   the page's own site. So a server that listens on loopback only refuses (400)
-   a `Host` that is not a loopback name or address (`localhost`, `*.localhost`,
-   `127.0.0.0/8`, `::1`) or one of the names in `CORRAL_ALLOWED_HOSTS` (the
-   names a proxy in front uses); a tokenless server on other addresses
-   (`--insecure`) also takes any IP address literal, which no rebinding can
-   forge, but no other name. A server with tokens checks no Host: a page cannot
-   attach the bearer token. A request without `Host` (HTTP/1.0 tools) comes from
-   no browser and passes. The header is parsed strictly first (a host name, an
-   IPv4 address or a bracketed IPv6 one, then an optional port 1-65535, nothing
-   else): a value such as `127.0.0.1:80@evil.example` holds a loopback address,
-   but a URL built from it names another host, so it is refused whatever it holds.
-2. **Access** (control-plane/server/auth.py): credentials and roles.
-3. **Content type** (cross-site requests). A state-changing request (POST, PUT,
-   PATCH, DELETE) must say `Content-Type: application/json`, a body-less cancel,
-   retry or drain included (415 otherwise). A cross-site HTML form cannot send
-   that header, and a cross-site script cannot send it without the browser
-   asking the server first (CORS preflight), which Corral never allows; so no
-   other site can change anything through a user's browser, even on a tokenless
-   local cluster. The routes that take raw bytes (an agent's log chunks, a PUT)
-   take `application/octet-stream` instead: a browser asks first (preflight) for
-   that type and for every PUT, so the same holds.
-
-All three answer JSON errors and run before the request's database connection is
-taken; the access check reads the nodes' credential floors (control-plane/server/revocations.py)
-on a short connection of its own, at most once a second per process.
+1. **Host** (DNS rebinding): a server without tokens takes only loopback names,
+   CORRAL_ALLOWED_HOSTS, and (`--insecure`) IP literals; 400 otherwise.
+2. **Access** (auth.py): credentials and roles.
+3. **Content type** (cross-site requests): a state-changing request must say
+   `application/json` (a raw-bytes route `application/octet-stream`); 415 otherwise.
 """
 from __future__ import annotations
 

@@ -1,22 +1,10 @@
 """Prometheus metrics plumbing shared by the registry and the scheduler (GET /metrics).
 
-Several gunicorn workers serve one port, and a scrape lands on any one of them,
-so the counters use prometheus_client's multiprocess mode: every worker writes
-its values to memory-mapped files in PROMETHEUS_MULTIPROC_DIR and /metrics sums
-the files of all workers, dead ones included, so a restarted worker loses no
-counts. prometheus_client picks that mode when it is first imported, from the
-environment; hence:
-
-- the gunicorn master (control-plane/server/serve.py) calls `prepare_multiprocess_dir` before
-  any worker forks: it sets the variable and wipes the files of an earlier run;
-- nothing imports prometheus_client at module level: a `Family` creates its
-  metric on first use, in the worker, after the variable is set;
-- the master calls `worker_exited` for every worker that ends (gunicorn's
-  `child_exit`), as prometheus_client asks.
-
-Values that the database knows (jobs by status, nodes, the SNS backlog) are not
-kept in gauges at all: /metrics computes them at scrape time with a collector in
-a per-request registry, so they are never stale and never summed over workers.
+A scrape lands on any gunicorn worker, so counters use prometheus_client's
+multiprocess mode (files in PROMETHEUS_MULTIPROC_DIR, summed over every worker,
+dead ones too), which it picks when first imported: hence the master sets the
+directory before forking, and nothing imports prometheus_client at module level.
+What the database knows (jobs by status, nodes) is computed at scrape time instead.
 """
 import glob
 import logging

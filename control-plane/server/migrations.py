@@ -1,25 +1,11 @@
-"""Versioned schema migrations of a service's database.
+"""Versioned schema migrations of a service's database (docs/operations.md, "Upgrades").
 
-Each service keeps numbered scripts in its `migrations/` package (0001_initial.py,
-0002_....py), each with `up(migrator, db)`. peewee's runner (playhouse.migrations)
-applies the pending ones in order, each in a transaction of its own, and records
-them in the service's history table (`scheduler_schema_migration`,
-`registry_schema_migration`). A script declares frozen copies of the tables it
-makes, never the live models, so that it does the same thing in every release.
-
-Replicas that start together migrate once: the steps are applied under a lock
-and the history is read again once it is held, so whoever comes second finds
-them applied. The lock is, on PostgreSQL, a session advisory lock (a constant per
-service) on the migrating connection; on SQLite, an exclusive flock on
-`<database>-migrate.lock` beside the file, which every process of the host that
-opens it takes (a SQLite database has no other host): each backend's
-`migration_lock()` (control-plane/server/backends/).
-
-Between releases migrations only add (tables, columns, indexes), so servers of
-the previous release keep working on a migrated database during a rolling
-upgrade. A database whose history holds a step these scripts do not know was
-migrated by a newer Corral: that is refused (SettingError, exit 2) rather than
-run on.
+Each service's numbered scripts in its `migrations/` package (`up(migrator, db)`,
+with frozen copies of the tables they make, never the live models) are applied in
+order by peewee's runner, each in its own transaction, under the backend's
+`migration_lock()` so that replicas starting together migrate once. Migrations only
+add between releases (a rolling upgrade keeps working); a database migrated by a
+newer Corral is refused (SettingError, exit 2).
 """
 from __future__ import annotations
 

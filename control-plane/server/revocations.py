@@ -1,24 +1,11 @@
-"""Revoking one node's credential without rotating the cluster's agent secret.
+"""Revoking one node's credential without rotating the cluster's agent secret
+(docs/security.md, "Revoking one node's credential").
 
-A node credential carries a generation (shared/credentials.py). The registry and
-the scheduler each keep, in their own database (table `node_credential`), the
-lowest generation they still accept per node; a node without a row accepts
-generation 1 and up. An operator raises it with `POST
-/nodes/{id}/credential/revoke`; from then on that service answers every older
-credential of the node 401, and the node's next credential
-(`corral-scheduler node-token NODE --generation N`) works. Other nodes are not
-affected, and the row outlives the node's record (a removed node stays revoked).
-
-Both services store the floor because each one checks every request alone, with
-no call to the other: the scheduler's route raises the registry's floor first and
-then its own to the same value (control-plane/scheduler/revocation.py), so one
-call revokes on both; the registry's route raises the registry's only. The floor
-only ever rises, and a request that names the generation (`min_generation`) is
-idempotent, so a revocation that failed halfway is simply sent again.
-
-Each process reads the whole (small) table at most once per FLOORS_TTL_SECS, in the
-request check, so a revocation is in force on every worker and replica within
-that time, and at once in the process that made it.
+Each service keeps in its own database (`node_credential`) the lowest credential
+generation it still accepts per node, since each checks every request alone; the
+floor only rises. Each process reads the small table at most once per
+FLOORS_TTL_SECS, so a revocation is in force everywhere within that time, and at
+once in the process that made it.
 """
 from __future__ import annotations
 
