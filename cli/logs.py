@@ -1,14 +1,10 @@
-"""`corral job logs --full` and `corral job logs -f`: a job's complete output, as its
-node shipped it to the scheduler (GET /jobs/{id}/logs), written as the bytes it is.
+"""`corral job logs --full` and `-f`: a job's complete output as its node shipped it
+(GET /jobs/{id}/logs), written as the bytes it is.
 
-`-f` follows the scheduler's event stream for the job (`log` and `job` events):
-each `log` event of the stream shown reads on from the last byte printed, so
-nothing is printed twice or skipped, whatever the events say. When a new attempt
-starts, the rest of the old one is printed and the new one follows from its first
-byte. Once the job has ended, the rest is read until the node's last chunk is in
-(SETTLE_SECS at most: a node that is gone may never send it). Where the stream is
-refused (a scheduler with no room for another stream, or an older one), the same
-happens by asking every POLL_SECS.
+`-f` follows the job's event stream, each `log` event reading on from the last byte
+printed (nothing twice, nothing skipped); a new attempt follows the rest of the old
+one; an ended job is read until its node's last chunk is in (SETTLE_SECS at most).
+Where no stream is to be had, it asks every POLL_SECS instead.
 """
 from __future__ import annotations
 

@@ -1,16 +1,11 @@
 """What both services' HTTP contracts are made of: pydantic models of request and
 answer bodies, and the one-line refusals of a bad request.
 
-A request model (`Request`) is strict: no coercion ("80" is not a port, true is
-not a number), no unknown fields, JSON null counts as "not given" for optional
-fields. `Request.check(body)` turns pydantic's errors into the first refusal as
-Corral words it ("'port' must be between 1 and 65535"): the kind of error and the
-field it is about choose the sentence, and `Says` metadata on a field completes
-it. Cross-field rules raise `refused(message)` with their own sentence.
-
-Answer models (`Answer`) describe what the services send; the views fill them and
-`respond` serializes them. The OpenAPI documents are generated from both kinds
-(control-plane/server/openapi.py).
+A `Request` is strict (no coercion, no unknown fields, null is "not given"), and
+`Request.check(body)` words pydantic's first error as Corral does ("'port' must be
+between 1 and 65535"), from the kind of error, the field and its `Says` metadata.
+`Answer` models are what the views fill and `respond` sends; the OpenAPI documents
+are generated from both (control-plane/server/openapi.py).
 """
 import typing
 from dataclasses import dataclass

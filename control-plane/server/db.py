@@ -1,27 +1,11 @@
 """The storage seam: one database backend per process, chosen once from its URL.
 
 `open_database(url, service=...)` gives a peewee database of the backend the URL
-names, each in its own module:
-
-- `sqlite:///PATH` (control-plane/server/backends/sqlite.py): the embedded default, one file
-  per service, writers queued on a lock of the host;
-- `postgresql://USER:PASSWORD@HOST:PORT/DATABASE` (control-plane/server/backends/postgres.py):
-  several replicas of each service on one database, each service in its own
-  PostgreSQL schema.
-
-Both answer the same few questions for the code above them, each in its
-`Backend` (control-plane/server/backends/base.py, reached with
-`backend_of(db)`), so the store, the loops, the migrations and the compiled
-statements never test which database they run on: the placement lock
-(`lock_placement`, `locked_nodes`), row locks (`skip_locked`, `lock_rows`,
-`for_share`), `one_writer` (whether write transactions run one at a time) and
-the write-then-place strategy that follows from it, `wakes_on_every_commit`,
-whether event reads are windowed, the statements' forms (`arrays`, `pick`),
-the change feed, the migration lock and the lost-database marker. Beside them:
-`reuses_ids` (whether a deleted newest id is handed out again), `lost()` (why
-the database cannot keep what it is given: a deleted file, a full disk) and
-`deciding_clock(db, clock)` (whose clock decides).
-Queries stay dialect-neutral.
+names: `sqlite:///PATH` (backends/sqlite.py, the embedded default) or
+`postgresql://USER:PASSWORD@HOST:PORT/DATABASE` (backends/postgres.py, replicas on
+one database). What differs between them each `Backend` answers (backends/base.py,
+reached with `backend_of(db)`), so the code above never tests which database it
+runs on, and queries stay dialect-neutral.
 """
 import json
 import logging

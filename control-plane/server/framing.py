@@ -1,40 +1,11 @@
 """Has a whole HTTP/1.x request arrived? Pure logic over the bytes received so far.
 
-The gunicorn worker (control-plane/server/worker.py) reads each connection in its event loop
-and hands it to a request thread only once this says the request is complete,
-so a slow client holds no thread. It frames the request the way gunicorn's
-parser does (gunicorn/http/message.py and body.py) but parses nothing for
-the application: gunicorn parses the request again from the same bytes.
-
-A scan answers one of five verdicts:
-
-- MORE: the request is not complete yet, keep reading;
-- COMPLETE: the head and the whole body are in the buffer (`end` is where the
-  request ends; bytes after it are the client's next request);
-- HAND_OVER: stop buffering and let gunicorn's parser decide. Either the head
-  is malformed in a way the parser refuses as soon as it reads these bytes (a
-  request line or head over its limit, a bare LF, conflicting framing
-  headers), so the refusal (a JSON 4xx, control-plane/server/refusals.py) needs no more
-  bytes; or the body says in its Content-Length that it is larger than the
-  services take, which the application refuses (413) without reading it;
-- BAD_HEAD: the head is malformed in a way gunicorn's parser refuses, but the
-  parser would wait for the rest of the head before it looks (a bare CR or a
-  NUL or other control byte in the request line or a header, a header line
-  without a colon, a folded header line, an empty request line): `problem` is
-  the error gunicorn raises for it, and the loop answers it at once instead of
-  holding the client until the read timeout. Each part of the head is checked
-  as it arrives, with the rules of gunicorn's parser (message.py), never more
-  strictly, so a head it takes is never refused here;
-- BAD_BODY: the chunked body is malformed; `problem` is the error gunicorn's
-  parser raises for it (its own exception, so the answer is the same whoever
-  finds it). A chunk-size line longer than gunicorn allows is refused even
-  when its end has arrived (gunicorn's parser checks the length only while the
-  end is missing, and would then wait for a chunk of absurd size). A chunk
-  whose size takes the body past the services' limit makes `problem` a
-  BodyTooLarge (413, as for a sized body past it) at once.
-
-Each scan looks only at what arrived since the last one, so a client sending
-its request a byte at a time costs a constant amount of work per byte.
+The gunicorn worker's event loop (control-plane/server/connections.py) hands a
+connection to a request thread only once this says the request is complete, so a
+slow client holds no thread. It frames the request as gunicorn's parser does
+(gunicorn/http/message.py and body.py), never more strictly, and parses nothing for
+the application: gunicorn parses the same bytes again. Each scan looks only at what
+arrived since the last one, so a request sent a byte at a time costs constant work per byte.
 """
 from __future__ import annotations
 
@@ -63,10 +34,24 @@ NOT_FIELD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 class Verdict(enum.Enum):
+    # Not complete yet: keep reading.
     MORE = "more"
+    # The head and the whole body are buffered (`end` is where the request ends; bytes
+    # after it are the client's next request).
     COMPLETE = "complete"
+    # Stop buffering and let gunicorn's parser decide: the head is malformed in a way
+    # the parser refuses as soon as it reads these bytes (a request line or head over
+    # its limit, a bare LF, conflicting framing headers), or the Content-Length is over
+    # the services' limit, which the application refuses (413) without reading the body.
     HAND_OVER = "hand-over"
+    # The head is malformed in a way gunicorn's parser refuses only once the head ends
+    # (a bare CR, a NUL or other control byte, a header line without a colon, a folded
+    # line, an empty request line): `problem` is the parser's error, and the loop
+    # answers at once instead of holding the client until the read timeout.
     BAD_HEAD = "bad-head"
+    # The chunked body is malformed: `problem` is the parser's own error. A chunk-size
+    # line longer than gunicorn allows is refused even when complete (its parser would
+    # wait for a chunk of absurd size); a chunk past the body limit is a BodyTooLarge (413).
     BAD_BODY = "bad-body"
 
 

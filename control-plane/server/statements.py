@@ -1,19 +1,12 @@
-"""peewee queries compiled to SQL once, then run many times with new values.
+"""peewee queries compiled to SQL once per process, then run many times with new values.
 
-Building a query's SQL is most of what peewee costs: profiled in the scheduler,
-turning query objects into SQL text took about 60% of the CPU of a job's trip
-(submit, place, claim, report), far more than SQLite spent running it. The hot
-statements are therefore written as ordinary peewee queries whose variable
-parts are `param("name")` markers, compiled once per process by the database's
-own dialect, and run with `execute_sql`, so they stay dialect-neutral; where a
-dialect has a cheaper form of its own (PostgreSQL's array parameters), its
-backend says so (`Backend.arrays`, control-plane/server/backends/base.py). Rows
-that become model instances are built here from the compiled column list:
-peewee's `Model.raw` works the columns out again for every query, which cost
-a quarter of the scheduler's CPU under load.
-
-Values given to a statement are passed to the driver as they are: convert them
-as the column would (`field.db_value`) where that matters (JSON fields).
+Building a query's SQL was about 60% of the scheduler's CPU for a job's trip, far
+more than SQLite spent running it; so the hot statements are ordinary peewee
+queries with `param("name")` markers, compiled by the database's own dialect and
+run with `execute_sql`, their rows built here from the compiled column list
+(peewee's `Model.raw` works the columns out again every time). Values go to the
+driver as they are: convert them as the column would (`field.db_value`) where that
+matters (JSON fields).
 """
 from __future__ import annotations
 

@@ -1,39 +1,9 @@
-"""PostgreSQL: several replicas of each service on one database.
-
-Everything that is PostgreSQL's own lives here:
-
-- `PostgresDatabase`: peewee's pooled PostgreSQL database on psycopg 3. A
-  request takes a connection for its duration (a long-poll claim gives it back
-  while it waits); a request that finds all `pool_size` taken waits up to
-  `pool_wait_secs`, then answers 503. Every session starts (libpq `options`)
-  with the service's own schema as its search_path (registry and scheduler
-  may share one database: both have a `node` and a `lease` table) and three
-  timeouts, so that a replica stopped in the middle of a transaction
-  (SIGSTOP, a frozen VM) cannot hold locks the others wait on for long:
-  `idle_in_transaction_session_timeout` ends its session and releases its
-  locks, `lock_timeout` bounds every wait for a lock (the others answer 503
-  and retry), `statement_timeout` any query.
-- `lock_placement()`: placement is serialised by transaction-level advisory
-  locks, taken before the transaction locks any row (service.Scheduler), so a
-  cancel, a retry and a placement cannot deadlock. A placement on some nodes
-  (the slots their reports freed, a claiming node, the nodes that had a free
-  slot for new work) takes it shared plus those nodes' locks, so placements on
-  different nodes run side by side; one on every node (a cancel, a retry, a
-  requeue) takes it alone.
-- `PostgresBackend`: PostgreSQL's answers to the backend interface (base.py):
-  writers side by side, so rows locked FOR UPDATE [SKIP LOCKED] or FOR SHARE,
-  a write committed before its placement, events read in windows of
-  transaction ids, array parameters; the migration lock an advisory lock.
-- `check_server()`: what start-up refuses (exit 2) — a URL that does not
-  connect (named by host and database, never the password), a server older
-  than 13, a pool that would not fit in `max_connections`.
-- `DatabaseClock`: on PostgreSQL every time that decides something (leases,
-  node loss, timeouts, backoff, retention) is the database's clock: each
-  process measures its offset to it and adds it to its own clock, so replicas
-  on hosts whose clocks differ still agree. The measured skew is reported by
-  /readyz (503 above `MAX_SKEW_SECS`).
-- `NotifyFeed`: waking the long-poll claims waiting on other replicas with
-  LISTEN/NOTIFY (debounced), with a periodic re-check as the fallback.
+"""PostgreSQL: several replicas of each service on one database, each service in its
+own schema. Everything that is PostgreSQL's own lives here: the pooled database and
+its session timeouts (`PostgresDatabase`), the placement's advisory locks
+(`lock_placement`), its answers to the backend interface (`PostgresBackend`), what
+start-up refuses (`check_server`), the database's clock every replica decides by
+(`DatabaseClock`), and LISTEN/NOTIFY waking claims on other replicas (`NotifyFeed`).
 """
 from __future__ import annotations
 
@@ -114,7 +84,13 @@ def session_options(url: str, schema: str) -> str:
 
 
 class PostgresDatabase(PooledPostgresqlDatabase):
-    """The pooled database of one service (its schema and session timeouts set on connect)."""
+    """The pooled database of one service (its schema and session timeouts set on connect).
+
+    A request holds a connection for its duration (a long-poll claim gives it back
+    while it waits); one that finds all `pool_size` taken waits `pool_wait_secs`, then
+    answers 503. The timeouts keep a replica stopped mid-transaction (SIGSTOP, a
+    frozen VM) from holding locks the others wait on: its idle session is ended, and
+    every wait for a lock or a query is bounded (the others answer 503 and retry)."""
 
     reuses_ids = False  # sequences never go back
 

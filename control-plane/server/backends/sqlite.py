@@ -1,35 +1,9 @@
-"""SQLite: the embedded default, one file per service on one host.
-
-Everything that is SQLite's own lives here:
-
-- `QueuedWritersSqlite`: the pooled database, in WAL mode with a busy
-  timeout, every transaction `BEGIN IMMEDIATE` (a deferred transaction that
-  reads and then writes fails with `database is locked` under concurrent
-  writers instead of waiting for the lock), writers of every process of the
-  host queued on an OS lock (the writers' `flock`).
-- `SqliteBackend`: SQLite's answers to the backend interface (base.py): one
-  writer at a time, so no row locks and a write and its placement in one
-  transaction; the migration lock a flock beside the file.
-- `check_file()`: a file that cannot be opened, is locked exclusively or is
-  not a database stops the start; we never silently start on a new, empty one.
-- `DataVersionFeed` and `Doorbells`: the change feed of the long-poll claims
-  (control-plane/server/changefeed.py). A thread watches `PRAGMA data_version` on a
-  dedicated connection that never writes; the value changes whenever ANY other
-  connection commits, including the request connections of this very process
-  (the committing connection itself does not see its own change, which is why
-  the watcher has a connection of its own). It looks every `interval` (50 ms),
-  and at once when its doorbell rings: a unix datagram socket per process in
-  `<database>-wake/`, which a process that placed jobs rings for every other
-  process after its commit. So a job placed by one worker for a claim waiting
-  in another is seen within a millisecond, while an idle process wakes only 20
-  times a second. (Polling more often also gave quick wake-ups, but its wake-ups,
-  fighting hundreds of request threads for the GIL, cost an idle scheduler much
-  of its CPU: docs/dispatch.md.)
-
-SQLite connections are pooled per process (playhouse.pool): a request takes an
-open connection and gives it back at teardown. Opening one per request cost
-more than the request's own queries (the pragmas, and SQLite parsing the
-schema and starting with an empty page cache on every new connection).
+"""SQLite: the embedded default, one file per service on one host. Everything that is
+SQLite's own lives here: the pooled database, WAL, every transaction `BEGIN
+IMMEDIATE` and writers of the host queued on a flock (`QueuedWritersSqlite`), its
+answers to the backend interface (`SqliteBackend`: one writer at a time), the
+checks of the file at start (`check_file`: never a new, empty one in silence), and
+the change feed of the long-poll claims (`DataVersionFeed` and `Doorbells`).
 """
 from __future__ import annotations
 
@@ -131,6 +105,10 @@ class QueuedWritersSqlite(PooledSqliteDatabase):
     503). The lock is released at COMMIT or ROLLBACK; the kernel releases it when a process dies. When the lock file
     cannot be opened, writers fall back to the busy handler (logged once). Writes
     outside atomic() (autocommit) always go through the busy handler.
+
+    Connections are pooled per process (a request takes one and gives it back at
+    teardown): opening one per request cost more than the request's own queries (the
+    pragmas, the schema parsed and the page cache empty on every new connection).
     """
 
     def __init__(self, database, *args, **kwargs):
@@ -312,7 +290,15 @@ def check_file(path: str) -> None:
 
 
 class DataVersionFeed(ChangeFeed):
-    """Watches `PRAGMA data_version` of one SQLite file from a never-writing connection."""
+    """Watches `PRAGMA data_version` of one SQLite file from a never-writing connection.
+
+    The value changes whenever any other connection commits, this process's request
+    connections included (a connection does not see its own commits: hence one of its
+    own). It looks every `interval`, and at once when its doorbell rings (`Doorbells`:
+    a process that placed jobs rings every other after its commit), so a job placed by
+    one worker for a claim waiting in another is seen within a millisecond while an
+    idle process wakes rarely: polling more often cost an idle scheduler much of its
+    CPU, its wake-ups fighting the request threads for the GIL (docs/dispatch.md)."""
 
     name = "sqlite-watcher"
 
