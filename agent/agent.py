@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from corral.shared import states
+from corral.shared import states, wire
 from corral.shared.backoff import Backoff
 from corral.shared.clients import RegistryClient, SchedulerClient
 
@@ -187,7 +187,7 @@ class Agent:
             log.info("no warm job launch: AGENT_UID_RANGE has no uid beyond one per slot")
             return
         self.warm = warm.WarmKeeper(users, cgroup_manager, s.output_tail_bytes, self._private_tmp_of,
-                                    warm_limits(plan_of(s, {"job_type": "run"})),
+                                    warm_limits(plan_of(s, {"job_type": wire.JOB_RUN})),
                                     wanted=lambda: not self.stopping.is_set() and self.free_slots() > 0,
                                     # It waits in the work dirs' directory and enters the
                                     # job's by a relative path (runner.WarmStart.launch).

@@ -25,7 +25,7 @@ import sys
 import tempfile
 import threading
 
-from corral.shared import tracing
+from corral.shared import tracing, wire
 from corral.shared.clients import RegistryClient, SchedulerClient
 from corral.shared.errors import SettingError
 from corral.shared.settings import LOG_LEVEL, LOG_LEVELS, split_urls
@@ -166,7 +166,7 @@ def check(settings: AgentSettings) -> dict:
         problems += [f"the {name} at {u['url']} does not answer: {u['error']}" for u in urls if not u["ok"]]
         errors = [u["error"] for u in urls if not u["ok"]]
         servers[name] = {"url": setting, "ok": not errors, "error": "; ".join(errors) or None, "urls": urls}
-    run_limits, service_limits = settings.default_limits("run"), settings.default_limits("service")
+    run_limits, service_limits = settings.default_limits(wire.JOB_RUN), settings.default_limits(wire.JOB_SERVICE)
     return {
         "ok": not problems,
         "problems": problems,
@@ -176,9 +176,9 @@ def check(settings: AgentSettings) -> dict:
         "limits_reason": manager.reason,
         "require_cgroups": settings.require_cgroups,
         "default_limits": {
-            "run": {"memory_mb": run_limits[0], "cpu_percent": run_limits[1],
+            wire.JOB_RUN: {"memory_mb": run_limits[0], "cpu_percent": run_limits[1],
                     "max_processes": settings.job_max_processes},
-            "service": {"memory_mb": service_limits[0], "cpu_percent": service_limits[1],
+            wire.JOB_SERVICE: {"memory_mb": service_limits[0], "cpu_percent": service_limits[1],
                         "max_processes": settings.job_max_processes},
         },
         "max_limits": {"memory_mb": settings.max_memory_mb,

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from corral.shared import states
+from corral.shared import states, wire
 
 from . import cgroups, diskfs, identity, launch, services, spans
 from .disk import DISK_MESSAGE
@@ -85,10 +85,10 @@ def ended_by(end_reason: str | None, oom: bool, disk_full: bool = False) -> str 
     ended the job; None when it exited on its own or the node gave it up. A job that
     failed on its own with its filesystem full (`disk_full`) was ended by its disk limit."""
     if end_reason == END_DISK or (disk_full and end_reason is None):
-        return "disk"
+        return wire.ENDED_BY_DISK
     if end_reason == END_TIMEOUT:
-        return "timeout"
-    return "memory" if oom and end_reason is None else None
+        return wire.ENDED_BY_TIMEOUT
+    return wire.ENDED_BY_MEMORY if oom and end_reason is None else None
 
 
 class Endings:

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from corral.shared import states
+from corral.shared import states, wire
 from corral.shared.clients import Rejected, SchedulerClient, Unreachable
 
 from . import spans
@@ -129,7 +129,7 @@ class Intake:
         deadline = None
         # Only `run` jobs time out, counted from the claim as the scheduler does; a
         # service runs until it exits or is stopped.
-        if plan.job_type == "run" and isinstance(timeout, (int, float)) \
+        if plan.job_type == wire.JOB_RUN and isinstance(timeout, (int, float)) \
                 and not isinstance(timeout, bool) and timeout > 0:
             deadline = now + timeout
         trace = spans.attempt_context(job)

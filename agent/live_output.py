@@ -21,7 +21,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 
-from corral.shared import backoff, limits
+from corral.shared import backoff, limits, wire
 from corral.shared.clients import ClientError, Rejected, SchedulerClient, split_batches
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,6 @@ BATCH_BYTES = 1024 * 1024
 BATCH_MAX = limits.MAX_BATCH // 2  # items per request
 # The longest pause between tries while the scheduler cannot be reached.
 BACKOFF_CAP_SECS = 30.0
-STREAMS = ("stdout", "stderr")
 
 
 class LiveOutput:
@@ -66,7 +65,7 @@ class LiveOutput:
                 continue  # it ended: its report carries the output
             tails = process.output_tails()
             item = {"job_id": local.job_id, "node_id": self.node_id, "attempt": local.attempt}
-            for name, version, before, text in zip(STREAMS, versions, last, tails):
+            for name, version, before, text in zip(wire.LOG_STREAMS, versions, last, tails):
                 if version != before:
                     item[name] = text
             changed.append((local.key, versions, item))

@@ -16,6 +16,8 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from corral.shared import wire
+
 from . import artifacts, cgroups, diskfs, identity, jobenv, launch, runner, services, uids, warm
 from .jobs import END_STOPPING, LocalJob
 from .log_shipping import LogShipper
@@ -54,7 +56,7 @@ class Plan:
 
 def plan_of(settings: AgentSettings, job: dict) -> Plan:
     """The job's type and limits (its own, else the node's default for its type)."""
-    job_type = job.get("job_type") or "run"
+    job_type = job.get("job_type") or wire.JOB_RUN
     defaults = settings.default_limits(job_type)
     values, error = [], None
     for name, default, maximum, setting in (
@@ -82,7 +84,7 @@ def default_limits(settings: AgentSettings, limits_processes: bool) -> dict:
     """The limits a node gives jobs that ask for none, per job type (sent with claims)."""
     return {job_type: applied_limits(dict(zip(("memory_mb", "cpu_percent"), settings.default_limits(job_type)),
                                           max_processes=settings.job_max_processes), limits_processes)
-            for job_type in ("run", "service")}
+            for job_type in wire.JOB_TYPES}
 
 
 class _Aborted(Exception):
@@ -157,7 +159,7 @@ class Preparer:
             if local.trace is not None:  # the attempt's span (spans.py), in the job's trace
                 fixed.update(local.trace.env())
             env = jobenv.build({"env_vars": job_env}, self.agent_env, own, fixed)
-            if plan.job_type == "service":
+            if plan.job_type == wire.JOB_SERVICE:
                 local.log_files = services.log_paths(s.log_root, local.job_id, local.attempt)
             elif self.shipper is not None:
                 captures = self.shipper.capture(local.job_id, local.attempt)
@@ -179,7 +181,7 @@ class Preparer:
                 if hasattr(local.process, "on_output_closed"):
                     # The pipes close when the job exits: the work loop looks at once.
                     local.process.on_output_closed = self.wake
-                if plan.job_type == "service":
+                if plan.job_type == wire.JOB_SERVICE:
                     self.service_started(local, job, port, cg)
                 if self.shipper is not None:  # its output is shipped whole from now on
                     if captures is not None:

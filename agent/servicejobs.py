@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from corral.shared import wire
 from corral.shared.clients import RegistryClient
 
 from . import cgroups, identity, services
@@ -73,7 +74,7 @@ class ServiceJobs:
                 log.warning("service job %s attempt %s runs as uid %d, which this agent cannot hold for it "
                             "(outside AGENT_UID_RANGE, or held by another job); it keeps running",
                             state.job_id, state.attempt, state.uid)
-            local = LocalJob(state.job_id, state.attempt, "service", state.workdir, self._clock(),
+            local = LocalJob(state.job_id, state.attempt, wire.JOB_SERVICE, state.workdir, self._clock(),
                              None, process=found.process, cgroup=found.process.cgroup,
                              memory_mb=found.process.cgroup.limits["memory_mb"],
                              state_path=found.path, log_files=(state.stdout, state.stderr),
@@ -126,5 +127,5 @@ class ServiceJobs:
 
 def detachable(local: LocalJob) -> bool:
     """A service that runs (prepared and started) and is not being ended."""
-    return (local.job_type == "service" and local.prepared.is_set()
+    return (local.job_type == wire.JOB_SERVICE and local.prepared.is_set()
             and local.process is not None and local.end_reason is None)

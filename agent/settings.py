@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from corral.shared import limits
+from corral.shared import limits, wire
 from corral.shared.credentials import token_node
 from corral.shared.errors import SettingError
 from corral.shared.settings import STATE_DIR, Setting, by_name, env_str, read_all, split_urls
@@ -172,7 +172,7 @@ class AgentSettings:
 
     def default_limits(self, job_type: str) -> tuple[int, int]:
         """(memory_mb, cpu_percent) for a job of this type that asks for nothing."""
-        if job_type == "service":
+        if job_type == wire.JOB_SERVICE:
             return self.service_memory_mb, self.service_cpu_percent
         return self.run_memory_mb, self.run_cpu_percent
 

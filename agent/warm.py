@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from corral.shared import wire
 from corral.shared.backoff import Backoff
 
 from . import cgroups, identity, launch, runner
@@ -96,10 +97,10 @@ class WarmKeeper:
         chain's becomes.)"""
         with self._lock:
             warm, self._warm = self._warm, None
-            if job_type == "run":
+            if job_type == wire.JOB_RUN:
                 self._limits = limits
             self._not_before = max(self._not_before, self._clock() + SETTLE_SECS)
-            if warm is not None and not (job_type == "run" and warm.limits == limits
+            if warm is not None and not (job_type == wire.JOB_RUN and warm.limits == limits
                                          and warm.start.alive()):
                 self._unwanted.append(warm)
                 warm = None

@@ -6,11 +6,13 @@ from typing import Callable
 
 import click
 
+from corral.shared import wire
+
 from . import scheduling as sched
 from .scheduling import Checked
 
 JOB_OPTIONS = (
-    click.option("--type", "job_type", type=click.Choice(["run", "service"]), help="run (default) or service."),
+    click.option("--type", "job_type", type=click.Choice(list(wire.JOB_TYPES)), help="run (default) or service."),
     click.option("--port", type=int, help="The port a service listens on (it gets PORT)."),
     click.option("--env", "env_vars", multiple=True, metavar="K=V", help="An environment variable (repeatable)."),
     click.option("--deploy-url", metavar="URL", help="http(s):// or s3:// zip unpacked into the work dir."),

@@ -4,7 +4,7 @@ import sys
 
 import click
 
-from corral.shared import states
+from corral.shared import states, wire
 from corral.shared.clients import Rejected
 
 from . import arrays
@@ -57,7 +57,7 @@ def progress(job: dict, now: float) -> str:
             details.append(f"exit code {job['exit_code']}")
         if job.get("oom_killed"):
             details.append("out of memory")
-        if job.get("ended_by") == "disk":
+        if job.get("ended_by") == wire.ENDED_BY_DISK:
             details.append(f"over its disk limit of {job.get('disk_mb')} MB")
         details.append(f"ran {fmt.job_duration(job, now)}")
         if node:
@@ -241,7 +241,7 @@ def follow(env: Env, current: dict, quiet: bool = False) -> dict:
 @job.command("list")
 @click.option("--status", type=click.Choice(STATUSES), help="Only jobs in this status.")
 @click.option("--node", "node_id", metavar="NODE", help="Only jobs placed on this node.")
-@click.option("--type", "job_type", type=click.Choice(["run", "service"]), help="Only jobs of this type.")
+@click.option("--type", "job_type", type=click.Choice(list(wire.JOB_TYPES)), help="Only jobs of this type.")
 @click.option("--pending-reason", type=sched.choice(*sched.PENDING_REASONS),
               help="Only pending jobs waiting for this reason.")
 @selection.filter_options
@@ -292,7 +292,7 @@ def status(env: Env, job_id: str, as_json: bool) -> None:
     click.echo()
     if events:
         emit_events(events)
-    for stream, flag in (("stdout", ""), ("stderr", " --stderr")):
+    for stream, flag in ((wire.LOG_STDOUT, ""), (wire.LOG_STDERR, " --stderr")):
         text = found.get(stream) or ""
         if text:
             click.echo(f"\n{stream} (last lines; `corral job logs {job_id}{flag}` for all kept):")
@@ -335,7 +335,7 @@ def logs(env: Env, job_id: str, follow_output: bool, full: bool, attempt: int | 
     whatever comes next, across retries, until the job has ended and its node has
     sent all of it."""
     env.subject = job_id
-    stream = "stderr" if use_stderr else "stdout"
+    stream = wire.LOG_STDERR if use_stderr else wire.LOG_STDOUT
     if attempt is not None and (follow_output or not full):
         raise click.UsageError("--attempt goes with --full, without -f")
     try:

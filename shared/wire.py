@@ -13,14 +13,21 @@ IDEMPOTENCY_HEADER = "Idempotency-Key"
 JOB_ID_PATTERN = r"^job-[1-9][0-9]{0,17}$"
 JOB_ID_RE = re.compile(r"^job-([1-9][0-9]{0,17})\Z")
 
-JOB_TYPES = ("run", "service")
+JOB_RUN = "run"
+JOB_SERVICE = "service"
+JOB_TYPES = (JOB_RUN, JOB_SERVICE)
 
 # Why an agent ended a job's attempt itself (a job's `ended_by`): its work dir outgrew
 # its disk_mb, it ran past its timeout, or the kernel killed it at its memory limit.
-ENDED_BY = ("disk", "timeout", "memory")
+ENDED_BY_DISK = "disk"
+ENDED_BY_TIMEOUT = "timeout"
+ENDED_BY_MEMORY = "memory"
+ENDED_BY = (ENDED_BY_DISK, ENDED_BY_TIMEOUT, ENDED_BY_MEMORY)
 
 # Complete logs (PUT /jobs/{id}/attempts/{n}/logs/{stream}/{seq}, GET /jobs/{id}/logs).
-LOG_STREAMS = ("stdout", "stderr")
+LOG_STDOUT = "stdout"
+LOG_STDERR = "stderr"
+LOG_STREAMS = (LOG_STDOUT, LOG_STDERR)
 # One chunk's body at most; the agent ships in chunks of up to this size.
 LOG_CHUNK_MAX_BYTES = 1024 * 1024
 # A chunk's request: the node that ran the attempt, where in the stream the chunk

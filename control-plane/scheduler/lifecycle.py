@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from corral.shared import wire
 from corral.shared.errors import Conflict
 from corral.shared.states import FINAL_STATUSES, JobStatus, after_failure, check_transition
 
@@ -150,7 +151,7 @@ def finished(job: JobFacts, report: Report, now: float, policy: Policy) -> Trans
         # watcher gets there first.
         return replace(_to(job, "failed", "timed out", finished_at=now, **result), timed_out=True)
     why = f"exit code {report['exit_code']}" + (", out of memory" if report["oom_killed"] else "") + (
-        ", over its disk limit" if report.get("ended_by") == "disk" else "")
+        ", over its disk limit" if report.get("ended_by") == wire.ENDED_BY_DISK else "")
     if after_failure(job.retry_count, job.max_retries) is JobStatus.PENDING:
         delay = policy.backoff.delay(job.retry_count)
         return _to(job, "pending", f"attempt {job.attempt} failed ({why}); retrying in {delay:.1f}s",
