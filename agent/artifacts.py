@@ -1,50 +1,7 @@
-"""Fetch a job's `deploy_url` zip, check it and unpack it into the job's work dir.
-
-    unpacked = fetch_and_unpack(job["deploy_url"], workdir, sha256=job.get("deploy_sha256"),
-                                limits=Limits(...))
-
-Three stages, each of which fails with one ArtifactError naming the stage:
-
-download  `http://` and `https://` go through `requests` (streamed, timeouts always
-          set, redirects followed, proxies and REQUESTS_CA_BUNDLE from the
-          environment); `s3://bucket/key` goes through a boto3 `s3` client, which
-          takes its endpoint (AWS_ENDPOINT_URL, AWS_ENDPOINT_URL_S3), region and
-          credentials from the environment as boto3 always does. The body is
-          streamed to a temporary file beside the work dir and the download stops
-          as soon as it passes `max_download_bytes` (at once when the announced
-          size is already over), or runs past `download_timeout` in all. The
-          SHA-256 is computed on the way.
-checksum  with `sha256` given, the digest must match, before anything is unpacked.
-unpack    the whole archive is checked before anything is written: the number of
-          entries (and the size of the central directory, before zipfile reads
-          it into memory), the total declared size, the compression ratio of
-          every entry over `ratio_min_bytes` (zip bombs), encryption (refused),
-          and every name (no absolute paths, no `..` components, no backslashes,
-          no duplicates, nothing that resolves outside the work dir). Then entries are written one by one, counting the
-          bytes really written. A declared size that lies is caught by zipfile's
-          CRC check, and the byte count is a second bound.
-
-Symlinks: a symlink entry is allowed when its target is relative and stays inside
-the work dir (`bin/tool -> ../lib/tool.py`); one that points outside (absolute, or
-too many `..`) is refused, and so is any entry stored "inside" a symlink entry.
-Symlinks are created last, after every regular file, so no write ever goes
-through one, and each is checked once more with os.path.realpath against the
-real tree (this catches chains such as `l -> .` plus `p -> l/..`).
-
-Modes: a file gets 0o755 when its zip mode has any execute bit, else 0o644;
-directories get 0o755. Setuid, setgid and sticky bits are never applied, and
-neither is the owner recorded in the zip.
-
-Nothing is left behind on failure: the download goes to a temporary file and the
-archive is unpacked into a temporary directory, both in the work dir's parent,
-and both are removed whatever happens. Only a complete, checked tree is moved
-into the work dir (created if missing; entries already in it are kept, and a
-name clash is refused). Messages show URLs without user info or query strings,
-so a presigned URL's signature does not end up in a job's stderr.
-
-There are no module-level clients: the requests session and the boto3 client are
-passed in or created (and closed) per call, so concurrent calls are safe. The
-boto3 client comes from a fresh boto3 Session per call for the same reason.
+"""Fetch a job's `deploy_url` zip, check it and unpack it into the job's work dir, each
+stage bounded (size, time, entries, ratio) and failing with one ArtifactError that names
+it. Nothing is left behind on failure and nothing is written outside the work dir;
+docs/agent.md ("Artifacts") and docs/security.md say what is refused.
 """
 from __future__ import annotations
 
@@ -133,7 +90,24 @@ def fetch_and_unpack(url: str, dest_dir: str, *, sha256: str | None, limits: Lim
                      http: requests.Session | None = None,
                      s3_client_factory: Callable[[], object] | None = None) -> Unpacked:
     """Download `url` (http://, https://, s3://bucket/key), check its SHA-256 when
-    `sha256` is given, and unpack it into `dest_dir`. Raises ArtifactError."""
+    `sha256` is given, and unpack it into `dest_dir`. Raises ArtifactError, naming the
+    stage:
+
+    download  http(s):// through `requests` (streamed, timeouts always set, redirects
+              followed, proxies and REQUESTS_CA_BUNDLE from the environment);
+              s3://bucket/key through a boto3 `s3` client (endpoint, region and
+              credentials from the environment, as boto3 always does). The body goes
+              to a temporary file beside the work dir and stops as soon as it passes
+              `max_download_bytes` (at once when the announced size is already over)
+              or runs past `download_timeout` in all; the SHA-256 is computed on the way.
+    checksum  with `sha256` given, the digest must match before anything is unpacked.
+    unpack    the whole archive is checked before anything is written (_plan), then
+              written entry by entry into a temporary directory (_extract) and moved
+              into `dest_dir` only when complete (_move_into).
+
+    The temporary file and directory are removed whatever happens. Messages show URLs
+    without user info or query strings (display_url), so a presigned URL's signature
+    does not end up in a job's stderr."""
     expected = _expected_digest(sha256)
     scheme = _scheme(url)
     dest_dir = os.path.abspath(dest_dir)
@@ -240,6 +214,9 @@ def _scheme(url: str) -> str:
 
 def _download(scheme: str, url: str, out, limits: Limits, http, s3_client_factory
               ) -> tuple[int, str]:
+    """Stream `url` into `out`; its size and SHA-256. No client lives at module level:
+    the requests session and the boto3 client (from a fresh boto3 Session) are passed
+    in or made and closed per call, so concurrent calls are safe."""
     sink = _Sink(out, display_url(url), limits)
     if scheme == "s3":
         _download_s3(url, sink, limits, s3_client_factory)
@@ -443,7 +420,14 @@ class _Entry:
 
 
 def _plan(zf: zipfile.ZipFile, limits: Limits) -> list[_Entry]:
-    """Check the whole archive and return what to create; nothing is written."""
+    """Check the whole archive and return what to create; nothing is written. Checked:
+    the number of entries (and the central directory's size, before zipfile reads it
+    into memory), the total declared size, the compression ratio of every entry over
+    `ratio_min_bytes` (zip bombs), encryption (refused), and every name (no absolute
+    paths, no `..` components, no backslashes, no duplicates, nothing that resolves
+    outside the work dir). A symlink entry is allowed when its target is relative and
+    stays inside the work dir (`bin/tool -> ../lib/tool.py`); any entry stored "inside"
+    a symlink entry is refused."""
     infos = zf.infolist()
     if len(infos) > limits.max_entries:
         raise _refuse(f"the zip has {len(infos)} entries, over the limit of {limits.max_entries}")
@@ -528,6 +512,13 @@ def _inside(root: str, path: str) -> bool:
 
 
 def _extract(zf: zipfile.ZipFile, plan: list[_Entry], root: str, limits: Limits) -> _Counts:
+    """Write the checked plan under `root`, counting the bytes really written (a declared
+    size that lies is caught by zipfile's CRC check; the count is a second bound).
+    Symlinks come last, after every regular file, so no write goes through one, and
+    each is checked once more with os.path.realpath against the real tree (catching
+    chains such as `l -> .` plus `p -> l/..`). Modes: 0o755 for a file with any execute
+    bit in the zip, else 0o644, directories 0o755; never setuid, setgid, sticky, nor
+    the owner the zip records."""
     root = os.path.realpath(root)
     counts = _Counts()
 
@@ -610,7 +601,8 @@ def _write_file(zf: zipfile.ZipFile, entry: _Entry, target: str, limits: Limits,
 
 
 def _move_into(staging: str, dest_dir: str) -> None:
-    """Move the checked tree into dest_dir; all or nothing."""
+    """Move the checked tree into dest_dir (created if missing; entries already in it
+    are kept, and a name clash is refused); all or nothing."""
     try:
         os.makedirs(dest_dir, exist_ok=True)
         names = sorted(os.listdir(staging))

@@ -1,26 +1,7 @@
-"""Per-job cgroups: memory, CPU and process-count limits, OOM detection, what a job
-uses (its peak at the end; its memory and CPU time so far, for lease renewals), and
-killing a whole process tree (double forks and setsid included). cgroup v2 and v1
-are detected from /proc/self/cgroup and /proc/self/mountinfo; no third-party library.
-
-Job cgroups nest under the agent's OWN cgroup of each hierarchy, so whatever
-contains the agent (a systemd unit with Delegate=yes, a container) still bounds
-them: `<mount>/<own path>/<root_name>/<job name>`.
-
-A job joins its cgroup before its first instruction: the first stage of its launch
-(launch.py) writes `0` (itself) into each of `JobCgroup.join_files()`, then execs
-the next stage. On v1 those are the `tasks` files, which move the writing thread
-alone: the kernel then skips its global lock of every process's threads, whose
-writer waits for an RCU grace period (milliseconds per job start, against a tenth
-of one for `tasks`: docs/architecture.md); the stage is a single-threaded
-shell, so its thread is the whole process. A v2 domain cgroup takes whole
-processes only (`cgroup.procs`). The pids controller (v1 hierarchy or v2 controller) is
-used when present: `pids.max` bounds the job's processes and threads, so a fork bomb
-stays inside its job; without it, `limits_processes` is False and jobs have no such
-bound.
-
-`detect()` never raises for an environment problem: it returns `NoCgroups` with
-a human `reason` and `enforced = False`, and jobs then run without limits.
+"""Per-job cgroups: memory, CPU and process-count limits, OOM detection, what a job uses,
+and killing a whole process tree. cgroup v2 and v1 are detected from /proc/self/cgroup
+and /proc/self/mountinfo (`detect`); where neither can be used, jobs run without limits
+(NoCgroups, with the reason). docs/agent.md ("Limits") says what a job gets.
 """
 from __future__ import annotations
 
@@ -162,7 +143,19 @@ def _unique(dirs: Iterable[str]) -> list[str]:
 # --- job cgroups ---------------------------------------------------------------------
 
 class JobCgroup:
-    """One job's cgroup (one directory per hierarchy on v1, one on v2)."""
+    """One job's cgroup (one directory per hierarchy on v1, one on v2), nested under the
+    agent's own cgroup of each hierarchy, so whatever contains the agent (a systemd unit
+    with Delegate=yes, a container) still bounds it: `<mount>/<own path>/<root>/<job>`.
+
+    A job joins it before its first instruction: the first stage of its launch
+    (launch.py) writes `0` (itself) into each of `join_files()`, then execs the next.
+    On v1 those are the `tasks` files, which move the writing thread alone: the kernel
+    then skips its global lock of every process's threads, whose writer waits for an
+    RCU grace period (milliseconds per job start, against a tenth of one for `tasks`);
+    the stage is a single-threaded shell, so its thread is the whole process. A v2
+    domain cgroup takes whole processes only (`cgroup.procs`). With the pids
+    controller, `pids.max` bounds the job's processes and threads (a fork bomb stays
+    inside its job)."""
 
     mode = "none"
 
@@ -325,7 +318,7 @@ class V2JobCgroup(JobCgroup):
 
 class V1JobCgroup(JobCgroup):
     mode = "v1"
-    join_file = "tasks"  # the writing thread alone: no global lock, no RCU wait (module docstring)
+    join_file = "tasks"  # the writing thread alone: no global lock, no RCU wait (JobCgroup)
 
     def oom_kills(self) -> int | None:
         d = self.dirs.get("memory")

@@ -1,17 +1,7 @@
-"""`corral-agent`: run the node agent in the foreground (systemd runs it this way).
-
-Settings come from environment variables (see settings.py); flags override them.
-SIGTERM or SIGINT stops the agent cleanly: no new work, running `run` jobs get
-AGENT_STOP_GRACE_SECS to finish, the rest are killed and reported failed.
-Running `service` jobs are left running; the next agent started on this node
-re-adopts them (see services.py).
-
-`corral-agent --check [--json]` changes nothing: it shows what the agent would use
-(node id, cgroup mode and limits, who jobs run as, private /tmp) and whether the
-registry and the scheduler answer, at each of their URLs. Exit status 0 when all
-is well, 1 when a URL of the control plane does not answer, the job user is
-unusable, or AGENT_REQUIRE_CGROUPS is set and limits cannot be enforced; 2 for a
-bad setting, as for a normal start.
+"""`corral-agent`: run the node agent in the foreground (systemd runs it this way), or
+`--check` what it would use without changing anything. Settings come from environment
+variables (settings.py); flags override them. docs/agent.md ("Checking a node",
+"Running and stopping") says what it does and how it stops.
 """
 from __future__ import annotations
 
@@ -138,7 +128,10 @@ def client_for(client_class, url: str, settings: AgentSettings):
 
 def check(settings: AgentSettings) -> dict:
     """What `--check` reports; "ok" is False when something would stop the agent
-    from working. Looks only: creates no cgroup, registers nothing."""
+    from working (a URL of the control plane does not answer, the job user is
+    unusable, or AGENT_REQUIRE_CGROUPS is set and limits cannot be enforced: exit 1;
+    a bad setting exits 2, as for a normal start). Looks only: creates no cgroup,
+    registers nothing."""
     problems = []
     manager = cgroups.detect(root_name=settings.cgroup_root_name, prepare=False)
     described = manager.describe()

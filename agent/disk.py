@@ -1,22 +1,7 @@
-"""Disk: a job's work dir held to its `disk_mb`, and the node's free-space floor.
-
-A job's work dir shares a filesystem with the other jobs, the agent's state and, on
-a single host, the databases: a job that fills it hurts everyone. The watch thread
-(`DiskWatch.run`) measures, every AGENT_DISK_CHECK_SECS, how much each running job's
-work dir holds (its blocks, each inode once) and ends a job past its limit
-(jobs.END_DISK: reported failed, `ended_by: disk`). It works on every node and
-filesystem, whatever way the job was started (cold or warm launch), at the cost of
-letting a fast writer go a few seconds' worth of writes past its limit before it is
-ended. Where the node allows it the work dir is also a filesystem of the job's size
-(diskfs.py), which stops writes at the limit; the watch then ends a job whose
-filesystem is full, the backstop for one that goes on running.
-
-The same pass reads the free space of the filesystem of the work dirs: below
-AGENT_MIN_FREE_DISK_MB the agent takes no new work (claims and polls pause, with a
-warning saying why) until space is back; what runs goes on.
-
-The decisions (over_limit, under_floor) are pure; measuring is bounded in time so a
-tree of millions of files cannot stall the pass.
+"""Disk: a job's work dir held to its `disk_mb`, and the node's free-space floor, watched
+by one thread. It works on every node and filesystem, at the cost of letting a fast
+writer go a few seconds past its limit (diskfs.py stops writes at it where it can).
+The decisions (over_limit, under_floor) are pure. docs/agent.md ("Disk").
 """
 from __future__ import annotations
 
@@ -109,7 +94,13 @@ def describe(work_root: str, floor_mb: int) -> dict:
 
 
 class DiskWatch:
-    """The work dirs' limits and the node's floor, checked by one thread."""
+    """The work dirs' limits and the node's floor, checked by one thread (`run`) every
+    AGENT_DISK_CHECK_SECS: it measures each running job's work dir (its blocks, each
+    inode once, bounded in time so a tree of millions of files cannot stall the pass)
+    and ends a job past its limit (jobs.END_DISK: reported failed, `ended_by: disk`), or
+    whose own filesystem is full. Below AGENT_MIN_FREE_DISK_MB free on the work dirs'
+    filesystem the agent takes no new work (claims pause, with a warning) until space
+    is back; what runs goes on."""
 
     def __init__(self, work_root: str, floor_mb: int, interval: float, jobs: JobTable,
                  end: Callable[[LocalJob, str], bool], free: Callable[[str], int] = free_bytes,

@@ -1,24 +1,7 @@
-"""A filesystem of its own `disk_mb` for each job's work dir, where the node allows it.
-
-The watch (disk.py) ends a job once its work dir is past its limit, a few seconds of
-writes late. Where the agent is root and has loop devices and mkfs.ext4, each job
-with a limit instead gets a sparse image file of `disk_mb` (AGENT_DISK_LIMIT_MODE
-`auto` or `fs`), made into ext4 and loop-mounted on its work dir before the job gets
-it: a write past the limit fails there and then (ENOSPC). The watch goes on as the
-backstop; a job that failed with its filesystem full is reported `ended_by: disk`.
-
-The images live in <agent dir>/disk/<work dir name>.img, so that what is mounted,
-and what to remove, follows from a work dir's path alone: a restarted agent
-re-adopting a service, or sweeping what an earlier one left, needs no record.
-
-Mount namespaces: a job with a private /tmp runs in a mount namespace of its own,
-which copies the mounts that exist when it is made. So that a job's filesystem
-reaches a warm launch made before it (and its unmount reaches namespaces made while
-it was mounted, instead of keeping its loop device busy there), the work root is
-made a shared mount at start-up and jobs' namespaces are its slaves (launch.py).
-
-`decide` (the mode in force, from a probe's findings) is pure; the rest runs mount,
-umount and mkfs, each with a timeout.
+"""A filesystem of its own `disk_mb` for each job's work dir, where the node allows it
+(root, loop devices, mkfs.ext4): a write past the limit fails there and then (ENOSPC),
+where the watch (disk.py) ends a job seconds late. `decide` (the mode in force) is pure;
+the rest runs mount, umount and mkfs, each with a timeout. docs/agent.md ("Disk").
 """
 from __future__ import annotations
 
@@ -111,7 +94,13 @@ def _unescape(field: str) -> str:
 
 
 class DiskFs:
-    """The work dirs' filesystems of one agent: images in `image_root`."""
+    """The work dirs' filesystems of one agent: a sparse ext4 image of `disk_mb` per job,
+    `<image_root>/<work dir name>.img`, loop-mounted on the work dir before the job gets
+    it. What is mounted, and what to remove, follows from a work dir's path alone, so a
+    restarted agent re-adopting a service or sweeping leftovers needs no record. The
+    work root is made a shared mount at start-up and jobs' mount namespaces are its
+    slaves (launch.py), so a job's filesystem reaches a warm launch made before it and
+    its unmount reaches namespaces made while it was mounted."""
 
     def __init__(self, image_root: str, work_root: str):
         self.image_root = image_root

@@ -1,16 +1,6 @@
 """The environment a job runs with: built from an allowlist, never from the agent's
-environment as a whole, which may hold cloud credentials (AWS_* for s3:// artifacts),
-tokens and whatever else the operator gave the agent.
-
-A job gets, a later source winning over an earlier one:
-1. from the agent's environment only FROM_AGENT, every variable starting with one of
-   FROM_AGENT_PREFIXES, and the names the operator lists in AGENT_JOB_ENV_PASSTHROUGH;
-2. IDENTITY, which the agent sets: who the job is and where its home and (without
-   a private /tmp) its temporary files are;
-3. the job's own `env_vars`, which may replace any of the above (HOME, PATH, ...);
-4. FIXED, which the agent sets and no job may replace: the job's id, node, attempt,
-   port, and its attempt's W3C trace context (shared/tracecontext.py).
-SET_BY_AGENT lists every variable the agent sets; add new ones there.
+environment as a whole, which may hold cloud credentials, tokens and whatever else the
+operator gave the agent. docs/agent.md ("Environment") says what a job gets.
 """
 from __future__ import annotations
 
@@ -79,8 +69,14 @@ def job_vars(job: Mapping) -> dict[str, str]:
 
 def build(job: Mapping, agent_part: Mapping[str, str], identity: Mapping[str, str],
           fixed: Mapping[str, str]) -> dict[str, str]:
-    """The complete environment of a job (see the module docstring). `identity` and
-    `fixed` may hold only names of IDENTITY and FIXED. Raises JobEnvError."""
+    """The complete environment of a job, a later source winning over an earlier one:
+    1. `agent_part`: from the agent's environment only FROM_AGENT, names starting with
+       FROM_AGENT_PREFIXES and AGENT_JOB_ENV_PASSTHROUGH's (from_agent);
+    2. `identity`: who the job is, its home and (without a private /tmp) its TMPDIR;
+    3. the job's own `env_vars`, which may replace any of the above;
+    4. `fixed`, which no job may replace: its id, node, attempt, port and trace context.
+    `identity` and `fixed` may hold only names of IDENTITY and FIXED (SET_BY_AGENT
+    lists every variable the agent sets; add new ones there). Raises JobEnvError."""
     unknown = (set(identity) - set(IDENTITY)) | (set(fixed) - set(FIXED))
     if unknown:
         raise ValueError(f"not variables the agent sets for jobs (jobenv.SET_BY_AGENT): {sorted(unknown)}")

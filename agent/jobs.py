@@ -1,19 +1,5 @@
-"""The jobs an agent holds a slot for, and the one place other threads read them.
-
-A job is first *claimed*: the scheduler handed it over (a claim, or a report's
-riding claim) and it waits in the table's queue for the work loop, as the job dict
-the scheduler sent. The work loop takes it (Intake.take_claimed) and it becomes a
-`LocalJob`, whose `state` is then:
-
-    preparing ──▶ running ──▶ ending ──▶ (removed: its report is in the outbox)
-        │                        ▲
-        └──────── not started ───┘  (start_error, or ended while preparing)
-
-One lock covers the queue and the held jobs, so free slots are never counted twice
-or not at all while a job moves from one to the other, and readers on other threads
-(the lease and fence threads, live output, the heartbeat) get snapshots instead of
-iterating a dict the work loop changes. Only the work loop adds and removes held
-jobs; a preparing thread changes its own LocalJob under the job's own lock.
+"""The jobs an agent holds a slot for (LocalJob, and its states), and the one place
+other threads read them (JobTable).
 """
 from __future__ import annotations
 
@@ -87,6 +73,21 @@ class LocalJob:
 
 
 class JobTable:
+    """A job is first *claimed*: the scheduler handed it over (a claim, or a report's
+    riding claim) and it waits in the queue for the work loop as the job dict the
+    scheduler sent. The work loop takes it (Intake.take_claimed) and it becomes a
+    LocalJob, whose `state` is then:
+
+        preparing ──▶ running ──▶ ending ──▶ (removed: its report is in the outbox)
+            │                        ▲
+            └──────── not started ───┘  (start_error, or ended while preparing)
+
+    One lock covers the queue and the held jobs, so free slots are never counted twice
+    or not at all while a job moves from one to the other, and readers on other
+    threads (lease, fence, live output, heartbeat) get snapshots. Only the work loop
+    adds and removes held jobs; a preparing thread changes its own LocalJob under the
+    job's own lock."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._held: dict[Key, LocalJob] = {}

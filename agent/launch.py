@@ -1,55 +1,8 @@
-"""How a job's process starts: the programs between the agent (root) and the job's
-shell, and the private /tmp they set up.
-
-    unshare --mount --ipc --propagation slave --                 (private /tmp)
-    /bin/sh -c SETUP corral-setup MOUNT FSTAB SIZE JOIN... --    (cgroups or private /tmp)
-    setpriv --no-new-privs --bounding-set=-all
-            --reuid=U --regid=G --clear-groups --                (another user, for good)
-    /bin/sh -c ENV_STAGE corral-env COMMAND                      (always)
-    /bin/sh -c COMMAND                                           the job
-
-Each stage execs the next, so the job keeps the pid the agent started and is in
-its cgroup and namespaces before its first instruction (no preexec_fn, which is
-unsafe in a threaded process). The drop also sets no_new_privs and empties the
-capability bounding set: no setuid program or file capability the job execs can
-make it root again. Root enters the work dir (the Popen's cwd) before the drop,
-so the job's user need not be able to search the directories above it.
-Everything before the privilege drop runs as root, so nothing the job controls may
-steer it:
-- the stages get LAUNCH_ENV, a PATH and nothing else, never the job's environment:
-  an LD_PRELOAD, LD_AUDIT, locale or library path of the job would otherwise act
-  inside root processes;
-- they are named by absolute paths found once at start-up (`Tools`);
-- the job's command is only an argument that they pass along; no root process
-  evaluates it, and the root shell's script is a constant of this module.
-The job's environment reaches the job-user stage as a shell script of
-`export NAME='value'` lines in a memfd that is the chain's standard input (argv
-would do too, but every user may read /proc/<pid>/cmdline; and /bin/sh can name
-no descriptor above 9 to close it, standard input it can). That stage sources it,
-replaces its standard input with /dev/null and execs the job's shell, so the job's
-process has exactly that environment and no descriptor of it.
-
-A private /tmp is a mount namespace of the job's own, in which tmpfs file systems
-(nosuid, nodev, mode 1777, bounded in size) cover /tmp, /var/tmp and /dev/shm, and
-an IPC namespace of its own (System V IPC, POSIX message queues). Both live as long
-as the job's processes, and what the job wrote there goes with them. One `mount -a`
-mounts all three from a small fstab the agent writes at start-up (`write_fstab`),
-with the size on its command line: one program instead of three. The file systems
-are named with a token of this agent process, since `mount -a` silently skips an
-entry whose source is already mounted at its target (an agent running inside a job
-of another agent would otherwise share that job's /tmp).
-
-A warm chain (`warm_argv`) is the same chain started before its job is known, in a
-cgroup made for the job to come: the cgroup join, the namespaces, the private /tmp
-and the privilege drop are done, and its last stage waits on standard input (a
-pipe) for the script `warm_script` writes once the job is claimed: change into the
-work dir, the environment, the command. It waits in the work dirs' directory, which
-root entered for it, and enters the job's work dir by a relative path. (Moving a waiting process into a cgroup
-made at the claim would cost more than it saves: another process's move waits for
-an RCU grace period, several milliseconds; a thread's own join does not.) The script's last line
-says it is complete, and the script is one block, which the shell runs only once it
-has read all of it: a chain whose pipe closes before the end (the agent stopped, or
-died while writing) exits and runs none of it.
+"""How a job's process starts: the chain of programs between the agent (root) and the
+job's shell (unshare, a set-up shell, setpriv, an environment stage), each exec'ing the
+next, and the private /tmp the chain mounts. Nothing before the privilege drop reads
+anything the job controls. docs/agent.md ("How a job starts", "Private /tmp", "Warm
+launch") and docs/security.md say what it guarantees.
 """
 from __future__ import annotations
 
@@ -64,7 +17,10 @@ from dataclasses import dataclass
 from corral.shared.files import write_private
 from corral.shared.validate import ENV_NAME_RE
 
-# What the root stages run with: no variable of the job's or the agent's.
+# What the root stages run with: no variable of the job's or the agent's (an LD_PRELOAD,
+# LD_AUDIT, locale or library path of the job would otherwise act inside root processes).
+# The stages are named by absolute paths (find_tools), the job's command is only an
+# argument they pass along, and the root shell's script is a constant of this module.
 LAUNCH_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 LAUNCH_ENV = {"PATH": LAUNCH_PATH}
 SHELL = "/bin/sh"
@@ -169,8 +125,11 @@ def quote(value: str) -> str:
 def env_script(env: Mapping[str, str]) -> bytes:
     """The shell script that gives the job-user stage exactly `env`: variables of
     LAUNCH_ENV the job lacks are unset (and PWD, which the shell exports on its own),
-    then every variable is exported. Raises ValueError for a name that is not a shell
-    identifier or a value with a NUL byte, which no environment can hold."""
+    then every variable is exported. It reaches that stage as standard input (a memfd),
+    not argv, which every user may read in /proc/<pid>/cmdline; standard input is also
+    a descriptor /bin/sh can close (it names none above 9), so the job inherits none.
+    Raises ValueError for a name that is not a shell identifier or a value with a NUL
+    byte, which no environment can hold."""
     lines = [f"unset {name}" for name in sorted({*LAUNCH_ENV, "PWD"} - set(env))]
     for name, value in env.items():
         if not isinstance(name, str) or not ENV_NAME_RE.match(name):
@@ -183,8 +142,11 @@ def env_script(env: Mapping[str, str]) -> bytes:
 
 def write_fstab(path: str) -> str:
     """Write the fstab of the jobs' private /tmp, /var/tmp and /dev/shm (those that are
-    directories here) to `path` (mode 0600), under a source name of this agent process
-    (see the module docstring); the path. The options are on mount's command line."""
+    directories here) to `path` (mode 0600); the path. One `mount -a` mounts them all
+    (one program instead of three); the options, size included, are on its command line.
+    The source is named with a token of this agent process, since `mount -a` silently
+    skips an entry whose source is already mounted at its target (an agent running
+    inside a job of another agent would otherwise share that job's /tmp)."""
     source = f"corral-tmp-{secrets.token_hex(8)}"
     text = "".join(f"{source} {d} tmpfs defaults 0 0\n"
                    for d in PRIVATE_DIRS if os.path.isdir(d) and not os.path.islink(d))
@@ -209,17 +171,33 @@ def memfd(name: str, data: bytes) -> int:
 
 def argv(command: str, tools: Tools, cgroup_files: Sequence[str] = (), user: User | None = None,
          private_tmp: PrivateTmp | None = None) -> list[str]:
-    """The chain of the module docstring for one job, to be run with its environment
-    script (env_script) as standard input. `user` None: no switch (the agent is not
-    root, or runs jobs as root by choice)."""
+    """The chain for one job, to be run in its work dir with its environment script
+    (env_script) as standard input:
+
+        unshare --mount --ipc --propagation slave --                 (private /tmp)
+        /bin/sh -c SETUP corral-setup MOUNT FSTAB SIZE JOIN... --    (cgroups or private /tmp)
+        setpriv --no-new-privs --bounding-set=-all
+                --reuid=U --regid=G --clear-groups --                (another user, for good)
+        /bin/sh -c ENV_STAGE corral-env COMMAND                      (always)
+        /bin/sh -c COMMAND                                           the job
+
+    Each stage execs the next, so the job keeps the pid the agent started and is in its
+    cgroup and namespaces before its first instruction (no preexec_fn, which is unsafe
+    in a threaded process). `user` None: no switch (the agent is not root, or runs jobs
+    as root by choice)."""
     return _root_stages(tools, cgroup_files, user, private_tmp) + [SHELL, "-c", _ENV_STAGE, ENV_STAGE_NAME,
                                                                    command]
 
 
 def warm_argv(tools: Tools, cgroup_files: Sequence[str] = (), user: User | None = None,
               private_tmp: PrivateTmp | None = None) -> list[str]:
-    """A warm chain (module docstring): argv's stages, ending in one that waits for
-    warm_script on its standard input."""
+    """A warm chain: argv's stages started before the job is known, in a cgroup made for
+    the job to come, ending in one that waits on its standard input (a pipe) for
+    warm_script. It waits in the work dirs' directory, which root entered for it.
+    (Moving a waiting process into a cgroup made at the claim would cost more than it
+    saves: another process's move waits for an RCU grace period; a thread's own join
+    does not.) A chain whose pipe closes before the script is whole exits and runs none
+    of it."""
     return _root_stages(tools, cgroup_files, user, private_tmp) + [SHELL, "-c", _WARM_STAGE, ENV_STAGE_NAME]
 
 

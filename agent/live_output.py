@@ -1,19 +1,7 @@
-"""Live output: while jobs run, the tails of their output go to the scheduler.
-
-Every AGENT_OUTPUT_INTERVAL_SECS a thread of its own looks at the jobs this agent
-holds and sends, in one `POST /jobs/output`, the current tail of each stream that
-CHANGED since it was last sent; a job that wrote nothing new costs one comparison
-and no request, and a pass with nothing new sends nothing. What is sent is the
-same bounded tail the final report carries (CORRAL_OUTPUT_TAIL_BYTES of each
-stream), never the whole history. The scheduler stores it for the current attempt
-of a job still `running` on this node only, so a late update can never overwrite
-a final report's output; the final report remains the source of the complete
-stored tail.
-
-Nothing here is on the path of starting or finishing a job: the thread reads
-what the work loop and the output reader threads already keep (runner's tail
-buffers, a service's log files). Its memory (what was sent last) is pruned to
-the jobs still held at every pass.
+"""Live output: while jobs run, the tails of their output go to the scheduler, one
+`POST /jobs/output` per pass with only the streams that changed. Off the path of
+starting and finishing a job: it reads what the work loop and the output readers
+already keep.
 """
 from __future__ import annotations
 
@@ -36,7 +24,14 @@ BACKOFF_CAP_SECS = 30.0
 
 class LiveOutput:
     """Sends running jobs' new output. `jobs` returns the agent's LocalJob objects
-    (a snapshot); `client` is this thread's own SchedulerClient."""
+    (a snapshot); `client` is this thread's own SchedulerClient.
+
+    Every `interval` (AGENT_OUTPUT_INTERVAL_SECS) it sends the current tail of each
+    stream that changed since it was last sent: the same bounded tail the final report
+    carries (CORRAL_OUTPUT_TAIL_BYTES), never the whole history. The scheduler stores
+    it only for the current attempt of a job still `running` on this node, so a late
+    update never overwrites a final report's output. What was sent last is pruned to
+    the jobs still held at every pass."""
 
     def __init__(self, node_id: str, jobs: Callable[[], Iterable], client: SchedulerClient, interval: float):
         self.node_id = node_id

@@ -1,28 +1,7 @@
 """The agent's own copy of each attempt's stdout and stderr, bounded, for shipping to
-the scheduler whole (log_shipping.py): a `Source` per stream.
-
-A stream is kept whole up to CORRAL_LOG_MAX_BYTES (`cap`). Past it, the first half
-(the head: what the job set out to do) and the last half (the tail: how it ended)
-are kept and a line between them says how many bytes were dropped
-(wire.LOG_DROPPED_MARK). The head can be shipped while the job runs; the rest only
-once the attempt has ended (`finish`), when it is known which bytes are the tail.
-So the stream the scheduler gets is `head`, then (past the cap) the mark, then the
-tail, and never more than cap plus the mark.
-
-Run jobs (`CapturedStream`): the agent reads their pipes (runner.RunningJob) and
-writes what comes to two files of its own under `<agent_dir>/output` (0700, files
-0600, opened O_NOFOLLOW; the job gets none of their descriptors and cannot reach
-the directory): the head file, and a ring file of `cap - cap/2` bytes that always
-holds the newest bytes past the head. Disk use per stream is at most `cap`.
-
-Services (`ServiceStream`) write to their log files themselves (so that they can
-outlive the agent, services.py); the agent reads those through a descriptor it
-opened when it started or adopted the service. Those files are emptied past
-AGENT_SERVICE_LOG_MAX_BYTES, so bytes past the head that no longer exist at the end
-count as dropped.
-
-Reads are `os.pread` on the agent's own descriptors: a job can never make the
-agent read another file.
+the scheduler whole (log_shipping.py): a `Source` per stream, kept in files the job
+cannot reach and read only through the agent's own descriptors. docs/agent.md
+("Output: the tail and the whole of it") says what is kept past CORRAL_LOG_MAX_BYTES.
 """
 from __future__ import annotations
 
@@ -45,7 +24,13 @@ FILE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class Source(Protocol):
-    """One stream of one attempt, as the shipper reads it."""
+    """One stream of one attempt, as the shipper reads it. Kept whole up to `cap`
+    (CORRAL_LOG_MAX_BYTES); past it, the head (what the job set out to do) and the last
+    half (how it ended) with a line between them saying how many bytes were dropped
+    (wire.LOG_DROPPED_MARK): never more than cap plus the mark. The head can be shipped
+    while the job runs; the rest only once the attempt has ended (`finish`), when it is
+    known which bytes are the tail. Reads are `os.pread` on the agent's own
+    descriptors: a job can never make the agent read another file."""
 
     def available(self) -> int:
         """Bytes of the stream that may be shipped now (the final size once finished)."""
@@ -126,7 +111,10 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
 
 
 class CapturedStream:
-    """A run job's stream: written by the agent's pipe reader (write), read by the shipper."""
+    """A run job's stream: written by the agent's pipe reader (write), read by the shipper.
+    Two files of the agent's own under `<agent_dir>/output` (0700, files 0600, opened
+    O_NOFOLLOW; the job gets none of their descriptors): the head, and a ring of
+    `cap - cap/2` bytes that holds the newest bytes past it. Disk use is at most `cap`."""
 
     def __init__(self, path: str, cap: int):
         self.path = path
@@ -217,7 +205,10 @@ class CapturedStream:
 
 class ServiceStream:
     """A service's stream, read from the log file it writes to (through a descriptor
-    the agent opened: the file itself stays the service's log, removed with it)."""
+    the agent opened: the file itself stays the service's log, removed with it). The
+    service writes it itself, so that it can outlive the agent (services.py); the file
+    is emptied past AGENT_SERVICE_LOG_MAX_BYTES, so bytes past the head that no longer
+    exist at the end count as dropped."""
 
     def __init__(self, path: str, cap: int):
         self.fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)

@@ -1,26 +1,7 @@
-"""Complete logs: each attempt's whole stdout and stderr go to the scheduler in
-numbered chunks (PUT /jobs/{id}/attempts/{n}/logs/{stream}/{seq}, or many small
-ones in one POST /jobs/logs), while the job runs and once it has ended, from the
-agent's own copies (log_capture.py).
-
-`LogShipper` holds one `Shipment` per stream of each attempt this agent ran and
-has not finished shipping. A thread of its own (`run`) passes over them every
-AGENT_OUTPUT_INTERVAL_SECS (an attempt that ended is shipped by the next pass), and sends
-what each stream holds past what the scheduler has, up to a chunk
-(wire.LOG_CHUNK_MAX_BYTES) per request, the last one marked final once the attempt
-has ended. What it learns from each answer is the truth about where the stream
-is: a `200` says the stream's size and the next seq (so a chunk the scheduler
-already had moves it on as well), a `409` the seq and offset it expects. Nothing
-is lost while the scheduler cannot be reached: the bytes stay in the agent's files,
-and the same chunk is sent again after a backoff (the scheduler stores it once).
-
-A stream leaves once the scheduler has its final chunk, or when it will never
-take it: the job is gone (404), the attempt is not one this node ran (409 without
-a position), or the stream is past CORRAL_LOG_MAX_BYTES (413); then its files are
-removed. An agent that restarted has no memory of what it shipped: it starts each
-adopted service's streams at 0 and the first answer moves them to where the
-scheduler is. Run jobs do not outlive the agent, and the files of an earlier
-agent's run jobs are removed at start-up (startup.py).
+"""Complete logs: each attempt's whole stdout and stderr go to the scheduler in numbered
+chunks from the agent's own copies (log_capture.py), while the job runs and once it has
+ended, nothing lost while the scheduler is away and nothing stored twice. docs/agent.md
+("Output: the tail and the whole of it") says how it behaves.
 """
 from __future__ import annotations
 
@@ -66,6 +47,18 @@ class Unshippable(Exception):
 
 
 class LogShipper:
+    """One `Shipment` per stream of each attempt this agent ran and has not finished
+    shipping. Its thread (`run`) passes over them every AGENT_OUTPUT_INTERVAL_SECS and
+    sends what each stream holds past what the scheduler has (PUT
+    /jobs/{id}/attempts/{n}/logs/{stream}/{seq} up to wire.LOG_CHUNK_MAX_BYTES, or many
+    small pieces in one POST /jobs/logs), the last chunk marked final once the attempt
+    has ended. Each answer says where the stream is: a `200` its size and next seq, a
+    `409` the seq and offset expected; unanswered, the same chunk goes again after a
+    backoff. A stream leaves once the scheduler has its final chunk or never will take
+    it (404: the job is gone; 409 without a position: not this node's attempt; 413: past
+    CORRAL_LOG_MAX_BYTES), and its files go. A restarted agent starts each adopted
+    service's streams at 0 and the first answer moves them on."""
+
     def __init__(self, node_id: str, directory: str, cap: int, chunk_bytes: int = LOG_CHUNK_MAX_BYTES):
         self.node_id = node_id
         self.directory = directory  # the run jobs' copies: <agent_dir>/output, 0700

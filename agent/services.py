@@ -1,46 +1,7 @@
-"""Service jobs: what a long-running `service` needs beyond a `run` job.
-
-A service is started like a run job (own session, own cgroup, its own uid, private
-/tmp) but with no timeout, with `PORT` in its environment when the job has a port,
-and with its stdout and stderr going to O_APPEND files, `<agent_dir>/logs/<job>-<attempt>.out`
-and `.err`, not to pipes: a pipe would break (SIGPIPE) when the agent that reads it
-exits, a file does not. The agent opens the files (mode 0600, in a 0700 directory)
-and the service only inherits the descriptors, so no job can read a service's log.
-The files are emptied (with a marker line) when one passes
-AGENT_SERVICE_LOG_MAX_BYTES; the report of a service that ended carries their tails.
-
-While it runs, a `ServiceMonitor` thread per service
-- records it in the registry right after start (`POST /services`, healthy null),
-- checks its health every AGENT_HEALTH_INTERVAL_SECS: an HTTP GET of
-  http://127.0.0.1:<port><health_path> when the job has a `health_path` (healthy on
-  2xx/3xx), else a TCP connect to 127.0.0.1:<port>. Only the HTTP check notices a
-  hung (e.g. SIGSTOPped) server: the kernel still accepts its TCP connections,
-- sends the record again when the health changes, and every RESEND_SECS anyway
-  so a registry that lost its data learns it again,
-- removes the record (`DELETE /services/{job_id}`, a 404 counts as done) when the
-  service ends or is cancelled; not when the agent stops (see below).
-A service without a port has nothing to check or balance: it is not recorded and
-not checked; it runs and is reported like any other job.
-
-The monitor threads use their own copy of the registry client (RegistryClient.clone),
-one each, so no HTTP session is shared between threads.
-
-Agent restarts. A JSON state file per running service (mode 0600),
-`<agent_dir>/services/<job>-<attempt>.json`, holds its pid, the pid's start time
-(/proc/<pid>/stat field 22, so a reused pid is never mistaken for it), its cgroup,
-port, name, health path, work dir, log files and uid (the next agent keeps that uid
-held, so no new job gets it while the service runs). An agent that stops leaves its
-services running with their state files; the next agent on the node re-adopts
-every service whose pid is still alive with the same start time (and, with
-cgroups, still in its cgroup) as an `AdoptedProcess`: it health-checks it, kills it
-through its cgroup when the scheduler cancels it, and when it exits reports it with
-its log tails and exit code -1, since only a process's parent can learn its real
-exit status. A service whose process is gone ended while no agent watched it:
-the next agent reports it `failed` (exit code -1, its log tails) from its first
-pass on, so the scheduler need not wait for anything to lapse and the retry rule
-applies, and it removes the service's registry record for that attempt
-(`remove_record`), so a load balancer stops being sent to a dead port; its state
-file is deleted. A service's state file is removed when the service ends.
+"""Service jobs: what a long-running `service` needs beyond a `run` job: its log files,
+a monitor thread that records it in the registry and checks its health, and the state
+file by which the next agent re-adopts it. docs/agent.md ("Services") says how they
+behave; the details are with ServiceMonitor, ServiceState and `adoptable` below.
 """
 from __future__ import annotations
 
@@ -113,6 +74,10 @@ def file_stem(job_id: str, attempt: int) -> str:
 
 
 def log_paths(log_root: str, job_id: str, attempt: int) -> tuple[str, str]:
+    """A service's stdout and stderr files, `<log_root>/<job>-<attempt>.out` and `.err`.
+    Files (opened O_APPEND by the agent, mode 0600 in a 0700 directory; the service
+    only inherits the descriptors), not pipes: a pipe would break (SIGPIPE) when the
+    agent reading it exits, a file does not."""
     stem = os.path.join(log_root, file_stem(job_id, attempt))
     return stem + ".out", stem + ".err"
 
@@ -123,7 +88,10 @@ def state_path(state_root: str, job_id: str, attempt: int) -> str:
 
 @dataclass(frozen=True)
 class ServiceState:
-    """What the next agent needs to re-adopt a running service."""
+    """What the next agent needs to re-adopt a running service: one JSON file (mode
+    0600) per running service, `<agent_dir>/services/<job>-<attempt>.json`, removed
+    when the service ends. `start_time` (proc_stat) keeps a reused pid from being
+    mistaken for it; `uid` stays held by the next agent, so no new job gets it."""
     job_id: str
     attempt: int
     pid: int
@@ -191,7 +159,10 @@ def remove_file(path: str | None) -> None:
 # --- health --------------------------------------------------------------------------------
 
 def check_health(port: int, health_path: str | None, timeout: float) -> bool:
-    """One health check of a service listening on 127.0.0.1:`port`."""
+    """One health check of a service listening on 127.0.0.1:`port`: an HTTP GET of
+    `health_path` (healthy on 2xx/3xx) when it has one, else a TCP connect. Only the
+    HTTP check notices a hung (e.g. SIGSTOPped) server: the kernel still accepts its
+    TCP connections."""
     if health_path:
         try:
             with requests.Session() as http:
@@ -211,12 +182,19 @@ def check_health(port: int, health_path: str | None, timeout: float) -> bool:
 
 
 class ServiceMonitor:
-    """The thread that records, health-checks and trims the logs of one service."""
+    """The thread that records, health-checks and trims the logs of one service. It
+    records the service right after start (healthy unknown), checks it every
+    `interval`, sends the record again when the health changes and every RESEND_SECS
+    (a registry that lost its data learns it again), empties a log file past
+    `log_max_bytes` (with a marker line), and removes the record when the service ends
+    or is cancelled, not when the agent stops. A service without a port is neither
+    recorded nor checked."""
 
     def __init__(self, registry, record: dict | None, health_path: str | None, interval: float,
                  timeout: float, log_files: tuple[str, str] | None, log_max_bytes: int,
                  check_first: bool = False):
-        """`registry`: a RegistryClient of this thread's own. `record`: the registry
+        """`registry`: a RegistryClient of this thread's own (RegistryClient.clone: no
+    HTTP session is shared between threads). `record`: the registry
         record (job_id, name, node_id, address, port), None for a service without a
         port. `check_first`: check before the first record (a re-adopted service
         that is probably healthy already), instead of recording it as unknown."""

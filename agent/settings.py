@@ -1,16 +1,7 @@
 """The agent's settings, read from environment variables (flags override them in cli.py).
-
-Every variable is defined once in SETTINGS (at the end: name, field, kind, default,
-bounds, meaning; docs/settings.md is generated from it) and checked at start, so a
-bad value stops the agent with one clear SettingError instead of failing later in a
-loop. The rules that tie settings together are in from_env.
-
-Limits: a job's `memory_mb` / `cpu_percent` (null: the node's default for its job
-type) may not exceed AGENT_MAX_MEMORY_MB / AGENT_MAX_CPU_PERCENT. A per-type default
-that was left unset is lowered to the maximum on a small node (a 1-CPU node runs
-services at 100%, not 200%); one that was set explicitly above the maximum is a
-SettingError. AGENT_RESERVED_MEMORY_MB / AGENT_RESERVED_CPU_PERCENT, kept for the
-system, may not exceed the maximum either.
+Every variable is defined once in SETTINGS (docs/settings.md is generated from it) and
+checked at start, so a bad value stops the agent with one clear SettingError; the rules
+that tie settings together are in from_env.
 """
 from __future__ import annotations
 
@@ -178,6 +169,10 @@ class AgentSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "AgentSettings":
+        """Limits: a job's memory_mb / cpu_percent may not exceed AGENT_MAX_MEMORY_MB /
+        AGENT_MAX_CPU_PERCENT. A per-type default left unset is lowered to the maximum
+        on a small node (a 1-CPU node runs services at 100%, not 200%); one set above
+        it is a SettingError. The reserved memory and CPU may not exceed it either."""
         values = read_all(SETTINGS, env)
         if values["run_as_root"] and values["job_user"] is not None:
             raise SettingError(f"AGENT_RUN_AS_ROOT=true and AGENT_JOB_USER={values['job_user']} contradict "

@@ -1,18 +1,7 @@
-"""The agent's spans (shared/tracing.py), in each job's trace:
-
-    corral.submit          the scheduler's: the span the job's stored traceparent names
-      corral.attempt       one attempt on this node, from its claim to its end; its
-                           process's TRACEPARENT names this span, so what the job traces
-                           nests under it, and the attempts of a job are siblings
-        corral.report      the attempt's report, from the attempt's end until the
-                           scheduler has it (or refused it)
-
-An attempt that cannot start here (it asks more than the node allows, the lease
-lapsed before it was taken) ends at once; one the scheduler ended (reconciled)
-ends without a report. A service left running when the agent stops, and one a
-new agent adopts, has no attempt span of the new agent's. Nothing here costs
-anything when no provider is installed, but the attempt's ids, chosen whether or
-not anything is exported.
+"""The agent's spans (shared/tracing.py) in each job's trace: `corral.attempt` (one
+attempt on this node, from its claim to its end; its process's TRACEPARENT names it) and
+its child `corral.report` (until the scheduler has the report), both under the
+scheduler's `corral.submit`. Nothing here costs anything without a provider.
 """
 from __future__ import annotations
 
@@ -46,7 +35,10 @@ def start_attempt(job: dict, own: TraceContext | None, job_id: str, attempt: int
 
 
 def failed_attempt(job: dict, job_id: str, attempt: int, node_id: str, why: str) -> Span:
-    """The span of an attempt that ended as it was taken (it could not start here)."""
+    """The span of an attempt that ended as it was taken: it could not start here (it
+    asks more than the node allows, the lease lapsed before it was taken). One the
+    scheduler ended (reconciled) ends without a report; a service an agent adopts has
+    no attempt span of the new agent's."""
     span = start_attempt(job, attempt_context(job), job_id, attempt, node_id)
     end_attempt(span, states.FAILED, -1, why)
     return span

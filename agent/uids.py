@@ -1,23 +1,7 @@
-"""A uid per job, from a configured range (AGENT_UID_RANGE), as Nomad's dynamic
-workload users and systemd's DynamicUser do: jobs of one node cannot signal, trace
-or read each other, since each runs under a uid of its own (gid = uid, no
-supplementary groups). A uid needs no passwd entry.
-
-The pool hands out the next free uid after the last one given, cycling through the
-range, so a uid comes back as late as possible: files a job left outside its work
-dir (a world-writable directory without a private /tmp, say) stay owned by its uid
-until then. The allocation lives in a small JSON file (mode 0600) in the agent's
-dir, `{"last": uid, "held": {"<job>-<attempt>": uid}}`, written on every change,
-so that a restarted agent keeps the uids of the services it re-adopts, gives no new
-job one of them, and continues after the last uid given.
-
-Several agents may share a host (a test cluster beside a real one, `make run`'s two
-nodes) and a range. So that no uid ever serves two jobs at once, whichever agent
-runs them, a uid is also claimed host-wide: by creating CLAIMS_DIR/<uid> (O_EXCL,
-naming the agent's dir and the job), removed when the uid is given back. A uid whose
-claim file exists is skipped, unless the agent dir it names is gone (an agent whose
-state was deleted). A restarted agent removes the claims it left for jobs that are
-gone; /run is emptied at boot.
+"""A uid per job, from a configured range (AGENT_UID_RANGE), as Nomad's dynamic workload
+users and systemd's DynamicUser do: jobs of one node cannot signal, trace or read each
+other. A uid needs no passwd entry; gid = uid, no supplementary groups. docs/agent.md
+("Users") says how to set it up.
 """
 from __future__ import annotations
 
@@ -54,6 +38,16 @@ def parse_range(text: str) -> tuple[int, int]:
 
 
 class UidPool:
+    """Hands out the next free uid after the last one given, cycling through the range,
+    so a uid comes back as late as possible (files a job left outside its work dir stay
+    its uid's until then). The allocation is a JSON file (mode 0600) in the agent's dir,
+    `{"last": uid, "held": {"<job>-<attempt>": uid}}`, written on every change, so a
+    restarted agent keeps its re-adopted services' uids. Several agents may share a host
+    and a range: a uid is also claimed host-wide by creating CLAIMS_DIR/<uid> (O_EXCL,
+    naming the agent's dir and the job), removed when it is given back. A uid whose
+    claim exists is skipped unless the agent dir it names is gone; a restarted agent
+    removes the claims it left for jobs that are gone; /run is emptied at boot."""
+
     def __init__(self, first: int, last: int, path: str, claims_dir: str = CLAIMS_DIR):
         self.first, self.last = first, last
         self.path = path

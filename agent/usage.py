@@ -1,16 +1,7 @@
-"""What a node's jobs use, sent with each lease renewal: their memory now, summed,
-and the CPU they used since the previous renewal, in percent of one CPU.
-
-The arithmetic (`usage`) is pure, time passed in. CPU is counted per job, from the
-job's own CPU time in both readings: a job that ended between them is simply not in
-the second (its cgroup is gone), and one that started between them, or was not
-readable the time before, counts from its first reading on, so neither makes the
-figure negative, nor huge with CPU time it used before the interval (a service an
-earlier agent started). The first reading has no interval yet: CPU 0.
-
-`Meter` reads the running jobs' cgroups (cgroups.JobCgroup.usage) and keeps the
-previous reading. Without cgroups (limits not enforced) there is nothing to read:
-no usage is sent. Reading never stops a renewal: any error is no usage that time.
+"""What a node's jobs use, sent with each lease renewal: their memory now, summed, and
+the CPU they used since the previous renewal, in percent of one CPU. The arithmetic
+(`usage`) is pure; `Meter` reads the cgroups, and sends no usage without them or on
+any error (reading never stops a renewal).
 """
 from __future__ import annotations
 
@@ -42,7 +33,11 @@ class Sample:
 
 def usage(previous: Sample | None, current: Sample) -> dict:
     """{"memory_mb", "cpu_percent"}: the jobs' memory in `current`, and their CPU
-    between `previous` and `current` (module docstring)."""
+    between `previous` and `current`. CPU is counted per job from its own CPU time in
+    both readings: a job that ended between them is not in the second, and one that
+    started between them (or was unreadable before) counts from its first reading, so
+    neither makes the figure negative, nor huge with CPU time used before the interval
+    (a service an earlier agent started). The first reading has no interval: CPU 0."""
     memory = sum(m for m, _ in current.jobs.values() if m is not None and m > 0)
     elapsed = 0.0 if previous is None else current.at - previous.at
     used = 0.0

@@ -1,24 +1,7 @@
-"""One launch kept started ahead of the next job (AGENT_WARM_START).
-
-Most of an idle node's time from a claim to the job's first instruction is the
-launch chain (launch.py): joining the cgroup, the private /tmp's namespaces and
-mounts, the privilege drop, the shells between them, each a program exec'd. None of
-it depends on the job but its limits (the cgroup's, and the size of its /tmp) and
-its uid, so the agent keeps one chain started ahead (runner.WarmStart): in a cgroup
-of its own with the limits of the last run job, under a uid of its own, waiting.
-The next `run` job with those limits takes it and starts in about the time of its
-own shell; its cgroup is the one made ahead (named WARM_CGROUP, not after the job:
-a cgroup cannot be renamed on cgroup v2; the agent's log names it).
-
-The keeper is the only owner of the warm chain until a job takes it. It starts one
-when the agent has a free slot and none is ready, on a thread of its own, a moment
-after the last one was taken (so that the next does not compete for the CPUs with
-the job the last one is starting). The uid is held under a key of its own
-(WARM_KEY), which the job's key replaces when the job takes it
-(identity.JobUsers.transfer). A chain that does not fit the next job (a service;
-other limits) is discarded, and the next is started with that job's limits. What an
-earlier agent left (its chain ends when its pipe closes with that agent) goes at
-start-up with the other leftovers: its cgroup, its uid.
+"""One launch kept started ahead of the next job (AGENT_WARM_START): the launch chain
+(launch.py) depends on nothing of a job but its limits and its uid, so the agent keeps
+one waiting, and the next `run` job with those limits starts in about the time of its
+own shell. docs/agent.md ("Warm launch") says how it behaves.
 """
 from __future__ import annotations
 
@@ -65,6 +48,15 @@ class Warm:
 
 
 class WarmKeeper:
+    """The only owner of the warm chain (runner.WarmStart) until a job takes it. It
+    starts one, in a cgroup with the last run job's limits and under a uid of its own,
+    when the agent has a free slot and none is ready, on a thread of its own, a moment
+    after the last was taken (so the next does not compete for the CPUs with the job
+    the last one is starting). Its cgroup keeps the name WARM_CGROUP (a cgroup cannot
+    be renamed on v2); its uid is held under WARM_KEY until the job's key replaces it
+    (identity.JobUsers.transfer). A chain that does not fit the next job is discarded.
+    What an earlier agent left goes at start-up with the other leftovers."""
+
     def __init__(self, users: identity.JobUsers, manager: cgroups.Manager, tail_bytes: int,
                  private_tmp: Callable[[int], launch.PrivateTmp | None], limits: Limits,
                  wanted: Callable[[], bool],
