@@ -1,7 +1,8 @@
-"""Fetch a job's `deploy_url` zip, check it and unpack it into the job's work dir, each
-stage bounded (size, time, entries, ratio) and failing with one ArtifactError that names
-it. Nothing is left behind on failure and nothing is written outside the work dir;
-docs/agent.md ("Artifacts") and docs/security.md say what is refused.
+"""Fetch a job's `deploy_url` zip, check it and unpack it into the job's work dir.
+
+Each stage is bounded (size, time, entries, ratio) and fails with one ArtifactError
+naming it; nothing is left behind on failure and nothing is written outside the work
+dir. docs/agent.md ("Artifacts") and docs/security.md say what is refused.
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""Per-job cgroups: memory, CPU and process-count limits, OOM detection, what a job uses,
-and killing a whole process tree. cgroup v2 and v1 are detected from /proc/self/cgroup
-and /proc/self/mountinfo (`detect`); where neither can be used, jobs run without limits
-(NoCgroups, with the reason). docs/agent.md ("Limits") says what a job gets.
+"""Per-job cgroups: memory, CPU and process limits, usage, OOM and whole-tree kills.
+
+cgroup v2 and v1 are detected from /proc/self/cgroup and /proc/self/mountinfo
+(`detect`); where neither can be used, jobs run without limits (NoCgroups, with the
+reason). docs/agent.md ("Limits") says what a job gets.
 """
 from __future__ import annotations
 

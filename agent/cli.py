@@ -1,7 +1,8 @@
-"""`corral-agent`: run the node agent in the foreground (systemd runs it this way), or
-`--check` what it would use without changing anything. Settings come from environment
-variables (settings.py); flags override them. docs/agent.md ("Checking a node",
-"Running and stopping") says what it does and how it stops.
+"""`corral-agent`: run the node agent in the foreground, or `--check` what it would use.
+
+systemd runs it in the foreground. Settings come from environment variables
+(settings.py); flags override them. docs/agent.md ("Checking a node", "Running and
+stopping") says what it does and how it stops.
 """
 from __future__ import annotations
 

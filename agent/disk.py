@@ -1,7 +1,8 @@
-"""Disk: a job's work dir held to its `disk_mb`, and the node's free-space floor, watched
-by one thread. It works on every node and filesystem, at the cost of letting a fast
-writer go a few seconds past its limit (diskfs.py stops writes at it where it can).
-The decisions (over_limit, under_floor) are pure. docs/agent.md ("Disk").
+"""Disk: a job's work dir held to its `disk_mb`, and the node's free-space floor.
+
+One thread watches both. It works on every node and filesystem, at the cost of letting
+a fast writer go a few seconds past its limit (diskfs.py stops writes at it where it
+can). The decisions (over_limit, under_floor) are pure. docs/agent.md ("Disk").
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""A filesystem of its own `disk_mb` for each job's work dir, where the node allows it
-(root, loop devices, mkfs.ext4): a write past the limit fails there and then (ENOSPC),
-where the watch (disk.py) ends a job seconds late. `decide` (the mode in force) is pure;
-the rest runs mount, umount and mkfs, each with a timeout. docs/agent.md ("Disk").
+"""A filesystem of its own `disk_mb` for each job's work dir, where the node allows it.
+
+Where the agent is root with loop devices and mkfs.ext4, a write past the limit fails
+there and then (ENOSPC), where the watch (disk.py) ends a job seconds late. `decide`
+(the mode in force) is pure; the rest runs mount, umount and mkfs, each with a timeout.
 """
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""The environment a job runs with: built from an allowlist, never from the agent's
-environment as a whole, which may hold cloud credentials, tokens and whatever else the
-operator gave the agent. docs/agent.md ("Environment") says what a job gets.
+"""The environment a job runs with, built from an allowlist.
+
+Never from the agent's environment as a whole, which may hold cloud credentials,
+tokens and whatever else the operator gave the agent. docs/agent.md ("Environment")
+says what a job gets.
 """
 from __future__ import annotations
 

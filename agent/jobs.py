@@ -1,5 +1,7 @@
-"""The jobs an agent holds a slot for (LocalJob, and its states), and the one place
-other threads read them (JobTable).
+"""The jobs an agent holds a slot for, and the one place other threads read them.
+
+LocalJob is one job and its states; JobTable the queue of claimed jobs and the held
+ones, under one lock.
 """
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""How a job's process starts: the chain of programs between the agent (root) and the
-job's shell (unshare, a set-up shell, setpriv, an environment stage), each exec'ing the
-next, and the private /tmp the chain mounts. Nothing before the privilege drop reads
-anything the job controls. docs/agent.md ("How a job starts", "Private /tmp", "Warm
-launch") and docs/security.md say what it guarantees.
+"""How a job's process starts: the launch chain from the agent (root) to the job's shell.
+
+unshare, a set-up shell, setpriv and an environment stage, each exec'ing the next, and
+the private /tmp the chain mounts. Nothing before the privilege drop reads anything the
+job controls. docs/agent.md ("How a job starts", "Private /tmp", "Warm launch") and
+docs/security.md say what it guarantees.
 """
 from __future__ import annotations
 

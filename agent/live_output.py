@@ -1,5 +1,6 @@
-"""Live output: while jobs run, the tails of their output go to the scheduler, one
-`POST /jobs/output` per pass with only the streams that changed. Off the path of
+"""Live output: while jobs run, the tails of their output go to the scheduler.
+
+One `POST /jobs/output` per pass, with only the streams that changed. Off the path of
 starting and finishing a job: it reads what the work loop and the output readers
 already keep.
 """

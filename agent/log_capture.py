@@ -1,7 +1,8 @@
-"""The agent's own copy of each attempt's stdout and stderr, bounded, for shipping to
-the scheduler whole (log_shipping.py): a `Source` per stream, kept in files the job
-cannot reach and read only through the agent's own descriptors. docs/agent.md
-("Output: the tail and the whole of it") says what is kept past CORRAL_LOG_MAX_BYTES.
+"""The agent's own bounded copy of each attempt's stdout and stderr, for shipping whole.
+
+A `Source` per stream (log_shipping.py reads them), kept in files the job cannot reach
+and read only through the agent's own descriptors. docs/agent.md ("Output: the tail
+and the whole of it") says what is kept past CORRAL_LOG_MAX_BYTES.
 """
 from __future__ import annotations
 

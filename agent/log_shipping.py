@@ -1,7 +1,8 @@
-"""Complete logs: each attempt's whole stdout and stderr go to the scheduler in numbered
-chunks from the agent's own copies (log_capture.py), while the job runs and once it has
-ended, nothing lost while the scheduler is away and nothing stored twice. docs/agent.md
-("Output: the tail and the whole of it") says how it behaves.
+"""Complete logs: each attempt's whole stdout and stderr, shipped to the scheduler.
+
+In numbered chunks from the agent's own copies (log_capture.py), while the job runs and
+once it has ended, nothing lost while the scheduler is away and nothing stored twice.
+docs/agent.md ("Output: the tail and the whole of it") says how it behaves.
 """
 from __future__ import annotations
 

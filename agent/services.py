@@ -1,7 +1,8 @@
-"""Service jobs: what a long-running `service` needs beyond a `run` job: its log files,
-a monitor thread that records it in the registry and checks its health, and the state
-file by which the next agent re-adopts it. docs/agent.md ("Services") says how they
-behave; the details are with ServiceMonitor, ServiceState and `adoptable` below.
+"""Service jobs: what a long-running `service` needs beyond a `run` job.
+
+Its log files, a monitor thread that records it in the registry and checks its health,
+and the state file by which the next agent re-adopts it. docs/agent.md ("Services")
+says how they behave; the details are with ServiceMonitor, ServiceState and `adoptable`.
 """
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
-"""The agent's spans (shared/tracing.py) in each job's trace: `corral.attempt` (one
-attempt on this node, from its claim to its end; its process's TRACEPARENT names it) and
-its child `corral.report` (until the scheduler has the report), both under the
-scheduler's `corral.submit`. Nothing here costs anything without a provider.
+"""The agent's spans (shared/tracing.py) in each job's trace.
+
+`corral.attempt` (one attempt on this node, from its claim to its end; its process's
+TRACEPARENT names it) and its child `corral.report` (until the scheduler has the
+report), both under the scheduler's `corral.submit`. Nothing here costs anything
+without a provider.
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""A uid per job, from a configured range (AGENT_UID_RANGE), as Nomad's dynamic workload
-users and systemd's DynamicUser do: jobs of one node cannot signal, trace or read each
-other. A uid needs no passwd entry; gid = uid, no supplementary groups. docs/agent.md
-("Users") says how to set it up.
+"""A uid per job, from a configured range (AGENT_UID_RANGE).
+
+As Nomad's dynamic workload users and systemd's DynamicUser do: jobs of one node cannot
+signal, trace or read each other. A uid needs no passwd entry; gid = uid, no
+supplementary groups. docs/agent.md ("Users") says how to set it up.
 """
 from __future__ import annotations
 

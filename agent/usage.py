@@ -1,7 +1,8 @@
-"""What a node's jobs use, sent with each lease renewal: their memory now, summed, and
-the CPU they used since the previous renewal, in percent of one CPU. The arithmetic
-(`usage`) is pure; `Meter` reads the cgroups, and sends no usage without them or on
-any error (reading never stops a renewal).
+"""What a node's jobs use, sent with each lease renewal.
+
+Their memory now, summed, and the CPU they used since the previous renewal, in percent
+of one CPU. The arithmetic (`usage`) is pure; `Meter` reads the cgroups, and sends no
+usage without them or on any error (reading never stops a renewal).
 """
 from __future__ import annotations
 

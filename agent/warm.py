@@ -1,7 +1,8 @@
-"""One launch kept started ahead of the next job (AGENT_WARM_START): the launch chain
-(launch.py) depends on nothing of a job but its limits and its uid, so the agent keeps
-one waiting, and the next `run` job with those limits starts in about the time of its
-own shell. docs/agent.md ("Warm launch") says how it behaves.
+"""One launch kept started ahead of the next job (AGENT_WARM_START).
+
+The launch chain (launch.py) depends on nothing of a job but its limits and its uid, so
+the agent keeps one waiting, and the next `run` job with those limits starts in about
+the time of its own shell. docs/agent.md ("Warm launch") says how it behaves.
 """
 from __future__ import annotations
 

@@ -1,30 +1,8 @@
-"""The cluster-wide bound on pending jobs (MAX_PENDING_JOBS): whether a request that
-creates n new jobs may store them.
+"""The cluster-wide bound on pending jobs (MAX_PENDING_JOBS).
 
-Every path that creates jobs asks (Submits.submit, submit_batch, submit_array: POST
-/jobs, POST /jobs/batch, arrays, SQS messages, schedule runs), after its idempotency
-key was looked up (a repeat creates nothing, so it is never refused) and before it
-writes. A retry or a requeue of a job that exists creates none and never asks.
-Beyond the bound: TooManyRequests (429, Retry-After), and nothing is written.
-
-What it costs. Counting the pending jobs walks the (status, node_id, queue_at, id)
-index, an index-only count that grows with the queue (4-10 ms for 100,000 jobs on
-SQLite, 20-30 ms on PostgreSQL, here): paid by every submit, it would make submitting
-slower the longer the queue, which this bound is there to prevent. So each process
-keeps its last count plus what it admitted since, and decides on that. Once it is
-RECOUNT_SECS old, a thread of its own counts again while submits go on deciding on
-the old one (no request waits for that count). Only a submit the estimate would
-refuse waits for a fresh count (at most one every REFUSED_RECOUNT_SECS, so that
-clients retrying at the bound do not each pay one).
-
-How far it may be exceeded. Within a process, admissions are decided one at a time
-against the count plus what it admitted since: exact (jobs that started since only
-make it err on the safe side). Another process (a gunicorn worker, a replica, the
-SQS intake) admits against its own count: what the others admitted since that count,
-RECOUNT_SECS and the count's own time at most, it does not see. So the bound is
-exceeded by at most what the other processes admit within about RECOUNT_SECS
-(an array counts whole). Exactness would need a row every submit and every claim
-writes, which would queue placements on different nodes behind one another.
+Whether a request that creates n new jobs may store them, decided on each process's own
+estimate so that no submit pays for a count that grows with the queue. Beyond the
+bound: TooManyRequests (429, Retry-After), and nothing is written.
 """
 from __future__ import annotations
 
@@ -90,7 +68,21 @@ def refusal(pending: int, new: int, limit: int) -> TooManyRequests:
 class PendingGate:
     """One process's admissions against the bound. `count()` counts the pending jobs
     (a database read on the caller's connection); `count_apart()` does on a thread of
-    its own (its own connection, closed after). `clock` is monotonic (tests pass theirs)."""
+    its own (its own connection, closed after). `clock` is monotonic (tests pass theirs).
+
+    Every path that creates jobs asks (POST /jobs, batches, arrays, SQS messages,
+    schedule runs), after its idempotency key was looked up (a repeat creates nothing
+    and is never refused) and before it writes; a retry or requeue never asks.
+
+    Counting walks the (status, node_id, queue_at, id) index, an index-only count that
+    grows with the queue (4-10 ms for 100,000 jobs on SQLite, 20-30 ms on PostgreSQL),
+    so the gate keeps its last count plus what it admitted since. Once RECOUNT_SECS
+    old, a thread counts again while submits go on deciding on the old one; only a
+    submit the estimate would refuse waits for a fresh count (at most one every
+    REFUSED_RECOUNT_SECS). Within a process this is exact (jobs that started since
+    only err on the safe side); across processes the bound is exceeded by at most what
+    the others admit within about RECOUNT_SECS (an array counts whole). Exactness would
+    need a row every submit and claim writes, queueing placements behind one another."""
 
     def __init__(self, limit: int, count: Callable[[], int], count_apart: Callable[[], int] | None = None,
                  clock: Callable[[], float] = time.monotonic):

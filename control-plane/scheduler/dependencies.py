@@ -1,19 +1,8 @@
 """Job dependencies (`depends_on`), decided without I/O.
 
-A job may wait for others to end a certain way (Slurm's afterok, afternotok,
-afterany):
-
-    done      the other job ended `done`                       (the default)
-    failed    the other job ended `failed`
-    finished  the other job ended at all (`cancelled` included)
-
-A job waits until every condition holds. A condition that can no longer hold
-(a `done` dependency that failed or was cancelled, a `failed` one that was done
-or cancelled) cancels the waiting job, unless it asked `on_dependency_failure:
-"run"`, which counts that condition as met; a cancelled job's own dependents
-are decided in turn, down the chain. A job that has already ended when another
-names it decides the condition at once. An operator's retry of a failed job
-does not revive the jobs its failure cancelled.
+Slurm's afterok, afternotok and afterany as the conditions `done`, `failed` and
+`finished`. docs/scheduling.md ("Dependencies") says how a job waits and when it is
+cancelled instead.
 """
 from __future__ import annotations
 

@@ -1,25 +1,8 @@
 """`GET /events`: one client's Server-Sent Events stream, written by a request thread.
 
-The stream begins with an `open` event whose id is where it starts (after the
-client's Last-Event-ID, or now), preceded by a `missed` event when the retention
-deleted events the client had not seen. Then it sends each stored event that
-the filter lets through (event_log.py), reading them:
-
-- only when the process's stream hub (stream_hub.py) says that events past the
-  stream's position may have been committed: the hub watches the change feed for
-  every stream of the process with one query per change, so an idle stream makes
-  no query and is not even woken; and not more often than every MIN_GAP_SECS, so
-  that a busy cluster costs each stream a few queries a second, not one per commit;
-- holding no database connection in between.
-
-An idle stream gets a keep-alive comment every EVENTS_KEEPALIVE_SECS (with the
-stream's position, events.keep_alive; no query). A stream ends after
-EVENTS_STREAM_MAX_SECS (the client reconnects with its Last-Event-ID, so a
-long-lived connection never pins a worker that is being replaced), when the
-worker stops, or when the client goes away (a write fails). Each open stream
-holds a request thread: it takes a place in the process's stream budget
-(stream_hub.StreamBudget, apart from the waiting claims'), and a stream beyond it
-is refused before it begins.
+The thread holds no database connection while it waits, reads only when the process's
+stream hub (stream_hub.py) says it may be behind, and ends after
+EVENTS_STREAM_MAX_SECS. docs/api.md ("The event stream") says what a client gets.
 """
 from __future__ import annotations
 
@@ -99,7 +82,14 @@ class Body:
 def stream(log_: EventLog, db: peewee.Database, hub: StreamHub, cursor: Cursor, wanted: Filter,
            first: list[bytes], timing: Timing, closed: Callable[[], bool],
            on_end: Callable[[], None]) -> Body:
-    """The stream's body (module docstring). `on_end` runs once, however it ends."""
+    """The stream's body: the `open` event (after the client's Last-Event-ID, or now;
+    a `missed` event before it when the retention deleted events the client had not
+    seen), then each stored event the filter lets through (event_log.py), read when the
+    hub says so and not more often than every MIN_GAP_SECS (a busy cluster costs each
+    stream a few queries a second, not one per commit). An idle stream gets a keep-alive
+    every EVENTS_KEEPALIVE_SECS (no query). It ends after EVENTS_STREAM_MAX_SECS (the
+    client reconnects, so a worker being replaced is never pinned), when the worker
+    stops, or when a write fails. `on_end` runs once, however it ends."""
     return Body(_chunks(log_, db, hub, cursor, wanted, first, timing, closed), on_end)
 
 

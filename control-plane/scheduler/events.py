@@ -1,23 +1,7 @@
-"""The event stream's pure parts: positions in it, what a node change is, and the
-bytes of Server-Sent Events (`GET /events`, event_stream.py; the rows: event_log.py).
+"""The event stream's pure parts: positions, node changes, Server-Sent Events' bytes.
 
-A client resumes with the `id` of the last event it saw (`Last-Event-ID`); that id
-is a `Cursor`, a position in the table `stream_event`:
-
-- SQLite commits one writer at a time, so row ids are in commit order and the
-  position is the last id read ("1234").
-- PostgreSQL draws ids before the commit, so a row with a smaller id can commit
-  after one with a larger id that a reader already passed. Each row keeps the id
-  of the transaction that wrote it (`tx`), and a reader takes rows in WINDOWS of
-  transaction ids: [lo, hi), where `hi` was the oldest transaction still open
-  when the window was opened (pg_snapshot_xmin). Every transaction below it has
-  ended, so the window's rows are final, and a transaction that writes later
-  has an id of `hi` or more: the next window. Within a window rows go by id. The
-  position is "lo.hi.id" (the window and the last id read in it); a window read
-  to its end is "hi.hi.0": the next one starts at hi. Nothing committed is
-  skipped and nothing is sent twice. A transaction left open holds the windows
-  back (its own and every later event waits for it), which is why Corral keeps
-  its transactions short; docs/api.md says so.
+Positions in it (Cursor), what a node change is, and the bytes of `GET /events`
+(event_stream.py; the rows: event_log.py).
 """
 from __future__ import annotations
 
@@ -38,7 +22,19 @@ class BadCursor(ValueError):
 
 @dataclass(frozen=True, order=True)
 class Cursor:
-    """A position in the stream (module docstring). SQLite: `id` only."""
+    """A position in the table `stream_event`: the id a client resumes with
+    (`Last-Event-ID`). SQLite: `id` only, since it commits one writer at a time and row
+    ids are in commit order ("1234").
+
+    PostgreSQL draws ids before the commit, so a smaller id can commit after a larger
+    one a reader already passed. Each row keeps its writing transaction's id (`tx`),
+    and a reader takes rows in windows of transaction ids [lo, hi), `hi` being the
+    oldest transaction still open when the window opened (pg_snapshot_xmin): every
+    transaction below it has ended, so the window's rows are final, and a later writer
+    has an id of `hi` or more. Within a window rows go by id. The position is
+    "lo.hi.id"; a window read to its end is "hi.hi.0". Nothing committed is skipped
+    or sent twice; a transaction left open holds the windows back, which is why Corral
+    keeps its transactions short."""
 
     lo: int = 0
     hi: int = 0

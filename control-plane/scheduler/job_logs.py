@@ -1,25 +1,9 @@
-"""Complete logs: every attempt's whole stdout and stderr, shipped by its agent in
-numbered chunks (PUT /jobs/{id}/attempts/{n}/logs/{stream}/{seq}) and read back by
-byte range (GET /jobs/{id}/logs).
+"""Complete logs: every attempt's whole stdout and stderr, stored and read back.
 
-A stream is a run of chunks 0, 1, 2 … without gap or overlap: chunk `seq` starts
-where chunk `seq - 1` ended, and the last one says `final`. That makes shipping
-idempotent and resumable: a chunk sent again (its answer was lost, the agent
-restarted) is recognised by its seq, offset and digest and stored once; a chunk
-that is not the next one is refused (409) with the seq and offset the scheduler
-expects, so the agent resumes there. Nothing the scheduler answered 200 for is
-lost when it restarts: the row commits before the answer.
-
-Fencing: only the node an attempt ran on may ship its logs (its `running` event
-says so), and it may still ship an earlier attempt's after the job moved on (an
-attempt that ended while the scheduler was unreachable, a retry on the same node).
-
-Each stream is bounded by CORRAL_LOG_MAX_BYTES: the agent keeps the head and the
-tail and marks what it dropped (shared/wire.py); the scheduler refuses (413) a
-stream that grows past the bound and the mark's room.
-
-The bytes are kept in the database (`log_chunk.data`) or, with CORRAL_LOG_BUCKET,
-in S3 (log_objects.py): the object is written before its row commits.
+Shipped by its agent in numbered chunks (PUT /jobs/{id}/attempts/{n}/logs/{stream}/{seq})
+and read back by byte range (GET /jobs/{id}/logs); kept in the database or, with
+CORRAL_LOG_BUCKET, in S3 (log_objects.py). docs/api.md ("Complete logs") says what
+clients see.
 """
 from __future__ import annotations
 
@@ -64,7 +48,13 @@ class Piece:
 def judge(chunk: Piece, same: Piece | None, last: Piece | None, cap: int) -> str:
     """Whether `chunk` is a repeat of the stored `same` (REPEAT) or the next one of a
     stream whose last stored chunk is `last` (STORE); anything else is refused.
-    `cap`: CORRAL_LOG_MAX_BYTES."""
+    `cap`: CORRAL_LOG_MAX_BYTES.
+
+    A stream is a run of chunks 0, 1, 2 … without gap or overlap, the last one `final`.
+    That makes shipping idempotent and resumable: a chunk sent again is recognised by
+    its seq, offset and digest and stored once; one that is not the next is refused
+    (409) with the seq and offset expected, where the agent resumes. A stream growing
+    past the cap and the mark's room (shared/wire.py) is refused (413)."""
     expected_seq = 0 if last is None else last.seq + 1
     expected_offset = 0 if last is None else last.end
     where = {"expected_seq": expected_seq, "expected_offset": expected_offset,
@@ -128,6 +118,11 @@ def _event(job_row: int, node_id: str, attempt: int, stream: str, chunk: Piece, 
 
 
 class JobLogs:
+    """The chunks' store. Only the node an attempt ran on (its `running` event says so)
+    may ship its logs, an earlier attempt's too after the job moved on. Nothing answered
+    200 is lost on a restart: the row commits before the answer, and an S3 object is
+    written before its row."""
+
     def __init__(self, db: peewee.Database, settings: SchedulerSettings):
         self.db = db
         self.cap = settings.log_max_bytes
@@ -138,7 +133,7 @@ class JobLogs:
 
     def put(self, job_id: str, attempt: int, stream: str, seq: int, node_id: str, start: int, final: bool,
             data: bytes, now: float) -> LogPosition:
-        """Store one chunk (module docstring); the answer: whether it was stored, what the
+        """Store one chunk (judge, JobLogs); the answer: whether it was stored, what the
         stream holds after it, and the seq its next chunk takes."""
         job_row = self._job_row(job_id)
         chunk = _chunk(seq, start, data, final)

@@ -1,27 +1,9 @@
 """Every decision about a job's state, in one pure module.
 
-The store reads a job, asks this module what an event does to it, and applies
-the answer in one write (store/transitions.py): a compare-and-set on the job's
-status and attempt, its event row, its notification. Nothing here touches the
-database, the clock or the network: the job, the event, the policy and `now`
-come in, a `Transition` (or a refusal) goes out.
-
-    event                         from        to
-    started (claim, report)       pending  -> running
-    finished: exit 0              running  -> done
-    finished: failed, retries     running  -> pending   (retry_count + 1, after a backoff)
-    finished: failed, no retries  running  -> failed
-    finished: past its timeout    running  -> failed    (a timeout is final)
-    finished: given up by node    running  -> pending   (node_losses + 1) or failed
-    node lost                     running  -> pending   (node_losses + 1) or failed
-    timed out (the watcher)       running  -> failed
-    late success                  pending  -> done      (a run given up for lost had finished)
-    cancelled                     pending, running -> cancelled
-    a dependency can never hold   pending  -> cancelled (dependencies.py)
-    retried (an operator)         failed   -> pending   (a fresh retry budget)
-
-A node loss is not the job's fault: it keeps its retry budget, counted in
-`node_losses` instead, up to `max_node_losses`; `on_node_lost=fail` fails it.
+The job, the event, the policy and `now` come in, a `Transition` (or a refusal) goes
+out; the store applies it in one write (store/transitions.py): a compare-and-set on the
+job's status and attempt, its event row, its notification. What each event does:
+Transition.
 """
 from __future__ import annotations
 
@@ -76,7 +58,24 @@ class Policy:
 @dataclass(frozen=True)
 class Transition:
     """What an event does to a job: its new status, the other fields that change, the
-    reason recorded in its history, and what it counts for (a timeout)."""
+    reason recorded in its history, and what it counts for (a timeout).
+
+        event                         from        to
+        started (claim, report)       pending  -> running
+        finished: exit 0              running  -> done
+        finished: failed, retries     running  -> pending   (retry_count + 1, after a backoff)
+        finished: failed, no retries  running  -> failed
+        finished: past its timeout    running  -> failed    (a timeout is final)
+        finished: given up by node    running  -> pending   (node_losses + 1) or failed
+        node lost                     running  -> pending   (node_losses + 1) or failed
+        timed out (the watcher)       running  -> failed
+        late success                  pending  -> done      (a run given up for lost had finished)
+        cancelled                     pending, running -> cancelled
+        a dependency can never hold   pending  -> cancelled (dependencies.py)
+        retried (an operator)         failed   -> pending   (a fresh retry budget)
+
+    A node loss is not the job's fault: it keeps its retry budget, counted in
+    `node_losses` instead, up to `max_node_losses`; `on_node_lost=fail` fails it."""
 
     old: str
     new: str

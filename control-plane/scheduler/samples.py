@@ -1,18 +1,6 @@
-"""The charts' samples (GET /stats/history): what the cluster did in one interval and
-how it stood at its end, from what the sampler read (sampler.py). Pure: the counts
-and rows in, a sample out; the time is passed in.
-
-A sample taken at `now` counts the jobs that reached a final status, and the first
-attempts that started, in a window of finish and start times that ends SETTLE_SECS
-before `now` and begins where the previous sample's window ended. A report's
-transaction reads its time before it commits, so a job can commit with a
-`finished_at` a moment older than a sample taken meanwhile: the window lags that
-much behind, and such a job is counted by the next sample rather than by none.
-
-Dispatch latency is what the corral_job_dispatch_latency_seconds histogram
-observes (metrics.started): submission to the start of the first attempt
-(`created_at` to `running_at`), of jobs that have neither been retried nor lost a
-node; a sample gives its p50 and p95 over the jobs that started in its window.
+"""The charts' samples (GET /stats/history): what the cluster did in one interval and how
+it stood at its end, from what the sampler read (sampler.py). Pure: the counts and rows
+in, a sample out; the time is passed in.
 """
 import math
 from collections.abc import Iterable, Sequence
@@ -27,7 +15,10 @@ FINALS = tuple(sorted(FINAL_STATUSES))
 
 def window(previous_at: float | None, now: float, interval: float) -> tuple[float, float]:
     """The (start, end] of the finish and start times a sample at `now` counts: from the
-    previous sample's end on (one interval, when there is none) to SETTLE_SECS ago."""
+    previous sample's end on (one interval, when there is none) to SETTLE_SECS ago. A
+    report's transaction reads its time before it commits, so a job can commit with a
+    `finished_at` a moment older than a sample taken meanwhile: the window lags that
+    much, and such a job is counted by the next sample rather than by none."""
     end = now - SETTLE_SECS
     start = end - interval if previous_at is None else previous_at - SETTLE_SECS
     return min(start, end), end

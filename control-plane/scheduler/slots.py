@@ -1,23 +1,9 @@
-"""When a schedule's slots fall: a cron expression in an IANA time zone, or a fixed
-interval. Pure: times are epoch seconds (UTC) passed in, nothing reads the clock.
+"""When a schedule's slots fall: a cron expression in a time zone, or a fixed interval.
 
-Cron expressions are parsed and walked by cronsim, in the schedule's zone
-(zoneinfo). At daylight-saving changes Corral follows ISC cron's rule, which
-this module enforces on top of what the library yields:
-
-- An entry with fixed hours (its hour field does not start with `*`) whose
-  local time does not exist (spring forward) runs once, at the first valid
-  instant after it: the slots that fall into the gap collapse into that run
-  (cronsim yields exactly that).
-- An entry with fixed hours whose local time happens twice (fall back) runs
-  once, at the first occurrence: slots in the repeated hour's second pass are
-  skipped (cronsim would yield `*/20 1 * * *`'s slots in both passes).
-- An entry with wildcard or stepped hours (`*/5 * * * *`, `@hourly`) runs at
-  every real instant that matches, so it neither stops for an hour nor doubles.
-- An interval schedule ignores zones: its slots are anchor + k × interval.
-
-A slot is always strictly later, in real time, than the instant it follows:
-a walk started inside the repeated hour could otherwise go back an hour.
+Cron in an IANA zone is walked by cronsim, with ISC cron's daylight-saving rule
+enforced on top (next_cron_slot); an interval is anchor + k × interval, with no zone.
+Pure: times are epoch seconds (UTC) passed in. docs/schedules.md says what happens at
+daylight-saving changes.
 """
 from __future__ import annotations
 
@@ -79,7 +65,12 @@ def time_zone(name: str) -> zoneinfo.ZoneInfo:
 
 
 def next_cron_slot(cron: Cron, zone: zoneinfo.ZoneInfo, after: float) -> float:
-    """The first slot strictly after `after`."""
+    """The first slot strictly after `after`, in real time (a walk started inside a
+    repeated hour could otherwise go back an hour). ISC cron's rule: an entry with fixed
+    hours runs once in a spring-forward gap (at the first valid instant after it, as
+    cronsim yields) and once in a fall-back repeat (the first pass: the second pass's
+    slots are skipped, which cronsim would yield); one with wildcard or stepped hours
+    runs at every real instant that matches."""
     start = datetime.datetime.fromtimestamp(after, zone)
     skipped = 0
     for local in CronSim(cron.fields, start):

@@ -1,27 +1,8 @@
-"""What the open event streams (`GET /events`, event_stream.py) of one server process
-share: their budget and the one watcher that tells them when to read.
+"""What the open event streams of one server process share: a budget and a watcher.
 
-Budget (`StreamBudget`): each open stream holds a request thread for as long as it
-is open, so a process holds at most EVENTS_STREAMS_MAX of them (default: an eighth
-of its threads), and one credential at most EVENTS_STREAMS_PER_CREDENTIAL of those
-(the token's role, or the client's address where no token is configured). The
-waiting claims have a budget of their own (longpoll.WaitRoom): a stream never takes
-a claim's place, and the claims' default leaves room for the streams' cap and the
-reserved threads (longpoll.default_max_waiters). A stream beyond either cap is
-refused before it begins (503 for the process, 429 for the credential).
-
-Watcher (`StreamHub`): an open stream sleeps on the hub, holding no database
-connection, and reads only when the hub says that an event it has not read may
-have been committed. The hub's one thread waits on the process's change feed
-(control-plane/server/changefeed.py, the feed the waiting claims use) and, on a change, runs ONE
-small query for every stream of the process: the newest position committed (SQLite:
-the newest event id; PostgreSQL: the transaction horizon, since ids are not
-committed in order, events.py). Only when it moved are the streams woken, and
-only a stream behind it reads. So N idle streams cost no query and no wake-up;
-commits that write no event (lease renewals, reports) cost one query per process,
-whatever N. PostgreSQL's feed announces only placements: there the hub also looks
-every LOOK_SECS while streams are open (still one query for all of them). The hub
-runs only while at least one stream is open.
+Their budget (StreamBudget), and the one watcher (StreamHub) that tells the streams
+(`GET /events`, event_stream.py) when to read, so that N idle streams cost no query and
+no wake-up.
 """
 from __future__ import annotations
 
@@ -67,7 +48,13 @@ def default_max_streams(threads: int) -> int:
 
 
 class StreamBudget:
-    """Open streams per process and per credential (pure counting, thread-safe)."""
+    """Open streams per process and per credential (pure counting, thread-safe). Each
+    open stream holds a request thread, so a process holds at most EVENTS_STREAMS_MAX
+    (default: an eighth of its threads), and one credential (the token's role, or the
+    client's address without tokens) at most EVENTS_STREAMS_PER_CREDENTIAL of those. A
+    stream beyond either cap is refused before it begins (503 for the process, 429 for
+    the credential). Waiting claims have a budget of their own (longpoll.WaitRoom),
+    whose default leaves room for this one (longpoll.default_max_waiters)."""
 
     def __init__(self, max_streams: int, per_credential: int):
         self.max_streams = max_streams
@@ -111,6 +98,16 @@ def behind(cursor: Cursor, mark: int | None) -> bool:
 
 
 class StreamHub:
+    """An open stream sleeps here, holding no database connection, and reads only when
+    the hub says an event it has not read may have been committed. The hub's one thread
+    waits on the process's change feed (control-plane/server/changefeed.py) and, on a
+    change, runs one small query for every stream: the newest position committed
+    (SQLite: the newest event id; PostgreSQL: the transaction horizon, events.Cursor).
+    Only when it moved are the streams woken, and only a stream behind it reads; a
+    commit that writes no event costs one query per process. PostgreSQL's feed
+    announces only placements, so there the hub also looks every LOOK_SECS while
+    streams are open. It runs only while at least one stream is open."""
+
     def __init__(self, log_: EventLog, db: peewee.Database, feed: ChangeFeed,
                  clock: Callable[[], float] = time.monotonic):
         self.log = log_
