@@ -25,11 +25,6 @@ from .uids import parse_range
 
 MiB = 1024 * 1024
 
-# The design's per-job-type defaults.
-DEFAULT_RUN_MEMORY_MB = 512
-DEFAULT_RUN_CPU_PERCENT = 100
-DEFAULT_SERVICE_MEMORY_MB = 1024
-DEFAULT_SERVICE_CPU_PERCENT = 200
 # Jobs' own uids (identity.py, uids.py) and their process limit (pids.max).
 DEFAULT_UID_RANGE = (70000, 79999)
 DEFAULT_JOB_MAX_PROCESSES = 1024
@@ -70,11 +65,11 @@ class AgentSettings:
     job_user: str | None = None
     run_as_root: bool = False
     # Limits (MB, percent of one CPU) per job type, and the most a job may ask for.
-    run_memory_mb: int = DEFAULT_RUN_MEMORY_MB
-    run_cpu_percent: int = DEFAULT_RUN_CPU_PERCENT
-    service_memory_mb: int = DEFAULT_SERVICE_MEMORY_MB
-    service_cpu_percent: int = DEFAULT_SERVICE_CPU_PERCENT
-    max_memory_mb: int = field(default_factory=lambda: total_memory_mb() or DEFAULT_SERVICE_MEMORY_MB)
+    run_memory_mb: int = limits.DEFAULT_RUN_MEMORY_MB
+    run_cpu_percent: int = limits.DEFAULT_RUN_CPU_PERCENT
+    service_memory_mb: int = limits.DEFAULT_SERVICE_MEMORY_MB
+    service_cpu_percent: int = limits.DEFAULT_SERVICE_CPU_PERCENT
+    max_memory_mb: int = field(default_factory=lambda: total_memory_mb() or limits.DEFAULT_SERVICE_MEMORY_MB)
     max_cpu_percent: int = field(default_factory=lambda: (os.cpu_count() or 1) * 100)
     # Kept for the system: placement counts a node's allocatable capacity as the
     # maximum minus these.
@@ -281,7 +276,7 @@ def _cpus() -> int:
 
 
 def _memory_mb() -> int:
-    return total_memory_mb() or DEFAULT_SERVICE_MEMORY_MB
+    return total_memory_mb() or limits.DEFAULT_SERVICE_MEMORY_MB
 
 
 def route_address(url: str) -> str:
@@ -374,16 +369,16 @@ SETTINGS = (
             "names of the agent's environment variables jobs get too, beyond `PATH`, `LANG`, `LC_*`, `TZ`; "
             "never a `CORRAL_*TOKEN`, `LD_PRELOAD` or `LD_AUDIT`", parse=_passthrough,
             form="names, comma-separated", shown="none"),
-    Setting("AGENT_RUN_MEMORY_MB", "run_memory_mb", "int", DEFAULT_RUN_MEMORY_MB,
+    Setting("AGENT_RUN_MEMORY_MB", "run_memory_mb", "int", limits.DEFAULT_RUN_MEMORY_MB,
             "memory limit of `run` jobs that ask for none (lowered to `AGENT_MAX_MEMORY_MB` when unset and "
             "above it)", minimum=limits.MIN_MEMORY_MB, maximum=limits.MAX_MEMORY_MB),
-    Setting("AGENT_RUN_CPU_PERCENT", "run_cpu_percent", "int", DEFAULT_RUN_CPU_PERCENT,
+    Setting("AGENT_RUN_CPU_PERCENT", "run_cpu_percent", "int", limits.DEFAULT_RUN_CPU_PERCENT,
             "CPU limit (percent of one CPU) of `run` jobs that ask for none (lowered to `AGENT_MAX_CPU_PERCENT` "
             "when unset and above it)", minimum=1, maximum=limits.MAX_CPU_PERCENT),
-    Setting("AGENT_SERVICE_MEMORY_MB", "service_memory_mb", "int", DEFAULT_SERVICE_MEMORY_MB,
+    Setting("AGENT_SERVICE_MEMORY_MB", "service_memory_mb", "int", limits.DEFAULT_SERVICE_MEMORY_MB,
             "memory limit of `service` jobs that ask for none (lowered like `AGENT_RUN_MEMORY_MB`)",
             minimum=limits.MIN_MEMORY_MB, maximum=limits.MAX_MEMORY_MB),
-    Setting("AGENT_SERVICE_CPU_PERCENT", "service_cpu_percent", "int", DEFAULT_SERVICE_CPU_PERCENT,
+    Setting("AGENT_SERVICE_CPU_PERCENT", "service_cpu_percent", "int", limits.DEFAULT_SERVICE_CPU_PERCENT,
             "CPU limit of `service` jobs that ask for none (lowered like `AGENT_RUN_CPU_PERCENT`)", minimum=1,
             maximum=limits.MAX_CPU_PERCENT),
     Setting("AGENT_MAX_MEMORY_MB", "max_memory_mb", "int", _memory_mb,

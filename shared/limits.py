@@ -7,6 +7,13 @@ MIN_MEMORY_MB = 4  # the least a job may ask for
 MAX_MEMORY_MB = 1024 * 1024  # 1 TiB
 MAX_CPU_PERCENT = 100_000  # 1,000 CPUs
 MAX_PROCESSES = 4_194_304  # Linux's largest pid_max
+# A job's default limits by type when it asks for none: an agent's unless its
+# AGENT_RUN_* / AGENT_SERVICE_* settings say otherwise, and the scheduler's for a node
+# that advertised none.
+DEFAULT_RUN_MEMORY_MB = 512
+DEFAULT_RUN_CPU_PERCENT = 100
+DEFAULT_SERVICE_MEMORY_MB = 1024
+DEFAULT_SERVICE_CPU_PERCENT = 200
 # A lease renewal's measured use of the node (the sum of its jobs').
 MAX_USED_MEMORY_MB = 16 * MAX_MEMORY_MB
 # A report's stdout or stderr, in characters: the agent sends the tails within it.

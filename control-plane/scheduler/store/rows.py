@@ -7,11 +7,15 @@ import functools
 import json
 from typing import Any
 
+from corral.shared import wire
+from corral.shared.limits import (DEFAULT_RUN_CPU_PERCENT, DEFAULT_RUN_MEMORY_MB, DEFAULT_SERVICE_CPU_PERCENT,
+                                  DEFAULT_SERVICE_MEMORY_MB)
+
 from .. import placement
 
-# The design's default limits per job type, for a claim whose agent sent no defaults of its own.
-DESIGN_LIMITS = {"run": {"memory_mb": 512, "cpu_percent": 100},
-                 "service": {"memory_mb": 1024, "cpu_percent": 200}}
+# The default limits per job type (shared/limits.py), for a claim whose agent sent no defaults of its own.
+DESIGN_LIMITS = {wire.JOB_RUN: {"memory_mb": DEFAULT_RUN_MEMORY_MB, "cpu_percent": DEFAULT_RUN_CPU_PERCENT},
+                 wire.JOB_SERVICE: {"memory_mb": DEFAULT_SERVICE_MEMORY_MB, "cpu_percent": DEFAULT_SERVICE_CPU_PERCENT}}
 FALLBACK_LIMITS = {job_type: (limits["memory_mb"], limits["cpu_percent"])
                    for job_type, limits in DESIGN_LIMITS.items()}
 
