@@ -139,3 +139,11 @@ def recorded():
 
     with recording() as spans:
         yield spans
+
+
+@pytest.fixture(autouse=True)
+def _migrated_template(request, monkeypatch):
+    """Fresh SQLite databases start as a copy of a migrated one (tests/migrated_template.py)."""
+    import migrated_template
+    if request.path.name not in migrated_template.REAL_MIGRATIONS:
+        monkeypatch.setattr("corral.server.migrations.apply", migrated_template.apply)
