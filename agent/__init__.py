@@ -1,2 +1,4 @@
-"""The Corral node agent: registers the node, heartbeats, pulls jobs from the
-scheduler, runs them as local process groups and reports how they ended."""
+"""The Corral node agent.
+
+Registers the node, heartbeats, pulls jobs from the scheduler, runs them as local
+process groups and reports how they ended."""

@@ -1,5 +1,7 @@
-"""The agent's composition root: the Agent makes a node's parts and wires them to one
-another, each with the narrow collaborators it needs (never the Agent itself).
+"""The agent's composition root.
+
+The Agent makes a node's parts and wires them to one another, each with the narrow
+collaborators it needs (never the Agent itself).
 
 Its own steps are the ones that span parts: startup (detect what the node offers, re-adopt
 services, make the parts that need what it found) and reap_once (end jobs, report, claim

@@ -1,5 +1,7 @@
-"""How a job ends on the agent: the agent ending it (timeout, cancel, fence, stop),
-noticing that it ended, and the report that says how.
+"""How a job ends on the agent.
+
+The agent ending it (timeout, cancel, fence, stop), noticing that it ended, and the
+report that says how.
 
 `end` starts a kill in the background and marks why (jobs.py: END_*); `reap`
 is the work loop's pass over the held jobs: it ends those past their deadline and

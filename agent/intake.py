@@ -1,7 +1,9 @@
-"""Taking jobs in: the claimed ones the work loop starts (take_claimed), or, when the
-agent polls (AGENT_LONG_POLL_SECS=0), pending ones whose `running` report is the claim
-(poll_once). A job taken holds its slot in the job table from then on and is prepared
-on a thread of its own (Preparer.prepare), so the work loop never waits for a download.
+"""Taking jobs in.
+
+The claimed ones the work loop starts (take_claimed), or, when the agent polls
+(AGENT_LONG_POLL_SECS=0), pending ones whose `running` report is the claim (poll_once).
+A job taken holds its slot in the job table from then on and is prepared on a thread of
+its own (Preparer.prepare), so the work loop never waits for a download.
 """
 from __future__ import annotations
 

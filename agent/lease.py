@@ -1,5 +1,6 @@
-"""The agent's side of its lease with the scheduler: when it was last renewed, for
-how long, and when the lease thread renews it next.
+"""The agent's side of its lease with the scheduler.
+
+When it was last renewed, for how long, and when the lease thread renews it next.
 
 A renewal counts from when it was *sent*, not answered: the scheduler records it on
 arrival, which is later, so the agent's deadline always comes before the one the

@@ -1,6 +1,7 @@
-"""The agent's standing with the control plane: registered with the registry and
-heartbeating there, its lease with the scheduler renewed, and its run jobs fenced
-when the lease lapses.
+"""The agent's standing with the control plane.
+
+Registered with the registry and heartbeating there, its lease with the scheduler
+renewed, and its run jobs fenced when the lease lapses.
 
 The registry heartbeat and the lease renewal run on threads of their own (`beat`),
 so a slow registry never delays a renewal nor the other way round; failures are

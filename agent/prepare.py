@@ -1,9 +1,10 @@
-"""Preparing one job, on a worker thread of its own: its environment (checked
-first), a fresh work dir, its deploy_url archive, a uid of its own and the tree's
-ownership, a cgroup with its limits, then its process, in the warm launch when one
-fits (warm.py) or through the launch chain (launch.py). A job ended meanwhile
-(cancelled, timed out, the agent stopping) is not started; a job that cannot be set
-up gets a start_error, which the agent reports. The agent's work loop never waits
+"""Preparing one job, on a worker thread of its own.
+
+Its environment (checked first), a fresh work dir, its deploy_url archive, a uid of its
+own and the tree's ownership, a cgroup with its limits, then its process, in the warm
+launch when one fits (warm.py) or through the launch chain (launch.py). A job ended
+meanwhile (cancelled, timed out, the agent stopping) is not started; a job that cannot
+be set up gets a start_error, which the agent reports. The agent's work loop never waits
 for a download.
 """
 from __future__ import annotations

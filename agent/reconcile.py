@@ -1,6 +1,7 @@
-"""What the agent holds against what the scheduler lists as running on its node:
-which jobs ended there, which are stale, which were lost here. Pure: keys and
-counters in, decisions out; agent.Agent acts on them (kills, drops, reports).
+"""Reconciling what the agent holds with what the scheduler lists as running here.
+
+Which jobs ended there, which are stale, which were lost here. Pure: keys and counters
+in, decisions out; agent.Agent acts on them (kills, drops, reports).
 
 A job the agent holds that the scheduler no longer lists was ended there (timed
 out, moved, cancelled): the agent kills it (a claimed one not started yet is

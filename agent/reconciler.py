@@ -1,6 +1,7 @@
-"""Reconcile: compare what runs here with what the scheduler thinks runs here, and act
-on the difference (kill what the scheduler ended, report what this agent lost). The
-decisions are reconcile.py's (pure); this part asks, kills and reports.
+"""Acting on the difference between what runs here and what the scheduler lists.
+
+It kills what the scheduler ended and reports what this agent lost. The decisions are
+reconcile.py's (pure); this part asks, kills and reports.
 """
 from __future__ import annotations
 

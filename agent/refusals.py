@@ -1,10 +1,12 @@
-"""When the registry or the scheduler refuses this node's credential (401, or 403
-for a credential that may not act for this node): retrying at the usual pace only
-fills the servers' logs and this one, since nothing changes until someone gives the
-agent a credential that works. So each loop that talks to them (registration,
-heartbeat, lease renewal, claims, polling) logs an ERROR that says what to do, and
-waits 1 s, doubling up to REFUSED_CAP_SECS, between tries; the first call that is
-accepted again brings its usual pace back (and a line that says so).
+"""The slow retry pace after the control plane refuses this node's credential.
+
+When the registry or the scheduler refuses it (401, or 403 for a credential that may not
+act for this node), retrying at the usual pace only fills the servers' logs and this
+one, since nothing changes until someone gives the agent a credential that works. So
+each loop that talks to them (registration, heartbeat, lease renewal, claims, polling)
+logs an ERROR that says what to do, and waits 1 s, doubling up to REFUSED_CAP_SECS,
+between tries; the first call that is accepted again brings its usual pace back (and a
+line that says so).
 """
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""The subprocess seam: start a job's shell command, capture the tail of its output,
-kill its whole process tree.
+"""The subprocess seam.
+
+Start a job's shell command, capture the tail of its output, kill its whole process
+tree.
 
 Nothing here talks to the network or knows about reports; agent.py decides what a
 result means. How the process is set up (its cgroup, private /tmp, user and

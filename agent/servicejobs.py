@@ -1,5 +1,7 @@
-"""The agent's side of service jobs: what it does when one starts, when a new agent
-finds those an earlier one left running, and when the agent stops.
+"""The agent's side of service jobs.
+
+What it does when one starts, when a new agent finds those an earlier one left running,
+and when the agent stops.
 
 A started service gets a state file (services.ServiceState) and a monitor (health
 checks, its registry record). Stopping the agent detaches the running services:

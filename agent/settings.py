@@ -1,4 +1,5 @@
 """The agent's settings, read from environment variables (flags override them in cli.py).
+
 Every variable is defined once in SETTINGS (docs/settings.md is generated from it) and
 checked at start, so a bad value stops the agent with one clear SettingError; the rules
 that tie settings together are in from_env.

@@ -1,7 +1,8 @@
-"""What the agent does once when it starts, before it takes work: its directories,
-whether jobs get a private /tmp, and the leftovers an earlier agent of this node
-left behind (work dirs and service logs; cgroups and uids are swept by their own
-modules). Agent.startup runs these in order, with the cgroup and uid detection and
+"""What the agent does once when it starts, before it takes work.
+
+Its directories, whether jobs get a private /tmp, and the leftovers an earlier agent of
+this node left behind (work dirs and service logs; cgroups and uids are swept by their
+own modules). Agent.startup runs these in order, with the cgroup and uid detection and
 the adoption of the services still running (servicejobs.py).
 """
 from __future__ import annotations

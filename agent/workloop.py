@@ -1,8 +1,9 @@
-"""The agent's work loop, one pass at a time: `tick(now)` checks the jobs (reap:
-timeouts, ends, reports), starts what was claimed, and every POLL_INTERVAL_SECS
-compares with the scheduler (reconcile) or, when the agent polls, asks for work.
-daemon.py calls it after each wake-up (a claim, a job's output closing) or
-daemon.TICK_SECS; tests drive it step by step with their own clock.
+"""The agent's work loop, one pass at a time.
+
+`tick(now)` checks the jobs (reap: timeouts, ends, reports), starts what was claimed,
+and every POLL_INTERVAL_SECS compares with the scheduler (reconcile) or, when the agent
+polls, asks for work. daemon.py calls it after each wake-up (a claim, a job's output
+closing) or daemon.TICK_SECS; tests drive it step by step with their own clock.
 
 Failures never end the loop: a failed reap is retried after a backoff (0.5 s
 doubling to 30 s), a failed poll or reconcile too (1 s to 30 s), each logged.

@@ -1,6 +1,7 @@
-"""The registry's HTTP API (Flask), run by `corral-registry` under gunicorn: its database
-and schema, and `create_app`, the composition of its routes (api/) with the servers'
-common plumbing (guards, OpenAPI, readiness, metrics)."""
+"""The registry's HTTP API (Flask), run by `corral-registry` under gunicorn.
+
+Its database and schema, and `create_app`, the composition of its routes (api/) with the
+servers' common plumbing (guards, OpenAPI, readiness, metrics)."""
 import time
 from collections.abc import Callable
 

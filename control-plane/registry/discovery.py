@@ -1,6 +1,7 @@
-"""Prometheus HTTP service discovery (`http_sd_configs`): the healthy service jobs
-and nodes the registry knows as target groups. Pure: the routes in api/discovery.py read
-the rows and call these.
+"""Prometheus HTTP service discovery (`http_sd_configs`).
+
+The healthy service jobs and nodes the registry knows as target groups. Pure: the routes
+in api/discovery.py read the rows and call these.
 
 A target group is `{"targets": ["host:port"], "labels": {...}}`. Prometheus keeps
 labels starting with `__meta_` for relabelling and drops them before storing, so

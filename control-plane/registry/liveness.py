@@ -1,6 +1,7 @@
-"""Which heartbeats (and service health checks) count as recent enough, with a grace
-after a registry restart so that nodes are not declared lost because the registry
-itself was away."""
+"""Which heartbeats (and service health checks) count as recent enough.
+
+With a grace after a registry restart so that nodes are not declared lost because the
+registry itself was away."""
 from dataclasses import dataclass
 
 

@@ -1,5 +1,7 @@
-"""The registry's routes: the resource groups (api/), and the access table
-(control-plane/server/auth.py) generated from their declarations."""
+"""The registry's routes.
+
+The resource groups (api/), and the access table (control-plane/server/auth.py)
+generated from their declarations."""
 from corral.server.routes import access_table
 
 from .api import discovery, nodes, services

@@ -1,5 +1,7 @@
-"""Registry settings, read from the environment: those it shares with the scheduler
-(control-plane/server/settings.py) and its own (SETTINGS); docs/settings.md lists them."""
+"""Registry settings, read from the environment.
+
+Those it shares with the scheduler (control-plane/server/settings.py) and its own
+(SETTINGS); docs/settings.md lists them."""
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass

@@ -1,4 +1,5 @@
-"""The scheduler's HTTP API (Flask), run by `corral-scheduler` under gunicorn:
+"""The scheduler's HTTP API (Flask), run by `corral-scheduler` under gunicorn.
+
 `create_app`, the composition of its routes (api/, routes.py), the parts a process
 builds (wiring.py) and the servers' common plumbing (guards, OpenAPI, readiness,
 metrics, the dashboard); and the schema's migration before the workers fork."""

@@ -1,5 +1,6 @@
-"""boto3 clients for the SQS intake, the SNS outbox and the complete logs' S3 bucket,
-built when first needed.
+"""boto3 clients for the SQS intake, the SNS outbox and the complete logs' S3 bucket.
+
+Built when first needed.
 
 Nothing here runs at import time. Credentials come from boto3's own chain
 (environment, ~/.aws, instance or task role). The region is AWS_REGION or

@@ -1,5 +1,6 @@
-"""The stored events of the stream (table `stream_event`): reading a page after a
-position, writing node and log events, and the retention.
+"""The stored events of the stream (table `stream_event`).
+
+Reading a page after a position, writing node and log events, and the retention.
 
 Job transitions reach the table without code here: a trigger copies every
 job_event row in the transaction that wrote it (migration 0008). Positions and

@@ -1,5 +1,7 @@
-"""The SNS message of a job that reached a final state. Pure: the store writes it to the
-outbox in the same transaction as the status change; sns_outbox.py publishes it."""
+"""The SNS message of a job that reached a final state.
+
+Pure: the store writes it to the outbox in the same transaction as the status change;
+sns_outbox.py publishes it."""
 from corral.shared.timeutil import iso
 
 

@@ -1,7 +1,8 @@
-"""The scheduler's OpenAPI 3.1.0 document, served at GET /openapi.json: the operations
-its routes declare (api/, control-plane/server/routes.py) with the shared parts (path
-parameters, error answers, meta and dashboard paths), every body schema generated from
-the models of contract.py (control-plane/server/openapi.py builds it).
+"""The scheduler's OpenAPI 3.1.0 document, served at GET /openapi.json.
+
+The operations its routes declare (api/, control-plane/server/routes.py) with the shared
+parts (path parameters, error answers, meta and dashboard paths), every body schema
+generated from the models of contract.py (control-plane/server/openapi.py builds it).
 
 tests/test_openapi.py checks every route is listed and runs schemathesis
 against a live server to check every answer against it.

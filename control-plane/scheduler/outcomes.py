@@ -1,6 +1,8 @@
-"""What became of one item of a batch request (an agent's report, an output tail, a log
-chunk): applied, with what it left, or refused, with why. The store and job_logs.py
-return these plain results; views.py shapes them into the answers' items."""
+"""What became of one item of a batch request (outcomes the store hands to views.py).
+
+An agent's report, an output tail, a log chunk: applied, with what it left, or refused,
+with why. The store and job_logs.py return these plain results; views.py shapes them
+into the answers' items."""
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 

@@ -1,6 +1,8 @@
-"""Cutting a list answer to size: a page holds at most `limit` items and about
-`max_bytes` of JSON, so no single request makes a worker hold more than that (a
-job's env_vars and output tails can reach megabytes). Pure."""
+"""Cutting a list answer to size.
+
+A page holds at most `limit` items and about `max_bytes` of JSON, so no single request
+makes a worker hold more than that (a job's env_vars and output tails can reach
+megabytes). Pure."""
 from __future__ import annotations
 
 from collections.abc import Iterable

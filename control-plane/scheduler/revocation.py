@@ -1,5 +1,7 @@
-"""Revoking one node's credential through the scheduler (control-plane/server/revocations.py says
-how a credential's generation and each service's floor work).
+"""Revoking one node's credential through the scheduler, on both services at once.
+
+control-plane/server/revocations.py says how a credential's generation and each
+service's floor work.
 
 One call revokes on both services: the registry's floor is raised first, to the
 generation asked for (or to the scheduler's floor plus one), and then the

@@ -1,6 +1,8 @@
-"""The scheduler's routes: the resource groups (api/), and what is generated from
-their declarations: the access table (control-plane/server/auth.py) and the routes
-that take raw bytes rather than JSON (control-plane/server/guards.py)."""
+"""The scheduler's routes.
+
+The resource groups (api/), and what is generated from their declarations: the access
+table (control-plane/server/auth.py) and the routes that take raw bytes rather than JSON
+(control-plane/server/guards.py)."""
 from corral.server.routes import access_table, raw_routes
 
 from .api import agents, arrays, concurrency, events, jobs, logs, nodes, schedules, stats, submits

@@ -1,7 +1,9 @@
-"""The charts' sampler: once across gunicorn workers and replicas (a lease of its own,
-as the other background loops have), it takes a sample every STATS_INTERVAL_SECS
-(samples.py) and deletes those older than STATS_RETENTION_SECS, in one short
-transaction whose write is fenced by the lease.
+"""The charts' sampler: a sample every STATS_INTERVAL_SECS, and their retention.
+
+Once across gunicorn workers and replicas (a lease of its own, as the other background
+loops have), it takes a sample every STATS_INTERVAL_SECS (samples.py) and deletes those
+older than STATS_RETENTION_SECS, in one short transaction whose write is fenced by the
+lease.
 
 When the next sample is due is read from the newest sample in the database, not
 kept in this process: whoever takes the lease over (a restart, another worker or

@@ -1,6 +1,7 @@
-"""The charts' samples (GET /stats/history): what the cluster did in one interval and how
-it stood at its end, from what the sampler read (sampler.py). Pure: the counts and rows
-in, a sample out; the time is passed in.
+"""The charts' samples (GET /stats/history).
+
+What the cluster did in one interval and how it stood at its end, from what the sampler
+read (sampler.py). Pure: the counts and rows in, a sample out; the time is passed in.
 """
 import math
 from collections.abc import Iterable, Sequence

@@ -1,6 +1,8 @@
-"""The loop that fires schedules: once across workers and replicas (a lease), it
-turns every due slot into a job (schedules.Schedules.fire: one transaction per
-schedule, each write fenced by the lease) and places them.
+"""The loop that fires schedules.
+
+Once across workers and replicas (a lease), it turns every due slot into a job
+(schedules.Schedules.fire: one transaction per schedule, each write fenced by the lease)
+and places them.
 
 It sleeps until the earliest next slot, at most `SCHEDULE_POLL_SECS` (so that a
 schedule created or changed meanwhile is seen within that), so a slot fires

@@ -1,5 +1,6 @@
-"""What the API, the SQS intake and the background loops ask of the scheduler: the
-store applies the change (its state decided by lifecycle.py), then placement fills
+"""What the API, the SQS intake and the background loops ask of the scheduler.
+
+The store applies the change (its state decided by lifecycle.py), then placement fills
 the slots it freed or the work it added, an explicit step never hidden in a write.
 
 Placement runs under the placement lock (`placing()`): PostgreSQL's advisory locks,

@@ -1,6 +1,8 @@
-"""Scheduler settings, read from the environment: the table of each (SETTINGS, AWS)
-is below the dataclass, those both servers read are in control-plane/server/settings.py,
-and docs/settings.md lists them all (SQS and SNS: docs/sqs-sns.md)."""
+"""Scheduler settings, read from the environment.
+
+The table of each (SETTINGS, AWS) is below the dataclass, those both servers read are in
+control-plane/server/settings.py, and docs/settings.md lists them all (SQS and SNS:
+docs/sqs-sns.md)."""
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass

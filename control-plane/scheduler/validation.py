@@ -1,6 +1,8 @@
-"""Checking what clients send, with the models of contract.py: job requests (POST /jobs
-and SQS messages alike), batches, agents' reports, claims and live output. Each
-function returns what the store takes (plain columns) or raises BadRequest. Pure."""
+"""Checking what clients send, with the models of contract.py.
+
+Job requests (POST /jobs and SQS messages alike), batches, agents' reports, claims and
+live output. Each function returns what the store takes (plain columns) or raises
+BadRequest. Pure."""
 import base64
 import binascii
 import hashlib

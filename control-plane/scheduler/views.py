@@ -1,6 +1,8 @@
-"""What the scheduler's API answers: jobs, events, nodes and /stats as the answer
-models of contract.py, filled from the rows the store reads, and the items of batch
-answers from the store's outcomes (outcomes.py). Pure: no database, no Flask."""
+"""What the scheduler's API answers.
+
+Jobs, events, nodes and /stats as the answer models of contract.py, filled from the rows
+the store reads, and the items of batch answers from the store's outcomes (outcomes.py).
+Pure: no database, no Flask."""
 import datetime
 import functools
 import zoneinfo

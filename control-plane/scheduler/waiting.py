@@ -1,5 +1,6 @@
-"""Why a pending job waits: its `pending_reason`, one code with a message and the
-details of that code.
+"""Why a pending job waits.
+
+Its `pending_reason`, one code with a message and the details of that code.
 
 Pure. Placement gives the reasons it finds when it offers a job and cannot
 place it (no_healthy_node, constraints_unmet, no_capacity,

@@ -1,7 +1,8 @@
-"""What a scheduler process builds besides its routes: the store and the waiting room
-of its long-poll claims (with the room's check of which nodes have work), the routes'
-context (api/context.py), the readiness check, and the background loops.
-app.py composes these into the WSGI app."""
+"""What a scheduler process builds besides its routes.
+
+The store and the waiting room of its long-poll claims (with the room's check of which
+nodes have work), the routes' context (api/context.py), the readiness check, and the
+background loops. app.py composes these into the WSGI app."""
 import logging
 import time
 from collections.abc import Callable

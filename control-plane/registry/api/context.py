@@ -1,5 +1,7 @@
-"""What the registry's routes read (database, settings, clock, liveness, credential
-floors) and the answers they share: a node's and a service's view, the healthy ones."""
+"""What the registry's routes read, and the answers they share.
+
+The database, settings, clock, liveness and credential floors; the answers they share: a
+node's and a service's view, the healthy ones."""
 from collections.abc import Callable
 from dataclasses import dataclass
 

@@ -1,5 +1,6 @@
-"""The registry's Prometheus HTTP service discovery routes (`http_sd_configs`): the
-healthy service jobs and the healthy nodes as target groups (labels: discovery.py)."""
+"""The registry's Prometheus HTTP service discovery routes (`http_sd_configs`).
+
+The healthy service jobs and the healthy nodes as target groups (labels: discovery.py)."""
 from corral.server import auth
 from corral.server.openapi import json_response as _json
 from corral.server.routes import Routes

@@ -1,5 +1,7 @@
-"""The registry's node routes: agents register and heartbeat their node; operators
-read, drain, forget nodes and revoke their credentials."""
+"""The registry's node routes.
+
+Agents register and heartbeat their node; operators read, drain, forget nodes and revoke
+their credentials."""
 from flask import request
 
 from corral.server import auth, revocations

@@ -1,5 +1,7 @@
-"""The registry's service routes: agents record and remove the services of their own
-jobs (with the scheduler's grant); load balancers list them."""
+"""The registry's service routes.
+
+Agents record and remove the services of their own jobs (with the scheduler's grant);
+load balancers list them."""
 from flask import request
 
 from corral.server import auth

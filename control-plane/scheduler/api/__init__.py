@@ -1,4 +1,5 @@
-"""The scheduler's routes, one module per resource (submits, jobs, arrays, schedules,
-concurrency limits, nodes and drains, agents' claims/leases/reports, logs, the event
-stream, stats), each route declared once with its access rule and OpenAPI operation
-(control-plane/server/routes.py)."""
+"""The scheduler's routes, one module per resource.
+
+Submits, jobs, arrays, schedules, concurrency limits, nodes and drains, agents'
+claims/leases/reports, logs, the event stream and stats, each route declared once with
+its access rule and OpenAPI operation (control-plane/server/routes.py)."""

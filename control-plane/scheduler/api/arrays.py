@@ -1,5 +1,6 @@
-"""Job arrays (POST /jobs with `array` makes one): an array and its jobs by status, and
-cancelling what has not finished of it."""
+"""Job arrays (POST /jobs with `array` makes one).
+
+An array and its jobs by status, and cancelling what has not finished of it."""
 from corral.server import auth
 from corral.server.openapi import error as _error
 from corral.server.openapi import json_response as _json

@@ -1,5 +1,7 @@
-"""Concurrency limits: at most N jobs with a `concurrency_key` placed or running at
-once, across the cluster; listing, setting and removing a key's limit."""
+"""Concurrency limits.
+
+At most N jobs with a `concurrency_key` placed or running at once, across the cluster;
+listing, setting and removing a key's limit."""
 from flask import current_app
 
 from corral.server import auth

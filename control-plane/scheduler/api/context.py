@@ -1,6 +1,8 @@
-"""What the scheduler's routes use (store, settings, clock, the waiting room, the event
-stream's hub and budget, the registry clients...), built once per process by
-wiring.py, and the job views they share: an operator's and an agent's."""
+"""What the scheduler's routes use, and the job views they share.
+
+The store, settings, clock, the waiting room, the event stream's hub and budget, the
+registry clients..., built once per process by wiring.py, and the job views they share:
+an operator's and an agent's."""
 from collections.abc import Callable
 from dataclasses import dataclass
 

@@ -1,6 +1,7 @@
-"""The event stream (GET /events): what happens in the cluster as Server-Sent Events,
-within each process's budget of open streams (stream_hub.py; event_stream.py writes
-the stream)."""
+"""The event stream (GET /events).
+
+What happens in the cluster as Server-Sent Events, within each process's budget of open
+streams (stream_hub.py; event_stream.py writes the stream)."""
 from flask import current_app, g, request
 
 from corral.server import auth

@@ -1,5 +1,7 @@
-"""Reading and changing jobs: the job list a page at a time (and the agents' original
-poll), one job, why it waits, its history; cancel and retry."""
+"""Reading and changing jobs.
+
+The job list a page at a time (and the agents' original poll), one job, why it waits,
+its history; cancel and retry."""
 from collections.abc import Iterable
 from urllib.parse import urlencode
 

@@ -1,6 +1,8 @@
-"""Jobs' complete output: agents ship each stream of each attempt in numbered chunks
-(raw bytes one at a time, or small ones many at once in base64); anyone who may read
-reads it back by byte range (job_logs.py stores it, in the database or S3)."""
+"""Jobs' complete output.
+
+Agents ship each stream of each attempt in numbered chunks (raw bytes one at a time, or
+small ones many at once in base64); anyone who may read reads it back by byte range
+(job_logs.py stores it, in the database or S3)."""
 from flask import current_app, request
 
 from corral.server import auth

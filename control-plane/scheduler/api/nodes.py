@@ -1,6 +1,8 @@
-"""The scheduler's node routes: its copy of the node list with the slots in use,
-draining and undraining a node (the registry's flag and the scheduler's own at once),
-and revoking a node's credentials on both services."""
+"""The scheduler's node routes.
+
+Its copy of the node list with the slots in use, draining and undraining a node (the
+registry's flag and the scheduler's own at once), and revoking a node's credentials on
+both services."""
 from flask import request
 
 from corral.server import auth, revocations

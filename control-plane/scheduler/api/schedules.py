@@ -1,6 +1,8 @@
-"""Schedules: jobs run at the slots of a cron expression or an interval (schedules.py
-keeps them, schedule_loop.py fires them); creating, reading, changing, deleting one and
-listing its runs."""
+"""Schedules.
+
+Jobs run at the slots of a cron expression or an interval (schedules.py keeps them,
+schedule_loop.py fires them); creating, reading, changing, deleting one and listing its
+runs."""
 from flask import current_app
 
 from corral.server import auth

@@ -1,5 +1,7 @@
-"""The scheduler's counts: job counts, the SQS intake's counters and the SNS outbox
-backlog now, and the sampled history the dashboard's charts draw."""
+"""The scheduler's counts.
+
+Job counts, the SQS intake's counters and the SNS outbox backlog now, and the sampled
+history the dashboard's charts draw."""
 from flask import request
 
 from corral.server import auth

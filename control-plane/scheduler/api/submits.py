@@ -1,6 +1,8 @@
-"""Submitting work: one job or an array (POST /jobs), or up to 1,000 jobs in one
-transaction (POST /jobs/batch), each submit traced as a corral.submit span (spans.py)
-from the request's trace context."""
+"""Submitting work.
+
+One job or an array (POST /jobs), or up to 1,000 jobs in one transaction (POST
+/jobs/batch), each submit traced as a corral.submit span (spans.py) from the request's
+trace context."""
 from flask import after_this_request, g, request
 
 from corral.server import auth

@@ -1,5 +1,6 @@
-"""Everything the scheduler reads and writes, each write in one short transaction, as
-parts with one concern each. `Store` builds the parts over one shared context
+"""Everything the scheduler reads and writes, as parts with one concern each.
+
+Each write is one short transaction. `Store` builds the parts over one shared context
 (context.py) and exposes them; callers call the part (`store.submits.submit`,
 `store.placing.dispatch`, ...).
 

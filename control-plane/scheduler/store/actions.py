@@ -1,5 +1,7 @@
-"""Status changes asked for by an operator or decided by the clock: cancel a job or
-a whole array, retry a failed job, fail the `run` jobs past their timeout."""
+"""Status changes asked for by an operator or decided by the clock.
+
+Cancel a job or a whole array, retry a failed job, fail the `run` jobs past their
+timeout."""
 from peewee import fn
 
 from corral.shared.states import ACTIVE

@@ -1,6 +1,8 @@
-"""Agents' claims of the jobs placed on their nodes: how many a claim may take, whether
-it could take anything (for waiting claims), and the taking itself: each job becomes
-`running` exactly as a `running` report would make it, renewing the node's lease."""
+"""Agents' claims of the jobs placed on their nodes.
+
+How many a claim may take, whether it could take anything (for waiting claims), and the
+taking itself: each job becomes `running` exactly as a `running` report would make it,
+renewing the node's lease."""
 from typing import Any
 
 import peewee

@@ -1,5 +1,7 @@
-"""What every part of the store shares: the database, the settings, the compiled
-statements, and the lease a background loop writes under (its Fence).
+"""What every part of the store shares.
+
+The database, the settings, the compiled statements, and the lease a background loop
+writes under (its Fence).
 
 The database's backend (`backend`) answers what differs between the dialects.
 One small object handed to each part, so that a part needs no hub to reach them;

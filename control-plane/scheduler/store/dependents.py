@@ -1,6 +1,8 @@
-"""The jobs that wait on others (job_dependency rows) when those end: a condition met
-queues the job once none is left; one that can never hold cancels it, and its own
-dependents are decided in turn, down the chain (the pure rules: dependencies.py)."""
+"""The jobs that wait on others (job_dependency rows) when those end.
+
+A condition met queues the job once none is left; one that can never hold cancels it,
+and its own dependents are decided in turn, down the chain (the pure rules:
+dependencies.py)."""
 from corral.shared.states import FINAL_STATUSES
 
 from .. import dependencies, lifecycle, placement, waiting

@@ -1,5 +1,7 @@
-"""Reads of jobs and arrays for the API and the agents: one job, its events, a page of
-a list, the jobs placed on a node, an array with its counts. No writes."""
+"""Reads of jobs and arrays for the API and the agents.
+
+One job, its events, a page of a list, the jobs placed on a node, an array with its
+counts. No writes."""
 from collections.abc import Iterator
 from typing import Any
 

@@ -1,5 +1,6 @@
-"""Limits a submit is checked against, and the concurrency limits operators set: a
-job's memory and CPU against what the known nodes allow, its own timeout against
+"""Limits a submit is checked against, and the concurrency limits operators set.
+
+A job's memory and CPU against what the known nodes allow, its own timeout against
 JOB_TIMEOUT_MAX_SECS; the concurrency keys' limits, set, removed and listed."""
 from typing import Any
 

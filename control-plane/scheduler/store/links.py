@@ -1,6 +1,8 @@
-"""A new job's conditions on other jobs (depends_on): the statuses they are decided
-on, the columns they give the job (how many it waits for), the job_dependency rows,
-and the cancellation of a job one of whose conditions can never hold."""
+"""A new job's conditions on other jobs (depends_on).
+
+The statuses they are decided on, the columns they give the job (how many it waits for),
+the job_dependency rows, and the cancellation of a job one of whose conditions can never
+hold."""
 from typing import Any
 
 from corral.shared.errors import BadRequest, BatchError

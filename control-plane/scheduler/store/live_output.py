@@ -1,4 +1,5 @@
 """Live output (POST /jobs/output): the output tails agents send while attempts run.
+
 Not a status change (no event); written only for the job's node and current attempt
 while it runs, so a late update never overwrites a final report's output."""
 from corral.shared.errors import Conflict, CorralError, NotFound

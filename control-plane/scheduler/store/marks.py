@@ -1,5 +1,6 @@
-"""Cheap marks a waiting claim compares to tell whether anything was placed meanwhile
-(longpoll.py): the placement mark (where every commit wakes the watchers: SQLite)
+"""Cheap marks a waiting claim compares to tell whether anything was placed meanwhile.
+
+Read by longpoll.py: the placement mark (where every commit wakes the watchers: SQLite)
 and the newest event's id."""
 from peewee import fn
 

@@ -1,6 +1,8 @@
-"""New job rows: a validated request's columns (its retry budget, when it may start,
-where it queues), their insert with each job's `submitted` event, and the lookup of
-an idempotency key a repeated request was stored under."""
+"""New job rows.
+
+A validated request's columns (its retry budget, when it may start, where it queues),
+their insert with each job's `submitted` event, and the lookup of an idempotency key a
+repeated request was stored under."""
 from corral.server.statements import Child
 from corral.shared.errors import Conflict
 

@@ -1,5 +1,7 @@
-"""The SNS outbox's rows: the notifications of final statuses, written with the status
-change (transitions.py), read and marked by the publisher (sns_outbox.py)."""
+"""The SNS outbox's rows.
+
+The notifications of final statuses, written with the status change (transitions.py),
+read and marked by the publisher (sns_outbox.py)."""
 from peewee import fn
 
 from .. import metrics

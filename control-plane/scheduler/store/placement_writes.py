@@ -1,8 +1,9 @@
-"""What a placement pass writes: the placements (one conditional update per node and
-reservation, an event each), the reasons of the jobs it could not place, the
-scheduler_state values it keeps (cursor, placement mark), and the wake-up of the
-claims of the nodes it placed on, after the commit. Writes only: the stage
-(placing.py) decides what."""
+"""What a placement pass writes.
+
+The placements (one conditional update per node and reservation, an event each), the
+reasons of the jobs it could not place, the scheduler_state values it keeps (cursor,
+placement mark), and the wake-up of the claims of the nodes it placed on, after the
+commit. Writes only: the stage (placing.py) decides what."""
 import functools
 import json
 import logging

@@ -1,9 +1,11 @@
-"""Placement orchestration: the stage between the pure planner (placement.py) and the
-database. It reads a snapshot (placement_reads.py: the nodes with their free
-capacity, the due queue page by page, the arrays' and keys' throttles, the cursor),
-lets the planner choose, and writes the outcome (placement_writes.py: placements,
-the reasons of the jobs left waiting, the cursor and mark). Policy that decides who
-goes first (quotas, fair share) belongs here and in the planner, nowhere else.
+"""Placement orchestration: the stage between the pure planner and the database.
+
+The planner is placement.py. It reads a snapshot (placement_reads.py: the nodes with
+their free capacity, the due queue page by page, the arrays' and keys' throttles, the
+cursor), lets the planner choose, and writes the outcome (placement_writes.py:
+placements, the reasons of the jobs left waiting, the cursor and mark). Policy that
+decides who goes first (quotas, fair share) belongs here and in the planner, nowhere
+else.
 
 Concurrency: on SQLite every `db.atomic()` is BEGIN IMMEDIATE, so transactions that
 place jobs are serialised by the database lock. On PostgreSQL placement is

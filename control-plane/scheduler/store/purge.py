@@ -1,5 +1,6 @@
-"""The deletion of finished jobs past their retention, with their events and log chunks
-(the background pass, loops.py)."""
+"""The deletion of finished jobs past their retention, with their events and log chunks.
+
+Run by the background pass (loops.py)."""
 from peewee import fn
 
 from corral.shared.states import FINAL_STATUSES

@@ -1,5 +1,6 @@
-"""Agents' reports of their jobs (started, finished, failed), one or many at a time:
-each checked against the job's node and current attempt, decided by lifecycle.py and
+"""Agents' reports of their jobs (started, finished, failed), one or many at a time.
+
+Each checked against the job's node and current attempt, decided by lifecycle.py and
 written by the transitions part. A refused report changes nothing."""
 from typing import Any
 

@@ -1,5 +1,7 @@
-"""Raw rows as placement reads them: JSON columns parsed (once per distinct text),
-a queued job as a placement.Ask, a node's advertised default limits.
+"""Raw rows as placement reads them.
+
+JSON columns parsed (once per distinct text), a queued job as a placement.Ask, a node's
+advertised default limits.
 
 Placement reads tuples, not model instances (a pass reads thousands of rows), so
 these conversions are the ones peewee's fields would otherwise make."""

@@ -1,5 +1,7 @@
-"""Counters and counts for /stats and the pending-jobs bound: named counters bumped
-in the caller's transaction, jobs by status, the pending count (admission.py)."""
+"""Counters and counts for /stats and the pending-jobs bound.
+
+Named counters bumped in the caller's transaction, jobs by status, the pending count
+(admission.py)."""
 from peewee import fn
 
 from ..models import Counter, Job

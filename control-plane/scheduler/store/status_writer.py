@@ -1,6 +1,8 @@
-"""The one place a job's status is written: a compare-and-set per group of alike
-decisions, the event rows, the metrics, and for a final status its SNS notification
-in the outbox, in the same transaction (sns_outbox.py publishes it).
+"""The one place a job's status is written.
+
+A compare-and-set per group of alike decisions, the event rows, the metrics, and for a
+final status its SNS notification in the outbox, in the same transaction (sns_outbox.py
+publishes it).
 
 Every status change is checked against shared.states first. Deciding the jobs that
 waited on one that ended is not this module's: transitions.py adds that."""

@@ -1,8 +1,9 @@
-"""Creating jobs: one (POST /jobs), an array (its jobs in one transaction), a batch
-(all or nothing). Each path checks the limits (limits.py) and the pending-jobs bound
-(admission.py) after its idempotency key was looked up, and records the new jobs'
-conditions on others (links.py). New jobs are pending and unplaced: service.Scheduler
-places them."""
+"""Creating jobs.
+
+One (POST /jobs), an array (its jobs in one transaction), a batch (all or nothing). Each
+path checks the limits (limits.py) and the pending-jobs bound (admission.py) after its
+idempotency key was looked up, and records the new jobs' conditions on others
+(links.py). New jobs are pending and unplaced: service.Scheduler places them."""
 import contextlib
 
 import peewee

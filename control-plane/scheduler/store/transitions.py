@@ -1,6 +1,7 @@
-"""Lifecycle decisions written: the status writer's compare-and-set, then the jobs that
-waited on those that ended decided (dependents.py). What every part that changes a
-job's status calls."""
+"""Lifecycle decisions written.
+
+The status writer's compare-and-set, then the jobs that waited on those that ended
+decided (dependents.py). What every part that changes a job's status calls."""
 from corral.shared.errors import Conflict
 from corral.shared.states import FINAL_STATUSES
 
