@@ -1,24 +1,8 @@
 """The scheduler's background work, run by exactly one process at a time.
 
-A leased loop (corral.server.leased): every gunicorn worker runs its thread, and
-the lease decides which one does the work. One pass:
-
-- refreshes the node list from the registry (every NODE_REFRESH_SECS); when the
-  registry cannot be reached the cached list stays, so dispatch goes on;
-- unplaces pending jobs of nodes that turned unhealthy;
-- requeues running jobs of nodes whose agent stopped renewing its lease;
-- fails `run` jobs past their timeout_secs or JOB_TIMEOUT_SECS (every TIMEOUT_CHECK_SECS);
-- decides the dependencies a job's end missed (Dependents.settle_missed);
-- places waiting jobs (the node list changed, slots freed, retries came due),
-  and keeps the reasons of the jobs at the head of the queue (Placing.explain);
-- deletes finished jobs older than JOB_RETENTION_SECS with their events, at most
-  JOB_PURGE_BATCH per pass (one short transaction), every PURGE_INTERVAL_SECS
-  or on the next pass while a backlog remains; and so the event stream's events
-  older than EVENTS_RETENTION_SECS (event_log.py).
-
-Schedules (schedule_loop.py), the sampler (sampler.py), the SQS intake
-(sqs_intake.py) and the SNS outbox (sns_outbox.py) are leased loops of their own,
-each behind its own lease.
+A leased loop (corral.server.leased): every gunicorn worker runs its thread, and the
+lease decides which one does the work (Background.one_pass lists what a pass does).
+Schedules, the sampler, the SQS intake and the SNS outbox are leased loops of their own.
 """
 import logging
 import time
@@ -81,6 +65,18 @@ class Background(LeasedLoop[Store, bool]):
                     "before any counts as lost", paused)
 
     def one_pass(self, now: float) -> bool:
+        """One pass:
+        - refreshes the node list from the registry (every NODE_REFRESH_SECS); when the
+          registry cannot be reached the cached list stays, so dispatch goes on;
+        - unplaces pending jobs of nodes that turned unhealthy;
+        - requeues running jobs of nodes whose agent stopped renewing its lease;
+        - fails `run` jobs past their timeout (every TIMEOUT_CHECK_SECS);
+        - decides the dependencies a job's end missed (Dependents.settle_missed);
+        - places waiting jobs, and keeps the reasons of those at the head of the queue
+          (Placing.explain);
+        - deletes finished jobs older than JOB_RETENTION_SECS with their events, at most
+          JOB_PURGE_BATCH per pass, every PURGE_INTERVAL_SECS or on the next pass while
+          a backlog remains; and so the stream's events past EVENTS_RETENTION_SECS."""
         if now >= self.next_sync:
             self.next_sync = now + self.settings.node_refresh_secs
             self.refresh_nodes(now)

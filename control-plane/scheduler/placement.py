@@ -1,34 +1,9 @@
 """Placement: which waiting job goes to which node, and why the others wait.
 
-Pure: no database, no HTTP, no clock. The store reads inside its placement
-transaction the compute nodes (free slots, labels, reservations) and the jobs
-that may be placed, in queue order (`queue_at`: priority with aging, then age),
-and offers them to a `Planner`, page by page, until it has no capacity left;
-then it writes back the placements and the reasons the planner gives for the
-jobs it could not place (waiting.py words them).
-
-A job goes only to a node that is healthy, not drained and not refusing work
-(its agent's own condition: short of disk space), satisfies all its
-constraints and its pool, is its pin (when pinned), allows the limits it asks
-for (the node's maximum), has a free slot, and has room for its reservation:
-the memory and CPU it asks for, or the node's default for its type, within the
-node's allocatable capacity (its maximum minus its system reserve) less what
-the jobs placed or running there reserve. A node whose allocatable capacity is
-unknown (an agent that advertises none) is not counted on that resource. Arrays
-and concurrency keys limit how many of their jobs are placed or running at once.
-
-Among the nodes that qualify, the policy chooses:
-
-    round-robin  the first after the cursor, in node id order (the cursor moves on)
-    binpack      the least free memory after placement, then the least free CPU
-    spread       the most free memory after placement, then the most free CPU
-
-(binpack breaks a full tie by the lower node id, spread by the higher.)
-
-Speed: jobs that ask the same (type, pin, resources, constraints, pool) share a
-shape, whose candidate nodes are found once per pass and kept ordered as the
-policy reads them; a shape that fits nowhere turns its later jobs away at once
-(room only shrinks during a pass); the pass stops when no slot is left.
+Pure: no database, no HTTP, no clock. The store (store/placing.py) reads the nodes and
+the jobs that may be placed, in queue order, offers them to a `Planner`, and writes back
+its placements and the reasons it gives for the rest (waiting.py words them).
+docs/scheduling.md says which node a job may go to and how each policy chooses.
 """
 from __future__ import annotations
 
@@ -315,7 +290,25 @@ class Planner:
     groups the offered jobs belong to (a key with no limit set has none). `fallback`:
     the limits per job type of a node that advertises no defaults. `explain`: every job
     offered is looked at, none turned away unseen because no slot is left (a pass that
-    only finds the reasons, placing nothing)."""
+    only finds the reasons, placing nothing).
+
+    A job goes only to a node that is healthy, not drained and not refusing work (short
+    of disk), meets its constraints, pool and pin, allows the limits it asks for, has a
+    free slot and room for its reservation: the memory and CPU it asks for, or the
+    node's default for its type, within the node's maximum less its system reserve
+    less what the jobs placed or running there reserve (a node that advertises no
+    capacity is not counted on that resource). Among those, the policy chooses:
+
+        round-robin  the first after the cursor, in node id order (the cursor moves on)
+        binpack      the least free memory after placement, then the least free CPU
+        spread       the most free memory after placement, then the most free CPU
+
+    (binpack breaks a full tie by the lower node id, spread by the higher.)
+
+    Speed: jobs that ask the same (type, pin, resources, constraints, pool) share a
+    `_Shape`, whose candidate nodes are found once per pass and kept ordered as the
+    policy reads them; a shape that fits nowhere turns its later jobs away at once
+    (room only shrinks during a pass); the pass stops when no slot is left."""
 
     def __init__(self, nodes: Iterable[NodeInfo], policy: str = "round-robin", cursor: str | None = None,
                  throttles: Mapping[tuple[str, object], Throttle] | None = None,

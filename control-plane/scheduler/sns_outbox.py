@@ -1,20 +1,9 @@
 """SNS notifications of final job states, through a transactional outbox.
 
-The store's status writer (store/status_writer.py) writes a row to `sns_outbox` in
-the same transaction as a job's move to `done`, `failed` (final: retries exhausted,
-timed out, node lost with on_node_lost=fail) or `cancelled`, when SNS_TOPIC_ARN is
-set. The
-`Publisher` loop, behind its own lease so one process across workers and
-replicas runs it, publishes pending rows oldest first with PublishBatch and
-marks them published only after SNS accepted them.
-
-So an SNS outage or a crash delays notifications and never loses one; a crash
-between a publish and its mark publishes that notification again. Delivery is
-at-least-once, and subscribers deduplicate on `event_id`, which is stable:
-`<job_id>:<attempt>:<status>`.
-
-The message itself is built by notifications.py (pure, written by the store); the
-pure `publish_entry` is apart from the loop.
+The status writer (store/status_writer.py) writes a row to `sns_outbox` in the same
+transaction as a job's final status; the leased `Publisher` loop publishes pending rows
+oldest first and marks them only after SNS accepted them. At-least-once: subscribers
+deduplicate on the stable `event_id`. docs/sqs-sns.md ("How it is delivered").
 """
 import json
 import logging

@@ -1,30 +1,9 @@
 """Job requests taken from an SQS queue (SQS_URL), as an alternative to POST /jobs.
 
-One process across gunicorn workers and replicas runs the intake (a lease of
-its own). Each pass long-polls the queue (up to 10 messages), then for each
-message:
-
-- a valid job request is submitted through `Scheduler.submit` with an idempotency
-  key: the message's `idempotency_key` (or `Idempotency-Key`) attribute when
-  it has one, else `sqs:<MessageId>`. A redelivered message (same MessageId)
-  or a producer's re-send with the same key finds the job created first, so a
-  message never makes two jobs. The message is deleted only after that commit.
-- a message that is not a job request (not JSON, not an object, refused by the
-  JobRequest model as POST /jobs refuses it, a bad key, a key already used for
-  another request)
-  is sent to SQS_DLQ_URL with attributes saying why, then deleted; without a
-  DLQ it is deleted with an ERROR log line. Either way it is counted.
-- a message refused because the cluster holds MAX_PENDING_JOBS pending jobs
-  (admission.py) is no fault of the message: it, and the rest of its batch, go
-  back to the queue, visible again after admission.RETRY_AFTER_SECS, and the
-  intake backs off (doubling, as for an SQS error) until jobs are admitted again;
-  never to the DLQ, and it does not count against SQS_MAX_RECEIVES.
-- a database error makes the message visible again at once (visibility 0) and
-  the intake backs off; any other error does the same until the message has
-  been received SQS_MAX_RECEIVES times, then it goes the way of a bad request.
-
-SQS errors, throttling and an unreachable endpoint back off (doubling up to
-SQS_BACKOFF_CAP_SECS) and never end the loop. The pure parts (`parse_message`,
+A leased loop: one process across workers and replicas long-polls the queue, submits
+each valid request under an idempotency key (so a message never makes two jobs) and
+deletes it after the commit; bad messages go to SQS_DLQ_URL. docs/sqs-sns.md ("What
+happens to each message") says what becomes of each. The pure parts (`parse_message`,
 `classify`, `dead_letter_attributes`) are apart from the I/O.
 """
 import logging
@@ -234,7 +213,12 @@ class Intake(PacedLoop):
         return answer.get("Messages", [])
 
     def handle(self, messages: list[dict], now: float) -> Outcome:
-        """Submit each message's job (each commit is its own transaction); decide the rest."""
+        """Submit each message's job (each commit is its own transaction); decide the rest.
+        The key is the message's `idempotency_key` (or `Idempotency-Key`) attribute, else
+        `sqs:<MessageId>`. A message refused at MAX_PENDING_JOBS goes back with the rest of
+        its batch (`later`), never to the DLQ nor counted against SQS_MAX_RECEIVES; a
+        database error makes it visible again at once, any other error too until it was
+        received SQS_MAX_RECEIVES times, then it is rejected."""
         outcome = Outcome()
         for message in messages:
             if outcome.database_down:
