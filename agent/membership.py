@@ -1,21 +1,8 @@
 """The agent's standing with the control plane.
 
 Registered with the registry and heartbeating there, its lease with the scheduler
-renewed, and its run jobs fenced when the lease lapses.
-
-The registry heartbeat and the lease renewal run on threads of their own (`beat`),
-so a slow registry never delays a renewal nor the other way round; failures are
-retried sooner than the interval, never later. The lease's bookkeeping is pure
-(lease.py); here are its I/O and what its answers mean for the jobs held: an
-attempt the scheduler no longer lists is stale and ended. Fencing runs on a thread
-of its own too (`fence_loop`), since the work loop can spend seconds in calls to a
-scheduler it cannot reach.
-
-The registration says what placement needs of the node beyond its size: the
-limits it gives jobs that ask for none and what it keeps for the system; each
-renewal carries what the jobs use (usage.py). Agents ship with the control plane
-and speak its current API (upgrade the control plane first: it takes what older
-agents send).
+renewed, and its run jobs fenced when the lease lapses. The lease's bookkeeping is pure
+(lease.py); here are its I/O and what its answers mean for the jobs held.
 """
 from __future__ import annotations
 
@@ -47,6 +34,17 @@ FENCE_SECS = 0.1
 
 
 class Membership:
+    """The heartbeat and the lease renewal run on threads of their own (`beat`), so a
+    slow registry never delays a renewal nor the other way round; failures are retried
+    sooner than the interval, never later. An attempt the scheduler no longer lists is
+    stale and ended. Fencing runs on a thread of its own too (`fence_loop`), since the
+    work loop can spend seconds in calls to a scheduler it cannot reach.
+
+    The registration says what placement needs of the node beyond its size: the limits
+    it gives jobs that ask for none and what it keeps for the system; each renewal
+    carries what the jobs use (usage.py). Agents speak the control plane's current API
+    (upgrade the control plane first: it takes what older agents send)."""
+
     def __init__(self, settings: AgentSettings, registry: RegistryClient, scheduler: SchedulerClient,
                  jobs: JobTable, end: Callable[[LocalJob, str], bool], clock: Callable[[], float],
                  default_limits: Callable[[], dict], limits_enforced: Callable[[], bool],

@@ -1,17 +1,8 @@
-"""The subprocess seam.
+"""The subprocess seam: start a job's shell command, keep its output's tail, kill its tree.
 
-Start a job's shell command, capture the tail of its output, kill its whole process
-tree.
-
-Nothing here talks to the network or knows about reports; agent.py decides what a
-result means. How the process is set up (its cgroup, private /tmp, user and
-environment) is launch.py's: `start` runs its chain with the launch environment and
+Nothing here talks to the network or knows about reports. How the process is set up
+(cgroup, private /tmp, user, environment) is launch.py's: `start` runs its chain and
 hands the job's environment over in a memfd.
-
-Output goes either to pipes read by a thread (run jobs: the tail is kept in
-memory) or, with `output_files`, to two files opened O_APPEND (services: the
-process keeps writing to them after the agent that started it has exited; the
-tail is read from the files at the end, and truncate_if_over() bounds them).
 """
 from __future__ import annotations
 
@@ -318,7 +309,11 @@ def truncate_if_over(path: str, max_bytes: int) -> bool:
 
 
 class RunningJob:
-    """One started job. Thread-safe enough for one thread polling while another kills."""
+    """One started job. Thread-safe enough for one thread polling while another kills.
+    Its output goes either to pipes read by a thread (run jobs: the tail is kept in
+    memory) or, with `output_files`, to two files opened O_APPEND (services: the
+    process keeps writing to them after the agent that started it has exited; the tail
+    is read from the files at the end, and truncate_if_over() bounds them)."""
 
     def __init__(self, proc: subprocess.Popen, tail_bytes: int, cgroup=None,
                  output_files: tuple[str, str] | None = None, captures: tuple | None = None):

@@ -1,16 +1,11 @@
 """boto3 clients for the SQS intake, the SNS outbox and the complete logs' S3 bucket.
 
-Built when first needed.
-
-Nothing here runs at import time. Credentials come from boto3's own chain
-(environment, ~/.aws, instance or task role). The region is AWS_REGION or
-AWS_DEFAULT_REGION, else the one in the queue URL or topic ARN, else boto3's
-chain. The endpoint is AWS_ENDPOINT_URL_SQS / AWS_ENDPOINT_URL_SNS, else
-AWS_ENDPOINT_URL, else AWS's own (see SchedulerSettings).
-
-Every call has a connect and a read timeout, and botocore's `standard` retry
-mode retries throttling and connection errors (5 attempts in all) before the
-loops' own backoff takes over.
+Built when first needed, never at import. Credentials come from boto3's own chain; the
+region is AWS_REGION or AWS_DEFAULT_REGION, else the queue URL's or topic ARN's, else
+boto3's; the endpoint AWS_ENDPOINT_URL_SQS / _SNS, else AWS_ENDPOINT_URL, else AWS's
+own (SchedulerSettings). Every call has a connect and a read timeout, and botocore's
+`standard` retry mode (5 attempts in all) retries throttling and connection errors
+before the loops' own backoff takes over.
 """
 import re
 

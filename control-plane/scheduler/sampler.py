@@ -1,19 +1,8 @@
 """The charts' sampler: a sample every STATS_INTERVAL_SECS, and their retention.
 
-Once across gunicorn workers and replicas (a lease of its own, as the other background
-loops have), it takes a sample every STATS_INTERVAL_SECS (samples.py) and deletes those
-older than STATS_RETENTION_SECS, in one short transaction whose write is fenced by the
-lease.
-
-When the next sample is due is read from the newest sample in the database, not
-kept in this process: whoever takes the lease over (a restart, another worker or
-replica) goes on one interval after the last sample, whoever took it, so there is
-one sample per interval however often the lease changes hands.
-
-The reads are cheap at any size of the job table: the jobs finished in the window
-walk the `finished_at` index, pending and running the status index, the first
-attempts started in the window are among the running jobs and those finished in the
-window, and the nodes are read as GET /nodes reads them.
+A leased loop: one process across workers and replicas takes each sample (samples.py)
+and deletes those older than STATS_RETENTION_SECS, in one short transaction whose write
+is fenced by the lease.
 """
 import itertools
 import logging
@@ -37,7 +26,15 @@ EARLY_FRACTION = 0.05
 
 
 class Sampler(PacedLoop[Store]):
-    """One pass takes a sample when one is due; it answers how long to sleep."""
+    """One pass takes a sample when one is due; it answers how long to sleep.
+
+    When the next sample is due is read from the newest sample in the database, not kept
+    in this process: whoever takes the lease over goes on one interval after the last
+    sample, so there is one sample per interval however often the lease changes hands.
+    The reads are cheap at any size of the job table: the jobs finished in the window
+    walk the `finished_at` index, pending and running the status index, the first
+    attempts started in the window are among those two sets, and the nodes are read as
+    GET /nodes reads them."""
 
     doing = "taking samples of the cluster"
 

@@ -1,16 +1,8 @@
 """The loop that fires schedules.
 
-Once across workers and replicas (a lease), it turns every due slot into a job
+A leased loop: one process across workers and replicas turns every due slot into a job
 (schedules.Schedules.fire: one transaction per schedule, each write fenced by the lease)
-and places them.
-
-It sleeps until the earliest next slot, at most `SCHEDULE_POLL_SECS` (so that a
-schedule created or changed meanwhile is seen within that), so a slot fires
-within about a second of its time on an idle scheduler.
-
-Which slots were missed (catch_up decides them) and which came due while it ran:
-a slot earlier than the moment this process took the lease over, or woke after a
-pause longer than the lease (stopped, starved, its host suspended), was missed.
+and places them, within about a second of the slot's time on an idle scheduler.
 """
 import logging
 import time
@@ -36,7 +28,11 @@ FAILING_BACKOFF_CAP_SECS = 60.0
 
 
 class Firing(PacedLoop[Store]):
-    """One pass fires the due slots of every schedule; it answers how long to sleep."""
+    """One pass fires the due slots of every schedule; it answers how long to sleep: until
+    the earliest next slot, at most SCHEDULE_POLL_SECS (so a schedule created or changed
+    meanwhile is seen within that). A slot earlier than the moment this process took
+    the lease over, or woke after a pause longer than the lease (stopped, starved, its
+    host suspended), was missed: catch_up decides what becomes of it."""
 
     doing = "firing schedules"
     idle = LEASE_TTL_SECS / 4

@@ -1,16 +1,8 @@
-"""Why a pending job waits.
+"""Why a pending job waits: its `pending_reason`, a code with a message and details.
 
-Its `pending_reason`, one code with a message and the details of that code.
-
-Pure. Placement gives the reasons it finds when it offers a job and cannot
-place it (no_healthy_node, constraints_unmet, no_capacity,
-pinned_node_unavailable, draining, node_refusing_work, array_throttle,
-concurrency_limit); the
-store keeps the last one with the job, written only when it changes. The
-others follow from the job's own fields at the moment it is read (`current`):
-placed (on a node, waiting for it to start the job), scheduled and backoff
-(until a time), dependency (on which job). A pending job placement has not
-offered yet waits for capacity: the jobs ahead of it took every slot.
+Pure. Placement gives the reasons it finds when it cannot place a job offered, and the
+store keeps the last one with the job; the others follow from the job's own fields when
+it is read (`current`). docs/scheduling.md ("Why a job waits") lists the codes.
 """
 from __future__ import annotations
 

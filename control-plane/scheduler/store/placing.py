@@ -1,18 +1,9 @@
 """Placement orchestration: the stage between the pure planner and the database.
 
-The planner is placement.py. It reads a snapshot (placement_reads.py: the nodes with
-their free capacity, the due queue page by page, the arrays' and keys' throttles, the
-cursor), lets the planner choose, and writes the outcome (placement_writes.py:
-placements, the reasons of the jobs left waiting, the cursor and mark). Policy that
-decides who goes first (quotas, fair share) belongs here and in the planner, nowhere
-else.
-
-Concurrency: on SQLite every `db.atomic()` is BEGIN IMMEDIATE, so transactions that
-place jobs are serialised by the database lock. On PostgreSQL placement is
-serialised by transaction-level advisory locks (`lock_placement`: over every node,
-or per node for a placement that fills only some nodes' slots), which
-service.Scheduler takes before its transaction locks any row; placements skip the
-jobs another placement is placing (FOR UPDATE SKIP LOCKED)."""
+It reads a snapshot (placement_reads.py), lets the planner (placement.py) choose, and
+writes the outcome (placement_writes.py). Policy that decides who goes first (quotas,
+fair share) belongs here and in the planner, nowhere else.
+"""
 import os
 from collections.abc import Collection
 
@@ -42,6 +33,17 @@ EXPLAIN_MAX = 1000
 
 
 class Placing:
+    """The snapshot: the nodes with their free capacity, the due queue page by page, the
+    arrays' and keys' throttles, the cursor; the outcome: placements, the reasons of the
+    jobs left waiting, the cursor and mark.
+
+    Concurrency: on SQLite every `db.atomic()` is BEGIN IMMEDIATE, so transactions that
+    place jobs are serialised by the database lock. On PostgreSQL placement is
+    serialised by transaction-level advisory locks (`lock_placement`: over every node,
+    or per node for a placement that fills only some nodes' slots), which
+    service.Scheduler takes before its transaction locks any row; placements skip the
+    jobs another placement is placing (FOR UPDATE SKIP LOCKED)."""
+
     def __init__(self, ctx: StoreContext, reads: PlacementReads, writes: PlacementWrites, jobs: Jobs):
         self.ctx = ctx
         self.reads = reads
