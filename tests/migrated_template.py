@@ -9,8 +9,10 @@ themselves still run for real once per service, and in the migration tests
 """
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
+import shutil
 import sqlite3
 import tempfile
 
@@ -51,7 +53,9 @@ def apply(db: peewee.Database, migration_set, init: bool = False) -> list[str]:
     made = _templates.get(migration_set.service)
     if made is None:
         applied = _real_apply(db, migration_set, init)
-        template = os.path.join(tempfile.mkdtemp(prefix="corral-migrated-"), f"{migration_set.service}.db")
+        folder = tempfile.mkdtemp(prefix="corral-migrated-")
+        atexit.register(shutil.rmtree, folder, True)  # the test process's own: gone when it ends
+        template = os.path.join(folder, f"{migration_set.service}.db")
         _copy(path, template)
         _templates[migration_set.service] = (template, applied)
         return applied
