@@ -10,7 +10,7 @@ from collections.abc import Callable
 import click
 import requests
 
-from corral.shared import sse
+from corral.shared import sse, wire
 from corral.shared.clients import Unreachable
 
 from . import format as fmt
@@ -81,7 +81,7 @@ def line(message: sse.Message) -> str:
 @click.command("events")
 @click.option("--job", "job_id", metavar="JOB", help="Only this job's events.")
 @click.option("--node", "node_id", metavar="NODE", help="Only this node's events (and its jobs').")
-@click.option("--type", "types", multiple=True, type=click.Choice(["job", "node", "log"]),
+@click.option("--type", "types", multiple=True, type=click.Choice(list(wire.EVENT_TYPES)),
               help="Only events of this type (repeatable).")
 @click.option("--since", "last_event_id", metavar="ID",
               help="Start after this event id (an earlier run's last), not now.")

@@ -29,7 +29,8 @@ JOB_OPTIONS = (
                  help="Run jobs: fail it once it has run this long: 90, 90s, 15m, 2h, 1d (default: the "
                       "scheduler's JOB_TIMEOUT_SECS; at most its JOB_TIMEOUT_MAX_SECS)."),
     click.option("--health-path", metavar="PATH", help="A service's HTTP health check path."),
-    click.option("--on-node-lost", type=click.Choice(["requeue", "fail"]), help="What to do when the node is lost."),
+    click.option("--on-node-lost", type=click.Choice(list(wire.ON_NODE_LOST)),
+                 help="What to do when the node is lost."),
     click.option("--constraint", "constraints", multiple=True, type=Checked(sched.parse_constraint, "EXPR"),
                  help="A condition on the node's labels (repeatable, all must hold): LABEL=V, LABEL!=V, "
                       "LABEL:in=A,B, LABEL:not_in=A,B, LABEL:exists, LABEL:not_exists."),

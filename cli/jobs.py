@@ -168,7 +168,7 @@ def job() -> None:
               help="Not before TIME: ISO-8601 with a zone (2026-12-24T02:00:00Z), or from now: +30s, +10m, +2h, +1d.")
 @click.option("--after", "after", multiple=True, type=Checked(sched.parse_dependency, "JOB[:COND]"),
               help="Wait for JOB to be done (repeatable); JOB:failed, JOB:finished (any end) or JOB:done.")
-@click.option("--on-dependency-failure", type=sched.choice("cancel", "run"),
+@click.option("--on-dependency-failure", type=sched.choice(*wire.ON_DEPENDENCY_FAILURE),
               help="When an --after condition can never hold: cancel this job (default) or run it anyway.")
 @click.option("--array", type=Checked(sched.parse_count(1, sched.MAX_ARRAY), "N"),
               help="Submit N copies (each gets CORRAL_ARRAY_INDEX 0..N-1 and CORRAL_ARRAY_COUNT); prints the array id.")

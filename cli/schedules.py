@@ -3,6 +3,8 @@ import time
 
 import click
 
+from corral.shared import wire
+
 from . import format as fmt
 from . import scheduling as sched
 from .common import Env, echo_json, json_option, note
@@ -25,9 +27,9 @@ def schedule() -> None:
 @click.option("--every", "interval_secs", type=float, metavar="SECS", help="Instead of --cron: every SECS seconds.")
 @click.option("--start-at", metavar="TIME", help="With --every: the first slot (ISO-8601 with a zone).")
 @click.option("--tz", "time_zone", metavar="ZONE", help="The IANA zone --cron is read in (default UTC).")
-@click.option("--overlap", type=sched.choice("allow", "skip", "cancel_previous"),
+@click.option("--overlap", type=sched.choice(*wire.SCHEDULE_OVERLAP),
               help="A slot whose last run is still on: allow (default), skip, cancel_previous.")
-@click.option("--catch-up", type=sched.choice("latest", "none", "all"),
+@click.option("--catch-up", type=sched.choice(*wire.SCHEDULE_CATCH_UP),
               help="The slots missed while the scheduler was down: latest (default), none, all.")
 @click.option("--disabled", is_flag=True, help="Create it disabled (`corral schedule enable` starts it).")
 @job_options

@@ -16,6 +16,15 @@ JOB_ID_RE = re.compile(r"^job-([1-9][0-9]{0,17})\Z")
 JOB_RUN = "run"
 JOB_SERVICE = "service"
 JOB_TYPES = (JOB_RUN, JOB_SERVICE)
+# A job's choices the CLI offers as the scheduler checks them: when its node is lost,
+# and when one of its dependencies can never be met.
+ON_NODE_LOST = ("requeue", "fail")
+ON_DEPENDENCY_FAILURE = ("cancel", "run")
+# A schedule's choices: a slot that comes while the last run is active, and slots missed.
+SCHEDULE_OVERLAP = ("allow", "skip", "cancel_previous")
+SCHEDULE_CATCH_UP = ("latest", "none", "all")
+# The kinds of events GET /events streams (its `types` filter).
+EVENT_TYPES = ("job", "node", "log")
 
 # Why an agent ended a job's attempt itself (a job's `ended_by`): its work dir outgrew
 # its disk_mb, it ran past its timeout, or the kernel killed it at its memory limit.

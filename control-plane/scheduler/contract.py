@@ -31,7 +31,7 @@ else:  # the choices come from shared.wire and shared.states, never a copy
     StatusName = Literal[states.ALL]
     EndedBy = Literal[wire.ENDED_BY]
 
-ON_NODE_LOST = ("requeue", "fail")
+ON_NODE_LOST = wire.ON_NODE_LOST
 MAX_RETRIES = 20
 DEPLOY_SCHEMES = ("http", "https", "s3")
 MAX_COMMAND_CHARS = 64 * 1024

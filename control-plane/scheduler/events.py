@@ -9,7 +9,9 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-TYPES = ("job", "node", "log")
+from corral.shared import wire
+
+TYPES = wire.EVENT_TYPES
 # The stream's own events: where it starts, what it missed, and that it ends.
 STREAM_TYPES = ("open", "missed", "end")
 # Node changes, from one node list to the next (the node refresh).

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 from cronsim import CronSim, CronSimError
 
+from corral.shared import wire
+
 ALIASES = {"@hourly": "0 * * * *", "@daily": "0 0 * * *", "@weekly": "0 0 * * 0", "@monthly": "0 0 1 * *"}
 FIELDS = ("minute", "hour", "day of month", "month", "day of week")
 # cronsim's names of the fields, in its error messages ("Bad day-of-month").
@@ -101,7 +103,7 @@ def next_interval_slot(anchor: float, every: float, after: float) -> float:
     return slot
 
 
-CATCH_UP = ("latest", "none", "all")
+CATCH_UP = wire.SCHEDULE_CATCH_UP
 
 
 @dataclass
@@ -163,7 +165,7 @@ def due(next_slot: Callable[[float], float], first: float, now: float, missed_be
     return result
 
 
-OVERLAP = ("allow", "skip", "cancel_previous")
+OVERLAP = wire.SCHEDULE_OVERLAP
 
 
 def on_overlap(policy: str, previous_active: bool) -> str:
