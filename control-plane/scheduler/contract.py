@@ -26,12 +26,15 @@ if typing.TYPE_CHECKING:
     JobType = str
     StatusName = str
     EndedBy = str
+    OnNodeLost = str
+    OnDependencyFailure = str
 else:  # the choices come from shared.wire and shared.states, never a copy
     JobType = Literal[wire.JOB_TYPES]
     StatusName = Literal[states.ALL]
     EndedBy = Literal[wire.ENDED_BY]
+    OnNodeLost = Literal[wire.ON_NODE_LOST]
+    OnDependencyFailure = Literal[wire.ON_DEPENDENCY_FAILURE]
 
-ON_NODE_LOST = wire.ON_NODE_LOST
 MAX_RETRIES = 20
 DEPLOY_SCHEMES = ("http", "https", "s3")
 MAX_COMMAND_CHARS = 64 * 1024
@@ -207,7 +210,7 @@ class JobRequest(Request):
     """For services with a port: checked with HTTP GET (2xx/3xx is healthy) instead of a TCP connect."""
     max_retries: int | None = Field(None, ge=0, le=MAX_RETRIES)
     """How many times a failed attempt is retried (default MAX_JOB_RETRIES)."""
-    on_node_lost: Literal["requeue", "fail"] | None = "requeue"
+    on_node_lost: OnNodeLost | None = "requeue"
     """When the job's node is lost while it runs: run it again elsewhere (not counted as a retry), or
     fail it (for jobs that must not run twice)."""
     timeout_secs: float | None = Field(None, gt=0, le=MAX_TIMEOUT_SECS, examples=[7200])
@@ -230,7 +233,7 @@ class JobRequest(Request):
     depends_on: Annotated[list[Dependency] | None, Says(every="must be a list of dependencies")] = Field(
         None, max_length=MAX_DEPENDENCIES, examples=[[{"job_id": "job-7", "condition": "done"}]])
     """Jobs this one waits for; it is placed once every condition holds. Each must exist."""
-    on_dependency_failure: Literal["cancel", "run"] | None = "cancel"
+    on_dependency_failure: OnDependencyFailure | None = "cancel"
     """When a condition can never hold: cancel this job (and its own dependents), or run it anyway."""
     concurrency_key: Name | None = Field(None, max_length=128, examples=["db-migrations"])
     """At most the key's limit (PUT /concurrency/{key}) of the jobs with this key are placed or running at
@@ -692,7 +695,7 @@ class Job(Answer):
     """The job's retry budget (MAX_JOB_RETRIES unless the request set it)."""
     next_attempt_at: Timestamp | None
     """A retry waiting out its backoff is not placed before this."""
-    on_node_lost: Literal["requeue", "fail"]
+    on_node_lost: OnNodeLost
     node_losses: int = Field(ge=0)
     """How often the job was requeued because its node was lost."""
     exit_code: int | None = Field(ge=-255, le=255)
@@ -727,7 +730,7 @@ class Job(Answer):
     """Not placed before this time (as asked with run_at or delay_secs)."""
     depends_on: list[JobDependsOn] | None
     """The jobs it waits for and how each must end, as asked (an earlier item of a batch by its job id)."""
-    on_dependency_failure: Literal["cancel", "run"]
+    on_dependency_failure: OnDependencyFailure
     array_id: str | None = Field(pattern=r"^array-[1-9][0-9]*$", examples=["array-7"])
     """The array it belongs to (GET /arrays/{id})."""
     array_index: int | None = Field(ge=0)
