@@ -17,7 +17,7 @@ import peewee
 from playhouse.pool import MaxConnectionsExceeded
 
 from corral.shared import settings as s
-from corral.server.backends import postgres, sqlite
+from corral.server.backends import postgres, postgres_url, sqlite
 from corral.server.backends.base import Backend
 from corral.server.backends.lookup import backend_of
 from corral.server.backends.sqlite import sqlite_path
@@ -82,7 +82,7 @@ def is_postgres(url: str) -> bool:
 
 def schema_for(service: str) -> str:
     """The PostgreSQL schema of a service's tables ("scheduler" -> "corral_scheduler")."""
-    return postgres.schema_for(service)
+    return postgres_url.schema_for(service)
 
 
 def open_database(url: str, synchronous: str = "NORMAL", *, service: str = "scheduler",
@@ -96,7 +96,7 @@ def open_database(url: str, synchronous: str = "NORMAL", *, service: str = "sche
     if is_postgres(url):
         return postgres.open_postgres(url, service, options.pool_size or PG_DEFAULT_POOL_SIZE,
                                       PG_DEFAULT_POOL_WAIT_SECS if wait is None else wait)
-    raise SettingError(f"DATABASE_URL must start with sqlite:/// or postgresql://, got {postgres.redact(url)!r}")
+    raise SettingError(f"DATABASE_URL must start with sqlite:/// or postgresql://, got {postgres_url.redact(url)!r}")
 
 
 def check_server(db: peewee.Database, processes: int) -> None:

@@ -27,11 +27,11 @@ from corral.shared.errors import SettingError
 
 from .base import Backend, Query, T, wait_for
 from .postgres_marker import PostgresGuard
-from .postgres_url import parse_url, redact, schema_for
+from .postgres_url import parse_url, schema_for
 from .write_then_place import commit_then_place
 
 __all__ = ["PostgresDatabase", "open_postgres", "PostgresBackend", "POSTGRES", "check_server", "NotifyFeed",
-           "parse_url", "redact", "schema_for", "session_options"]
+           "session_options"]
 
 log = logging.getLogger(__name__)
 
