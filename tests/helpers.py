@@ -1,6 +1,7 @@
 """Test helpers: wait on conditions with a deadline instead of sleeping, free ports,
 servers on threads."""
 import os
+import random
 import socket
 import subprocess
 import threading
@@ -37,11 +38,44 @@ def process_gone(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
+_HANDED_OUT: set[int] = set()
+
+
+def _ports_of_this_worker() -> range:
+    """The ports this test process may hand out: below the kernel's ephemeral range
+    (which every outgoing connection draws its local port from, so a port the kernel
+    picked for bind(0) can be taken by some client socket before the server binds it),
+    split between the pytest-xdist workers so that two workers never pick the same one."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    low, high = 10000, max(ephemeral_low, 12000)
+    workers = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1), 1)
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").lstrip("gw") or 0) % workers
+    share = (high - low) // workers
+    return range(low + worker * share, low + (worker + 1) * share)
+
+
 def free_port() -> int:
-    """A port on 127.0.0.1 that nothing listened on a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port nothing uses on any address, that this test run has not handed out before
+    and no other xdist worker hands out; the caller binds it soon after (a server given
+    `--host 0.0.0.0` included)."""
+    ports = _ports_of_this_worker()
+    start = random.randrange(len(ports))
+    for offset in range(len(ports)):
+        port = ports[(start + offset) % len(ports)]
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("0.0.0.0", port))  # no SO_REUSEADDR: refused if anything holds it
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError(f"no free port in {ports}")
 
 
 def serve_in_thread(handler_class):

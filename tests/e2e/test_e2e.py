@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from cluster import Cluster
-from helpers import wait_for
+from helpers import free_port, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -253,7 +253,7 @@ def test_a_service_is_listed_healthy_turns_unhealthy_and_is_gone_after_cancel(tm
     try:
         cluster.start()
         cluster.start_agent("node-1", AGENT_HEALTH_INTERVAL_SECS=0.3, AGENT_HEALTH_TIMEOUT_SECS=0.5)
-        port = listening_port()
+        port = free_port()
         job = cluster.submit(command=f"echo $$ > {pid_file}; exec python3 -m http.server --bind 127.0.0.1 $PORT",
                              job_type="service", port=port, name="web", health_path="/")
         services = cluster.registry_url + "/services"
@@ -282,8 +282,3 @@ def test_a_service_is_listed_healthy_turns_unhealthy_and_is_gone_after_cancel(tm
         cluster.stop()
 
 
-def listening_port() -> int:
-    import socket
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
