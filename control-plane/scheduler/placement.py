@@ -15,7 +15,7 @@ from typing import Any
 
 from corral.shared.wire import JOB_TYPES
 
-from . import waiting
+from . import liveness, waiting
 from .waiting import Reason
 
 POLICIES = ("round-robin", "binpack", "spread")
@@ -75,8 +75,9 @@ class NodeInfo:
 
     node_id: str
     free_slots: int  # its capacity (min of MAX_JOBS_PER_NODE and its slots) less the jobs it holds
-    status: str = "healthy"  # or "unhealthy"; drained is apart
+    status: str = liveness.HEALTHY  # or unhealthy: the registry's; drained is apart
     drained: bool = False
+    kind: str = liveness.COMPUTE
     refusing_work: str | None = None     # why its agent takes no new work (short of disk space); None: it does
     labels: Mapping[str, str] = field(default_factory=dict)
     max_memory_mb: int | None = None     # the largest limits a job may ask for; None: unknown
@@ -93,7 +94,7 @@ class NodeInfo:
 
     @property
     def takes_work(self) -> bool:
-        return self.status == "healthy" and not self.drained and self.refusing_work is None
+        return liveness.takes_new_work(self.status, self.drained, self.refusing_work, self.kind)
 
     @property
     def allocatable_memory_mb(self) -> int | None:
@@ -430,11 +431,11 @@ def unmatched(ask: Ask, nodes: Sequence[NodeInfo]) -> Reason:
     whose agents take no new work, or limits beyond what the nodes it may go to allow."""
     if ask.pin is not None:
         node = next((n for n in nodes if n.node_id == ask.pin), None)
-        if node is None or node.status != "healthy":
+        if node is None or node.status != liveness.HEALTHY:
             return waiting.pinned_node_unavailable(ask.pin, "not a known compute node" if node is None
                                                    else node.status)
         nodes = [node]
-    healthy = [n for n in nodes if n.status == "healthy"]
+    healthy = [n for n in nodes if n.status == liveness.HEALTHY]
     if not healthy:
         return waiting.no_healthy_node(len(nodes))
     checks = _requirements(ask)
@@ -473,7 +474,7 @@ def shortfalls(ask: Ask, nodes: Iterable[NodeInfo], fallback: Mapping[str, Limit
         lacks = []
         if ask.pin is not None and ask.pin != node.node_id:
             lacks.append(f"the job is pinned to {ask.pin}")
-        if node.status != "healthy":
+        if node.status != liveness.HEALTHY:
             lacks.append(f"the node is {node.status}")
         if node.drained:
             lacks.append("the node is drained")

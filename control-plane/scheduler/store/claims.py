@@ -10,7 +10,7 @@ from peewee import fn
 
 from corral.server.statements import param
 
-from .. import lifecycle
+from .. import lifecycle, liveness
 from ..models import Job, Node
 from .columns import CLAIMED
 from .context import StoreContext
@@ -28,7 +28,7 @@ class Claims:
     def claim_room(self, node_id: str, request: dict, now: float) -> tuple[int, bool]:
         """How many jobs a claim of `node_id` may take now (its free slots, at most
         request['max']), and whether placement should fill a slot of it first: one is
-        free (the node is a healthy compute node with room beyond what is placed) and
+        free (the node takes new work, liveness.takes_new_work, and has room beyond what is placed) and
         due work waits unplaced (unplaced_due)."""
         db, sql = self.ctx.db, self.ctx.sql
 
@@ -38,17 +38,19 @@ class Claims:
         # The node, its running and placed jobs (the (node_id, status) index) and whether
         # work waits unplaced, in one read.
         rows = sql.rows(db, "claiming node", lambda: Node.select(
-            Node.slots, Node.status, Node.kind, counted("running"), counted("pending"),
+            Node.slots, Node.status, Node.kind, Node.refusing_work, counted("running"), counted("pending"),
             _unplaced_due_query()).where(Node.node_id == param("node_id")), node_id=node_id, now=now)
+        taking = False
         if rows:
-            slots, status, kind, running, placed, waiting = rows[0]
+            slots, status, kind, refusing, running, placed, waiting = rows[0]
+            taking = liveness.takes_new_work(*liveness.as_registry(status), refusing, kind)
         else:  # not (or no longer) a known node: its jobs alone
-            slots = status = kind = waiting = None
+            slots = waiting = None
             running, placed = sql.rows(db, "node job counts", lambda: peewee.Select(
                 columns=[counted("running"), counted("pending")]).bind(db), node_id=node_id)[0]
         capacity = self.ctx.capacity(slots)
         free = min(request["max"], capacity - running)
-        slot_open = free > 0 and status == "healthy" and kind == "compute" and running + placed < capacity
+        slot_open = free > 0 and taking and running + placed < capacity
         return free, slot_open and waiting is not None
 
     def may_claim(self, node_id: str, now: float) -> bool:

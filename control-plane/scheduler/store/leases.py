@@ -2,7 +2,7 @@
 running jobs of a node whose lease lapsed (or their failure, per `on_node_lost`)."""
 from corral.server.statements import param
 
-from .. import lifecycle
+from .. import lifecycle, liveness
 from ..models import Job, NodeLease
 from .context import StoreContext
 from .transitions import Transitions
@@ -49,7 +49,7 @@ class Leases:
         what guarantees two copies never run at once.
         """
         settings = self.ctx.settings
-        deadline = now - settings.heartbeat_timeout_secs - settings.node_lost_grace_secs
+        deadline = liveness.lease_deadline(now, settings.heartbeat_timeout_secs, settings.node_lost_grace_secs)
         if watching_since > deadline:
             return []
         fresh = NodeLease.select(NodeLease.node_id).where(NodeLease.renewed_at >= deadline)

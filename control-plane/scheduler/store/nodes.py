@@ -9,7 +9,7 @@ from peewee import fn
 
 from corral.shared.timeutil import epoch
 
-from .. import placement
+from .. import liveness, placement
 from ..event_log import EventLog
 from ..events import node_changes
 from ..models import Job, Node, NodeLease, SchedulerState
@@ -48,7 +48,8 @@ class Nodes:
         db = self.ctx.db
         rows = [{
             "node_id": n["node_id"], "address": n.get("address") or "", "kind": n.get("kind") or "compute",
-            "slots": int(n.get("slots") or 1), "status": _placement_status(n), "synced_at": now,
+            "slots": int(n.get("slots") or 1), "synced_at": now,
+            "status": liveness.listed(n.get("status") or liveness.UNHEALTHY, bool(n.get("drained"))),
             "max_memory_mb": n.get("max_memory_mb"), "max_cpu_percent": n.get("max_cpu_percent"),
             "drained": bool(n.get("drained")), "last_heartbeat": epoch(n.get("last_heartbeat")),
             # A registry of the previous release lists none: the node takes work.
@@ -69,7 +70,7 @@ class Nodes:
                 drained, seq = (bool(stored["drained"]), stored["drain_seq"]) if stored else (False, None)
                 row["drain_seq"] = seq
                 if seen_drains is not None and seq is not None and seq > seen_drains:
-                    row["drained"], row["status"] = drained, _drain_status(row["status"], drained)
+                    row["drained"], row["status"] = drained, liveness.redrained(row["status"], drained)
             after = {row["node_id"]: (row["status"], row["drained"]) for row in rows}
             self._write_changed(current, rows)
             SchedulerState.insert(key=LIST_SYNCED, value=repr(now)).on_conflict(
@@ -118,7 +119,7 @@ class Nodes:
             if node is None:
                 return False
             self.stats.bump(**{DRAINS_COUNTER: 1})
-            status = _drain_status(node.status, drained)
+            status = liveness.redrained(node.status, drained)
             Node.update(drained=drained, status=status, drain_seq=self.drain_count()).where(
                 Node.node_id == node_id).execute()
             EventLog(self.ctx.db).record({"at": now, "type": "node", "job_id": None, "node_id": node_id,
@@ -139,9 +140,9 @@ class Nodes:
         stranded = self._stranded()
         if not stranded:
             return 0
-        states = {node_id: f"is {status}" if refusing is None or status != "healthy"
-                  else f"takes no new work: {refusing}"
-                  for node_id, status, refusing in tuples(Node.select(Node.node_id, Node.status, Node.refusing_work))}
+        states = {node_id: liveness.why_no_new_work(*liveness.as_registry(status), refusing, kind)
+                  for node_id, status, refusing, kind in tuples(Node.select(
+                      Node.node_id, Node.status, Node.refusing_work, Node.kind))}
         released = 0
         for job in stranded:
             unplaced = Job.update(node_id=None, placed_at=None).where(
@@ -155,10 +156,9 @@ class Nodes:
 
     def _stranded(self) -> list[Job]:
         """Pending jobs placed on a node that is not a healthy compute node taking work (any more)."""
-        healthy = Node.select(Node.node_id).where((Node.status == "healthy") & (Node.kind == "compute")
-                                                  & Node.refusing_work.is_null())
+        taking = Node.select(Node.node_id).where(liveness.taking_new_work(Node))
         return list(Job.select().where((Job.status == "pending") & Job.node_id.is_null(False)
-                                       & Job.node_id.not_in(healthy)))
+                                       & Job.node_id.not_in(taking)))
 
     def nodes_and_slots(self) -> list[tuple[Node, int, placement.NodeInfo, tuple[int | None, int | None] | None]]:
         """The cached node list, each node with its capacity, what its jobs hold (as
@@ -181,17 +181,3 @@ def _as_values(row: dict) -> dict:
     refresh's values compare with it: JSON parsed (once per text: rows.json_value)."""
     row["labels"], row["default_limits"] = json_value(row["labels"]), json_value(row["default_limits"])
     return row
-
-
-def _drain_status(status: str, drained: bool) -> str:
-    """A node's placement status once drained (or undrained): only a healthy node shows it."""
-    if drained and status == "healthy":
-        return "drained"
-    return "healthy" if not drained and status == "drained" else status
-
-
-def _placement_status(node: dict) -> str:
-    """How the scheduler sees a registry node: a drained node takes no new work
-    (what it runs finishes), so for placement it is not `healthy`."""
-    status = node.get("status") or "unhealthy"
-    return "drained" if status == "healthy" and node.get("drained") else status

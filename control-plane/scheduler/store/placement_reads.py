@@ -11,7 +11,7 @@ from peewee import fn
 from corral.server.statements import ValueList, param
 from corral.shared.states import ACTIVE
 
-from .. import placement
+from .. import liveness, placement
 from ..models import ConcurrencyLimit, Job, JobArray, Node, SchedulerState
 from .columns import QUEUED
 from .context import StoreContext
@@ -39,9 +39,9 @@ class PlacementReads:
             where = None if include_others else Node.kind == "compute"
             if chosen is not None:
                 where = chosen.matches(Node.node_id) if where is None else where & chosen.matches(Node.node_id)
-            return (Node.select(Node.node_id, Node.slots, Node.status, Node.refusing_work, Node.max_memory_mb,
-                                Node.max_cpu_percent, Node.labels, Node.default_limits, Node.reserve_memory_mb,
-                                Node.reserve_cpu_percent,
+            return (Node.select(Node.node_id, Node.slots, Node.status, Node.kind, Node.refusing_work,
+                                Node.max_memory_mb, Node.max_cpu_percent, Node.labels, Node.default_limits,
+                                Node.reserve_memory_mb, Node.reserve_cpu_percent,
                                 fn.COUNT(Job.id), fn.COALESCE(fn.SUM(Job.reserved_memory_mb), 0),
                                 fn.COALESCE(fn.SUM(Job.reserved_cpu_percent), 0))
                     .join(Job, peewee.JOIN.LEFT_OUTER, on=(Job.node_id == Node.node_id) & Job.status.in_(ACTIVE))
@@ -52,17 +52,17 @@ class PlacementReads:
                                  compute_nodes, **(chosen.values if chosen else {}))
         capacity = self.ctx.capacity
         return [placement.NodeInfo(
-            node_id, capacity(slots) - held, status="healthy" if status in ("healthy", "drained") else status,
-            drained=status == "drained", refusing_work=refusing, labels=json_value(labels) or {},
+            node_id, capacity(slots) - held, *liveness.as_registry(status), kind=kind,
+            refusing_work=refusing, labels=json_value(labels) or {},
             max_memory_mb=max_memory,
             max_cpu_percent=max_cpu, reserve_memory_mb=reserve_memory or 0, reserve_cpu_percent=reserve_cpu or 0,
             reserved_memory_mb=int(reserved_memory or 0), reserved_cpu_percent=int(reserved_cpu or 0),
             default_limits=limits_by_type(json_value(defaults)))
-            for (node_id, slots, status, refusing, max_memory, max_cpu, labels, defaults, reserve_memory, reserve_cpu,
-                 held, reserved_memory, reserved_cpu) in rows]
+            for (node_id, slots, status, kind, refusing, max_memory, max_cpu, labels, defaults, reserve_memory,
+                 reserve_cpu, held, reserved_memory, reserved_cpu) in rows]
 
     def open_nodes(self) -> list[str]:
-        """The healthy compute nodes with a free slot (one read, no lock)."""
+        """The nodes that take new work with a free slot (one read, no lock)."""
         return [n.node_id for n in self.nodes() if n.takes_work and n.free_slots > 0]
 
     def queue_page(self, open_nodes: ValueList, now: float, limit: int,
