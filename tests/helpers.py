@@ -1,5 +1,6 @@
 """Test helpers: wait on conditions with a deadline instead of sleeping, free ports,
 servers on threads."""
+import functools
 import os
 import random
 import socket
@@ -41,6 +42,7 @@ def process_gone(pid: int) -> bool:
 _HANDED_OUT: set[int] = set()
 
 
+@functools.cache
 def _ports_of_this_worker() -> range:
     """The ports this test process may hand out: below the kernel's ephemeral range
     (which every outgoing connection draws its local port from, so a port the kernel

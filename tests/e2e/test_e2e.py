@@ -280,5 +280,3 @@ def test_a_service_is_listed_healthy_turns_unhealthy_and_is_gone_after_cancel(tm
         assert cluster.job(job["job_id"])["status"] == "cancelled"
     finally:
         cluster.stop()
-
-

@@ -28,8 +28,8 @@ class Claims:
     def claim_room(self, node_id: str, request: dict, now: float) -> tuple[int, bool]:
         """How many jobs a claim of `node_id` may take now (its free slots, at most
         request['max']), and whether placement should fill a slot of it first: one is
-        free (the node takes new work, liveness.takes_new_work, and has room beyond what is placed) and
-        due work waits unplaced (unplaced_due)."""
+        free (the node takes new work, liveness.takes_new_work, and has room beyond
+        what is placed) and due work waits unplaced (unplaced_due)."""
         db, sql = self.ctx.db, self.ctx.sql
 
         def counted(status: str) -> peewee.Select:
@@ -40,12 +40,11 @@ class Claims:
         rows = sql.rows(db, "claiming node", lambda: Node.select(
             Node.slots, Node.status, Node.kind, Node.refusing_work, counted("running"), counted("pending"),
             _unplaced_due_query()).where(Node.node_id == param("node_id")), node_id=node_id, now=now)
-        taking = False
         if rows:
             slots, status, kind, refusing, running, placed, waiting = rows[0]
             taking = liveness.takes_new_work(*liveness.as_registry(status), refusing, kind)
         else:  # not (or no longer) a known node: its jobs alone
-            slots = waiting = None
+            slots, waiting, taking = None, None, False
             running, placed = sql.rows(db, "node job counts", lambda: peewee.Select(
                 columns=[counted("running"), counted("pending")]).bind(db), node_id=node_id)[0]
         capacity = self.ctx.capacity(slots)
