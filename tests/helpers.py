@@ -80,12 +80,21 @@ def free_port() -> int:
     raise RuntimeError(f"no free port in {ports}")
 
 
+def start_serving(server, name: str = "test-http") -> threading.Thread:
+    """Serve a socketserver server (werkzeug's or http.server's) on a daemon thread.
+    It looks for a stop every 50 ms: shutdown() waits for that look, half a second
+    with serve_forever's default."""
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
 def serve_in_thread(handler_class):
     """A ThreadingHTTPServer on 127.0.0.1 (a free port) serving `handler_class` on a
     daemon thread; the caller calls shutdown() and server_close()."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler_class)
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    start_serving(server)
     return server
 
 

@@ -9,7 +9,6 @@ was valid after all) may change it.
 """
 import sqlite3
 from copy import deepcopy
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -22,6 +21,7 @@ from corral.registry.app import create_app as create_registry
 from corral.registry.settings import RegistrySettings
 from corral.scheduler.app import create_app as create_scheduler
 from corral.scheduler.settings import SchedulerSettings
+from helpers import start_serving
 
 NOW = 1_800_000_000.0
 # What Hypothesis draws rarely among all of Unicode, and hostile clients send often.
@@ -114,7 +114,7 @@ def scheduler(tmp_path) -> Service:
     registry_dir = tmp_path / "registry"
     registry_dir.mkdir(parents=True, exist_ok=True)
     served = make_server("127.0.0.1", 0, registry(registry_dir).app, threaded=True)
-    threading.Thread(target=served.serve_forever, daemon=True).start()
+    start_serving(served)
     # No waiting room: a claim that finds nothing answers at once (no test here wants it to wait).
     settings = SchedulerSettings(database_url=f"sqlite:///{db_path}", long_poll_max_waiters=0,
                                  events_stream_max_secs=0.0, registry_url=f"http://127.0.0.1:{served.server_port}")

@@ -5,7 +5,6 @@ import os
 import socket
 import stat
 import subprocess
-import threading
 import time
 from http.server import ThreadingHTTPServer
 
@@ -13,6 +12,7 @@ import boto3
 import pytest
 
 from aws import CLIENT_KWARGS
+from helpers import start_serving
 from corral.agent.artifacts import ArtifactError, Limits, Unpacked, display_url, fetch_and_unpack
 from zips import ZipHandler, dir_entry, file_entry, link_entry, make_zip
 
@@ -61,8 +61,7 @@ def web():
     server = ThreadingHTTPServer(("127.0.0.1", 0), ZipHandler)
     server.daemon_threads = True
     server.files = {}
-    thread = threading.Thread(target=server.serve_forever, name="test-http", daemon=True)
-    thread.start()
+    thread = start_serving(server)
     try:
         yield server
     finally:

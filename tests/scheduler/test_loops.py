@@ -239,12 +239,14 @@ def test_a_leader_that_did_not_run_for_a_lease_gives_every_node_a_full_lease_per
     assert Job.get_by_id(job.id).status == "pending"
 
 
-def test_a_worker_told_to_stop_gives_the_lease_up_and_a_stopping_worker_never_takes_it(store, monkeypatch):
+def test_a_worker_told_to_stop_gives_the_lease_up_and_a_stopping_worker_never_takes_it(database_url, monkeypatch):
     """SIGTERM reaches every worker of a stopping scheduler. The leader ends its loop and
     gives the lease up at once; another worker that is stopping too must not take it over
     (it would hold the lease, and its shutdown, for nothing), not even from a pass that
     had begun before it was told to stop and tries the lease only after the leader gave
     it up."""
+    # The node list is fetched every 0.1 s: the third fetch comes soon.
+    store = store_with(database_url, job_timeout_secs=100, timeout_check_secs=10, node_refresh_secs=0.1)
     told_to_stop = []
     monkeypatch.setattr(server, "on_stop_signal", told_to_stop.append)
     monkeypatch.setattr(leased.atexit, "register", lambda at_exit: None)

@@ -26,7 +26,7 @@ import requests
 
 from aws import CLIENT_KWARGS, REGION, set_aws_env
 from cluster import Cluster, wait_scheduler_sees_healthy
-from corral.scheduler import aws_clients, sns_outbox, sqs_intake
+from corral.scheduler import admission, aws_clients, sns_outbox, sqs_intake
 from corral.scheduler.notifications import notification
 from corral.scheduler.service import Scheduler
 from corral.scheduler.app import create_app, create_schema, open_store
@@ -519,7 +519,8 @@ def test_a_message_delivered_again_after_the_commit_makes_no_second_job(aws, tmp
     assert aws.depth(queue) == 0
 
 
-def test_an_unreachable_queue_backs_off_doubling_and_recovers(aws, tmp_path, late_server):
+def test_an_unreachable_queue_backs_off_doubling_and_recovers(aws, tmp_path, late_server, monkeypatch):
+    monkeypatch.setattr(aws_clients, "MAX_ATTEMPTS", 1)  # the intake's own backoff, not botocore's retries in between
     queue = aws.queue("late")
     store, intake = intake_for(aws, tmp_path, queue, endpoint=late_server.url, sqs_backoff_cap_secs=3)
     aws.send(queue, {"command": "true"})
@@ -529,7 +530,8 @@ def test_an_unreachable_queue_backs_off_doubling_and_recovers(aws, tmp_path, lat
     assert Job.select().count() == 1
 
 
-def test_a_message_refused_at_max_pending_jobs_stays_in_the_queue_and_makes_its_job_later(aws, tmp_path):
+def test_a_message_refused_at_max_pending_jobs_stays_in_the_queue_and_makes_its_job_later(aws, tmp_path, monkeypatch):
+    monkeypatch.setattr(admission, "RETRY_AFTER_SECS", 1)  # how long the message stays invisible
     queue, dlq = aws.queue("full"), aws.queue("full-dlq")
     store, intake = intake_for(aws, tmp_path, queue, sqs_dlq_url=dlq, max_pending_jobs=1, sqs_backoff_cap_secs=2)
     waiting, _ = Scheduler(store).submit({"command": "true"}, T0)
@@ -581,7 +583,8 @@ def test_outbox_pass_publishes_oldest_first_and_marks_them(aws, tmp_path):
     assert store.stats.counters()["sns_published"] == 3 and store.outbox.backlog(T0 + 3) == (0, None)
 
 
-def test_an_unreachable_topic_keeps_rows_pending_backs_off_and_warns(aws, tmp_path, late_server, caplog):
+def test_an_unreachable_topic_keeps_rows_pending_backs_off_and_warns(aws, tmp_path, late_server, caplog, monkeypatch):
+    monkeypatch.setattr(aws_clients, "MAX_ATTEMPTS", 1)  # the outbox's own backoff, not botocore's retries in between
     topic, events = aws.topic_to_queue()
     store, publisher = publisher_for(aws, tmp_path, topic, endpoint=late_server.url, sns_backoff_cap_secs=2,
                                      sns_backlog_warn_secs=60)

@@ -2,11 +2,11 @@
 (control-plane/server/revocations.py): every node route of both services refuses the revoked
 credential, the node's next generation works, other nodes are untouched, only
 operators revoke, and bad requests change nothing."""
-import threading
 
 import pytest
 from werkzeug.serving import make_server
 
+from helpers import start_serving
 from test_auth import (AGENT_SECRET, AS_NODE, AS_OPERATOR, AS_OTHER_NODE, AS_READER, CREDENTIALS, NODE,
                        NODE_TOKEN, OTHER_NODE, ROUTES, bearer, call, seed_registry, seed_scheduler)
 
@@ -29,7 +29,7 @@ class Cluster:
         self.registry_app = create_registry(RegistrySettings(database_url=f"sqlite:///{tmp_path}/registry.db",
                                                              credentials=CREDENTIALS))
         self.server = make_server("127.0.0.1", 0, self.registry_app, threaded=True)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        start_serving(self.server)
         self.registry = self.registry_app.test_client()
         seed_registry(self.registry)
         if service == "registry":
@@ -150,22 +150,30 @@ def test_the_scheduler_changes_nothing_when_the_registry_cannot_be_told(tmp_path
     assert listed.status_code == 200, listed.json
 
 
-def test_node_token_prints_the_credential_of_a_generation(tmp_path):
+def test_node_token_prints_the_credential_of_a_generation(tmp_path, monkeypatch, capsys):
     import os
     import subprocess
 
     from cluster import BIN, base_env
+    from corral.scheduler.cli import main
     from test_auth import TOKEN_ENV
     env = base_env(str(tmp_path), **TOKEN_ENV)
     script = os.path.join(BIN, "corral-scheduler")
     printed = subprocess.run([script, "node-token", NODE, "--generation", "2"], env=env, capture_output=True,
                              text=True, timeout=60)
     assert (printed.returncode, printed.stdout.strip()) == (0, NEXT_TOKEN), printed.stderr
-    first = subprocess.run([script, "node-token", NODE], env=env, capture_output=True, text=True, timeout=60)
+    # The installed script works; the other cases run its main() in this process, in the same environment.
+    for name, value in TOKEN_ENV.items():
+        monkeypatch.setenv(name, value)
+
+    def node_token(*args):
+        with pytest.raises(SystemExit) as exited:
+            main(["node-token", NODE, *args])
+        return subprocess.CompletedProcess(args, exited.value.code, capsys.readouterr().out)
+    first = node_token()
     assert first.stdout.strip() == NODE_TOKEN
     for bad in ("0", "-1", "1000000000", "x"):
-        refused = subprocess.run([script, "node-token", NODE, "--generation", bad], env=env, capture_output=True,
-                                 text=True, timeout=60)
+        refused = node_token("--generation", bad)
         assert refused.returncode == 2 and not refused.stdout, (bad, refused.stdout)
 
 
@@ -177,7 +185,7 @@ def test_corral_node_revoke_credential_revokes_on_both_and_says_how_to_issue_the
     from test_auth import OPERATOR_TOKEN, READER_TOKEN
     app = cluster.client.application
     scheduler = make_server("127.0.0.1", 0, app, threaded=True)
-    threading.Thread(target=scheduler.serve_forever, daemon=True).start()
+    start_serving(scheduler)
     try:
         addrs = ["--addr", f"http://127.0.0.1:{scheduler.server_port}",
                  "--registry-addr", f"http://127.0.0.1:{cluster.server.server_port}"]
@@ -216,7 +224,7 @@ def test_revocations_at_once_on_each_database_end_at_the_highest(database_url, t
     scheduler_url = database_url if database_url.startswith("postgresql") else f"sqlite:///{tmp_path}/sched.db"
     registry_app = create_registry(RegistrySettings(database_url=database_url, credentials=CREDENTIALS))
     server = make_server("127.0.0.1", 0, registry_app, threaded=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    start_serving(server)
     try:
         scheduler_app = create_scheduler(SchedulerSettings(
             database_url=scheduler_url, credentials=CREDENTIALS, events_stream_max_secs=0.0,

@@ -910,6 +910,7 @@ def app(environ, start_response):
 '''
 
 
+@pytest.mark.e2e
 def test_a_stopping_worker_says_which_requests_it_still_waits_for_and_where_they_are(tmp_path):
     (tmp_path / "slow_app.py").write_text(SLOW_APP)
     release, busy = tmp_path / "release", tmp_path / "busy"
@@ -947,6 +948,7 @@ def test_a_stopping_worker_says_which_requests_it_still_waits_for_and_where_they
         proc.stop()
 
 
+@pytest.mark.e2e
 def test_a_connection_answered_as_the_stop_began_holds_the_stop_no_longer_than_the_others(tmp_path):
     """A request served when SIGTERM came is answered, and its connection, kept alive
     after that answer, is closed within the stop's linger (STOP_LINGER_SECS), not after
