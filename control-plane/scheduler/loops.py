@@ -12,6 +12,7 @@ from corral.shared.clients import ClientError, RegistryClient
 from corral.server.leased import LeasedLoop
 from corral.server.leader import LoopThread
 
+from . import liveness
 from .event_log import EventLog
 from .job_logs import JobLogs
 from .service import Scheduler
@@ -131,7 +132,7 @@ class Background(LeasedLoop[Store, bool]):
     def refresh_nodes(self, now: float) -> None:
         seen_drains = self.store.nodes.drain_count()  # before the list: a drain after it stays (sync_nodes)
         try:
-            nodes = self.registry.list_nodes(kind="compute")
+            nodes = self.registry.list_nodes(kind=liveness.COMPUTE)
         except ClientError as exc:
             if self.registry_down_since is None:
                 self.registry_down_since = now

@@ -15,6 +15,7 @@ from peewee import fn
 from corral.server.metrics import DATABASE_GAUGES, Family, database_gauges, gauge, on_commit, sample_names
 from corral.shared.states import ALL, FINAL_STATUSES
 
+from . import liveness
 from .models import Job, Node, Schedule
 
 SOURCES = ("api", "batch", "sqs")
@@ -191,7 +192,7 @@ def scrape(store, clock=time.time) -> list:
                                 .group_by(Node.status, Node.kind).tuples()):
         nodes[(status, kind)] = count
     newest = store.nodes.list_synced_at()
-    nodes.setdefault(("healthy", "compute"), 0)
+    nodes.setdefault((liveness.HEALTHY, liveness.COMPUTE), 0)
     families = [
         gauge("corral_jobs", "Jobs by status now (pending is the queue).", ("status",),
               {(status,): by_status.get(status, 0) for status in ALL}),

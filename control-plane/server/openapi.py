@@ -82,12 +82,18 @@ def error_responses(not_found: str, conflict: str | None = None) -> dict:
     return responses
 
 
-def json_content_type_everywhere(paths: dict) -> dict:
-    """Every state-changing operation takes `Content-Type: application/json` only, a
-    body-less one too (control-plane/server/guards.py): give those an optional empty JSON body and
-    document the 415 on all of them. Returns `paths`."""
+def request_refusals(paths: dict) -> dict:
+    """Document the refusals of a request as the servers make them, not route by route:
+    an operation that declares a body answers 400 (malformed JSON or fields) and 413
+    (over CORRAL_MAX_BODY_BYTES) unless it says otherwise; every state-changing
+    operation takes `Content-Type: application/json` only, a body-less one too
+    (control-plane/server/guards.py): those get an optional empty JSON body and the 415.
+    Returns `paths`."""
     for operations in paths.values():
         for method, operation in operations.items():
+            if "requestBody" in operation:
+                operation["responses"].setdefault("400", error("BadRequest"))
+                operation["responses"].setdefault("413", error("PayloadTooLarge"))
             if method not in ("post", "put", "patch", "delete"):
                 continue
             operation.setdefault("requestBody", {
@@ -151,7 +157,7 @@ def build(info: dict, tags: list[dict], paths: dict, responses: dict) -> dict:
         "openapi": OPENAPI_VERSION,
         "info": info,
         "tags": tags,
-        "paths": _with_refs(json_content_type_everywhere(paths), ref_of),
+        "paths": _with_refs(request_refusals(paths), ref_of),
         "components": {"schemas": schemas.get("$defs", {}), "responses": _with_refs(responses, ref_of),
                        "securitySchemes": SECURITY_SCHEMES},
         "security": SECURITY,

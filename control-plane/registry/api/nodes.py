@@ -27,9 +27,6 @@ routes = Routes("nodes")
              responses={
                  "201": _json(contract.Node, "A new node was registered."),
                  "200": _json(contract.Node, "The node was known; its record was replaced."),
-                 "400": _error("BadRequest"),
-                 "413": _error("PayloadTooLarge"),
-                 "415": _error("UnsupportedMediaType"),
              })
 def register_node(api: RegistryApi):
     registration = contract.NodeRegistration.check(read_json_object())
@@ -91,10 +88,7 @@ def read_node(api: RegistryApi, node_id):
              request_body=_body(contract.Heartbeat, required=False, description="Optional; may be empty."),
              responses={
                  "200": _json(contract.Node, "The node, now healthy."),
-                 "400": _error("BadRequest"),
                  "404": _error("NotFound"),
-                 "413": _error("PayloadTooLarge"),
-                 "415": _error("UnsupportedMediaType"),
              })
 def heartbeat(api: RegistryApi, node_id):
     beat = contract.Heartbeat.check(read_json_object() if request.get_data(cache=True).strip() else {})
@@ -152,8 +146,8 @@ def deregister_node(api: RegistryApi, node_id):
                          "does this here and there at once.",
              request_body=_body(revocations.Revocation, required=False),
              responses={"200": _json(revocations.CredentialFloor, "The node's floor now."),
-                        "400": _error("BadRequest"), "404": _error("NotFound"),
-                        "409": _error("Conflict"), "415": _error("UnsupportedMediaType")})
+                        "404": _error("NotFound"),
+                        "409": _error("Conflict")})
 def revoke_credential(api: RegistryApi, node_id):
     """Refuse the node's credentials below a generation, here (control-plane/server/revocations.py)."""
     wanted = revocations.revocation_request(node_id, request.get_data(cache=True), read_json_object)

@@ -32,9 +32,6 @@ routes = Routes("services")
                  "201": _json(contract.Service, "A new service record."),
                  "200": _json(contract.Service, "The job's record existed and was replaced."),
                  "409": _error("Conflict"),
-                 "400": _error("BadRequest"),
-                 "413": _error("PayloadTooLarge"),
-                 "415": _error("UnsupportedMediaType"),
              })
 def register_service(api: RegistryApi):
     registration = contract.ServiceRegistration.check(read_json_object())

@@ -44,10 +44,7 @@ routes = Routes("agents")
                                                  "to take it).",
                                   "required": False,
                                   "schema": {"type": "string", "enum": ["busy", "stopping", "again"]}}}),
-                 "400": _error("BadRequest"),
                  "404": _error("NotFound"),
-                 "413": _error("PayloadTooLarge"),
-                 "415": _error("UnsupportedMediaType"),
              })
 def claim(api: SchedulerApi, node_id):
     if not validation.NODE_ID_RE.match(node_id):
@@ -74,7 +71,6 @@ def claim(api: SchedulerApi, node_id):
              request_body=_body(contract.LeaseRenewal, required=False),
              responses={
                  "200": _json(contract.Lease, "The lease is renewed."),
-                 "400": _error("BadRequest"),
                  "404": _error("NotFound"),
              })
 def renew_lease(api: SchedulerApi, node_id):
@@ -94,11 +90,8 @@ def renew_lease(api: SchedulerApi, node_id):
              request_body=_body(contract.StatusReport),
              responses={
                  "200": _json(contract.Job, "The job after the report."),
-                 "400": _error("BadRequest"),
                  "404": _error("NotFound"),
                  "409": _error("Conflict"),
-                 "413": _error("PayloadTooLarge"),
-                 "415": _error("UnsupportedMediaType"),
              })
 def report(api: SchedulerApi, job_id):
     body = validation.status_report(read_json_object())
@@ -116,9 +109,6 @@ def report(api: SchedulerApi, job_id):
              request_body=_body(contract.ReportBatch),
              responses={
                  "200": _json(contract.ReportResults, "What happened to each report."),
-                 "400": _error("BadRequest"),
-                 "413": _error("PayloadTooLarge"),
-                 "415": _error("UnsupportedMediaType"),
              })
 def report_batch(api: SchedulerApi):
     items, riding = validation.report_batch(read_json_object())  # riding: a claim sent with the reports
@@ -145,9 +135,6 @@ def report_batch(api: SchedulerApi):
              request_body=_body(contract.OutputBatch),
              responses={
                  "200": _json(contract.OutputResults, "What happened to each item."),
-                 "400": _error("BadRequest"),
-                 "413": _error("PayloadTooLarge"),
-                 "415": _error("UnsupportedMediaType"),
              })
 def live_output(api: SchedulerApi):
     items = validation.output_batch(read_json_object())

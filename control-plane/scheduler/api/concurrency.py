@@ -32,8 +32,7 @@ def list_concurrency(api: SchedulerApi):
                         "across the cluster. Lowering it ends nothing: jobs over the limit finish.",
             request_body=_body(contract.ConcurrencyLimitRequest),
             responses={"200": _json(contract.ConcurrencyLimitAnswer, "The limit."),
-                       "400": _error("BadRequest"), "404": _error("NotFound"),
-                       "413": _error("PayloadTooLarge")})
+                       "404": _error("NotFound")})
 def set_concurrency(api: SchedulerApi, key):
     key = validation.concurrency_key(key)
     limit = contract.ConcurrencyLimitRequest.check(read_json_object()).limit

@@ -62,12 +62,9 @@ LOG_HEADERS = {
                               "schema": {"type": "string", "format": "binary"}}}},
             responses={
                 "200": _json(contract.LogChunkStored, "Stored, or stored before."),
-                "400": _error("BadRequest"),
                 "404": _error("NotFound"),
                 "409": _json(contract.LogChunkRefused | shared_contract.Error,
                              "Not the next chunk (where to go on from), or not an attempt this node ran."),
-                "413": _error("PayloadTooLarge"),
-                "415": _error("UnsupportedMediaType"),
                 "503": _json(shared_contract.Error, "The log store (S3) did not answer; nothing was stored."),
             })
 def put_log_chunk(api: SchedulerApi, job_id, attempt, stream, seq):
@@ -90,9 +87,6 @@ def put_log_chunk(api: SchedulerApi, job_id, attempt, stream, seq):
              request_body=_body(contract.LogChunkBatch),
              responses={
                  "200": _json(contract.LogChunkResults, "What happened to each chunk."),
-                 "400": _error("BadRequest"),
-                 "413": _error("PayloadTooLarge"),
-                 "415": _error("UnsupportedMediaType"),
              })
 def put_log_chunks(api: SchedulerApi):
     items = validation.log_chunk_batch(read_json_object())

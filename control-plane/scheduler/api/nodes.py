@@ -41,7 +41,6 @@ def list_nodes(api: SchedulerApi):
                  "200": _json(contract.NodeDrain, "The node is drained."),
                  "400": _error("BadRequest"),
                  "404": _error("NotFound"),
-                 "415": _error("UnsupportedMediaType"),
                  "503": _json(shared_contract.Error, "The registry did not answer; nothing was changed."),
              })
 def drain_node(api: SchedulerApi, node_id):
@@ -56,7 +55,6 @@ def drain_node(api: SchedulerApi, node_id):
                  "200": _json(contract.NodeDrain, "The node takes work again."),
                  "400": _error("BadRequest"),
                  "404": _error("NotFound"),
-                 "415": _error("UnsupportedMediaType"),
                  "503": _json(shared_contract.Error, "The registry did not answer; nothing was changed."),
              })
 def undrain_node(api: SchedulerApi, node_id):
@@ -74,8 +72,7 @@ def undrain_node(api: SchedulerApi, node_id):
                          "changed here, send it again.",
              request_body=_body(revocations.Revocation, required=False),
              responses={"200": _json(revocations.CredentialFloor, "The node's floor now, on both services."),
-                        "400": _error("BadRequest"), "404": _error("NotFound"),
-                        "409": _error("Conflict"), "415": _error("UnsupportedMediaType"),
+                        "404": _error("NotFound"), "409": _error("Conflict"),
                         "503": _json(shared_contract.Error, "The registry could not be told; nothing changed here.")})
 def revoke_credential(api: SchedulerApi, node_id):
     """Refuse the node's credentials below a generation, on the registry and here."""

@@ -37,8 +37,7 @@ def list_schedules(api: SchedulerApi):
                          "slot creates exactly one job (its Idempotency-Key is schedule:<id>:<slot>). 409 "
                          "when the name is taken.",
              request_body=_body(contract.ScheduleRequest),
-             responses={"201": _json(contract.ScheduleAnswer, "The schedule."), "400": _error("BadRequest"),
-                        "409": _error("Conflict"), "413": _error("PayloadTooLarge")})
+             responses={"201": _json(contract.ScheduleAnswer, "The schedule."), "409": _error("Conflict")})
 def create_schedule(api: SchedulerApi):
     return respond(schedule_answers(api, [api.schedules.create(read_json_object(), api.clock())])[0], status=201)
 
@@ -56,8 +55,7 @@ def read_schedule(api: SchedulerApi, name):
                           "POST /schedules checks one. A change of its timing, or enabling it, computes its "
                           "next slot from now.",
               request_body=_body(contract.ScheduleChange),
-              responses={"200": _json(contract.ScheduleAnswer, "The schedule."), "400": _error("BadRequest"),
-                         "404": _error("NotFound"), "413": _error("PayloadTooLarge")})
+              responses={"200": _json(contract.ScheduleAnswer, "The schedule."), "404": _error("NotFound")})
 def change_schedule(api: SchedulerApi, name):
     return respond(schedule_answers(api, [api.schedules.update(name, read_json_object(), api.clock())])[0])
 

@@ -67,10 +67,7 @@ def submitted(created: bool, **attributes) -> None:
                               "The new job; for a request with `array`, the new array."),
                  "200": _json(contract.Job | contract.ArrayCreated,
                               "A repeat of an earlier request with the same Idempotency-Key: that job (or array)."),
-                 "400": _error("BadRequest"),
                  "409": _error("Conflict"),
-                 "413": _error("PayloadTooLarge"),
-                 "415": _error("UnsupportedMediaType"),
                  "429": PENDING_LIMIT,
              })
 def submit(api: SchedulerApi):
@@ -107,9 +104,7 @@ def submit(api: SchedulerApi):
                               "A repeat of an earlier batch with the same Idempotency-Key: those jobs."),
                  "400": _json(shared_contract.BatchError, "The body or an item is invalid; nothing was stored."),
                  "409": _error("Conflict"),
-                 "413": _error("PayloadTooLarge"),
                  "429": PENDING_LIMIT,
-                 "415": _error("UnsupportedMediaType"),
              })
 def submit_batch(api: SchedulerApi):
     items = validation.job_batch(read_json_object())

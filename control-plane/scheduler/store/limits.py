@@ -8,7 +8,7 @@ from peewee import fn
 
 from corral.shared.errors import BadRequest, NotFound
 
-from .. import placement
+from .. import liveness, placement
 from ..models import ConcurrencyLimit, Job, Node
 from ..validation import check_timeout
 from .context import StoreContext
@@ -47,7 +47,8 @@ class Limits:
     def compute_nodes() -> list[Node]:
         """The compute nodes with what check() reads of them (not their labels and
         defaults, JSON parsed for every node)."""
-        return list(Node.select(Node.node_id, Node.max_memory_mb, Node.max_cpu_percent).where(Node.kind == "compute"))
+        return list(Node.select(Node.node_id, Node.max_memory_mb, Node.max_cpu_percent)
+                    .where(Node.kind == liveness.COMPUTE))
 
     def check(self, fields: dict, known: list[Node] | None = None) -> None:
         """Refuse limits no known node allows (a pinned job: its node), while nodes are known.

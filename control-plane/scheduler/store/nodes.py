@@ -47,7 +47,7 @@ class Nodes:
         already answered. None: the list is the newest word on every node."""
         db = self.ctx.db
         rows = [{
-            "node_id": n["node_id"], "address": n.get("address") or "", "kind": n.get("kind") or "compute",
+            "node_id": n["node_id"], "address": n.get("address") or "", "kind": n.get("kind") or liveness.COMPUTE,
             "slots": int(n.get("slots") or 1), "synced_at": now,
             "status": liveness.listed(n.get("status") or liveness.UNHEALTHY, bool(n.get("drained"))),
             "max_memory_mb": n.get("max_memory_mb"), "max_cpu_percent": n.get("max_cpu_percent"),

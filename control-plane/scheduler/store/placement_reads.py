@@ -36,7 +36,7 @@ class PlacementReads:
         def compute_nodes() -> Any:
             # Each node with the count of its jobs that hold a slot and what they reserve,
             # in one walk of the (node_id, status) index per node (a join, grouped).
-            where = None if include_others else Node.kind == "compute"
+            where = None if include_others else Node.kind == liveness.COMPUTE
             if chosen is not None:
                 where = chosen.matches(Node.node_id) if where is None else where & chosen.matches(Node.node_id)
             return (Node.select(Node.node_id, Node.slots, Node.status, Node.kind, Node.refusing_work,
