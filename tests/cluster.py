@@ -4,7 +4,8 @@ processes, each started through its console script.
 
 Servers get a socket bound to 127.0.0.1:0 by the test and passed down as
 `--bind fd://N`, so there is no race for a free port. Every process runs in its
-own session and is ended by process group (TERM, then KILL) at teardown.
+own session and is ended at teardown by a SIGTERM to its main process, then a
+SIGKILL to what is left of its process group.
 """
 import contextlib
 import json
@@ -46,13 +47,19 @@ class Proc:
     def stop(self, grace: float = 10.0) -> int | None:
         try:
             if self.alive():
-                _signal_group(self.popen.pid, signal.SIGTERM)
+                # SIGTERM to the main process only, as the systemd units' KillMode does: a
+                # gunicorn worker that got it too may exit before the master acts on it, and
+                # the worker the master forks in its place can miss the master's own SIGTERM
+                # (it arrives before the worker sets its handlers), so the stop would wait
+                # out graceful_timeout.
+                _signal(self.popen.pid, signal.SIGTERM)
                 _signal_group(self.popen.pid, signal.SIGCONT)  # a process a test stopped handles it too
                 try:
                     self.popen.wait(grace)
                 except subprocess.TimeoutExpired:
-                    _signal_group(self.popen.pid, signal.SIGKILL)
-                    self.popen.wait(5)
+                    pass
+            _signal_group(self.popen.pid, signal.SIGKILL)  # whatever of the group is left
+            self.popen.wait(5)
         finally:
             self.log.close()
         return self.popen.returncode
@@ -66,6 +73,13 @@ class Proc:
     def output(self) -> str:
         with open(self.log_path, "rb") as f:
             return f.read().decode(errors="replace")
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:  # it is gone already
+        pass
 
 
 def _signal_group(pgid: int, sig: int) -> None:

@@ -171,13 +171,18 @@ def css(driver, selector: str):
 
 
 def read(driver, selector: str, what):
-    """`what(element)` for the first element `selector` finds; None when there is none."""
+    """`what(element)` for the first element `selector` finds; None when there is none.
+    Read again when the page redrew the element between finding and reading it."""
     from selenium.common.exceptions import StaleElementReferenceException
-    element = css(driver, selector)
-    try:
-        return what(element) if element is not None else None
-    except StaleElementReferenceException:  # the page redrew it between find and read
-        return None
+
+    def attempt(d):
+        element = css(d, selector)
+        try:
+            return (what(element) if element is not None else None,)
+        except StaleElementReferenceException:
+            return False
+
+    return wait(driver, attempt, f"a steady read of {selector}", timeout=10)[0]
 
 
 def read_all(driver, selector: str, what) -> list:
