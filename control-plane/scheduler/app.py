@@ -42,7 +42,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     api = wiring.scheduler_api(settings, open_db(settings), clock)
     app = base_app(__name__, settings.max_body_bytes)
     guards.install(app, settings.credentials, routes.ACCESS, settings.allowed_hosts, server.loopback_only(),
-                   routes.RAW_ROUTES, floors=api.floors)
+                   routes.RAW_ROUTES, floors=api.floors, users=api.tokens)
     dbmod.init_app(app, api.store.db)
     serve_openapi(app, openapi.DOCUMENT)
     app.register_blueprint(ui.blueprint)  # the dashboard at /ui
@@ -51,7 +51,7 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     register(app, routes.GROUPS, api)
     check_declared(app, routes.ACCESS)
     app.extensions.update({"corral.store": api.store, "corral.scheduler": api.scheduler,
-                           "corral.wait_room": api.room, "corral.stream_hub": api.hub})
+                           "corral.wait_room": api.room, "corral.stream_hub": api.hub, "corral.tokens": api.tokens})
     if start_loops:
         app.extensions.update(wiring.start_loops(api))
     return app

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from corral.server import principals
 from corral.shared import states, wire
 from corral.shared.errors import BadRequest
 from corral.shared.limits import (DEFAULT_WAIT_SECS, MAX_BATCH, MAX_CPU_PERCENT, MAX_MEMORY_MB, MAX_OUTPUT_CHARS,
@@ -21,6 +22,8 @@ from corral.shared.contract import (MAP_SAYS, MAX_MAP_ENTRIES, NO_NUL_PATTERN, M
 from corral.shared.validate import ENV_NAME_PATTERN, forbidden_env_var
 
 from . import dependencies, slots, waiting
+
+TeamName = Annotated[str, Field(pattern=principals.TEAM_PATTERN), Says(what="a team name")]
 
 if typing.TYPE_CHECKING:
     JobType = str
@@ -238,6 +241,9 @@ class JobRequest(Request):
     concurrency_key: Name | None = Field(None, max_length=128, examples=["db-migrations"])
     """At most the key's limit (PUT /concurrency/{key}) of the jobs with this key are placed or running at
     once, cluster-wide; a key with no limit set is unlimited."""
+    team: TeamName | None = Field(None, examples=["ml"])
+    """The team the job belongs to; default the user's default team (or their only one; `default` for the
+    bootstrap token). A member may name only a team of theirs."""
     array: Annotated[ArraySpec | None, Says(every="must be an object with 'count' (and 'parallel')")] = None
     """Submit `count` copies at once (POST /jobs only; the answer is the array, not a job)."""
 
@@ -302,7 +308,7 @@ class JobRequest(Request):
             "delay_secs": self.delay_secs,
             "depends_on": [d.column() for d in self.depends_on] if self.depends_on else None,
             "on_dependency_failure": self.on_dependency_failure or "cancel",
-            "concurrency_key": self.concurrency_key,
+            "concurrency_key": self.concurrency_key, "team": self.team,
             "array": None if self.array is None else {"count": self.array.count,
                                                       "parallel": self.array.parallel or self.array.count},
         }
@@ -325,7 +331,8 @@ def check_deploy_url(url: str) -> None:
 # ---- schedules ---------------------------------------------------------------------
 
 SCHEDULE_NOT_IN_JOB = {"run_at": "its runs start at their slots", "delay_secs": "its runs start at their slots",
-                       "depends_on": "a run depends on no other job", "array": "a run is one job"}
+                       "depends_on": "a run depends on no other job", "array": "a run is one job",
+                       "team": "its runs belong to the schedule's team"}
 if typing.TYPE_CHECKING:
     Overlap = str
     CatchUp = str
@@ -736,6 +743,10 @@ class Job(Answer):
     array_index: int | None = Field(ge=0)
     """Its place in the array (CORRAL_ARRAY_INDEX in its environment)."""
     concurrency_key: str | None
+    team: str = Field(examples=["ml"])
+    """The team it belongs to."""
+    submitted_by: str = Field(examples=["alice"])
+    """The user who submitted it (`admin`: the bootstrap token; a schedule's run: the schedule's)."""
     schedule: str | None
     """The schedule whose run it is (GET /schedules/{name})."""
     slot: Timestamp | None

@@ -9,6 +9,7 @@ import peewee
 from corral.server.db import JSONField
 from corral.server.leader import Lease
 from corral.server.revocations import credential_model
+from corral.server.principals import BOOTSTRAP_ADMIN, DEFAULT_TEAM
 from corral.shared.states import ALL
 
 database = peewee.DatabaseProxy()
@@ -86,6 +87,8 @@ class Job(BaseModel):
     pending_reason = JSONField(null=True)             # what placement last said (waiting.Reason.as_dict)
     pending_code = peewee.CharField(max_length=32, null=True)  # its code, for GET /jobs?pending_reason=
     timeout_secs = peewee.DoubleField(null=True)      # the request's (0017); null: JOB_TIMEOUT_SECS
+    team = peewee.CharField(max_length=128, default=DEFAULT_TEAM)        # whose job it is (0022)
+    submitted_by = peewee.CharField(max_length=128, default=BOOTSTRAP_ADMIN)  # the user who asked for it
 
     class Meta:
         table_name = "job"
@@ -100,6 +103,7 @@ class Job(BaseModel):
             (("next_attempt_at",), False),  # the background pass: the next job to come due
             (("name",), False),          # GET /jobs?name= and ?schedule= (migration 0017)
             (("schedule",), False),
+            (("team", "id"), False),     # a member's job list: their teams' jobs in id order (0022)
         )
 
     @property
@@ -336,10 +340,65 @@ class LogChunk(BaseModel):
         indexes = ((("job_id", "attempt", "stream", "seq"), True),)
 
 
+class Team(BaseModel):
+    """A group of users that owns jobs (what Slurm calls an account)."""
+
+    name = peewee.CharField(primary_key=True, max_length=128)
+    created_at = peewee.DoubleField()
+
+    class Meta:
+        table_name = "team"
+
+
+class User(BaseModel):
+    """Someone who holds personal tokens. `cluster_role`: `admin`, `reader` or null
+    (only what their teams give them); `default_team`: the team a request that names
+    none acts in."""
+
+    name = peewee.CharField(primary_key=True, max_length=128)
+    cluster_role = peewee.CharField(max_length=16, null=True)
+    default_team = peewee.CharField(max_length=128, null=True)
+    created_at = peewee.DoubleField()
+
+    class Meta:
+        table_name = "corral_user"  # `user` is a reserved word in PostgreSQL
+
+
+class Membership(BaseModel):
+    """A user's place in a team: `member` or `admin`."""
+
+    user = peewee.CharField(max_length=128)
+    team = peewee.CharField(max_length=128, index=True)
+    role = peewee.CharField(max_length=16)
+
+    class Meta:
+        table_name = "membership"
+        primary_key = peewee.CompositeKey("user", "team")
+
+
+class ApiToken(BaseModel):
+    """A personal token (personal_tokens.py): only the SHA-256 of its secret is kept."""
+
+    token_id = peewee.CharField(primary_key=True, max_length=32)
+    user = peewee.CharField(max_length=128, index=True)
+    name = peewee.CharField(max_length=128)
+    secret_sha256 = peewee.CharField(max_length=64, unique=True)
+    scope = peewee.CharField(max_length=8)            # `full` (the user's rights) or `read`
+    created_at = peewee.DoubleField()
+    created_by = peewee.CharField(max_length=128)
+    expires_at = peewee.DoubleField(null=True)
+    revoked_at = peewee.DoubleField(null=True)
+    last_used_at = peewee.DoubleField(null=True)      # to the minute (personal_tokens.LAST_USED_STEP_SECS)
+
+    class Meta:
+        table_name = "api_token"
+
+
 Lease.bind(database)  # the shared lease table lives in the scheduler's database
 
 # The lowest generation of each node's credential still accepted (control-plane/server/revocations.py).
 NodeCredential = credential_model(database)
 
 MODELS = [Job, JobEvent, Node, NodeLease, SchedulerState, Counter, OutboxEvent, Lease, JobDependency, JobArray,
-          ConcurrencyLimit, Schedule, ScheduleRun, StreamEvent, StatsSample, LogChunk, NodeCredential]
+          ConcurrencyLimit, Schedule, ScheduleRun, StreamEvent, StatsSample, LogChunk, NodeCredential,
+          Team, User, Membership, ApiToken]

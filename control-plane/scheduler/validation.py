@@ -12,6 +12,7 @@ import re
 from pydantic import ValidationError
 from pydantic_core import PydanticCustomError
 
+from corral.server import principals
 from corral.shared import validate as v
 from corral.shared.contract import Request, refusal
 from corral.shared.errors import BadRequest, BatchError, CorralError
@@ -174,6 +175,8 @@ def idempotency_key(value: str | None) -> str | None:
 LATER_FIELDS = {"constraints": None, "pool": None, "priority": 50, "run_at": None, "delay_secs": None,
                 "depends_on": None, "on_dependency_failure": "cancel", "concurrency_key": None, "array": None,
                 "timeout_secs": None, "disk_mb": None}
+# The owner of a job, added with users and teams: left out at the values every older job has.
+OWNER_FIELDS = {"team": (None, principals.DEFAULT_TEAM), "submitted_by": (None, principals.BOOTSTRAP_ADMIN)}
 
 
 # Set from the request's headers, not its body: a repeat sent again within another
@@ -184,14 +187,15 @@ TRACE_FIELDS = ("traceparent", "tracestate")
 def request_hash(fields: dict) -> str:
     """A digest of a validated job request, to tell a repeated submission from a different one."""
     kept = {name: value for name, value in fields.items()
-            if name not in TRACE_FIELDS and (name not in LATER_FIELDS or value != LATER_FIELDS[name])}
+            if name not in TRACE_FIELDS and (name not in LATER_FIELDS or value != LATER_FIELDS[name])
+            and (name not in OWNER_FIELDS or value not in OWNER_FIELDS[name])}
     canonical = json.dumps(kept, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def job_filters(args) -> dict:
     """GET /jobs's filters on what a job is (its query parameters `name`, `schedule`,
-    `array`, `created_after`, `created_before`), as Jobs.iter_jobs takes them; those
+    `array`, `team`, `submitted_by`, `created_after`, `created_before`), as Jobs.iter_jobs takes them; those
     not given are None. A bad value: BadRequest naming the parameter."""
     name, schedule, array = (args.get(key) or None for key in ("name", "schedule", "array"))
     if name is not None and (len(name) > 128 or not v.NAME_RE.match(name)):
@@ -212,7 +216,14 @@ def job_filters(args) -> dict:
             times[key] = None if raw is None else parse_instant(key, raw)
         except PydanticCustomError as exc:
             raise BadRequest(f"query parameter {exc.context['message']}") from None
-    return {"name": name, "schedule": schedule, "array_id": array_id, **times}
+    team, submitted_by = (args.get(key) or None for key in ("team", "submitted_by"))
+    if team is not None and not principals.TEAM_RE.match(team):
+        raise BadRequest("query parameter 'team' must be a team name (letters, digits, '.', '_' or '-', at most 128)")
+    if submitted_by is not None and not principals.USER_RE.match(submitted_by):
+        raise BadRequest("query parameter 'submitted_by' must be a user name (letters, digits, '.', '_', '@', '+' "
+                         "or '-', at most 128)")
+    return {"name": name, "schedule": schedule, "array_id": array_id, "team": team, "submitted_by": submitted_by,
+            **times}
 
 
 def parse_job_id(job_id: str) -> int | None:

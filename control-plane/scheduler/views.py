@@ -62,7 +62,8 @@ def job(row: Job, settings: SchedulerSettings, now: float, service_grant: str | 
         "depends_on": _depends_on(d("depends_on")),
         "on_dependency_failure": d("on_dependency_failure") or "cancel",
         "array_id": None if d("array_id") is None else f"array-{d('array_id')}", "array_index": d("array_index"),
-        "concurrency_key": d("concurrency_key"), "schedule": d("schedule"), "slot": iso(d("slot")),
+        "concurrency_key": d("concurrency_key"), "team": d("team"), "submitted_by": d("submitted_by"),
+        "schedule": d("schedule"), "slot": iso(d("slot")),
         "traceparent": d("traceparent"), "tracestate": d("tracestate"),
         "reserved": None if node_id is None or d("reserved_memory_mb") is None else built(contract.Resources, {
             "memory_mb": d("reserved_memory_mb"), "cpu_percent": d("reserved_cpu_percent")}),

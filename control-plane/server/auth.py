@@ -16,10 +16,12 @@ from dataclasses import dataclass
 
 from flask import g, request
 
-from corral.shared.credentials import AGENT_ROLE, OPERATOR_ROLE, READER_ROLE, Credentials
-from corral.shared.errors import Forbidden
+from corral.server import principals
 from corral.server.http import error_response
+from corral.server.principals import Principal
 from corral.server.revocations import refusal as revocation_refusal
+from corral.shared.credentials import AGENT_ROLE, OPERATOR_ROLE, READER_ROLE, Caller, Credentials
+from corral.shared.errors import Forbidden
 from corral.shared.settings import Setting
 
 OPEN_PATHS = ("/healthz", "/readyz", "/metrics", "/openapi.json", "/ui")
@@ -40,8 +42,15 @@ class Access:
     node: str | None = None
 
 
+# A user of a personal token (scheduler/personal_tokens.py) who is no cluster admin or
+# reader: what they may do on a route of this role is decided by their teams, in the route.
+USER_ROLE = "user"
+READS = ("GET", "HEAD")
+
 OPEN = Access(frozenset())
 OPERATOR = Access(frozenset({OPERATOR_ROLE}))
+# Routes users of teams may call too (the route checks the team).
+MEMBER = Access(frozenset({OPERATOR_ROLE, USER_ROLE}))
 
 
 def readable(access: Access) -> Access:
@@ -51,6 +60,7 @@ def readable(access: Access) -> Access:
 
 # Reads the operator and the read-only token may make.
 READ = readable(OPERATOR)
+MEMBER_READ = readable(MEMBER)
 # Reads every role may make (the node list, services).
 EITHER = readable(Access(frozenset({OPERATOR_ROLE, AGENT_ROLE})))
 
@@ -60,13 +70,16 @@ def agent(node: str) -> Access:
     return Access(frozenset({AGENT_ROLE}), node)
 
 
-def either(node: str) -> Access:
-    """Operators see everything; an agent only what concerns its own node."""
-    return Access(frozenset({OPERATOR_ROLE, AGENT_ROLE}), node)
+def either(node: str, users: bool = False) -> Access:
+    """Operators see everything; an agent only what concerns its own node; with `users`,
+    team users too (the route checks their teams)."""
+    return Access(frozenset({OPERATOR_ROLE, AGENT_ROLE} | ({USER_ROLE} if users else set())), node)
 
 
-ROLE_NAMES = {OPERATOR_ROLE: "the operator token", AGENT_ROLE: "a node credential (CORRAL_NODE_TOKEN)",
-              READER_ROLE: "the read-only token (CORRAL_READ_TOKEN)"}
+ROLE_NAMES = {OPERATOR_ROLE: "the operator token (or a cluster admin)",
+              AGENT_ROLE: "a node credential (CORRAL_NODE_TOKEN)",
+              READER_ROLE: "the read-only token (or a cluster-wide reader)",
+              USER_ROLE: "a team member's token"}
 
 
 INSECURE = Setting("CORRAL_INSECURE", "insecure", "bool", False,
@@ -81,15 +94,19 @@ def insecure_allowed(env: Mapping[str, str]) -> bool:
 # ---- the request check ----------------------------------------------------------------
 
 def access_check(credentials: Credentials, access: Mapping[str, Access],
-                 floors: Callable[[str], int] | None = None) -> Callable[[], object]:
+                 floors: Callable[[str], int] | None = None,
+                 users: Callable[[str], Principal | None] | None = None) -> Callable[[], object]:
     """The before-request function that checks every request against `access`
     (Flask endpoint name -> Access). It reads no body; `floors(node_id)`, the lowest
     generation of that node's credentials still accepted (control-plane/server/revocations.py), is
-    asked of node credentials only (its own short read of the database, cached)."""
+    asked of node credentials only (its own short read of the database, cached);
+    `users(token)`, who a personal token stands for (None: nobody), of tokens that are
+    none of the cluster's own (also cached)."""
 
     def check():
         g.corral_role = None
         g.corral_node = None
+        g.corral_principal = principals.BOOTSTRAP_ADMIN_PRINCIPAL  # the tokenless local mode
         if request.url_rule is None or request.path in OPEN_PATHS or request.path.startswith(OPEN_PREFIXES):
             return None  # unknown routes answer 404/405 on their own
         rule = access.get(request.endpoint, OPERATOR)
@@ -99,21 +116,46 @@ def access_check(credentials: Credentials, access: Mapping[str, Access],
         if scheme.lower() != "bearer" or not presented.strip():
             return _unauthorized("this endpoint needs a bearer token (Authorization: Bearer TOKEN)")
         caller = credentials.identify(presented.strip())
-        if caller is None:
+        principal = _principal_of(caller) if caller is not None else (
+            users(presented.strip()) if users is not None else None)
+        if caller is None and principal is None:
             return _unauthorized("the bearer token is not valid")
-        if caller.role not in rule.roles:
+        role = caller.role if caller is not None else route_role(principal)
+        if role not in rule.roles:
             wanted = " or ".join(ROLE_NAMES[r] for r in sorted(rule.roles))
-            raise Forbidden(f"{ROLE_NAMES[caller.role]} may not do this; it takes {wanted}")
-        if caller.role == AGENT_ROLE and floors is not None and caller.node_id is not None:
+            raise Forbidden(f"{ROLE_NAMES[role]} may not do this; it takes {wanted}")
+        if principal is not None and principal.read_only and request.method not in READS:
+            raise Forbidden("a read-only token may not change anything")
+        if caller is not None and caller.role == AGENT_ROLE and floors is not None and caller.node_id is not None:
             revoked = revocation_refusal(caller.node_id, caller.generation, floors(caller.node_id))
             if revoked is not None:
                 return _unauthorized(revoked)
-        g.corral_role, g.corral_node = caller.role, caller.node_id
-        if caller.role == AGENT_ROLE:
+        g.corral_role, g.corral_principal = role, principal
+        g.corral_node = caller.node_id if caller is not None else None
+        if role == AGENT_ROLE:
             _check_named_node(rule.node)
         return None
 
     return check
+
+
+def _principal_of(caller: Caller) -> Principal | None:
+    if caller.role == OPERATOR_ROLE:
+        return principals.BOOTSTRAP_ADMIN_PRINCIPAL
+    if caller.role == READER_ROLE:
+        return principals.BOOTSTRAP_READER_PRINCIPAL
+    return None  # a node's agent acts for no user
+
+
+def route_role(principal: Principal) -> str:
+    """The role a user's request is checked as against a route's Access: a cluster admin
+    is the operator (a read-only token of one, the reader), a cluster-wide reader the
+    reader, anyone else a team user."""
+    if principal.is_admin:
+        return READER_ROLE if principal.read_only else OPERATOR_ROLE
+    if principal.cluster_role == principals.READER:
+        return READER_ROLE
+    return USER_ROLE
 
 
 def _unauthorized(message: str):
@@ -150,6 +192,14 @@ def calling_node() -> str | None:
 def read_only() -> bool:
     """The request came with the read-only token: it sees no secrets (env var values)."""
     return g.get("corral_role") == READER_ROLE
+
+
+def principal() -> Principal:
+    """Who this request acts for (an agent's request: nobody; it never asks)."""
+    found = g.get("corral_principal")
+    if found is None:
+        raise Forbidden("a node credential acts for no user")
+    return found
 
 
 # ---- listening addresses -----------------------------------------------------------------

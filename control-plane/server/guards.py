@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from flask import Flask, request
 
 from corral.server.auth import Access, access_check
+from corral.server.principals import Principal
 from corral.shared.credentials import Credentials
 from corral.shared.errors import BadRequest
 from corral.server.http import UnsupportedMediaType
@@ -120,13 +121,15 @@ def content_type_check(raw_routes: frozenset[str]) -> Callable[[], None]:
 
 def install(app: Flask, credentials: Credentials, access: Mapping[str, Access],
             hosts: Iterable[str], loopback_only: bool, raw_routes: Iterable[str] = (),
-            floors: Callable[[str], int] | None = None) -> None:
+            floors: Callable[[str], int] | None = None,
+            users: Callable[[str], Principal | None] | None = None) -> None:
     """Put the checks in front of every other before-request function of `app`.
     `loopback_only`: the server listens on loopback only (control-plane/server/serve.py);
     `raw_routes`: the PUT routes that take application/octet-stream; `floors`: each
-    node's lowest credential generation accepted (control-plane/server/revocations.py)."""
+    node's lowest credential generation accepted (control-plane/server/revocations.py);
+    `users`: who a personal token stands for (the scheduler's personal_tokens.py)."""
     checks: list[Callable] = []
     if loopback_only or not credentials.enabled:
         checks.append(host_check(hosts, loopback_only))
-    checks += [access_check(credentials, access, floors), content_type_check(frozenset(raw_routes))]
+    checks += [access_check(credentials, access, floors, users), content_type_check(frozenset(raw_routes))]
     app.before_request_funcs.setdefault(None, [])[:0] = checks

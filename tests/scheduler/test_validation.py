@@ -13,7 +13,7 @@ def test_minimal_request_gets_defaults():
         "max_processes": None, "disk_mb": None, "health_path": None, "max_retries": None,
         "on_node_lost": "requeue", "timeout_secs": None, "constraints": None, "pool": None, "priority": 50,
         "run_at": None, "delay_secs": None, "depends_on": None,
-        "on_dependency_failure": "cancel", "concurrency_key": None, "array": None}
+        "on_dependency_failure": "cancel", "concurrency_key": None, "team": None, "array": None}
 
 
 def test_a_request_digests_as_before_the_scheduling_fields_when_it_gives_none():

@@ -90,7 +90,8 @@ JOB_ANSWER = {
     "timeout_secs": 3600.0, "created_at": "2026-11-29T08:00:00.000Z", "placed_at": "2026-11-29T08:00:00.010Z",
     "running_at": "2026-11-29T08:00:00.020Z", "finished_at": None, "priority": 50, "constraints": None,
     "pool": None, "run_at": None, "depends_on": None, "on_dependency_failure": "cancel", "array_id": None,
-    "array_index": None, "concurrency_key": None, "schedule": None, "slot": None, "reserved": None,
+    "array_index": None, "concurrency_key": None, "team": "default", "submitted_by": "admin",
+    "schedule": None, "slot": None, "reserved": None,
     "pending_reason": None}
 
 

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 from corral.server import auth, revocations
 from corral.shared.clients import RegistryClient
+from corral.shared.errors import Forbidden, NotFound
 
-from .. import contract, event_stream, longpoll, stream_hub, views
+from .. import contract, event_stream, longpoll, personal_tokens, stream_hub, views
 from ..event_log import EventLog
 from ..job_logs import JobLogs
 from ..schedules import Schedules
@@ -32,6 +33,7 @@ class SchedulerApi:
     clock: Callable[[], float]
     room: longpoll.WaitRoom
     floors: revocations.Floors
+    tokens: personal_tokens.TokenCache
     schedules: Schedules
     job_logs: JobLogs
     event_log: EventLog
@@ -42,8 +44,46 @@ class SchedulerApi:
     revoke_registry: RegistryClient
 
     def job_view(self, job) -> contract.Job:
-        """A job as an operator (or the read-only token, without env values) sees it."""
-        return views.job(job, self.settings, self.clock(), hide_env=auth.read_only())
+        """A job as this request's user sees it: its env var values only for its submitter,
+        its team's admins and cluster admins (corral.server.principals)."""
+        return views.job(job, self.settings, self.clock(),
+                         hide_env=not auth.principal().sees_env(job.team, job.submitted_by))
+
+    def job(self, job_id: str):
+        """The job `job_id` if this request's user may see it; another team's job is
+        NotFound, as a job that does not exist (so ids tell nothing)."""
+        job = self.store.jobs.get(job_id)
+        if not auth.principal().can_see(job.team):
+            raise NotFound(f"no job {job_id!r}")
+        return job
+
+    def require_visible(self, job_id: str) -> None:
+        """NotFound unless this request's user may see the job (no read for those who see all)."""
+        if not auth.principal().sees_every_team:
+            self.job(job_id)
+
+    def require_changeable(self, job_id: str) -> None:
+        """Cancel, retry: NotFound for a job the user may not see, Forbidden for one of their
+        team's they may not change (only its submitter, the team's admins, cluster admins)."""
+        who = auth.principal()
+        if who.is_admin and not who.read_only:
+            return
+        job = self.job(job_id)
+        if not who.can_change_job(job.team, job.submitted_by):
+            raise Forbidden(f"only its submitter ({job.submitted_by}), the admins of team {job.team!r} and "
+                            f"cluster admins may change {job.job_id}")
+
+    def require_array(self, array_id: str, change: bool = False) -> None:
+        """The same checks for an array, by the team and submitter of its jobs."""
+        who = auth.principal()
+        if who.is_admin and not who.read_only or not change and who.sees_every_team:
+            return
+        owner = self.store.jobs.array_owner(array_id)
+        if owner is None or not who.can_see(owner[0]):
+            raise NotFound(f"no array {array_id!r}")
+        if change and not who.can_change_job(*owner):
+            raise Forbidden(f"only its submitter ({owner[1]}), the admins of team {owner[0]!r} and cluster "
+                            f"admins may change {array_id}")
 
     def agent_view(self, job) -> contract.Job:
         """A job as its node's agent gets it: with the grant that lets the node record the

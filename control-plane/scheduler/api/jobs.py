@@ -7,7 +7,7 @@ from urllib.parse import urlencode
 
 from flask import current_app, request
 
-from corral.server import auth
+from corral.server import auth, principals
 from corral.server.http import query_choice, query_int
 from corral.server.openapi import error as _error
 from corral.server.openapi import json_response as _json
@@ -34,7 +34,7 @@ LINK_HEADER = {
 }
 
 
-@routes.get("/jobs", access=auth.readable(auth.either(auth.NODE_IN_QUERY)),
+@routes.get("/jobs", access=auth.readable(auth.either(auth.NODE_IN_QUERY, users=True)),
             operation_id="listJobs", summary="List jobs, a page at a time.",
             description="Ordered by job id. An empty parameter counts as not given. "
                         "With `node_id` and `status=pending` (and no `after`, `order=desc`), this is the "
@@ -49,6 +49,10 @@ LINK_HEADER = {
                 _query("schedule", "Only the runs of this schedule.", {"type": "string", "maxLength": 128}),
                 _query("array", "Only the jobs of this array (such as array-3).",
                        {"type": "string", "pattern": r"^array-[0-9]{1,18}$"}),
+                _query("team", "Only the jobs of this team (a member sees their teams' jobs only).",
+                       {"type": "string", "pattern": principals.TEAM_PATTERN}),
+                _query("submitted_by", "Only the jobs this user submitted.",
+                       {"type": "string", "pattern": principals.USER_PATTERN}),
                 _query("created_after", "Only jobs created at or after this time (ISO-8601 with Z or an offset).",
                        {"type": "string", "format": "date-time"}),
                 _query("created_before", "Only jobs created before this time (ISO-8601 with Z or an offset).",
@@ -76,14 +80,15 @@ def list_jobs(api: SchedulerApi):
         after = validation.parse_job_id(request.args["after"])
         if after is None:
             raise BadRequest("query parameter 'after' must be a job id such as job-42")
+    teams = auth.principal().visible_teams() if auth.calling_node() is None else None
     jobs: Iterable[Job]
-    if (node_id and status == "pending" and job_type is None and pending_reason is None and after is None
-            and not newest_first and not any(value is not None for value in filters.values())):
+    if (teams is None and node_id and status == "pending" and job_type is None and pending_reason is None
+            and after is None and not newest_first and not any(value is not None for value in filters.values())):
         jobs = api.store.jobs.pending_for_agent(node_id, limit)  # the agents' poll: at most its free slots
     else:
         jobs = api.store.jobs.iter_jobs(node_id=node_id, status=status, job_type=job_type, after=after,
                                         limit=limit, newest_first=newest_first, pending_reason=pending_reason,
-                                        now=api.clock(), **filters)
+                                        now=api.clock(), teams=teams, **filters)
     view = api.agent_view if auth.calling_node() is not None else api.job_view
     page = pages.cut(((j.job_id, encode(view(j))) for j in jobs), limit, api.settings.page_max_bytes)
     response = current_app.response_class(page.body(), mimetype="application/json")
@@ -94,14 +99,14 @@ def list_jobs(api: SchedulerApi):
     return response
 
 
-@routes.get("/jobs/<job_id>", access=auth.READ,
+@routes.get("/jobs/<job_id>", access=auth.MEMBER_READ,
             operation_id="getJob", summary="Read one job.",
             responses={"200": _json(contract.Job, "The job."), "404": _error("NotFound")})
 def read_job(api: SchedulerApi, job_id):
-    return respond(api.job_view(api.store.jobs.get(job_id)))
+    return respond(api.job_view(api.job(job_id)))
 
 
-@routes.get("/jobs/<job_id>/why", access=auth.READ,
+@routes.get("/jobs/<job_id>/why", access=auth.MEMBER_READ,
             operation_id="whyJobWaits", summary="Why a pending job waits.",
             description="The job's `pending_reason` and, computed now, the nodes that came closest to "
                         "taking it, each with what it lacks (its pin, health, drain, constraints and pool, "
@@ -110,13 +115,14 @@ def read_job(api: SchedulerApi, job_id):
             responses={"200": _json(contract.WhyItWaits, "Why it waits."), "404": _error("NotFound"),
                        "409": _error("Conflict")})
 def why_it_waits(api: SchedulerApi, job_id):
+    api.require_visible(job_id)
     job, closest = api.store.placing.why(job_id)
     view = api.job_view(job)
     return respond(contract.WhyItWaits.model_validate({
         "job_id": job.job_id, "pending_reason": view.pending_reason, "closest_nodes": closest}))
 
 
-@routes.post("/jobs/<job_id>/cancel", access=auth.OPERATOR,
+@routes.post("/jobs/<job_id>/cancel", access=auth.MEMBER,
              operation_id="cancelJob", summary="Cancel a pending or running job.",
              description="A pending job is cancelled at once. A running job is cancelled at once too; its node "
                          "ends the whole process tree (SIGTERM, then SIGKILL after a grace) at its next poll. "
@@ -124,21 +130,24 @@ def why_it_waits(api: SchedulerApi, job_id):
              responses={"200": _json(contract.Job, "The cancelled job."), "404": _error("NotFound"),
                         "409": _error("Conflict")})
 def cancel(api: SchedulerApi, job_id):
+    api.require_changeable(job_id)
     return respond(api.job_view(api.scheduler.cancel(job_id, api.clock())))
 
 
-@routes.post("/jobs/<job_id>/retry", access=auth.OPERATOR,
+@routes.post("/jobs/<job_id>/retry", access=auth.MEMBER,
              operation_id="retryJob", summary="Run a failed job again.",
              description="Puts a `failed` job back to `pending` with a fresh retry budget. Any other status is 409.",
              responses={"200": _json(contract.Job, "The job, pending again."), "404": _error("NotFound"),
                         "409": _error("Conflict")})
 def retry(api: SchedulerApi, job_id):
+    api.require_changeable(job_id)
     return respond(api.job_view(api.scheduler.retry(job_id, api.clock())))
 
 
-@routes.get("/jobs/<job_id>/events", access=auth.READ,
+@routes.get("/jobs/<job_id>/events", access=auth.MEMBER_READ,
             operation_id="listJobEvents", summary="A job's history, oldest first.",
             responses={"200": _json(list[contract.JobEvent], "The job's events."),
                        "404": _error("NotFound")})
 def job_events(api: SchedulerApi, job_id):
+    api.require_visible(job_id)
     return respond([views.event(e) for e in api.store.jobs.events(job_id)], of=list[contract.JobEvent])

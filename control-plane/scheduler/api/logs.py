@@ -95,7 +95,7 @@ def put_log_chunks(api: SchedulerApi):
         {"results": [views.log_chunk_result(r) for r in api.job_logs.put_many(items, api.clock())]}))
 
 
-@routes.get("/jobs/<job_id>/logs", access=auth.READ, tag="jobs",
+@routes.get("/jobs/<job_id>/logs", access=auth.MEMBER_READ, tag="jobs",
             operation_id="readJobLogs", summary="A job's complete output, by byte range.",
             description=(
                 "The bytes of one stream of one attempt from `offset`, at most `limit` (and at most 1 MiB: "
@@ -125,6 +125,7 @@ def read_logs(api: SchedulerApi, job_id):
     offset = query_int("offset", 0, 0, validation.MAX_LOG_OFFSET)
     # A larger limit is cut to one chunk's worth: the client goes on from offset + what came.
     limit = min(query_int("limit", LOG_CHUNK_MAX_BYTES, 1, validation.MAX_LOG_OFFSET), LOG_CHUNK_MAX_BYTES)
+    api.require_visible(job_id)
     piece = api.job_logs.read(job_id, attempt, stream, offset, limit)
     return current_app.response_class(piece.data, mimetype="application/octet-stream", headers={
         LOG_SIZE_HEADER: str(piece.size), LOG_COMPLETE_HEADER: "true" if piece.complete else "false",

@@ -47,11 +47,22 @@ def traced(source: str) -> dict:
     return fields
 
 
+def attributed(api: SchedulerApi, fields: dict) -> dict:
+    """A new job's columns with its team (the one asked for, else the user's default;
+    corral.server.principals) and its submitter, this request's user."""
+    who = auth.principal()
+    asked = fields.get("team")
+    team = who.team_to_act_in(asked)
+    if asked is not None and who.is_admin:  # a member's teams exist; an admin may name any that does
+        api.store.accounts.require_teams({asked})
+    return dict(fields, team=team, submitted_by=who.user)
+
+
 def submitted(created: bool, **attributes) -> None:
     spans.submitted(g.submit_span, created, {f"corral.{name}": value for name, value in attributes.items()})
 
 
-@routes.post("/jobs", access=auth.OPERATOR,
+@routes.post("/jobs", access=auth.MEMBER,
              operation_id="submitJob", summary="Submit a job.",
              description="The job is stored as `pending` and placed on a healthy compute node when one has room. "
                          "A 201 answer means the job is durably recorded. With an `Idempotency-Key`, the "
@@ -71,7 +82,7 @@ def submitted(created: bool, **attributes) -> None:
                  "429": PENDING_LIMIT,
              })
 def submit(api: SchedulerApi):
-    fields = dict(validation.job_request(read_json_object()), **traced("api"))
+    fields = attributed(api, dict(validation.job_request(read_json_object()), **traced("api")))
     key = validation.idempotency_key(request.headers.get(IDEMPOTENCY_HEADER))
     if fields["array"] is not None:
         if key is not None and len(key) > 245:
@@ -85,7 +96,7 @@ def submit(api: SchedulerApi):
     return respond(api.job_view(job), 201 if created else 200)
 
 
-@routes.post("/jobs/batch", access=auth.OPERATOR,
+@routes.post("/jobs/batch", access=auth.MEMBER,
              operation_id="submitJobs", summary="Submit up to 1,000 jobs at once.",
              description="Every item is checked as POST /jobs checks one, and all are stored in ONE "
                          "transaction: when any item is invalid the answer is 400 with an `errors` entry "
@@ -109,7 +120,7 @@ def submit(api: SchedulerApi):
 def submit_batch(api: SchedulerApi):
     items = validation.job_batch(read_json_object())
     trace = traced("batch")
-    items = [dict(item, **trace) for item in items]
+    items = [attributed(api, dict(item, **trace)) for item in items]
     key = validation.idempotency_key(request.headers.get(IDEMPOTENCY_HEADER))
     if key is not None and len(key) > 250:
         raise BadRequest("the Idempotency-Key header of a batch must be at most 250 characters")

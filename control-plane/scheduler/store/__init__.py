@@ -20,6 +20,7 @@ from corral.server.leader import Fence
 
 from .. import admission
 from ..settings import SchedulerSettings
+from .accounts import Accounts
 from .actions import Actions
 from .claims import Claims
 from .context import StoreContext
@@ -79,6 +80,7 @@ class Store:
         self.snapshot = PlacementReads(ctx)
         self.nodes = Nodes(ctx, self.stats, writer, self.snapshot)
         self.placing = Placing(ctx, self.snapshot, PlacementWrites(ctx, writer), self.jobs)
+        self.accounts = Accounts(ctx)
 
     def fenced(self, fence: Fence) -> Store:
         """This store for a background loop: each of its write transactions first checks

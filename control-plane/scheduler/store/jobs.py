@@ -43,13 +43,18 @@ class Jobs:
                   after: int | None = None, limit: int = 100, newest_first: bool = False,
                   pending_reason: str | None = None, now: float | None = None, name: str | None = None,
                   schedule: str | None = None, array_id: int | None = None, created_after: float | None = None,
-                  created_before: float | None = None) -> Iterator[Job]:
+                  created_before: float | None = None, team: str | None = None,
+                  submitted_by: str | None = None, teams: frozenset[str] | None = None) -> Iterator[Job]:
         """The jobs of a list, read one row at a time (a page of large jobs is never all in
         memory at once; pages.cut decides where it ends). `pending_reason`: only pending
         jobs that wait for that reason at `now` (waiting.current). `created_after` and
-        `created_before` bound created_at (after: at or after; before: strictly before)."""
+        `created_before` bound created_at (after: at or after; before: strictly before).
+        `teams`: only jobs of these teams (a member's view; None: every team)."""
         query = Job.select()
-        for column, value in ((Job.name, name), (Job.schedule, schedule), (Job.array_id, array_id)):
+        if teams is not None:
+            query = query.where(Job.team.in_(sorted(teams)))
+        for column, value in ((Job.name, name), (Job.schedule, schedule), (Job.array_id, array_id),
+                              (Job.team, team), (Job.submitted_by, submitted_by)):
             if value is not None:
                 query = query.where(column == value)
         if created_after is not None:
@@ -109,6 +114,13 @@ class Jobs:
         counts = dict(tuples(Job.select(Job.status, fn.COUNT(Job.id)).where(Job.array_id == array.id)
                              .group_by(Job.status)))
         return array, *array_ends(array.id), counts
+
+    @staticmethod
+    def array_owner(array_id: str) -> tuple[str, str] | None:
+        """The team and submitter of an array's jobs (None: no such array)."""
+        number = _array_number(array_id)
+        job = Job.select(Job.team, Job.submitted_by).where(Job.array_id == number).first() if number else None
+        return None if job is None else (job.team, job.submitted_by)
 
 
 def array_ends(array_id: int) -> tuple[int, int]:

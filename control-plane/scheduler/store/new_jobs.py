@@ -23,6 +23,9 @@ class NewJobs:
         columns.pop("depends_on", None)  # not a column: the job_dependency rows (links.py)
         columns.pop("array", None)       # not a column: the job_array row (submits.submit_array)
         delay = columns.pop("delay_secs", None)
+        for owner in ("team", "submitted_by"):  # not given (SQS, schedules): the columns' defaults
+            if columns.get(owner) is None:
+                columns.pop(owner, None)
         if columns.get("max_retries") is None:
             columns["max_retries"] = settings.max_job_retries
         if delay is not None:

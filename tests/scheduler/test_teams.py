@@ -1,0 +1,222 @@
+"""Users, teams and personal tokens through the scheduler's app (corral.server.principals,
+personal_tokens.py, store/accounts.py): who owns a job, who sees and changes it, whose
+env var values are shown, and which tokens are refused."""
+import pytest
+
+from scheduler_app import Clock, make_app
+
+from corral.scheduler import personal_tokens
+from corral.shared.credentials import Credentials
+
+OPERATOR_TOKEN = "teams-test-operator-5e1d7c"
+READER_TOKEN = "teams-test-reader-8b2a4f0"
+AGENT_SECRET = "teams-test-agent-secret-3c9e"
+
+
+def bearer(token):
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """Two teams: ml (alice its admin, bob a member) and web (carol a member); dave reads
+    everything. Each user holds a token of full scope; bob one of read scope too."""
+    clock = Clock()
+    app = make_app(f"sqlite:///{tmp_path}/corral.db", clock,
+                   credentials=Credentials(OPERATOR_TOKEN, AGENT_SECRET, reader=READER_TOKEN))
+    store = app.extensions["corral.store"]
+    accounts = store.accounts
+    for team in ("ml", "web"):
+        accounts.create_team(team, clock())
+    accounts.create_user("alice", None, "ml", {"ml": "admin"}, clock())
+    accounts.create_user("bob", None, None, {"ml": "member"}, clock())
+    accounts.create_user("carol", None, None, {"web": "member"}, clock())
+    accounts.create_user("dave", "reader", None, {}, clock())
+    tokens = {name: accounts.create_token(name, "laptop", "full", None, "admin", clock())[1]
+              for name in ("alice", "bob", "carol", "dave")}
+    tokens["bob-read"] = accounts.create_token("bob", "ci", "read", None, "admin", clock())[1]
+    tokens["operator"], tokens["reader"] = OPERATOR_TOKEN, READER_TOKEN
+    client = app.test_client()
+
+    def call(who, method, path, **kwargs):
+        return client.open(path, method=method, headers=bearer(tokens[who]), **kwargs)
+
+    call.app, call.store, call.clock, call.tokens = app, store, clock, tokens
+    return call
+
+
+def submit(call, who, **body):
+    answer = call(who, "POST", "/jobs", json={"command": "true", **body})
+    assert answer.status_code == 201, answer.json
+    return answer.json
+
+
+def test_a_job_belongs_to_the_team_asked_for_or_the_users_default_and_names_its_submitter(cluster):
+    assert {k: submit(cluster, "alice")[k] for k in ("team", "submitted_by")} == {"team": "ml",
+                                                                                  "submitted_by": "alice"}
+    assert submit(cluster, "bob")["team"] == "ml"  # his only team
+    assert submit(cluster, "carol", team="web")["submitted_by"] == "carol"
+    # The bootstrap token is the cluster admin `admin`, in `default` unless it names a team.
+    assert {k: submit(cluster, "operator")[k] for k in ("team", "submitted_by")} == {"team": "default",
+                                                                                     "submitted_by": "admin"}
+    assert submit(cluster, "operator", team="web")["team"] == "web"
+
+
+def test_a_member_may_not_submit_in_another_team_and_an_unknown_team_is_refused(cluster):
+    before = cluster("operator", "GET", "/jobs").json
+    answer = cluster("bob", "POST", "/jobs", json={"command": "true", "team": "web"})
+    assert answer.status_code == 403 and "not a member of team 'web'" in answer.json["error"]
+    answer = cluster("operator", "POST", "/jobs", json={"command": "true", "team": "nope"})
+    assert answer.status_code == 400 and "no team 'nope'" in answer.json["error"]
+    answer = cluster("operator", "POST", "/jobs", json={"command": "true", "team": "a:b"})
+    assert answer.status_code == 400 and "team" in answer.json["error"]
+    answer = cluster("dave", "POST", "/jobs", json={"command": "true"})
+    assert answer.status_code == 403
+    assert cluster("operator", "GET", "/jobs").json == before  # nothing was stored
+
+
+def test_another_teams_job_is_not_found_on_every_route_that_names_it(cluster):
+    job = submit(cluster, "alice", env_vars={"KEY": "secret"})["job_id"]
+    for method, path in (("GET", f"/jobs/{job}"), ("GET", f"/jobs/{job}/why"), ("GET", f"/jobs/{job}/events"),
+                         ("GET", f"/jobs/{job}/logs"), ("POST", f"/jobs/{job}/cancel"),
+                         ("POST", f"/jobs/{job}/retry")):
+        kwargs = {"json": {}} if method == "POST" else {}
+        answer = cluster("carol", method, path, **kwargs)
+        assert answer.status_code == 404, (path, answer.status_code)
+        assert answer.json == {"error": f"no job {job!r}"}  # as for a job that does not exist
+        assert cluster("carol", method, path.replace(job, "job-999999"), **kwargs).json == {
+            "error": "no job 'job-999999'"}
+    assert cluster("operator", "GET", f"/jobs/{job}").json["status"] == "pending"
+
+
+def test_lists_show_a_member_their_teams_jobs_only_and_filter_by_team_and_submitter(cluster):
+    mine = submit(cluster, "bob")["job_id"]
+    colleague = submit(cluster, "alice")["job_id"]
+    other = submit(cluster, "carol")["job_id"]
+
+    def ids(who, query=""):
+        answer = cluster(who, "GET", f"/jobs{query}")
+        assert answer.status_code == 200, answer.json
+        return [j["job_id"] for j in answer.json]
+
+    assert ids("bob") == [mine, colleague]
+    assert ids("bob", "?team=web") == []  # another team's list is empty, not a refusal that tells it exists
+    assert ids("bob", "?submitted_by=bob") == [mine]
+    assert ids("carol") == [other]
+    assert ids("operator") == ids("dave") == ids("reader") == [mine, colleague, other]
+    assert ids("operator", "?team=ml&submitted_by=alice") == [colleague]
+    for bad in ("?team=a:b", "?submitted_by=%20x"):
+        assert cluster("operator", "GET", f"/jobs{bad}").status_code == 400
+
+
+def test_env_var_values_show_to_the_submitter_team_admins_and_cluster_admins_only(cluster):
+    job = submit(cluster, "bob", env_vars={"KEY": "secret"})["job_id"]
+    seen = {who: cluster(who, "GET", f"/jobs/{job}").json["env_vars"]
+            for who in ("bob", "bob-read", "alice", "operator", "dave", "reader")}
+    assert seen == {"bob": {"KEY": "secret"}, "bob-read": {"KEY": "secret"}, "alice": {"KEY": "secret"},
+                    "operator": {"KEY": "secret"}, "dave": {"KEY": "(hidden)"}, "reader": {"KEY": "(hidden)"}}
+    theirs = submit(cluster, "alice", env_vars={"KEY": "hers"})["job_id"]
+    assert cluster("bob", "GET", f"/jobs/{theirs}").json["env_vars"] == {"KEY": "(hidden)"}
+    listed = {j["job_id"]: j["env_vars"] for j in cluster("bob", "GET", "/jobs").json}
+    assert listed == {job: {"KEY": "secret"}, theirs: {"KEY": "(hidden)"}}
+
+
+def test_a_member_cancels_their_own_jobs_and_a_team_admin_any_of_the_team(cluster):
+    hers = submit(cluster, "alice")["job_id"]
+    his = submit(cluster, "bob")["job_id"]
+    answer = cluster("bob", "POST", f"/jobs/{hers}/cancel", json={})
+    assert answer.status_code == 403 and "only its submitter (alice)" in answer.json["error"]
+    assert cluster("operator", "GET", f"/jobs/{hers}").json["status"] == "pending"
+    assert cluster("bob-read", "POST", f"/jobs/{his}/cancel", json={}).status_code == 403
+    assert cluster("dave", "POST", f"/jobs/{his}/cancel", json={}).status_code == 403
+    assert cluster("bob", "POST", f"/jobs/{his}/cancel", json={}).json["status"] == "cancelled"
+    assert cluster("alice", "POST", f"/jobs/{hers}/cancel", json={}).json["status"] == "cancelled"
+    third = submit(cluster, "bob")["job_id"]
+    assert cluster("alice", "POST", f"/jobs/{third}/cancel", json={}).json["status"] == "cancelled"
+
+
+def test_arrays_follow_their_jobs_team(cluster):
+    array = submit(cluster, "bob", array={"count": 2})["array_id"]
+    assert cluster("carol", "GET", f"/arrays/{array}").status_code == 404
+    assert cluster("carol", "POST", f"/arrays/{array}/cancel", json={}).status_code == 404
+    assert cluster("alice", "GET", f"/arrays/{array}").status_code == 200
+    assert cluster("bob", "POST", f"/arrays/{array}/cancel", json={}).json["jobs"]["cancelled"] == 2
+
+
+def test_a_read_only_token_reads_and_changes_nothing(cluster):
+    answer = cluster("bob-read", "POST", "/jobs", json={"command": "true"})
+    assert answer.status_code == 403 and answer.json == {"error": "a read-only token may not change anything"}
+    assert cluster("bob-read", "GET", "/jobs").status_code == 200
+
+
+def test_revoked_expired_and_made_up_personal_tokens_are_refused(cluster):
+    accounts, clock = cluster.store.accounts, cluster.clock
+    _, secret = accounts.create_token("bob", "short", "full", clock() + 60, "admin", clock())
+    cluster.tokens["short"] = secret
+    assert cluster("short", "GET", "/jobs").status_code == 200
+    clock.now += 61
+    _forget(cluster)
+    assert cluster("short", "GET", "/jobs").status_code == 401
+    # Revoked: refused once the cache forgets (within TTL_SECS on every process).
+    accounts.revoke_token(cluster_token_id(cluster, "bob", "laptop"), clock())
+    _forget(cluster)
+    assert cluster("bob", "GET", "/jobs").status_code == 401
+    for made_up in (personal_tokens.PREFIX + "x" * 43, cluster.tokens["alice"][:-1] + "A",
+                    personal_tokens.PREFIX, "corral_pat_" + "\u00e9" * 10):
+        cluster.tokens["made-up"] = made_up
+        answer = cluster("made-up", "GET", "/jobs")
+        assert answer.status_code == 401 and answer.json == {"error": "the bearer token is not valid"}
+    # A user deleted: every token of theirs stops working.
+    accounts.delete_user("carol", clock())
+    _forget(cluster)
+    assert cluster("carol", "GET", "/jobs").status_code == 401
+
+
+def test_only_the_digest_of_a_token_is_stored(cluster):
+    from corral.scheduler.models import ApiToken
+    rows = list(ApiToken.select())
+    secrets = set(cluster.tokens.values())
+    for row in rows:
+        assert not set(row.__data__.values()) & secrets
+        assert len(row.secret_sha256) == 64
+    assert all(s.startswith(personal_tokens.PREFIX) and len(s) >= 50
+               for k, s in cluster.tokens.items() if k not in ("operator", "reader"))
+
+
+def test_a_tokens_use_is_noted_to_the_minute(cluster):
+    accounts, clock = cluster.store.accounts, cluster.clock
+    token_id = cluster_token_id(cluster, "alice", "laptop")
+    assert accounts.token(token_id).last_used_at is None
+    cluster("alice", "GET", "/jobs")
+    assert accounts.token(token_id).last_used_at == clock()
+    first = clock()
+    clock.now += 30
+    _forget(cluster)
+    cluster("alice", "GET", "/jobs")
+    assert accounts.token(token_id).last_used_at == first  # less than a minute later: no write
+    clock.now += 31
+    _forget(cluster)
+    cluster("alice", "GET", "/jobs")
+    assert accounts.token(token_id).last_used_at == clock()
+
+
+def test_the_cache_answers_within_its_time_without_the_database(cluster):
+    calls = []
+    cache = personal_tokens.TokenCache(lambda digest: calls.append(digest) or None, ttl=2.0,
+                                       clock=lambda: now[0])
+    now = [0.0]
+    secret = personal_tokens.new_secret()
+    assert cache(secret) is None and cache(secret) is None and len(calls) == 1
+    now[0] = 2.0
+    cache(secret)
+    assert len(calls) == 2
+    assert cache("not-personal") is None and len(calls) == 2  # other forms never reach the database
+    assert calls[0] == personal_tokens.digest(secret) != secret
+
+
+def cluster_token_id(cluster, user, name):
+    return next(t.token_id for t in cluster.store.accounts.tokens(user) if t.name == name)
+
+
+def _forget(cluster):
+    cluster.app.extensions["corral.tokens"].forget()
