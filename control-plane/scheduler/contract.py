@@ -1125,3 +1125,67 @@ class ScheduleAnswer(Answer):
 class ConcurrencyLimitRequest(Request):
     limit: int = Field(ge=1, le=MAX_CONCURRENCY_LIMIT)
     """At most this many jobs with the key placed or running at once."""
+
+
+# ---- users and personal tokens --------------------------------------------------------
+
+MAX_TOKEN_LIFE_SECS = 10 * 366 * 86400.0
+if typing.TYPE_CHECKING:
+    Scope = str
+else:  # the choices come from corral.server.principals, never a copy
+    Scope = Literal[principals.SCOPES]
+UserName = Annotated[str, Field(pattern=principals.USER_PATTERN), Says(what="a user name")]
+
+
+class TokenRequest(Request):
+    """POST /tokens: a new personal token."""
+
+    name: Name = Field(max_length=128, examples=["laptop"])
+    """What the token is for, to tell it from the user's others."""
+    scope: Scope | None = principals.FULL
+    """`full`: everything the user may do; `read`: reads only."""
+    expires_in_secs: float | None = Field(None, gt=0, le=MAX_TOKEN_LIFE_SECS)
+    """Refused from this many seconds on; default: never (revoke it with DELETE /tokens/{token_id})."""
+    user: UserName | None = None
+    """Whose token it is; default the caller. Only cluster admins make tokens for others."""
+
+
+class TokenAnswer(Answer):
+    """A personal token without its secret."""
+
+    token_id: str = Field(examples=["tok-3f9a0c1b2d4e5f60"])
+    user: str
+    name: str
+    scope: Scope
+    created_at: Timestamp
+    created_by: str
+    """The user who made it (`admin`: the bootstrap token)."""
+    expires_at: Timestamp | None
+    revoked_at: Timestamp | None
+    last_used_at: Timestamp | None
+    """Its last use, to the minute."""
+
+
+class NewToken(TokenAnswer):
+    token: str = Field(examples=["corral_pat_..."])
+    """The secret, shown this once: Corral keeps only its SHA-256."""
+
+
+class TeamRole(Answer):
+    team: str
+    role: str = Field(examples=["member"])
+    """`member` or `admin`."""
+
+
+class WhoAmI(Answer):
+    """Who the request's credential stands for."""
+
+    user: str
+    """`admin`: the bootstrap token (CORRAL_API_TOKEN, or no tokens at all); `reader`: CORRAL_READ_TOKEN."""
+    cluster_role: str | None = Field(examples=["admin"])
+    """`admin`, `reader`, or null: only what their teams give them."""
+    teams: list[TeamRole]
+    default_team: str | None
+    token_id: str | None
+    """The personal token the request came with (null: a bootstrap token)."""
+    read_only: bool

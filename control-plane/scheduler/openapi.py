@@ -37,6 +37,7 @@ PATH_PARAMETERS = {
     "stream": _path_param("stream", "Which output.", logs.LOG_STREAM_SCHEMA),
     "seq": _path_param("seq", "The chunk's number in its stream: 0, 1, 2 …",
                        {"type": "integer", "minimum": 0, "maximum": 2 ** 31 - 1}),
+    "token_id": _path_param("token_id", "A personal token's id.", {"type": "string", "pattern": r"^tok-[0-9a-f]{16}$"}),
 }
 
 # The dashboard's files (ui.py declares them).
@@ -58,6 +59,7 @@ DOCUMENT = build(
     tags=[
         {"name": "jobs", "description": "Submitting and reading jobs."},
         {"name": "schedules", "description": "Jobs run at the slots of a cron expression or an interval."},
+        {"name": "users", "description": "Who a credential stands for; personal tokens."},
         {"name": "agents", "description": "What node agents call."},
         {"name": "meta", "description": "Health, counts and this document."},
         {"name": "dashboard", "description": "The web dashboard at /ui."},

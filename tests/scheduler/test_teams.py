@@ -220,3 +220,38 @@ def cluster_token_id(cluster, user, name):
 
 def _forget(cluster):
     cluster.app.extensions["corral.tokens"].forget()
+
+
+def test_users_make_list_and_revoke_their_own_tokens_and_admins_anyones(cluster):
+    made = cluster("bob", "POST", "/tokens", json={"name": "ci", "scope": "read", "expires_in_secs": 3600})
+    assert made.status_code == 201, made.json
+    token = made.json
+    assert token["user"] == "bob" and token["created_by"] == "bob" and token["scope"] == "read"
+    assert token["token"].startswith(personal_tokens.PREFIX) and token["expires_at"] is not None
+    cluster.tokens["new"] = token["token"]
+    assert cluster("new", "GET", "/whoami").json == {
+        "user": "bob", "cluster_role": None, "teams": [{"team": "ml", "role": "member"}], "default_team": None,
+        "token_id": token["token_id"], "read_only": True}
+    listed = cluster("bob", "GET", "/tokens").json
+    assert token["token_id"] in {t["token_id"] for t in listed}
+    assert all("token" not in t and t["user"] == "bob" for t in listed)
+    assert cluster("carol", "GET", "/tokens?user=bob").json == []
+    assert {t["user"] for t in cluster("operator", "GET", "/tokens").json} == {"alice", "bob", "carol", "dave"}
+    # Another user's token: no such token for a member, revocable by an admin.
+    assert cluster("carol", "DELETE", f"/tokens/{token['token_id']}", json={}).status_code == 404
+    assert cluster("carol", "POST", "/tokens", json={"name": "x", "user": "bob"}).status_code == 403
+    assert cluster("operator", "POST", "/tokens", json={"name": "x"}).status_code == 400  # admin holds none
+    for bad in ({}, {"name": "x", "scope": "all"}, {"name": "x", "expires_in_secs": 0}, {"name": "x", "user": "a:b"}):
+        assert cluster("bob", "POST", "/tokens", json=bad).status_code == 400, bad
+    revoked = cluster("bob", "DELETE", f"/tokens/{token['token_id']}", json={})
+    assert revoked.status_code == 200 and revoked.json["revoked_at"] is not None
+    assert cluster("new", "GET", "/whoami").status_code == 401  # at once in the process that revoked it
+    made = cluster("operator", "POST", "/tokens", json={"name": "for-carol", "user": "carol"}).json
+    assert made["user"] == "carol" and made["created_by"] == "admin"
+
+
+def test_whoami_of_the_bootstrap_tokens(cluster):
+    assert cluster("operator", "GET", "/whoami").json == {
+        "user": "admin", "cluster_role": "admin", "teams": [], "default_team": None, "token_id": None,
+        "read_only": False}
+    assert cluster("reader", "GET", "/whoami").json["cluster_role"] == "reader"

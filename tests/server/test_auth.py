@@ -137,6 +137,10 @@ SCHEDULER_ROUTES = {
     "put_log_chunks": ("POST", "/jobs/logs", {"chunks": [dict(LOG_ITEM, node_id=NODE)]}, "node"),
     "revoke_credential": ("POST", f"/nodes/{THIRD_NODE}/credential/revoke", None, "operator"),
     "read_logs": ("GET", "/jobs/job-1/logs?stream=stderr", None, "read"),
+    "whoami": ("GET", "/whoami", None, "read"),
+    "list_tokens": ("GET", "/tokens", None, "read"),
+    "create_token": ("POST", "/tokens", {"name": "laptop"}, "operator"),
+    "revoke_token": ("DELETE", "/tokens/tok-0123456789abcdef", None, "operator"),
 }
 SERVICE = {"job_id": "job-1", "name": "web", "node_id": NODE, "address": "10.0.0.1", "port": 8080,
            "attempt": 1, "grant": GRANT}
