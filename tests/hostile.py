@@ -30,9 +30,9 @@ ODD_TEXT = ["\x00", "a\x01b", "\x1b[2J", "\x7f", "\r\n", "\u2028", "\ufeff", "\U
 
 # A valid body for each route that reads one, by service and endpoint (the seed data
 # makes them meaningful): the tests make them hostile one part at a time.
-# Bodies of routes that a server without tokens checks and then refuses (409): personal
-# tokens mean nothing when every request acts as the admin.
-TAKEN_WITH_TOKENS_ONLY = {("scheduler", "create_token")}
+# Valid bodies the bare test servers check and then refuse, with the status: personal
+# tokens mean nothing without the cluster's tokens (409); the path names no team (404).
+REFUSED_AFTER_CHECKS = {("scheduler", "create_token"): 409, ("scheduler", "set_member"): 404}
 VALID_BODIES = {
     ("registry", "register_node"): {"node_id": "node-2", "address": "10.0.0.2", "kind": "gpu", "slots": 2,
                                     "cpus": 4, "memory_mb": 1024, "labels": {"zone": "b"}},
@@ -53,6 +53,9 @@ VALID_BODIES = {
                                                   "stream": "stdout", "seq": 0, "offset": 0, "data": "aGkK"}]},
     ("scheduler", "set_concurrency"): {"limit": 3},
     ("scheduler", "create_token"): {"name": "laptop"},
+    ("scheduler", "create_team"): {"name": "ml"},
+    ("scheduler", "create_user"): {"name": "alice"},
+    ("scheduler", "set_member"): {"role": "member"},
     ("scheduler", "revoke_credential"): {"min_generation": 2},
     ("scheduler", "create_schedule"): {"name": "nightly", "cron": "30 2 * * *", "time_zone": "Europe/Berlin",
                                        "job": {"command": "true", "env_vars": {"A": "b"}}, "overlap": "skip"},

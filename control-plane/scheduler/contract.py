@@ -1189,3 +1189,58 @@ class WhoAmI(Answer):
     token_id: str | None
     """The personal token the request came with (null: a bootstrap token)."""
     read_only: bool
+
+
+class TeamRequest(Request):
+    """POST /teams."""
+
+    name: TeamName = Field(examples=["ml"])
+
+
+class TeamAnswer(Answer):
+    name: str
+    created_at: Timestamp
+    members: list["Member"]
+
+
+class Member(Answer):
+    user: str
+    role: str = Field(examples=["member"])
+    """`member` or `admin`."""
+
+
+if typing.TYPE_CHECKING:
+    TeamRoleName = str
+    ClusterRole = str
+else:
+    TeamRoleName = Literal[principals.TEAM_ROLES]
+    ClusterRole = Literal[principals.CLUSTER_ROLES]
+
+
+class UserRequest(Request):
+    """POST /users."""
+
+    name: UserName = Field(examples=["alice"])
+    cluster_role: ClusterRole | None = None
+    """`admin` (everything), `reader` (sees everything, changes nothing), or null: only what their teams give."""
+    teams: dict[TeamName, TeamRoleName] | None = Field(None, examples=[{"ml": "admin"}])
+    """Their teams and their role in each (`member` or `admin`)."""
+    default_team: TeamName | None = None
+    """The team their requests that name none act in (one of `teams`)."""
+
+
+class MemberRequest(Request):
+    """PUT /teams/{team}/members/{user}."""
+
+    role: TeamRoleName | None = principals.MEMBER
+
+
+class UserAnswer(Answer):
+    name: str
+    cluster_role: str | None
+    default_team: str | None
+    teams: list[TeamRole]
+    created_at: Timestamp
+
+
+TeamAnswer.model_rebuild()

@@ -12,6 +12,7 @@ from corral.shared import wire
 from corral.server.openapi import NAME_PATTERN_PARAM, build, error_responses, meta_paths
 from corral.server.openapi import path_param as _path_param
 from corral.server.routes import openapi_paths
+from corral.server import principals
 
 from . import routes, ui
 from .api import logs
@@ -37,6 +38,8 @@ PATH_PARAMETERS = {
     "stream": _path_param("stream", "Which output.", logs.LOG_STREAM_SCHEMA),
     "seq": _path_param("seq", "The chunk's number in its stream: 0, 1, 2 …",
                        {"type": "integer", "minimum": 0, "maximum": 2 ** 31 - 1}),
+    "team": _path_param("team", "A team's name.", {"type": "string", "pattern": principals.TEAM_PATTERN}),
+    "user": _path_param("user", "A user's name.", {"type": "string", "pattern": principals.USER_PATTERN}),
     "token_id": _path_param("token_id", "A personal token's id.", {"type": "string", "pattern": r"^tok-[0-9a-f]{16}$"}),
 }
 

@@ -5,10 +5,11 @@ table (control-plane/server/auth.py) and the routes that take raw bytes rather t
 (control-plane/server/guards.py)."""
 from corral.server.routes import access_table, raw_routes
 
-from .api import agents, arrays, concurrency, events, jobs, logs, nodes, schedules, stats, submits, tokens
+from .api import accounts, agents, arrays, concurrency, events, jobs, logs, nodes, schedules, stats, submits, tokens
 
 GROUPS = (stats.routes, nodes.routes, submits.routes, jobs.routes, arrays.routes, schedules.routes,
-          concurrency.routes, events.routes, agents.routes, logs.routes, tokens.routes)
+          concurrency.routes, events.routes, agents.routes, logs.routes, tokens.routes,
+          accounts.routes)
 
 # Who may call each route, from each route's declaration. Agents: claims, leases,
 # reports, live output and the original design's poll, each for the node of their

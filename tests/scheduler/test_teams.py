@@ -255,3 +255,31 @@ def test_whoami_of_the_bootstrap_tokens(cluster):
         "user": "admin", "cluster_role": "admin", "teams": [], "default_team": None, "token_id": None,
         "read_only": False}
     assert cluster("reader", "GET", "/whoami").json["cluster_role"] == "reader"
+
+
+def test_an_admin_provisions_teams_users_and_tokens_over_the_api(cluster):
+    assert cluster("operator", "POST", "/teams", json={"name": "data"}).status_code == 201
+    assert cluster("operator", "POST", "/teams", json={"name": "data"}).status_code == 409
+    made = cluster("operator", "POST", "/users", json={"name": "erin@example.com", "teams": {"data": "member"},
+                                                       "default_team": "data"})
+    assert made.status_code == 201, made.json
+    assert made.json["teams"] == [{"team": "data", "role": "member"}]
+    for bad in ({"name": "admin"}, {"name": "x", "teams": {"nope": "member"}},
+                {"name": "x", "teams": {"data": "boss"}}, {"name": "x", "default_team": "data"}):
+        assert cluster("operator", "POST", "/users", json=bad).status_code in (400, 409), bad
+    assert "x" not in {u["name"] for u in cluster("operator", "GET", "/users").json}
+    secret = cluster("operator", "POST", "/tokens", json={"name": "first", "user": "erin@example.com"}).json["token"]
+    cluster.tokens["erin"] = secret
+    assert submit(cluster, "erin")["team"] == "data"
+    # Members: only cluster admins and the team's admins change them.
+    assert cluster("bob", "PUT", "/teams/data/members/bob", json={"role": "admin"}).status_code == 403
+    assert cluster("alice", "PUT", "/teams/ml/members/erin@example.com", json={}).status_code == 200
+    assert cluster("erin", "GET", "/whoami").json["teams"] == [{"team": "data", "role": "member"},
+                                                              {"team": "ml", "role": "member"}]
+    assert cluster("alice", "DELETE", "/teams/ml/members/erin@example.com", json={}).status_code == 204
+    assert cluster("erin", "GET", "/whoami").json["teams"] == [{"team": "data", "role": "member"}]
+    assert cluster("bob", "POST", "/teams", json={"name": "mine"}).status_code == 403
+    assert cluster("bob", "POST", "/users", json={"name": "mallory", "cluster_role": "admin"}).status_code == 403
+    assert cluster("operator", "DELETE", "/teams/data", json={}).status_code == 409  # it has members and jobs
+    assert cluster("operator", "DELETE", "/users/erin@example.com", json={}).status_code == 204
+    assert cluster("erin", "GET", "/whoami").status_code == 401

@@ -141,6 +141,14 @@ SCHEDULER_ROUTES = {
     "list_tokens": ("GET", "/tokens", None, "read"),
     "create_token": ("POST", "/tokens", {"name": "laptop"}, "operator"),
     "revoke_token": ("DELETE", "/tokens/tok-0123456789abcdef", None, "operator"),
+    "list_teams": ("GET", "/teams", None, "read"),
+    "create_team": ("POST", "/teams", {"name": "ml"}, "operator"),
+    "delete_team": ("DELETE", "/teams/nope", None, "operator"),
+    "set_member": ("PUT", "/teams/nope/members/nobody", {"role": "member"}, "operator"),
+    "remove_member": ("DELETE", "/teams/nope/members/nobody", None, "operator"),
+    "list_users": ("GET", "/users", None, "read"),
+    "create_user": ("POST", "/users", {"name": "alice"}, "operator"),
+    "delete_user": ("DELETE", "/users/nobody", None, "operator"),
 }
 SERVICE = {"job_id": "job-1", "name": "web", "node_id": NODE, "address": "10.0.0.1", "port": 8080,
            "attempt": 1, "grant": GRANT}

@@ -215,8 +215,8 @@ def test_valid_bodies_are_taken(service):
         if valid is not None:
             method = next(m for m in allowed if m not in ("HEAD", "OPTIONS"))
             response = service.client.open(fill(rule), method=method, json=valid)
-            if (service.name, endpoint) in hostile.TAKEN_WITH_TOKENS_ONLY:  # checked, then refused: 409
-                assert response.status_code == 409, (rule.rule, response.json)
+            if (service.name, endpoint) in hostile.REFUSED_AFTER_CHECKS:
+                assert response.status_code == hostile.REFUSED_AFTER_CHECKS[service.name, endpoint], rule.rule
             else:
                 assert response.status_code < 300, (rule.rule, response.json)
 
