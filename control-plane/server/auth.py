@@ -196,10 +196,15 @@ def read_only() -> bool:
 
 def principal() -> Principal:
     """Who this request acts for (an agent's request: nobody; it never asks)."""
-    found = g.get("corral_principal")
+    found = calling_principal()
     if found is None:
         raise Forbidden("a node credential acts for no user")
     return found
+
+
+def calling_principal() -> Principal | None:
+    """Who this request acts for; None for a node's agent."""
+    return g.get("corral_principal")
 
 
 # ---- listening addresses -----------------------------------------------------------------

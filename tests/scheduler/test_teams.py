@@ -283,3 +283,22 @@ def test_an_admin_provisions_teams_users_and_tokens_over_the_api(cluster):
     assert cluster("operator", "DELETE", "/teams/data", json={}).status_code == 409  # it has members and jobs
     assert cluster("operator", "DELETE", "/users/erin@example.com", json={}).status_code == 204
     assert cluster("erin", "GET", "/whoami").status_code == 401
+
+
+def test_a_nodes_agent_acts_for_no_user_and_gets_its_jobs_whole(cluster):
+    from scheduler_app import set_nodes
+
+    from corral.shared.credentials import node_token
+    set_nodes(cluster.store, cluster.clock, "n1")
+    job = submit(cluster, "bob", env_vars={"KEY": "secret"})
+    cluster.tokens["n1"] = node_token(AGENT_SECRET, "n1")
+    claimed = cluster("n1", "POST", "/nodes/n1/claim", json={"max": 1, "wait_secs": 0})
+    assert claimed.status_code == 200, claimed.json
+    assert [j["env_vars"] for j in claimed.json] == [{"KEY": "secret"}]
+    report = cluster("n1", "POST", f"/jobs/{job['job_id']}/status",
+                     json={"node_id": "n1", "attempt": 1, "status": "running"})
+    assert report.status_code == 200, report.json
+    assert report.json["env_vars"] == {"KEY": "secret"} and report.json["submitted_by"] == "bob"
+    # A node credential is no user: it makes no token and reads no other route of users.
+    assert cluster("n1", "GET", "/whoami").status_code == 403
+    assert cluster("n1", "POST", "/tokens", json={"name": "x"}).status_code == 403

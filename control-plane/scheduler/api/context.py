@@ -45,9 +45,11 @@ class SchedulerApi:
 
     def job_view(self, job) -> contract.Job:
         """A job as this request's user sees it: its env var values only for its submitter,
-        its team's admins and cluster admins (corral.server.principals)."""
+        its team's admins and cluster admins (corral.server.principals). A node's agent sees
+        them: it runs the job."""
+        who = auth.calling_principal()
         return views.job(job, self.settings, self.clock(),
-                         hide_env=not auth.principal().sees_env(job.team, job.submitted_by))
+                         hide_env=who is not None and not who.sees_env(job.team, job.submitted_by))
 
     def job(self, job_id: str):
         """The job `job_id` if this request's user may see it; another team's job is
