@@ -50,8 +50,8 @@ def create_team(api: SchedulerApi):
 
 @routes.delete("/teams/<team>", access=auth.OPERATOR, operation_id="deleteTeam",
                summary="Remove a team without members or jobs (cluster admins).",
-               responses={"204": {"description": "Removed."}, "404": _error("NotFound"),
-                          "409": _error("Conflict")})
+               responses={"204": {"description": "Removed."}, "400": _error("BadRequest"),
+                          "404": _error("NotFound"), "409": _error("Conflict")})
 def delete_team(api: SchedulerApi, team):
     api.store.accounts.delete_team(principals.check_team_name(team))
     return current_app.response_class(status=204)
@@ -71,7 +71,8 @@ def set_member(api: SchedulerApi, team, user):
 
 @routes.delete("/teams/<team>/members/<user>", access=auth.MEMBER, operation_id="removeMember",
                summary="Take a user out of a team (cluster admins, the team's admins).",
-               responses={"204": {"description": "Removed."}, "404": _error("NotFound")})
+               responses={"204": {"description": "Removed."}, "400": _error("BadRequest"),
+                          "404": _error("NotFound")})
 def remove_member(api: SchedulerApi, team, user):
     _administer(principals.check_team_name(team))
     api.store.accounts.remove_member(team, principals.check_user_name(user))
@@ -99,7 +100,8 @@ def create_user(api: SchedulerApi):
 
 @routes.delete("/users/<user>", access=auth.OPERATOR, operation_id="deleteUser",
                summary="Remove a user and revoke their tokens (cluster admins); their jobs stay theirs.",
-               responses={"204": {"description": "Removed."}, "404": _error("NotFound")})
+               responses={"204": {"description": "Removed."}, "400": _error("BadRequest"),
+                          "404": _error("NotFound")})
 def delete_user(api: SchedulerApi, user):
     api.store.accounts.delete_user(principals.check_user_name(user), api.clock())
     api.tokens.forget()

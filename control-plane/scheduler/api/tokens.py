@@ -73,7 +73,8 @@ def create_token(api: SchedulerApi):
             description="The caller's own; a cluster admin's: everyone's (or the `user`'s).",
             parameters=[_query("user", "Only this user's tokens.",
                                {"type": "string", "pattern": principals.USER_PATTERN})],
-            responses={"200": _json(list[contract.TokenAnswer], "The tokens, oldest first.")})
+            responses={"200": _json(list[contract.TokenAnswer], "The tokens, oldest first."),
+                       "400": _error("BadRequest")})
 def list_tokens(api: SchedulerApi):
     who = auth.principal()
     asked = request.args.get("user") or None
