@@ -79,3 +79,6 @@ class CliSchedulerClient(SchedulerClient):
             headers["Last-Event-ID"] = last_event_id
         return self._request("GET", "/events", params=params, headers=headers, stream=True,
                              timeout=(self.connect_timeout, EVENTS_READ_TIMEOUT_SECS))
+
+    def whoami(self) -> dict:
+        return self._call("GET", "/whoami")

@@ -43,10 +43,14 @@ class Env:
     """What every command gets (`ctx.obj`): the addresses (lists: a server's
     replicas, tried in order), the clients and the clock."""
 
-    def __init__(self, addr: str, registry_addr: str, token: str | None, ca_bundle: str | None = None):
+    def __init__(self, addr: str, registry_addr: str, token: str | None, ca_bundle: str | None = None,
+                 login_token: str | None = None):
         self.addrs = base_urls(addr)
         self.registry_addrs = base_urls(registry_addr)
         self.token = token or None
+        # The token `corral login` stored, for the scheduler it was checked against: only
+        # when no token is given (--token, CORRAL_TOKEN).
+        self.login_token = None if self.token else login_token or None
         self.verify = ca_bundle or True  # requests' `verify`: a CA bundle, or the system's CAs
         self.subject: str | None = None  # the id a command is about, to prefix its errors
         self._scheduler = self._registry = None
@@ -54,8 +58,12 @@ class Env:
     @property
     def scheduler(self) -> CliSchedulerClient:
         if self._scheduler is None:
-            self._scheduler = CliSchedulerClient(self.addrs, token=self.token, verify=self.verify)
+            self._scheduler = self.scheduler_with(self.token or self.login_token)
         return self._scheduler
+
+    def scheduler_with(self, token: str | None) -> CliSchedulerClient:
+        """A client of the scheduler that sends `token` (the caller closes it)."""
+        return CliSchedulerClient(self.addrs, token=token, verify=self.verify)
 
     @property
     def registry(self) -> RegistryClient:
@@ -92,7 +100,8 @@ class Env:
         if exc.status == 404 and message == "no such resource":
             message += " (the server may be older than this corral)"
         if exc.status == 401 or exc.status == 403:
-            message += " (check --token / CORRAL_TOKEN)"
+            message += (" (check the token `corral login` stored, or give --token / CORRAL_TOKEN)"
+                        if self.login_token else " (check --token / CORRAL_TOKEN)")
         return CliError(message if not self.subject or names_first(message, self.subject)
                         else f"{self.subject}: {message}")
 

@@ -4,8 +4,8 @@ import click
 
 from corral.shared.clients import Rejected, Unreachable
 
-from . import arrays, concurrency, events, jobs, nodes, schedules
-from .common import CliError, Env
+from . import arrays, concurrency, config, events, jobs, login, nodes, schedules
+from .common import CliError, Env, base_urls
 
 DEFAULT_ADDR = "http://127.0.0.1:9001"
 DEFAULT_REGISTRY_ADDR = "http://127.0.0.1:9000"
@@ -28,11 +28,12 @@ class CorralGroup(click.Group):
 @click.group(cls=CorralGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--addr", envvar="CORRAL_ADDR", default=DEFAULT_ADDR, show_default=True, metavar="URL",
               help="The scheduler's address; several comma-separated (replicas) are tried in order "
-                   "[env CORRAL_ADDR].")
+                   "[env CORRAL_ADDR; unset: the one `corral login` stored, else the default].")
 @click.option("--registry-addr", envvar="CORRAL_REGISTRY_ADDR", default=DEFAULT_REGISTRY_ADDR, show_default=True,
               metavar="URL", help="The registry's address, or several comma-separated [env CORRAL_REGISTRY_ADDR].")
 @click.option("--token", envvar="CORRAL_TOKEN", metavar="TOKEN",
-              help="Bearer token sent with every request [env CORRAL_TOKEN].")
+              help="Bearer token sent with every request [env CORRAL_TOKEN; unset: the one `corral login` "
+                   "stored, to the scheduler it was checked against].")
 @click.option("--ca-bundle", envvar="CORRAL_CA_BUNDLE", metavar="FILE",
               type=click.Path(exists=True, dir_okay=False, readable=True),
               help="CA certificates that verify https:// servers (default: the system's) [env CORRAL_CA_BUNDLE].")
@@ -40,7 +41,12 @@ class CorralGroup(click.Group):
 @click.pass_context
 def cli(ctx: click.Context, addr: str, registry_addr: str, token: str | None, ca_bundle: str | None) -> None:
     """Submit and follow jobs, look at nodes and services of a Corral cluster."""
-    env = Env(addr, registry_addr, token, ca_bundle=ca_bundle)
+    addr_given = ctx.get_parameter_source("addr") is not click.core.ParameterSource.DEFAULT
+    stored = config.Login(None, None) if token and addr_given else config.stored()
+    if not addr_given and stored.addr:
+        addr = stored.addr
+    login_token = stored.token if stored.addr and base_urls(stored.addr) == base_urls(addr) else None
+    env = Env(addr, registry_addr, token, ca_bundle=ca_bundle, login_token=login_token)
     ctx.obj = env
     ctx.call_on_close(env.close)
 
@@ -52,6 +58,9 @@ cli.add_command(arrays.array)
 cli.add_command(concurrency.concurrency)
 cli.add_command(schedules.schedule)
 cli.add_command(events.events)
+cli.add_command(login.login)
+cli.add_command(login.logout)
+cli.add_command(login.whoami)
 
 
 def main() -> None:
