@@ -72,17 +72,21 @@ def job_row(job: dict, now: float) -> list:
 
 
 JOB_HEADERS = ["ID", "NAME", "STATUS", "TYPE", "NODE", "ATTEMPT", "EXIT", "CREATED", "DURATION"]
+OWNER_HEADERS = ["TEAM", "SUBMITTED BY"]
 
 
 def job_headers(jobs: list[dict]) -> list[str]:
-    """WAITING (a pending job's reason) when some job has one: schedulers before pending
-    reasons do not send them."""
-    return JOB_HEADERS + ["WAITING"] if any(j.get("pending_reason") for j in jobs) else JOB_HEADERS
+    """TEAM and SUBMITTED BY when the jobs say them, WAITING (a pending job's reason) when
+    some job has one: schedulers before teams, or before pending reasons, do not send them."""
+    headers = JOB_HEADERS + OWNER_HEADERS if any("team" in j for j in jobs) else JOB_HEADERS
+    return headers + ["WAITING"] if any(j.get("pending_reason") for j in jobs) else headers
 
 
-def job_list_row(job: dict, now: float, with_reason: bool) -> list:
+def job_list_row(job: dict, now: float, headers: list[str]) -> list:
     row = job_row(job, now)
-    return row + [sched.reason_text(job.get("pending_reason"))] if with_reason else row
+    if "TEAM" in headers:
+        row += [job.get("team"), job.get("submitted_by")]
+    return row + [sched.reason_text(job.get("pending_reason"))] if "WAITING" in headers else row
 
 
 def size(n: int | None) -> str:
@@ -174,13 +178,15 @@ def job() -> None:
               help="Submit N copies (each gets CORRAL_ARRAY_INDEX 0..N-1 and CORRAL_ARRAY_COUNT); prints the array id.")
 @click.option("--parallel", type=Checked(sched.parse_count(1, sched.MAX_ARRAY), "M"),
               help="With --array: at most M of its jobs placed or running at once.")
+@click.option("--team", type=sched.TEAM, help="The team the job (or every job of an --array) belongs to "
+                                        "(default: your default team).")
 @click.option("--wait", is_flag=True, help="Follow the job (or every job of an --array) to its end and exit with "
                                            "its exit code (an array: 0 when all are done, else 1).")
 @json_option("Print the job's JSON (with --wait: the final job's; an array: its summary).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[--] CMD [ARG]...")
 @click.pass_obj
 def run(env: Env, command: tuple[str, ...], idempotency_key, wait, as_json, start, after, on_dependency_failure,
-        array, parallel, **options) -> None:
+        array, parallel, team, **options) -> None:
     """Submit a job.
 
     The words of CMD are joined with shell quoting (shlex.join) into the job's command,
@@ -189,6 +195,8 @@ def run(env: Env, command: tuple[str, ...], idempotency_key, wait, as_json, star
     CMD: everything from CMD on is part of the command."""
     request = request_fields(options)
     request.update(sched.scheduling_fields(start, after, on_dependency_failure, array, parallel))
+    if team is not None:
+        request["team"] = team
     if command:
         request["command"] = shell_command(command)
     if "command" not in request and "deploy_url" not in request:
@@ -245,14 +253,18 @@ def follow(env: Env, current: dict, quiet: bool = False) -> dict:
 @click.option("--pending-reason", type=sched.choice(*sched.PENDING_REASONS),
               help="Only pending jobs waiting for this reason.")
 @selection.filter_options
+@click.option("--team", type=sched.TEAM, help="Only the jobs of this team.")
+@click.option("--mine", is_flag=True, help="Only the jobs you submitted (the user `corral whoami` names).")
 @click.option("--limit", type=click.IntRange(1, 1000), help="Jobs per page (default 20; 100 with --all).")
 @click.option("--all", "all_pages", is_flag=True, help="Follow the pages to the oldest job.")
 @json_option()
 @click.pass_obj
-def list_jobs(env: Env, status, node_id, job_type, pending_reason, limit, all_pages, as_json, **filters) -> None:
-    """List jobs, newest first (pending ones with why they wait)."""
+def list_jobs(env: Env, status, node_id, job_type, pending_reason, team, mine, limit, all_pages, as_json,
+              **filters) -> None:
+    """List jobs, newest first (pending ones with why they wait), with their team and submitter."""
     query = {"order": "desc", "status": status, "node_id": node_id, "job_type": job_type,
-             "pending_reason": pending_reason, **selection.filter_query(filters, env.now()),
+             "pending_reason": pending_reason, **selection.filter_query(filters, env.now()), "team": team,
+             "submitted_by": env.scheduler.whoami()["user"] if mine else None,
              "limit": limit or (100 if all_pages else 20)}
     jobs, next_query = env.scheduler.list_jobs_page(**query)
     while all_pages and next_query:
@@ -269,7 +281,7 @@ def list_jobs(env: Env, status, node_id, job_type, pending_reason, limit, all_pa
         return
     now = env.now()
     headers = job_headers(jobs)
-    rows = [job_list_row(j, now, "WAITING" in headers) for j in jobs]
+    rows = [job_list_row(j, now, headers) for j in jobs]
     fmt.emit(fmt.table(headers, rows, wide=("NAME", "WAITING")))
     if next_query and not all_pages:
         note(f"(more jobs: --all, or --limit above {query['limit']})")

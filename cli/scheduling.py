@@ -92,6 +92,9 @@ def parse_name(text: str) -> str:
     return text
 
 
+TEAM = Checked(parse_name, "TEAM")  # a team's name is what a label's may be
+
+
 def parse_priority(text: str) -> int:
     if not re.fullmatch(r"[0-9]{1,3}", text.strip()) or int(text) > MAX_PRIORITY:
         raise ValueError(f"the priority is a whole number from 0 to {MAX_PRIORITY}")

@@ -209,3 +209,63 @@ def test_whoami_of_a_cluster_token(mock):
     out = corral("whoami", token="bootstrap").stdout
     assert "cluster_role  admin" in out and "token_id      - (a cluster token)" in out and "teams         -" in out
 
+
+# ---- the console script against a real scheduler with tokens --------------------------------
+
+OPERATOR = "login-test-operator-token-0123456789"
+AGENT = "login-test-agent-token-9876543210"
+
+
+@pytest.mark.e2e
+def test_login_with_a_personal_token_then_whoami_and_my_jobs_on_a_real_scheduler(tmp_path, own_config):
+    import subprocess
+    import sys
+
+    import requests
+
+    from cluster import Cluster
+    c = Cluster(tmp_path)
+    try:
+        c.start_registry(CORRAL_API_TOKEN=OPERATOR, CORRAL_AGENT_TOKEN=AGENT)
+        c.start_scheduler(CORRAL_API_TOKEN=OPERATOR, CORRAL_AGENT_TOKEN=AGENT)
+        api = requests.Session()
+        api.headers["Authorization"] = f"Bearer {OPERATOR}"
+        for path, made in (("/teams", {"name": "ml"}),
+                           ("/users", {"name": "alice", "teams": {"ml": "admin"}, "default_team": "ml"})):
+            assert api.post(c.scheduler_url + path, json=made, timeout=5).status_code == 201
+        answer = api.post(c.scheduler_url + "/tokens", json={"name": "laptop", "user": "alice"}, timeout=5)
+        assert answer.status_code == 201, answer.text
+        secret, token_id = answer.json()["token"], answer.json()["token_id"]
+        assert api.post(c.scheduler_url + "/jobs", json={"command": "true"}, timeout=5).status_code == 201  # admin's
+
+        corral_bin = os.path.join(os.path.dirname(sys.executable), "corral")
+        env = {k: v for k, v in os.environ.items() if k not in ("CORRAL_TOKEN", "CORRAL_ADDR")}
+
+        def run(*args, stdin=None):
+            return subprocess.run([corral_bin, *args], env=env, input=stdin, capture_output=True, text=True,
+                                  timeout=30)
+
+        refused = run("--addr", c.scheduler_url, "login", "--with-token", stdin="corral_pat_not-a-token\n")
+        assert refused.returncode == 1 and "refused the token" in refused.stderr
+        assert not own_config.exists()
+        logged_in = run("--addr", c.scheduler_url, "login", "--with-token", stdin=secret + "\n")
+        assert logged_in.returncode == 0, logged_in.stderr
+        assert secret not in logged_in.stdout + logged_in.stderr
+        assert mode(own_config) == 0o600
+        # From here on no address and no token are given: both are the stored ones.
+        who = json.loads(run("whoami", "--json").stdout)
+        assert (who["user"], who["token_id"], who["default_team"]) == ("alice", token_id, "ml")
+        assert "teams         ml (admin)" in run("whoami").stdout
+        submitted = run("job", "run", "--team", "ml", "--", "true")
+        assert submitted.returncode == 0, submitted.stderr
+        mine = run("job", "list", "--mine", "--json")
+        assert mine.returncode == 0, mine.stderr
+        assert [(j["job_id"], j["team"], j["submitted_by"]) for j in json.loads(mine.stdout)] == \
+            [(submitted.stdout.strip(), "ml", "alice")]
+        header, row = run("job", "list", "--mine").stdout.splitlines()
+        assert "  TEAM  SUBMITTED BY" in header
+        assert row.split()[10:12] == ["ml", "alice"]
+        assert run("logout").returncode == 0
+        assert "token" not in json.loads(own_config.read_text())
+    finally:
+        c.stop()
