@@ -1,5 +1,6 @@
 """The scheduler's calls only `corral` makes: why a job waits, the nodes' figures,
-arrays and concurrency limits (the shared client has what the agents use too)."""
+arrays and concurrency limits, users, teams and personal tokens (the shared client has
+what the agents use too)."""
 from urllib.parse import quote
 
 import requests
@@ -82,3 +83,38 @@ class CliSchedulerClient(SchedulerClient):
 
     def whoami(self) -> dict:
         return self._call("GET", "/whoami")
+
+    def create_token(self, body: dict) -> dict:
+        """Not resent after a lost answer: a second token would be made, the first one's
+        secret lost with the answer."""
+        return self._call("POST", "/tokens", json=body, resend=False)
+
+    def list_tokens(self, user: str | None = None) -> list[dict]:
+        return self._call("GET", "/tokens", params={"user": user} if user else None)
+
+    def revoke_token(self, token_id: str) -> dict:
+        return self._call("DELETE", f"/tokens/{_seg(token_id)}")
+
+    def create_user(self, body: dict) -> dict:
+        return self._call("POST", "/users", json=body)
+
+    def list_users(self) -> list[dict]:
+        return self._call("GET", "/users")
+
+    def delete_user(self, name: str) -> None:
+        self._request("DELETE", f"/users/{_seg(name)}")
+
+    def create_team(self, name: str) -> dict:
+        return self._call("POST", "/teams", json={"name": name})
+
+    def list_teams(self) -> list[dict]:
+        return self._call("GET", "/teams")
+
+    def delete_team(self, name: str) -> None:
+        self._request("DELETE", f"/teams/{_seg(name)}")
+
+    def set_member(self, team: str, user: str, role: str) -> dict:
+        return self._call("PUT", f"/teams/{_seg(team)}/members/{_seg(user)}", json={"role": role})
+
+    def remove_member(self, team: str, user: str) -> None:
+        self._request("DELETE", f"/teams/{_seg(team)}/members/{_seg(user)}")

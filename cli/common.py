@@ -1,12 +1,14 @@
 """What every `corral` command shares: the clients, the clock, errors and JSON output."""
 import json
 import time
+from typing import Callable
 
 import click
 
 from corral.shared.clients import RegistryClient, Rejected, Unreachable
 from corral.shared.settings import split_urls
 
+from . import format as fmt
 from .client import CliSchedulerClient
 
 # Seams for the tests: what time it is, and how to wait between polls.
@@ -121,6 +123,16 @@ def echo_json(data) -> None:
 def note(message: str) -> None:
     """A line for the person at the terminal (stderr, so stdout stays the data)."""
     click.echo(message, err=True)
+
+
+def echo_list(items: list, as_json: bool, nothing: str, table: Callable[[list], object]) -> None:
+    """A list's output: the API's JSON; `nothing` on stderr when it is empty; else its table."""
+    if as_json:
+        echo_json(items)
+    elif not items:
+        note(nothing)
+    else:
+        fmt.emit(table(items))
 
 
 def json_option(help: str = "Print the API's JSON (one document) instead of a table."):

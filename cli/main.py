@@ -4,7 +4,7 @@ import click
 
 from corral.shared.clients import Rejected, Unreachable
 
-from . import arrays, concurrency, config, events, jobs, login, nodes, schedules
+from . import accounts, arrays, concurrency, config, events, jobs, login, nodes, schedules, tokens
 from .common import CliError, Env, base_urls
 
 DEFAULT_ADDR = "http://127.0.0.1:9001"
@@ -61,6 +61,8 @@ cli.add_command(events.events)
 cli.add_command(login.login)
 cli.add_command(login.logout)
 cli.add_command(login.whoami)
+cli.add_command(accounts.admin)
+accounts.admin.add_command(tokens.token)
 
 
 def main() -> None:
