@@ -1,6 +1,6 @@
 """The scheduler's calls only `corral` makes: why a job waits, the nodes' figures,
-arrays and concurrency limits, users, teams and personal tokens (the shared client has
-what the agents use too)."""
+arrays and concurrency limits, users, teams, personal tokens and the audit log (the
+shared client has what the agents use too)."""
 from urllib.parse import quote
 
 import requests
@@ -118,3 +118,7 @@ class CliSchedulerClient(SchedulerClient):
 
     def remove_member(self, team: str, user: str) -> None:
         self._request("DELETE", f"/teams/{_seg(team)}/members/{_seg(user)}")
+
+    def audit(self, params: dict) -> dict:
+        """One page of `GET /audit`: `{"events": [...], "next_before": id or None}`."""
+        return self._call("GET", "/audit", params={k: v for k, v in params.items() if v is not None})
