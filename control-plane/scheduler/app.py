@@ -9,7 +9,7 @@ from collections.abc import Callable
 from flask import Flask
 
 from corral.server import db as dbmod
-from corral.server import guards, migrations
+from corral.server import audit_trail, guards, migrations
 from corral.server import serve as server
 from corral.server.http import base_app, serve_openapi, serve_readiness
 from corral.server.metrics import serve_metrics
@@ -43,6 +43,8 @@ def create_app(settings: SchedulerSettings | None = None, clock: Callable[[], fl
     app = base_app(__name__, settings.max_body_bytes)
     guards.install(app, settings.credentials, routes.ACCESS, settings.allowed_hosts, server.loopback_only(),
                    routes.RAW_ROUTES, floors=api.floors, users=api.tokens)
+    audit_trail.install(app, api.store.db, routes.AUDITED, api.store.audit.write, api.store.audit.set_status,
+                        api.clock)
     dbmod.init_app(app, api.store.db)
     serve_openapi(app, openapi.DOCUMENT)
     app.register_blueprint(ui.blueprint)  # the dashboard at /ui

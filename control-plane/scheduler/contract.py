@@ -1243,4 +1243,35 @@ class UserAnswer(Answer):
     created_at: Timestamp
 
 
+class AuditEntry(Answer):
+    """One state-changing request of a user (docs/security.md, "Audit log")."""
+
+    id: int
+    at: Timestamp
+    user: str
+    """Who: `admin` for the bootstrap token (or a cluster without tokens)."""
+    team: str | None
+    """The team it acted in, where it concerns one."""
+    action: str = Field(examples=["cancelJob"])
+    """The route's operationId in the OpenAPI document."""
+    target: str | None = Field(examples=["job-42"])
+    """What it acted on: the path's names (a job id, a team and user), or what a submit made."""
+    method: str
+    path: str
+    address: str | None
+    """The client's address as the server saw it (a proxy's, behind one)."""
+    status: int
+    """The answer's HTTP status (a refusal is recorded too)."""
+    token_id: str | None
+    """The personal token it came with (null: a bootstrap token or an OIDC token)."""
+
+
+class AuditPage(Answer):
+    """GET /audit: newest first."""
+
+    events: list[AuditEntry]
+    next_before: int | None
+    """Pass as `before` for the next (older) page; null: no more."""
+
+
 TeamAnswer.model_rebuild()

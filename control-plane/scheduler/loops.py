@@ -114,6 +114,8 @@ class Background(LeasedLoop[Store, bool]):
         gone_objects: list[str] = []
         purged = self.store.purge.finished(now - retention, batch, gone_objects)
         self.logs.delete_objects(gone_objects)  # after the commit: a row never names a deleted object
+        # The audit log is kept as long as the jobs whose history it completes.
+        purged = max(purged, self.store.audit.purge(now - retention, batch))
         # A full chunk means more are waiting: the next pass goes on; else wait a while.
         self.next_purge = now if purged >= batch else now + PURGE_INTERVAL_SECS
         if purged:

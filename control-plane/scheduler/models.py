@@ -242,6 +242,7 @@ class ConcurrencyLimit(BaseModel):
 
     key = peewee.CharField(primary_key=True, max_length=128)
     limit = peewee.IntegerField()
+    team = peewee.CharField(max_length=128, default="default")  # who may change it (0023)
 
     class Meta:
         table_name = "concurrency_limit"
@@ -264,6 +265,8 @@ class Schedule(BaseModel):
     last_job_id = peewee.BigIntegerField(null=True)          # the job of its last run (overlap)
     created_at = peewee.DoubleField()
     updated_at = peewee.DoubleField()
+    team = peewee.CharField(max_length=128, default="default")        # its runs' team (0023)
+    created_by = peewee.CharField(max_length=128, default="admin")    # its runs' submitter
 
     class Meta:
         table_name = "schedule"
@@ -340,6 +343,38 @@ class LogChunk(BaseModel):
         indexes = ((("job_id", "attempt", "stream", "seq"), True),)
 
 
+class AuditEvent(BaseModel):
+    """A state-changing request of a user (control-plane/server/audit_trail.py): who, what,
+    in which team, when, from where, and the answer's status. Never a secret."""
+
+    id = peewee.BigAutoField()
+    at = peewee.DoubleField(index=True)
+    user = peewee.CharField(max_length=128)
+    team = peewee.CharField(max_length=128, null=True)
+    action = peewee.CharField(max_length=64)          # the route's OpenAPI operationId
+    target = peewee.CharField(max_length=256, null=True)
+    method = peewee.CharField(max_length=8)
+    path = peewee.CharField(max_length=256)
+    address = peewee.CharField(max_length=64, null=True)
+    status = peewee.IntegerField()
+    token_id = peewee.CharField(max_length=32, null=True)
+
+    class Meta:
+        table_name = "audit_event"
+        indexes = ((("user", "id"), False), (("team", "id"), False), (("action", "id"), False))
+
+
+class OidcSubject(BaseModel):
+    """An identity provider's subject seen at least once (its first login is audited)."""
+
+    subject = peewee.CharField(primary_key=True, max_length=255)
+    user = peewee.CharField(max_length=128)
+    first_seen_at = peewee.DoubleField()
+
+    class Meta:
+        table_name = "oidc_subject"
+
+
 class Team(BaseModel):
     """A group of users that owns jobs (what Slurm calls an account)."""
 
@@ -401,4 +436,4 @@ NodeCredential = credential_model(database)
 
 MODELS = [Job, JobEvent, Node, NodeLease, SchedulerState, Counter, OutboxEvent, Lease, JobDependency, JobArray,
           ConcurrencyLimit, Schedule, ScheduleRun, StreamEvent, StatsSample, LogChunk, NodeCredential,
-          Team, User, Membership, ApiToken]
+          Team, User, Membership, ApiToken, AuditEvent, OidcSubject]

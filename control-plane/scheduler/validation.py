@@ -209,21 +209,34 @@ def job_filters(args) -> dict:
         if prefix != "array" or not (number.isascii() and number.isdigit()) or not 0 < len(number) <= 18:
             raise BadRequest("query parameter 'array' must be an array id such as array-3")
         array_id = int(number)
-    times = {}
-    for key in ("created_after", "created_before"):
-        raw = args.get(key) or None
-        try:
-            times[key] = None if raw is None else parse_instant(key, raw)
-        except PydanticCustomError as exc:
-            raise BadRequest(f"query parameter {exc.context['message']}") from None
-    team, submitted_by = (args.get(key) or None for key in ("team", "submitted_by"))
+    times = {key: query_instant(args, key) for key in ("created_after", "created_before")}
+    return {"name": name, "schedule": schedule, "array_id": array_id, "team": query_team(args, "team"),
+            "submitted_by": query_user(args, "submitted_by"), **times}
+
+
+def query_instant(args, key: str) -> float | None:
+    """A time in query parameter `key` (ISO-8601 with Z or an offset); None when not given."""
+    raw = args.get(key) or None
+    try:
+        return None if raw is None else parse_instant(key, raw)
+    except PydanticCustomError as exc:
+        raise BadRequest(f"query parameter {exc.context['message']}") from None
+
+
+def query_team(args, key: str) -> str | None:
+    team = args.get(key) or None
     if team is not None and not principals.TEAM_RE.match(team):
-        raise BadRequest("query parameter 'team' must be a team name (letters, digits, '.', '_' or '-', at most 128)")
-    if submitted_by is not None and not principals.USER_RE.match(submitted_by):
-        raise BadRequest("query parameter 'submitted_by' must be a user name (letters, digits, '.', '_', '@', '+' "
-                         "or '-', at most 128)")
-    return {"name": name, "schedule": schedule, "array_id": array_id, "team": team, "submitted_by": submitted_by,
-            **times}
+        raise BadRequest(f"query parameter {key!r} must be a team name (letters, digits, '.', '_' or '-', at most "
+                         f"128)")
+    return team
+
+
+def query_user(args, key: str) -> str | None:
+    user = args.get(key) or None
+    if user is not None and not principals.USER_RE.match(user):
+        raise BadRequest(f"query parameter {key!r} must be a user name (letters, digits, '.', '_', '@', '+' or '-', "
+                         f"at most 128)")
+    return user
 
 
 def parse_job_id(job_id: str) -> int | None:

@@ -106,11 +106,12 @@ def access_check(credentials: Credentials, access: Mapping[str, Access],
     def check():
         g.corral_role = None
         g.corral_node = None
-        g.corral_principal = principals.BOOTSTRAP_ADMIN_PRINCIPAL  # the tokenless local mode
+        g.corral_principal = None  # until the credential is checked
         if request.url_rule is None or request.path in OPEN_PATHS or request.path.startswith(OPEN_PREFIXES):
             return None  # unknown routes answer 404/405 on their own
         rule = access.get(request.endpoint, OPERATOR)
         if not rule.roles or not credentials.enabled:
+            g.corral_principal = principals.BOOTSTRAP_ADMIN_PRINCIPAL  # the tokenless local mode
             return None  # an open route, or the tokenless local mode
         scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not presented.strip():
@@ -121,6 +122,7 @@ def access_check(credentials: Credentials, access: Mapping[str, Access],
         if caller is None and principal is None:
             return _unauthorized("the bearer token is not valid")
         role = caller.role if caller is not None else route_role(principal)
+        g.corral_refused_principal = principal  # who a refusal below is recorded for (audit_trail.py)
         if role not in rule.roles:
             wanted = " or ".join(ROLE_NAMES[r] for r in sorted(rule.roles))
             raise Forbidden(f"{ROLE_NAMES[role]} may not do this; it takes {wanted}")

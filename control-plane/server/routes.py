@@ -30,7 +30,9 @@ from typing import Any
 
 from flask import Flask
 
+from corral.server import audit_trail
 from corral.server.auth import OPEN_PATHS, OPEN_PREFIXES, Access
+from corral.shared.credentials import AGENT_ROLE
 
 # A Flask path variable, `<name>` or `<converter:name>`.
 _VARIABLE = re.compile(r"<(?:[^:<>]+:)?([^<>]+)>")
@@ -132,6 +134,15 @@ def _bound(handler: Callable, context: object) -> Callable:
 def access_table(groups: Iterable[Routes]) -> dict[str, Access]:
     """Endpoint name -> Access, for auth.access_check."""
     return {route.endpoint: route.access for route in every_route(groups)}
+
+
+def audited_actions(groups) -> dict[str, tuple[str, int]]:
+    """The endpoints whose requests the audit log records (control-plane/server/audit_trail.py):
+    those that may change something and that users may call (agents' reports are in
+    the jobs' histories), each with its operationId and its success status."""
+    return {route.endpoint: (route.operation["operationId"], audit_trail.success_status(route.operation["responses"]))
+            for route in every_route(groups)
+            if route.method in ("POST", "PUT", "PATCH", "DELETE") and route.access.roles - {AGENT_ROLE}}
 
 
 def raw_routes(groups: Iterable[Routes]) -> tuple[str, ...]:

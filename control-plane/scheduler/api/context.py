@@ -6,7 +6,7 @@ an operator's and an agent's."""
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from corral.server import auth, revocations
+from corral.server import audit_trail, auth, revocations
 from corral.shared.clients import RegistryClient
 from corral.shared.errors import Forbidden, NotFound
 
@@ -57,6 +57,7 @@ class SchedulerApi:
         job = self.store.jobs.get(job_id)
         if not auth.principal().can_see(job.team):
             raise NotFound(f"no job {job_id!r}")
+        audit_trail.note(team=job.team)
         return job
 
     def require_visible(self, job_id: str) -> None:
@@ -68,8 +69,6 @@ class SchedulerApi:
         """Cancel, retry: NotFound for a job the user may not see, Forbidden for one of their
         team's they may not change (only its submitter, the team's admins, cluster admins)."""
         who = auth.principal()
-        if who.is_admin and not who.read_only:
-            return
         job = self.job(job_id)
         if not who.can_change_job(job.team, job.submitted_by):
             raise Forbidden(f"only its submitter ({job.submitted_by}), the admins of team {job.team!r} and "

@@ -5,7 +5,7 @@ One job or an array (POST /jobs), or up to 1,000 jobs in one transaction (POST
 trace context."""
 from flask import after_this_request, g, request
 
-from corral.server import auth
+from corral.server import audit_trail, auth
 from corral.server.http import read_json_object
 from corral.server.openapi import body as _body
 from corral.server.openapi import error as _error
@@ -55,6 +55,7 @@ def attributed(api: SchedulerApi, fields: dict) -> dict:
     team = who.team_to_act_in(asked)
     if asked is not None and who.is_admin:  # a member's teams exist; an admin may name any that does
         api.store.accounts.require_teams({asked})
+    audit_trail.note(team=team)
     return dict(fields, team=team, submitted_by=who.user)
 
 

@@ -22,6 +22,7 @@ from .. import admission
 from ..settings import SchedulerSettings
 from .accounts import Accounts
 from .actions import Actions
+from .audit import AuditLog
 from .claims import Claims
 from .context import StoreContext
 from .dependents import Dependents
@@ -81,6 +82,7 @@ class Store:
         self.nodes = Nodes(ctx, self.stats, writer, self.snapshot)
         self.placing = Placing(ctx, self.snapshot, PlacementWrites(ctx, writer), self.jobs)
         self.accounts = Accounts(ctx)
+        self.audit = AuditLog(ctx)
 
     def fenced(self, fence: Fence) -> Store:
         """This store for a background loop: each of its write transactions first checks

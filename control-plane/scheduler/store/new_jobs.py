@@ -3,6 +3,7 @@
 A validated request's columns (its retry budget, when it may start, where it queues),
 their insert with each job's `submitted` event, and the lookup of an idempotency key a
 repeated request was stored under."""
+from corral.server import audit_trail
 from corral.server.statements import Child
 from corral.shared.errors import Conflict
 
@@ -69,6 +70,8 @@ class NewJobs:
         ids = sorted(row[0] for row in inserted)
         for job, job_id in zip(jobs, ids):
             job.id = job_id
+        if jobs:  # what a request's audit entry says it made (no-op outside a request)
+            audit_trail.note(target=jobs[0].job_id if len(jobs) == 1 else f"{jobs[0].job_id}..{jobs[-1].job_id}")
         return jobs
 
     @staticmethod

@@ -8,6 +8,7 @@ import contextlib
 
 import peewee
 
+from corral.server import audit_trail
 from corral.shared.errors import BadRequest, BatchError, Conflict
 
 from .. import admission, lifecycle, metrics
@@ -42,13 +43,16 @@ class Submits:
         columns = self.new_jobs.columns(fields, now)
         # No transaction of its own: the insert (with its event) is the one write, and
         # the reads before it decide nothing that a write between them could change.
+        # But one for the wait on other jobs, and for a user's request, whose audit entry
+        # commits with the job (control-plane/server/audit_trail.py; on PostgreSQL the
+        # insert alone would be one statement without a transaction).
         existing = self.new_jobs.by_key(idempotency_key, digest)
         if existing is not None:
             return existing, False
         self.limits.check(fields)
         self.gate.admit(1)
         depends_on = [(other, condition) for _, other, condition in fields.get("depends_on") or ()]
-        with self.ctx.tx() if depends_on else contextlib.nullcontext():
+        with self.ctx.tx() if depends_on or audit_trail.pending() else contextlib.nullcontext():
             # The jobs it waits for, read in the transaction that records the wait: one that
             # ends meanwhile decides its condition then (dependents.py), or here.
             known = self.links.targets(depends_on)

@@ -21,6 +21,7 @@ import peewee
 import psycopg
 from playhouse.pool import PooledPostgresqlDatabase
 
+from corral.server.audit_trail import AuditedCommits
 from corral.server.changefeed import ERROR_BACKOFF_SECS, ChangeFeed, IntervalFeed
 from corral.server.db_marker import Guard
 from corral.shared.errors import SettingError
@@ -83,7 +84,7 @@ def session_options(url: str, schema: str) -> str:
     return f"{given[-1]} {ours}" if given else ours
 
 
-class PostgresDatabase(PooledPostgresqlDatabase):
+class PostgresDatabase(AuditedCommits, PooledPostgresqlDatabase):
     """The pooled database of one service (its schema and session timeouts set on connect).
 
     A request holds a connection for its duration (a long-poll claim gives it back

@@ -19,9 +19,9 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 
 import peewee
-from playhouse.db_url import connect
 from playhouse.pool import PooledSqliteDatabase
 
+from corral.server.audit_trail import AuditedCommits
 from corral.server.changefeed import ERROR_BACKOFF_SECS, FALLBACK_INTERVAL_SECS, ChangeFeed, IntervalFeed
 from corral.server.db_marker import Guard
 from corral.shared.errors import SettingError
@@ -58,18 +58,13 @@ def open_sqlite(url: str, synchronous: str = "NORMAL", pool_size: int | None = N
         "busy_timeout": BUSY_TIMEOUT_SECS * 1000,
     }
     if path == ":memory:":  # every connection would be a database of its own
-        db = connect(url, pragmas=pragmas, timeout=BUSY_TIMEOUT_SECS, lock_type="IMMEDIATE")
-        db.reuses_ids = True
-        db.lost = lambda: None
+        db = MemorySqlite(":memory:", pragmas=pragmas, timeout=BUSY_TIMEOUT_SECS, lock_type="IMMEDIATE")
         return db
     # `timeout` is the pool's wait for a free connection; SQLite's busy timeout
     # is the pragma. A pooled connection serves one thread at a time, but not
     # always the thread that opened it.
     return QueuedWritersSqlite(path, max_connections=pool_size or POOL_MAX_CONNECTIONS, timeout=pool_wait_secs,
                                pragmas=pragmas, lock_type="IMMEDIATE", check_same_thread=False)
-
-
-    return connect(url)
 
 
 # How often a writer asks again for the flock another process holds: from 50 µs,
@@ -88,7 +83,17 @@ def flock_retry_delay(delay: float, waited: float) -> float:
 
 
 
-class QueuedWritersSqlite(PooledSqliteDatabase):
+class MemorySqlite(AuditedCommits, peewee.SqliteDatabase):
+    """An in-memory database (tests, `sqlite:///:memory:`): one connection, audited commits."""
+
+    reuses_ids = True
+
+    @staticmethod
+    def lost() -> str | None:
+        return None  # nothing on disk to lose
+
+
+class QueuedWritersSqlite(AuditedCommits, PooledSqliteDatabase):
     """Write transactions of every thread and process on this host wait in line for
     their turn on an OS lock (flock on `<database>-writers.lock`) before BEGIN
     IMMEDIATE, instead of in SQLite's busy handler.
