@@ -28,19 +28,22 @@ class CorralGroup(click.Group):
 @click.group(cls=CorralGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--addr", envvar="CORRAL_ADDR", default=DEFAULT_ADDR, show_default=True, metavar="URL",
               help="The scheduler's address; several comma-separated (replicas) are tried in order "
-                   "[env CORRAL_ADDR; unset: the one `corral login` stored, else the default].")
+                   "[env CORRAL_ADDR].")
 @click.option("--registry-addr", envvar="CORRAL_REGISTRY_ADDR", default=DEFAULT_REGISTRY_ADDR, show_default=True,
               metavar="URL", help="The registry's address, or several comma-separated [env CORRAL_REGISTRY_ADDR].")
 @click.option("--token", envvar="CORRAL_TOKEN", metavar="TOKEN",
-              help="Bearer token sent with every request [env CORRAL_TOKEN; unset: the one `corral login` "
-                   "stored, to the scheduler it was checked against].")
+              help="Bearer token sent with every request [env CORRAL_TOKEN].")
 @click.option("--ca-bundle", envvar="CORRAL_CA_BUNDLE", metavar="FILE",
               type=click.Path(exists=True, dir_okay=False, readable=True),
               help="CA certificates that verify https:// servers (default: the system's) [env CORRAL_CA_BUNDLE].")
 @click.version_option(package_name="corral", prog_name="corral")
 @click.pass_context
 def cli(ctx: click.Context, addr: str, registry_addr: str, token: str | None, ca_bundle: str | None) -> None:
-    """Submit and follow jobs, look at nodes and services of a Corral cluster."""
+    """Submit and follow jobs, look at nodes and services of a Corral cluster.
+
+    Without --token and CORRAL_TOKEN, the token `corral login` stored is sent to the
+    scheduler it was checked against; without --addr and CORRAL_ADDR, that scheduler is
+    the one asked."""
     addr_given = ctx.get_parameter_source("addr") is not click.core.ParameterSource.DEFAULT
     stored = config.Login(None, None) if token and addr_given else config.stored()
     if not addr_given and stored.addr:
