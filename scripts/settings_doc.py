@@ -19,6 +19,7 @@ import click
 from corral.agent import settings as agent
 from corral.cli.main import cli
 from corral.registry import settings as registry
+from corral.scheduler import oidc
 from corral.scheduler import settings as scheduler
 
 from corral.server import settings as server_settings
@@ -92,6 +93,8 @@ def sections() -> tuple[Section, ...]:
         Section("Scheduler: SQS and SNS", "Off while `SQS_URL` and `SNS_TOPIC_ARN` are unset; "
                 "[sqs-sns.md](sqs-sns.md) describes both.", scheduler.AWS,
                 "Credentials come from boto3's usual chain (environment, `~/.aws`, instance or task role).\n"),
+        Section("Scheduler: single sign-on", "Off while `CORRAL_OIDC_ISSUER` is unset; "
+                "[security.md](security.md#single-sign-on) describes it.", oidc.OIDC),
         Section("Agent (`corral-agent`)", "Besides `CORRAL_STATE_DIR` and `CORRAL_LOG_LEVEL` (above). "
                 "A job's `memory_mb`, `cpu_percent` and `max_processes` may not exceed the node's maximums below.",
                 tuple(s for s in agent.SETTINGS if s not in COMMON),
@@ -106,7 +109,7 @@ def read_by(process: str) -> tuple[Setting, ...]:
     """Every setting `process` ("registry", "scheduler" or "agent") reads."""
     servers = COMMON + server_settings.SERVERS
     return {"registry": servers + registry.SETTINGS,
-            "scheduler": servers + scheduler.SETTINGS + scheduler.AWS,
+            "scheduler": servers + scheduler.SETTINGS + scheduler.AWS + oidc.OIDC,
             "agent": COMMON + tuple(s for s in agent.SETTINGS if s not in COMMON)}[process]
 
 

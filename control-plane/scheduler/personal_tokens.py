@@ -50,13 +50,17 @@ class TokenCache:
     token, or revoked or expired) and kept TTL_SECS. Called with the presented secret."""
 
     def __init__(self, load: Callable[[str], Principal | None], ttl: float = TTL_SECS,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, accepts: Callable[[str], bool] = looks_personal,
+                 by_secret: bool = False):
+        """`accepts(presented)`: the tokens this cache is for; `by_secret`: `load` gets the
+        presented token itself (a JWT, which holds its claims), not its digest."""
         self._load, self._ttl, self._clock = load, ttl, clock
+        self._accepts, self._by_secret = accepts, by_secret
         self._lock = threading.Lock()
         self._entries: dict[str, tuple[float, Principal | None]] = {}
 
     def __call__(self, presented: str) -> Principal | None:
-        if not looks_personal(presented):
+        if not self._accepts(presented):
             return None
         key = digest(presented)
         now = self._clock()
@@ -64,7 +68,7 @@ class TokenCache:
             entry = self._entries.get(key)
         if entry is not None and now - entry[0] < self._ttl:
             return entry[1]
-        principal = self._load(key)  # a failure propagates: no stale "accept"
+        principal = self._load(presented if self._by_secret else key)  # a failure propagates: no stale "accept"
         with self._lock:
             if len(self._entries) >= MAX_ENTRIES:
                 self._entries.clear()

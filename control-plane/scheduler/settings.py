@@ -15,6 +15,7 @@ from corral.server.http import DEFAULT_MAX_BODY_BYTES
 from corral.server.settings import server_fields
 
 from . import placement
+from .oidc import OidcSettings, oidc_settings
 from .retry import RetryDelay
 
 
@@ -106,6 +107,8 @@ class SchedulerSettings:
     sns_endpoint_url: str | None = None
     aws_connect_timeout_secs: float = 5.0
     aws_read_timeout_secs: float = 10.0
+    # Single sign-on (oidc.py): CORRAL_OIDC_*; None: bearer JWTs are not accepted.
+    oidc: OidcSettings | None = None
 
     @property
     def backoff(self) -> RetryDelay:
@@ -113,7 +116,8 @@ class SchedulerSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "SchedulerSettings":
-        return cls(**server_fields(env, "scheduler.db"), **s.read_all(SETTINGS, env), **aws_settings(env))
+        return cls(**server_fields(env, "scheduler.db"), **s.read_all(SETTINGS, env), **aws_settings(env),
+                   **oidc_settings(env))
 
 
 def aws_settings(env: Mapping[str, str]) -> dict:

@@ -15,10 +15,11 @@ from corral.server import serve as server
 from corral.server.changefeed import ChangeFeed
 from corral.shared.clients import RegistryClient
 
-from . import (event_stream, longpoll, loops, personal_tokens, revocation, sampler, schedule_loop, sns_outbox,
+from . import (event_stream, longpoll, loops, revocation, sampler, schedule_loop, sns_outbox,
                sqs_intake, stream_hub)
 from .api.context import SchedulerApi
 from .event_log import EventLog
+from .identities import Identities
 from .job_logs import JobLogs
 from .migrations import MIGRATIONS
 from .models import database
@@ -118,7 +119,7 @@ def scheduler_api(settings: SchedulerSettings, db: peewee.Database, clock: Calla
     return SchedulerApi(
         settings=settings, store=store, scheduler=Scheduler(store), clock=clock, room=room,
         floors=revocation.floors(db),
-        tokens=personal_tokens.TokenCache(lambda digest: store.accounts.principal_for(digest, clock())),
+        tokens=Identities(store, settings.oidc, clock),
         schedules=Schedules(store), job_logs=JobLogs(store.db, settings),
         event_log=event_log, hub=stream_hub.StreamHub(event_log, store.db, room.feed),
         stream_budget=stream_hub.StreamBudget(max_streams(settings), settings.events_streams_per_credential),

@@ -25,6 +25,7 @@ import peewee
 from flask import Flask, Response, g, request
 
 READS = frozenset({"GET", "HEAD", "OPTIONS"})
+LOGIN_ACTION = "oidcLogin"  # a subject of the identity provider seen for the first time
 MAX_TARGET_CHARS = 256
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,12 @@ class AuditedCommits:
         except BaseException:
             commit_failed()
             raise
+
+
+def login_entry(user: str, subject: str, now: float) -> Entry:
+    """The entry of a first login by an identity provider's subject, in this request."""
+    return Entry(at=now, user=user, action=LOGIN_ACTION, method=request.method, path=request.path[:MAX_TARGET_CHARS],
+                 address=request.remote_addr, status=200, target=subject[:MAX_TARGET_CHARS])
 
 
 def success_status(responses: Mapping) -> int:

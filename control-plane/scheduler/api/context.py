@@ -10,8 +10,9 @@ from corral.server import audit_trail, auth, revocations
 from corral.shared.clients import RegistryClient
 from corral.shared.errors import Forbidden, NotFound
 
-from .. import contract, event_stream, longpoll, personal_tokens, stream_hub, views
+from .. import contract, event_stream, longpoll, stream_hub, views
 from ..event_log import EventLog
+from ..identities import Identities
 from ..job_logs import JobLogs
 from ..schedules import Schedules
 from ..service import Scheduler
@@ -33,7 +34,7 @@ class SchedulerApi:
     clock: Callable[[], float]
     room: longpoll.WaitRoom
     floors: revocations.Floors
-    tokens: personal_tokens.TokenCache
+    tokens: Identities
     schedules: Schedules
     job_logs: JobLogs
     event_log: EventLog

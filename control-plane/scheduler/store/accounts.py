@@ -6,11 +6,12 @@ membership needs both to exist, a user's default team must be one of theirs."""
 from __future__ import annotations
 
 from corral.server import principals as p
+from corral.server.audit_trail import Entry
 from corral.server.principals import Principal
 from corral.shared.errors import BadRequest, Conflict, NotFound
 
 from .. import personal_tokens
-from ..models import ApiToken, Job, Membership, Team, User
+from ..models import ApiToken, AuditEvent, Job, Membership, OidcSubject, Team, User
 from .context import StoreContext
 
 
@@ -176,6 +177,33 @@ class Accounts:
                 ApiToken.update(last_used_at=now).where(ApiToken.token_id == token.token_id).execute()
         return Principal(user.name, user.cluster_role, teams, user.default_team,
                          read_only=token.scope == p.READ, token_id=token.token_id)
+
+    def sso_principal(self, given: Principal, login: Entry, now: float) -> Principal:
+        """Who a user of single sign-on is: the roles their groups give (`given`), and
+        those of a user of the same name in the table. A subject seen for the first time
+        is recorded, with `login` in the audit log; a team a group names is made if new."""
+        with self.ctx.db.connection_context():
+            if OidcSubject.get_or_none(OidcSubject.subject == login.target) is None:
+                with self.ctx.tx():
+                    OidcSubject.insert(subject=login.target, user=given.user, first_seen_at=now).on_conflict_ignore(
+                        ).execute()
+                    AuditEvent.insert(**login.row()).execute()
+            missing = set(given.teams) - {t.name for t in Team.select(Team.name).where(
+                Team.name.in_(sorted(given.teams)))} if given.teams else set()
+            if missing:
+                with self.ctx.tx():
+                    for team in sorted(missing):
+                        Team.insert(name=team, created_at=now).on_conflict_ignore().execute()
+            user = User.get_or_none(User.name == given.user)
+            if user is None:
+                return given
+            teams = {m.team: m.role for m in Membership.select().where(Membership.user == user.name)}
+        for team, team_role in given.teams.items():
+            if teams.get(team) != p.TEAM_ADMIN:
+                teams[team] = team_role
+        cluster_role = p.ADMIN if p.ADMIN in (given.cluster_role, user.cluster_role) else (
+            given.cluster_role or user.cluster_role)
+        return Principal(given.user, cluster_role, teams, user.default_team)
 
 
 def _check_default(default_team: str | None, teams: dict[str, str]) -> None:
