@@ -252,8 +252,8 @@ def shows_an_error(driver, url: str, name: str, page: str) -> None:
     """`url` names something the scheduler does not have: the error banner names it, and
     the page for it stays hidden."""
     driver.get(url)
-    wait(driver, lambda d: d.find_element("id", "error").is_displayed(), "the error banner")
-    assert name in text_of(driver, "#error")
+    wait(driver, lambda d: d.find_element("id", "error").is_displayed() and name in (text_of(d, "#error") or ""),
+         f"the error banner naming {name}")
     assert not driver.find_element("id", page).is_displayed()
 
 
@@ -717,8 +717,249 @@ def test_the_page_asks_for_the_operator_token_and_sends_it_as_a_header(browser, 
         assert not browser.find_element("id", "token-form").is_displayed()
         assert css(browser, "#count-all .count") is not None
         assert OPERATOR_TOKEN not in browser.current_url
-        assert browser.execute_script("return sessionStorage.getItem('corral.operatorToken')") == OPERATOR_TOKEN
+        assert browser.execute_script("return sessionStorage.getItem('corral.token')") == OPERATOR_TOKEN
         assert browser.execute_script("return localStorage.length") == 0
     finally:
         browser.execute_script("sessionStorage.clear()")
         c.stop()
+
+
+# ---- users, teams, personal tokens ------------------------------------------------------
+
+TOKENS = {"CORRAL_API_TOKEN": OPERATOR_TOKEN, "CORRAL_AGENT_TOKEN": AGENT_TOKEN}
+
+
+@pytest.fixture(scope="module")
+def accounts_cluster(tmp_path_factory):
+    """A scheduler with the cluster's tokens, so that personal tokens mean something (no
+    node: the tests' jobs wait, which is all a list needs)."""
+    c = Cluster(tmp_path_factory.mktemp("ui-accounts"), **TOKENS)
+    try:
+        c.start_registry(**TOKENS)
+        c.start_scheduler()
+        yield c
+    finally:
+        c.stop()
+
+
+def call(cluster, method: str, path: str, token: str = OPERATOR_TOKEN, expect: int = 200, **kwargs):
+    """The scheduler's API with a bearer token, answering `expect`."""
+    response = requests.request(method, cluster.scheduler_url + path, timeout=10,
+                                headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+                                **kwargs)
+    assert response.status_code == expect, (method, path, response.status_code, response.text)
+    return response.json() if response.content else None
+
+
+def personal_token(cluster, user: str) -> str:
+    return call(cluster, "POST", "/tokens", json={"name": "ui-test", "user": user}, expect=201)["token"]
+
+
+def sign_in(driver, cluster, token: str, fragment: str = "#/") -> None:
+    """Open the page in a tab with no token yet, and give it `token` in the form."""
+    driver.get(f"{cluster.scheduler_url}/ui{fragment}")
+    driver.execute_script("sessionStorage.clear()")
+    driver.refresh()
+    wait(driver, lambda d: d.find_element("id", "token-form").is_displayed(), "the token form")
+    assert "your token" in text_of(driver, "#token-form").lower()
+    driver.find_element("id", "token-input").send_keys(token)
+    click(driver, "#token-form button[type=submit]")
+    wait(driver, lambda d: (text_of(d, "#live") or "").startswith("live"), "the data with the token")
+
+
+def shown(driver, selector: str) -> bool:
+    return read(driver, selector, lambda element: element.is_displayed()) is True
+
+
+def job_ids(driver) -> set[str]:
+    return set(read_all(driver, "#jobs tbody tr", lambda tr: tr.get_attribute("data-job-id")))
+
+
+def go_to(driver, page: str) -> None:
+    """Through the header's link to `page` (users, teams, tokens), until it shows."""
+    click(driver, f"#nav-{page}")
+    wait(driver, lambda d: shown(d, f"#{page}-page"), f"the {page} page")
+
+
+def accept_the_confirmation(driver) -> None:
+    from selenium.webdriver.support import expected_conditions
+    wait(driver, expected_conditions.alert_is_present(), "the confirmation", timeout=10)
+    driver.switch_to.alert.accept()
+
+
+@pytest.mark.e2e
+@needs_browser
+def test_a_members_token_shows_their_teams_jobs_with_team_and_submitter(browser, accounts_cluster, tmp_path):
+    """bob, a member of ml, signs in with his personal token: the header names him, the
+    list shows ml's jobs (not web's) with their team and submitter, filtered by submitter
+    (his own with "mine"); the pages of users and teams are not his. alice, ml's admin,
+    sees ml's page and makes him an admin of it."""
+    from selenium.webdriver.common.keys import Keys
+    c = accounts_cluster
+    for team in ("ui-ml", "ui-web"):
+        call(c, "POST", "/teams", json={"name": team}, expect=201)
+    call(c, "POST", "/users", json={"name": "ui-alice", "teams": {"ui-ml": "admin"}}, expect=201)
+    call(c, "POST", "/users", json={"name": "ui-bob", "teams": {"ui-ml": "member"}}, expect=201)
+    call(c, "POST", "/users", json={"name": "ui-carol", "teams": {"ui-web": "member"}}, expect=201)
+    tokens = {user: personal_token(c, user) for user in ("ui-alice", "ui-bob", "ui-carol")}
+    jobs = {user: call(c, "POST", "/jobs", token=tokens[user], json={"command": f"echo {user}"}, expect=201)["job_id"]
+            for user in tokens}
+    try:
+        sign_in(browser, c, tokens["ui-bob"])
+        mark_page(browser)
+        assert text_of(browser, "#whoami-user") == "ui-bob"
+        assert text_of(browser, "#whoami-role") == "no cluster role"
+        assert text_of(browser, "#whoami-teams") == "teams: ui-ml"
+        wait(browser, lambda d: job_ids(d) == {jobs["ui-alice"], jobs["ui-bob"]}, "ml's jobs, and only those")
+        alice_row = f'#jobs tr[data-job-id="{jobs["ui-alice"]}"]'
+        assert (text_of(browser, f"{alice_row} .team"), text_of(browser, f"{alice_row} .submitted-by")) == (
+            "ui-ml", "ui-alice")
+        # What a member's token may not read is left out, with the API's refusal.
+        assert not shown(browser, "#nodes-section") and not shown(browser, "#counts")
+        assert "may not do this" in text_of(browser, "#overview-refused")
+        assert [shown(browser, f"#nav-{page}") for page in ("tokens", "users", "teams")] == [True, False, False]
+        screenshot(browser, tmp_path, "member-jobs")
+
+        # Filters: "mine", then a submitter typed in; both live in the address.
+        click(browser, "#filter-mine")
+        wait(browser, lambda d: job_ids(d) == {jobs["ui-bob"]}, "bob's own job only")
+        assert "submitted_by=ui-bob" in browser.current_url
+        # Typed over (clearing the field first would be a change of its own), then Enter.
+        browser.find_element("id", "filter-submitter").send_keys(Keys.CONTROL, "a", Keys.NULL, "ui-alice",
+                                                                   Keys.ENTER)
+        wait(browser, lambda d: job_ids(d) == {jobs["ui-alice"]}, "alice's job only")
+        assert "submitted_by=ui-alice" in browser.current_url
+        assert not browser.find_element("id", "filter-mine").is_selected()
+        # Her job's page names its team and submitter.
+        click(browser, f"{alice_row} td:first-child a")
+        wait(browser, lambda d: text_of(d, "#job-title") == jobs["ui-alice"], "alice's job page")
+        assert (text_of(browser, "#field-team"), text_of(browser, "#field-submitted_by")) == ("ui-ml", "ui-alice")
+        assert page_not_reloaded(browser)
+        # Another team's job is not there for him, as any job that does not exist.
+        shows_an_error(browser, f"{c.scheduler_url}/ui#/jobs/{jobs['ui-carol']}", jobs["ui-carol"], "job-page")
+        # The users and teams pages are not his.
+        for page in ("users", "teams"):
+            shows_an_error(browser, f"{c.scheduler_url}/ui#/{page}", f"the {page} page is for cluster admins",
+                           f"{page}-page")
+
+        # alice leads ml: its page (not web's), where she makes bob an admin of it.
+        sign_in(browser, c, tokens["ui-alice"], "#/teams")
+        assert [shown(browser, f"#nav-{page}") for page in ("users", "teams")] == [False, True]
+        ml = '#teams tr[data-team="ui-ml"]'
+        wait(browser, lambda d: css(d, f'{ml} li[data-user="ui-bob"]') is not None, "ml and its members")
+        assert css(browser, '#teams tr[data-team="ui-web"]') is None
+        assert not shown(browser, "#team-form")  # teams are made by cluster admins
+        click(browser, f'{ml} li[data-user="ui-bob"] button.make-admin')
+        wait(browser, lambda d: attribute_of(d, f'{ml} li[data-user="ui-bob"]', "data-role") == "admin",
+             "bob an admin of ml")
+        assert text_of(browser, "#teams-result") == "ui-bob is an admin of ui-ml"
+        assert {"team": "ui-ml", "role": "admin"} in call(c, "GET", "/whoami", token=tokens["ui-bob"])["teams"]
+    finally:
+        browser.execute_script("sessionStorage.clear()")
+
+
+@pytest.mark.e2e
+@needs_browser
+def test_a_cluster_admin_makes_a_team_and_a_user_adds_the_member_and_makes_and_revokes_their_token(
+        browser, accounts_cluster, tmp_path):
+    from selenium.webdriver.support.ui import Select
+    c = accounts_cluster
+    try:
+        sign_in(browser, c, OPERATOR_TOKEN, "#/teams")
+        assert text_of(browser, "#whoami-user") == "admin"
+        assert text_of(browser, "#whoami-role") == "cluster admin"
+        assert all(shown(browser, f"#nav-{page}") for page in ("tokens", "users", "teams"))
+        mark_page(browser)
+
+        # A team; making it twice is refused, and the refusal is shown.
+        for attempt in range(2):
+            browser.find_element("id", "team-name").send_keys("ui-research")
+            click(browser, "#team-form button[type=submit]")
+            wait(browser, lambda d: text_of(d, "#team-result"), "the answer")
+        assert text_of(browser, "#team-result") == "team 'ui-research' exists"
+        assert "error-text" in attribute_of(browser, "#team-result", "class")
+        wait(browser, lambda d: css(d, '#teams tr[data-team="ui-research"]') is not None, "the new team listed")
+
+        # A user, made with no team, then added to it as a member.
+        go_to(browser, "users")
+        browser.find_element("id", "user-name").send_keys("ui-dora")
+        click(browser, "#user-form button[type=submit]")
+        wait(browser, lambda d: text_of(d, "#user-result") == "made user ui-dora", "the user made")
+        wait(browser, lambda d: text_of(d, '#users tr[data-user="ui-dora"] .cluster-role') == "none", "listed")
+        go_to(browser, "teams")
+        Select(browser.find_element("id", "member-team")).select_by_value("ui-research")
+        browser.find_element("id", "member-user").send_keys("ui-dora")
+        click(browser, "#member-form button[type=submit]")
+        member = '#teams tr[data-team="ui-research"] li[data-user="ui-dora"]'
+        wait(browser, lambda d: attribute_of(d, member, "data-role") == "member", "dora a member of the team")
+        assert text_of(browser, "#member-result") == "ui-dora is a member of ui-research"
+        screenshot(browser, tmp_path, "teams")
+        go_to(browser, "users")
+        wait(browser, lambda d: text_of(d, '#users tr[data-user="ui-dora"] .teams') == "ui-research", "her team")
+        # Another, made with the team picked, as its admin, and it her default team.
+        browser.find_element("id", "user-name").send_keys("ui-erin")
+        click(browser, '#user-teams [data-team="ui-research"] input')
+        Select(browser.find_element("css selector", '#user-teams [data-team="ui-research"] select')
+               ).select_by_value("admin")
+        Select(browser.find_element("id", "user-default-team")).select_by_value("ui-research")
+        click(browser, "#user-form button[type=submit]")
+        erin = '#users tr[data-user="ui-erin"]'
+        wait(browser, lambda d: text_of(d, f"{erin} .teams") == "ui-research (admin)", "erin an admin of the team")
+        assert text_of(browser, f"{erin} .default-team") == "ui-research"
+        screenshot(browser, tmp_path, "users")
+
+        # A token for her: its secret shown once, working, then gone; in the list without it.
+        go_to(browser, "tokens")
+        assert shown(browser, "#new-token-user-label")  # a cluster admin makes tokens for others
+        browser.find_element("id", "new-token-name").send_keys("dora-laptop")
+        browser.find_element("id", "new-token-user").send_keys("ui-dora")
+        click(browser, "#token-create-form button[type=submit]")
+        made = wait(browser, lambda d: text_of(d, "#token-create-result"), "the token made")
+        token_id = made.split()[1]
+        assert made == f"made {token_id} for ui-dora"
+        assert shown(browser, "#new-token") and "Shown only once." in text_of(browser, "#new-token")
+        secret = text_of(browser, "#new-token-secret")
+        assert secret.startswith("corral_pat_")
+        assert call(c, "GET", "/whoami", token=secret)["user"] == "ui-dora"
+        click(browser, "#copy-token")
+        wait(browser, lambda d: text_of(d, "#copy-result"), "the copy said")
+        screenshot(browser, tmp_path, "token-made")
+        token_row = f'#tokens tr[data-token-id="{token_id}"]'
+        wait(browser, lambda d: text_of(d, f"{token_row} .user") == "ui-dora", "the token listed")
+        assert text_of(browser, f"{token_row} .name") == "dora-laptop"
+        wait(browser, lambda d: text_of(d, f"{token_row} .last-used") != "never", "its use (the whoami above)")
+        click(browser, "#dismiss-token")
+        wait(browser, lambda d: not shown(d, "#new-token"), "the secret dismissed")
+        assert secret not in browser.page_source
+
+        # Revoked: marked so in the list, and refused.
+        click(browser, f"{token_row} button.revoke")
+        accept_the_confirmation(browser)
+        wait(browser, lambda d: attribute_of(d, token_row, "data-revoked") == "yes", "the token revoked")
+        assert text_of(browser, "#tokens-result") == f"revoked {token_id}"
+        assert css(browser, f"{token_row} button.revoke") is None
+        call(c, "GET", "/whoami", token=secret, expect=401)
+        assert page_not_reloaded(browser)
+        screenshot(browser, tmp_path, "tokens")
+
+        # The user removed, then the team (a team with members is refused: the message says so).
+        go_to(browser, "teams")
+        click(browser, '#teams tr[data-team="ui-research"] button.delete')
+        accept_the_confirmation(browser)
+        wait(browser, lambda d: text_of(d, "#teams-result") == "team 'ui-research' has members: remove them first",
+             "deleting a team with a member refused")
+        assert "error-text" in attribute_of(browser, "#teams-result", "class")
+        go_to(browser, "users")
+        for user in ("ui-dora", "ui-erin"):
+            click(browser, f'#users tr[data-user="{user}"] button.delete')
+            accept_the_confirmation(browser)
+            wait(browser, lambda d: css(d, f'#users tr[data-user="{user}"]') is None, f"{user} gone")
+        assert text_of(browser, "#users-result") == "deleted user ui-erin"
+        go_to(browser, "teams")
+        click(browser, '#teams tr[data-team="ui-research"] button.delete')
+        accept_the_confirmation(browser)
+        wait(browser, lambda d: css(d, '#teams tr[data-team="ui-research"]') is None, "the team gone")
+        assert text_of(browser, "#teams-result") == "deleted team ui-research"
+        assert page_not_reloaded(browser)
+    finally:
+        browser.execute_script("sessionStorage.clear()")

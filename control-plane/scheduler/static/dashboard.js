@@ -5,10 +5,13 @@
 // once a second); while the stream is open it polls only every SAFETY_POLL_MS, and
 // while it is down every POLL_MS (each poll starts when the previous one has
 // finished). Routes live in the URL
-// hash: "#/" (with filters, "#/?status=failed&node_id=n1"), "#/jobs/job-12",
-// "#/nodes/node-1" and "#/schedules/nightly-etl" (names URL-encoded).
+// hash: "#/" (with filters, "#/?status=failed&node_id=n1&submitted_by=alice"), "#/jobs/job-12",
+// "#/nodes/node-1" and "#/schedules/nightly-etl" (names URL-encoded); the pages of
+// users, teams and personal tokens are "#/users", "#/teams" and "#/tokens". Who the
+// token stands for (GET /whoami) decides which of those the header offers; the API
+// decides what each call may do, and a refusal is shown as its message.
 // The charts are SVG drawn here from GET /stats/history (no chart library).
-// Data is written with textContent only, never as HTML.
+// Data (names are user input) is written with textContent only, never as HTML.
 "use strict";
 
 (function () {
@@ -17,7 +20,9 @@
   const REFRESH_MIN_MS = 1000;    // the most often events reload the page
   const RETRY_MS = 3000;          // after a failed poll
   const STREAM_RETRY_MAX_MS = 30000;
-  const TOKEN_KEY = "corral.operatorToken";
+  const TOKEN_KEY = "corral.token";  // a personal token or the operator token
+  const WHO_MAX_AGE_MS = 30000;   // GET /whoami again after this (a membership may change)
+  const REFUSED_AGAIN_MS = 60000; // a part the token may not read is asked for again after this
   const STATUSES = ["pending", "running", "done", "failed", "cancelled"];
   const JOB_TYPES = ["run", "service"];
   // The scheduler's pending reasons (GET /jobs?pending_reason=...).
@@ -32,33 +37,44 @@
 
   class AuthNeeded extends Error {}
 
+  // A refusal or failure the API answered: its one-line message and HTTP status.
+  class ApiError extends Error {
+    constructor(message, status) {
+      super(message);
+      this.status = status;
+    }
+  }
+
   // ---- the API ---------------------------------------------------------------
 
   let waitingForToken = false;
 
-  async function api(path, method = "GET") {
+  async function api(path, method = "GET", body = undefined) {
     const headers = authHeaders("application/json");
     const token = headers.Authorization;
     // The server takes state-changing requests only with this header (no other site
     // can send it), a body-less cancel or retry too.
     if (method !== "GET") headers["Content-Type"] = "application/json";
-    const response = await fetch(new URL(path, API_ROOT), {method, headers, cache: "no-store"});
+    const init = {method, headers, cache: "no-store"};
+    if (body !== undefined) init.body = JSON.stringify(body);
+    const response = await fetch(new URL(path, API_ROOT), init);
     if (response.status === 401) {
       if (token) sessionStorage.removeItem(TOKEN_KEY);
       askForToken(token ? "That token was refused." : "");
-      throw new AuthNeeded("the operator token is needed");
+      throw new AuthNeeded("a token is needed");
     }
     const text = await response.text();
-    let body = null;
+    let answer = null;
     try {
-      body = text ? JSON.parse(text) : null;
+      answer = text ? JSON.parse(text) : null;
     } catch (err) {
-      body = null;
+      answer = null;
     }
     if (!response.ok) {
-      throw new Error((body && body.error) || `${method} ${path}: ${response.status} ${response.statusText}`);
+      throw new ApiError((answer && answer.error) || `${method} ${path}: ${response.status} ${response.statusText}`,
+                         response.status);
     }
-    return body;
+    return answer;
   }
 
   function authHeaders(accept) {
@@ -73,7 +89,8 @@
     $("token-error").textContent = message;
     $("token-form").hidden = false;
     $("forget-token").hidden = true;
-    setLive(false, "waiting for the operator token");
+    forgetWho();
+    setLive(false, "waiting for your token");
     $("token-input").focus();
   }
 
@@ -92,6 +109,59 @@
     sessionStorage.removeItem(TOKEN_KEY);
     poll();
   });
+
+  // ---- who is signed in --------------------------------------------------------------
+
+  // GET /whoami for the token in use: read again after WHO_MAX_AGE_MS, when the token
+  // changes, and after a change made here (a membership or a role may be the caller's).
+  const session = {token: null, who: null, at: 0};
+
+  async function loadWho() {
+    const token = sessionStorage.getItem(TOKEN_KEY);
+    if (session.who && session.token === token && Date.now() - session.at < WHO_MAX_AGE_MS) return session.who;
+    const who = await api("whoami");
+    Object.assign(session, {token, who, at: Date.now()});
+    drawWho(who);
+    return who;
+  }
+
+  function forgetWho() {
+    Object.assign(session, {who: null, at: 0});
+    $("whoami").hidden = true;
+    $("nav").hidden = true;
+  }
+
+  // What a user may see and change, as the API decides it (docs/security.md): cluster
+  // admins everything, cluster readers see everything, a team's admins change its members
+  // and read its audit entries. A read-only token changes nothing.
+  const seesEveryTeam = (who) => who.cluster_role === "admin" || who.cluster_role === "reader";
+  const isClusterAdmin = (who) => who.cluster_role === "admin" && !who.read_only;
+  const leadsTeams = (who) => who.teams.some((t) => t.role === "admin");
+  const administers = (who, team) => !who.read_only && (who.cluster_role === "admin"
+    || who.teams.some((t) => t.team === team && t.role === "admin"));
+
+  // "ml (admin)" or "ml".
+  function teamRoleText(membership) {
+    return membership.role === "admin" ? `${membership.team} (admin)` : membership.team;
+  }
+
+  // The header: who the token stands for, and the pages it may use.
+  function drawWho(who) {
+    const user = el("strong", who.user);
+    user.id = "whoami-user";
+    const role = el("span", who.cluster_role ? `cluster ${who.cluster_role}` : "no cluster role");
+    role.id = "whoami-role";
+    const teams = el("span", who.teams.length ? "teams: " + who.teams.map(teamRoleText).join(", ") : "in no team");
+    teams.id = "whoami-teams";
+    const box = $("whoami");
+    box.replaceChildren(user, " · ", role, " · ", teams);
+    if (who.read_only) box.append(" · ", el("span", "read-only", "read-only"));
+    box.title = who.token_id ? `signed in with personal token ${who.token_id}` : "signed in with a bootstrap token";
+    box.hidden = false;
+    $("nav").hidden = false;
+    $("nav-users").hidden = !seesEveryTeam(who);
+    $("nav-teams").hidden = !(seesEveryTeam(who) || leadsTeams(who));
+  }
 
   // ---- small helpers -------------------------------------------------------------
 
@@ -130,6 +200,13 @@
       tr.appendChild(td);
     }
     return tr;
+  }
+
+  // Each cell of a row gets its class, in order (for the style and for tests to find it).
+  function cellClasses(tr, names) {
+    names.forEach((name, i) => {
+      tr.cells[i].className = name;
+    });
   }
 
   function ago(iso) {
@@ -237,10 +314,13 @@
   }
 
   // One page of the shell at a time; none while a new route's data is on its way.
-  const PAGES = ["overview", "job-page", "node-page", "schedule-page"];
+  const PAGES = ["overview", "job-page", "node-page", "schedule-page", "users-page", "teams-page", "tokens-page"];
+  const NAV = {"overview": "nav-jobs", "users-page": "nav-users", "teams-page": "nav-teams",
+               "tokens-page": "nav-tokens"};
 
   function showPage(id) {
     for (const page of PAGES) $(page).hidden = page !== id;
+    for (const a of $("nav").querySelectorAll("a")) a.classList.toggle("active", a.id === NAV[id]);
   }
 
   function showError(message) {
@@ -264,8 +344,12 @@
 
   // ---- routes --------------------------------------------------------------------
 
+  const JOB_FILTERS = ["status", "node_id", "job_type", "pending_reason", "team", "submitted_by"];
+
   function route() {
     const hash = window.location.hash.replace(/^#/, "") || "/";
+    const admin = hash.match(/^\/(users|teams|tokens)$/);
+    if (admin) return {page: admin[1]};
     const job = hash.match(/^\/jobs\/(job-[0-9]+)$/);
     if (job) return {page: "job", jobId: job[1]};
     const schedule = hash.match(/^\/schedules\/([^/?]+)$/);
@@ -273,12 +357,12 @@
     const node = hash.match(/^\/nodes\/([^/?]+)$/);
     if (node) return {page: "node", nodeId: decoded(node[1])};
     const query = hash.includes("?") ? hash.slice(hash.indexOf("?") + 1) : "";
+    return {page: "overview", filters: queryFilters(query, JOB_FILTERS)};
+  }
+
+  function queryFilters(query, names) {
     const params = new URLSearchParams(query);
-    return {
-      page: "overview",
-      filters: {status: params.get("status") || "", node_id: params.get("node_id") || "",
-                job_type: params.get("job_type") || "", pending_reason: params.get("pending_reason") || ""},
-    };
+    return Object.fromEntries(names.map((name) => [name, params.get(name) || ""]));
   }
 
   function decoded(part) {
@@ -297,33 +381,80 @@
     return "#/nodes/" + encodeURIComponent(nodeId);
   }
 
-  function overviewHash(filters) {
+  // "#/" (or another page's path), with the filters that have a value.
+  function pageHash(path, filters) {
     const params = new URLSearchParams();
     for (const [name, value] of Object.entries(filters)) if (value) params.set(name, value);
     const query = params.toString();
-    return query ? "#/?" + query : "#/";
+    return query ? `#${path}?${query}` : "#" + path;
+  }
+
+  function overviewHash(filters) {
+    return pageHash("/", filters);
   }
 
   // ---- the overview: counts, nodes, schedules, jobs --------------------------------
 
-  async function loadOverview(filters) {
+  // Parts of a page the token may not read (a team member's: the cluster's counts, charts,
+  // nodes and schedules) answer 403: the refusal stands in for the part, and it is asked
+  // for again after REFUSED_AGAIN_MS, or at once with another token.
+  const refusals = new Map();  // path -> {token, message, at}
+
+  async function unlessRefused(path, load = () => api(path)) {
+    const token = sessionStorage.getItem(TOKEN_KEY);
+    const earlier = refusals.get(path);
+    if (earlier && earlier.token === token && Date.now() - earlier.at < REFUSED_AGAIN_MS) {
+      return {refused: earlier.message};
+    }
+    try {
+      return await load();
+    } catch (err) {
+      if (!(err instanceof ApiError) || err.status !== 403) throw err;
+      refusals.set(path, {token, message: err.message, at: Date.now()});
+      return {refused: err.message};
+    }
+  }
+
+  async function loadOverview(filters, who) {
     // Newest first. `order=desc` also keeps node + pending filters off the agents' poll,
     // which answers only as many jobs as the node has free slots.
     const params = new URLSearchParams({order: "desc", limit: String(PAGE)});
     for (const [name, value] of Object.entries(filters)) if (value) params.set(name, value);
-    const [stats, nodes, schedules, jobs, history] = await Promise.all([
-      api("stats"), api("nodes"), api("schedules"), api("jobs?" + params), loadHistory("nodes=none")]);
-    return {stats, nodes, schedules, jobs, history};
+    const [stats, nodes, schedules, jobs, history, teams] = await Promise.all([
+      unlessRefused("stats"), unlessRefused("nodes"), unlessRefused("schedules"), api("jobs?" + params),
+      unlessRefused("stats/history", () => loadHistory("nodes=none")),
+      seesEveryTeam(who) ? api("teams") : who.teams.map((t) => ({name: t.team}))]);
+    return {stats, nodes, schedules, jobs, history, teams: teams.map((t) => t.name)};
   }
 
-  function drawOverview(filters, {stats, nodes, schedules, jobs, history}) {
-    showPage("overview");
-    drawActivity(history);
-    drawNodeUsage(nodes);
+  // The overview's parts that a token may be refused, and the section each fills.
+  const OVERVIEW_PARTS = [["stats", "counts", "counts"], ["history", "activity", "charts"],
+                          ["nodes", "nodes-section", "nodes"], ["schedules", "schedules-section", "schedules"]];
 
-    const counts = $("counts");
+  function drawOverview(filters, data, who) {
+    showPage("overview");
+    const refused = OVERVIEW_PARTS.filter(([part]) => data[part].refused);
+    for (const [part, section] of OVERVIEW_PARTS) $(section).hidden = Boolean(data[part].refused);
+    const messages = [...new Set(refused.map(([part]) => data[part].refused))];
+    $("overview-refused").hidden = !refused.length;
+    $("overview-refused").textContent = refused.length
+      ? `Not shown (${refused.map((p) => p[2]).join(", ")}): ${messages.join("; ")}` : "";
+
+    const nodes = data.nodes.refused ? [] : data.nodes;
+    if (!data.history.refused) {
+      drawActivity(data.history);
+      drawNodeUsage(nodes);
+    }
+    if (!data.stats.refused) drawCounts(filters, data.stats);
+    if (!data.nodes.refused) drawNodes(nodes);
+    if (!data.schedules.refused) drawSchedules(data.schedules);
+    drawJobFilters(filters, nodes, data.teams, who);
+    drawJobs(filters, data.jobs);
+  }
+
+  function drawCounts(filters, stats) {
     const total = STATUSES.reduce((sum, status) => sum + (stats.jobs[status] || 0), 0);
-    counts.replaceChildren(...[["", "all", total], ...STATUSES.map((s) => [s, s, stats.jobs[s] || 0])]
+    $("counts").replaceChildren(...[["", "all", total], ...STATUSES.map((s) => [s, s, stats.jobs[s] || 0])]
       .map(([status, label, count]) => {
         const tile = link(overviewHash({...filters, status}), "");
         tile.id = "count-" + label;
@@ -331,7 +462,9 @@
         tile.append(el("span", count, "count"), el("span", label, status ? "status " + status : ""));
         return tile;
       }));
+  }
 
+  function drawNodes(nodes) {
     $("nodes").tBodies[0].replaceChildren(...nodes.map((node) => {
       const tr = row([link(nodeHash(node.node_id), node.node_id), healthCell(node),
                       node.drained ? badge("drained") : "no", node.pool, labelsCell(node.labels),
@@ -344,26 +477,43 @@
       return tr;
     }));
     $("nodes-empty").hidden = nodes.length > 0;
+  }
 
-    drawSchedules(schedules);
+  // A value in the job list that is also a filter: a link to the jobs that share it.
+  function filterLink(filters, name, value) {
+    return value ? link(overviewHash({...filters, [name]: value}), value) : null;
+  }
 
+  function drawJobFilters(filters, nodes, teams, who) {
     setOptions($("filter-status"), [["", "any"], ...STATUSES.map((s) => [s, s])], filters.status);
     const nodeIds = nodes.map((node) => node.node_id);
     if (filters.node_id && !nodeIds.includes(filters.node_id)) nodeIds.push(filters.node_id);
     setOptions($("filter-node"), [["", "any"], ...nodeIds.map((id) => [id, id])], filters.node_id);
     setOptions($("filter-type"), [["", "any"], ...JOB_TYPES.map((t) => [t, t])], filters.job_type);
     setOptions($("filter-reason"), [["", "any"], ...REASON_CODES.map((c) => [c, c])], filters.pending_reason);
+    if (filters.team && !teams.includes(filters.team)) teams = [...teams, filters.team];
+    setOptions($("filter-team"), [["", "any"], ...teams.map((t) => [t, t])], filters.team);
+    const submitter = $("filter-submitter");
+    if (document.activeElement !== submitter) submitter.value = filters.submitted_by;  // not while typed in
+    $("filter-mine").checked = Boolean(filters.submitted_by) && filters.submitted_by === who.user;
+  }
 
+  function drawJobs(filters, jobs) {
     $("jobs").tBodies[0].replaceChildren(...jobs.map((job) => {
       const tr = row([link("#/jobs/" + job.job_id, job.job_id), badge(job.status), reasonCell(job.pending_reason, filters),
-                      job.job_type, job.node_id, job.command || job.deploy_url, job.attempt, job.exit_code,
-                      timeCell(job.created_at)]);
+                      job.job_type, filterLink(filters, "team", job.team),
+                      filterLink(filters, "submitted_by", job.submitted_by), job.node_id,
+                      job.command || job.deploy_url, job.attempt, job.exit_code, timeCell(job.created_at)]);
       tr.dataset.jobId = job.job_id;
       tr.dataset.status = job.status;
+      tr.dataset.team = job.team;
+      tr.dataset.submittedBy = job.submitted_by;
       if (job.pending_reason) tr.dataset.reason = job.pending_reason.code;
       tr.cells[2].className = "waiting";
-      tr.cells[5].className = "command";
-      tr.cells[5].title = job.command || job.deploy_url || "";
+      tr.cells[4].className = "team";
+      tr.cells[5].className = "submitted-by";
+      tr.cells[7].className = "command";
+      tr.cells[7].title = job.command || job.deploy_url || "";
       return tr;
     }));
     $("jobs-empty").hidden = jobs.length > 0;
@@ -717,9 +867,7 @@
       const tr = row([link(scheduleHash(schedule.name), schedule.name), scheduleWhen(schedule),
                       schedule.enabled ? "yes" : "no", nextRunCell(schedule), lastRunCell(schedule.last_run),
                       schedule.overlap]);
-      ["name", "when", "enabled", "next-run", "last-run", "overlap"].forEach((name, i) => {
-        tr.cells[i].className = name;
-      });
+      cellClasses(tr, ["name", "when", "enabled", "next-run", "last-run", "overlap"]);
       tr.dataset.schedule = schedule.name;
       return tr;
     }));
@@ -760,20 +908,26 @@
     $("schedule-runs-empty").hidden = runs.length > 0;
   }
 
-  for (const [id, name] of [["filter-status", "status"], ["filter-node", "node_id"], ["filter-type", "job_type"],
-                            ["filter-reason", "pending_reason"]]) {
-    $(id).addEventListener("change", (event) => {
-      const filters = route().filters || {};
-      window.location.hash = overviewHash({...filters, [name]: event.target.value});
-    });
+  function setFilter(name, value) {
+    const filters = route().filters || {};
+    window.location.hash = overviewHash({...filters, [name]: value});
   }
+
+  for (const [id, name] of [["filter-status", "status"], ["filter-node", "node_id"], ["filter-type", "job_type"],
+                            ["filter-reason", "pending_reason"], ["filter-team", "team"]]) {
+    $(id).addEventListener("change", (event) => setFilter(name, event.target.value));
+  }
+  $("filter-submitter").addEventListener("change", (event) => setFilter("submitted_by", event.target.value.trim()));
+  $("filter-mine").addEventListener("change", (event) => {
+    setFilter("submitted_by", event.target.checked && session.who ? session.who.user : "");
+  });
 
   // ---- the job page ----------------------------------------------------------------
 
   const JOB_FIELDS = [
-    "job_id", "name", "status", "job_type", "node_id", "instance_id", "command", "deploy_url", "deploy_sha256",
-    "port", "health_path", "env_vars", "attempt", "retry_count", "max_retries", "next_attempt_at", "on_node_lost",
-    "node_losses", "exit_code", "memory_mb", "cpu_percent", "limits_enforced", "limits", "oom_killed",
+    "job_id", "name", "status", "team", "submitted_by", "job_type", "node_id", "instance_id", "command", "deploy_url",
+    "deploy_sha256", "port", "health_path", "env_vars", "attempt", "retry_count", "max_retries", "next_attempt_at",
+    "on_node_lost", "node_losses", "exit_code", "memory_mb", "cpu_percent", "limits_enforced", "limits", "oom_killed",
     "peak_memory_bytes", "cpu_seconds", "timeout_secs", "created_at", "placed_at", "running_at", "finished_at",
   ];
 
@@ -916,6 +1070,294 @@
   $("cancel-job").addEventListener("click", (event) => act(event.currentTarget, "cancel"));
   $("retry-job").addEventListener("click", (event) => act(event.currentTarget, "retry"));
 
+  // ---- users, teams and personal tokens -------------------------------------------------
+
+  // Redraw a table's rows only when what they show changed (and once a minute, for the
+  // times "ago"): a button is not replaced under the pointer.
+  function setRows(table, data, rows) {
+    const body = table.tBodies[0];
+    const key = JSON.stringify([data, Math.floor(Date.now() / MINUTE_MS)]);
+    if (body.dataset.key === key) return;
+    body.replaceChildren(...rows());
+    body.dataset.key = key;
+  }
+
+  function button(text, className, onClick) {
+    const b = el("button", text, className);
+    b.type = "button";
+    b.addEventListener("click", onClick);
+    return b;
+  }
+
+  // The same options in a datalist (suggestions for a text field), replaced when they change.
+  function setSuggestions(list, values) {
+    const key = JSON.stringify(values);
+    if (list.dataset.key === key) return;
+    list.replaceChildren(...values.map((value) => {
+      const option = el("option");
+      option.value = value;
+      return option;
+    }));
+    list.dataset.key = key;
+  }
+
+  // A change made from a page: what it did, or the API's refusal as its one line, goes to
+  // `result`; then the page is read again, and who is signed in (their role may be what changed).
+  async function change(result, request, said) {
+    result.textContent = "";
+    result.classList.remove("error-text");
+    try {
+      result.textContent = said(await request());
+    } catch (err) {
+      if (err instanceof AuthNeeded) return;
+      result.textContent = err.message;
+      result.classList.add("error-text");
+    }
+    session.at = 0;
+    poll();
+  }
+
+  const named = (part, name) => `${part}/${encodeURIComponent(name)}`;
+
+  // The users and the teams: each page shows one and offers the other's names.
+  async function loadAccounts() {
+    const [users, teams] = await Promise.all([api("users"), api("teams")]);
+    return {users, teams};
+  }
+
+  // -- users
+
+  function drawUsers({users, teams}, who) {
+    showPage("users-page");
+    document.title = "Users · Corral";
+    const admin = isClusterAdmin(who);
+    $("user-form").hidden = !admin;
+    if (admin) drawTeamPicks(teams.map((t) => t.name));
+    setRows($("users"), {users, admin}, () => users.map((user) => {
+      const remove = admin ? button("Delete", "delete", () => deleteUser(user.name)) : null;
+      const tr = row([user.name, user.cluster_role || "none", user.teams.map(teamRoleText).join(", ") || null,
+                      user.default_team, timeCell(user.created_at), remove]);
+      cellClasses(tr, ["name", "cluster-role", "teams", "default-team", "created", "buttons"]);
+      tr.dataset.user = user.name;
+      return tr;
+    }));
+    $("users-empty").hidden = users.length > 0;
+  }
+
+  // The new user's teams: a box and a role for each team, rebuilt only when the teams change
+  // (keeping what was picked); the default team is one of those picked.
+  function drawTeamPicks(teams) {
+    const box = $("user-teams");
+    const key = JSON.stringify(teams);
+    if (box.dataset.key !== key) {
+      const before = pickedTeams();
+      box.replaceChildren(el("legend", "teams"), ...teams.map((team) => {
+        const pick = el("input");
+        pick.type = "checkbox";
+        pick.value = team;
+        pick.checked = team in before;
+        const role = el("select");
+        setOptions(role, [["member", "member"], ["admin", "admin"]], before[team] || "member");
+        const label = el("label", null, "team-pick");
+        label.dataset.team = team;
+        label.append(pick, " ", team, " ", role);
+        return label;
+      }));
+      if (!teams.length) box.append(el("span", "No teams yet: make one on the teams page.", "muted"));
+      box.dataset.key = key;
+    }
+    drawDefaultTeam();
+  }
+
+  function pickedTeams() {
+    const picked = {};
+    for (const label of $("user-teams").querySelectorAll(".team-pick")) {
+      if (label.querySelector("input").checked) picked[label.dataset.team] = label.querySelector("select").value;
+    }
+    return picked;
+  }
+
+  function drawDefaultTeam() {
+    const picked = Object.keys(pickedTeams());
+    const select = $("user-default-team");
+    const value = picked.includes(select.value) ? select.value : "";
+    setOptions(select, [["", picked.length === 1 ? "their only team" : "none"], ...picked.map((t) => [t, t])], value);
+  }
+
+  $("user-teams").addEventListener("change", drawDefaultTeam);
+
+  $("user-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const request = {name: $("user-name").value.trim(), cluster_role: $("user-role").value || null,
+                     teams: pickedTeams(), default_team: $("user-default-team").value || null};
+    change($("user-result"), () => api("users", "POST", request), (user) => {
+      $("user-form").reset();
+      drawDefaultTeam();
+      return `made user ${user.name}`;
+    });
+  });
+
+  function deleteUser(name) {
+    if (!window.confirm(`Delete user ${name}? Their tokens are revoked; their jobs stay theirs.`)) return;
+    change($("users-result"), () => api(named("users", name), "DELETE"), () => `deleted user ${name}`);
+  }
+
+  // -- teams
+
+  function drawTeams({teams, users}, who) {
+    showPage("teams-page");
+    document.title = "Teams · Corral";
+    const admin = isClusterAdmin(who);
+    // A team's admin sees the teams they lead; cluster admins and readers every team.
+    const shown = seesEveryTeam(who) ? teams
+      : teams.filter((team) => who.teams.some((t) => t.team === team.name && t.role === "admin"));
+    const changeable = shown.map((team) => team.name).filter((team) => administers(who, team));
+    $("team-form").hidden = !admin;
+    $("member-form").hidden = !changeable.length;
+    const select = $("member-team");
+    setOptions(select, changeable.map((t) => [t, t]), changeable.includes(select.value) ? select.value : changeable[0]);
+    setSuggestions($("user-names"), users.map((user) => user.name));
+    setRows($("teams"), {shown, changeable, admin}, () => shown.map((team) => {
+      const members = el("ul", null, "members");
+      const canChange = changeable.includes(team.name);
+      members.append(...team.members.map((member) => memberItem(team.name, member, canChange)));
+      if (!team.members.length) members.append(el("li", "no members", "muted"));
+      const remove = admin ? button("Delete", "delete", () => deleteTeam(team.name)) : null;
+      const tr = row([team.name, members, timeCell(team.created_at), remove]);
+      cellClasses(tr, ["name", "members-cell", "created", "buttons"]);
+      tr.dataset.team = team.name;
+      return tr;
+    }));
+    $("teams-empty").hidden = shown.length > 0;
+  }
+
+  // A member, their role, and (for who may change them) making them admin or member, and removing them.
+  function memberItem(team, member, canChange) {
+    const item = el("li", null, "member");
+    item.dataset.user = member.user;
+    item.dataset.role = member.role;
+    item.append(el("span", member.user, "member-user"), " ", el("span", member.role, "role " + member.role));
+    if (canChange) {
+      const other = member.role === "admin" ? "member" : "admin";
+      item.append(" ", button(`Make ${other}`, "make-" + other, () => setMember($("teams-result"), team, member.user,
+                                                                                other)),
+                  " ", button("Remove", "remove", () => removeMember(team, member.user)));
+    }
+    return item;
+  }
+
+  function setMember(result, team, user, role) {
+    change(result, () => api(named(named("teams", team) + "/members", user), "PUT", {role}),
+           () => `${user} is ${role === "admin" ? "an admin" : "a member"} of ${team}`);
+  }
+
+  function removeMember(team, user) {
+    if (!window.confirm(`Take ${user} out of team ${team}?`)) return;
+    change($("teams-result"), () => api(named(named("teams", team) + "/members", user), "DELETE"),
+           () => `took ${user} out of ${team}`);
+  }
+
+  function deleteTeam(team) {
+    if (!window.confirm(`Delete team ${team}?`)) return;
+    change($("teams-result"), () => api(named("teams", team), "DELETE"), () => `deleted team ${team}`);
+  }
+
+  $("team-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    change($("team-result"), () => api("teams", "POST", {name: $("team-name").value.trim()}), (team) => {
+      $("team-form").reset();
+      return `made team ${team.name}`;
+    });
+  });
+
+  $("member-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const user = $("member-user").value.trim();
+    setMember($("member-result"), $("member-team").value, user, $("member-role").value);
+    $("member-user").value = "";
+  });
+
+  // -- personal tokens
+
+  async function loadTokens(who) {
+    const [tokens, users] = await Promise.all([api("tokens"), isClusterAdmin(who) ? api("users") : []]);
+    return {tokens, users};
+  }
+
+  function drawTokens({tokens, users}, who) {
+    showPage("tokens-page");
+    document.title = "Tokens · Corral";
+    $("new-token-user-label").hidden = !isClusterAdmin(who);  // cluster admins make tokens for others
+    setSuggestions($("token-user-names"), users.map((user) => user.name));
+    setRows($("tokens"), {tokens, mine: who.token_id}, () => tokens.map((token) => {
+      const created = el("span");
+      created.append(timeCell(token.created_at), ` by ${token.created_by}`);
+      const revoke = token.revoked_at ? null : button("Revoke", "revoke", () => revokeToken(token, who));
+      const tr = row([token.token_id, token.user, token.name, token.scope, created,
+                      token.expires_at ? timeCell(token.expires_at) : "never",
+                      token.last_used_at ? timeCell(token.last_used_at) : "never",
+                      token.revoked_at ? timeCell(token.revoked_at) : "no", revoke]);
+      cellClasses(tr, ["token-id", "user", "name", "scope", "created", "expires", "last-used", "revoked", "buttons"]);
+      tr.dataset.tokenId = token.token_id;
+      tr.dataset.revoked = token.revoked_at ? "yes" : "no";
+      if (token.token_id === who.token_id) tr.classList.add("in-use");
+      return tr;
+    }));
+    $("tokens-empty").hidden = tokens.length > 0;
+  }
+
+  function revokeToken(token, who) {
+    const yours = token.token_id === who.token_id ? " This page uses it: it will ask for another token." : "";
+    if (!window.confirm(`Revoke ${token.token_id} (${token.name}, of ${token.user})?${yours}`)) return;
+    change($("tokens-result"), () => api(named("tokens", token.token_id), "DELETE"),
+           (revoked) => `revoked ${revoked.token_id}`);
+  }
+
+  $("token-create-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const request = {name: $("new-token-name").value.trim(), scope: $("new-token-scope").value};
+    const days = $("new-token-days").value;
+    if (days) request.expires_in_secs = Number(days) * 86400;
+    const user = $("new-token-user").value.trim();
+    if (user && !$("new-token-user-label").hidden) request.user = user;
+    change($("token-create-result"), () => api("tokens", "POST", request), (token) => {
+      showSecret(token);
+      $("token-create-form").reset();
+      return `made ${token.token_id} for ${token.user}`;
+    });
+  });
+
+  // A new token's secret: shown here once (the API never answers it again), gone when
+  // Done is clicked or the page is left.
+  function showSecret(token) {
+    $("new-token-secret").textContent = token.token;
+    $("new-token-holder").textContent = token.user;
+    $("copy-result").textContent = "";
+    $("new-token").hidden = false;
+  }
+
+  function dropSecret() {
+    $("new-token-secret").textContent = "";
+    $("new-token").hidden = true;
+  }
+
+  $("dismiss-token").addEventListener("click", dropSecret);
+  $("copy-token").addEventListener("click", async () => {
+    const secret = $("new-token-secret");
+    try {
+      await navigator.clipboard.writeText(secret.textContent);
+      $("copy-result").textContent = "copied";
+    } catch (err) {
+      // No clipboard for this page (served over plain HTTP from elsewhere than localhost):
+      // the secret is selected, for a copy by hand.
+      const range = document.createRange();
+      range.selectNodeContents(secret);
+      window.getSelection().removeAllRanges();
+      window.getSelection().addRange(range);
+      $("copy-result").textContent = "selected: copy it with Ctrl+C";
+    }
+  });
+
   // ---- the event stream ----------------------------------------------------------------
   //
   // GET /events read with fetch() and a streaming parser: a browser's EventSource cannot
@@ -936,7 +1378,8 @@
   function concerns(current, type, data) {
     if (current.page === "job") return data.job_id === current.jobId;
     if (current.page === "node") return type !== "log" && data.node_id === current.nodeId;
-    return type !== "log";  // the overview and schedules: transitions and node changes
+    if (current.page === "overview" || current.page === "schedule") return type !== "log";  // transitions, nodes
+    return false;  // users, teams, tokens: no event announces their changes
   }
 
   function onEvent(type, data) {
@@ -1054,11 +1497,19 @@
   // ---- the poll loop -----------------------------------------------------------------
 
   // Each page of route(): what it reads from the API, and how it shows that.
+  // A page offered to some users only (`for` whom) says so to the others; what it shows
+  // and changes is still the API's to allow.
   const VIEWS = {
-    overview: {load: (r) => loadOverview(r.filters), draw: (r, data) => drawOverview(r.filters, data)},
+    overview: {load: (r, who) => loadOverview(r.filters, who),
+               draw: (r, data, who) => drawOverview(r.filters, data, who)},
     job: {load: (r) => loadJob(r.jobId), draw: (r, data) => drawJob(data)},
     schedule: {load: (r) => loadSchedule(r.name), draw: (r, data) => drawSchedule(data)},
     node: {load: (r) => loadNode(r.nodeId), draw: (r, data) => drawNode(data)},
+    users: {allowed: seesEveryTeam, for: "cluster admins and readers", load: loadAccounts,
+            draw: (r, data, who) => drawUsers(data, who)},
+    teams: {allowed: (who) => seesEveryTeam(who) || leadsTeams(who), for: "cluster admins and readers and team admins",
+            load: loadAccounts, draw: (r, data, who) => drawTeams(data, who)},
+    tokens: {load: (r, who) => loadTokens(who), draw: (r, data, who) => drawTokens(data, who)},
   };
 
   let timer = null;
@@ -1093,9 +1544,13 @@
       inFlight = mine;
       try {
         const view = VIEWS[current.page];
-        const data = await view.load(current);
+        const who = await loadWho();
+        if (view.allowed && !view.allowed(who)) {
+          throw new Error(`the ${current.page} page is for ${view.for}: ${who.user} is none of them`);
+        }
+        const data = await view.load(current, who);
         if (mine !== generation) return;
-        view.draw(current, data);
+        view.draw(current, data, who);
         $("live").dataset.refreshedBy = why;
         showError("");
         setLive(true);
@@ -1120,6 +1575,7 @@
 
   window.addEventListener("hashchange", () => {
     $("action-result").textContent = "";
+    dropSecret();
     showPage(null);  // until the new page's data is in
     poll("route");
   });
