@@ -7,9 +7,10 @@
 // finished). Routes live in the URL
 // hash: "#/" (with filters, "#/?status=failed&node_id=n1&submitted_by=alice"), "#/jobs/job-12",
 // "#/nodes/node-1" and "#/schedules/nightly-etl" (names URL-encoded); the pages of
-// users, teams and personal tokens are "#/users", "#/teams" and "#/tokens". Who the
-// token stands for (GET /whoami) decides which of those the header offers; the API
-// decides what each call may do, and a refusal is shown as its message.
+// users, teams, personal tokens and the audit log are "#/users", "#/teams", "#/tokens"
+// and "#/audit" (with filters). Who the token stands for (GET /whoami) decides which
+// of those the header offers; the API decides what each call may do, and a refusal is
+// shown as its message.
 // The charts are SVG drawn here from GET /stats/history (no chart library).
 // Data (names are user input) is written with textContent only, never as HTML.
 "use strict";
@@ -160,7 +161,7 @@
     box.hidden = false;
     $("nav").hidden = false;
     $("nav-users").hidden = !seesEveryTeam(who);
-    $("nav-teams").hidden = !(seesEveryTeam(who) || leadsTeams(who));
+    $("nav-teams").hidden = $("nav-audit").hidden = !(seesEveryTeam(who) || leadsTeams(who));
   }
 
   // ---- small helpers -------------------------------------------------------------
@@ -314,9 +315,10 @@
   }
 
   // One page of the shell at a time; none while a new route's data is on its way.
-  const PAGES = ["overview", "job-page", "node-page", "schedule-page", "users-page", "teams-page", "tokens-page"];
+  const PAGES = ["overview", "job-page", "node-page", "schedule-page", "users-page", "teams-page", "tokens-page",
+                 "audit-page"];
   const NAV = {"overview": "nav-jobs", "users-page": "nav-users", "teams-page": "nav-teams",
-               "tokens-page": "nav-tokens"};
+               "tokens-page": "nav-tokens", "audit-page": "nav-audit"};
 
   function showPage(id) {
     for (const page of PAGES) $(page).hidden = page !== id;
@@ -345,11 +347,14 @@
   // ---- routes --------------------------------------------------------------------
 
   const JOB_FILTERS = ["status", "node_id", "job_type", "pending_reason", "team", "submitted_by"];
+  const AUDIT_FILTERS = ["user", "team", "action", "before"];
 
   function route() {
     const hash = window.location.hash.replace(/^#/, "") || "/";
     const admin = hash.match(/^\/(users|teams|tokens)$/);
     if (admin) return {page: admin[1]};
+    const audit = hash.match(/^\/audit(?:\?(.*))?$/);
+    if (audit) return {page: "audit", filters: queryFilters(audit[1] || "", AUDIT_FILTERS)};
     const job = hash.match(/^\/jobs\/(job-[0-9]+)$/);
     if (job) return {page: "job", jobId: job[1]};
     const schedule = hash.match(/^\/schedules\/([^/?]+)$/);
@@ -381,7 +386,7 @@
     return "#/nodes/" + encodeURIComponent(nodeId);
   }
 
-  // "#/" (or another page's path), with the filters that have a value.
+  // "#/" or "#/audit", with the filters that have a value.
   function pageHash(path, filters) {
     const params = new URLSearchParams();
     for (const [name, value] of Object.entries(filters)) if (value) params.set(name, value);
@@ -1358,6 +1363,64 @@
     }
   });
 
+  // ---- the audit log ----------------------------------------------------------------
+
+  // A page of GET /audit, newest first; "older" follows `next_before` (in the address,
+  // as the filters are). Who may read which entries is the API's to say.
+  const AUDIT_PAGE = 50;
+  const auditActions = new Set();  // the actions seen so far: suggestions for the filter
+
+  function auditHash(filters) {
+    return pageHash("/audit", filters);
+  }
+
+  async function loadAudit(filters) {
+    const params = new URLSearchParams({limit: String(AUDIT_PAGE)});
+    for (const [name, value] of Object.entries(filters)) if (value) params.set(name, value);
+    return api("audit?" + params);
+  }
+
+  // A value of an entry that is also a filter: a link to the entries that share it.
+  function auditLink(filters, name, value) {
+    return value ? link(auditHash({...filters, [name]: value, before: ""}), value) : null;
+  }
+
+  function drawAudit(filters, page) {
+    showPage("audit-page");
+    document.title = "Audit log · Corral";
+    for (const name of ["user", "team", "action"]) {
+      const field = $("audit-" + name);
+      if (document.activeElement !== field) field.value = filters[name];  // not while typed in
+    }
+    for (const entry of page.events) auditActions.add(entry.action);
+    setSuggestions($("audit-actions"), [...auditActions].sort());
+    setRows($("audit"), {page, filters}, () => page.events.map((entry) => {
+      // "2026-12-06 03:39:40" (UTC, as the column says); the instant and how long ago as its tooltip.
+      const at = el("span", entry.at.replace("T", " ").replace(/(\.[0-9]+)?Z$/, ""));
+      at.title = `${entry.at} (${ago(entry.at)})`;
+      const answer = el("span", entry.status, entry.status >= 400 ? "refused" : "");
+      const tr = row([at, auditLink(filters, "user", entry.user), auditLink(filters, "team", entry.team),
+                      auditLink(filters, "action", entry.action), entry.target, `${entry.method} ${entry.path}`,
+                      answer, entry.address, entry.token_id]);
+      cellClasses(tr, ["at", "user", "team", "action", "target", "request", "answer", "address", "token-id"]);
+      tr.dataset.id = entry.id;
+      tr.dataset.action = entry.action;
+      return tr;
+    }));
+    $("audit-empty").hidden = page.events.length > 0;
+    $("audit-note").textContent = filters.before ? `older than entry ${filters.before}` : "";
+    $("audit-newest").hidden = !filters.before;
+    $("audit-newest").href = auditHash({...filters, before: ""});
+    $("audit-older").hidden = page.next_before === null;
+    $("audit-older").href = auditHash({...filters, before: page.next_before});
+  }
+
+  $("audit-filters").addEventListener("submit", (event) => {
+    event.preventDefault();
+    window.location.hash = auditHash(Object.fromEntries(["user", "team", "action"].map((name) => [
+      name, $("audit-" + name).value.trim()])));
+  });
+
   // ---- the event stream ----------------------------------------------------------------
   //
   // GET /events read with fetch() and a streaming parser: a browser's EventSource cannot
@@ -1379,7 +1442,7 @@
     if (current.page === "job") return data.job_id === current.jobId;
     if (current.page === "node") return type !== "log" && data.node_id === current.nodeId;
     if (current.page === "overview" || current.page === "schedule") return type !== "log";  // transitions, nodes
-    return false;  // users, teams, tokens: no event announces their changes
+    return false;  // users, teams, tokens, the audit log: no event announces their changes
   }
 
   function onEvent(type, data) {
@@ -1510,6 +1573,7 @@
     teams: {allowed: (who) => seesEveryTeam(who) || leadsTeams(who), for: "cluster admins and readers and team admins",
             load: loadAccounts, draw: (r, data, who) => drawTeams(data, who)},
     tokens: {load: (r, who) => loadTokens(who), draw: (r, data, who) => drawTokens(data, who)},
+    audit: {load: (r) => loadAudit(r.filters), draw: (r, data) => drawAudit(r.filters, data)},
   };
 
   let timer = null;
