@@ -364,6 +364,9 @@ class ScheduleRequest(Request):
     """The slots missed while the scheduler was down: the newest only (`latest`), `none`, or `all` (at most
     SCHEDULE_CATCH_UP_MAX)."""
     enabled: bool | None = True
+    team: TeamName | None = Field(None, examples=["ml"])
+    """The team it belongs to, and its runs with it (default: the caller's default team). Its runs are
+    submitted by whoever created it. Making one takes a team admin (or a cluster admin)."""
 
     @field_validator("job")
     @classmethod
@@ -1069,6 +1072,8 @@ class ConcurrencyLimitAnswer(Answer):
     limit: int
     active: int
     """Jobs with the key placed or running now."""
+    team: str = Field(examples=["ml"])
+    """The team whose admins may change it; only its jobs (and cluster admins') may use the key."""
 
 
 class ScheduleChange(Request):
@@ -1118,6 +1123,10 @@ class ScheduleAnswer(Answer):
     """The job of its last run."""
     last_run: ScheduleRunAnswer | None
     """Its latest slot (by time): the job and its status now, or why it made none (null: no slot yet)."""
+    team: str = Field(examples=["ml"])
+    """The team it and its runs belong to."""
+    created_by: str = Field(examples=["alice"])
+    """Who made it: its runs' `submitted_by`."""
     created_at: Timestamp
     updated_at: Timestamp
 
@@ -1125,6 +1134,8 @@ class ScheduleAnswer(Answer):
 class ConcurrencyLimitRequest(Request):
     limit: int = Field(ge=1, le=MAX_CONCURRENCY_LIMIT)
     """At most this many jobs with the key placed or running at once."""
+    team: TeamName | None = Field(None, examples=["ml"])
+    """The team it belongs to (default: the caller's default team; a limit set before keeps its own)."""
 
 
 # ---- users and personal tokens --------------------------------------------------------

@@ -21,6 +21,7 @@ import peewee
 from opentelemetry.trace import INVALID_SPAN, Span
 from peewee import fn
 
+from corral.server.principals import DEFAULT_TEAM
 from corral.server.backends.lookup import backend_of
 from corral.shared.errors import BadRequest, Conflict, CorralError, NotFound
 from corral.shared.states import ACTIVE
@@ -71,12 +72,14 @@ class Schedules:
 
     # ---- definitions -------------------------------------------------------
 
-    def create(self, body: dict, now: float) -> Schedule:
-        """A new schedule from a POST /schedules body; Conflict when the name is taken."""
+    def create(self, body: dict, now: float, created_by: str = "admin") -> Schedule:
+        """A new schedule from a POST /schedules body (its `team` decided by the caller),
+        made by `created_by`; Conflict when the name is taken."""
         request = ScheduleRequest.check(body)
         check_timeout(request.job, self.store.settings.job_timeout_max_secs)
         fields = {name: getattr(request, name) for name in DEFINITION}
-        row = {"name": request.name, **_columns(fields, now), "created_at": now, "updated_at": now}
+        row = {"name": request.name, **_columns(fields, now), "created_at": now, "updated_at": now,
+               "team": request.team or DEFAULT_TEAM, "created_by": created_by}
         try:
             with self.db.atomic():
                 schedule = Schedule.create(**row)
@@ -90,8 +93,12 @@ class Schedules:
             raise NotFound(f"no schedule {name!r}")
         return schedule
 
-    def list_schedules(self) -> list[Schedule]:
-        return list(Schedule.select().order_by(Schedule.name))
+    def list_schedules(self, teams: frozenset[str] | None = None) -> list[Schedule]:
+        """Every schedule (of `teams` only, unless None), by name."""
+        query = Schedule.select()
+        if teams is not None:
+            query = query.where(Schedule.team.in_(sorted(teams)))
+        return list(query.order_by(Schedule.name))
 
     def update(self, name: str, changes: dict, now: float) -> Schedule:
         """Change a schedule (PATCH): the fields given replace its own, checked as a whole
@@ -217,8 +224,8 @@ class Schedules:
         try:
             # Each run is the root of a trace of its own (no request came with one).
             got = tracecontext.received(None)
-            fields = dict(job_request(schedule.job), schedule=schedule.name, slot=slot,
-                          **tracecontext.job_fields(got))
+            fields = dict(job_request(schedule.job), schedule=schedule.name, slot=slot, team=schedule.team,
+                          submitted_by=schedule.created_by, **tracecontext.job_fields(got))
             span = spans.submit(got, fields, "schedule", kind=tracing.INTERNAL,
                                 attributes={"corral.schedule": schedule.name})
             job, created = self.store.submits.submit(fields, now, idempotency_key=run_key(schedule.id, slot))

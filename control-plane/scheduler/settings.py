@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from corral.shared import settings as s
+from corral.server import principals
 from corral.server.db import DatabaseOptions
 from corral.shared.credentials import Credentials
 from corral.shared.errors import SettingError
@@ -93,6 +94,8 @@ class SchedulerSettings:
     sqs_url: str | None = None
     sqs_dlq_url: str | None = None
     sns_topic_arn: str | None = None
+    sqs_user: str = "admin"                  # the submitter of the jobs of SQS messages
+    sqs_team: str = "default"                # their team, unless a message names one of sqs_user's
     sqs_wait_time_secs: int = 20
     sqs_visibility_timeout_secs: int = 60
     sqs_max_receives: int = 5
@@ -126,6 +129,18 @@ def aws_settings(env: Mapping[str, str]) -> dict:
     if values["sqs_url"] and values["sqs_dlq_url"] == values["sqs_url"]:
         raise SettingError("SQS_DLQ_URL must be another queue than SQS_URL")
     return values
+
+
+def _user_name(name: str, value: str) -> str:
+    if not principals.USER_RE.match(value):
+        raise SettingError(f"{name} must be a user name (letters, digits, '.', '_', '@', '+' or '-'), got {value!r}")
+    return value
+
+
+def _team_name(name: str, value: str) -> str:
+    if not principals.TEAM_RE.match(value):
+        raise SettingError(f"{name} must be a team name (letters, digits, '.', '_' or '-'), got {value!r}")
+    return value
 
 
 def _queue_url(name: str, url: str) -> str:
@@ -251,6 +266,12 @@ AWS = (
               "deleted with an ERROR log line", parse=_queue_url, form="a queue URL"),
     s.Setting("SNS_TOPIC_ARN", "sns_topic_arn", "text", None,
               "topic for final job states; unset: no notifications", parse=_topic_arn, form="a topic ARN"),
+    s.Setting("SQS_USER", "sqs_user", "text", "admin",
+              "the user the jobs of SQS messages are submitted by (their `submitted_by`); `admin`: the bootstrap "
+              "token's", parse=_user_name, form="a user name"),
+    s.Setting("SQS_TEAM", "sqs_team", "text", "default",
+              "the team the jobs of SQS messages belong to, unless a message names one of `SQS_USER`'s teams",
+              parse=_team_name, form="a team name"),
     s.Setting("SQS_WAIT_TIME_SECS", "sqs_wait_time_secs", "int", 20,
               "long-poll wait of each `ReceiveMessage`", minimum=0, maximum=20),
     s.Setting("SQS_VISIBILITY_TIMEOUT_SECS", "sqs_visibility_timeout_secs", "int", 60,

@@ -18,6 +18,7 @@ from corral.shared import tracecontext, tracing
 
 from corral.server import json_body
 from corral.shared.errors import BadRequest, CorralError, TooManyRequests
+from corral.server import principals
 from corral.server.leased import PacedLoop
 from corral.server.leader import LeaseLost
 
@@ -39,6 +40,7 @@ INVALID_JOB_REQUEST = "invalid_job_request"
 INVALID_IDEMPOTENCY_KEY = "invalid_idempotency_key"
 IDEMPOTENCY_CONFLICT = "idempotency_conflict"
 PROCESSING_ERROR = "processing_error"
+TEAM_REFUSED = "team_refused"
 
 
 # ---- pure ---------------------------------------------------------------------
@@ -231,6 +233,10 @@ class Intake(PacedLoop):
             if isinstance(parsed, Rejected):
                 outcome.reject.append((message, parsed))
                 continue
+            refusal = self.attribute(parsed.fields)
+            if refusal is not None:
+                outcome.reject.append((message, refusal))
+                continue
             if parsed.trace_invalid:
                 metrics.trace_context_invalid("sqs")
             span = self.submit_span(message, parsed)
@@ -258,6 +264,21 @@ class Intake(PacedLoop):
                 log.info("SQS message %s (received %d times): %s already exists for key %r; not created again",
                          message["MessageId"], receive_count(message), what, parsed.idempotency_key)
         return outcome
+
+    def attribute(self, fields: dict) -> Rejected | None:
+        """Give a message's jobs their team and submitter (SQS_USER, and SQS_TEAM unless the
+        message names another team of that user's), in `fields`; or why not."""
+        user, team = self.settings.sqs_user, fields.get("team") or self.settings.sqs_team
+        if team != self.settings.sqs_team:
+            roles = self.store.accounts.roles_of(user)
+            if roles is None or not (roles[0] == principals.ADMIN or team in roles[1]):
+                return Rejected(TEAM_REFUSED, f"SQS_USER {user!r} is not a member of team {team!r}")
+            try:
+                self.store.accounts.require_teams({team})
+            except CorralError as exc:
+                return Rejected(TEAM_REFUSED, exc.message)
+        fields.update(team=team, submitted_by=user)
+        return None
 
     @staticmethod
     def submit_span(message: dict, parsed: Accepted) -> Span:

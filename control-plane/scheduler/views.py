@@ -152,6 +152,7 @@ def schedule(row: Schedule, last_run: tuple[ScheduleRun, str | None] | None,
         "next_run_local": local_time(row.next_run_at, row.time_zone),
         "last_job_id": None if row.last_job_id is None else f"job-{row.last_job_id}",
         "last_run": None if last_run is None else schedule_run(*last_run),
+        "team": row.team, "created_by": row.created_by,
         "created_at": iso(row.created_at), "updated_at": iso(row.updated_at)})
 
 
@@ -170,8 +171,8 @@ def schedule_run(row: ScheduleRun, status: str | None) -> contract.ScheduleRunAn
         "skipped": row.skipped})
 
 
-def concurrency(key: str, limit: int, active: int) -> contract.ConcurrencyLimitAnswer:
-    return contract.ConcurrencyLimitAnswer(key=key, limit=limit, active=active)
+def concurrency(key: str, limit: int, active: int, team: str) -> contract.ConcurrencyLimitAnswer:
+    return contract.ConcurrencyLimitAnswer(key=key, limit=limit, active=active, team=team)
 
 
 def event(row: JobEvent) -> contract.JobEvent:

@@ -309,7 +309,7 @@ def test_a_concurrency_key_with_limit_1_never_overlaps_across_two_nodes(site):
     times = spans(marks)
     assert len(times) == 4 and peak(times.values()) == 1
     wait_for(lambda: requests.get(site.url + "/concurrency", timeout=10).json()
-             == [{"key": "migrations", "limit": 1, "active": 0}], timeout=10,
+             == [{"key": "migrations", "limit": 1, "active": 0, "team": "default"}], timeout=10,
              message="the key to hold no active job")
 
 

@@ -61,12 +61,12 @@ def test_bad_arrays_are_refused(client):
 def test_a_concurrency_key_limits_jobs_across_nodes(client, store, clock):
     set_nodes(store, clock, "n1", "n2")
     assert client.put("/concurrency/migrations", json={"limit": 1}).json == {"key": "migrations", "limit": 1,
-                                                                             "active": 0}
+                                                                             "active": 0, "team": "default"}
     jobs = [submit(client, command="migrate", concurrency_key="migrations") for _ in range(3)]
     other = submit(client, command="x", concurrency_key="unlimited")
     assert [j["node_id"] is not None for j in jobs] == [True, False, False] and other["node_id"] is not None
     assert {j["concurrency_key"] for j in jobs} == {"migrations"} and other["array_id"] is None
-    assert client.get("/concurrency").json == [{"key": "migrations", "limit": 1, "active": 1}]
+    assert client.get("/concurrency").json == [{"key": "migrations", "limit": 1, "active": 1, "team": "default"}]
     store.placing.explain(clock())
     assert client.get(f"/jobs/{jobs[1]['job_id']}").json["pending_reason"]["code"] == "concurrency_limit"
     end_attempt(client, jobs[0]["job_id"])

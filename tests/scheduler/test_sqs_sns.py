@@ -502,6 +502,28 @@ def test_intake_pass_creates_jobs_drops_bad_messages_and_counts(aws, tmp_path, c
     assert store.stats.counters() == {"sqs_received": 2, "sqs_jobs_created": 1, "sqs_rejected": 1, "sqs_dropped": 1}
 
 
+def test_messages_jobs_belong_to_sqs_user_and_team_or_a_team_of_that_users(aws, tmp_path):
+    queue = aws.queue("teams")
+    store, intake = intake_for(aws, tmp_path, queue, sqs_user="etl-bot", sqs_team="data")
+    for team in ("data", "ml", "web"):
+        store.accounts.create_team(team, T0)
+    store.accounts.create_user("etl-bot", None, None, {"data": "member", "ml": "member"}, T0)
+    aws.send(queue, {"command": "echo plain"})
+    aws.send(queue, {"command": "echo ml", "team": "ml"})
+    aws.send(queue, {"command": "echo web", "team": "web"})  # not one of etl-bot's teams
+    assert intake.tick(T0) == 0.0
+    made = {job.command: (job.team, job.submitted_by) for job in Job.select()}
+    assert made == {"echo plain": ("data", "etl-bot"), "echo ml": ("ml", "etl-bot")}
+    assert store.stats.counters()["sqs_rejected"] == 1
+    # The bootstrap user (the default) may name any team that exists, and no other.
+    store2, intake2 = intake_for(aws, tmp_path / "second", aws.queue("admin"))
+    store2.accounts.create_team("ml", T0)
+    for team in ("ml", "nope"):
+        aws.send(intake2.settings.sqs_url, {"command": f"echo {team}", "team": team})
+    intake2.tick(T0)
+    assert {(job.command, job.team, job.submitted_by) for job in Job.select()} == {("echo ml", "ml", "admin")}
+
+
 def test_a_message_delivered_again_after_the_commit_makes_no_second_job(aws, tmp_path):
     """As if the scheduler died between the commit and the delete: the message comes back."""
     queue = aws.queue("redeliver")

@@ -263,3 +263,55 @@ def test_a_nodes_agent_acts_for_no_user_and_gets_its_jobs_whole(cluster):
     # A node credential is no user: it makes no token and reads no other route of users.
     assert cluster("n1", "GET", "/whoami").status_code == 403
     assert cluster("n1", "POST", "/tokens", json={"name": "x"}).status_code == 403
+
+
+def test_a_schedule_belongs_to_a_team_and_its_runs_to_the_team_and_its_maker(cluster):
+    from corral.scheduler.models import Job
+    from corral.scheduler.schedules import Schedules
+
+    nightly = {"name": "nightly", "interval_secs": 60, "job": {"command": "true", "env_vars": {"K": "secret"}}}
+    assert cluster("bob", "POST", "/schedules", json=nightly).status_code == 403  # a member makes none
+    assert cluster("carol", "POST", "/schedules", json=dict(nightly, team="ml")).status_code == 403
+    made = cluster("alice", "POST", "/schedules", json=nightly)
+    assert made.status_code == 201 and (made.json["team"], made.json["created_by"]) == ("ml", "alice")
+    # Its team sees it (the template's secrets for its admins only), another team does not.
+    assert cluster("bob", "GET", "/schedules/nightly").json["job"]["env_vars"] == {"K": "(hidden)"}
+    assert cluster("alice", "GET", "/schedules/nightly").json["job"]["env_vars"] == {"K": "secret"}
+    assert [s["name"] for s in cluster("bob", "GET", "/schedules").json] == ["nightly"]
+    assert cluster("carol", "GET", "/schedules").json == []
+    for method, path, body in (("GET", "/schedules/nightly", None), ("GET", "/schedules/nightly/runs", None),
+                               ("PATCH", "/schedules/nightly", {"enabled": False}),
+                               ("DELETE", "/schedules/nightly", {})):
+        assert cluster("carol", method, path, json=body).status_code == 404, (method, path)
+    assert cluster("bob", "PATCH", "/schedules/nightly", json={"enabled": False}).status_code == 403
+    assert cluster("bob", "DELETE", "/schedules/nightly", json={}).status_code == 403
+    # Its runs are the team's jobs, submitted by its maker.
+    schedule_id = cluster.store.db.execute_sql("SELECT id FROM schedule WHERE name = 'nightly'").fetchone()[0]
+    cluster.clock.now += 120
+    fired = Schedules(cluster.store).fire(schedule_id, cluster.clock(), cluster.clock(), 10)
+    assert fired.created
+    assert {(job.team, job.submitted_by) for job in Job.select().where(Job.id.in_(fired.created))} == {
+        ("ml", "alice")}
+    assert cluster("alice", "PATCH", "/schedules/nightly", json={"enabled": False}).status_code == 200
+    assert cluster("alice", "DELETE", "/schedules/nightly", json={}).status_code == 204
+
+
+def test_a_concurrency_limit_belongs_to_a_team_whose_jobs_alone_use_its_key(cluster):
+    assert cluster("bob", "PUT", "/concurrency/gpu", json={"limit": 2}).status_code == 403
+    made = cluster("alice", "PUT", "/concurrency/gpu", json={"limit": 2})
+    assert made.status_code == 200 and made.json["team"] == "ml"
+    assert [row["key"] for row in cluster("bob", "GET", "/concurrency").json] == ["gpu"]
+    assert cluster("carol", "GET", "/concurrency").json == []
+    # Another team can neither take the key over, nor remove it, nor use it.
+    assert cluster("carol", "PUT", "/concurrency/gpu", json={"limit": 100}).status_code == 409
+    cluster("operator", "PUT", "/teams/web/members/carol", json={"role": "admin"})
+    cluster.app.extensions["corral.tokens"].forget()
+    answer = cluster("carol", "PUT", "/concurrency/gpu", json={"limit": 100})
+    assert answer.status_code == 409 and "ml" not in answer.json["error"]
+    assert cluster("carol", "DELETE", "/concurrency/gpu", json={}).status_code == 404
+    answer = cluster("carol", "POST", "/jobs", json={"command": "true", "concurrency_key": "gpu"})
+    assert answer.status_code == 403 and "another team" in answer.json["error"]
+    assert submit(cluster, "bob", concurrency_key="gpu")["concurrency_key"] == "gpu"
+    assert cluster("operator", "GET", "/concurrency").json[0]["limit"] == 2
+    assert cluster("alice", "PUT", "/concurrency/gpu", json={"limit": 3, "team": "web"}).status_code == 409
+    assert cluster("alice", "DELETE", "/concurrency/gpu", json={}).status_code == 204

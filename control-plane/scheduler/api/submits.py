@@ -14,7 +14,7 @@ from corral.server.routes import Routes
 from corral.shared import contract as shared_contract
 from corral.shared import tracecontext
 from corral.shared.contract import respond
-from corral.shared.errors import BadRequest
+from corral.shared.errors import BadRequest, Forbidden
 from corral.shared.wire import IDEMPOTENCY_HEADER
 
 from .. import contract, metrics, spans, validation, views
@@ -56,6 +56,12 @@ def attributed(api: SchedulerApi, fields: dict) -> dict:
     if asked is not None and who.is_admin:  # a member's teams exist; an admin may name any that does
         api.store.accounts.require_teams({asked})
     audit_trail.note(team=team)
+    key = fields.get("concurrency_key")
+    if key is not None and not who.is_admin:
+        owner = api.store.limits.owner(key)
+        if owner is not None and owner != team:
+            raise Forbidden(f"the concurrency key {key!r} is limited by another team: jobs of team {team!r} "
+                            f"may not use it")
     return dict(fields, team=team, submitted_by=who.user)
 
 

@@ -11,7 +11,7 @@ from corral.server.principals import Principal
 from corral.shared.errors import BadRequest, Conflict, NotFound
 
 from .. import personal_tokens
-from ..models import ApiToken, AuditEvent, Job, Membership, OidcSubject, Team, User
+from ..models import ApiToken, AuditEvent, ConcurrencyLimit, Job, Membership, OidcSubject, Schedule, Team, User
 from .context import StoreContext
 
 
@@ -51,6 +51,9 @@ class Accounts:
                 raise Conflict(f"team {name!r} has members: remove them first")
             if Job.select().where(Job.team == name).exists():
                 raise Conflict(f"team {name!r} has jobs: they keep their team, so it stays")
+            for model, what in ((Schedule, "schedules"), (ConcurrencyLimit, "concurrency limits")):
+                if model.select().where(model.team == name).exists():
+                    raise Conflict(f"team {name!r} has {what}: remove them first")
             Team.delete().where(Team.name == name).execute()
 
     # ---- users --------------------------------------------------------------------------
@@ -124,6 +127,17 @@ class Accounts:
         missing = sorted(set(teams) - known)
         if missing:
             raise BadRequest(f"no team {missing[0]!r}: create it first (POST /teams)")
+
+    @staticmethod
+    def roles_of(name: str) -> tuple[str | None, dict[str, str]] | None:
+        """A user's cluster role and teams (the bootstrap `admin`: a cluster admin of no
+        team); None: no such user. A cluster admin may act in any team that exists."""
+        if name == p.BOOTSTRAP_ADMIN:
+            return p.ADMIN, {}
+        user = User.get_or_none(User.name == name)
+        if user is None:
+            return None
+        return user.cluster_role, {m.team: m.role for m in Membership.select().where(Membership.user == name)}
 
     # ---- personal tokens --------------------------------------------------------------------
 

@@ -20,22 +20,33 @@ class Limits:
         self.ctx = ctx
 
     @staticmethod
-    def concurrency_limits(key: str | None = None) -> list[tuple[str, int, int]]:
-        """(key, limit, jobs with the key placed or running), of every limit set (or of `key`'s)."""
+    def concurrency_limits(key: str | None = None, teams: frozenset[str] | None = None
+                           ) -> list[tuple[str, int, int, str]]:
+        """(key, limit, jobs with the key placed or running, team), of every limit set (or
+        of `key`'s; of `teams`' only, unless None)."""
         query = ConcurrencyLimit.select()
         if key is not None:
             query = query.where(ConcurrencyLimit.key == key)
-        limits = {row.key: row.limit for row in query.order_by(ConcurrencyLimit.key)}
+        if teams is not None:
+            query = query.where(ConcurrencyLimit.team.in_(sorted(teams)))
+        limits = {row.key: (row.limit, row.team) for row in query.order_by(ConcurrencyLimit.key)}
         if not limits:
             return []
         holding = _placed_or_running()
         active = dict(tuples(Job.select(Job.concurrency_key, fn.COUNT(Job.id)).where(
             Job.concurrency_key.in_(sorted(limits)) & holding).group_by(Job.concurrency_key)))
-        return [(k, limit, active.get(k, 0)) for k, limit in limits.items()]
+        return [(k, limit, active.get(k, 0), team) for k, (limit, team) in limits.items()]
 
-    def set_concurrency_limit(self, key: str, limit: int) -> None:
+    @staticmethod
+    def owner(key: str) -> str | None:
+        """The team whose limit `key` has (None: no limit)."""
+        row = ConcurrencyLimit.select(ConcurrencyLimit.team).where(ConcurrencyLimit.key == key).first()
+        return None if row is None else row.team
+
+    def set_concurrency_limit(self, key: str, limit: int, team: str) -> None:
+        """Set `key`'s limit, which belongs to `team` (a limit's team never changes here)."""
         with self.ctx.tx():
-            ConcurrencyLimit.insert(key=key, limit=limit).on_conflict(
+            ConcurrencyLimit.insert(key=key, limit=limit, team=team).on_conflict(
                 conflict_target=[ConcurrencyLimit.key], preserve=[ConcurrencyLimit.limit]).execute()
 
     def remove_concurrency_limit(self, key: str) -> None:
