@@ -400,9 +400,9 @@
 
   // ---- the overview: counts, nodes, schedules, jobs --------------------------------
 
-  // Parts of a page the token may not read (a team member's: the cluster's counts, charts,
-  // nodes and schedules) answer 403: the refusal stands in for the part, and it is asked
-  // for again after REFUSED_AGAIN_MS, or at once with another token.
+  // Parts of a page the token may not read (a team member's: the cluster's counts, charts
+  // and nodes) answer 403: the refusal stands in for the part, and it is asked for again
+  // after REFUSED_AGAIN_MS, or at once with another token.
   const refusals = new Map();  // path -> {token, message, at}
 
   async function unlessRefused(path, load = () => api(path)) {
