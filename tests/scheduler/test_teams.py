@@ -8,8 +8,8 @@ from corral.scheduler import personal_tokens
 
 
 @pytest.fixture
-def cluster(tmp_path):
-    return three_teams(f"sqlite:///{tmp_path}/corral.db")
+def cluster(database_url):
+    return three_teams(database_url)
 
 
 def test_a_job_belongs_to_the_team_asked_for_or_the_users_default_and_names_its_submitter(cluster):
@@ -315,3 +315,19 @@ def test_a_concurrency_limit_belongs_to_a_team_whose_jobs_alone_use_its_key(clus
     assert cluster("operator", "GET", "/concurrency").json[0]["limit"] == 2
     assert cluster("alice", "PUT", "/concurrency/gpu", json={"limit": 3, "team": "web"}).status_code == 409
     assert cluster("alice", "DELETE", "/concurrency/gpu", json={}).status_code == 204
+
+
+def test_a_member_streams_the_events_of_their_teams_jobs_one_job_at_a_time(cluster):
+    job = submit(cluster, "bob")["job_id"]
+    answer = cluster("carol", "GET", "/events", query_string={"job_id": job})
+    assert answer.status_code == 404  # another team's job, as one that does not exist
+    answer = cluster("bob", "GET", "/events")
+    assert answer.status_code == 403 and "job_id" in answer.json["error"]
+    for who in ("bob", "alice", "dave", "operator"):
+        answer = cluster(who, "GET", "/events", query_string={"job_id": job})
+        assert answer.status_code == 200 and answer.mimetype == "text/event-stream", who
+        answer.close()
+    answer = cluster("dave", "GET", "/events")  # a cluster-wide reader sees the whole cluster
+    assert answer.status_code == 200
+    answer.close()
+

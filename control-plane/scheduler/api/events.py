@@ -4,14 +4,14 @@ What happens in the cluster as Server-Sent Events, within each process's budget 
 streams (stream_hub.py; event_stream.py writes the stream)."""
 from flask import current_app, g, request
 
-from corral.server import auth
+from corral.server import auth, principals
 from corral.server.http import error_response
 from corral.server.openapi import error as _error
 from corral.server.openapi import json_response as _json
 from corral.server.openapi import query as _query
 from corral.server.routes import Routes
 from corral.shared import contract as shared_contract
-from corral.shared.errors import BadRequest
+from corral.shared.errors import BadRequest, Forbidden
 
 from .. import event_stream, events, metrics, stream_hub, validation
 from .context import SchedulerApi
@@ -32,7 +32,7 @@ SSE_EVENT = {
 }
 
 
-@routes.get("/events", access=auth.READ,
+@routes.get("/events", access=auth.MEMBER_READ,
             operation_id="streamEvents", summary="What happens in the cluster, as Server-Sent Events.",
             description=(
                 "A `text/event-stream` of `job` events (every transition: `from`, `to`, `attempt`, `node_id`, "
@@ -44,7 +44,9 @@ SSE_EVENT = {
                 "a stream ends with an `end` event after EVENTS_STREAM_MAX_SECS, and the client resumes. "
                 "Open streams have a budget of their own in each server process, apart from the long-poll "
                 "claims: EVENTS_STREAMS_MAX (503 beyond it) and EVENTS_STREAMS_PER_CREDENTIAL for one token, or "
-                "one client address without tokens (429 beyond it). See docs/api.md, \"The event stream\"."),
+                "one client address without tokens (429 beyond it). A team member streams one job of their "
+                "teams at a time (`job_id`; another team's job is 404); the whole cluster's stream is for "
+                "cluster admins and readers. See docs/api.md, \"The event stream\"."),
             parameters=[
                 _query("job_id", "Only this job's events.", {"type": "string"}),
                 _query("node_id", "Only events of this node (its changes, and its jobs' transitions).",
@@ -66,6 +68,11 @@ SSE_EVENT = {
             })
 def events_stream(api: SchedulerApi):
     wanted = event_filter()
+    if not auth.principal().sees_every_team:
+        if wanted.job_row is None:
+            raise Forbidden("a team member streams the events of one job of their teams (job_id=...); the whole "
+                            "cluster's stream is for cluster admins and readers")
+        api.require_visible(f"job-{wanted.job_row}")
     try:
         cursor, first = event_stream.start(api.event_log, request.headers.get("Last-Event-ID"))
     except events.BadCursor as exc:
@@ -84,8 +91,14 @@ def events_stream(api: SchedulerApi):
 
 
 def stream_credential() -> str:
-    """Whose streams count together: the token's role, or the client's address
-    where no token is configured (loopback only)."""
+    """Whose streams count together: a personal token's, a user's of single sign-on, a
+    cluster token's role, or the client's address where no token is configured
+    (loopback only)."""
+    who = auth.calling_principal()
+    if who is not None and who.token_id is not None:
+        return f"token:{who.token_id}"
+    if who is not None and who.user not in principals.RESERVED_USERS:
+        return f"user:{who.user}"
     role = g.get("corral_role")
     return f"token:{role}" if role else f"address:{request.remote_addr}"
 
