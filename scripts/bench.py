@@ -33,6 +33,8 @@ Scenarios (see docs/benchmarks.md for what each measures and why):
   events_load       submit latency (8 clients) and submit-to-done (one job at a time, 2 agents) with no event
                     stream open, then with 100 idle `GET /events` streams open; the scheduler's CPU while
                     they sit idle
+  submit_auth       submit_single on a scheduler with tokens: the same submits with the bootstrap token, then
+                    with a team member's personal token (looked up, cached, attributed, audited): ratios
   node_floor        no scheduler: how fast this machine starts `true` jobs the way an agent
                     does (private /tmp, cgroup, a uid of its own, the environment from a memfd,
                     sh), from 4 threads: the ceiling of `throughput`
@@ -85,7 +87,9 @@ from corral.shared.timeutil import epoch, iso
 
 SCENARIOS = ("submit_single", "submit_batch", "dispatch_latency", "dispatch_cross_replica", "throughput", "baseline",
              "cpu_bound", "memory", "capacity", "idle_fleet", "schedules", "logs", "submit_pending", "events_load",
-             "placement", "node_floor")
+             "placement", "node_floor", "submit_auth")
+# The cluster tokens of submit_auth's scheduler (loopback only, made up for the run).
+AUTH_OPERATOR_TOKEN, AUTH_AGENT_SECRET = "bench-operator-token-4a1f", "bench-agent-secret-9c3e"
 PROFILER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profile_requests.py")
 # Scenarios that touch no database: run once per round, whatever the backends.
 NO_DATABASE = ("placement", "node_floor")
@@ -98,6 +102,7 @@ COMPARED = {"submit_single": ("jobs_per_sec", "scheduler_cpu_ms_per_job"), "subm
             "idle_fleet": ("schedulers_cpu_pct", "registry_cpu_pct"),
             "schedules": ("lag_p50_ms", "lag_p99_ms", "scheduler_cpu_pct"),
             "logs": ("stored_mb_per_sec", "scheduler_cpu_ms_per_mb", "read_mb_per_sec"),
+            "submit_auth": ("operator_jobs_per_sec", "personal_jobs_per_sec"),
             "submit_pending": ("pending_p50_ms", "pending_p99_ms")}
 
 # The control plane's targets on a 2-core machine, checked against the medians of a
@@ -323,10 +328,11 @@ def node_floor(cfg: Config) -> dict:
 # ---- submitting -----------------------------------------------------------------
 
 
-def submit_concurrently(url: str, request: dict, total: int, clients: int, time_limit: float) -> dict:
+def submit_concurrently(url: str, request: dict, total: int, clients: int, time_limit: float,
+                        headers: dict | None = None) -> dict:
     """POST /jobs `total` times from `clients` threads (a keep-alive connection each,
-    bl.LightClient), or until `time_limit`. Returns counts, elapsed wall time and
-    per-request latencies."""
+    bl.LightClient, sending `headers` too), or until `time_limit`. Returns counts,
+    elapsed wall time and per-request latencies."""
     lock = threading.Lock()
     state = {"next": 0, "ok": 0, "errors": 0, "last_error": None}
     latencies: list[float] = []
@@ -344,7 +350,7 @@ def submit_concurrently(url: str, request: dict, total: int, clients: int, time_
                     state["next"] += 1
                 t0 = time.perf_counter()
                 try:
-                    status, body = http.post_json("/jobs", request)
+                    status, body = http.post_json("/jobs", request, headers)
                     ok = status == 201
                     error = None if ok else f"{status} {body[:200]!r}"
                 except (OSError, http_client.HTTPException) as exc:
@@ -677,6 +683,7 @@ class Bench:
         self.guarded(self.round_logs, "logs")
         self.guarded(self.round_submit_pending, "submit_pending")
         self.guarded(self.round_events_load, "events_load")
+        self.guarded(self.round_submit_auth, "submit_auth")
 
     def guarded(self, round_fn, *scenarios: str) -> None:
         """Run one round of a group of scenarios; when its cluster cannot even be
@@ -713,6 +720,47 @@ class Bench:
                 c.stop()
             else:
                 self.cancel_after(url, first)
+
+    def round_submit_auth(self) -> None:
+        if not self.want("submit_auth"):
+            return
+        c = self.cluster("submit-auth", CORRAL_API_TOKEN=AUTH_OPERATOR_TOKEN, CORRAL_AGENT_TOKEN=AUTH_AGENT_SECRET)
+        try:
+            self.record("submit_auth", self.submit_auth, c)
+        finally:
+            c.stop()
+
+    def submit_auth(self, c: bl.BenchCluster) -> dict:
+        """The single submits of submit_single with the bootstrap token, then with a personal
+        token of a team's member: what finding who a token stands for costs a submit."""
+        cfg, url = self.cfg, c.scheduler_url
+        admin = {"Authorization": f"Bearer {AUTH_OPERATOR_TOKEN}"}
+        for path, body in (("/teams", {"name": "bench"}), ("/users", {"name": "bench-user",
+                                                                      "teams": {"bench": "member"}})):
+            requests.post(url + path, json=body, headers=admin, timeout=10).raise_for_status()
+        made = requests.post(url + "/tokens", json={"name": "bench", "user": "bench-user"}, headers=admin,
+                             timeout=10)
+        made.raise_for_status()
+        callers = {"operator": admin, "personal": {"Authorization": f"Bearer {made.json()['token']}"}}
+        request, out, pids = {"command": "true"}, {}, c.pids("scheduler")
+        for name, headers in callers.items():
+            submit_concurrently(url, request, max(cfg.submit_clients, cfg.submit_jobs // 10), cfg.submit_clients,
+                                cfg.submit_secs, headers)  # warm-up, not counted
+            before = bl.cpu_seconds(pids)
+            res = submit_concurrently(url, request, cfg.submit_jobs, cfg.submit_clients, cfg.submit_secs, headers)
+            if res["ok"] == 0:
+                raise RuntimeError(f"no job was accepted with the {name} token: {res['last_error']}")
+            out[f"{name}_jobs_per_sec"] = round(res["ok"] / res["elapsed"], 1)
+            out[f"{name}_request_p50_ms"] = bl.ms(bl.percentile(res["latencies"], 50))
+            out[f"{name}_request_p99_ms"] = bl.ms(bl.percentile(res["latencies"], 99))
+            out[f"{name}_scheduler_cpu_ms_per_job"] = round(1000 * (bl.cpu_seconds(pids) - before) / res["ok"], 3)
+        out["personal_to_operator_jobs_per_sec"] = bl.ratio(out["personal_jobs_per_sec"],
+                                                           out["operator_jobs_per_sec"])
+        out["personal_to_operator_cpu_per_job"] = bl.ratio(out["personal_scheduler_cpu_ms_per_job"],
+                                                          out["operator_scheduler_cpu_ms_per_job"])
+        self.settings["submit_auth"] = {"clients": cfg.submit_clients, "jobs": cfg.submit_jobs,
+                                        "cluster": "local cluster with tokens, without agents", "request": request}
+        return out
 
     def submit_single(self, url: str, request: dict, where: str, c: bl.BenchCluster | None) -> dict:
         cfg = self.cfg

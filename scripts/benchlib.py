@@ -239,13 +239,13 @@ class LightClient:
         self.timeout = timeout
         self._conn: http.client.HTTPConnection | None = None
 
-    def post_json(self, path: str, body) -> tuple[int, bytes]:
-        """POST `body` as JSON; the status and the body of the answer."""
+    def post_json(self, path: str, body, headers: dict | None = None) -> tuple[int, bytes]:
+        """POST `body` as JSON (with `headers` too); the status and the body of the answer."""
         if self._conn is None:
             self._conn = self._connection_class(self._host, self._port, timeout=self.timeout)
         try:
             self._conn.request("POST", self._prefix + path, body=json.dumps(body).encode(),
-                               headers={"Content-Type": "application/json"})
+                               headers={"Content-Type": "application/json", **(headers or {})})
             response = self._conn.getresponse()
             return response.status, response.read()
         except BaseException:
