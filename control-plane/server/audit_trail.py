@@ -50,9 +50,11 @@ class Entry:
     id: int | None = None
 
     def row(self) -> dict:
-        fields = dataclasses.asdict(self)
-        del fields["id"]
-        return fields
+        """The entry's columns (not dataclasses.asdict: its deep copy cost a submit 2%)."""
+        return {name: getattr(self, name) for name in ROW_FIELDS}
+
+
+ROW_FIELDS = tuple(f.name for f in dataclasses.fields(Entry) if f.name != "id")
 
 
 @dataclasses.dataclass
@@ -119,9 +121,11 @@ def login_entry(user: str, subject: str, now: float) -> Entry:
 
 
 def success_status(responses: Mapping) -> int:
-    """The lowest 2xx status a route declares (200 when it declares none)."""
+    """The status a route answers when it committed a change: 201 where it declares it (a
+    route that may also answer 200 does so for a repeat that changed nothing, whose entry
+    is written as it answers), else its lowest 2xx (200 when it declares none)."""
     codes = sorted(int(code) for code in responses if str(code).isdigit() and str(code).startswith("2"))
-    return codes[0] if codes else 200
+    return 201 if 201 in codes else (codes[0] if codes else 200)
 
 
 def install(app: Flask, db: peewee.Database, actions: Mapping[str, tuple[str, int]],

@@ -26,7 +26,7 @@ class AuditEvent(peewee.Model):
 
     class Meta:
         table_name = "audit_event"
-        indexes = ((("user", "id"), False), (("team", "id"), False), (("action", "id"), False))
+        indexes = ((("user", "id"), False), (("team", "id"), False))
 
 
 class OidcSubject(peewee.Model):

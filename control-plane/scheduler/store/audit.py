@@ -22,14 +22,28 @@ class AuditFilter:
     teams: frozenset[str] | None = None
 
 
+# The columns of an entry, in the order of the compiled INSERT.
+COLUMNS = ("at", "user", "team", "action", "target", "method", "path", "address", "status", "token_id")
+
+
 class AuditLog:
     def __init__(self, ctx: StoreContext):
         self.ctx = ctx
+        self._sql: str | None = None
 
-    @staticmethod
-    def write(row: dict) -> int:
-        """Insert one entry in the current transaction; its id."""
-        return int(AuditEvent.insert(**row).execute())
+    def write(self, row: dict) -> int:
+        """Insert one entry in the current transaction; its id. One statement written once:
+        a state-changing request pays its execution only (peewee building an INSERT cost
+        each submit a fifth of its time)."""
+        cursor = self.ctx.db.execute_sql(self._insert(), [row[name] for name in COLUMNS])
+        return int(cursor.fetchone()[0])
+
+    def _insert(self) -> str:
+        if self._sql is None:
+            param = self.ctx.db.param
+            self._sql = (f'INSERT INTO "audit_event" ({", ".join(f"{chr(34)}{name}{chr(34)}" for name in COLUMNS)}) '
+                         f'VALUES ({", ".join(param for _ in COLUMNS)}) RETURNING "id"')
+        return self._sql
 
     def set_status(self, entry_id: int, status: int) -> None:
         with self.ctx.tx():
