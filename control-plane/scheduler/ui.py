@@ -4,8 +4,9 @@ There is no build step: the files are served as they are. The page holds no
 data; its script reads the JSON API (/stats, /nodes, /schedules, /jobs, ...)
 from the same origin, polling every 1.5 s, so every worker serves it alike.
 When an API call answers 401 the page asks for a token (a personal token, an
-identity provider's JWT or the operator token), keeps it in the tab's sessionStorage and sends it as `Authorization: Bearer ...`; it never
-puts a token into a URL. The job page (/ui#/jobs/job-12), a node's page
+identity provider's JWT or the operator token), keeps it in the tab's
+sessionStorage and sends it as `Authorization: Bearer ...`; it never puts a
+token into a URL. The job page (/ui#/jobs/job-12), a node's page
 (/ui#/nodes/node-2) and a schedule's page (/ui#/schedules/nightly-etl) are hash
 routes of the same shell. The charts are SVG the script draws from
 GET /stats/history (no chart library).
