@@ -40,8 +40,9 @@ class CliSchedulerClient(SchedulerClient):
     def list_concurrency(self) -> list[dict]:
         return self._call("GET", "/concurrency")
 
-    def set_concurrency(self, key: str, limit: int) -> dict:
-        return self._call("PUT", f"/concurrency/{_seg(key)}", json={"limit": limit})
+    def set_concurrency(self, key: str, limit: int, team: str | None = None) -> dict:
+        body: dict = {"limit": limit} if team is None else {"limit": limit, "team": team}
+        return self._call("PUT", f"/concurrency/{_seg(key)}", json=body)
 
     def remove_concurrency(self, key: str) -> None:
         # The 204 has no body to read.

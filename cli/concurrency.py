@@ -26,18 +26,21 @@ def list_limits(env: Env, as_json: bool) -> None:
     if not limits:
         note("no concurrency limits")
         return
-    fmt.emit(fmt.table(["KEY", "LIMIT", "ACTIVE"], [[c.get("key"), c.get("limit"), c.get("active")] for c in limits]))
+    fmt.emit(fmt.table(["KEY", "TEAM", "LIMIT", "ACTIVE"],
+                       [[c.get("key"), c.get("team", "-"), c.get("limit"), c.get("active")] for c in limits]))
 
 
 @concurrency.command("set")
 @click.argument("key", type=KEY)
 @click.argument("limit", type=Checked(sched.parse_count(1, sched.MAX_CONCURRENCY_LIMIT), "N"))
+@click.option("--team", type=sched.TEAM, help="The team the limit belongs to, whose jobs alone may use KEY "
+                                            "(default: your default team; a limit set before keeps its own).")
 @json_option("Print the API's answer.")
 @click.pass_obj
-def set_limit(env: Env, key: str, limit: int, as_json: bool) -> None:
+def set_limit(env: Env, key: str, limit: int, team: str | None, as_json: bool) -> None:
     """At most N jobs with KEY placed or running at once, cluster-wide."""
     env.subject = key
-    answer = env.scheduler.set_concurrency(key, limit)
+    answer = env.scheduler.set_concurrency(key, limit, team)
     if as_json:
         echo_json(answer)
     else:

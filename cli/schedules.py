@@ -32,12 +32,14 @@ def schedule() -> None:
 @click.option("--catch-up", type=sched.choice(*wire.SCHEDULE_CATCH_UP),
               help="The slots missed while the scheduler was down: latest (default), none, all.")
 @click.option("--disabled", is_flag=True, help="Create it disabled (`corral schedule enable` starts it).")
+@click.option("--team", type=sched.TEAM, help="The team it and its runs belong to (default: your default team); "
+                                            "making one takes that team's admin.")
 @job_options
 @json_option("Print the schedule's JSON.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[--] CMD [ARG]...")
 @click.pass_obj
-def add(env: Env, name: str, cron, interval_secs, start_at, time_zone, overlap, catch_up, disabled, as_json, command,
-        **options) -> None:
+def add(env: Env, name: str, cron, interval_secs, start_at, time_zone, overlap, catch_up, disabled, team, as_json,
+        command, **options) -> None:
     """Run CMD at every slot of --cron (in --tz) or every --every seconds. Options may come
     before or after NAME; CMD goes after `--`. The job options are those of `corral job run`
     (not --at, --after or --array: a slot is one job, started at its time)."""
@@ -49,7 +51,7 @@ def add(env: Env, name: str, cron, interval_secs, start_at, time_zone, overlap, 
         raise click.UsageError("give the command to run (after --) or --deploy-url")
     body = {"name": name, "job": job, **{key: value for key, value in (
         ("cron", cron), ("interval_secs", interval_secs), ("start_at", start_at), ("time_zone", time_zone),
-        ("overlap", overlap), ("catch_up", catch_up)) if value is not None}}
+        ("overlap", overlap), ("catch_up", catch_up), ("team", team)) if value is not None}}
     if disabled:
         body["enabled"] = False
     answer = env.scheduler.create_schedule(body)
@@ -84,8 +86,8 @@ def list_schedules(env: Env, as_json: bool) -> None:
     if not schedules:
         note("no schedules")
         return
-    fmt.emit(fmt.table(["NAME", "WHEN", "NEXT RUN", "OVERLAP", "CATCH-UP", "LAST JOB"],
-                       [[s.get("name"), when(s), next_run(s), s.get("overlap"), s.get("catch_up"),
+    fmt.emit(fmt.table(["NAME", "TEAM", "WHEN", "NEXT RUN", "OVERLAP", "CATCH-UP", "LAST JOB"],
+                       [[s.get("name"), s.get("team", "-"), when(s), next_run(s), s.get("overlap"), s.get("catch_up"),
                          s.get("last_job_id") or "-"] for s in schedules]))
 
 

@@ -83,6 +83,14 @@ def test_schedule_add_takes_every_job_option(mock):
         "constraints": [{"label": "zone", "op": "=", "value": "a"}]}}
 
 
+def test_schedule_add_names_its_team_on_the_schedule_not_its_job(mock):
+    mock.post(f"{SCHED}/schedules", json={"name": "n", "enabled": False, "team": "ml"}, status=201)
+    result = corral("schedule", "add", "n", "--every", "60", "--team", "ml", "--disabled", "--", "etl")
+    assert result.exit_code == 0, result.output
+    assert body_of(mock) == {"name": "n", "interval_secs": 60.0, "team": "ml", "enabled": False,
+                             "job": {"command": "etl"}}
+
+
 def test_schedule_add_takes_a_deploy_url_instead_of_a_command(mock):
     mock.post(f"{SCHED}/schedules", json={"name": "n", "enabled": False}, status=201)
     result = corral("schedule", "add", "n", "--every", "60", "--deploy-url", "s3://b/k.zip", "--disabled")

@@ -323,17 +323,21 @@ def test_array_show_of_an_unknown_array_is_one_line(mock):
 
 
 def test_concurrency_list_set_and_remove(mock):
-    limits = [{"key": "db-mig", "limit": 1, "active": 1}, {"key": "s3", "limit": 8, "active": 3}]
+    limits = [{"key": "db-mig", "limit": 1, "active": 1, "team": "ml"}, {"key": "s3", "limit": 8, "active": 3,
+                                                                         "team": "web"}]
     mock.get(f"{SCHED}/concurrency", json=limits)
-    mock.put(f"{SCHED}/concurrency/db-mig", json={"key": "db-mig", "limit": 2, "active": 1},
+    mock.put(f"{SCHED}/concurrency/db-mig", json={"key": "db-mig", "limit": 2, "active": 1, "team": "ml"},
              match=[matchers.json_params_matcher({"limit": 2})])
+    mock.put(f"{SCHED}/concurrency/gpu", json={"key": "gpu", "limit": 4, "active": 0, "team": "ml"},
+             match=[matchers.json_params_matcher({"limit": 4, "team": "ml"})])
     mock.delete(f"{SCHED}/concurrency/db-mig", status=204,
                 match=[matchers.header_matcher({"Content-Type": "application/json"})])
     listed = corral("concurrency", "list")
-    assert [line.split() for line in listed.stdout.splitlines()] == [["KEY", "LIMIT", "ACTIVE"], ["db-mig", "1", "1"],
-                                                                     ["s3", "8", "3"]]
+    assert [line.split() for line in listed.stdout.splitlines()] == [
+        ["KEY", "TEAM", "LIMIT", "ACTIVE"], ["db-mig", "ml", "1", "1"], ["s3", "web", "8", "3"]]
     assert json.loads(corral("concurrency", "list", "--json").stdout) == limits
     assert corral("concurrency", "set", "db-mig", "2").stdout == "db-mig: at most 2 at once (1 active)\n"
+    assert corral("concurrency", "set", "gpu", "4", "--team", "ml").exit_code == 0
     removed = corral("concurrency", "remove", "db-mig")
     assert removed.exit_code == 0 and removed.stdout == "db-mig: no limit\n"
 
@@ -412,7 +416,7 @@ def test_the_real_scheduler_arrays_concurrency_and_a_why_refused(real_app):
     assert as_json("array", "show", array_id, "--json")["jobs"]["pending"] == 3
     assert as_json("array", "cancel", array_id, "--json")["jobs"]["cancelled"] == 3
     assert corral("concurrency", "set", "db", "2").exit_code == 0
-    assert as_json("concurrency", "list", "--json") == [{"key": "db", "limit": 2, "active": 0}]
+    assert as_json("concurrency", "list", "--json") == [{"key": "db", "limit": 2, "active": 0, "team": "default"}]
     assert corral("concurrency", "remove", "db").exit_code == 0
     assert as_json("concurrency", "list", "--json") == []
     cancelled_one = as_json("array", "show", array_id, "--json")["first_job_id"]
