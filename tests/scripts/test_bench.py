@@ -38,6 +38,8 @@ BENCH_NUMBERS = {
     "submit_pending": ["empty_p50_ms", "empty_p99_ms", "pending_p50_ms", "pending_p99_ms", "p99_ratio"],
     "events_load": ["none_p50_ms", "none_p99_ms", "streams_p50_ms", "streams_p99_ms", "none_done_p50_ms",
                     "streams_done_p50_ms", "none_idle_cpu_pct", "streams_idle_cpu_pct"],
+    "submit_auth": ["operator_jobs_per_sec", "personal_jobs_per_sec", "operator_request_p50_ms",
+                    "personal_request_p50_ms", "personal_to_operator_jobs_per_sec"],
 }
 NO_DATABASE = ("node_floor", "placement")
 # What only a PostgreSQL backend measures: the server's own CPU.
