@@ -120,6 +120,10 @@ class CliSchedulerClient(SchedulerClient):
     def remove_member(self, team: str, user: str) -> None:
         self._request("DELETE", f"/teams/{_seg(team)}/members/{_seg(user)}")
 
+    def usage(self, params: dict) -> dict:
+        """`GET /usage`: `{"from_day", "to_day", "group_by", "rows": [...]}`."""
+        return self._call("GET", "/usage", params={k: v for k, v in params.items() if v is not None})
+
     def audit(self, params: dict) -> dict:
         """One page of `GET /audit`: `{"events": [...], "next_before": id or None}`."""
         return self._call("GET", "/audit", params={k: v for k, v in params.items() if v is not None})

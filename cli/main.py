@@ -4,7 +4,7 @@ import click
 
 from corral.shared.clients import Rejected, Unreachable
 
-from . import accounts, arrays, audit, concurrency, config, events, jobs, login, nodes, schedules, tokens
+from . import accounts, arrays, audit, concurrency, config, events, jobs, login, nodes, schedules, tokens, usage
 from .common import CliError, Env, base_urls
 
 DEFAULT_ADDR = "http://127.0.0.1:9001"
@@ -67,6 +67,7 @@ cli.add_command(login.whoami)
 cli.add_command(accounts.admin)
 accounts.admin.add_command(tokens.token)
 cli.add_command(audit.audit)
+cli.add_command(usage.usage)
 
 
 def main() -> None:

@@ -1285,4 +1285,29 @@ class AuditPage(Answer):
     """Pass as `before` for the next (older) page; null: no more."""
 
 
+class UsageRow(Answer):
+    group: str = Field(examples=["2026-12-01"])
+    """The day, the Monday a week starts on (YYYY-MM-DD, UTC), the user or the team."""
+    attempts: int
+    """Attempts that ended (a retried job counts each of its attempts)."""
+    cpu_seconds: float
+    """CPU time the nodes measured (none where a node reported none: a lost node, a cancel)."""
+    wall_seconds: float
+    """From each attempt's start to its end."""
+    memory_mb_seconds: float
+    """Each attempt's peak memory times its wall time."""
+    gpu_seconds: float
+
+
+class UsageAnswer(Answer):
+    """GET /usage."""
+
+    from_day: str = Field(examples=["2026-11-30"])
+    """The first day summed (UTC)."""
+    to_day: str = Field(examples=["2026-12-07"])
+    """The day after the last one summed."""
+    group_by: str
+    rows: list[UsageRow]
+
+
 TeamAnswer.model_rebuild()

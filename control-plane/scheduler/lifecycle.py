@@ -82,6 +82,9 @@ class Transition:
     reason: str
     changes: dict[str, Any]
     timed_out: bool = False
+    # What the ended attempt used, as its node reported (cpu_seconds, peak_memory_bytes):
+    # for usage accounting (store/usage.py), also where the job keeps none (a retry).
+    used: dict[str, Any] | None = None
 
     @property
     def final(self) -> bool:
@@ -140,6 +143,11 @@ def past_timeout(job: JobFacts, now: float, policy: Policy) -> bool:
 
 def finished(job: JobFacts, report: Report, now: float, policy: Policy) -> Transition:
     """A `done` or `failed` report of the job's current attempt."""
+    used = {"cpu_seconds": report["cpu_seconds"], "peak_memory_bytes": report["peak_memory_bytes"]}
+    return replace(_finished(job, report, now, policy), used=used)
+
+
+def _finished(job: JobFacts, report: Report, now: float, policy: Policy) -> Transition:
     result = outcome(report, policy)
     if report["status"] == "done":
         return _to(job, "done", "exit code 0", finished_at=now, **result)

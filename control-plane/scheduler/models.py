@@ -377,6 +377,25 @@ class OidcSubject(BaseModel):
         table_name = "oidc_subject"
 
 
+class UsageDay(BaseModel):
+    """What the ended attempts of one user's jobs in one team used on one UTC day
+    (store/usage.py): kept beyond the jobs' retention. Memory is the attempt's peak
+    times its wall time (as Slurm's MaxRSS × elapsed), in MB-seconds."""
+
+    day = peewee.IntegerField()                 # days since 1970-01-01, UTC
+    team = peewee.CharField(max_length=128)
+    user = peewee.CharField(max_length=128)
+    attempts = peewee.BigIntegerField(default=0)
+    cpu_seconds = peewee.DoubleField(default=0.0)
+    wall_seconds = peewee.DoubleField(default=0.0)
+    memory_mb_seconds = peewee.DoubleField(default=0.0)
+    gpu_seconds = peewee.DoubleField(default=0.0)
+
+    class Meta:
+        table_name = "usage_day"
+        primary_key = peewee.CompositeKey("day", "team", "user")
+
+
 class Team(BaseModel):
     """A group of users that owns jobs (what Slurm calls an account)."""
 
@@ -438,4 +457,4 @@ NodeCredential = credential_model(database)
 
 MODELS = [Job, JobEvent, Node, NodeLease, SchedulerState, Counter, OutboxEvent, Lease, JobDependency, JobArray,
           ConcurrencyLimit, Schedule, ScheduleRun, StreamEvent, StatsSample, LogChunk, NodeCredential,
-          Team, User, Membership, ApiToken, AuditEvent, OidcSubject]
+          Team, User, Membership, ApiToken, AuditEvent, OidcSubject, UsageDay]

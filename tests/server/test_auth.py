@@ -150,6 +150,7 @@ SCHEDULER_ROUTES = {
     "create_user": ("POST", "/users", {"name": "alice"}, "operator"),
     "delete_user": ("DELETE", "/users/nobody", None, "operator"),
     "list_audit": ("GET", "/audit", None, "read"),
+    "get_usage": ("GET", "/usage", None, "read"),
 }
 SERVICE = {"job_id": "job-1", "name": "web", "node_id": NODE, "address": "10.0.0.1", "port": 8080,
            "attempt": 1, "grant": GRANT}

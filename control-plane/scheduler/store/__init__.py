@@ -44,6 +44,7 @@ from .stats import Stats
 from .status_writer import StatusWriter
 from .submits import Submits
 from .transitions import Transitions
+from .usage import Usage
 
 __all__ = ["Store", "StoreContext"]
 
@@ -83,6 +84,7 @@ class Store:
         self.placing = Placing(ctx, self.snapshot, PlacementWrites(ctx, writer), self.jobs)
         self.accounts = Accounts(ctx)
         self.audit = AuditLog(ctx)
+        self.usage = Usage(ctx)
 
     def fenced(self, fence: Fence) -> Store:
         """This store for a background loop: each of its write transactions first checks

@@ -15,7 +15,9 @@ CLAIMED = tuple(field for field in Job._meta.sorted_fields if field.name not in 
 QUEUED = (Job.id, Job.attempt, Job.job_type, Job.instance_id, Job.memory_mb, Job.cpu_percent, Job.constraints,
           Job.pool, Job.array_id, Job.concurrency_key, Job.pending_reason, Job.queue_at)
 # What a lifecycle decision reads of a job (lifecycle.py), with its metrics
-# (metrics.moved) and its notification (notifications.py): not the output or the request.
+# (metrics.moved), its notification (notifications.py) and its usage (usage.py): not the
+# output or the request.
 DECIDING = (Job.id, Job.status, Job.attempt, Job.node_id, Job.job_type, Job.running_at, Job.retry_count,
             Job.max_retries, Job.on_node_lost, Job.node_losses, Job.name, Job.exit_code, Job.finished_at,
-            Job.created_at, Job.has_dependents, Job.schedule, Job.slot, Job.timeout_secs)
+            Job.created_at, Job.has_dependents, Job.schedule, Job.slot, Job.timeout_secs, Job.team,
+            Job.submitted_by)

@@ -1,11 +1,12 @@
 """The one place a job's status is written.
 
 A compare-and-set per group of alike decisions, the event rows, the metrics, and for a
-final status its SNS notification in the outbox, in the same transaction (sns_outbox.py
-publishes it).
+final status its SNS notification in the outbox, and for an attempt that ended what it
+used (usage.py), in the same transaction (sns_outbox.py publishes the notification).
 
 Every status change is checked against shared.states first. Deciding the jobs that
 waited on one that ended is not this module's: transitions.py adds that."""
+import dataclasses
 from typing import Any
 
 from corral.server.statements import ValueList, param
@@ -13,12 +14,14 @@ from corral.shared.states import FINAL_STATUSES, check_transition
 
 from .. import lifecycle, metrics, notifications
 from ..models import Job, JobEvent, OutboxEvent
+from . import usage
 from .context import StoreContext
 
 
 class StatusWriter:
     def __init__(self, ctx: StoreContext):
         self.ctx = ctx
+        self.usage = usage.Usage(ctx)
 
     def write(self, decided: list[tuple[Job, lifecycle.Transition]], now: float,
               on_node: str | None = None) -> list[Job]:
@@ -36,7 +39,7 @@ class StatusWriter:
             key = (job.status, job.attempt, transition.new, tuple(sorted(transition.changes)),
                    None if self.ctx.backend.one_writer else repr(sorted(transition.changes.items())))
             groups.setdefault(key, []).append((job, transition))
-        stale, rows = [], []
+        stale, rows, ended = [], [], []
         for (old, attempt, new, _, _), members in groups.items():
             changed = self._update_jobs(members, old, attempt, new, on_node)
             for job, transition in members:
@@ -45,6 +48,8 @@ class StatusWriter:
                     continue
                 rows.append({"job": job.id, "at": now, "old": old, "new": new, "attempt": attempt,
                              "node_id": job.node_id, "reason": transition.reason})
+                if old == "running":  # an attempt ended: what it used (before the instance changes)
+                    ended.append((job, usage.ended(job, transition.used or transition.changes, now)))
                 metrics.moved(db, job, new, now, transition.changes)  # before the instance changes
                 if transition.timed_out:
                     metrics.timed_out(db)
@@ -56,7 +61,17 @@ class StatusWriter:
                     OutboxEvent.create(event_id=message["event_id"], job_id=job.id, status=new, message=message,
                                        created_at=now)
         self.events(rows)
+        if ended:
+            self.account(ended, now)
         return stale
+
+    def account(self, ended: list[tuple[Job, usage.Ended]], now: float) -> None:
+        """Add the ended attempts to their users' and teams' usage (the team and submitter
+        read here for jobs loaded without them)."""
+        owners = self.usage.attributed([job for job, _ in ended
+                                        if "team" not in job.__data__ or "submitted_by" not in job.__data__])
+        self.usage.add([dataclasses.replace(one, team=owners[job.id][0], user=owners[job.id][1])
+                        if job.id in owners else one for job, one in ended], now)
 
     def _update_jobs(self, members: list[tuple[Job, lifecycle.Transition]], old: str, attempt: int, new: str,
                      on_node: str | None) -> set[int]:
