@@ -12,7 +12,7 @@ import time
 
 from peewee import fn
 
-from corral.server.metrics import DATABASE_GAUGES, Family, database_gauges, gauge, on_commit, sample_names
+from corral.server.metrics import DATABASE_GAUGES, Family, counter, database_gauges, gauge, on_commit, sample_names
 from corral.shared.states import ALL, FINAL_STATUSES
 
 from . import liveness
@@ -82,7 +82,9 @@ FAMILIES = (JOBS_SUBMITTED, JOBS_FINISHED, DISPATCH_LATENCY, RUN_DURATION, RETRI
 # Computed at scrape time (`scrape`); the SNS ones only when SNS_TOPIC_ARN is set.
 SCRAPE_GAUGES = ("corral_jobs", "corral_scheduler_nodes", "corral_scheduler_node_list_age_seconds",
                  "corral_schedules", "corral_schedules_overdue_seconds",
-                 "corral_sns_pending", "corral_sns_oldest_pending_age_seconds", *DATABASE_GAUGES)
+                 "corral_sns_pending", "corral_sns_oldest_pending_age_seconds", *DATABASE_GAUGES,
+                 "corral_usage_attempts_total", "corral_usage_cpu_seconds_total", "corral_usage_wall_seconds_total",
+                 "corral_usage_memory_mb_seconds_total")
 
 
 def exported_names() -> set[str]:
@@ -202,7 +204,7 @@ def scrape(store, clock=time.time) -> list:
     if newest is not None:
         families.append(gauge("corral_scheduler_node_list_age_seconds", "Seconds since the node list was last "
                               "refreshed from the registry.", (), {(): max(0.0, now - newest)}))
-    families += _schedule_gauges(now)
+    families += _schedule_gauges(now) + _usage_counters(store)
     if store.settings.sns_topic_arn:
         pending, oldest_age = store.outbox.backlog(now)
         families.append(gauge("corral_sns_pending", "Notifications in the outbox not yet published.", (),
@@ -210,6 +212,21 @@ def scrape(store, clock=time.time) -> list:
         families.append(gauge("corral_sns_oldest_pending_age_seconds", "Age of the oldest unpublished "
                               "notification (0 when none waits).", (), {(): oldest_age or 0.0}))
     return families + database_gauges(store.db)
+
+
+# Usage per team (store/usage.py), from totals that only grow: (name, field, help).
+USAGE_COUNTERS = (("corral_usage_attempts", "attempts", "Job attempts that ended, by team."),
+                  ("corral_usage_cpu_seconds", "cpu_seconds", "CPU seconds the nodes measured of ended attempts, "
+                                                              "by team."),
+                  ("corral_usage_wall_seconds", "wall_seconds", "Wall seconds of ended attempts, by team."),
+                  ("corral_usage_memory_mb_seconds", "memory_mb_seconds", "Peak memory (MB) times wall seconds of "
+                                                                          "ended attempts, by team."))
+
+
+def _usage_counters(store) -> list:
+    by_team = {row["key"]: row for row in store.usage.totals("team", 0, 2**31 - 1)}
+    return [counter(name, text, ("team",), {(team,): row[field] for team, row in by_team.items()})
+            for name, field, text in USAGE_COUNTERS]
 
 
 def _schedule_gauges(now: float) -> list:

@@ -193,6 +193,15 @@ def gauge(name: str, documentation: str, labelnames: tuple[str, ...], values: di
     return family
 
 
+def counter(name: str, documentation: str, labelnames: tuple[str, ...], values: dict):
+    """A counter read at scrape time from totals that only grow (exported as `name`_total)."""
+    from prometheus_client.core import CounterMetricFamily
+    family = CounterMetricFamily(name, documentation, labels=list(labelnames))
+    for labelvalues, value in values.items():
+        family.add_metric(list(labelvalues), value)
+    return family
+
+
 # The database's own health, on PostgreSQL (control-plane/server/backends/postgres.py `health`).
 DATABASE_GAUGES = ("corral_db_live_tuples", "corral_db_dead_tuples", "corral_db_oldest_transaction_age_seconds",
                    "corral_db_clock_skew_seconds")

@@ -130,3 +130,13 @@ def test_a_job_read_without_its_team_is_still_attributed_to_it(cluster):
     rows = usage(cluster, group_by="user")["rows"]
     assert [(row["group"], row["cpu_seconds"], row["wall_seconds"]) for row in rows] == [("carol", 3.0, 4.0)]
     assert usage(cluster, group_by="team")["rows"][0]["group"] == "web"
+
+
+def test_prometheus_counts_usage_per_team(cluster):
+    run(cluster, "bob", 10, 4.0, 100)
+    run(cluster, "carol", 5, 1.5, 10, team="web")
+    text = cluster.app.test_client().get("/metrics").get_data(as_text=True)
+    assert 'corral_usage_cpu_seconds_total{team="ml"} 4.0' in text
+    assert 'corral_usage_cpu_seconds_total{team="web"} 1.5' in text
+    assert 'corral_usage_attempts_total{team="ml"} 1.0' in text
+    assert 'corral_usage_wall_seconds_total{team="web"} 5.0' in text
