@@ -1004,3 +1004,84 @@ def test_a_cluster_admin_makes_a_team_and_a_user_adds_the_member_and_makes_and_r
         assert page_not_reloaded(browser)
     finally:
         browser.execute_script("sessionStorage.clear()")
+
+
+# ---- usage ---------------------------------------------------------------------------------
+
+def usage_table(driver) -> dict[str, str]:
+    """The usage page's table: each group's attempts, as shown."""
+    return dict(read_all(driver, "#usage tbody tr", lambda tr: (
+        tr.get_attribute("data-group"), tr.find_element("css selector", ".attempts").text)))
+
+
+def usage_series(driver) -> list[str]:
+    return read_all(driver, "#chart-usage path.line", lambda path: path.get_attribute("data-series"))
+
+
+def attempts_by(cluster, group_by: str, token: str = OPERATOR_TOKEN, **query) -> dict[str, str]:
+    rows = call(cluster, "GET", "/usage", token=token, params={"group_by": group_by, **query})["rows"]
+    return {r["group"]: str(r["attempts"]) for r in rows}
+
+
+@pytest.mark.e2e
+@needs_browser
+def test_the_usage_page_shows_each_teams_attempts_and_cpu_hours(browser, tmp_path):
+    """Two teams' users run jobs on a real agent; the usage page shows, for the operator,
+    both teams in its table (as GET /usage counts their attempts) and a line each in the
+    chart, a refused range as the API's message; for a member, their team's only."""
+    from selenium.webdriver.support.ui import Select
+
+    from corral.shared.credentials import node_token
+    c = Cluster(tmp_path, **TOKENS)
+    try:
+        c.start_registry(**TOKENS)
+        c.start_scheduler()
+        c.start_agent("ui-usage-node", slots=2, CORRAL_NODE_TOKEN=node_token(AGENT_TOKEN, "ui-usage-node"))
+        runs = {"ui-usage-ann": ("ui-usage-a", ["true", "true", "true"]),
+                "ui-usage-ben": ("ui-usage-b", ["sleep 0.2", "sleep 0.2"])}
+        tokens, jobs = {}, []
+        for user, (team, commands) in runs.items():
+            call(c, "POST", "/teams", json={"name": team}, expect=201)
+            call(c, "POST", "/users", json={"name": user, "teams": {team: "member"}}, expect=201)
+            tokens[user] = personal_token(c, user)
+            jobs += [call(c, "POST", "/jobs", token=tokens[user], json={"command": command}, expect=201)["job_id"]
+                     for command in commands]
+        wait_for(lambda: all(call(c, "GET", f"/jobs/{job}")["status"] == "done" for job in jobs),
+                 timeout=2 * WAIT_SECS, message="the jobs to run on the agent and end")
+        by_team = attempts_by(c, "team")
+        assert by_team == {"ui-usage-a": "3", "ui-usage-b": "2"}
+
+        # The operator: by day (the default, the last 7 days), then by team, with a line per team.
+        sign_in(browser, c, OPERATOR_TOKEN, "#/usage")
+        assert shown(browser, "#nav-usage")
+        wait(browser, lambda d: usage_table(d) == attempts_by(c, "day"), "the usage by day")
+        mark_page(browser)
+        Select(browser.find_element("id", "usage-group")).select_by_value("team")
+        wait(browser, lambda d: usage_table(d) == by_team, "both teams with their attempts")
+        assert "group_by=team" in browser.current_url
+        assert usage_series(browser) == ["ui-usage-a", "ui-usage-b"]
+        assert read_all(browser, "#legend-usage .legend-item", lambda item: item.get_attribute("data-series")) == [
+            "ui-usage-a", "ui-usage-b"]
+        # Each line has a point for each of the 7 days (a day without usage at 0).
+        assert set(read_all(browser, "#chart-usage path.line", lambda p: p.get_attribute("data-points"))) == {"7"}
+        cpu = {r["group"]: f"{r['cpu_seconds'] / 3600:.2f}"
+               for r in call(c, "GET", "/usage", params={"group_by": "team"})["rows"]}
+        assert text_of(browser, '#usage tr[data-group="ui-usage-a"] .cpu-hours') == cpu["ui-usage-a"]
+        assert text_of(browser, '#legend-usage [data-series="ui-usage-a"] .legend-value') == f"{cpu['ui-usage-a']} h"
+        screenshot(browser, tmp_path, "usage")
+        # A range the API refuses: its message, in place of the chart and the table.
+        refusal = call(c, "GET", "/usage", params={"from": "2026-12-07", "to": "2026-12-01"}, expect=400)["error"]
+        browser.execute_script("window.location.hash = arguments[0]", "#/usage?from=2026-12-07&to=2026-12-01")
+        wait(browser, lambda d: shown(d, "#usage-refused") and text_of(d, "#usage-refused") == refusal,
+             "the refusal of the range")
+        assert not shown(browser, "#usage-results")
+        assert page_not_reloaded(browser)
+
+        # A member: their team's usage only.
+        sign_in(browser, c, tokens["ui-usage-ben"], "#/usage?group_by=team")
+        wait(browser, lambda d: usage_table(d) == {"ui-usage-b": "2"}, "ben's team only")
+        assert attempts_by(c, "team", token=tokens["ui-usage-ben"]) == {"ui-usage-b": "2"}
+        assert usage_series(browser) == ["ui-usage-b"]
+    finally:
+        browser.execute_script("sessionStorage.clear()")
+        c.stop()

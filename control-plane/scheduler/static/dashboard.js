@@ -8,10 +8,10 @@
 // hash: "#/" (with filters, "#/?status=failed&node_id=n1&submitted_by=alice"), "#/jobs/job-12",
 // "#/nodes/node-1" and "#/schedules/nightly-etl" (names URL-encoded); the pages of
 // users, teams, personal tokens and the audit log are "#/users", "#/teams", "#/tokens"
-// and "#/audit" (with filters). Who the token stands for (GET /whoami) decides which
+// and "#/audit" (with filters), usage is "#/usage" (with its range and filters). Who the token stands for (GET /whoami) decides which
 // of those the header offers; the API decides what each call may do, and a refusal is
 // shown as its message.
-// The charts are SVG drawn here from GET /stats/history (no chart library).
+// The charts are SVG drawn here from GET /stats/history and GET /usage (no chart library).
 // Data (names are user input) is written with textContent only, never as HTML.
 "use strict";
 
@@ -316,9 +316,9 @@
 
   // One page of the shell at a time; none while a new route's data is on its way.
   const PAGES = ["overview", "job-page", "node-page", "schedule-page", "users-page", "teams-page", "tokens-page",
-                 "audit-page"];
+                 "audit-page", "usage-page"];
   const NAV = {"overview": "nav-jobs", "users-page": "nav-users", "teams-page": "nav-teams",
-               "tokens-page": "nav-tokens", "audit-page": "nav-audit"};
+               "tokens-page": "nav-tokens", "audit-page": "nav-audit", "usage-page": "nav-usage"};
 
   function showPage(id) {
     for (const page of PAGES) $(page).hidden = page !== id;
@@ -348,6 +348,7 @@
 
   const JOB_FILTERS = ["status", "node_id", "job_type", "pending_reason", "team", "submitted_by"];
   const AUDIT_FILTERS = ["user", "team", "action", "before"];
+  const USAGE_FILTERS = ["from", "to", "team", "user", "group_by"];
 
   function route() {
     const hash = window.location.hash.replace(/^#/, "") || "/";
@@ -355,6 +356,8 @@
     if (admin) return {page: admin[1]};
     const audit = hash.match(/^\/audit(?:\?(.*))?$/);
     if (audit) return {page: "audit", filters: queryFilters(audit[1] || "", AUDIT_FILTERS)};
+    const usage = hash.match(/^\/usage(?:\?(.*))?$/);
+    if (usage) return {page: "usage", filters: queryFilters(usage[1] || "", USAGE_FILTERS)};
     const job = hash.match(/^\/jobs\/(job-[0-9]+)$/);
     if (job) return {page: "job", jobId: job[1]};
     const schedule = hash.match(/^\/schedules\/([^/?]+)$/);
@@ -574,19 +577,22 @@
     return new Date(ms).toLocaleTimeString("en-GB", {hour: "2-digit", minute: "2-digit"});
   }
 
-  // A value on an axis or in a legend: seconds as ms or s, counts and resources as numbers.
+  // A value on an axis or in a legend: seconds as ms or s, hours as h, counts and resources as numbers.
   function valueText(value, unit) {
     if (!known(value)) return "—";
     if (unit === "secs") return value < 1 ? `${number(Math.round(value * 1000))} ms` : `${number(+value.toFixed(2))} s`;
+    if (unit === "h") return `${number(+Number(value).toPrecision(3))} h`;
     return number(+Number(value).toFixed(2)) + (unit === "%" ? "%" : "");
   }
 
   // Axes and grid for times `from`..`to` (ms) and values 0..`max` (rounded up); the
-  // functions that place a time and a value.
-  function frame(from, to, max, unit) {
+  // functions that place a time and a value. `xTicks(from, to)` gives the time axis'
+  // labels as [ms, text] (default: the clock, for a span of hours).
+  function frame(from, to, max, unit, xTicks = clockTicks) {
     const {width, height, left, right, top, bottom} = CHART;
-    const fine = niceStep(max > 0 ? max : (unit === "secs" ? 0.01 : 1), 4);
-    const step = unit === "secs" ? fine : Math.max(1, fine);  // no half a job, slot or MB
+    const fractional = unit === "secs" || unit === "h";
+    const fine = niceStep(max > 0 ? max : (fractional ? 0.01 : 1), 4);
+    const step = fractional ? fine : Math.max(1, fine);  // no half a job, slot or MB
     const ticks = Math.max(1, Math.ceil(max / step - 1e-9));
     const yMax = ticks * step;
     const x = (t) => left + (t - from) / Math.max(1, to - from) * (width - left - right);
@@ -596,13 +602,19 @@
       parts.push(svgEl("line", {x1: left, x2: width - right, y1: y(i * step), y2: y(i * step), class: "grid"}));
       parts.push(svgEl("text", {x: left - 5, y: y(i * step) + 4, class: "tick y"}, valueText(i * step, unit)));
     }
+    for (const [t, text] of xTicks(from, to)) {
+      parts.push(svgEl("text", {x: x(t), y: height - 6, class: "tick x"}, text));
+    }
+    return {x, y, parts};
+  }
+
+  function clockTicks(from, to) {
     const span = to - from;
     const every = span <= 15 * MINUTE_MS ? 2 * MINUTE_MS : span <= HOUR_MS ? 10 * MINUTE_MS
       : span <= 3 * HOUR_MS ? 30 * MINUTE_MS : 2 * HOUR_MS;
-    for (let t = Math.ceil(from / every) * every; t <= to; t += every) {
-      parts.push(svgEl("text", {x: x(t), y: height - 6, class: "tick x"}, clockText(t)));
-    }
-    return {x, y, parts};
+    const ticks = [];
+    for (let t = Math.ceil(from / every) * every; t <= to; t += every) ticks.push([t, clockText(t)]);
+    return ticks;
   }
 
   // The time span a chart shows: `span` ms up to the newest sample (the scheduler's clock,
@@ -615,9 +627,9 @@
   // Lines over time. Each series: {name, cls, points: [[ms, value]]} (value null: none);
   // a line breaks where samples are further apart than `gapMs` (nobody sampled), and a
   // point on its own shows as a dot.
-  function drawLines(svg, {from, to, gapMs, unit, series, floor = 0}) {
+  function drawLines(svg, {from, to, gapMs, unit, series, floor = 0, xTicks = clockTicks}) {
     const values = series.flatMap((s) => s.points.filter((p) => p[0] >= from).map((p) => p[1])).filter(known);
-    const f = frame(from, to, Math.max(floor, ...values), unit);
+    const f = frame(from, to, Math.max(floor, ...values), unit, xTicks);
     const paths = series.map((s) => {
       let d = "";
       let previous = null;
@@ -1421,6 +1433,129 @@
       name, $("audit-" + name).value.trim()])));
   });
 
+  // ---- usage ------------------------------------------------------------------------
+
+  // GET /usage over a range of UTC days (default: the last 7, from today-6 to tomorrow):
+  // a chart of CPU hours per team and day (GET /usage?group_by=day once per team, the
+  // teams from group_by=team over the same range), and a table by the chosen grouping.
+  // Which teams' usage a token sees is the API's to say; a refusal (a bad range) is
+  // shown as its message in place of the chart and the table.
+  const DAY_MS = 24 * HOUR_MS;
+  const USAGE_GROUPS = ["day", "week", "user", "team"];
+  const USAGE_SERIES_MAX = 12;    // teams in the chart, those with the most CPU first
+  const USAGE_COLORS = 8;         // series-0 .. series-7 in the style sheet
+  const usageTeams = new Set();   // the teams seen so far: suggestions for the filter
+
+  function usageHash(filters) {
+    return pageHash("/usage", filters);
+  }
+
+  // A UTC day as YYYY-MM-DD, `offset` days from today.
+  function utcDay(offset) {
+    const day = new Date();
+    day.setUTCHours(0, 0, 0, 0);
+    day.setUTCDate(day.getUTCDate() + offset);
+    return day.toISOString().slice(0, 10);
+  }
+
+  // The filters with the defaults filled in: what the page asks for and shows.
+  function usageQuery(filters) {
+    return {from: filters.from || utcDay(-6), to: filters.to || utcDay(1), team: filters.team, user: filters.user,
+            group_by: USAGE_GROUPS.includes(filters.group_by) ? filters.group_by : "day"};
+  }
+
+  function getUsage(query) {
+    const params = new URLSearchParams();
+    for (const [name, value] of Object.entries(query)) if (value) params.set(name, value);
+    return api("usage?" + params);
+  }
+
+  async function loadUsage(filters) {
+    const query = usageQuery(filters);
+    try {
+      const [table, teams] = await Promise.all([
+        getUsage(query), query.group_by === "team" ? null : getUsage({...query, group_by: "team"})]);
+      const byTeam = teams || table;
+      const charted = [...byTeam.rows].sort((a, b) => b.cpu_seconds - a.cpu_seconds || (a.group < b.group ? -1 : 1))
+        .slice(0, USAGE_SERIES_MAX).map((r) => r.group).sort();
+      const days = await Promise.all(charted.map((team) => getUsage({...query, team, group_by: "day"})));
+      return {query, table, teams: byTeam.rows.map((r) => r.group),
+              series: charted.map((team, i) => ({team, rows: days[i].rows}))};
+    } catch (err) {
+      if (!(err instanceof ApiError)) throw err;
+      return {query, refused: err.message};
+    }
+  }
+
+  const hours = (secs) => (secs / 3600).toFixed(2);
+
+  function drawUsage(filters, data) {
+    showPage("usage-page");
+    document.title = "Usage · Corral";
+    const query = data.query;
+    for (const name of ["from", "to", "team", "user"]) {
+      const field = $("usage-" + name);
+      if (document.activeElement !== field) field.value = query[name] || "";  // not while typed in
+    }
+    setOptions($("usage-group"), USAGE_GROUPS.map((g) => [g, g]), query.group_by);
+    $("usage-refused").hidden = !data.refused;
+    $("usage-refused").textContent = data.refused || "";
+    $("usage-results").hidden = Boolean(data.refused);
+    if (data.refused) return;
+    for (const team of data.teams) usageTeams.add(team);
+    setSuggestions($("usage-teams"), [...usageTeams].sort());
+    $("usage-note").textContent = `(UTC, ${data.table.from_day} to the day before ${data.table.to_day})`;
+    drawUsageChart(data);
+    drawUsageTable(filters, data.table);
+  }
+
+  // CPU hours per team and day: a line per team, a day without usage at 0.
+  function drawUsageChart({table, teams, series}) {
+    const from = Date.parse(table.from_day + "T00:00:00Z");
+    const to = Date.parse(table.to_day + "T00:00:00Z");
+    const days = [];
+    for (let t = from; t < to; t += DAY_MS) days.push(t);
+    const lines = series.map(({team, rows}, i) => {
+      const cpu = new Map(rows.map((r) => [r.group, r.cpu_seconds]));
+      return {name: team, cls: "series-" + (i % USAGE_COLORS), total: rows.reduce((sum, r) => sum + r.cpu_seconds, 0),
+              points: days.map((t) => [t + DAY_MS / 2, (cpu.get(new Date(t).toISOString().slice(0, 10)) || 0) / 3600])};
+    });
+    const every = Math.max(1, Math.ceil(days.length / 8));
+    const dayTicks = () => days.filter((t, i) => i % every === 0).map((t) => [
+      t + DAY_MS / 2, new Date(t).toISOString().slice(5, 10)]);
+    drawLines($("chart-usage"), {from, to, gapMs: 1.5 * DAY_MS, unit: "h", series: lines, floor: 0.01,
+                                 xTicks: dayTicks});
+    drawLegend($("legend-usage"), lines.map((s) => [s.name, s.cls, `${hours(s.total)} h`]));
+    $("usage-chart-empty").hidden = lines.length > 0;
+    $("usage-chart-more").hidden = teams.length <= lines.length;
+    $("usage-chart-more").textContent = `and ${teams.length - lines.length} more teams (the table has them all)`;
+  }
+
+  function drawUsageTable(filters, table) {
+    const by = table.group_by;
+    $("usage-group-name").textContent = by;
+    setRows($("usage"), table, () => table.rows.map((r) => {
+      // A user or a team is also a filter: the usage of that one alone.
+      const group = by === "user" || by === "team" ? link(usageHash({...filters, [by]: r.group}), r.group) : r.group;
+      const tr = row([group, number(r.attempts), hours(r.cpu_seconds), hours(r.wall_seconds),
+                      hours(r.memory_mb_seconds / 1024), hours(r.gpu_seconds)]);
+      cellClasses(tr, ["group", "attempts", "cpu-hours", "wall-hours", "memory-gb-hours", "gpu-hours"]);
+      tr.dataset.group = r.group;
+      return tr;
+    }));
+    $("usage-empty").hidden = table.rows.length > 0;
+  }
+
+  $("usage-filters").addEventListener("submit", (event) => {
+    event.preventDefault();
+    window.location.hash = usageHash({
+      ...Object.fromEntries(["from", "to", "team", "user"].map((name) => [name, $("usage-" + name).value.trim()])),
+      group_by: $("usage-group").value});
+  });
+  $("usage-group").addEventListener("change", (event) => {
+    window.location.hash = usageHash({...(route().filters || {}), group_by: event.target.value});
+  });
+
   // ---- the event stream ----------------------------------------------------------------
   //
   // GET /events read with fetch() and a streaming parser: a browser's EventSource cannot
@@ -1442,7 +1577,7 @@
     if (current.page === "job") return data.job_id === current.jobId;
     if (current.page === "node") return type !== "log" && data.node_id === current.nodeId;
     if (current.page === "overview" || current.page === "schedule") return type !== "log";  // transitions, nodes
-    return false;  // users, teams, tokens, the audit log: no event announces their changes
+    return false;  // users, teams, tokens, the audit log, usage: read again by the poll
   }
 
   function onEvent(type, data) {
@@ -1574,6 +1709,7 @@
             load: loadAccounts, draw: (r, data, who) => drawTeams(data, who)},
     tokens: {load: (r, who) => loadTokens(who), draw: (r, data, who) => drawTokens(data, who)},
     audit: {load: (r) => loadAudit(r.filters), draw: (r, data) => drawAudit(r.filters, data)},
+    usage: {load: (r) => loadUsage(r.filters), draw: (r, data) => drawUsage(r.filters, data)},
   };
 
   let timer = null;
