@@ -79,12 +79,19 @@ EVENT_STREAM_READS = Family("counter", "corral_event_stream_reads", "Reads of st
 FAMILIES = (JOBS_SUBMITTED, JOBS_FINISHED, DISPATCH_LATENCY, RUN_DURATION, RETRIES, TIMEOUTS, NODE_LOSS_REQUEUES,
             SQS_RECEIVED, SQS_REJECTED, SNS_PUBLISHED, SNS_PUBLISH_FAILURES, SCHEDULE_RUNS, SCHEDULE_LAG,
             TRACE_CONTEXT_INVALID, EVENT_STREAMS, EVENT_STREAM_READS)
+# Usage per team (store/usage.py), from totals that only grow: (name, field, help).
+USAGE_COUNTERS = (("corral_usage_attempts", "attempts", "Job attempts that ended, by team."),
+                  ("corral_usage_cpu_seconds", "cpu_seconds", "CPU seconds the nodes measured of ended attempts, "
+                                                              "by team."),
+                  ("corral_usage_wall_seconds", "wall_seconds", "Wall seconds of ended attempts, by team."),
+                  ("corral_usage_memory_mb_seconds", "memory_mb_seconds", "Peak memory (MB) times wall seconds of "
+                                                                          "ended attempts, by team."))
+USAGE_SAMPLES = tuple(f"{name}_total" for name, _, _ in USAGE_COUNTERS)
 # Computed at scrape time (`scrape`); the SNS ones only when SNS_TOPIC_ARN is set.
 SCRAPE_GAUGES = ("corral_jobs", "corral_scheduler_nodes", "corral_scheduler_node_list_age_seconds",
                  "corral_schedules", "corral_schedules_overdue_seconds",
                  "corral_sns_pending", "corral_sns_oldest_pending_age_seconds", *DATABASE_GAUGES,
-                 "corral_usage_attempts_total", "corral_usage_cpu_seconds_total", "corral_usage_wall_seconds_total",
-                 "corral_usage_memory_mb_seconds_total")
+                 *USAGE_SAMPLES)
 
 
 def exported_names() -> set[str]:
@@ -212,15 +219,6 @@ def scrape(store, clock=time.time) -> list:
         families.append(gauge("corral_sns_oldest_pending_age_seconds", "Age of the oldest unpublished "
                               "notification (0 when none waits).", (), {(): oldest_age or 0.0}))
     return families + database_gauges(store.db)
-
-
-# Usage per team (store/usage.py), from totals that only grow: (name, field, help).
-USAGE_COUNTERS = (("corral_usage_attempts", "attempts", "Job attempts that ended, by team."),
-                  ("corral_usage_cpu_seconds", "cpu_seconds", "CPU seconds the nodes measured of ended attempts, "
-                                                              "by team."),
-                  ("corral_usage_wall_seconds", "wall_seconds", "Wall seconds of ended attempts, by team."),
-                  ("corral_usage_memory_mb_seconds", "memory_mb_seconds", "Peak memory (MB) times wall seconds of "
-                                                                          "ended attempts, by team."))
 
 
 def _usage_counters(store) -> list:

@@ -255,9 +255,10 @@ def test_metrics_count_sqs_intake_and_sns_outbox(aws_env, tmp_path):
         assert value(samples, "corral_sns_publish_failures_total") == 0
         assert value(samples, "corral_jobs_finished_total", status="cancelled") == 3
         assert value(samples, "corral_jobs_submitted_total", source="api") == 0
-        # No node has been seen (no agent), so the node list has no age yet.
+        # No node has been seen (no agent), so the node list has no age yet; no attempt
+        # ended (the jobs were cancelled while pending), so no team has used anything.
         assert scheduler_metrics.exported_names() - {name for name, _ in samples} == {
-            "corral_scheduler_node_list_age_seconds", *DATABASE_GAUGES}
+            "corral_scheduler_node_list_age_seconds", *DATABASE_GAUGES, *scheduler_metrics.USAGE_SAMPLES}
     except BaseException:
         print(c.logs())
         raise
