@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -83,14 +84,14 @@ def report_of(end_reason: str | None, exit_code: int, stderr: str, *, setup_fail
 
 
 def ended_by(end_reason: str | None, oom: bool, disk_full: bool = False) -> str | None:
-    """A report's `ended_by` (wire.ENDED_BY): why the agent (or the kernel, for memory)
+    """A report's `ended_by` (wire.ENDED_BY_REPORTED): why the agent (or the kernel, for memory)
     ended the job; None when it exited on its own or the node gave it up. A job that
     failed on its own with its filesystem full (`disk_full`) was ended by its disk limit."""
     if end_reason == END_DISK or (disk_full and end_reason is None):
         return wire.ENDED_BY_DISK
     if end_reason == END_TIMEOUT:
         return wire.ENDED_BY_TIMEOUT
-    return wire.ENDED_BY_MEMORY if oom and end_reason is None else None
+    return wire.ENDED_BY_OOM if oom and end_reason is None else None
 
 
 class Endings:
@@ -128,11 +129,25 @@ class Endings:
         self.close_monitor(local)  # out of the load balancer before it is killed
         if process is None:
             return True
-        # kill() waits up to kill_grace for the group to leave; the work loop must not.
-        local.killer = threading.Thread(target=process.kill, args=(self.settings.kill_grace,),
+        # kill() waits up to the grace for the group to leave; the work loop must not.
+        grace = local.stop.grace(reason in NODE_SIDE_ENDS, self.settings.kill_grace)
+        local.killer = threading.Thread(target=process.kill, args=(grace, local.stop.kill_signal),
                                         name=f"kill-{local.job_id}-{local.attempt}", daemon=True)
         local.killer.start()
         return True
+
+    def warn(self, local: LocalJob) -> None:
+        """Send a running job its warning before its timeout (signal_before_end), once."""
+        if not local.prepared.is_set():
+            return  # still being prepared: warned once it runs, if before its deadline
+        local.warn_at = None
+        with local.lock:
+            process = local.process if local.end_reason is None else None
+        if process is None or process.poll() is not None or local.stop.warn_signal is None:
+            return
+        log.info("job %s attempt %s: sending SIG%s, %gs before its timeout", local.job_id, local.attempt,
+                 signal.Signals(local.stop.warn_signal).name[3:], local.stop.warn_before or 0)
+        process.send(local.stop.warn_signal)
 
     def reap(self) -> list[Ended]:
         """End the jobs past their deadline; finish those whose process is gone (or
@@ -141,6 +156,8 @@ class Endings:
         reported)."""
         now = self._clock()
         for local in self.jobs.snapshot():
+            if local.warn_at is not None and now >= local.warn_at:
+                self.warn(local)
             if local.end_reason is None and local.deadline is not None and now >= local.deadline:
                 log.warning("job %s attempt %s ran past its timeout; killing it", local.job_id, local.attempt)
                 self.end(local, END_TIMEOUT)

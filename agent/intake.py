@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ from .prepare import Plan, Preparer, plan_of
 from .reconcile import Key, job_key
 from .reports import Outbox
 from .settings import AgentSettings
+from .stop_terms import stop_terms
 
 log = logging.getLogger(__name__)
 
@@ -135,9 +137,12 @@ class Intake:
                 and not isinstance(timeout, bool) and timeout > 0:
             deadline = now + timeout
         trace = spans.attempt_context(job)
+        terms = stop_terms(job)
         return LocalJob(job_id, attempt, plan.job_type, self.settings.work_dir(job_id, attempt), now,
                         deadline, memory_mb=plan.memory_mb, disk_mb=_disk_mb(job.get("disk_mb")), trace=trace,
-                        span=spans.start_attempt(job, trace, job_id, attempt, node_id))
+                        span=spans.start_attempt(job, trace, job_id, attempt, node_id), stop=terms,
+                        warn_at=terms.warn_at(deadline),
+                        deadline_epoch=None if deadline is None else time.time() + (deadline - now))
 
     def start_preparing(self, local: LocalJob, job: dict, plan: Plan) -> None:
         threading.Thread(target=self.preparer.prepare, args=(local, job, plan), daemon=True,

@@ -14,6 +14,7 @@ from opentelemetry.trace import INVALID_SPAN, Span
 from corral.shared.tracecontext import TraceContext
 
 from . import cgroups, runner, services
+from .stop_terms import StopTerms
 
 Key = tuple[str, int]  # (job_id, attempt)
 
@@ -55,6 +56,9 @@ class LocalJob:
     user_key: str | None = None  # set while it holds an identity from the agent's JobUsers
     adopted: bool = False
     trace: TraceContext | None = None  # the attempt's own (its TRACEPARENT), in the job's trace
+    stop: StopTerms = field(default_factory=StopTerms)  # its kill signal and grace, its warning
+    warn_at: float | None = None  # when its warning is due (the deadline's clock); None once sent
+    deadline_epoch: float | None = None  # its deadline in epoch seconds (CORRAL_DEADLINE)
     span: Span = INVALID_SPAN  # corral.attempt (spans.py), ended with the attempt
     prepared: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)

@@ -154,6 +154,8 @@ class Preparer:
             cg = taken.cgroup if taken is not None else self._job_cgroup(local, plan)
             fixed = {"CORRAL_JOB_ID": local.job_id, "CORRAL_NODE_ID": self.node_id,
                      "CORRAL_ATTEMPT": str(local.attempt)}
+            if local.deadline_epoch is not None:  # when its timeout ends it, epoch seconds
+                fixed["CORRAL_DEADLINE"] = str(int(local.deadline_epoch))
             port = _port(job)
             if port is not None:
                 fixed["PORT"] = str(port)

@@ -308,6 +308,19 @@ def truncate_if_over(path: str, max_bytes: int) -> bool:
         return False
 
 
+def signal_pids(pids, sig: int, signalled_group: int | None = None) -> None:
+    """`sig` to each of a job's processes (its cgroup's) that left `signalled_group`
+    (setsid, or a double fork): the group's signal reached the others, and a handler
+    (a checkpoint on USR1) must run once, not twice."""
+    for pid in pids:
+        try:
+            if signalled_group is not None and os.getpgid(pid) == signalled_group:
+                continue
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 class RunningJob:
     """One started job. Thread-safe enough for one thread polling while another kills.
     Its output goes either to pipes read by a thread (run jobs: the tail is kept in
@@ -356,11 +369,15 @@ class RunningJob:
             return tuple(read_tail(path, self._tail_bytes) for path in self.output_files)
         return self._stdout.text(), self._stderr.text()
 
-    def kill(self, grace: float) -> None:
-        """SIGTERM the whole process group, SIGKILL whatever is left after `grace`
-        seconds, and reap. Never raises because the job is already gone."""
-        self._signal_group(signal.SIGTERM)
-        self._signal_cgroup(signal.SIGTERM)
+    def send(self, sig: int) -> None:
+        """`sig` to every process of the job: its group and its cgroup (a warning)."""
+        self._signal_group(sig)
+        self._signal_cgroup(sig)
+
+    def kill(self, grace: float, sig: int = signal.SIGTERM) -> None:
+        """`sig` (the job's kill_signal) to the whole process group, SIGKILL whatever is
+        left after `grace` seconds, and reap. Never raises because the job is already gone."""
+        self.send(sig)
         deadline = time.monotonic() + max(0.0, grace)
         while time.monotonic() < deadline:
             if self._proc.poll() is not None and not self._group_alive() \
@@ -404,13 +421,8 @@ class RunningJob:
         return group_has_live_member(self.pgid)
 
     def _signal_cgroup(self, sig: int) -> None:
-        if self.cgroup is None:
-            return
-        for pid in self.cgroup.pids():
-            try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
+        if self.cgroup is not None:
+            signal_pids(self.cgroup.pids(), sig, signalled_group=self.pgid)
 
     def _kill_cgroup(self) -> None:
         if self.cgroup is not None:

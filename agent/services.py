@@ -375,9 +375,13 @@ class AdoptedProcess:
     def output_tails(self) -> tuple[str, str]:
         return tuple(runner.read_tail(path, self._tail_bytes) for path in self.output_files)
 
-    def kill(self, grace: float) -> None:
-        """SIGTERM the service's group and cgroup, SIGKILL what is left after `grace`."""
-        self._signal(signal.SIGTERM)
+    def send(self, sig: int) -> None:
+        self._signal(sig)
+
+    def kill(self, grace: float, sig: int = signal.SIGTERM) -> None:
+        """`sig` (the job's kill_signal) to the service's group and cgroup, SIGKILL what is
+        left after `grace`."""
+        self._signal(sig)
         deadline = time.monotonic() + max(0.0, grace)
         while time.monotonic() < deadline:
             if not self.running() and not self.cgroup.pids() and not self._group_alive():
@@ -407,16 +411,14 @@ class AdoptedProcess:
         # The group id is safe to signal only while it still has a member that is
         # the service or one of its processes (else the id could have been reused).
         # Without cgroups, leftovers can be found only through the group.
+        signalled = None
         if is_alive(self.pid, self._start_time) or (not self._enforced and self._group_alive()):
             try:
                 os.killpg(self.pgid, sig)
+                signalled = self.pgid
             except (ProcessLookupError, PermissionError):
                 pass
-        for pid in self.cgroup.pids():
-            try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
+        runner.signal_pids(self.cgroup.pids(), sig, signalled_group=signalled)
 
 
 class Adoptable(NamedTuple):

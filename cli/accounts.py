@@ -99,7 +99,7 @@ def delete_user(env: Env, name: str) -> None:
 
 @admin.group()
 def team() -> None:
-    """Make, list and remove teams, and change their members."""
+    """Make, list, change and remove teams, and change their members."""
 
 
 @team.command("create")
@@ -116,12 +116,47 @@ def create_team(env: Env, name: str, as_json: bool) -> None:
 @json_option()
 @click.pass_obj
 def list_teams(env: Env, as_json: bool) -> None:
-    """Every team and its members."""
+    """Every team, its largest job timeout and its members."""
     now = env.now()
-    echo_list(env.scheduler.list_teams(), as_json, "no teams", lambda teams: fmt.table(
-        ["NAME", "MEMBERS", "CREATED"],
-        [[t.get("name"), members_text(t.get("members")), fmt.relative(t.get("created_at"), now)] for t in teams],
-        wide=("MEMBERS",)))
+    echo_list(env.scheduler.list_teams(), as_json, "no teams", lambda teams: team_table(teams, now))
+
+
+def team_table(teams: list[dict], now: float):
+    """MAX TIMEOUT when the teams say it (a scheduler before team limits does not)."""
+    limits = any("max_timeout_secs" in t for t in teams)
+    headers = ["NAME", "MAX TIMEOUT", "MEMBERS", "CREATED"] if limits else ["NAME", "MEMBERS", "CREATED"]
+    rows = [[t.get("name"), *([max_timeout_text(t.get("max_timeout_secs"))] if limits else []),
+             members_text(t.get("members")), fmt.relative(t.get("created_at"), now)] for t in teams]
+    return fmt.table(headers, rows, wide=("MEMBERS",))
+
+
+def max_timeout_text(secs: float | None) -> str:
+    return "-" if secs is None else fmt.duration(secs)
+
+
+@team.command("set")
+@click.argument("name", metavar="TEAM", type=sched.TEAM)
+@click.option("--max-timeout", "max_timeout_secs", type=Checked(sched.parse_duration, "DURATION"),
+              help="The largest --timeout its jobs may ask for: 90, 90s, 15m, 2h, 1d (a job that asks none "
+                   "gets it when it is below the scheduler's JOB_TIMEOUT_SECS).")
+@click.option("--no-max-timeout", "clear_max_timeout", is_flag=True,
+              help="Take its maximum away: only the scheduler's JOB_TIMEOUT_MAX_SECS holds.")
+@json_option("Print the team's JSON.")
+@click.pass_obj
+def set_team(env: Env, name: str, max_timeout_secs, clear_max_timeout: bool, as_json: bool) -> None:
+    """Change TEAM's limits (cluster admins)."""
+    if max_timeout_secs is not None and clear_max_timeout:
+        raise sched.usage_error("give --max-timeout DURATION or --no-max-timeout, not both")
+    if max_timeout_secs is None and not clear_max_timeout:
+        raise click.UsageError("give what to change: --max-timeout DURATION or --no-max-timeout")
+    env.subject = name
+    answer = env.scheduler.change_team(name, {"max_timeout_secs": max_timeout_secs})
+    if as_json:
+        echo_json(answer)
+        return
+    secs = answer.get("max_timeout_secs")
+    click.echo(f"{answer.get('name')}: max timeout " + ("none (the scheduler's JOB_TIMEOUT_MAX_SECS)"
+                                                       if secs is None else fmt.duration(secs)))
 
 
 @team.command("delete")

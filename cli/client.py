@@ -111,6 +111,9 @@ class CliSchedulerClient(SchedulerClient):
     def list_teams(self) -> list[dict]:
         return self._call("GET", "/teams")
 
+    def change_team(self, name: str, changes: dict) -> dict:
+        return self._call("PATCH", f"/teams/{_seg(name)}", json=changes)
+
     def delete_team(self, name: str) -> None:
         self._request("DELETE", f"/teams/{_seg(name)}")
 

@@ -76,6 +76,14 @@ def duration(seconds: float | None) -> str:
     return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
 
 
+def seconds(secs: float | None) -> str:
+    """A span a person asked for in seconds (a warning's lead, a kill grace): `60s`, `1.5s`,
+    `600s`; an hour or more as `duration` says it (`2h00m`); `-` for None."""
+    if secs is None:
+        return "-"
+    return f"{secs:g}s" if secs < 3600 else duration(secs)
+
+
 def job_duration(job: dict, now: float) -> str:
     """How long the job has run: start to end, or start to now while it runs."""
     start = parse_time(job.get("running_at"))

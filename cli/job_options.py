@@ -26,8 +26,17 @@ JOB_OPTIONS = (
     click.option("--max-processes", type=int, help="The most processes and threads at once (default: the node's)."),
     click.option("--disk-mb", type=int, help="The most its work dir may hold, in MB (default: the cluster's)."),
     click.option("--timeout", "timeout_secs", type=Checked(sched.parse_duration, "DURATION"),
-                 help="Run jobs: fail it once it has run this long: 90, 90s, 15m, 2h, 1d (default: the "
-                      "scheduler's JOB_TIMEOUT_SECS; at most its JOB_TIMEOUT_MAX_SECS)."),
+                 help="Run jobs: stop and fail it once it has run this long: 90, 90s, 15m, 2h, 1d (default: the "
+                      "scheduler's JOB_TIMEOUT_SECS, or the team's max timeout when lower; at most its "
+                      "JOB_TIMEOUT_MAX_SECS and the team's max timeout)."),
+    click.option("--signal", "signal_before_end", type=Checked(sched.parse_signal_before_end, "SIG@DURATION"),
+                 help="Run jobs: send SIG to the job's processes DURATION before its timeout, to save its work "
+                      "(as Slurm's --signal): USR1@60s, USR1@5m; SIG is " + sched.SIGNAL_NAMES + "."),
+    click.option("--kill-signal", type=Checked(sched.parse_signal, "SIG"),
+                 help="What every end Corral causes (timeout, cancel, preemption) starts with (default TERM)."),
+    click.option("--kill-grace", "kill_grace_secs", type=Checked(sched.parse_grace, "DURATION"),
+                 help="How long from --kill-signal to SIGKILL: 30, 30s, 2m; 0 for none (default: the "
+                      "scheduler's JOB_KILL_GRACE_SECS)."),
     click.option("--health-path", metavar="PATH", help="A service's HTTP health check path."),
     click.option("--on-node-lost", type=click.Choice(list(wire.ON_NODE_LOST)),
                  help="What to do when the node is lost."),
@@ -45,7 +54,8 @@ JOB_OPTIONS = (
 # each where the two differ.
 OPTION_NAMES = ("job_type", "port", "env_vars", "deploy_url", "deploy_sha256", "instance_id", "job_name",
                 "max_retries", "memory_mb", "cpu_percent", "max_processes", "disk_mb", "timeout_secs",
-                "health_path", "on_node_lost", "constraints", "pool", "priority", "concurrency_key")
+                "signal_before_end", "kill_signal", "kill_grace_secs", "health_path", "on_node_lost", "constraints",
+                "pool", "priority", "concurrency_key")
 FIELD_NAMES = {"job_name": "name"}
 
 
@@ -70,6 +80,10 @@ def request_fields(options: dict) -> dict:
     """Take the job options out of a command's keyword arguments (`options` keeps the
     others): the request fields of those given."""
     given = {name: options.pop(name) for name in OPTION_NAMES}
+    warning, timeout = given["signal_before_end"], given["timeout_secs"]
+    if warning is not None and timeout is not None and warning["secs"] >= timeout:
+        raise sched.usage_error(f"--signal {warning['signal']}@{warning['secs']}s: it must come before the end, "
+                                f"less than --timeout ({timeout}s)")
     fields = {}
     for name, value in given.items():
         if value is None or value == ():

@@ -57,12 +57,28 @@ def progress(job: dict, now: float) -> str:
             details.append(f"exit code {job['exit_code']}")
         if job.get("oom_killed"):
             details.append("out of memory")
-        if job.get("ended_by") == wire.ENDED_BY_DISK:
-            details.append(f"over its disk limit of {job.get('disk_mb')} MB")
+        details.extend(end_words(job))
         details.append(f"ran {fmt.job_duration(job, now)}")
         if node:
             details.append(f"on {node}")
     return line + (f" ({', '.join(details)})" if details else "")
+
+
+def end_words(job: dict) -> list[str]:
+    """What ended a finished job, when it did not exit on its own: for `progress`."""
+    ended_by = job.get("ended_by")
+    if ended_by == wire.ENDED_BY_DISK:
+        return [f"over its disk limit of {job.get('disk_mb')} MB"]
+    if ended_by == wire.ENDED_BY_OOM and not job.get("oom_killed"):  # oom_killed says it already
+        return ["out of memory"]
+    if ended_by == wire.ENDED_BY_TIMEOUT:
+        timeout = job.get("timeout_secs")
+        return ["timed out" if timeout is None else f"timed out after {fmt.duration(timeout)}"]
+    if ended_by == wire.ENDED_BY_PREEMPTION:
+        return ["preempted"]
+    if ended_by == wire.ENDED_BY_NODE_LOST:
+        return ["its node was lost"]
+    return []
 
 
 def job_row(job: dict, now: float) -> list:
@@ -107,7 +123,7 @@ def job_fields(job: dict, now: float) -> list[tuple[str, object]]:
             continue
         if key == "status":
             value = fmt.status_cell(value)
-        elif key.endswith("_at") and value:
+        elif (key.endswith("_at") or key == "deadline") and value:
             value = f"{fmt.timestamp(value)} ({fmt.relative(value, now)})"
         elif key == "peak_memory_bytes":
             value = size(value)
@@ -117,6 +133,10 @@ def job_fields(job: dict, now: float) -> list[tuple[str, object]]:
             value = f"{value:.2f}s"
         elif key == "timeout_secs" and value is not None:
             value = fmt.duration(value)
+        elif key == "signal_before_end" and value:
+            value = f"{value.get('signal')} {fmt.seconds(value.get('secs'))} before the end"
+        elif key == "kill_grace_secs" and value is not None:
+            value = fmt.seconds(value)
         elif key == "constraints" and value:
             value = ", ".join(sched.constraint_text(c) for c in value)
         elif key == "depends_on" and value:

@@ -1,5 +1,6 @@
 """The scheduling flags of `corral job run` (constraints, pool, priority, start time,
-dependencies, arrays, concurrency keys, its timeout) and of `corral job list` (times):
+dependencies, arrays, concurrency keys, its timeout and the signals of its end) and of
+`corral job list` (times):
 their syntax, checked before anything is sent, and how the scheduler's reasons for a
 job's waiting read for people."""
 import datetime
@@ -7,6 +8,8 @@ import re
 from typing import Callable
 
 import click
+
+from corral.shared import wire
 
 from .common import CliError
 
@@ -129,6 +132,40 @@ def parse_duration(text: str) -> float:
         raise ValueError("a duration more than 0: seconds (90) or with a unit: 90s, 15m, 2h, 1d")
     secs = float(m[1]) * UNIT_SECS[m[2] or "s"]
     return int(secs) if secs == int(secs) else secs
+
+
+def parse_grace(text: str) -> float:
+    """--kill-grace: a duration as --timeout takes it, or 0 (SIGKILL at once)."""
+    m = DURATION_RE.fullmatch(text.strip())
+    if m is None:
+        raise ValueError("a duration: seconds (30) or with a unit: 30s, 2m; 0 for none")
+    secs = float(m[1]) * UNIT_SECS[m[2] or "s"]
+    return int(secs) if secs == int(secs) else secs
+
+
+SIGNAL_NAMES = ", ".join(wire.JOB_SIGNALS)
+
+
+def parse_signal(text: str) -> str:
+    """--kill-signal: a signal's name, with or without SIG, in any case: USR1, SIGUSR1, usr1."""
+    name = text.strip().upper()
+    name = name.removeprefix("SIG")
+    if name not in wire.JOB_SIGNALS:
+        raise ValueError(f"a signal is one of {SIGNAL_NAMES} (SIG before it may be left out)")
+    return name
+
+
+def parse_signal_before_end(text: str) -> dict:
+    """--signal SIG@DURATION (as Slurm's --signal=USR1@60): `signal_before_end`, the signal
+    sent DURATION before the job's timeout."""
+    name, at, when = text.partition("@")
+    if not at:
+        raise ValueError("give SIG@DURATION: the signal and how long before the end, such as USR1@60s")
+    try:
+        secs = parse_duration(when)
+    except ValueError:
+        raise ValueError("after '@', a duration more than 0: seconds (60) or with a unit: 60s, 5m, 1h") from None
+    return {"signal": parse_signal(name), "secs": secs}
 
 
 def parse_since(text: str) -> dict:

@@ -26,12 +26,29 @@ SCHEDULE_CATCH_UP = ("latest", "none", "all")
 # The kinds of events GET /events streams (its `types` filter).
 EVENT_TYPES = ("job", "node", "log")
 
-# Why an agent ended a job's attempt itself (a job's `ended_by`): its work dir outgrew
-# its disk_mb, it ran past its timeout, or the kernel killed it at its memory limit.
+# Why an agent ended a job's attempt itself (its report's `ended_by`): its work dir
+# outgrew its disk_mb, it ran past its timeout, or the kernel killed it at its memory
+# limit. `memory` is what agents before `oom` sent; the scheduler reads it as `oom`.
 ENDED_BY_DISK = "disk"
 ENDED_BY_TIMEOUT = "timeout"
+ENDED_BY_OOM = "oom"
 ENDED_BY_MEMORY = "memory"
-ENDED_BY = (ENDED_BY_DISK, ENDED_BY_TIMEOUT, ENDED_BY_MEMORY)
+ENDED_BY_REPORTED = (ENDED_BY_DISK, ENDED_BY_TIMEOUT, ENDED_BY_OOM, ENDED_BY_MEMORY)
+# Why an attempt ended, as a job answer says (the scheduler's word): it exited on its
+# own, or Corral ended it (timeout, cancel, preemption), or its node was lost or gave
+# it up, or the kernel (oom) or its disk limit did.
+ENDED_BY_EXIT = "exit"
+ENDED_BY_CANCEL = "cancel"
+ENDED_BY_PREEMPTION = "preemption"
+ENDED_BY_NODE_LOST = "node_lost"
+ENDED_BY = (ENDED_BY_EXIT, ENDED_BY_TIMEOUT, ENDED_BY_CANCEL, ENDED_BY_PREEMPTION, ENDED_BY_NODE_LOST,
+            ENDED_BY_OOM, ENDED_BY_DISK)
+
+# The signals a job may ask for before its end (`signal_before_end`) and to be stopped
+# with (`kill_signal`), by name without SIG. Not KILL (that is what follows the grace),
+# nor STOP or the job-control ones (a stopped job would sit out its grace).
+JOB_SIGNALS = ("TERM", "INT", "HUP", "QUIT", "USR1", "USR2", "ALRM", "WINCH", "URG")
+DEFAULT_KILL_SIGNAL = "TERM"
 
 # Complete logs (PUT /jobs/{id}/attempts/{n}/logs/{stream}/{seq}, GET /jobs/{id}/logs).
 LOG_STDOUT = "stdout"

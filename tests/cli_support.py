@@ -1,6 +1,7 @@
 """What the `corral` command line's tests share: the servers' mocked addresses, a fixed now,
 running a command through click's runner, and checking a one-line error."""
 import datetime
+import json
 
 from click.testing import CliRunner
 
@@ -29,3 +30,17 @@ def one_line_error(result, code=1) -> str:
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr
     return lines[0]
+
+
+def a_job(job_id="job-7", command="etl", **fields) -> dict:
+    """A job answer as the scheduler gives one, with `fields` changed."""
+    job = {"job_id": job_id, "name": None, "node_id": "node-1", "command": command, "job_type": "run",
+           "status": "pending", "attempt": 1, "retry_count": 0, "max_retries": 1, "exit_code": None,
+           "created_at": iso(180), "running_at": None, "finished_at": None}
+    job.update(fields)
+    return job
+
+
+def body_of(mock, index=0) -> dict:
+    """The JSON body of the mock's `index`th call."""
+    return json.loads(mock.calls[index].request.body)

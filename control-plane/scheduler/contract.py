@@ -29,12 +29,16 @@ if typing.TYPE_CHECKING:
     JobType = str
     StatusName = str
     EndedBy = str
+    ReportedEnd = str
+    SignalName = str
     OnNodeLost = str
     OnDependencyFailure = str
 else:  # the choices come from shared.wire and shared.states, never a copy
     JobType = Literal[wire.JOB_TYPES]
     StatusName = Literal[states.ALL]
     EndedBy = Literal[wire.ENDED_BY]
+    ReportedEnd = Literal[wire.ENDED_BY_REPORTED]
+    SignalName = Literal[wire.JOB_SIGNALS]
     OnNodeLost = Literal[wire.ON_NODE_LOST]
     OnDependencyFailure = Literal[wire.ON_DEPENDENCY_FAILURE]
 
@@ -66,6 +70,8 @@ MAX_DELAY_SECS = 366 * 86400.0   # run_at and delay_secs: at most a year (and a 
 # A job's own timeout_secs: the model's bound; the cluster's (JOB_TIMEOUT_MAX_SECS) is
 # a setting, checked by the store (validation.check_timeout).
 MAX_TIMEOUT_SECS = 366 * 86400.0
+# A job's own kill_grace_secs: the model's bound; the cluster's is JOB_KILL_GRACE_MAX_SECS.
+MAX_KILL_GRACE_SECS = 86400.0
 if typing.TYPE_CHECKING:
     ConstraintOp = str
 else:
@@ -174,6 +180,30 @@ def parse_run_at(text: str, now: float) -> float:
     return at
 
 
+Signal = Annotated[SignalName, Says(what=f"a signal name: {', '.join(wire.JOB_SIGNALS)}")]
+
+
+def signal_name(value: object) -> object:
+    """`USR1`, `SIGUSR1` and `usr1` alike are USR1 (as Slurm's --signal takes them)."""
+    if isinstance(value, str):
+        value = value.strip().upper()
+        return value[3:] if value.startswith("SIG") else value
+    return value
+
+
+class SignalBeforeEnd(Request):
+    """A warning sent to the job's processes `secs` seconds before its timeout (as Slurm's
+    `--signal=USR1@60`)."""
+
+    signal: Signal = Field(examples=["USR1"])
+    secs: float = Field(gt=0, le=MAX_TIMEOUT_SECS, examples=[60])
+
+    @field_validator("signal", mode="before")
+    @classmethod
+    def _name(cls, value: object) -> object:
+        return signal_name(value)
+
+
 class JobRequest(Request):
     """A job to run. `command` or `deploy_url` (non-null) is required; null counts as not
     given for every optional field."""
@@ -217,8 +247,20 @@ class JobRequest(Request):
     """When the job's node is lost while it runs: run it again elsewhere (not counted as a retry), or
     fail it (for jobs that must not run twice)."""
     timeout_secs: float | None = Field(None, gt=0, le=MAX_TIMEOUT_SECS, examples=[7200])
-    """`run` jobs only: failed (exit code -1, stderr `job timed out`) once running this many seconds
-    (default JOB_TIMEOUT_SECS; at most JOB_TIMEOUT_MAX_SECS). A service has no timeout."""
+    """`run` jobs only: stopped (`kill_signal`, then `kill_grace_secs`, then SIGKILL) and failed once
+    running this many seconds (default JOB_TIMEOUT_SECS, or the team's maximum when that is lower; at most
+    JOB_TIMEOUT_MAX_SECS and the team's `max_timeout_secs`). A service has no timeout."""
+    signal_before_end: Annotated[SignalBeforeEnd | None, Says(
+        every="must be an object with 'signal' (such as USR1) and 'secs'")] = Field(
+        None, examples=[{"signal": "USR1", "secs": 60}])
+    """`run` jobs only: this signal goes to every process of the job `secs` seconds before its timeout,
+    to save a checkpoint; `secs` must be less than the timeout."""
+    kill_signal: Signal | None = Field(None, examples=["TERM"])
+    """The signal every end Corral causes (timeout, cancel, preemption, its node stopping) starts with;
+    default TERM."""
+    kill_grace_secs: float | None = Field(None, ge=0, le=MAX_KILL_GRACE_SECS, examples=[30])
+    """Seconds between `kill_signal` and SIGKILL of whatever is left of the job (default
+    JOB_KILL_GRACE_SECS, 10; at most JOB_KILL_GRACE_MAX_SECS)."""
     constraints: Annotated[list[Constraint] | None, Says(every="must be a list of constraints")] = Field(
         None, max_length=MAX_CONSTRAINTS, examples=[[{"label": "zone", "op": "=", "value": "a"},
                                                      {"label": "gpu", "op": "exists"}]])
@@ -266,6 +308,11 @@ class JobRequest(Request):
             check_deploy_url(url)
         return url
 
+    @field_validator("kill_signal", mode="before")
+    @classmethod
+    def _kill_signal(cls, value: object) -> object:
+        return signal_name(value)
+
     @field_validator("env_vars")
     @classmethod
     def _loader_variables(cls, env_vars: dict[str, str] | None) -> dict[str, str] | None:
@@ -285,6 +332,12 @@ class JobRequest(Request):
             raise refused("'health_path' is for service jobs with a 'port'")
         if self.timeout_secs is not None and (self.job_type or "run") == "service":
             raise refused("'timeout_secs' is for run jobs: a service runs until it is cancelled")
+        if self.signal_before_end is not None and (self.job_type or "run") == "service":
+            raise refused("'signal_before_end' is for run jobs: a service has no timeout to warn of")
+        if (self.signal_before_end is not None and self.timeout_secs is not None
+                and self.signal_before_end.secs >= self.timeout_secs):
+            raise refused("'signal_before_end' must come before the end: its 'secs' must be less than "
+                          "'timeout_secs'")
         if self.run_at is not None and self.delay_secs is not None:
             raise refused("give 'run_at' or 'delay_secs', not both")
         if self.run_at is not None:
@@ -301,6 +354,9 @@ class JobRequest(Request):
             "cpu_percent": self.cpu_percent, "max_processes": self.max_processes, "disk_mb": self.disk_mb,
             "health_path": self.health_path, "max_retries": self.max_retries,
             "on_node_lost": self.on_node_lost or "requeue", "timeout_secs": self.timeout_secs,
+            "warn_signal": None if self.signal_before_end is None else self.signal_before_end.signal,
+            "warn_secs": None if self.signal_before_end is None else self.signal_before_end.secs,
+            "kill_signal": self.kill_signal, "kill_grace_secs": self.kill_grace_secs,
             "constraints": [c.column() for c in self.constraints] if self.constraints else None,
             "pool": self.pool, "priority": 50 if self.priority is None else self.priority,
             # When it may start: resolved against the clock when stored (store/new_jobs.py).
@@ -452,8 +508,9 @@ class StatusReport(Request):
     """With `running`: whether the job gets its own /tmp, /var/tmp and /dev/shm (a private mount namespace)."""
     oom_killed: bool | None = None
     """With `failed`: the kernel killed the job at its memory limit."""
-    ended_by: EndedBy | None = None
-    """With `failed`: why the agent ended the job (`disk`, `timeout`, `memory`); null: it exited on its own."""
+    ended_by: ReportedEnd | None = None
+    """With `failed`: why the agent ended the job (`disk`, `timeout`, `oom`; `memory` is read as `oom`);
+    null: it exited on its own."""
     peak_memory_bytes: int | None = Field(None, ge=0, le=1 << 62)
     cpu_seconds: Annotated[float | None, Says(every="must be a number of seconds, 0 or more")] = Field(
         None, ge=0, lt=1e12)
@@ -487,7 +544,8 @@ class StatusReport(Request):
             "stdout": self.stdout, "stderr": self.stderr, "limits_enforced": self.limits_enforced,
             "limits": None if self.limits is None else self.limits.columns(), "private_tmp": self.private_tmp,
             "oom_killed": self.oom_killed, "peak_memory_bytes": self.peak_memory_bytes,
-            "cpu_seconds": self.cpu_seconds, "requeue": bool(self.requeue), "ended_by": self.ended_by,
+            "cpu_seconds": self.cpu_seconds, "requeue": bool(self.requeue),
+            "ended_by": wire.ENDED_BY_OOM if self.ended_by == wire.ENDED_BY_MEMORY else self.ended_by,
         }
 
 
@@ -674,6 +732,11 @@ class JobDependsOn(Answer):
     condition: Condition
 
 
+class SignalBeforeEndAnswer(Answer):
+    signal: str = Field(examples=["USR1"])
+    secs: float
+
+
 class Job(Answer):
     job_id: str = Field(pattern=r"^job-[1-9][0-9]*$", examples=["job-42"])
     name: str | None
@@ -716,8 +779,9 @@ class Job(Answer):
     peak_memory_bytes: int | None
     cpu_seconds: float | None
     ended_by: EndedBy | None
-    """Why the agent ended the last attempt: `disk` (its work dir outgrew `disk_mb`), `timeout` or `memory`
-    (killed at its memory limit); null: it exited on its own (or has not ended)."""
+    """Why the last attempt ended: `exit` (on its own), `timeout`, `cancel`, `preemption`, `node_lost` (its
+    node was lost or gave it up), `oom` (killed at its memory limit) or `disk` (its work dir outgrew
+    `disk_mb`); null: no attempt has ended."""
     limits_enforced: bool | None
     """False when the node could not apply cgroup limits."""
     limits: Limits | None
@@ -725,7 +789,16 @@ class Job(Answer):
     private_tmp: bool | None
     """Whether the node gave the job its own /tmp, /var/tmp and /dev/shm; false: TMPDIR points into its work dir."""
     timeout_secs: float | None
-    """For `run` jobs, the request's `timeout_secs`, else JOB_TIMEOUT_SECS; null for `service` jobs."""
+    """For `run` jobs, the request's `timeout_secs`, else JOB_TIMEOUT_SECS (or the team's lower maximum);
+    null for `service` jobs."""
+    deadline: Timestamp | None
+    """While a `run` job runs: when its timeout ends it (its CORRAL_DEADLINE)."""
+    signal_before_end: SignalBeforeEndAnswer | None
+    """The warning it gets before its timeout, as asked."""
+    kill_signal: str = Field(examples=["TERM"])
+    """What an end Corral causes starts with."""
+    kill_grace_secs: float = Field(ge=0)
+    """Seconds from `kill_signal` to SIGKILL (the request's, else JOB_KILL_GRACE_SECS)."""
     created_at: Timestamp
     placed_at: Timestamp | None
     """When the current attempt was placed on a node."""
@@ -1208,9 +1281,19 @@ class TeamRequest(Request):
     name: TeamName = Field(examples=["ml"])
 
 
+class TeamChange(Request):
+    """PATCH /teams/{team}: the fields given change, null clears one."""
+
+    max_timeout_secs: float | None = Field(None, gt=0, le=MAX_TIMEOUT_SECS, examples=[86400])
+    """The largest `timeout_secs` the team's jobs may ask for; a job that asks none gets this when it is
+    below JOB_TIMEOUT_SECS. Null: only the cluster's JOB_TIMEOUT_MAX_SECS."""
+
+
 class TeamAnswer(Answer):
     name: str
     created_at: Timestamp
+    max_timeout_secs: float | None
+    """The largest `timeout_secs` its jobs may ask for (null: the cluster's JOB_TIMEOUT_MAX_SECS)."""
     members: list["Member"]
 
 

@@ -118,7 +118,7 @@ def outcome(report: Report, policy: Policy) -> dict[str, Any]:
             "stdout": tail(report["stdout"], policy.output_tail_bytes),
             "stderr": tail(report["stderr"], policy.output_tail_bytes),
             "oom_killed": report["oom_killed"], "peak_memory_bytes": report["peak_memory_bytes"],
-            "cpu_seconds": report["cpu_seconds"], "ended_by": report.get("ended_by")}
+            "cpu_seconds": report["cpu_seconds"], "ended_by": report.get("ended_by") or wire.ENDED_BY_EXIT}
 
 
 def _append(text: str | None, line: str) -> str:
@@ -153,9 +153,10 @@ def _finished(job: JobFacts, report: Report, now: float, policy: Policy) -> Tran
         return _to(job, "done", "exit code 0", finished_at=now, **result)
     if report["requeue"]:
         return node_lost(job, now, f"node {job.node_id} gave the attempt up", policy, result)
-    if past_timeout(job, now, policy):
-        # The agent killed it at the deadline; a timeout is final, as when the
+    if report.get("ended_by") == wire.ENDED_BY_TIMEOUT or past_timeout(job, now, policy):
+        # The agent stopped it at the deadline; a timeout is final, as when the
         # watcher gets there first.
+        result["ended_by"] = wire.ENDED_BY_TIMEOUT
         return replace(_to(job, "failed", "timed out", finished_at=now, **result), timed_out=True)
     why = f"exit code {report['exit_code']}" + (", out of memory" if report["oom_killed"] else "") + (
         ", over its disk limit" if report.get("ended_by") == wire.ENDED_BY_DISK else "")
@@ -163,7 +164,7 @@ def _finished(job: JobFacts, report: Report, now: float, policy: Policy) -> Tran
         delay = policy.backoff.delay(job.retry_count)
         return _to(job, "pending", f"attempt {job.attempt} failed ({why}); retrying in {delay:.1f}s",
                    retry_count=job.retry_count + 1, node_id=None, running_at=None, placed_at=None,
-                   next_attempt_at=now + delay, **NO_OUTPUT)
+                   next_attempt_at=now + delay, ended_by=result["ended_by"], **NO_OUTPUT)
     return _to(job, "failed", f"{why}; no retries left", finished_at=now, **result)
 
 
@@ -172,6 +173,8 @@ def node_lost(job: JobFacts, now: float, why: str, policy: Policy, result: dict[
     spending its retry budget, unless it asked not to (on_node_lost=fail) or has lost
     its node too often (max_node_losses)."""
     result = dict(result or {}, exit_code=-1)
+    if job.status == "running":  # an attempt ended (one only placed never started)
+        result["ended_by"] = wire.ENDED_BY_NODE_LOST
     if job.on_node_lost == "fail":
         result["stderr"] = _append(result.get("stderr"), f"{why}; not requeued (on_node_lost=fail)")
         return _to(job, "failed", f"{why}; on_node_lost=fail", finished_at=now, **result)
@@ -181,14 +184,20 @@ def node_lost(job: JobFacts, now: float, why: str, policy: Policy, result: dict[
         return _to(job, "failed", f"{why}; lost its node {job.node_losses + 1} times", finished_at=now,
                    **result)
     return _to(job, "pending", f"{why}; requeued", node_id=None, placed_at=None, running_at=None,
-               node_losses=job.node_losses + 1, **NO_OUTPUT)
+               node_losses=job.node_losses + 1, **NO_OUTPUT,
+               **({"ended_by": result["ended_by"]} if "ended_by" in result else {}))
+
+
+# The watcher fails a job this long after its timeout and kill grace: by then its agent
+# has stopped it and reported, unless the agent died or cannot report.
+WATCHER_SLACK_SECS = 5.0
 
 
 def timed_out(job: JobFacts, now: float) -> Transition:
-    """The watcher's backstop: a `run` job still running past its timeout (its agent
-    died, or cannot report)."""
-    return replace(_to(job, "failed", "timed out", finished_at=now, exit_code=-1, stderr="job timed out"),
-                   timed_out=True)
+    """The watcher's backstop: a `run` job still running past its timeout, its kill
+    grace and WATCHER_SLACK_SECS (its agent died, or cannot report)."""
+    return replace(_to(job, "failed", "timed out", finished_at=now, exit_code=-1, stderr="job timed out",
+                       ended_by=wire.ENDED_BY_TIMEOUT), timed_out=True)
 
 
 def is_late_success(job: JobFacts, report: Report, started_attempts: list[tuple[int, str]]) -> bool:
@@ -218,7 +227,8 @@ def cancelled(job: JobFacts, now: float) -> Transition | None:
         return None
     if job.status in ("done", "failed"):
         raise Conflict(f"{job.job_id} is already {job.status}; only pending or running jobs can be cancelled")
-    return _to(job, "cancelled", "cancelled by request", finished_at=now)
+    ended = {"ended_by": wire.ENDED_BY_CANCEL} if job.status == "running" else {}
+    return _to(job, "cancelled", "cancelled by request", finished_at=now, **ended)
 
 
 def dependency_failed(job: JobFacts, now: float, reason: str) -> Transition:

@@ -59,7 +59,7 @@ class Job(BaseModel):
     oom_killed = peewee.BooleanField(null=True)
     peak_memory_bytes = peewee.BigIntegerField(null=True)
     cpu_seconds = peewee.DoubleField(null=True)
-    ended_by = peewee.CharField(max_length=16, null=True)  # why the agent ended it (wire.ENDED_BY) (0012)
+    ended_by = peewee.CharField(max_length=16, null=True)  # why its last attempt ended (wire.ENDED_BY) (0012)
     created_at = peewee.DoubleField()
     placed_at = peewee.DoubleField(null=True)
     running_at = peewee.DoubleField(null=True)
@@ -87,6 +87,11 @@ class Job(BaseModel):
     pending_reason = JSONField(null=True)             # what placement last said (waiting.Reason.as_dict)
     pending_code = peewee.CharField(max_length=32, null=True)  # its code, for GET /jobs?pending_reason=
     timeout_secs = peewee.DoubleField(null=True)      # the request's (0017); null: JOB_TIMEOUT_SECS
+    # How it is warned before its timeout and stopped (0025; null: none, TERM, JOB_KILL_GRACE_SECS).
+    warn_signal = peewee.CharField(max_length=8, null=True)
+    warn_secs = peewee.DoubleField(null=True)
+    kill_signal = peewee.CharField(max_length=8, null=True)
+    kill_grace_secs = peewee.DoubleField(null=True)
     team = peewee.CharField(max_length=128, default=DEFAULT_TEAM)        # whose job it is (0022)
     submitted_by = peewee.CharField(max_length=128, default=BOOTSTRAP_ADMIN)  # the user who asked for it
 
@@ -401,6 +406,7 @@ class Team(BaseModel):
 
     name = peewee.CharField(primary_key=True, max_length=128)
     created_at = peewee.DoubleField()
+    max_timeout_secs = peewee.DoubleField(null=True)  # the largest timeout_secs of its jobs (0025)
 
     class Meta:
         table_name = "team"

@@ -32,7 +32,7 @@ from . import metrics, slots, spans
 from .contract import ScheduleChange, ScheduleRequest, parse_instant
 from .models import Job, Schedule, ScheduleRun
 from .store import Store
-from .validation import check_timeout, job_request
+from .validation import check_stop, job_request
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class Schedules:
         """A new schedule from a POST /schedules body (its `team` decided by the caller),
         made by `created_by`; Conflict when the name is taken."""
         request = ScheduleRequest.check(body)
-        check_timeout(request.job, self.store.settings.job_timeout_max_secs)
+        check_stop(job_request(request.job), self.store.settings)
         fields = {name: getattr(request, name) for name in DEFINITION}
         row = {"name": request.name, **_columns(fields, now), "created_at": now, "updated_at": now,
                "team": request.team or DEFAULT_TEAM, "created_by": created_by}
@@ -120,7 +120,7 @@ class Schedules:
             if "interval_secs" in changes and changes["interval_secs"] is not None:
                 merged["cron"] = None
             request = ScheduleRequest.check({"name": name, **{k: v for k, v in merged.items() if v is not None}})
-            check_timeout(request.job, self.store.settings.job_timeout_max_secs)
+            check_stop(job_request(request.job), self.store.settings)
             fields = {field: getattr(request, field) for field in DEFINITION}
             retimed = any(fields[f] != current[f] for f in ("cron", "interval_secs", "start_at", "time_zone"))
             enabled_now = fields["enabled"] is not False and not schedule.enabled

@@ -51,6 +51,8 @@ class SchedulerSettings:
     retry_cap_secs: float = 300.0
     job_timeout_secs: float = 3600.0
     job_timeout_max_secs: float = 7 * 86400.0  # the most a job's own timeout_secs may ask
+    job_kill_grace_secs: float = 10.0      # from a job's kill_signal to SIGKILL, unless it asks its own
+    job_kill_grace_max_secs: float = 300.0  # the most a job's own kill_grace_secs may ask
     timeout_check_secs: float = 10.0
     node_refresh_secs: float = 2.0
     # The disk limit (MB) of a job whose request sets no disk_mb; 0: none.
@@ -190,11 +192,19 @@ SETTINGS = (
     s.Setting("MAX_JOB_RETRIES", "max_job_retries", "int", 1,
               "a failed job goes back to pending this many times, then stays failed", minimum=0, maximum=20),
     s.Setting("JOB_TIMEOUT_SECS", "job_timeout_secs", "float", 3600.0,
-              "a `run` job running longer is failed, exit code -1, stderr `job timed out` (a job's own "
-              "`timeout_secs` replaces it for that job)", minimum=0.1),
+              "a `run` job running longer is stopped and failed, exit code -1, stderr `job timed out` (a job's "
+              "own `timeout_secs` replaces it for that job; a team's lower `max_timeout_secs` bounds it)",
+              minimum=0.1),
     s.Setting("JOB_TIMEOUT_MAX_SECS", "job_timeout_max_secs", "float", 7 * 86400.0,
               "the largest `timeout_secs` a job may ask for; a request above it is refused (400). JOB_TIMEOUT_SECS "
               "applies to the jobs that ask none, whatever this is", minimum=1.0, maximum=366 * 86400.0),
+    s.Setting("JOB_KILL_GRACE_SECS", "job_kill_grace_secs", "float", 10.0,
+              "seconds between the stop signal of an end Corral causes (timeout, cancel, preemption) and SIGKILL "
+              "of whatever is left of the job (a job's own `kill_grace_secs` replaces it for that job)",
+              minimum=0.0, maximum=86400.0),
+    s.Setting("JOB_KILL_GRACE_MAX_SECS", "job_kill_grace_max_secs", "float", 300.0,
+              "the largest `kill_grace_secs` a job may ask for; a request above it is refused (400)",
+              minimum=0.0, maximum=86400.0),
     s.Setting("TIMEOUT_CHECK_SECS", "timeout_check_secs", "float", 10.0,
               "how often the scheduler looks for timed-out jobs", minimum=0.05),
     s.Setting("JOB_DEFAULT_DISK_MB", "job_default_disk_mb", "int", 10240,

@@ -32,12 +32,43 @@ def job_request(body: dict) -> dict:
     return columns
 
 
-def check_timeout(fields: dict, maximum: float) -> None:
-    """A job's own `timeout_secs` within the cluster's JOB_TIMEOUT_MAX_SECS (a setting,
-    so not in the request model)."""
+def check_stop(fields: dict, settings, team_max: float | None = None, team: str | None = None) -> None:
+    """A job's own `timeout_secs` within the cluster's JOB_TIMEOUT_MAX_SECS and its team's
+    `max_timeout_secs` (`team_max`), its `kill_grace_secs` within JOB_KILL_GRACE_MAX_SECS,
+    and its warning (`signal_before_end`) before the timeout it will have (settings, so
+    not in the request model). `fields`: a job's columns (JobRequest.columns)."""
     timeout = fields.get("timeout_secs")
-    if timeout is not None and timeout > maximum:
-        raise BadRequest(f"'timeout_secs' is at most {maximum:g} seconds on this cluster (JOB_TIMEOUT_MAX_SECS)")
+    if timeout is not None and timeout > settings.job_timeout_max_secs:
+        raise BadRequest(f"'timeout_secs' is at most {settings.job_timeout_max_secs:g} seconds on this cluster "
+                         f"(JOB_TIMEOUT_MAX_SECS)")
+    if timeout is not None and team_max is not None and timeout > team_max:
+        raise BadRequest(f"'timeout_secs' is at most {team_max:g} seconds for team {team!r} (its max_timeout_secs)")
+    grace = fields.get("kill_grace_secs")
+    if grace is not None and grace > settings.job_kill_grace_max_secs:
+        raise BadRequest(f"'kill_grace_secs' is at most {settings.job_kill_grace_max_secs:g} seconds on this "
+                         f"cluster (JOB_KILL_GRACE_MAX_SECS)")
+    warn = fields.get("warn_secs")
+    if warn is not None:
+        limit = effective_timeout(timeout, settings.job_timeout_secs, team_max)
+        if warn >= limit:
+            raise BadRequest(f"'signal_before_end' must come before the end: its 'secs' ({warn:g}) must be less "
+                             f"than the job's timeout ({limit:g} seconds)")
+
+
+def effective_timeout(own: float | None, default: float, team_max: float | None) -> float:
+    """A run job's timeout: its own, else JOB_TIMEOUT_SECS bounded by its team's maximum."""
+    if own is not None:
+        return own
+    return default if team_max is None else min(default, team_max)
+
+
+def timeout_column(own: float | None, default: float, team_max: float | None) -> float | None:
+    """What a new run job stores as its `timeout_secs`: its own; the team's maximum when
+    that is below JOB_TIMEOUT_SECS (so the bound holds even if the setting changes);
+    else None (JOB_TIMEOUT_SECS, as the setting is when it runs)."""
+    if own is not None or team_max is None or team_max >= default:
+        return own
+    return team_max
 
 
 def job_batch(body: dict) -> list[dict]:
@@ -174,7 +205,8 @@ def idempotency_key(value: str | None) -> str | None:
 # existed and sent again with the same Idempotency-Key still digests alike.
 LATER_FIELDS = {"constraints": None, "pool": None, "priority": 50, "run_at": None, "delay_secs": None,
                 "depends_on": None, "on_dependency_failure": "cancel", "concurrency_key": None, "array": None,
-                "timeout_secs": None, "disk_mb": None}
+                "timeout_secs": None, "disk_mb": None, "warn_signal": None, "warn_secs": None, "kill_signal": None,
+                "kill_grace_secs": None}
 # The owner of a job, added with users and teams: left out at the values every older job has.
 OWNER_FIELDS = {"team": (None, principals.DEFAULT_TEAM), "submitted_by": (None, principals.BOOTSTRAP_ADMIN)}
 

@@ -8,6 +8,7 @@ import functools
 import zoneinfo
 from typing import Any
 
+from corral.shared import wire
 from corral.shared.contract import built
 from corral.shared.states import ALL
 from corral.shared.timeutil import iso
@@ -38,6 +39,9 @@ def job(row: Job, settings: SchedulerSettings, now: float, service_grant: str | 
     d = row.__data__.get
     job_type, limits, constraints = d("job_type"), d("limits"), d("constraints")
     node_id, status = d("node_id"), d("status")
+    timeout = (settings.job_timeout_secs if d("timeout_secs") is None else d("timeout_secs")) \
+        if job_type == "run" else None
+    running_at = d("running_at") if status == "running" else None
     fields = {
         "job_id": row.job_id, "name": d("name"), "node_id": node_id, "instance_id": d("instance_id"),
         "command": d("command"), "deploy_url": d("deploy_url"), "deploy_sha256": d("deploy_sha256"),
@@ -53,8 +57,11 @@ def job(row: Job, settings: SchedulerSettings, now: float, service_grant: str | 
         "peak_memory_bytes": d("peak_memory_bytes"), "cpu_seconds": d("cpu_seconds"), "ended_by": d("ended_by"),
         "limits_enforced": d("limits_enforced"), "limits": limits and built(contract.Limits, limits),
         "private_tmp": d("private_tmp"),
-        "timeout_secs": (settings.job_timeout_secs if d("timeout_secs") is None else d("timeout_secs"))
-        if job_type == "run" else None,
+        "timeout_secs": timeout, "deadline": iso(running_at + timeout) if timeout and running_at else None,
+        "signal_before_end": None if d("warn_signal") is None else built(contract.SignalBeforeEndAnswer, {
+            "signal": d("warn_signal"), "secs": d("warn_secs")}),
+        "kill_signal": d("kill_signal") or wire.DEFAULT_KILL_SIGNAL,
+        "kill_grace_secs": settings.job_kill_grace_secs if d("kill_grace_secs") is None else d("kill_grace_secs"),
         "created_at": iso(d("created_at")), "placed_at": iso(d("placed_at")),
         "running_at": iso(d("running_at")), "finished_at": iso(d("finished_at")),
         "priority": d("priority"), "constraints": constraints and [_constraint(c) for c in constraints],

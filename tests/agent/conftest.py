@@ -3,6 +3,7 @@ test's node (a module with real processes gives each test a node of its own) and
 mocked registry beside it (lease renewals reach the app with `leases`), a clock the
 test moves and Agents built on them;
 `corral-agent` processes against the real registry and scheduler served on loopback."""
+import contextlib
 import os
 import re
 import signal
@@ -73,6 +74,19 @@ def registry(api, node):
 @pytest.fixture
 def clock():
     return FakeClock()
+
+
+@pytest.fixture
+def make_scheduler(api, tmp_path):
+    """The real scheduler with settings of the test's choosing (one per test)."""
+    with contextlib.ExitStack() as stack:
+        yield lambda **settings: stack.enter_context(
+            serving(api, str(tmp_path / "scheduler.db"), NODE, SCHEDULER, **settings))
+
+
+@pytest.fixture
+def agent(make_agent):
+    return make_agent()
 
 
 @pytest.fixture

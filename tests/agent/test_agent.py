@@ -5,7 +5,6 @@ agent's HTTP clients through `responses` (scheduler_double.py), with the test's
 faults in between; the registry is mocked. Tests drive the agent through its
 one-pass methods and wait on conditions with deadlines.
 """
-import contextlib
 import hashlib
 import io
 import json
@@ -31,7 +30,7 @@ from corral.shared.clients import Rejected, RegistryClient, SchedulerClient
 from corral.shared.errors import SettingError
 from agent_support import SAME_USER
 from helpers import process_gone, serve_in_thread, wait_for
-from scheduler_double import NODE, REGISTRY, SCHEDULER, serving
+from scheduler_double import NODE, REGISTRY, SCHEDULER
 
 
 class FakeJobCgroup(cgroups.NullJobCgroup):
@@ -75,19 +74,6 @@ def api(api):
     """conftest's `api`, with the registry's answer to this node's registration."""
     api.add(responses.POST, REGISTRY + "/nodes", json={"node_id": NODE}, status=201)
     return api
-
-
-@pytest.fixture
-def make_scheduler(api, tmp_path):
-    """The real scheduler with settings of the test's choosing (one per test)."""
-    with contextlib.ExitStack() as stack:
-        yield lambda **settings: stack.enter_context(
-            serving(api, str(tmp_path / "scheduler.db"), NODE, SCHEDULER, **settings))
-
-
-@pytest.fixture
-def agent(make_agent):
-    return make_agent()
 
 
 def reap_until_ended(agent, timeout=10):

@@ -37,7 +37,7 @@ def test_a_job_ended_for_disk_is_failed_and_says_its_limit():
                     disk_mb=20)
     assert got == Report("failed", -1, "wrote\njob exceeded its disk limit of 20 MB")
     assert (ended_by(END_DISK, False), ended_by(END_TIMEOUT, False), ended_by(None, True)) == (
-        "disk", "timeout", "memory")
+        "disk", "timeout", "oom")
     assert ended_by(None, False) is None and ended_by(END_FENCED, False) is None
 
 
@@ -103,7 +103,7 @@ def test_a_job_within_its_disk_mb_runs_to_its_end(make_agent, scheduler):
         return agent.reap_once()
 
     assert wait_for(ended, timeout=30, message="the job to end") == [("job-1", 1, "done")]
-    assert scheduler.job("job-1")["ended_by"] is None
+    assert scheduler.job("job-1")["ended_by"] == "exit"
 
 
 def test_under_the_floor_the_agent_takes_no_work_and_takes_it_again_once_space_is_back(make_agent, scheduler,

@@ -42,7 +42,7 @@ def test_a_real_agent_ends_a_job_that_writes_past_its_disk_mb_and_runs_one_withi
     assert (ended["status"], ended["exit_code"], ended["ended_by"]) == ("failed", -1, "disk"), ended
     assert ended["stderr"].splitlines()[-1] == "job exceeded its disk limit of 20 MB"
     fine = _final(cluster, small)
-    assert (fine["status"], fine["ended_by"], fine["stdout"]) == ("done", None, "ok\n"), fine
+    assert (fine["status"], fine["ended_by"], fine["stdout"]) == ("done", "exit", "ok\n"), fine
 
 
 def test_a_real_agent_under_its_floor_takes_no_work_and_says_why(cluster, node, state_dir, start_agent):

@@ -24,6 +24,7 @@ import requests
 from corral.agent import artifacts, cgroups, identity, jobenv, launch, runner
 from corral.agent.agent import Agent
 from corral.agent.settings import AgentSettings
+from corral.shared.timeutil import epoch
 from corral.shared.clients import RegistryClient, SchedulerClient
 from agent_support import BIN, PYTHON3
 from helpers import serve_in_thread, stop_held_jobs, wait_for
@@ -464,7 +465,8 @@ def _normalised(report, agent, job_id):
     uid = text.split("uid ")[1].split()[0]
     text = text.replace(agent.settings.work_dir(job_id, 1), "WORK").replace(job_id, "JOB").replace(uid, "UID")
     return [line for line in text.splitlines()
-            if not line.startswith(("pid ", "uid ", "TRACEPARENT=")) and not re.match(r"\d+:", line)]
+            if not line.startswith(("pid ", "uid ", "TRACEPARENT=", "CORRAL_DEADLINE="))
+            and not re.match(r"\d+:", line)]
 
 
 def test_a_job_that_takes_the_warm_launch_runs_as_a_cold_started_one(make_agent):
@@ -600,6 +602,9 @@ def test_the_agents_environment_does_not_reach_jobs(cluster, node, start_agent, 
     environ = dict(item.split("=", 1) for item in complete_log(cluster, job_id).decode().split("\0") if item)
     work = environ["HOME"]
     user = environ["USER"]
+    # When its timeout (JOB_TIMEOUT_SECS here) ends it, epoch seconds, as the scheduler counts it too.
+    deadline = int(environ.pop("CORRAL_DEADLINE"))
+    assert abs(deadline - (epoch(final["running_at"]) + final["timeout_secs"])) <= 2, (deadline, final)
     # The attempt's span is its own, in the trace the job was submitted in.
     _, trace_id, span_id, _ = environ["TRACEPARENT"].split("-")
     assert trace_id == final["traceparent"].split("-")[1] and span_id != final["traceparent"].split("-")[2]

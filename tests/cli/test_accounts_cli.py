@@ -1,12 +1,13 @@
 """`corral admin user|team|token …`: the request bodies against the contract's models
-(UserRequest, TeamRequest, MemberRequest, TokenRequest), the tables, and a token's secret
-printed once."""
+(UserRequest, TeamRequest, TeamChange, MemberRequest, TokenRequest), the tables, and a
+token's secret printed once."""
 import json
 
 import pytest
 from responses import matchers
 
 from cli_support import SCHED, corral, iso, one_line_error
+from corral.scheduler.contract import TeamChange
 
 ALICE = {"name": "alice", "cluster_role": None, "default_team": "ml", "created_at": iso(3600),
          "teams": [{"team": "ml", "role": "admin"}, {"team": "web", "role": "member"}]}
@@ -76,6 +77,55 @@ def test_team_create_list_and_delete(mock):
     assert json.loads(corral("admin", "team", "list", "--json").stdout) == [ML]
     mock.delete(f"{SCHED}/teams/ml", status=204)
     assert corral("admin", "team", "delete", "ml").stdout == "ml: deleted\n"
+
+
+def test_team_set_patches_the_max_timeout(mock):
+    mock.patch(f"{SCHED}/teams/ml", json=dict(ML, max_timeout_secs=7200), match=body({"max_timeout_secs": 7200}))
+    result = corral("admin", "team", "set", "ml", "--max-timeout", "2h")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "ml: max timeout 2h00m\n"
+    TeamChange.check(json.loads(mock.calls[0].request.body))
+
+
+def test_team_set_no_max_timeout_sends_null(mock):
+    mock.patch(f"{SCHED}/teams/ml", json=dict(ML, max_timeout_secs=None), match=body({"max_timeout_secs": None}))
+    result = corral("admin", "team", "set", "ml", "--no-max-timeout")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "ml: max timeout none (the scheduler's JOB_TIMEOUT_MAX_SECS)\n"
+    TeamChange.check(json.loads(mock.calls[0].request.body))
+    mock.replace("PATCH", f"{SCHED}/teams/ml", json=dict(ML, max_timeout_secs=None))
+    assert json.loads(corral("admin", "team", "set", "ml", "--no-max-timeout", "--json").stdout)["name"] == "ml"
+
+
+@pytest.mark.parametrize("args, says", [
+    (("--max-timeout", "soon"), "corral: --max-timeout 'soon': a duration"),
+    (("--max-timeout", "0"), "corral: --max-timeout '0': a duration"),
+    (("--max-timeout", "1h", "--no-max-timeout"), "corral: give --max-timeout DURATION or --no-max-timeout, "
+                                                  "not both"),
+])
+def test_team_set_refuses_bad_flags_before_anything_is_sent(mock, args, says):
+    assert one_line_error(corral("admin", "team", "set", "ml", *args), code=2).startswith(says)
+
+
+def test_team_set_needs_something_to_change(mock):
+    result = corral("admin", "team", "set", "ml")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert "--max-timeout DURATION or --no-max-timeout" in result.stderr
+
+
+def test_a_team_set_refused_is_one_line(mock):
+    mock.patch(f"{SCHED}/teams/ml", json={"error": "only cluster admins change a team's limits"}, status=403)
+    line = one_line_error(corral("admin", "team", "set", "ml", "--max-timeout", "1d"))
+    assert line.startswith("corral: ml: only cluster admins change a team's limits")
+
+
+def test_team_list_shows_the_max_timeout_when_the_scheduler_sends_it(mock):
+    mock.get(f"{SCHED}/teams", json=[dict(ML, max_timeout_secs=86400), dict(ML, name="web", members=[],
+                                                                            max_timeout_secs=None)])
+    lines = corral("admin", "team", "list").stdout.splitlines()
+    assert lines[0].split() == ["NAME", "MAX", "TIMEOUT", "MEMBERS", "CREATED"]
+    assert lines[1].split() == ["ml", "1d00h", "alice", "(admin),", "bob", "2h", "ago"]
+    assert lines[2].split() == ["web", "-", "-", "2h", "ago"]
 
 
 def test_add_member_puts_the_role_and_remove_member_deletes(mock):

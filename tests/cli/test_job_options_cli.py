@@ -2,30 +2,17 @@
 `schedule add`), --timeout among them; constraints typed `zone==a`; `job list`'s
 filters; `job cancel` of several jobs or of the jobs filters match; and messages that
 neither repeat the job id nor show Python's None. Against the `responses` mock."""
-import json
 
 import pytest
 from click.testing import CliRunner
 from responses import matchers
 
-from cli_support import SCHED, corral, iso, one_line_error
+from cli_support import SCHED, a_job, body_of, corral, iso, one_line_error
 from corral.cli import format as fmt
 from corral.cli import job_options, scheduling, selection
 from corral.cli.common import names_first
 from corral.cli.main import cli
 from corral.scheduler.contract import SCHEDULE_NOT_IN_JOB, JobRequest
-
-
-def a_job(job_id="job-7", **fields) -> dict:
-    job = {"job_id": job_id, "name": None, "node_id": "node-1", "command": "etl", "job_type": "run",
-           "status": "pending", "attempt": 1, "retry_count": 0, "max_retries": 1, "exit_code": None,
-           "created_at": iso(180), "running_at": None, "finished_at": None}
-    job.update(fields)
-    return job
-
-
-def body_of(mock, index=0) -> dict:
-    return json.loads(mock.calls[index].request.body)
 
 
 def corral_with_input(text, *args):

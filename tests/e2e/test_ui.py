@@ -298,6 +298,7 @@ def test_a_submitted_job_appears_and_turns_done_without_a_reload(browser, ui_clu
     wait(browser, lambda d: text_of(d, "#job-title") == job["job_id"], "the job page")
     wait(browser, lambda d: "hello from the dashboard test" in (text_of(d, "#job-stdout") or ""), "its output")
     assert text_of(browser, "#field-exit_code") == "0"
+    assert (text_of(browser, "#field-ended_by"), text_of(browser, "#field-kill_signal")) == ("exit", "TERM")
     assert len(css_all(browser, "#job-events tbody tr")) >= 3  # submitted, placed, ...
     assert page_not_reloaded(browser)
     screenshot(browser, tmp_path, "job-done")
@@ -336,6 +337,7 @@ def test_the_page_follows_the_event_stream(browser, ui_cluster, tmp_path):
     assert cancelled.status_code == 200, cancelled.text
     wait(browser, lambda d: text_of(d, "#field-status") == "cancelled" and refreshed_by(d) == "event",
          "the cancel drawn by its event")
+    assert text_of(browser, "#field-ended_by") == "cancel"
     screenshot(browser, tmp_path, "job-followed")
 
 

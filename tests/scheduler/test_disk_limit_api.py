@@ -49,10 +49,11 @@ def test_a_job_its_agent_ended_for_disk_shows_ended_by_disk(client, store, clock
     assert "over its disk limit" in client.get("/jobs/job-1/events").json[-1]["reason"]
 
 
-def test_a_job_that_exits_on_its_own_has_no_ended_by(client, store, clock):
+def test_a_job_that_exits_on_its_own_was_ended_by_its_exit(client, store, clock):
     body = _running(client, store, clock)
+    assert client.get("/jobs/job-1").json["ended_by"] is None  # no attempt has ended yet
     assert client.post("/jobs/job-1/status", json=dict(body, status="done", exit_code=0)).status_code == 200
-    assert client.get("/jobs/job-1").json["ended_by"] is None
+    assert client.get("/jobs/job-1").json["ended_by"] == "exit"
 
 
 @pytest.mark.parametrize("extra", [{"status": "done", "exit_code": 0, "ended_by": "disk"},

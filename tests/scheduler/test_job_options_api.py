@@ -4,6 +4,7 @@ constraints typed `zone==a`; the limits refusal that named `cpu_percent=None`; a
 GET /jobs's filters by name, schedule, array and creation time. On each backend."""
 import pytest
 
+from corral.scheduler import lifecycle
 from corral.scheduler.schedule_loop import Firing
 from corral.shared.timeutil import iso
 from scheduler_app import make_app, set_nodes, submit
@@ -86,7 +87,9 @@ def test_the_watcher_fails_a_job_past_its_own_timeout_not_the_default(client, st
     short, default = submit(client, command="sleep 30", timeout_secs=5), submit(client, command="sleep 30")
     for job in (client.get(f"/jobs/{short['job_id']}").json, client.get(f"/jobs/{default['job_id']}").json):
         assert report(client, job, "running").status_code == 200
-    clock.now += 4
+    # The watcher waits out the timeout, the kill grace (10 s) and its slack: the agent stops the job
+    # at its timeout and reports it; the watcher is for agents that do not.
+    clock.now += 5 + 10 + lifecycle.WATCHER_SLACK_SECS - 1
     with store.db.connection_context():
         assert store.actions.fail_timed_out(clock()) == []
     clock.now += 2

@@ -118,7 +118,7 @@ def test_a_late_success_records_the_attempt_and_node_that_produced_it():
 
 def test_cancel_and_retry():
     assert lifecycle.cancelled(Job(status="pending"), NOW).new == "cancelled"
-    assert lifecycle.cancelled(Job(status="running"), NOW).changes == {"finished_at": NOW}
+    assert lifecycle.cancelled(Job(status="running"), NOW).changes == {"finished_at": NOW, "ended_by": "cancel"}
     assert lifecycle.cancelled(Job(status="cancelled"), NOW) is None  # a repeat changes nothing
     for status in ("done", "failed"):
         with pytest.raises(Conflict):
@@ -127,3 +127,36 @@ def test_cancel_and_retry():
     assert again.new == "pending" and again.changes["retry_count"] == 0 and again.changes["exit_code"] is None
     with pytest.raises(Conflict):
         lifecycle.retried(Job(status="done"), NOW)
+
+
+# ---- why an attempt ended (ended_by) ----------------------------------------------------
+
+@pytest.mark.parametrize("event, ended_by", [
+    (lambda: lifecycle.finished(Job(), report(), NOW, POLICY), "exit"),
+    (lambda: lifecycle.finished(Job(max_retries=0), report("failed", 3), NOW, POLICY), "exit"),
+    (lambda: lifecycle.finished(Job(max_retries=2), report("failed", 3), NOW, POLICY), "exit"),  # retried
+    (lambda: lifecycle.finished(Job(max_retries=2), report("failed", -9, oom_killed=True, ended_by="oom"),
+                                NOW, POLICY), "oom"),
+    (lambda: lifecycle.finished(Job(max_retries=2), report("failed", -1, ended_by="disk"), NOW, POLICY), "disk"),
+    # The agent stopped it at its timeout: final, whatever its retries, even if it exited 0 on the signal.
+    (lambda: lifecycle.finished(Job(max_retries=2), report("failed", -1, ended_by="timeout"), NOW, POLICY),
+     "timeout"),
+    (lambda: lifecycle.finished(Job(max_retries=2, running_at=NOW - 4000), report("failed", 1), NOW, POLICY),
+     "timeout"),
+    (lambda: lifecycle.finished(Job(), report("failed", -1, requeue=True), NOW, POLICY), "node_lost"),
+    (lambda: lifecycle.node_lost(Job(), NOW, "node n1 was lost", POLICY), "node_lost"),
+    (lambda: lifecycle.node_lost(Job(on_node_lost="fail"), NOW, "node n1 was lost", POLICY), "node_lost"),
+    (lambda: lifecycle.timed_out(Job(), NOW), "timeout"),
+    (lambda: lifecycle.cancelled(Job(), NOW), "cancel"),
+])
+def test_every_end_of_an_attempt_says_why(event, ended_by):
+    assert event().changes["ended_by"] == ended_by
+
+
+def test_a_job_cancelled_before_it_ran_has_no_attempt_end_to_tell():
+    assert "ended_by" not in lifecycle.cancelled(Job(status="pending", running_at=None), NOW).changes
+
+
+def test_a_timeout_reported_by_the_agent_is_final_though_retries_are_left():
+    t = lifecycle.finished(Job(max_retries=5), report("failed", 0, ended_by="timeout"), NOW, POLICY)
+    assert (t.new, t.reason, t.timed_out) == ("failed", "timed out", True)

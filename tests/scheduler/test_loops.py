@@ -3,7 +3,7 @@ import threading
 
 import pytest
 
-from corral.scheduler import loops
+from corral.scheduler import lifecycle, loops
 from corral.scheduler.app import create_schema, open_store
 from corral.scheduler.loops import Background
 from corral.scheduler.models import Job, Node
@@ -142,12 +142,14 @@ def test_timeouts_are_checked_on_their_own_interval(store):
     background.tick(T0)
     job, _ = Scheduler(store).submit({"command": "sleep 1000"}, T0)
     store.reports.report(job.job_id, status_report({"node_id": "n1", "attempt": 1, "status": "running"}), T0)
-    for now in (T0 + 95, T0 + 101):      # not overdue, then overdue but the check is not due
+    # Overdue for the watcher: past the timeout, the kill grace and its slack (100 + 10 + 5 s).
+    late = store.settings.job_kill_grace_secs + lifecycle.WATCHER_SLACK_SECS
+    for now in (T0 + 95 + late, T0 + 101 + late):  # not overdue, then overdue but the check is not due
         store.leases.renew_lease("n1", now)
         background.tick(now)
     assert Job.get_by_id(job.id).status == "running"
-    store.leases.renew_lease("n1", T0 + 105)
-    background.tick(T0 + 105)
+    store.leases.renew_lease("n1", T0 + 105 + late)
+    background.tick(T0 + 105 + late)
     failed = Job.get_by_id(job.id)
     assert failed.status == "failed" and failed.exit_code == -1 and failed.stderr == "job timed out"
 

@@ -3,6 +3,7 @@ SQLite file and a real PostgreSQL database (`database_url`)."""
 import peewee
 import pytest
 
+from corral.scheduler import lifecycle
 from corral.scheduler.service import Scheduler
 from corral.scheduler.models import Job, NodeLease
 from scheduler_app import make_app, set_nodes, submit
@@ -263,7 +264,7 @@ def test_run_jobs_past_the_timeout_are_failed(database_url, clock):
     slow, service = submit(client, command="sleep 1000"), submit(client, command="serve", job_type="service")
     for job in (slow, service):
         report(client, job, "running")
-    clock.now += 59
+    clock.now += 60 + 10 + lifecycle.WATCHER_SLACK_SECS - 1  # its timeout, kill grace and the watcher's slack
     assert store.actions.fail_timed_out(clock()) == []
     clock.now += 2
     with store.db.connection_context():

@@ -143,6 +143,7 @@ SCHEDULER_ROUTES = {
     "revoke_token": ("DELETE", "/tokens/tok-0123456789abcdef", None, "operator"),
     "list_teams": ("GET", "/teams", None, "read"),
     "create_team": ("POST", "/teams", {"name": "ml"}, "operator"),
+    "update_team": ("PATCH", "/teams/nope", {"max_timeout_secs": 60}, "operator"),
     "delete_team": ("DELETE", "/teams/nope", None, "operator"),
     "set_member": ("PUT", "/teams/nope/members/nobody", {"role": "member"}, "operator"),
     "remove_member": ("DELETE", "/teams/nope/members/nobody", None, "operator"),

@@ -945,7 +945,8 @@
     "job_id", "name", "status", "team", "submitted_by", "job_type", "node_id", "instance_id", "command", "deploy_url",
     "deploy_sha256", "port", "health_path", "env_vars", "attempt", "retry_count", "max_retries", "next_attempt_at",
     "on_node_lost", "node_losses", "exit_code", "memory_mb", "cpu_percent", "limits_enforced", "limits", "oom_killed",
-    "peak_memory_bytes", "cpu_seconds", "timeout_secs", "created_at", "placed_at", "running_at", "finished_at",
+    "peak_memory_bytes", "cpu_seconds", "ended_by", "timeout_secs", "deadline", "signal_before_end", "kill_signal",
+    "kill_grace_secs", "created_at", "placed_at", "running_at", "finished_at",
   ];
 
   async function loadJob(jobId) {

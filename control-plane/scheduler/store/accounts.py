@@ -41,6 +41,14 @@ class Accounts:
             raise NotFound(f"no team {name!r}")
         return team, list(Membership.select().where(Membership.team == name).order_by(Membership.user))
 
+    def update_team(self, name: str, changes: dict) -> tuple[Team, list[Membership]]:
+        """`changes`: `max_timeout_secs` (None clears it)."""
+        with self.ctx.tx():
+            self.team(name)
+            if changes:
+                Team.update(**changes).where(Team.name == name).execute()
+        return self.team(name)
+
     def delete_team(self, name: str) -> None:
         """Only a team without jobs and members: jobs keep their team for good."""
         with self.ctx.tx():

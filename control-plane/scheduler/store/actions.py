@@ -49,9 +49,13 @@ class Actions:
         return job
 
     def fail_timed_out(self, now: float) -> list[str]:
-        """Fail `run` jobs running longer than their timeout_secs (else JOB_TIMEOUT_SECS);
-        their agents kill them."""
-        limit = fn.COALESCE(Job.timeout_secs, self.ctx.settings.job_timeout_secs)
+        """Fail `run` jobs running longer than their timeout_secs (else JOB_TIMEOUT_SECS)
+        and kill grace (else JOB_KILL_GRACE_SECS), and lifecycle.WATCHER_SLACK_SECS: their
+        agents stop them at the timeout and report; these are the ones whose agents did
+        not (the agent then kills them when it finds them ended here)."""
+        settings = self.ctx.settings
+        limit = (fn.COALESCE(Job.timeout_secs, settings.job_timeout_secs)
+                 + fn.COALESCE(Job.kill_grace_secs, settings.job_kill_grace_secs) + lifecycle.WATCHER_SLACK_SECS)
         ended = []
         with self.ctx.db.atomic():
             self.ctx.check_fence()

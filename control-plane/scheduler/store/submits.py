@@ -40,7 +40,6 @@ class Submits:
         created first (and False); the same key with another request is a Conflict.
         """
         digest = request_hash(fields) if idempotency_key else None
-        columns = self.new_jobs.columns(fields, now)
         # No transaction of its own: the insert (with its event) is the one write, and
         # the reads before it decide nothing that a write between them could change.
         # But one for the wait on other jobs, and for a user's request, whose audit entry
@@ -49,7 +48,8 @@ class Submits:
         existing = self.new_jobs.by_key(idempotency_key, digest)
         if existing is not None:
             return existing, False
-        self.limits.check(fields)
+        fields = self.limits.check(fields)
+        columns = self.new_jobs.columns(fields, now)
         self.gate.admit(1)
         depends_on = [(other, condition) for _, other, condition in fields.get("depends_on") or ()]
         with self.ctx.tx() if depends_on or audit_trail.pending() else contextlib.nullcontext():
@@ -86,7 +86,7 @@ class Submits:
             if first is not None:
                 array = JobArray.get_by_id(first.array_id)
                 return array, *array_ends(array.id), False
-            self.limits.check(fields)
+            fields = self.limits.check(fields)
             self.gate.admit(count)  # an array counts whole
             known = self.links.targets(depends_on)
             extra, cancel = self.links.columns(depends_on, known, fields.get("on_dependency_failure") or "cancel")
@@ -129,9 +129,10 @@ class Submits:
         with self.ctx.db.atomic():
             known = self.limits.compute_nodes()
             errors = []
+            items = list(items)
             for index, fields in enumerate(items):
                 try:
-                    self.limits.check(fields, known)
+                    items[index] = self.limits.check(fields, known)
                 except BadRequest as exc:
                     errors.append({"index": index, "error": exc.message})
             if errors:
