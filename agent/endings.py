@@ -23,7 +23,8 @@ from corral.shared import states, wire
 
 from . import cgroups, diskfs, identity, launch, services, spans
 from .disk import DISK_MESSAGE
-from .jobs import END_DISK, END_FENCED, END_RECONCILED, END_STOPPING, END_TIMEOUT, JobTable, LocalJob
+from .jobs import (END_DISK, END_DRAINED, END_FENCED, END_PREEMPTED, END_RECONCILED, END_STOPPING, END_TIMEOUT,
+                   JobTable, LocalJob)
 from .log_shipping import LogShipper
 from .reports import Outbox
 from .settings import AgentSettings
@@ -42,6 +43,10 @@ SETUP_MESSAGE = ("the agent could not set the job up (its cgroup, private /tmp o
 # Ends that are the node's doing, not the job's: reported with requeue=True, so the
 # scheduler runs the job again without spending its retry budget.
 NODE_SIDE_ENDS = {END_STOPPING: STOPPED_MESSAGE, END_FENCED: FENCED_MESSAGE}
+# Stops the scheduler asked for: reported with requeue=True and `ended_by` saying which, so
+# it runs the job again, no retry spent; the job has its whole kill grace for them.
+ASKED_ENDS = {END_DRAINED: "job stopped: the drain of its node reached its deadline (it runs again elsewhere)",
+              END_PREEMPTED: "job preempted: stopped to make room for other work (it runs again)"}
 
 Ended = tuple[str, int, str]  # (job_id, attempt, outcome)
 
@@ -74,6 +79,8 @@ def report_of(end_reason: str | None, exit_code: int, stderr: str, *, setup_fail
         return Report(states.FAILED, -1, _append_line(stderr, DISK_MESSAGE.format(disk_mb)))
     if end_reason in NODE_SIDE_ENDS:
         return Report(states.FAILED, -1, _append_line(stderr, node_side_message(end_reason, lease_secs)), requeue=True)
+    if end_reason in ASKED_ENDS:
+        return Report(states.FAILED, -1, _append_line(stderr, ASKED_ENDS[end_reason]), requeue=True)
     if setup_failed:
         return Report(states.FAILED, -1, _append_line(stderr, SETUP_MESSAGE.format(node_id)))
     if disk_full and end_reason is None and exit_code != 0:  # it failed on its own, for want of space
@@ -91,6 +98,8 @@ def ended_by(end_reason: str | None, oom: bool, disk_full: bool = False) -> str 
         return wire.ENDED_BY_DISK
     if end_reason == END_TIMEOUT:
         return wire.ENDED_BY_TIMEOUT
+    if end_reason in ASKED_ENDS:
+        return end_reason  # the scheduler's own word: drain, preemption
     return wire.ENDED_BY_OOM if oom and end_reason is None else None
 
 
@@ -182,11 +191,14 @@ class Endings:
         if local.end_reason == END_RECONCILED:
             spans.end_attempt(local.span, None, None)
             return (local.job_id, local.attempt, "killed")
-        extra = {}
+        extra: dict[str, object] = {}
         if local.end_reason == END_TIMEOUT:
             exit_code, message = -1, TIMEOUT_MESSAGE
         elif local.end_reason in NODE_SIDE_ENDS:
             exit_code, message, extra = -1, self.node_side_message(local.end_reason), {"requeue": True}
+        elif local.end_reason in ASKED_ENDS:
+            exit_code, message = -1, ASKED_ENDS[local.end_reason]
+            extra = {"requeue": True, "ended_by": local.end_reason}
         else:
             exit_code, message = local.start_error or (-1, "the agent could not start the job")
         spans.end_attempt(local.span, states.FAILED, exit_code, local.end_reason or "not started")

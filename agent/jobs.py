@@ -24,6 +24,10 @@ END_RECONCILED = "reconciled"  # the scheduler no longer lists it: do not report
 END_STOPPING = "stopping"
 END_FENCED = "fenced"  # the lease lapsed: stopped before the scheduler requeues it
 END_DISK = "disk"  # its work dir outgrew its disk_mb (disk.py)
+# The scheduler asked it stopped (a lease answer's `stop`): the drain of the node reached its
+# deadline, or it was preempted. The same words as the report's `ended_by` (wire.STOP_REASONS).
+END_DRAINED = "drain"
+END_PREEMPTED = "preemption"
 
 PREPARING = "preparing"
 RUNNING = "running"

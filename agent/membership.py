@@ -220,6 +220,10 @@ class Membership:
         for key in stale:
             log.warning("job %s attempt %s is stale according to the lease answer; killing it", *key)
             self._end(holding[key], END_RECONCILED)
+        for key, reason in reconcile.stops_asked(running).items():
+            local = holding.get(key)
+            if local is not None and local.end_reason is None and self._end(local, reason):
+                log.info("job %s attempt %s: the scheduler asks it stopped (%s); stopping it", *key, reason)
         return stale
 
     def lapsed(self) -> bool:

@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from corral.shared import wire
+
 Key = tuple[str, int]  # (job_id, attempt)
 
 
@@ -43,6 +45,20 @@ def listed_keys(jobs: Iterable[Any]) -> tuple[set[Key], list[Any]]:
         except (KeyError, TypeError, ValueError, AttributeError):
             malformed.append(job)
     return keys, malformed
+
+
+def stops_asked(jobs: Iterable[Any]) -> dict[Key, str]:
+    """The attempts a lease answer asks stopped now, with why (wire.STOP_REASONS); an
+    item that is not one, or names another reason, asks nothing."""
+    asked = {}
+    for job in jobs:
+        try:
+            reason = job.get("stop")
+            if reason in wire.STOP_REASONS:
+                asked[job_key(job)] = reason
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue
+    return asked
 
 
 def ended_there(held: Iterable[Key], listed: set[Key]) -> list[Key]:

@@ -4,6 +4,8 @@ import click
 from corral.shared.clients import Rejected, Unreachable
 
 from . import format as fmt
+from . import scheduling as sched
+from .scheduling import Checked
 from .common import Env, echo_json, json_option, note
 
 # From the scheduler's GET /nodes: the node's pool, and memory (MB) and CPU (100 = one CPU)
@@ -114,13 +116,16 @@ def list_nodes(env: Env, status: str | None, as_json: bool) -> None:
             note(f"{n.get('node_id')} takes no new work: {n['refusing_work']}")
 
 
-def _set_drained(env: Env, node_id: str, drained: bool, as_json: bool) -> None:
+def _set_drained(env: Env, node_id: str, drained: bool, as_json: bool, deadline_secs: float | None = None) -> None:
     env.subject = node_id
     # Through the scheduler: it writes the registry's flag and its own copy, so the drain
     # holds for every placement from the answer on (the registry's alone waits for a refresh).
-    answer = env.scheduler.drain(node_id) if drained else env.scheduler.undrain(node_id)
+    answer = env.scheduler.drain(node_id, deadline_secs) if drained else env.scheduler.undrain(node_id)
     if as_json:
         echo_json(answer)
+    elif drained and answer.get("deadline"):
+        click.echo(f"{node_id}: drained (no new jobs go to it; the {answer.get('stopping', 0)} it runs are "
+                   f"stopped and requeued at {fmt.timestamp(answer['deadline'])} unless they finish first)")
     elif drained:
         click.echo(f"{node_id}: drained (no new jobs go to it; what it runs finishes)")
     else:
@@ -129,11 +134,14 @@ def _set_drained(env: Env, node_id: str, drained: bool, as_json: bool) -> None:
 
 @node.command("drain")
 @click.argument("node_id")
+@click.option("--deadline", "deadline_secs", type=Checked(sched.parse_grace, "DURATION"),
+              help="Stop what it still runs this long from now (each job's kill signal and grace) and "
+                   "requeue it elsewhere, no retry spent: 90s, 10m, 2h; 0: now.")
 @json_option("Print the API's answer (the node's JSON).")
 @click.pass_obj
-def drain(env: Env, node_id: str, as_json: bool) -> None:
-    """Send no new jobs to a node; the jobs it runs finish."""
-    _set_drained(env, node_id, True, as_json)
+def drain(env: Env, node_id: str, deadline_secs: float | None, as_json: bool) -> None:
+    """Send no new jobs to a node; the jobs it runs finish, or are stopped at --deadline."""
+    _set_drained(env, node_id, True, as_json, deadline_secs)
 
 
 @node.command("undrain")

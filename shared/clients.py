@@ -396,10 +396,12 @@ class SchedulerClient(_Client):
     def cancel(self, job_id: str) -> dict:
         return self._call("POST", f"/jobs/{_seg(job_id)}/cancel")
 
-    def drain(self, node_id: str) -> dict:
+    def drain(self, node_id: str, deadline_secs: float | None = None) -> dict:
         """No new work goes to the node from the answer on (the registry's flag and the
-        scheduler's copy); answers `{"node_id", "drained": true}`."""
-        return self._call("POST", f"/nodes/{_seg(node_id)}/drain")
+        scheduler's copy); with `deadline_secs`, what it runs is stopped that much later
+        and requeued. Answers `{"node_id", "drained": true, "deadline", "stopping"}`."""
+        body = {} if deadline_secs is None else {"deadline_secs": deadline_secs}
+        return self._call("POST", f"/nodes/{_seg(node_id)}/drain", json=body)
 
     def undrain(self, node_id: str) -> dict:
         return self._call("POST", f"/nodes/{_seg(node_id)}/undrain")

@@ -33,16 +33,20 @@ ENDED_BY_DISK = "disk"
 ENDED_BY_TIMEOUT = "timeout"
 ENDED_BY_OOM = "oom"
 ENDED_BY_MEMORY = "memory"
-ENDED_BY_REPORTED = (ENDED_BY_DISK, ENDED_BY_TIMEOUT, ENDED_BY_OOM, ENDED_BY_MEMORY)
+# A stop the scheduler asked for (a lease answer's `stop`): the drain of the node with a
+# deadline, or a preemption. Reported with requeue: the job runs again, no retry spent.
+ENDED_BY_DRAIN = "drain"
+ENDED_BY_PREEMPTION = "preemption"
+STOP_REASONS = (ENDED_BY_DRAIN, ENDED_BY_PREEMPTION)
+ENDED_BY_REPORTED = (ENDED_BY_DISK, ENDED_BY_TIMEOUT, ENDED_BY_OOM, ENDED_BY_MEMORY, *STOP_REASONS)
 # Why an attempt ended, as a job answer says (the scheduler's word): it exited on its
-# own, or Corral ended it (timeout, cancel, preemption), or its node was lost or gave
-# it up, or the kernel (oom) or its disk limit did.
+# own, or Corral ended it (timeout, cancel, preemption, the drain of its node), or its
+# node was lost or gave it up, or the kernel (oom) or its disk limit did.
 ENDED_BY_EXIT = "exit"
 ENDED_BY_CANCEL = "cancel"
-ENDED_BY_PREEMPTION = "preemption"
 ENDED_BY_NODE_LOST = "node_lost"
-ENDED_BY = (ENDED_BY_EXIT, ENDED_BY_TIMEOUT, ENDED_BY_CANCEL, ENDED_BY_PREEMPTION, ENDED_BY_NODE_LOST,
-            ENDED_BY_OOM, ENDED_BY_DISK)
+ENDED_BY = (ENDED_BY_EXIT, ENDED_BY_TIMEOUT, ENDED_BY_CANCEL, ENDED_BY_PREEMPTION, ENDED_BY_DRAIN,
+            ENDED_BY_NODE_LOST, ENDED_BY_OOM, ENDED_BY_DISK)
 
 # The signals a job may ask for before its end (`signal_before_end`) and to be stopped
 # with (`kill_signal`), by name without SIG. Not KILL (that is what follows the grace),

@@ -169,9 +169,10 @@ class Cluster:
         self.ports: dict[str, int] = {}  # server name -> its port, kept across restarts
         self.scheduler_names: list[str] = []  # the schedulers started, in order ("scheduler" first)
         self.database_url = database_url
+        # A job's kill grace is the agents' own (AGENT_KILL_GRACE_SECS, 1 s here) unless a test asks.
         self.scheduler_env = {"TIMEOUT_CHECK_SECS": 0.5, "NODE_REFRESH_SECS": 0.3,
                               "DISPATCH_INTERVAL_SECS": 0.2, "HEARTBEAT_TIMEOUT_SECS": 3,
-                              "RETRY_BASE_SECS": 0.2}
+                              "RETRY_BASE_SECS": 0.2, "JOB_KILL_GRACE_SECS": 1}
         self.scheduler_env.update(scheduler_env)
 
     def database_env(self, service: str) -> dict:

@@ -55,6 +55,7 @@ VALID_BODIES = {
     ("scheduler", "set_concurrency"): {"limit": 3},
     ("scheduler", "create_token"): {"name": "laptop"},
     ("scheduler", "update_team"): {"max_timeout_secs": 7200},
+    ("scheduler", "drain_node"): {"deadline_secs": 600},
     ("scheduler", "create_team"): {"name": "ml"},
     ("scheduler", "create_user"): {"name": "alice"},
     ("scheduler", "set_member"): {"role": "member"},

@@ -25,7 +25,8 @@ records.
 A claim waits at most CLAIM_WAIT_SECS (the agent's 20 s long poll shortened) so
 that a test's stop is not held by a waiting request. The scheduler's settings
 default to a failed or given-up attempt being final (MAX_JOB_RETRIES=0,
-MAX_NODE_LOSSES=0), as a test expects unless it asks for more. Its node list has
+MAX_NODE_LOSSES=0), as a test expects unless it asks for more, and to a job's
+kill grace being the test agents' own 0.3 s (JOB_KILL_GRACE_SECS). Its node list has
 the test's node, healthy, with more slots than a test's agent has: the agent's own
 count of free slots is what the tests exercise.
 
@@ -54,7 +55,7 @@ SCHEDULER = "http://scheduler.test"
 NODE = "node-1"
 CLAIM_WAIT_SECS = 0.5
 DEFAULTS = {"max_jobs_per_node": 64, "max_job_retries": 0, "max_node_losses": 0, "retry_base_secs": 0.0,
-            "long_poll_max_waiters": 16}
+            "long_poll_max_waiters": 16, "job_kill_grace_secs": 0.3}
 FORWARDED = ("content-type", "authorization", "idempotency-key", "accept", "x-corral-node", "x-corral-log-offset",
              "x-corral-log-final")
 

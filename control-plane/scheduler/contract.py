@@ -799,6 +799,11 @@ class Job(Answer):
     """What an end Corral causes starts with."""
     kill_grace_secs: float = Field(ge=0)
     """Seconds from `kill_signal` to SIGKILL (the request's, else JOB_KILL_GRACE_SECS)."""
+    stop_reason: str | None
+    """While running: why the scheduler stops it at `stop_at` (`drain`: its node's drain deadline;
+    `preemption`), or null."""
+    stop_at: Timestamp | None
+    """When that stop begins."""
     created_at: Timestamp
     placed_at: Timestamp | None
     """When the current attempt was placed on a node."""
@@ -868,12 +873,30 @@ class JobEvent(Answer):
     reason: str = Field(examples=["placed on node-7"])
 
 
+# The longest a drain may give its node's jobs before they are stopped (30 days).
+MAX_DRAIN_DEADLINE_SECS = 30 * 86400.0
+
+
+class DrainRequest(Request):
+    """POST /nodes/{node_id}/drain (the body is optional)."""
+
+    deadline_secs: float | None = Field(None, ge=0, le=MAX_DRAIN_DEADLINE_SECS, examples=[600])
+    """What the node runs then may run this many seconds more; after that each job is stopped (its
+    `kill_signal`, `kill_grace_secs`, SIGKILL) and goes back to the queue without spending a retry
+    (`ended_by: drain`). None: what it runs finishes."""
+
+
 class NodeDrain(Answer):
     """A node's drain as the scheduler holds it from this answer on."""
 
     node_id: str
     drained: bool
-    """True: no placement from now on puts new work on the node; what it runs finishes."""
+    """True: no placement from now on puts new work on the node; what it runs finishes, or is stopped at
+    `deadline`."""
+    deadline: Timestamp | None = None
+    """With a drain's `deadline_secs`: when the node's jobs are stopped."""
+    stopping: int = 0
+    """How many running jobs of the node are to be stopped at `deadline`."""
 
 
 class SchedulerNode(Answer):
@@ -1032,6 +1055,9 @@ class StatsHistory(Answer):
 class RunningAttempt(Answer):
     job_id: str
     attempt: int
+    stop: str = optional_key(examples=["drain"])
+    """Only when the scheduler asks the agent to stop the attempt now (`drain`, `preemption`): it gets its
+    kill signal and grace, and is reported `failed` with `requeue` and `ended_by` saying this reason."""
 
 
 class Lease(Answer):

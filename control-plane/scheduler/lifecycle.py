@@ -131,7 +131,7 @@ def started(job: JobFacts, now: float, limits_enforced: bool | None, limits: dic
             private_tmp: bool | None, reason: str) -> Transition:
     """The node took the attempt (a claim, or the original design's `running` report)."""
     return _to(job, "running", reason, running_at=now, limits_enforced=limits_enforced, limits=limits,
-               private_tmp=private_tmp)
+               private_tmp=private_tmp, stop_reason=None, stop_at=None)
 
 
 def past_timeout(job: JobFacts, now: float, policy: Policy) -> bool:
@@ -151,6 +151,8 @@ def _finished(job: JobFacts, report: Report, now: float, policy: Policy) -> Tran
     result = outcome(report, policy)
     if report["status"] == "done":
         return _to(job, "done", "exit code 0", finished_at=now, **result)
+    if report["requeue"] and report.get("ended_by") in wire.STOP_REASONS:
+        return stopped(job, now, report["ended_by"])
     if report["requeue"]:
         return node_lost(job, now, f"node {job.node_id} gave the attempt up", policy, result)
     if report.get("ended_by") == wire.ENDED_BY_TIMEOUT or past_timeout(job, now, policy):
@@ -186,6 +188,21 @@ def node_lost(job: JobFacts, now: float, why: str, policy: Policy, result: dict[
     return _to(job, "pending", f"{why}; requeued", node_id=None, placed_at=None, running_at=None,
                node_losses=job.node_losses + 1, **NO_OUTPUT,
                **({"ended_by": result["ended_by"]} if "ended_by" in result else {}))
+
+
+STOPPED_FOR = {wire.ENDED_BY_DRAIN: "the drain of its node reached its deadline",
+               wire.ENDED_BY_PREEMPTION: "preempted"}
+
+
+def stopped(job: JobFacts, now: float, reason: str, forced: bool = False) -> Transition:
+    """A stop the scheduler asked of the running attempt (wire.STOP_REASONS) is done:
+    the job goes back to the queue, no retry spent and no node loss counted (the job
+    did nothing wrong). `forced`: its agent did not report it stopped in time, and the
+    scheduler requeues it itself (the agent kills it once it no longer finds it
+    running there)."""
+    why = STOPPED_FOR[reason] + ("; its node did not report the stop in time" if forced else "")
+    return _to(job, "pending", f"{why}; requeued", node_id=None, placed_at=None, running_at=None,
+               stop_reason=None, stop_at=None, exit_code=-1, ended_by=reason, **NO_OUTPUT)
 
 
 # The watcher fails a job this long after its timeout and kill grace: by then its agent

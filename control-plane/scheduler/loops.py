@@ -71,7 +71,8 @@ class Background(LeasedLoop[Store, bool]):
           registry cannot be reached the cached list stays, so dispatch goes on;
         - unplaces pending jobs of nodes that turned unhealthy;
         - requeues running jobs of nodes whose agent stopped renewing its lease;
-        - fails `run` jobs past their timeout (every TIMEOUT_CHECK_SECS);
+        - fails `run` jobs past their timeout, and requeues those a stop was asked of
+          whose agents did not report it in time (every TIMEOUT_CHECK_SECS);
         - decides the dependencies a job's end missed (Dependents.settle_missed);
         - places waiting jobs, and keeps the reasons of those at the head of the queue
           (Placing.explain);
@@ -87,6 +88,9 @@ class Background(LeasedLoop[Store, bool]):
             self.next_timeout_check = now + self.settings.timeout_check_secs
             for job_id in self.store.actions.fail_timed_out(now):
                 log.warning("%s ran past its timeout; failed", job_id)
+            for job_id in self.store.actions.requeue_unstopped(now):
+                log.warning("%s was not reported stopped in time (a drain's deadline or a preemption); requeued",
+                            job_id)
         self.store.dependents.settle_missed(now)
         # Placement: the node list changed, slots freed, retries came due.
         self.scheduler.place(now)

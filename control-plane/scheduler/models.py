@@ -92,6 +92,10 @@ class Job(BaseModel):
     warn_secs = peewee.DoubleField(null=True)
     kill_signal = peewee.CharField(max_length=8, null=True)
     kill_grace_secs = peewee.DoubleField(null=True)
+    # A stop the scheduler asks of its running attempt (0025): why (wire.STOP_REASONS) and
+    # from when (the drain's deadline; a preemption's now). Null: none.
+    stop_reason = peewee.CharField(max_length=16, null=True)
+    stop_at = peewee.DoubleField(null=True)
     team = peewee.CharField(max_length=128, default=DEFAULT_TEAM)        # whose job it is (0022)
     submitted_by = peewee.CharField(max_length=128, default=BOOTSTRAP_ADMIN)  # the user who asked for it
 

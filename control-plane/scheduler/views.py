@@ -62,6 +62,8 @@ def job(row: Job, settings: SchedulerSettings, now: float, service_grant: str | 
             "signal": d("warn_signal"), "secs": d("warn_secs")}),
         "kill_signal": d("kill_signal") or wire.DEFAULT_KILL_SIGNAL,
         "kill_grace_secs": settings.job_kill_grace_secs if d("kill_grace_secs") is None else d("kill_grace_secs"),
+        "stop_reason": d("stop_reason") if status == "running" else None,
+        "stop_at": iso(d("stop_at")) if status == "running" else None,
         "created_at": iso(d("created_at")), "placed_at": iso(d("placed_at")),
         "running_at": iso(d("running_at")), "finished_at": iso(d("finished_at")),
         "priority": d("priority"), "constraints": constraints and [_constraint(c) for c in constraints],
@@ -234,10 +236,21 @@ def stats_history(rows: list[StatsSample], settings: SchedulerSettings, node_id:
     })
 
 
-def lease(node_id: str, lease_secs: float, running: list[Job]) -> contract.Lease:
-    """A renewed lease (POST /nodes/{node_id}/lease) and the attempts running on the node."""
-    return contract.Lease(node_id=node_id, lease_secs=lease_secs,
-                          running=[contract.RunningAttempt(job_id=j.job_id, attempt=j.attempt) for j in running])
+def lease(node_id: str, lease_secs: float, running: list[Job], now: float) -> contract.Lease:
+    """A renewed lease (POST /nodes/{node_id}/lease) and the attempts running on the node,
+    with the stop asked of each whose stop has begun."""
+    attempts = []
+    for job in running:
+        stop = stop_now(job, now)
+        attempts.append(contract.RunningAttempt(job_id=job.job_id, attempt=job.attempt, **(
+            {} if stop is None else {"stop": stop})))
+    return contract.Lease(node_id=node_id, lease_secs=lease_secs, running=attempts)
+
+
+def stop_now(job: Job, now: float) -> str | None:
+    """The stop the scheduler asks of a running attempt at `now` (its reason), or None."""
+    d = job.__data__.get
+    return d("stop_reason") if d("stop_reason") is not None and (d("stop_at") or 0.0) <= now else None
 
 
 def item_result(outcome: ItemOutcome[Any], applied: dict[str, Any] | None = None,

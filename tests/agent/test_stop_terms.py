@@ -1,15 +1,18 @@
 """How the agent warns and stops a job (agent/stop_terms.py, endings.py): the terms read
 from the scheduler's job, pure; then real job processes on the agent against the real
 scheduler app, with the agent's clock in the test's hands: the warning signal
-`secs` before the timeout, the job's own kill signal and grace on a timeout and a
-cancel, and the agent's own grace bounding a stop."""
+`secs` before the timeout, the job's own kill signal and grace on a timeout, a
+cancel and a stop the lease answer asks (a drain's deadline: the job is requeued),
+and the agent's own grace bounding a stop of its own."""
 import signal
 import time
 
 import pytest
 
 from corral.agent.stop_terms import StopTerms, signal_number, stop_terms
+from corral.scheduler.models import Job
 from helpers import wait_for
+from scheduler_double import NODE
 
 
 # --- the terms, pure --------------------------------------------------------------------------
@@ -134,3 +137,33 @@ def test_a_stopping_agent_bounds_the_grace_by_its_own(make_agent, scheduler, tmp
     assert len(agent.jobs) == 0
     final = scheduler.final("job-1")
     assert (final["status"], final.get("requeue")) == ("failed", True)  # given up: it runs again elsewhere
+
+
+def test_a_stop_the_lease_answer_asks_gets_the_kill_signal_and_requeues_the_job(agent, scheduler, clock, tmp_path):
+    marks = tmp_path / "marks"
+    job_id = scheduler.add(command=trapping(marks, exits_on="TERM"), kill_grace_secs=5)["job_id"]
+    agent.intake.poll_once()
+    started(marks)
+    with scheduler.store.db.connection_context():  # the drain of the node reached its deadline
+        Job.update(stop_reason="drain", stop_at=0.0).where(Job.id == int(job_id[4:])).execute()
+    lease = scheduler.call("POST", f"/nodes/{NODE}/lease", {})
+    assert lease["running"] == [{"job_id": job_id, "attempt": 1, "stop": "drain"}]
+    agent.membership.apply_lease(clock(), lease)
+    assert wait_for(agent.reap_once, timeout=10, message="the job to stop") == [(job_id, 1, "failed")]
+    assert lines(marks) == ["ready", "TERM"]  # its kill signal, to which it exited at once
+    final = scheduler.final(job_id)
+    assert (final["requeue"], final["ended_by"]) == (True, "drain")
+    assert final["stderr"].endswith("job stopped: the drain of its node reached its deadline (it runs again elsewhere)")
+    job = scheduler.job(job_id)
+    assert (job["status"], job["ended_by"], job["retry_count"], job["node_losses"]) == ("pending", "drain", 0, 0)
+
+
+def test_a_lease_answer_asking_an_unknown_stop_stops_nothing(agent, scheduler, clock, tmp_path):
+    marks = tmp_path / "marks"
+    job_id = scheduler.add(command=trapping(marks))["job_id"]
+    agent.intake.poll_once()
+    started(marks)
+    agent.membership.apply_lease(clock(), {"node_id": NODE, "lease_secs": 20, "running": [
+        {"job_id": job_id, "attempt": 1, "stop": "because"}, {"job_id": job_id, "attempt": "x", "stop": "drain"}]})
+    assert agent.reap_once() == [] and len(agent.jobs) == 1
+    assert lines(marks) == ["ready"]

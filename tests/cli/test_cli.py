@@ -445,6 +445,17 @@ def test_drain_and_undrain(mock, action, drained, said):
     assert json.loads(corral("node", action, "node-1", "--json", token="t").stdout)["drained"] is drained
 
 
+def test_a_drain_with_a_deadline_says_when_what_the_node_runs_is_stopped(mock):
+    mock.post(f"{SCHED}/nodes/node-1/drain", json={"node_id": "node-1", "drained": True, "stopping": 3,
+                                                    "deadline": "2026-11-29T12:10:00.000Z"},
+              match=[matchers.json_params_matcher({"deadline_secs": 600})])
+    result = corral("node", "drain", "node-1", "--deadline", "10m")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("node-1: drained (no new jobs go to it; the 3 it runs are stopped and requeued at")
+    assert one_line_error(corral("node", "drain", "node-1", "--deadline", "soon"), code=2).startswith(
+        "corral: --deadline 'soon'")
+
+
 def test_drain_an_unknown_node(mock):
     mock.post(f"{SCHED}/nodes/nope/drain", json={"error": "no node 'nope'"}, status=404)
     assert one_line_error(corral("node", "drain", "nope")) == "corral: nope: no node 'nope'"

@@ -6,7 +6,9 @@ import pytest
 import requests
 
 from cluster import Cluster, started
+from corral.shared import wire
 from corral.shared.timeutil import epoch
+from helpers import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -56,3 +58,32 @@ def test_a_teams_maximum_bounds_its_jobs_timeouts(tmp_path, request):
                                 timeout=10)
         assert refused.status_code == 400 and "max_timeout_secs" in refused.json()["error"]
         assert c.submit(command="true", team="ml")["timeout_secs"] == 60
+
+
+# The first attempt saves on TERM and exits; a later one finishes at once.
+STOPPED_THEN_DONE = ("if [ \"$CORRAL_ATTEMPT\" = 1 ]; then trap 'echo saved; exit 0' TERM; echo first; "
+                     "while true; do sleep 0.05 & wait $!; done; else echo second; fi")
+
+
+def test_a_drain_with_a_deadline_stops_the_job_and_it_runs_again_elsewhere(tmp_path, request):
+    with started(Cluster(tmp_path), request) as c:
+        c.start_agent("drain-n1", slots=1)
+        c.wait_nodes_healthy("drain-n1")
+        job = c.submit(command=STOPPED_THEN_DONE, max_retries=0, kill_grace_secs=5)
+        assert c.wait_status(job["job_id"], "running", timeout=30)["node_id"] == "drain-n1"
+        c.start_agent("drain-n2", slots=1)
+        c.wait_nodes_healthy("drain-n2")
+        drained = requests.post(f"{c.scheduler_url}/nodes/drain-n1/drain", json={"deadline_secs": 1}, timeout=10)
+        assert drained.status_code == 200 and drained.json()["stopping"] == 1, drained.text
+        done = c.wait_status(job["job_id"], "done", "failed", timeout=60)
+        assert (done["status"], done["node_id"], done["attempt"], done["retry_count"], done["stdout"]) == (
+            "done", "drain-n2", 2, 0, "second\n"), done
+        # The first attempt had its kill signal and the time to save (its complete log, which its
+        # node ships on its own time).
+        def first_log():
+            answer = requests.get(f"{c.scheduler_url}/jobs/{job['job_id']}/logs",
+                                  params={"attempt": 1, "stream": "stdout"}, timeout=10)
+            return answer.text if answer.headers.get(wire.LOG_COMPLETE_HEADER) == "true" else None
+        assert wait_for(first_log, timeout=30, message="the first attempt's complete log") == "first\nsaved\n"
+        events = requests.get(f"{c.scheduler_url}/jobs/{job['job_id']}/events", timeout=10).json()
+        assert any("drain of its node reached its deadline; requeued" in e["reason"] for e in events), events

@@ -38,8 +38,10 @@ def test_a_claim_or_running_report_starts_the_attempt():
     t = lifecycle.started(Job(status="pending"), NOW, True, {"memory_mb": 512, "cpu_percent": 100}, False,
                           "claimed by the node")
     assert (t.old, t.new, t.reason) == ("pending", "running", "claimed by the node")
+    # A new attempt: no stop asked of an earlier one (a drain's deadline, a preemption) holds for it.
     assert t.changes == {"running_at": NOW, "limits_enforced": True,
-                         "limits": {"memory_mb": 512, "cpu_percent": 100}, "private_tmp": False}
+                         "limits": {"memory_mb": 512, "cpu_percent": 100}, "private_tmp": False,
+                         "stop_reason": None, "stop_at": None}
     assert not t.final and not t.notify
     with pytest.raises(InvalidTransition):
         lifecycle.started(Job(status="done"), NOW, None, None, None, "claimed")
@@ -148,6 +150,8 @@ def test_cancel_and_retry():
     (lambda: lifecycle.node_lost(Job(on_node_lost="fail"), NOW, "node n1 was lost", POLICY), "node_lost"),
     (lambda: lifecycle.timed_out(Job(), NOW), "timeout"),
     (lambda: lifecycle.cancelled(Job(), NOW), "cancel"),
+    (lambda: lifecycle.finished(Job(), report("failed", -1, requeue=True, ended_by="drain"), NOW, POLICY), "drain"),
+    (lambda: lifecycle.stopped(Job(), NOW, "drain", forced=True), "drain"),
 ])
 def test_every_end_of_an_attempt_says_why(event, ended_by):
     assert event().changes["ended_by"] == ended_by
@@ -160,3 +164,15 @@ def test_a_job_cancelled_before_it_ran_has_no_attempt_end_to_tell():
 def test_a_timeout_reported_by_the_agent_is_final_though_retries_are_left():
     t = lifecycle.finished(Job(max_retries=5), report("failed", 0, ended_by="timeout"), NOW, POLICY)
     assert (t.new, t.reason, t.timed_out) == ("failed", "timed out", True)
+
+
+def test_a_stopped_attempt_is_requeued_spending_nothing():
+    t = lifecycle.finished(Job(max_retries=0), report("failed", -1, requeue=True, ended_by="drain"), NOW, POLICY)
+    assert (t.new, t.final) == ("pending", False)
+    assert "retry_count" not in t.changes and "node_losses" not in t.changes
+    assert t.changes["stop_reason"] is None and t.changes["node_id"] is None
+    assert t.reason == "the drain of its node reached its deadline; requeued"
+    forced = lifecycle.stopped(Job(), NOW, "drain", forced=True)
+    assert forced.reason == "the drain of its node reached its deadline; its node did not report the stop in time; " \
+                            "requeued"
+

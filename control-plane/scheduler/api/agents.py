@@ -78,9 +78,10 @@ def renew_lease(api: SchedulerApi, node_id):
         raise BadRequest("the node id must be letters, digits, '.', '_' or '-' (at most 128)")
     renewal = contract.LeaseRenewal.check(read_json_object() if request_body().strip() else {})
     usage = renewal.usage
-    running = api.store.leases.renew_lease(node_id, api.clock(),
-                                           None if usage is None else (usage.memory_mb, usage.cpu_percent))
-    return respond(views.lease(node_id, api.settings.heartbeat_timeout_secs, running))
+    now = api.clock()
+    running = api.store.leases.renew_lease(node_id, now, None if usage is None else (usage.memory_mb,
+                                                                                     usage.cpu_percent))
+    return respond(views.lease(node_id, api.settings.heartbeat_timeout_secs, running, now))
 
 
 @routes.post("/jobs/<job_id>/status", access=auth.agent(auth.NODE_IN_BODY),

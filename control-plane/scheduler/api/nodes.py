@@ -6,7 +6,7 @@ both services."""
 from flask import request
 
 from corral.server import auth, revocations
-from corral.server.http import read_json_object
+from corral.server.http import read_json_object, request_body
 from corral.server.openapi import body as _body
 from corral.server.openapi import error as _error
 from corral.server.openapi import json_response as _json
@@ -34,9 +34,12 @@ def list_nodes(api: SchedulerApi):
              description="Sets the registry's drain flag, then the scheduler's own copy under the node's "
                          "placement lock: from this answer on, no placement on any worker or replica puts "
                          "new work on the node, and its placed jobs not yet claimed go back to the queue. "
-                         "What it runs finishes. The registry's own drain route is seen by placement at the "
+                         "What it runs finishes, or with `deadline_secs` is stopped then (its kill signal and "
+                         "grace) and requeued without spending a retry (`ended_by: drain`). "
+                         "The registry's own drain route is seen by placement at the "
                          "next refresh of the node list (NODE_REFRESH_SECS). 503 when the registry does not "
                          "answer (nothing is changed).",
+             request_body=_body(contract.DrainRequest, required=False),
              responses={
                  "200": _json(contract.NodeDrain, "The node is drained."),
                  "400": _error("BadRequest"),
@@ -44,8 +47,9 @@ def list_nodes(api: SchedulerApi):
                  "503": _json(shared_contract.Error, "The registry did not answer; nothing was changed."),
              })
 def drain_node(api: SchedulerApi, node_id):
+    asked = contract.DrainRequest.check(read_json_object() if request_body().strip() else {})
     return respond(contract.NodeDrain.model_validate(
-        drains.set_drained(api.store, api.drain_registry, node_id, True, api.clock())))
+        drains.set_drained(api.store, api.drain_registry, node_id, True, api.clock(), asked.deadline_secs)))
 
 
 @routes.post("/nodes/<node_id>/undrain", access=auth.OPERATOR,

@@ -65,3 +65,22 @@ class Actions:
                 self.transitions.apply(job, lifecycle.timed_out(job, now), now)
                 ended.append(job.job_id)
         return ended
+
+    def requeue_unstopped(self, now: float) -> list[str]:
+        """Requeue the jobs a stop was asked of (a drain's deadline, a preemption) whose
+        agents have not reported them stopped a lease period (HEARTBEAT_TIMEOUT_SECS:
+        the agent learns of the stop at its next renewal) after the stop and its kill
+        grace: an agent of an earlier release, or one that cannot report. The agent
+        kills the attempt once it no longer finds it running there."""
+        settings = self.ctx.settings
+        limit = fn.COALESCE(Job.kill_grace_secs, settings.job_kill_grace_secs) + settings.heartbeat_timeout_secs
+        ended = []
+        with self.ctx.db.atomic():
+            self.ctx.check_fence()
+            overdue = Job.select(*DECIDING, Job.stop_reason).where(
+                (Job.status == "running") & Job.stop_reason.is_null(False) & (Job.stop_at < now - limit))
+            for job in overdue:
+                self.transitions.apply(job, lifecycle.stopped(job, now, str(job.stop_reason), forced=True), now)
+                ended.append(job.job_id)
+        return ended
+

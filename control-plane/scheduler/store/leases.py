@@ -27,7 +27,8 @@ class Leases:
                 sql.execute(db, "lease usage", lambda: NodeLease.update(
                     used_memory_mb=param("memory"), used_cpu_percent=param("cpu")).where(
                     NodeLease.node_id == param("node_id")), memory=usage[0], cpu=usage[1], node_id=node_id)
-        return sql.select(Job, "running on node", lambda: Job.select(Job.id, Job.attempt).where(
+        return sql.select(Job, "running on node", lambda: Job.select(Job.id, Job.attempt, Job.stop_reason,
+                                                                     Job.stop_at).where(
             (Job.node_id == param("node_id")) & (Job.status == "running")), node_id=node_id)
 
     def touch(self, node_id: str, now: float) -> None:

@@ -7,6 +7,7 @@ thousands of nodes, rewriting every row was most of its cost); when the list was
 last refreshed is one scheduler_state value, shown as each node's `synced_at`."""
 from peewee import fn
 
+from corral.shared import wire
 from corral.shared.timeutil import epoch
 
 from .. import liveness, placement
@@ -107,17 +108,31 @@ class Nodes:
         """How many drains and undrains went through the scheduler (sync_nodes' `seen_drains`)."""
         return self.stats.counters().get(DRAINS_COUNTER, 0)
 
-    def set_drained(self, node_id: str, drained: bool, now: float) -> bool:
+    def set_drained(self, node_id: str, drained: bool, now: float, stop_at: float | None = None) -> int | None:
         """The operator's drain (or undrain) of a node, in force from this commit on:
         it waits for the placements on the node under way (the node's placement lock),
         so every placement after it reads the node drained, on every worker and replica;
-        the jobs placed there but not yet claimed go back to the queue. False when the
-        node list has no such node yet (its next refresh brings the registry's flag)."""
+        the jobs placed there but not yet claimed go back to the queue. `stop_at`: the
+        drain's deadline, when the jobs running there are asked to stop (an undrain
+        takes back the stops a drain asked). Returns how many running jobs are to stop;
+        None when the node list has no such node yet (its next refresh brings the
+        registry's flag)."""
         with self.ctx.tx():
             self.ctx.backend.lock_placement(self.ctx.db, nodes=[node_id])
             node = Node.get_or_none(Node.node_id == node_id)
             if node is None:
-                return False
+                return None
+            on_node = (Job.node_id == node_id) & (Job.status == "running")
+            if drained and stop_at is not None:
+                # A job asked to stop earlier (a preemption, an earlier deadline) keeps that stop.
+                Job.update(stop_reason=wire.ENDED_BY_DRAIN, stop_at=stop_at).where(
+                    on_node & (Job.stop_reason.is_null() | ((Job.stop_reason == wire.ENDED_BY_DRAIN)
+                                                           & (Job.stop_at > stop_at)))).execute()
+            elif not drained:
+                Job.update(stop_reason=None, stop_at=None).where(
+                    on_node & (Job.stop_reason == wire.ENDED_BY_DRAIN)).execute()
+            stopping = Job.select().where(on_node & (Job.stop_reason == wire.ENDED_BY_DRAIN)).count() \
+                if drained else 0
             self.stats.bump(**{DRAINS_COUNTER: 1})
             status = liveness.redrained(node.status, drained)
             Node.update(drained=drained, status=status, drain_seq=self.drain_count()).where(
@@ -127,7 +142,7 @@ class Nodes:
                                               {node_id: (node.status, node.drained)}, {node_id: (status, drained)}))
             if drained:
                 self.release_lost(now)
-        return True
+        return stopping
 
     def release_lost(self, now: float) -> int:
         """Unplace pending jobs whose node is unhealthy, drained, refusing work or gone, so
