@@ -143,7 +143,7 @@ def test_a_path_segment_stays_one_segment(mock):
 
 
 def test_a_team_admin_refused_is_one_line(mock):
-    message = "only cluster admins and the admins of team 'ml' change its members"
+    message = "only the admins of team 'ml' and cluster admins change its members"
     mock.put(f"{SCHED}/teams/ml/members/bob", json={"error": message}, status=403)
     assert one_line_error(corral("admin", "team", "add-member", "ml", "bob")).startswith(f"corral: ml: {message}")
 

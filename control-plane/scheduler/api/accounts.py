@@ -12,11 +12,10 @@ from corral.server.openapi import error as _error
 from corral.server.openapi import json_response as _json
 from corral.server.routes import Routes
 from corral.shared.contract import built, respond
-from corral.shared.errors import Forbidden
 from corral.shared.timeutil import iso
 
 from .. import contract
-from .context import SchedulerApi
+from .context import SchedulerApi, require_team_admin
 
 routes = Routes("users")
 
@@ -76,7 +75,7 @@ def delete_team(api: SchedulerApi, team):
             responses={"200": _json(contract.TeamAnswer, "The team."), "404": _error("NotFound")})
 def set_member(api: SchedulerApi, team, user):
     role = contract.MemberRequest.check(read_json_object()).role or principals.MEMBER
-    _administer(principals.check_team_name(team))
+    require_team_admin(principals.check_team_name(team), "change its members")
     api.store.accounts.set_member(team, principals.check_user_name(user), role)
     api.tokens.forget()
     return respond(team_answer(*api.store.accounts.team(team)))
@@ -87,7 +86,7 @@ def set_member(api: SchedulerApi, team, user):
                responses={"204": {"description": "Removed."}, "400": _error("BadRequest"),
                           "404": _error("NotFound")})
 def remove_member(api: SchedulerApi, team, user):
-    _administer(principals.check_team_name(team))
+    require_team_admin(principals.check_team_name(team), "change its members")
     api.store.accounts.remove_member(team, principals.check_user_name(user))
     api.tokens.forget()
     return current_app.response_class(status=204)
@@ -121,6 +120,3 @@ def delete_user(api: SchedulerApi, user):
     return current_app.response_class(status=204)
 
 
-def _administer(team: str) -> None:
-    if not auth.principal().administers(team):
-        raise Forbidden(f"only cluster admins and the admins of team {team!r} change its members")

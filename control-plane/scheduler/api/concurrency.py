@@ -13,10 +13,10 @@ from corral.server.openapi import error as _error
 from corral.server.openapi import json_response as _json
 from corral.server.routes import Routes
 from corral.shared.contract import respond
-from corral.shared.errors import Conflict, Forbidden, NotFound
+from corral.shared.errors import Conflict, NotFound
 
 from .. import contract, validation, views
-from .context import SchedulerApi
+from .context import SchedulerApi, require_team_admin
 
 routes = Routes("jobs")
 
@@ -74,5 +74,4 @@ def remove_concurrency(api: SchedulerApi, key):
 
 def _administer(team: str, key: str) -> None:
     audit_trail.note(team=team)
-    if not auth.principal().administers(team):
-        raise Forbidden(f"only the admins of team {team!r} and cluster admins change the limit of {key!r}")
+    require_team_admin(team, f"change the limit of {key!r}")

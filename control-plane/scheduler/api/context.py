@@ -22,6 +22,13 @@ from ..store import Store
 MAX_PAGE = 1000  # the most items one page of a list answers (`limit`)
 
 
+def require_team_admin(team: str, change: str) -> None:
+    """Forbidden unless this request's user administers `team` (its admins and cluster
+    admins do); `change` says what they may not do ("change its members")."""
+    if not auth.principal().administers(team):
+        raise Forbidden(f"only the admins of team {team!r} and cluster admins {change}")
+
+
 @dataclass(frozen=True)
 class SchedulerApi:
     """The context every scheduler route handler gets first. `drain_registry` and

@@ -17,7 +17,7 @@ from corral.shared.contract import respond
 from corral.shared.errors import Forbidden, NotFound
 
 from .. import contract, views
-from .context import MAX_PAGE, SchedulerApi
+from .context import MAX_PAGE, SchedulerApi, require_team_admin
 
 routes = Routes("schedules")
 
@@ -36,8 +36,8 @@ def visible(api: SchedulerApi, name: str, change: bool = False):
     if not who.can_see(schedule.team):
         raise NotFound(f"no schedule {name!r}")
     audit_trail.note(team=schedule.team)
-    if change and not who.administers(schedule.team):
-        raise Forbidden(f"only the admins of team {schedule.team!r} and cluster admins change its schedules")
+    if change:
+        require_team_admin(schedule.team, "change its schedules")
     return schedule
 
 
