@@ -117,6 +117,15 @@ class CliSchedulerClient(SchedulerClient):
     def delete_team(self, name: str) -> None:
         self._request("DELETE", f"/teams/{_seg(name)}")
 
+    def quota(self, team: str) -> dict:
+        return self._call("GET", f"/teams/{_seg(team)}/quota")
+
+    def set_quota(self, team: str, body: dict) -> dict:
+        return self._call("PUT", f"/teams/{_seg(team)}/quota", json=body)
+
+    def delete_quota(self, team: str) -> None:
+        self._request("DELETE", f"/teams/{_seg(team)}/quota")
+
     def set_member(self, team: str, user: str, role: str) -> dict:
         return self._call("PUT", f"/teams/{_seg(team)}/members/{_seg(user)}", json={"role": role})
 

@@ -10,8 +10,8 @@ from corral.shared.clients import Rejected
 from . import arrays
 from . import logs as complete_logs
 from . import format as fmt
+from . import quotas, selection
 from . import scheduling as sched
-from . import selection
 from .common import CliError, Env, echo_json, json_option, names_first, note
 from .job_options import job_options, request_fields
 from .polling import SIGINT_EXIT, Poller
@@ -474,6 +474,9 @@ def why(env: Env, job_id: str, as_json: bool) -> None:
     details = sched.reason_details(reason)
     if details:
         click.echo(f"  ({details})")
+    if answer.get("quota"):
+        click.echo("\nits team's quota:")
+        fmt.emit(quotas.quota_table([answer["quota"]]))
     closest = answer.get("closest_nodes") or []
     if not closest:
         return

@@ -4,7 +4,8 @@ import click
 
 from corral.shared.clients import Rejected, Unreachable
 
-from . import accounts, arrays, audit, concurrency, config, events, jobs, login, nodes, schedules, tokens, usage
+from . import (accounts, arrays, audit, concurrency, config, events, jobs, login, nodes, quotas, schedules, tokens,
+               usage)
 from .common import CliError, Env, base_urls
 
 DEFAULT_ADDR = "http://127.0.0.1:9001"
@@ -66,6 +67,7 @@ cli.add_command(login.logout)
 cli.add_command(login.whoami)
 cli.add_command(accounts.admin)
 accounts.admin.add_command(tokens.token)
+accounts.team.add_command(quotas.quota)
 cli.add_command(audit.audit)
 cli.add_command(usage.usage)
 

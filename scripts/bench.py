@@ -29,7 +29,8 @@ Scenarios (see docs/benchmarks.md for what each measures and why):
   submit_pending    POST /jobs from 8 clients while every node is full, with 0 and then with
                     100,000 jobs pending (added through SQL): p50/p99 of each and their ratios
   placement         no cluster: one placement pass (placement.Planner) over 10,000 waiting jobs
-                    of four shapes and 500 labelled nodes, per policy, in memory
+                    of four shapes and 20 teams on 500 labelled nodes, per policy, in memory,
+                    without and with every team's quota counted
   events_load       submit latency (8 clients) and submit-to-done (one job at a time, 2 agents) with no event
                     stream open, then with 100 idle `GET /events` streams open; the scheduler's CPU while
                     they sit idle
@@ -120,6 +121,8 @@ TARGETS = (
     ("submit_pending", None, "p99_ratio", "max", 2.0),
     ("placement", None, "round_robin_ms", "max", 50), ("placement", None, "binpack_ms", "max", 50),
     ("placement", None, "spread_ms", "max", 50),
+    ("placement", None, "round_robin_quotas_ms", "max", 50), ("placement", None, "binpack_quotas_ms", "max", 50),
+    ("placement", None, "spread_quotas_ms", "max", 50),
 )
 
 
@@ -212,9 +215,13 @@ def placement_pass(cfg: Config) -> dict:
     of 8 free slots in three zones, a tenth with a GPU label, a fiftieth in pool
     `batch`, each with some memory already reserved; 10,000 waiting jobs of four
     shapes (six in ten asking nothing, two a zone and 2 GB, one a GPU and 8 GB, one the
-    batch pool). Per policy, the median of 7 passes that place until no slot is left,
-    and of 7 that give every job its reason (the background pass's explain)."""
-    from corral.scheduler.placement import Ask, NodeInfo, Planner
+    batch pool), of 20 teams in turn. Per policy, the median of 7 passes that place
+    until no slot is left, and of 7 that give every job its reason (the background
+    pass's explain); then the same with every team's quota counted (`*_quotas_ms`: each
+    guaranteed 100 jobs and 1,600% CPU, borrowing up to 150 more jobs, half of them
+    lending only 50 of their jobs, so that borrowers stop at what the others keep)."""
+    from corral.scheduler import quotas
+    from corral.scheduler.placement import Ask, NodeInfo, Planner, cluster_capacity
 
     rnd = random.Random(7)
     nodes = []
@@ -228,20 +235,27 @@ def placement_pass(cfg: Config) -> dict:
         lambda i: Ask(i, memory_mb=2048, cpu_percent=50, constraints=(("zone", "=", "abc"[i % 3]),))] * 2 + [
         lambda i: Ask(i, memory_mb=8192, constraints=(("gpu", "exists", None),)),
         lambda i: Ask(i, pool="batch", memory_mb=1024)]
-    asks = [shapes[i % 10](i) for i in range(cfg.placement_jobs)]
-    out: dict = {"jobs": len(asks), "nodes": len(nodes)}
-    for policy in ("round-robin", "binpack", "spread"):
-        for explain in (False, True):
-            times, placed = [], 0
-            for _ in range(7):
-                started = time.perf_counter()
-                planner = Planner(nodes, policy, explain=explain)
-                planner.offer(asks)
-                placed = len(planner.plan().placed)
-                times.append(time.perf_counter() - started)
-            name = policy.replace("-", "_") + ("_explain" if explain else "")
-            out[f"{name}_ms"] = round(1000 * statistics.median(times), 2)
-            out[f"{name}_placed"] = placed
+    teams = [f"team-{t:02d}" for t in range(20)]
+    asks = [replace(shapes[i % 10](i), team=teams[i % 20]) for i in range(cfg.placement_jobs)]
+    team_quotas = {team: quotas.Quota({"jobs": 100, "cpu_percent": 1600}, {"jobs": 150},
+                                      {"jobs": 50} if t % 2 else {}) for t, team in enumerate(teams)}
+    capacity = cluster_capacity(nodes)
+    out: dict = {"jobs": len(asks), "nodes": len(nodes), "teams": len(teams)}
+    for with_quotas in (False, True):
+        for policy in ("round-robin", "binpack", "spread"):
+            for explain in (False, True):
+                times, placed = [], 0
+                for _ in range(7):
+                    started = time.perf_counter()
+                    ledger = quotas.Ledger(team_quotas, {}, capacity) if with_quotas else None
+                    planner = Planner(nodes, policy, explain=explain, ledger=ledger)
+                    planner.offer(asks)
+                    placed = len(planner.plan().placed)
+                    times.append(time.perf_counter() - started)
+                name = (policy.replace("-", "_") + ("_explain" if explain else "")
+                        + ("_quotas" if with_quotas else ""))
+                out[f"{name}_ms"] = round(1000 * statistics.median(times), 2)
+                out[f"{name}_placed"] = placed
     return out
 
 

@@ -33,7 +33,7 @@ ODD_TEXT = ["\x00", "a\x01b", "\x1b[2J", "\x7f", "\r\n", "\u2028", "\ufeff", "\U
 # Valid bodies the bare test servers check and then refuse, with the status: personal
 # tokens mean nothing without the cluster's tokens (409); the path names no team (404).
 REFUSED_AFTER_CHECKS = {("scheduler", "create_token"): 409, ("scheduler", "set_member"): 404,
-                        ("scheduler", "update_team"): 404}
+                        ("scheduler", "update_team"): 404, ("scheduler", "set_quota"): 404}
 VALID_BODIES = {
     ("registry", "register_node"): {"node_id": "node-2", "address": "10.0.0.2", "kind": "gpu", "slots": 2,
                                     "cpus": 4, "memory_mb": 1024, "labels": {"zone": "b"}},
@@ -55,6 +55,7 @@ VALID_BODIES = {
     ("scheduler", "set_concurrency"): {"limit": 3},
     ("scheduler", "create_token"): {"name": "laptop"},
     ("scheduler", "update_team"): {"max_timeout_secs": 7200},
+    ("scheduler", "set_quota"): {"guaranteed": {"jobs": 4}, "borrowing_limit": {"cpu_percent": 400}},
     ("scheduler", "drain_node"): {"deadline_secs": 600},
     ("scheduler", "create_team"): {"name": "ml"},
     ("scheduler", "create_user"): {"name": "alice"},

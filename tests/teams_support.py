@@ -13,12 +13,12 @@ def bearer(token):
     return {"Authorization": f"Bearer {token}"}
 
 
-def three_teams(database_url: str):
+def three_teams(database_url: str, **settings):
     """Two teams: ml (alice its admin, bob a member) and web (carol a member); dave reads
     everything. Each user holds a token of full scope; bob one of read scope too."""
     clock = Clock()
     app = make_app(database_url, clock,
-                   credentials=Credentials(OPERATOR_TOKEN, AGENT_SECRET, reader=READER_TOKEN))
+                   credentials=Credentials(OPERATOR_TOKEN, AGENT_SECRET, reader=READER_TOKEN), **settings)
     store = app.extensions["corral.store"]
     accounts = store.accounts
     for team in ("ml", "web"):

@@ -721,8 +721,26 @@ class PendingReason(Answer):
     key: str = optional_key()
     """concurrency_limit: the key."""
     limit: int = optional_key()
+    """concurrency_limit: the key's limit; quota: the team's guarantee plus borrowing limit (absent: no
+    borrowing limit)."""
     active: int = optional_key()
     """array_throttle, concurrency_limit: its group's jobs placed or running."""
+    team: str = optional_key()
+    """quota: the job's team."""
+    resource: Literal["cpu_percent", "memory_mb", "gpus", "jobs"] = optional_key()
+    """quota: the resource the team may not take more of."""
+    used: int = optional_key()
+    """quota: what the team's placed and running jobs reserve of it."""
+    needs: int = optional_key()
+    """quota: what the job would reserve of it."""
+    guaranteed: int = optional_key()
+    """quota: the team's guarantee of it."""
+    kept_by: list[str] = optional_key()
+    """quota: the teams whose unused guarantee, not lent, the job would take."""
+    kept: int = optional_key()
+    """quota: what those teams keep of it."""
+    free: int = optional_key()
+    """quota: what is free of it in the cluster."""
 
 
 class JobDependsOn(Answer):
@@ -859,6 +877,8 @@ class WhyItWaits(Answer):
     pending_reason: PendingReason
     closest_nodes: list[NodeShortfall]
     """At most five, fewest shortfalls first."""
+    quota: "QuotaAnswer | None" = None
+    """When some team has a quota: the job's team's quota (empty when it has none) and its usage now."""
 
 
 class JobEvent(Answer):
@@ -1315,6 +1335,51 @@ class TeamChange(Request):
     below JOB_TIMEOUT_SECS. Null: only the cluster's JOB_TIMEOUT_MAX_SECS."""
 
 
+# The largest amounts a quota may name (far past any cluster Corral is built for).
+MAX_QUOTA = {"cpu_percent": 100_000_000, "memory_mb": 1 << 40, "gpus": 1_000_000, "jobs": 100_000_000}
+
+
+class QuotaAmounts(Request):
+    """Amounts of each resource a quota counts; a resource left out is not set."""
+
+    cpu_percent: int | None = Field(None, ge=0, le=MAX_QUOTA["cpu_percent"], examples=[1600])
+    """CPU in percent of one core, as jobs ask for it (1600: sixteen cores)."""
+    memory_mb: int | None = Field(None, ge=0, le=MAX_QUOTA["memory_mb"], examples=[65536])
+    gpus: int | None = Field(None, ge=0, le=MAX_QUOTA["gpus"], examples=[0])
+    jobs: int | None = Field(None, ge=0, le=MAX_QUOTA["jobs"], examples=[20])
+    """Jobs placed or running at once."""
+
+
+class QuotaRequest(Request):
+    """PUT /teams/{team}/quota: the whole quota (what is left out is not set)."""
+
+    guaranteed: QuotaAmounts | None = None
+    """What the team may always use (a resource left out: 0). When others borrowed it, preemption gives it
+    back."""
+    borrowing_limit: QuotaAmounts | None = None
+    """How much past its guarantee it may use of what the others leave idle (a resource left out: no limit)."""
+    lending_limit: QuotaAmounts | None = None
+    """How much of its unused guarantee others may borrow (a resource left out: all of it); at most the
+    guarantee."""
+
+
+class QuotaAnswer(Answer):
+    """A team's quota and what its jobs use now."""
+
+    team: str
+    guaranteed: dict[str, int]
+    """As set: a resource absent is guaranteed 0."""
+    borrowing_limit: dict[str, int]
+    """As set: a resource absent may be borrowed without limit."""
+    lending_limit: dict[str, int]
+    """As set: a resource absent is lent in full."""
+    used: dict[str, int]
+    """What the team's placed and running jobs reserve now, of each resource (cpu_percent, memory_mb, gpus,
+    jobs)."""
+    borrowed: dict[str, int]
+    """The part of `used` past the guarantee."""
+
+
 class TeamAnswer(Answer):
     name: str
     created_at: Timestamp
@@ -1420,3 +1485,4 @@ class UsageAnswer(Answer):
 
 
 TeamAnswer.model_rebuild()
+WhyItWaits.model_rebuild()

@@ -411,6 +411,7 @@ class Team(BaseModel):
     name = peewee.CharField(primary_key=True, max_length=128)
     created_at = peewee.DoubleField()
     max_timeout_secs = peewee.DoubleField(null=True)  # the largest timeout_secs of its jobs (0025)
+    quota = JSONField(null=True)                      # quotas.Quota.as_dict(); null: none (0026)
 
     class Meta:
         table_name = "team"

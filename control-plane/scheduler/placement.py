@@ -15,11 +15,12 @@ from typing import Any
 
 from corral.shared.wire import JOB_TYPES
 
-from . import liveness, waiting
+from . import liveness, quotas, waiting
 from .waiting import Reason
 
 POLICIES = ("round-robin", "binpack", "spread")
 DEFAULT_POOL = "default"
+DEFAULT_TEAM = "default"
 DEFAULT_PRIORITY = 50
 # A node whose allocatable capacity is unknown has this much of it free (sorts as the roomiest).
 UNCOUNTED = 1 << 62
@@ -87,6 +88,7 @@ class NodeInfo:
     reserved_memory_mb: int = 0          # what its jobs (placed or running) reserve
     reserved_cpu_percent: int = 0
     default_limits: Mapping[str, Limits] = field(default_factory=dict)  # job type -> (memory, cpu)
+    held: int = 0                        # the jobs placed or running there
 
     @property
     def pool(self) -> str:
@@ -118,6 +120,7 @@ class Ask:
     pool: str | None = None              # None: any pool
     array_id: int | None = None
     concurrency_key: str | None = None
+    team: str = DEFAULT_TEAM
 
     @property
     def shape(self) -> Shape:
@@ -220,6 +223,7 @@ class _Shape:
         self.fallback = fallback
         self.rooms = [r for r in rooms if r.node.takes_work and matches(ask, r.node)]  # node id order
         self.full: Reason | None = None  # set once it fits nowhere this pass
+        self.over_quota: dict[str, Reason] = {}  # team -> why its jobs of this shape wait, once refused
         for room in self.rooms:
             room.shapes.append(self)
         # binpack, spread: (free memory after, free CPU after, node id) ascending, for nodes with a slot.
@@ -309,11 +313,16 @@ class Planner:
     Speed: jobs that ask the same (type, pin, resources, constraints, pool) share a
     `_Shape`, whose candidate nodes are found once per pass and kept ordered as the
     policy reads them; a shape that fits nowhere turns its later jobs away at once
-    (room only shrinks during a pass); the pass stops when no slot is left."""
+    (room only shrinks during a pass); the pass stops when no slot is left.
+
+    `ledger`: the teams' quotas and usage (quotas.py), when some team has a quota. A job
+    goes only where its team may take what it reserves there; a team and shape refused
+    once are refused for the rest of the pass (a team's usage only grows in it)."""
 
     def __init__(self, nodes: Iterable[NodeInfo], policy: str = "round-robin", cursor: str | None = None,
                  throttles: Mapping[tuple[str, object], Throttle] | None = None,
-                 fallback: Mapping[str, Limits] | None = None, explain: bool = False):
+                 fallback: Mapping[str, Limits] | None = None, explain: bool = False,
+                 ledger: quotas.Ledger | None = None):
         if policy not in POLICIES:
             raise ValueError(f"unknown placement policy {policy!r}")
         self.policy = policy
@@ -333,6 +342,7 @@ class Planner:
         self.shapes: dict[Shape, _Shape] = {}
         self.placed: list[Placed] = []
         self.waiting: dict[int, Reason] = {}
+        self.ledger = ledger
 
     def add_throttles(self, throttles: Mapping[tuple[str, object], Throttle]) -> None:
         """More groups' limits (of jobs about to be offered); a group already known keeps its count."""
@@ -371,16 +381,28 @@ class Planner:
         return None
 
     def _place(self, ask: Ask) -> Reason | None:
+        ledger = self.ledger
         shape = self.shapes.get(ask.shape)
         if shape is None:
             shape = self.shapes[ask.shape] = _Shape(ask, self.rooms, self.policy, self.fallback)
         if shape.full is not None:
             return shape.full
+        if ledger is not None:
+            refused = shape.over_quota.get(ask.team)
+            if refused is not None:
+                return refused
         room = shape.choose(self.cursor)
         if room is None:
             shape.full = self._why_not(shape)
             return shape.full
         memory, cpu = room.need(ask, self.fallback)
+        if ledger is not None:
+            need = quotas.need_of(memory, cpu)
+            refusal = ledger.refuses(ask.team, need)
+            if refusal is not None:
+                reason = shape.over_quota[ask.team] = waiting.quota(refusal)
+                return reason
+            ledger.take(ask.team, need)
         was_open = room.open
         room.slots -= 1
         room.memory -= memory
@@ -408,6 +430,14 @@ class Planner:
             return waiting.no_capacity(len(shape.rooms), [x for x in ("slot", "memory", "cpu") if x in lacking],
                                        cpu_note=filled)
         return unmatched(shape.ask, self.nodes)
+
+
+def cluster_capacity(nodes: Iterable[NodeInfo]) -> dict[str, int | None]:
+    """What the cluster has for the teams' quotas: the allocatable memory, CPU and slots
+    of the nodes that take work, and what the jobs on the others still hold."""
+    return quotas.capacity_of(
+        (n.allocatable_memory_mb, n.allocatable_cpu_percent, max(0, n.free_slots) + n.held) if n.takes_work
+        else (n.reserved_memory_mb, n.reserved_cpu_percent, n.held) for n in nodes)
 
 
 def _requirements(ask: Ask) -> list[tuple[Constraint, Callable[[NodeInfo], bool]]]:

@@ -5,12 +5,12 @@ table (control-plane/server/auth.py) and the routes that take raw bytes rather t
 (control-plane/server/guards.py)."""
 from corral.server.routes import access_table, audited_actions, raw_routes
 
-from .api import (accounts, agents, arrays, audit, concurrency, events, jobs, logs, nodes, schedules, stats, submits,
-                  tokens, usage)
+from .api import (accounts, agents, arrays, audit, concurrency, events, jobs, logs, nodes, quotas, schedules, stats,
+                  submits, tokens, usage)
 
 GROUPS = (stats.routes, nodes.routes, submits.routes, jobs.routes, arrays.routes, schedules.routes,
           concurrency.routes, events.routes, agents.routes, logs.routes, tokens.routes,
-          accounts.routes, audit.routes, usage.routes)
+          accounts.routes, quotas.routes, audit.routes, usage.routes)
 
 # Who may call each route, from each route's declaration. Agents: claims, leases,
 # reports, live output and the original design's poll, each for the node of their

@@ -12,9 +12,11 @@ from typing import Any
 
 from corral.shared.timeutil import iso
 
+from . import quotas
+
 CODES = ("placed", "no_healthy_node", "constraints_unmet", "no_capacity", "pinned_node_unavailable",
          "scheduled", "backoff", "dependency", "array_throttle", "concurrency_limit", "draining",
-         "node_refusing_work")
+         "node_refusing_work", "quota")
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,23 @@ def concurrency_limit(key: str, limit: int, active: int) -> Reason:
     jobs = "1 job with" if active == 1 else f"{active} jobs with"
     return Reason("concurrency_limit", f"{jobs} concurrency key {key!r} placed or running (limit {limit})",
                   {"key": key, "limit": limit, "active": active})
+
+
+def quota(refusal: quotas.Refusal) -> Reason:
+    """The job's team may not take what the job would reserve: past its guarantee plus
+    borrowing limit, or borrowing what other teams keep for their guarantees."""
+    r = refusal
+    details = {"team": r.team, "resource": r.resource, "used": r.used, "needs": r.need,
+               "guaranteed": r.guaranteed, **({} if r.cap is None else {"limit": r.cap})}
+    uses = f"team {r.team} uses {quotas.say(r.resource, r.used)} and the job needs {quotas.say(r.resource, r.need)}"
+    if not r.keepers:
+        return Reason("quota", f"{uses}: over its guarantee of {quotas.say(r.resource, r.guaranteed)} plus "
+                      f"borrowing limit of {quotas.say(r.resource, (r.cap or 0) - r.guaranteed)}", details)
+    keepers = ", ".join(r.keepers[:3]) + (f" and {len(r.keepers) - 3} more" if len(r.keepers) > 3 else "")
+    return Reason("quota", f"{uses}, past its guarantee of {quotas.say(r.resource, r.guaranteed)}: of the "
+                  f"{quotas.say(r.resource, r.free)} free, {quotas.say(r.resource, r.kept)} is kept for the "
+                  f"guarantees of {keepers}", {**details, "kept_by": list(r.keepers[:20]), "kept": r.kept,
+                                               "free": r.free})
 
 
 def _nodes(n: int) -> str:

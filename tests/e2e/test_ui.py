@@ -1008,6 +1008,52 @@ def test_a_cluster_admin_makes_a_team_and_a_user_adds_the_member_and_makes_and_r
         browser.execute_script("sessionStorage.clear()")
 
 
+@pytest.mark.e2e
+@needs_browser
+def test_a_cluster_admin_sets_and_removes_a_teams_quota_and_its_admin_sees_it(browser, accounts_cluster, tmp_path):
+    from selenium.webdriver.support.ui import Select
+    c = accounts_cluster
+    call(c, "POST", "/teams", json={"name": "ui-quota"}, expect=201)
+    call(c, "POST", "/users", json={"name": "ui-gus", "teams": {"ui-quota": "admin"}}, expect=201)
+    jobs_line = '#teams tr[data-team="ui-quota"] .quota li[data-resource="jobs"]'
+    try:
+        sign_in(browser, c, OPERATOR_TOKEN, "#/teams")
+        wait(browser, lambda d: text_of(d, '#teams tr[data-team="ui-quota"] .quota') == "no quota", "no quota yet")
+        Select(browser.find_element("id", "quota-team")).select_by_value("ui-quota")
+        # A wrong amount is refused in the page; nothing is sent.
+        browser.find_element("id", "quota-guaranteed").send_keys("cores=4")
+        click(browser, "#quota-form button[type=submit]")
+        wait(browser, lambda d: "RESOURCE one of cpu_percent" in (text_of(d, "#quota-result") or ""), "the refusal")
+        assert call(c, "GET", "/teams/ui-quota/quota")["guaranteed"] == {}
+        # One the API refuses: its reason is shown.
+        browser.find_element("id", "quota-guaranteed").clear()
+        browser.find_element("id", "quota-guaranteed").send_keys("jobs=2")
+        browser.find_element("id", "quota-lending").send_keys("jobs=3")
+        click(browser, "#quota-form button[type=submit]")
+        wait(browser, lambda d: "lending_limit.jobs 3 is over guaranteed.jobs 2" in (text_of(d, "#quota-result") or ""),
+             "the API's refusal")
+        browser.find_element("id", "quota-lending").clear()
+        browser.find_element("id", "quota-borrowing").send_keys("jobs=1,cpu_percent=400")
+        click(browser, "#quota-form button[type=submit]")
+        wait(browser, lambda d: text_of(d, "#quota-result") == "set the quota of ui-quota", "the quota set")
+        wait(browser, lambda d: text_of(d, jobs_line) == "jobs: uses 0 · guaranteed 2 · borrows up to 1 · lends all",
+             "the quota listed")
+        assert call(c, "GET", "/teams/ui-quota/quota")["borrowing_limit"] == {"jobs": 1, "cpu_percent": 400}
+        screenshot(browser, tmp_path, "quota")
+        # The team's admin sees it and may not change it.
+        sign_in(browser, c, personal_token(c, "ui-gus"), "#/teams")
+        wait(browser, lambda d: text_of(d, jobs_line) is not None, "the quota shown to the team's admin")
+        assert not shown(browser, "#quota-form")
+        # Removed by the cluster admin.
+        sign_in(browser, c, OPERATOR_TOKEN, "#/teams")
+        Select(browser.find_element("id", "quota-team")).select_by_value("ui-quota")
+        click(browser, "#quota-remove")
+        wait(browser, lambda d: text_of(d, "#quota-result") == "removed the quota of ui-quota", "removed")
+        wait(browser, lambda d: text_of(d, '#teams tr[data-team="ui-quota"] .quota') == "no quota", "no quota again")
+    finally:
+        browser.execute_script("sessionStorage.clear()")
+
+
 # ---- usage ---------------------------------------------------------------------------------
 
 def usage_table(driver) -> dict[str, str]:

@@ -122,7 +122,9 @@ def test_revoked_expired_and_made_up_personal_tokens_are_refused(cluster):
     accounts.revoke_token(cluster_token_id(cluster, "bob", "laptop"), clock())
     _forget(cluster)
     assert cluster("bob", "GET", "/jobs").status_code == 401
-    for made_up in (personal_tokens.PREFIX + "x" * 43, cluster.tokens["alice"][:-1] + "A",
+    alice = cluster.tokens["alice"]
+    altered = alice[:-1] + ("B" if alice.endswith("A") else "A")  # one character off (never the same token)
+    for made_up in (personal_tokens.PREFIX + "x" * 43, altered,
                     personal_tokens.PREFIX, "corral_pat_" + "\u00e9" * 10):
         cluster.tokens["made-up"] = made_up
         answer = cluster("made-up", "GET", "/jobs")

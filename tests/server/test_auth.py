@@ -152,6 +152,9 @@ SCHEDULER_ROUTES = {
     "delete_user": ("DELETE", "/users/nobody", None, "operator"),
     "list_audit": ("GET", "/audit", None, "read"),
     "get_usage": ("GET", "/usage", None, "read"),
+    "get_quota": ("GET", "/teams/nope/quota", None, "read"),
+    "set_quota": ("PUT", "/teams/nope/quota", {"guaranteed": {"jobs": 1}}, "operator"),
+    "delete_quota": ("DELETE", "/teams/nope/quota", None, "operator"),
 }
 SERVICE = {"job_id": "job-1", "name": "web", "node_id": NODE, "address": "10.0.0.1", "port": 8080,
            "attempt": 1, "grant": GRANT}

@@ -35,13 +35,14 @@ USER_RULES = {
     "read_schedule": "team", "schedule_runs": "team",
     "create_schedule": "admin", "change_schedule": "admin", "delete_schedule": "admin",
     "set_concurrency": "admin", "remove_concurrency": "admin", "set_member": "admin", "remove_member": "admin",
-    "list_audit": "admin", "get_usage": "all",
+    "list_audit": "admin", "get_usage": "all", "get_quota": "team",
 }
 # The examples where the route table's own is about no team's work in particular.
 EXAMPLES = {
     "events_stream": ("GET", "/events?job_id=job-1", None),
     "set_member": ("PUT", "/teams/ml/members/erin", {"role": "member"}),
     "remove_member": ("DELETE", "/teams/ml/members/erin", None),
+    "get_quota": ("GET", "/teams/ml/quota", None),
 }
 CALLERS = ("none", "wrong", "expired", "revoked", "reader", "member", "other team", "team admin",
            "cluster admin", "operator", "node", "other node")

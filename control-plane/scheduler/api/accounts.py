@@ -56,7 +56,7 @@ def update_team(api: SchedulerApi, team):
     name = principals.check_team_name(team)
     changes = contract.TeamChange.check(read_json_object()).model_dump(exclude_unset=True)
     answer = team_answer(*api.store.accounts.update_team(name, changes))
-    api.store.limits.team_bounds.forget()  # this process's next submit reads the new maximum
+    api.store.context.teams.forget()  # this process's next submit reads the new maximum
     return respond(answer)
 
 

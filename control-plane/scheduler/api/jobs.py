@@ -20,6 +20,7 @@ from corral.shared.errors import BadRequest
 from .. import contract, pages, validation, views, waiting
 from ..models import Job
 from .context import MAX_PAGE, SchedulerApi
+from .quotas import quota_answer
 
 routes = Routes("jobs")
 
@@ -118,8 +119,11 @@ def why_it_waits(api: SchedulerApi, job_id):
     api.require_visible(job_id)
     job, closest = api.store.placing.why(job_id)
     view = api.job_view(job)
+    quota = None
+    if api.store.context.teams.quotas():
+        quota = quota_answer(job.team, *api.store.quotas.get(job.team))
     return respond(contract.WhyItWaits.model_validate({
-        "job_id": job.job_id, "pending_reason": view.pending_reason, "closest_nodes": closest}))
+        "job_id": job.job_id, "pending_reason": view.pending_reason, "closest_nodes": closest, "quota": quota}))
 
 
 @routes.post("/jobs/<job_id>/cancel", access=auth.MEMBER,

@@ -1222,7 +1222,49 @@
 
   // -- teams
 
-  function drawTeams({teams, users}, who) {
+  // The accounts, and the quota and use of each team the caller may see (null: not shown to them).
+  async function loadTeams() {
+    const accounts = await loadAccounts();
+    const quotas = await Promise.all(accounts.teams.map((team) => api(named("teams", team.name) + "/quota")
+      .catch((err) => { if (err instanceof AuthNeeded) throw err; return null; })));
+    return {...accounts, quotas: Object.fromEntries(accounts.teams.map((team, i) => [team.name, quotas[i]]))};
+  }
+
+  const QUOTA_RESOURCES = ["cpu_percent", "memory_mb", "gpus", "jobs"];
+
+  // One line per resource a team has a quota of or uses: "jobs: uses 3 · guaranteed 2 · borrows up to 1 · lends all".
+  function quotaList(quota) {
+    const list = el("ul", null, "quota");
+    if (!quota) return list;
+    for (const resource of QUOTA_RESOURCES) {
+      const set = ["guaranteed", "borrowing_limit", "lending_limit"].some((part) => resource in quota[part]);
+      if (!set && !quota.used[resource]) continue;
+      const limit = quota.borrowing_limit[resource], lend = quota.lending_limit[resource];
+      const item = el("li", `${resource}: uses ${quota.used[resource]} · guaranteed ${quota.guaranteed[resource] ?? 0}`
+        + ` · borrows ${limit === undefined ? "without limit" : "up to " + limit}`
+        + ` · lends ${lend === undefined ? "all" : lend}`
+        + (quota.borrowed[resource] ? ` · borrowing ${quota.borrowed[resource]} now` : ""));
+      item.dataset.resource = resource;
+      list.append(item);
+    }
+    if (!list.children.length) list.append(el("li", "no quota", "muted"));
+    return list;
+  }
+
+  // RESOURCE=N,... as the CLI takes it; null when empty.
+  function quotaAmounts(text, part) {
+    const amounts = {};
+    for (const item of text.split(",").map((x) => x.trim()).filter(Boolean)) {
+      const [name, value] = item.split("=");
+      if (!QUOTA_RESOURCES.includes(name) || !/^[0-9]+$/.test(value || "")) {
+        throw new Error(`${part}: give RESOURCE=N,... with RESOURCE one of ${QUOTA_RESOURCES.join(", ")}`);
+      }
+      amounts[name] = Number(value);
+    }
+    return Object.keys(amounts).length ? amounts : null;
+  }
+
+  function drawTeams({teams, users, quotas}, who) {
     showPage("teams-page");
     document.title = "Teams · Corral";
     const admin = isClusterAdmin(who);
@@ -1231,18 +1273,21 @@
       : teams.filter((team) => who.teams.some((t) => t.team === team.name && t.role === "admin"));
     const changeable = shown.map((team) => team.name).filter((team) => administers(who, team));
     $("team-form").hidden = !admin;
+    $("quota-form").hidden = !admin;
+    const quotaTeam = $("quota-team");
+    setOptions(quotaTeam, teams.map((t) => [t.name, t.name]), quotaTeam.value || (teams[0] || {}).name);
     $("member-form").hidden = !changeable.length;
     const select = $("member-team");
     setOptions(select, changeable.map((t) => [t, t]), changeable.includes(select.value) ? select.value : changeable[0]);
     setSuggestions($("user-names"), users.map((user) => user.name));
-    setRows($("teams"), {shown, changeable, admin}, () => shown.map((team) => {
+    setRows($("teams"), {shown, changeable, admin, quotas}, () => shown.map((team) => {
       const members = el("ul", null, "members");
       const canChange = changeable.includes(team.name);
       members.append(...team.members.map((member) => memberItem(team.name, member, canChange)));
       if (!team.members.length) members.append(el("li", "no members", "muted"));
       const remove = admin ? button("Delete", "delete", () => deleteTeam(team.name)) : null;
-      const tr = row([team.name, members, timeCell(team.created_at), remove]);
-      cellClasses(tr, ["name", "members-cell", "created", "buttons"]);
+      const tr = row([team.name, members, quotaList(quotas[team.name]), timeCell(team.created_at), remove]);
+      cellClasses(tr, ["name", "members-cell", "quota-cell", "created", "buttons"]);
       tr.dataset.team = team.name;
       return tr;
     }));
@@ -1286,6 +1331,25 @@
       $("team-form").reset();
       return `made team ${team.name}`;
     });
+  });
+
+  $("quota-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const team = $("quota-team").value;
+    change($("quota-result"), async () => {
+      const body = {};
+      for (const [part, id] of [["guaranteed", "quota-guaranteed"], ["borrowing_limit", "quota-borrowing"],
+                                ["lending_limit", "quota-lending"]]) {
+        const amounts = quotaAmounts($(id).value, part);
+        if (amounts) body[part] = amounts;
+      }
+      return api(named("teams", team) + "/quota", "PUT", body);
+    }, () => `set the quota of ${team}`);
+  });
+
+  $("quota-remove").addEventListener("click", () => {
+    const team = $("quota-team").value;
+    change($("quota-result"), () => api(named("teams", team) + "/quota", "DELETE"), () => `removed the quota of ${team}`);
   });
 
   $("member-form").addEventListener("submit", (event) => {
@@ -1707,7 +1771,7 @@
     users: {allowed: seesEveryTeam, for: "cluster admins and readers", load: loadAccounts,
             draw: (r, data, who) => drawUsers(data, who)},
     teams: {allowed: (who) => seesEveryTeam(who) || leadsTeams(who), for: "cluster admins and readers and team admins",
-            load: loadAccounts, draw: (r, data, who) => drawTeams(data, who)},
+            load: loadTeams, draw: (r, data, who) => drawTeams(data, who)},
     tokens: {load: (r, who) => loadTokens(who), draw: (r, data, who) => drawTokens(data, who)},
     audit: {load: (r) => loadAudit(r.filters), draw: (r, data) => drawAudit(r.filters, data)},
     usage: {load: (r) => loadUsage(r.filters), draw: (r, data) => drawUsage(r.filters, data)},

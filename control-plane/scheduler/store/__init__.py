@@ -43,6 +43,7 @@ from .reports import Reports
 from .stats import Stats
 from .status_writer import StatusWriter
 from .submits import Submits
+from .team_quotas import TeamQuotas
 from .transitions import Transitions
 from .usage import Usage
 
@@ -83,6 +84,7 @@ class Store:
         self.nodes = Nodes(ctx, self.stats, writer, self.snapshot)
         self.placing = Placing(ctx, self.snapshot, PlacementWrites(ctx, writer), self.jobs)
         self.accounts = Accounts(ctx)
+        self.quotas = TeamQuotas(ctx, self.snapshot)
         self.audit = AuditLog(ctx)
         self.usage = Usage(ctx)
 

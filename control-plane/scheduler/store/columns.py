@@ -13,7 +13,7 @@ CLAIMED = tuple(field for field in Job._meta.sorted_fields if field.name not in 
     "pending_code"))
 # What placement reads of a queued job (rows.ask), then its stored reason and its place in the queue.
 QUEUED = (Job.id, Job.attempt, Job.job_type, Job.instance_id, Job.memory_mb, Job.cpu_percent, Job.constraints,
-          Job.pool, Job.array_id, Job.concurrency_key, Job.pending_reason, Job.queue_at)
+          Job.pool, Job.array_id, Job.concurrency_key, Job.team, Job.pending_reason, Job.queue_at)
 # What a lifecycle decision reads of a job (lifecycle.py), with its metrics
 # (metrics.moved), its notification (notifications.py) and its usage (usage.py): not the
 # output or the request.

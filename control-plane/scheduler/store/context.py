@@ -23,6 +23,7 @@ from corral.server.statements import Statements
 
 from .. import lifecycle
 from ..settings import SchedulerSettings
+from .team_settings import TeamSettings
 
 
 @dataclasses.dataclass
@@ -36,6 +37,8 @@ class StoreContext:
     on_placed: Callable[[set[str]], None] | None = None
     # The lease the background loops write under (fenced()); None for the API's writes.
     fence: Fence | None = None
+    # Each team's largest timeout and quota, kept a short while (shared by fenced copies).
+    teams: TeamSettings = dataclasses.field(default_factory=TeamSettings)
 
     @classmethod
     def open(cls, db: peewee.Database, settings: SchedulerSettings,

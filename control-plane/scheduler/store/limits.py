@@ -3,8 +3,6 @@
 A job's memory and CPU against what the known nodes allow, its own timeout against
 JOB_TIMEOUT_MAX_SECS and its team's `max_timeout_secs`, its kill grace and warning;
 the concurrency keys' limits, set, removed and listed."""
-import threading
-import time
 from typing import Any
 
 from peewee import fn
@@ -13,45 +11,15 @@ from corral.server.principals import DEFAULT_TEAM
 from corral.shared.errors import BadRequest, NotFound
 
 from .. import liveness, placement
-from ..models import ConcurrencyLimit, Job, Node, Team
+from ..models import ConcurrencyLimit, Job, Node
 from ..validation import check_stop, timeout_column
 from .context import StoreContext
 from .rows import tuples
 
 
-# A team's max_timeout_secs is read again after this long (each process keeps the teams'
-# maxima, so that a submit reads no row for them): a change applies within it.
-TEAM_BOUNDS_SECS = 2.0
-
-
-class TeamBounds:
-    """Each team's `max_timeout_secs` (None: none), read at most every TEAM_BOUNDS_SECS."""
-
-    def __init__(self, clock=time.monotonic):
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._read_at: float | None = None
-        self._maxima: dict[str, float] = {}
-
-    def max_timeout(self, team: str) -> float | None:
-        with self._lock:
-            now = self._clock()
-            if self._read_at is None or now - self._read_at >= TEAM_BOUNDS_SECS or now < self._read_at:
-                self._maxima = dict(tuples(Team.select(Team.name, Team.max_timeout_secs)
-                                           .where(Team.max_timeout_secs.is_null(False))))
-                self._read_at = now
-            return self._maxima.get(team)
-
-    def forget(self) -> None:
-        """Read again at the next submit (this process changed a team's maximum)."""
-        with self._lock:
-            self._read_at = None
-
-
 class Limits:
     def __init__(self, ctx: StoreContext):
         self.ctx = ctx
-        self.team_bounds = TeamBounds()
 
     @staticmethod
     def concurrency_limits(key: str | None = None, teams: frozenset[str] | None = None
@@ -102,7 +70,7 @@ class Limits:
         it stops (validation.check_stop). Returns the fields to store: a run job that asks
         no timeout gets its team's maximum when that is below JOB_TIMEOUT_SECS."""
         team = fields.get("team") or DEFAULT_TEAM
-        team_max = self.team_bounds.max_timeout(team)
+        team_max = self.ctx.teams.max_timeout(team)
         check_stop(fields, self.ctx.settings, team_max, team)
         timeout = fields.get("timeout_secs")
         if (fields.get("job_type") or "run") == "run" and team_max is not None:

@@ -57,7 +57,7 @@ class PlacementReads:
             max_memory_mb=max_memory,
             max_cpu_percent=max_cpu, reserve_memory_mb=reserve_memory or 0, reserve_cpu_percent=reserve_cpu or 0,
             reserved_memory_mb=int(reserved_memory or 0), reserved_cpu_percent=int(reserved_cpu or 0),
-            default_limits=limits_by_type(json_value(defaults)))
+            default_limits=limits_by_type(json_value(defaults)), held=held)
             for (node_id, slots, status, kind, refusing, max_memory, max_cpu, labels, defaults, reserve_memory,
                  reserve_cpu, held, reserved_memory, reserved_cpu) in rows]
 
@@ -137,6 +137,18 @@ class PlacementReads:
             for key in keys - set(limits):  # no limit set: unlimited (and not asked again this pass)
                 found[("key", key)] = placement.Throttle(placement.UNCOUNTED, 0)
         return found
+
+    def team_usage(self, team: str | None = None) -> dict[str, dict[str, int]]:
+        """What each team's placed and running jobs reserve (quotas.RESOURCES; `team`'s only, when given)."""
+        def usage() -> Any:
+            where = _holding_slots() if team is None else _holding_slots() & (Job.team == param("team"))
+            return Job.select(Job.team, fn.COUNT(Job.id), fn.COALESCE(fn.SUM(Job.reserved_memory_mb), 0),
+                              fn.COALESCE(fn.SUM(Job.reserved_cpu_percent), 0)).where(where).group_by(Job.team)
+
+        rows = self.ctx.sql.rows(self.ctx.db, ("team usage", team is None), usage,
+                                 **({} if team is None else {"team": team}))
+        return {name: {"cpu_percent": int(cpu), "memory_mb": int(memory), "gpus": 0, "jobs": int(jobs)}
+                for name, jobs, memory, cpu in rows}
 
     def cursor(self) -> tuple[str | None, bool]:
         """The round-robin cursor (read under the placement lock), and whether its row exists."""

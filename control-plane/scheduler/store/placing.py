@@ -10,7 +10,7 @@ from collections.abc import Collection
 from corral.server.statements import ValueList
 from corral.shared.errors import Conflict
 
-from .. import placement
+from .. import placement, quotas
 from ..models import Job
 from .columns import QUEUED
 from .context import StoreContext
@@ -85,8 +85,9 @@ class Placing:
             # placements on different nodes would otherwise queue on).
             cursor, cursor_stored = self.reads.cursor() if rotate else (None, False)
             before = cursor
+            ledger = self.ledger(infos if every_node else None, lock=True)
             planner = placement.Planner(infos, self.ctx.settings.placement_policy, cursor,
-                                        fallback=FALLBACK_LIMITS)
+                                        fallback=FALLBACK_LIMITS, ledger=ledger)
             open_ids = sorted(n.node_id for n in infos if n.takes_work and n.free_slots > 0)
             scan = PLACEMENT_SCAN_MAX if deep else total_free if first_only else total_free + QUEUE_PAGE
             candidates = self._offer_queue(planner, open_ids, now, total_free, scan)
@@ -132,13 +133,26 @@ class Placing:
         rows = self.reads.queue_head(now, limit)
         if not rows:
             return 0
-        planner = placement.Planner(self.reads.nodes(), self.ctx.settings.placement_policy,
-                                    fallback=FALLBACK_LIMITS, explain=True)
+        infos = self.reads.nodes()
+        planner = placement.Planner(infos, self.ctx.settings.placement_policy,
+                                    fallback=FALLBACK_LIMITS, explain=True, ledger=self.ledger(infos))
         asks = [ask(row) for row in rows]
         self._add_throttles(planner, asks)
         planner.offer(asks)
         # A job the planner could place waits only for the next placement: it keeps its reason.
         return self.writes.keep_reasons(planner.plan().waiting, {row[0]: row[-2] for row in rows})
+
+    def ledger(self, every_node: list[placement.NodeInfo] | None, lock: bool = False) -> quotas.Ledger | None:
+        """The teams' quotas with their usage and the cluster's capacity (`every_node`: the
+        nodes, when already read), for a pass to place within; None when no team has a
+        quota. `lock`: in a placing transaction, one such placement at a time."""
+        found = self.ctx.teams.quotas()
+        if not found:
+            return None
+        if lock:
+            self.ctx.backend.lock_quotas(self.ctx.db)
+        nodes = self.reads.nodes() if every_node is None else every_node
+        return quotas.Ledger(found, self.reads.team_usage(), placement.cluster_capacity(nodes))
 
     def why(self, job_id: str) -> tuple[Job, list[dict]]:
         """A pending job and the nodes that came closest to taking it, each with what it

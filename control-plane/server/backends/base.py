@@ -67,6 +67,12 @@ class Backend:
         holds now (locked_nodes() then says which). By default the write lock every
         transaction takes already serialises placement."""
 
+    def lock_quotas(self, db: peewee.Database) -> None:
+        """Serialise the placements that count the teams' quotas until the current
+        transaction ends (taken after lock_placement: two placements on different nodes
+        would each see the other's jobs unplaced, and a team pass its quota). By
+        default the write lock every transaction takes already does."""
+
     def locked_nodes(self, db: peewee.Database) -> frozenset | None:
         """The nodes the current transaction locked for placement (lock_placement's
         `nodes`); None when it may place on any."""

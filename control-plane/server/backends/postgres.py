@@ -51,6 +51,8 @@ MIN_POOL_SIZE = BACKGROUND_CONNECTIONS + 1
 # The advisory lock keys (pg_advisory_xact_lock takes a bigint): any constants
 # that no other application in the same database is likely to use.
 PLACEMENT_LOCK_KEY = 0x436F7272_616C0001
+# Placements that count the teams' quotas: one at a time, whatever nodes they lock.
+QUOTA_LOCK_KEY = 0x436F7272_616C0002
 # A node's placement lock: the two-key form (a key space of its own), this class and
 # a hash of the node's id (two ids of one hash only share a lock).
 NODE_LOCK_CLASS = 0x436F7202
@@ -524,6 +526,10 @@ class PostgresBackend(Backend):
     def lock_placement(self, db: peewee.Database, recomputable: bool = False,
                        nodes: Collection[str] | None = None, skip_busy: bool = False) -> None:
         cast(PostgresDatabase, db).lock_placement(recomputable, nodes, skip_busy)
+
+    def lock_quotas(self, db: peewee.Database) -> None:
+        # Always after the placement locks, so no two takers wait on each other in a cycle.
+        db.execute_sql("SELECT pg_advisory_xact_lock(%s)", (QUOTA_LOCK_KEY,))
 
     def locked_nodes(self, db: peewee.Database) -> frozenset | None:
         return cast(PostgresDatabase, db).locked_nodes()
