@@ -141,22 +141,29 @@ def max_timeout_text(secs: float | None) -> str:
                    "gets it when it is below the scheduler's JOB_TIMEOUT_SECS).")
 @click.option("--no-max-timeout", "clear_max_timeout", is_flag=True,
               help="Take its maximum away: only the scheduler's JOB_TIMEOUT_MAX_SECS holds.")
+@click.option("--share", type=click.IntRange(1, 10_000),
+              help="Its weight in fair share (every team's is 1 unless set).")
 @json_option("Print the team's JSON.")
 @click.pass_obj
-def set_team(env: Env, name: str, max_timeout_secs, clear_max_timeout: bool, as_json: bool) -> None:
-    """Change TEAM's limits (cluster admins)."""
+def set_team(env: Env, name: str, max_timeout_secs, clear_max_timeout: bool, share: int | None,
+             as_json: bool) -> None:
+    """Change TEAM's limits and fair-share weight (cluster admins)."""
     if max_timeout_secs is not None and clear_max_timeout:
         raise sched.usage_error("give --max-timeout DURATION or --no-max-timeout, not both")
-    if max_timeout_secs is None and not clear_max_timeout:
-        raise click.UsageError("give what to change: --max-timeout DURATION or --no-max-timeout")
+    if max_timeout_secs is None and not clear_max_timeout and share is None:
+        raise click.UsageError("give what to change: --max-timeout DURATION, --no-max-timeout or --share N")
     env.subject = name
-    answer = env.scheduler.change_team(name, {"max_timeout_secs": max_timeout_secs})
+    changes: dict = {} if share is None else {"share": share}
+    if max_timeout_secs is not None or clear_max_timeout:
+        changes["max_timeout_secs"] = max_timeout_secs
+    answer = env.scheduler.change_team(name, changes)
     if as_json:
         echo_json(answer)
         return
     secs = answer.get("max_timeout_secs")
     click.echo(f"{answer.get('name')}: max timeout " + ("none (the scheduler's JOB_TIMEOUT_MAX_SECS)"
-                                                       if secs is None else fmt.duration(secs)))
+                                                       if secs is None else fmt.duration(secs))
+               + (f", share {answer.get('share')}" if "share" in answer else ""))
 
 
 @team.command("delete")

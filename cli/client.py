@@ -117,6 +117,9 @@ class CliSchedulerClient(SchedulerClient):
     def delete_team(self, name: str) -> None:
         self._request("DELETE", f"/teams/{_seg(name)}")
 
+    def fair_share(self) -> dict:
+        return self._call("GET", "/usage/fair-share")
+
     def quota(self, team: str) -> dict:
         return self._call("GET", f"/teams/{_seg(team)}/quota")
 

@@ -477,6 +477,12 @@ def why(env: Env, job_id: str, as_json: bool) -> None:
     if answer.get("quota"):
         click.echo("\nits team's quota:")
         fmt.emit(quotas.quota_table([answer["quota"]]))
+    fair = answer.get("fair_share")
+    if fair:
+        users = ", ".join(f"{u.get('user')} {u.get('factor', 0):.3f}" for u in fair.get("users") or [])
+        click.echo(f"\nfair share: team {fair.get('team')} factor {fair.get('factor', 0):.3f} "
+                   f"({100 * (fair.get('usage_part') or 0):.1f}% of the usage on "
+                   f"{100 * (fair.get('share') or 0):.1f}% of the shares)" + (f"; its user {users}" if users else ""))
     closest = answer.get("closest_nodes") or []
     if not closest:
         return

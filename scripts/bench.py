@@ -219,8 +219,9 @@ def placement_pass(cfg: Config) -> dict:
     until no slot is left, and of 7 that give every job its reason (the background
     pass's explain); then the same with every team's quota counted (`*_quotas_ms`: each
     guaranteed 100 jobs and 1,600% CPU, borrowing up to 150 more jobs, half of them
-    lending only 50 of their jobs, so that borrowers stop at what the others keep)."""
-    from corral.scheduler import quotas
+    lending only 50 of their jobs, so that borrowers stop at what the others keep), and
+    the time fair share takes to put the 10,000 jobs in turns (`fair_share_order_ms`)."""
+    from corral.scheduler import fairshare, quotas
     from corral.scheduler.placement import Ask, NodeInfo, Planner, cluster_capacity
 
     rnd = random.Random(7)
@@ -256,6 +257,21 @@ def placement_pass(cfg: Config) -> dict:
                         + ("_quotas" if with_quotas else ""))
                 out[f"{name}_ms"] = round(1000 * statistics.median(times), 2)
                 out[f"{name}_placed"] = placed
+    # Fair share's order of the same jobs (five users per team, usage of every one), before a pass.
+    rows = [(a.job_id, a.team, f"user-{a.job_id % 100:02d}") for a in asks]
+    usage = {(team, f"user-{u:02d}"): float(rnd.randint(0, 10**6)) for team in teams for u in range(100)
+             if u % 20 == teams.index(team)}
+    times = []
+    for _ in range(7):
+        started = time.perf_counter()
+        by_team: dict[str, float] = {}
+        for (team, _), amount in usage.items():
+            by_team[team] = by_team.get(team, 0.0) + amount
+        standings = fairshare.standings(dict.fromkeys(teams, 1.0), by_team)
+        users = fairshare.user_standings(usage, {(r[1], r[2]) for r in rows})
+        fairshare.turns(rows, lambda r: r[1], lambda r: r[2], standings, users)
+        times.append(time.perf_counter() - started)
+    out["fair_share_order_ms"] = round(1000 * statistics.median(times), 2)
     return out
 
 

@@ -870,6 +870,41 @@ class NodeShortfall(Answer):
     """What keeps the job off this node, in words (empty: nothing now; it goes at the next placement)."""
 
 
+class FairShareStanding(Answer):
+    """A team's or user's place in fair share (docs/scheduling.md, "Fair share")."""
+
+    share: float
+    """Its part of the shares, 0 to 1 (a team's weight over all teams' weights; users of a team equal)."""
+    usage_core_seconds: float
+    """Cores reserved times time run, ended attempts' halved every half-life, running jobs' so far."""
+    usage_part: float
+    """Its part of the usage, 0 to 1."""
+    factor: float
+    """2 ** -(usage_part / share): 1 used nothing, 0.5 used exactly its share; the highest goes first."""
+
+
+class FairShareUser(FairShareStanding):
+    user: str
+
+
+class FairShareTeam(FairShareStanding):
+    team: str
+    weight: int
+    """The team's `share` as set (PATCH /teams/{team})."""
+    users: list[FairShareUser]
+    """Its users with usage or waiting jobs, the highest factor first."""
+
+
+class FairShareAnswer(Answer):
+    """GET /usage/fair-share."""
+
+    enabled: bool
+    """False when FAIR_SHARE_HALF_LIFE_SECS is 0 or only one team exists: jobs go in queue order."""
+    half_life_secs: float
+    teams: list[FairShareTeam]
+    """The highest factor first: the order in which teams take their turns."""
+
+
 class WhyItWaits(Answer):
     """Why a pending job waits, and the nodes that came closest to taking it."""
 
@@ -879,6 +914,8 @@ class WhyItWaits(Answer):
     """At most five, fewest shortfalls first."""
     quota: "QuotaAnswer | None" = None
     """When some team has a quota: the job's team's quota (empty when it has none) and its usage now."""
+    fair_share: FairShareTeam | None = None
+    """When fair share is on: the job's team's standing, with its submitter's among the team's users."""
 
 
 class JobEvent(Answer):
@@ -1327,12 +1364,18 @@ class TeamRequest(Request):
     name: TeamName = Field(examples=["ml"])
 
 
+MAX_SHARE = 10_000
+
+
 class TeamChange(Request):
     """PATCH /teams/{team}: the fields given change, null clears one."""
 
     max_timeout_secs: float | None = Field(None, gt=0, le=MAX_TIMEOUT_SECS, examples=[86400])
     """The largest `timeout_secs` the team's jobs may ask for; a job that asks none gets this when it is
     below JOB_TIMEOUT_SECS. Null: only the cluster's JOB_TIMEOUT_MAX_SECS."""
+    share: int = Field(1, ge=1, le=MAX_SHARE, examples=[2])
+    """Its weight in fair share (every team's is 1 unless set): a team of share 2 gets twice the turns of a
+    team of share 1 for the same usage."""
 
 
 # The largest amounts a quota may name (far past any cluster Corral is built for).
@@ -1385,6 +1428,8 @@ class TeamAnswer(Answer):
     created_at: Timestamp
     max_timeout_secs: float | None
     """The largest `timeout_secs` its jobs may ask for (null: the cluster's JOB_TIMEOUT_MAX_SECS)."""
+    share: int
+    """Its weight in fair share."""
     members: list["Member"]
 
 
@@ -1471,6 +1516,8 @@ class UsageRow(Answer):
     memory_mb_seconds: float
     """Each attempt's peak memory times its wall time."""
     gpu_seconds: float
+    core_seconds: float
+    """The cores each attempt reserved (cpu_percent / 100) times its wall time: what fair share counts."""
 
 
 class UsageAnswer(Answer):

@@ -115,9 +115,16 @@ class Job(BaseModel):
             (("team", "id"), False),     # a member's job list: their teams' jobs in id order (0022)
         )
 
+
     @property
     def job_id(self) -> str:
         return f"job-{self.id}"
+
+
+# Placement's turns between teams (fair share, 0027): each team's jobs waiting to be
+# placed, in queue order. Partial: a job is in it only while it waits to be placed.
+Job.add_index(Job.index(Job.status, Job.node_id, Job.team, Job.queue_at, Job.id, name="job_waiting_by_team").where(
+    (Job.status == "pending") & Job.node_id.is_null()))
 
 
 class JobEvent(BaseModel):
@@ -399,6 +406,7 @@ class UsageDay(BaseModel):
     wall_seconds = peewee.DoubleField(default=0.0)
     memory_mb_seconds = peewee.DoubleField(default=0.0)
     gpu_seconds = peewee.DoubleField(default=0.0)
+    core_seconds = peewee.DoubleField(default=0.0)  # cores reserved times wall time: what fair share counts (0027)
 
     class Meta:
         table_name = "usage_day"
@@ -412,6 +420,7 @@ class Team(BaseModel):
     created_at = peewee.DoubleField()
     max_timeout_secs = peewee.DoubleField(null=True)  # the largest timeout_secs of its jobs (0025)
     quota = JSONField(null=True)                      # quotas.Quota.as_dict(); null: none (0026)
+    share = peewee.IntegerField(default=1)            # its weight in fair share (0027)
 
     class Meta:
         table_name = "team"

@@ -44,6 +44,8 @@ class SchedulerSettings:
     # many seconds of waiting are worth one point of priority (placement.queue_at).
     placement_policy: str = "round-robin"
     priority_aging_secs: float = 60.0
+    # Fair share between teams and users (fairshare.py): usage counts half after this long; 0: off.
+    fair_share_half_life_secs: float = 7 * 86400.0
     schedule_catch_up_max: int = 100
     max_job_retries: int = 1
     retry_base_secs: float = 2.0
@@ -186,6 +188,10 @@ SETTINGS = (
               "a waiting job gains one point of priority for each this many seconds it waits (so a job of "
               "priority 0 waits at most 100 times this behind priority-100 work); applies to jobs as they queue",
               minimum=0.0, maximum=86400.0),
+    s.Setting("FAIR_SHARE_HALF_LIFE_SECS", "fair_share_half_life_secs", "float", 7 * 86400.0,
+              "fair share between teams, and between users of a team: the core-seconds a team or user used count "
+              "half as much after this long (docs/scheduling.md, \"Fair share\"); 0 turns fair share off "
+              "(jobs are placed in queue order only)", minimum=0.0, maximum=3650 * 86400.0),
     s.Setting("SCHEDULE_CATCH_UP_MAX", "schedule_catch_up_max", "int", 100,
               "a schedule with catch_up all runs at most this many of the slots it missed while the scheduler "
               "was down (the newest); the older ones are recorded as skipped", minimum=1, maximum=10_000),

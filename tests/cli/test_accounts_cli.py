@@ -110,7 +110,19 @@ def test_team_set_refuses_bad_flags_before_anything_is_sent(mock, args, says):
 def test_team_set_needs_something_to_change(mock):
     result = corral("admin", "team", "set", "ml")
     assert result.exit_code == 2 and result.stdout == ""
-    assert "--max-timeout DURATION or --no-max-timeout" in result.stderr
+    assert "--max-timeout DURATION, --no-max-timeout or --share N" in result.stderr
+
+
+def test_team_set_sends_a_share_alone_and_refuses_one_below_one(mock):
+    mock.patch(f"{SCHED}/teams/ml", json=dict(ML, share=3))
+    result = corral("admin", "team", "set", "ml", "--share", "3")
+    assert result.exit_code == 0, result.output
+    sent = json.loads(mock.calls[0].request.body)
+    assert sent == {"share": 3}
+    TeamChange.check(sent)
+    assert result.stdout.strip().endswith("share 3")
+    assert corral("admin", "team", "set", "ml", "--share", "0").exit_code == 2
+    assert len(mock.calls) == 1
 
 
 def test_a_team_set_refused_is_one_line(mock):

@@ -72,15 +72,22 @@ def test_a_bad_amount_is_refused_before_anything_is_sent(mock):
     assert not mock.calls
 
 
-def test_job_why_shows_the_teams_quota_when_the_job_waits_for_it(mock):
+def test_job_why_shows_the_teams_quota_and_fair_share_when_the_job_waits(mock):
     reason = {"code": "quota", "message": "team ml uses 3 running jobs and the job needs 1 running jobs: over its "
               "guarantee of 2 running jobs plus borrowing limit of 1 running jobs", "team": "ml",
               "resource": "jobs", "used": 3, "needs": 1, "guaranteed": 2, "limit": 3}
     mock.get(f"{SCHED}/jobs/job-7/why", json={"job_id": "job-7", "pending_reason": reason, "closest_nodes": [],
                                               "quota": answer(guaranteed={"jobs": 2}, borrowing={"jobs": 1},
-                                                              used={"jobs": 3}, borrowed={"jobs": 1})})
+                                                              used={"jobs": 3}, borrowed={"jobs": 1}),
+                                              "fair_share": {"team": "ml", "weight": 1, "share": 0.5,
+                                                             "usage_core_seconds": 7200.0, "usage_part": 0.8,
+                                                             "factor": 0.329877, "users": [
+                                                                 {"user": "bob", "share": 1.0, "factor": 0.5,
+                                                                  "usage_core_seconds": 7200.0, "usage_part": 1.0}]}})
     result = corral("job", "why", "job-7")
     assert result.exit_code == 0, result.output
     assert "job-7: pending: " in result.output and "over its guarantee of 2 running jobs" in result.output
     assert "its team's quota:" in result.output
     assert ["ml", "jobs", "2", "1", "all", "3", "1"] in [line.split() for line in result.output.splitlines()]
+    assert ("fair share: team ml factor 0.330 (80.0% of the usage on 50.0% of the shares); its user bob 0.500"
+            in result.output)

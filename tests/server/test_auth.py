@@ -152,6 +152,7 @@ SCHEDULER_ROUTES = {
     "delete_user": ("DELETE", "/users/nobody", None, "operator"),
     "list_audit": ("GET", "/audit", None, "read"),
     "get_usage": ("GET", "/usage", None, "read"),
+    "get_fair_share": ("GET", "/usage/fair-share", None, "read"),
     "get_quota": ("GET", "/teams/nope/quota", None, "read"),
     "set_quota": ("PUT", "/teams/nope/quota", {"guaranteed": {"jobs": 1}}, "operator"),
     "delete_quota": ("DELETE", "/teams/nope/quota", None, "operator"),

@@ -35,7 +35,7 @@ USER_RULES = {
     "read_schedule": "team", "schedule_runs": "team",
     "create_schedule": "admin", "change_schedule": "admin", "delete_schedule": "admin",
     "set_concurrency": "admin", "remove_concurrency": "admin", "set_member": "admin", "remove_member": "admin",
-    "list_audit": "admin", "get_usage": "all", "get_quota": "team",
+    "list_audit": "admin", "get_usage": "all", "get_fair_share": "all", "get_quota": "team",
 }
 # The examples where the route table's own is about no team's work in particular.
 EXAMPLES = {

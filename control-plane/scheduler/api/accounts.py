@@ -23,6 +23,7 @@ routes = Routes("users")
 def team_answer(team, members) -> contract.TeamAnswer:
     return built(contract.TeamAnswer, {"name": team.name, "created_at": iso(team.created_at),
                                        "max_timeout_secs": team.max_timeout_secs,
+                                       "share": team.share if team.share is not None else 1,
                                        "members": [contract.Member(user=m.user, role=m.role) for m in members]})
 
 
@@ -49,14 +50,15 @@ def create_team(api: SchedulerApi):
 
 
 @routes.patch("/teams/<team>", access=auth.OPERATOR, operation_id="updateTeam",
-              summary="Change a team's limits (cluster admins).", request_body=_body(contract.TeamChange),
+              summary="Change a team's limits and fair-share weight (cluster admins).",
+              request_body=_body(contract.TeamChange),
               responses={"200": _json(contract.TeamAnswer, "The team."), "400": _error("BadRequest"),
                          "404": _error("NotFound")})
 def update_team(api: SchedulerApi, team):
     name = principals.check_team_name(team)
     changes = contract.TeamChange.check(read_json_object()).model_dump(exclude_unset=True)
     answer = team_answer(*api.store.accounts.update_team(name, changes))
-    api.store.context.teams.forget()  # this process's next submit reads the new maximum
+    api.store.context.teams.forget()  # this process's next submit and placement read the change
     return respond(answer)
 
 

@@ -21,6 +21,7 @@ from .. import contract, pages, validation, views, waiting
 from ..models import Job
 from .context import MAX_PAGE, SchedulerApi
 from .quotas import quota_answer
+from .usage import fair_share_team
 
 routes = Routes("jobs")
 
@@ -119,11 +120,15 @@ def why_it_waits(api: SchedulerApi, job_id):
     api.require_visible(job_id)
     job, closest = api.store.placing.why(job_id)
     view = api.job_view(job)
-    quota = None
+    quota = fair_share = None
     if api.store.context.teams.quotas():
         quota = quota_answer(job.team, *api.store.quotas.get(job.team))
+    if api.store.fair_share.enabled():
+        teams, users = api.store.fair_share.standings(api.clock(), [(job.team, job.submitted_by)])
+        fair_share = fair_share_team(job.team, teams, users, api.store.context.teams.shares(), job.submitted_by)
     return respond(contract.WhyItWaits.model_validate({
-        "job_id": job.job_id, "pending_reason": view.pending_reason, "closest_nodes": closest, "quota": quota}))
+        "job_id": job.job_id, "pending_reason": view.pending_reason, "closest_nodes": closest, "quota": quota,
+        "fair_share": fair_share}))
 
 
 @routes.post("/jobs/<job_id>/cancel", access=auth.MEMBER,

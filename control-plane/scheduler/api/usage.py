@@ -1,6 +1,6 @@
 """Usage over the API (docs/scheduling.md, "Usage"): what the ended attempts used, per
-day, week, user or team. Cluster admins and readers see every team's; a member
-their teams'."""
+day, week, user or team, and each team's and user's standing in fair share. Cluster
+admins and readers see every team's; a member their teams'."""
 import datetime
 
 from flask import request
@@ -14,7 +14,7 @@ from corral.server.routes import Routes
 from corral.shared.contract import respond
 from corral.shared.errors import BadRequest
 
-from .. import contract, validation
+from .. import contract, fairshare, validation
 from ..store.usage import DAY_SECS, GROUPS, day_of
 from .context import SchedulerApi
 
@@ -55,6 +55,32 @@ def get_usage(api: SchedulerApi):
         group_by=group_by, from_day=_date(first), to_day=_date(end),
         rows=[contract.UsageRow(group=_label(group_by, row["key"]), **{k: v for k, v in row.items() if k != "key"})
               for row in rows]))
+
+
+@routes.get("/usage/fair-share", access=auth.MEMBER_READ, operation_id="getFairShare",
+            summary="Each team's share, decayed usage and fair-share factor, and its users'.",
+            description="The order in which teams, and users within a team, take their turns at placement: the "
+                        "highest factor first. A member sees their teams only.",
+            responses={"200": _json(contract.FairShareAnswer, "The standings.")})
+def get_fair_share(api: SchedulerApi):
+    fair = api.store.fair_share
+    now = api.clock()
+    teams, users = fair.standings(now)
+    visible = auth.principal().visible_teams()
+    shown = [fair_share_team(name, teams, users, api.store.context.teams.shares())
+             for name in teams if visible is None or name in visible]
+    shown.sort(key=lambda team: (-team.factor, team.team))
+    return respond(contract.FairShareAnswer(enabled=fair.enabled(), half_life_secs=fair.half_life, teams=shown))
+
+
+def fair_share_team(team: str, teams: dict, users: dict, weights: dict, user: str | None = None
+                    ) -> contract.FairShareTeam:
+    """A team's standing with its users' (only `user`'s, when given), the highest factor first."""
+    standing = teams.get(team) or fairshare.standings({team: 1.0}, {})[team]
+    members = sorted(((name, s) for (owner, name), s in users.items() if owner == team and user in (None, name)),
+                     key=lambda item: (-item[1].factor, item[0]))
+    return contract.FairShareTeam(team=team, weight=weights.get(team, 1), **standing.as_dict(),
+                                  users=[contract.FairShareUser(user=name, **s.as_dict()) for name, s in members])
 
 
 def _day(name: str, default: int) -> int:

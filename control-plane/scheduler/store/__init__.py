@@ -26,6 +26,7 @@ from .audit import AuditLog
 from .claims import Claims
 from .context import StoreContext
 from .dependents import Dependents
+from .fair_share import FairShare
 from .jobs import Jobs
 from .leases import Leases
 from .limits import Limits
@@ -82,7 +83,8 @@ class Store:
         self.claims = Claims(ctx, self.transitions, self.leases)
         self.snapshot = PlacementReads(ctx)
         self.nodes = Nodes(ctx, self.stats, writer, self.snapshot)
-        self.placing = Placing(ctx, self.snapshot, PlacementWrites(ctx, writer), self.jobs)
+        self.fair_share = FairShare(ctx)
+        self.placing = Placing(ctx, self.snapshot, PlacementWrites(ctx, writer), self.jobs, self.fair_share)
         self.accounts = Accounts(ctx)
         self.quotas = TeamQuotas(ctx, self.snapshot)
         self.audit = AuditLog(ctx)

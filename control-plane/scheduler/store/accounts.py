@@ -42,7 +42,7 @@ class Accounts:
         return team, list(Membership.select().where(Membership.team == name).order_by(Membership.user))
 
     def update_team(self, name: str, changes: dict) -> tuple[Team, list[Membership]]:
-        """`changes`: `max_timeout_secs` (None clears it)."""
+        """`changes`: `max_timeout_secs` (None clears it), `share`."""
         with self.ctx.tx():
             self.team(name)
             if changes:

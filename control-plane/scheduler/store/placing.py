@@ -14,6 +14,7 @@ from .. import placement, quotas
 from ..models import Job
 from .columns import QUEUED
 from .context import StoreContext
+from .fair_share import FairShare
 from .jobs import Jobs
 from .marks import PLACEMENT_MARK
 from .placement_reads import RR_CURSOR, PlacementReads
@@ -44,11 +45,13 @@ class Placing:
     service.Scheduler takes before its transaction locks any row; placements skip the
     jobs another placement is placing (FOR UPDATE SKIP LOCKED)."""
 
-    def __init__(self, ctx: StoreContext, reads: PlacementReads, writes: PlacementWrites, jobs: Jobs):
+    def __init__(self, ctx: StoreContext, reads: PlacementReads, writes: PlacementWrites, jobs: Jobs,
+                 fair: FairShare):
         self.ctx = ctx
         self.reads = reads
         self.writes = writes
         self.jobs = jobs
+        self.fair = fair
 
     def dispatch(self, now: float, nodes: Collection[str] | None = None, deep: bool = False,
                  first_only: bool = False) -> int:
@@ -109,21 +112,49 @@ class Placing:
     def _offer_queue(self, planner: placement.Planner, open_ids: list[str], now: float, first: int,
                      scan: int) -> list[tuple]:
         """Offer the planner the due jobs an open node may take (unpinned, or pinned to
-        one of them), in queue order: `first` of them, then pages of QUEUE_PAGE while it
-        has room, up to `scan` in all. Returns (id, attempt, stored reason) of each."""
+        one of them): in fair-share turns when more than one team exists (`_offer_turns`),
+        else in queue order, `first` of them, then pages of QUEUE_PAGE while it has room,
+        up to `scan` in all. Returns (id, attempt, stored reason) of each."""
         open_nodes = ValueList(self.ctx.db, "open", open_ids)
+        if self.fair.enabled():
+            return self._offer_turns(planner, open_nodes, now, first, scan)
         seen: list[tuple] = []
         limit, after = first, None
         while not planner.exhausted and len(seen) < scan:
             rows = self.reads.queue_page(open_nodes, now, limit, after)
-            asks = [ask(row) for row in rows]
-            self._add_throttles(planner, asks)
-            planner.offer(asks)
+            self._offer(planner, rows)
             seen += [(row[0], row[1], row[-2]) for row in rows]
             if len(rows) < limit:
                 break
             limit, after = min(QUEUE_PAGE, scan - len(seen)), (rows[-1][-1], rows[-1][0])
         return seen
+
+    def _offer_turns(self, planner: placement.Planner, open_nodes: ValueList, now: float, first: int,
+                     scan: int) -> list[tuple]:
+        """Each team's first due jobs, read together, offered in fair-share turns
+        (fairshare.turns). A team's window: `first` jobs (the free slots) for new work,
+        an equal part of `scan` for the background pass, a page shared out otherwise; a
+        team's jobs past it wait for the next pass."""
+        teams = self.ctx.teams.shares()
+        if scan <= first:
+            per_team = first
+        elif scan >= PLACEMENT_SCAN_MAX:
+            per_team = max(first, scan // len(teams))
+        else:
+            per_team = first + max(1, QUEUE_PAGE // len(teams))
+        rows = self.fair.waiting(open_nodes, now, teams, per_team)
+        if rows:
+            rows = self.fair.in_turns(rows, now)
+        for start in range(0, len(rows), QUEUE_PAGE):
+            if planner.exhausted:
+                break
+            self._offer(planner, rows[start:start + QUEUE_PAGE])
+        return [(row[0], row[1], row[-2]) for row in rows]
+
+    def _offer(self, planner: placement.Planner, rows: list[tuple]) -> None:
+        asks = [ask(row) for row in rows]
+        self._add_throttles(planner, asks)
+        planner.offer(asks)
 
     def explain(self, now: float, limit: int = EXPLAIN_MAX) -> int:
         """Why the first `limit` due jobs in the queue are not placed, against every

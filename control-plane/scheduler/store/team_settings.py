@@ -1,5 +1,5 @@
 """What each team is allowed, as every request and placement reads it: its largest
-`timeout_secs` and its quota.
+`timeout_secs`, its quota and its share in fair share.
 
 Each process keeps them and reads them again at most every TEAM_SETTINGS_SECS, so that
 a submit or a placement reads no team row: a change an admin makes applies within that
@@ -24,6 +24,7 @@ class TeamSettings:
         self._read_at: float | None = None
         self._max_timeouts: dict[str, float] = {}
         self._quotas: dict[str, quotas.Quota] = {}
+        self._shares: dict[str, int] = {}
 
     def max_timeout(self, team: str) -> float | None:
         """The team's max_timeout_secs (None: none)."""
@@ -37,6 +38,12 @@ class TeamSettings:
             self._fresh()
             return self._quotas
 
+    def shares(self) -> dict[str, int]:
+        """Every team with its fair-share weight."""
+        with self._lock:
+            self._fresh()
+            return self._shares
+
     def forget(self) -> None:
         """Read them again at the next question (this process changed a team)."""
         with self._lock:
@@ -46,10 +53,10 @@ class TeamSettings:
         now = self._clock()
         if self._read_at is not None and 0 <= now - self._read_at < TEAM_SETTINGS_SECS:
             return
-        rows = tuples(Team.select(Team.name, Team.max_timeout_secs, Team.quota).where(
-            Team.max_timeout_secs.is_null(False) | Team.quota.is_null(False)))
-        self._max_timeouts, self._quotas = {}, {}
-        for name, max_timeout, quota in rows:
+        rows = tuples(Team.select(Team.name, Team.max_timeout_secs, Team.quota, Team.share))
+        self._max_timeouts, self._quotas, self._shares = {}, {}, {}
+        for name, max_timeout, quota, share in rows:
+            self._shares[name] = share if share is not None else 1
             if max_timeout is not None:
                 self._max_timeouts[name] = max_timeout
             if quota is not None:
