@@ -49,13 +49,15 @@ JOB_OPTIONS = (
                  help="0-100 (default 50): higher is placed first."),
     click.option("--concurrency-key", type=Checked(sched.parse_name, "KEY"),
                  help="Share the key's limit (`corral concurrency set KEY N`) with the other jobs that name it."),
+    click.option("--not-preemptible", "preemptible", flag_value=False, default=None,
+                 help="Run only within the team's guaranteed quota, never on borrowed capacity: never preempted."),
 )
 # The keyword arguments the options above give a command, and the request field of
 # each where the two differ.
 OPTION_NAMES = ("job_type", "port", "env_vars", "deploy_url", "deploy_sha256", "instance_id", "job_name",
                 "max_retries", "memory_mb", "cpu_percent", "max_processes", "disk_mb", "timeout_secs",
                 "signal_before_end", "kill_signal", "kill_grace_secs", "health_path", "on_node_lost", "constraints",
-                "pool", "priority", "concurrency_key")
+                "pool", "priority", "concurrency_key", "preemptible")
 FIELD_NAMES = {"job_name": "name"}
 
 

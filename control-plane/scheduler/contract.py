@@ -261,6 +261,9 @@ class JobRequest(Request):
     kill_grace_secs: float | None = Field(None, ge=0, le=MAX_KILL_GRACE_SECS, examples=[30])
     """Seconds between `kill_signal` and SIGKILL of whatever is left of the job (default
     JOB_KILL_GRACE_SECS, 10; at most JOB_KILL_GRACE_MAX_SECS)."""
+    preemptible: bool | None = Field(None, examples=[False])
+    """False: the job runs only within its team's guaranteed quota, never on capacity borrowed from other
+    teams, and is never preempted. Default true."""
     constraints: Annotated[list[Constraint] | None, Says(every="must be a list of constraints")] = Field(
         None, max_length=MAX_CONSTRAINTS, examples=[[{"label": "zone", "op": "=", "value": "a"},
                                                      {"label": "gpu", "op": "exists"}]])
@@ -357,6 +360,7 @@ class JobRequest(Request):
             "warn_signal": None if self.signal_before_end is None else self.signal_before_end.signal,
             "warn_secs": None if self.signal_before_end is None else self.signal_before_end.secs,
             "kill_signal": self.kill_signal, "kill_grace_secs": self.kill_grace_secs,
+            "preemptible": self.preemptible is not False,
             "constraints": [c.column() for c in self.constraints] if self.constraints else None,
             "pool": self.pool, "priority": 50 if self.priority is None else self.priority,
             # When it may start: resolved against the clock when stored (store/new_jobs.py).
@@ -817,9 +821,13 @@ class Job(Answer):
     """What an end Corral causes starts with."""
     kill_grace_secs: float = Field(ge=0)
     """Seconds from `kill_signal` to SIGKILL (the request's, else JOB_KILL_GRACE_SECS)."""
+    preemptible: bool
+    """False: it runs only within its team's guarantee, and is never preempted."""
+    preemptions: int = Field(ge=0)
+    """How many of its attempts were preempted (each requeued without spending a retry)."""
     stop_reason: str | None
     """While running: why the scheduler stops it at `stop_at` (`drain`: its node's drain deadline;
-    `preemption`), or null."""
+    `preemption`: another team's job reclaims its guarantee, or a job of much higher priority), or null."""
     stop_at: Timestamp | None
     """When that stop begins."""
     created_at: Timestamp
@@ -1397,8 +1405,8 @@ class QuotaRequest(Request):
     """PUT /teams/{team}/quota: the whole quota (what is left out is not set)."""
 
     guaranteed: QuotaAmounts | None = None
-    """What the team may always use (a resource left out: 0). When others borrowed it, preemption gives it
-    back."""
+    """What the team may always use. When others borrowed it, preemption gives it back. A resource named
+    neither here nor in `borrowing_limit` is not governed by the quota."""
     borrowing_limit: QuotaAmounts | None = None
     """How much past its guarantee it may use of what the others leave idle (a resource left out: no limit)."""
     lending_limit: QuotaAmounts | None = None
@@ -1411,7 +1419,7 @@ class QuotaAnswer(Answer):
 
     team: str
     guaranteed: dict[str, int]
-    """As set: a resource absent is guaranteed 0."""
+    """As set: a resource absent here and from `borrowing_limit` is not governed."""
     borrowing_limit: dict[str, int]
     """As set: a resource absent may be borrowed without limit."""
     lending_limit: dict[str, int]
@@ -1420,7 +1428,7 @@ class QuotaAnswer(Answer):
     """What the team's placed and running jobs reserve now, of each resource (cpu_percent, memory_mb, gpus,
     jobs)."""
     borrowed: dict[str, int]
-    """The part of `used` past the guarantee."""
+    """The part of `used` past the guarantee (0 of a resource the quota does not govern)."""
 
 
 class TeamAnswer(Answer):

@@ -201,8 +201,9 @@ def stopped(job: JobFacts, now: float, reason: str, forced: bool = False) -> Tra
     scheduler requeues it itself (the agent kills it once it no longer finds it
     running there)."""
     why = STOPPED_FOR[reason] + ("; its node did not report the stop in time" if forced else "")
+    counted = {"preemptions": (getattr(job, "preemptions", 0) or 0) + 1} if reason == wire.ENDED_BY_PREEMPTION else {}
     return _to(job, "pending", f"{why}; requeued", node_id=None, placed_at=None, running_at=None,
-               stop_reason=None, stop_at=None, exit_code=-1, ended_by=reason, **NO_OUTPUT)
+               stop_reason=None, stop_at=None, exit_code=-1, ended_by=reason, **counted, **NO_OUTPUT)
 
 
 # The watcher fails a job this long after its timeout and kill grace: by then its agent

@@ -76,6 +76,8 @@ class Background(LeasedLoop[Store, bool]):
         - decides the dependencies a job's end missed (Dependents.settle_missed);
         - places waiting jobs, and keeps the reasons of those at the head of the queue
           (Placing.explain);
+        - asks the stops that give teams below their guarantee their capacity back, and
+          (PRIORITY_PREEMPTION_GAP) jobs of much higher priority room (Preemptions.run);
         - deletes finished jobs older than JOB_RETENTION_SECS with their events, at most
           JOB_PURGE_BATCH per pass, every PURGE_INTERVAL_SECS or on the next pass while
           a backlog remains; and so the stream's events past EVENTS_RETENTION_SECS."""
@@ -95,6 +97,9 @@ class Background(LeasedLoop[Store, bool]):
         # Placement: the node list changed, slots freed, retries came due.
         self.scheduler.place(now)
         self.store.placing.explain(now)
+        # Preemption after placement and its reasons: only jobs still waiting for room are served.
+        for victim, beneficiary in self.store.preemptions.run(now):
+            log.info("%s: preempted to make room for %s", victim, beneficiary)
         self.purge(now)
         self.prune_events(now)
         return True

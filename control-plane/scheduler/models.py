@@ -96,6 +96,8 @@ class Job(BaseModel):
     # from when (the drain's deadline; a preemption's now). Null: none.
     stop_reason = peewee.CharField(max_length=16, null=True)
     stop_at = peewee.DoubleField(null=True)
+    preemptible = peewee.BooleanField(null=True, default=True)  # may borrow, may be preempted; null: yes (0028)
+    preemptions = peewee.IntegerField(null=True, default=0)     # times its attempts were preempted (0028)
     team = peewee.CharField(max_length=128, default=DEFAULT_TEAM)        # whose job it is (0022)
     submitted_by = peewee.CharField(max_length=128, default=BOOTSTRAP_ADMIN)  # the user who asked for it
 
@@ -406,7 +408,7 @@ class UsageDay(BaseModel):
     wall_seconds = peewee.DoubleField(default=0.0)
     memory_mb_seconds = peewee.DoubleField(default=0.0)
     gpu_seconds = peewee.DoubleField(default=0.0)
-    core_seconds = peewee.DoubleField(default=0.0)  # cores reserved times wall time: what fair share counts (0027)
+    core_seconds = peewee.DoubleField(null=True, default=0.0)  # cores reserved × wall time: fair share's (0027)
 
     class Meta:
         table_name = "usage_day"
@@ -420,7 +422,7 @@ class Team(BaseModel):
     created_at = peewee.DoubleField()
     max_timeout_secs = peewee.DoubleField(null=True)  # the largest timeout_secs of its jobs (0025)
     quota = JSONField(null=True)                      # quotas.Quota.as_dict(); null: none (0026)
-    share = peewee.IntegerField(default=1)            # its weight in fair share (0027)
+    share = peewee.IntegerField(null=True, default=1)  # its weight in fair share; null: 1 (0027)
 
     class Meta:
         table_name = "team"

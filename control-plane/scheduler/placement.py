@@ -121,6 +121,8 @@ class Ask:
     array_id: int | None = None
     concurrency_key: str | None = None
     team: str = DEFAULT_TEAM
+    preemptible: bool = True             # False: only within its team's guarantee (quotas.py)
+    priority: int = DEFAULT_PRIORITY
 
     @property
     def shape(self) -> Shape:
@@ -398,7 +400,7 @@ class Planner:
         memory, cpu = room.need(ask, self.fallback)
         if ledger is not None:
             need = quotas.need_of(memory, cpu)
-            refusal = ledger.refuses(ask.team, need)
+            refusal = ledger.refuses(ask.team, need, may_borrow=ask.preemptible)
             if refusal is not None:
                 reason = shape.over_quota[ask.team] = waiting.quota(refusal)
                 return reason
@@ -430,6 +432,17 @@ class Planner:
             return waiting.no_capacity(len(shape.rooms), [x for x in ("slot", "memory", "cpu") if x in lacking],
                                        cpu_note=filled)
         return unmatched(shape.ask, self.nodes)
+
+
+def free_room(node: NodeInfo, fallback: Mapping[str, Limits] | None = None) -> tuple[int, int, int]:
+    """A node's free slots, and its unreserved allocatable memory and CPU (UNCOUNTED when unknown)."""
+    room = _Room(node, fallback)
+    return room.slots, room.memory, room.cpu
+
+
+def reservation(node: NodeInfo, ask: Ask, fallback: Mapping[str, Limits]) -> Limits:
+    """What the job would reserve on the node: what it asks, else the node's default for its type."""
+    return _Room(node, fallback).need(ask, fallback)
 
 
 def cluster_capacity(nodes: Iterable[NodeInfo]) -> dict[str, int | None]:

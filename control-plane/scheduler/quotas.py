@@ -18,6 +18,9 @@ The model, resource by resource (CPU percent, memory MB, GPUs, running jobs):
   lends all of its guarantee it does not use.
 - A team within its guarantee is not held back by the quotas at all (the nodes' room
   still is); when others borrowed its capacity, preemption gives it back.
+- While a team has jobs waiting, all of its unused guarantee is kept for it
+  (`Ledger.want`): what it lends is only what it leaves idle.
+- A job that is not preemptible may not borrow: it runs within its team's guarantee.
 
 So a cluster without quotas places as it did without them: every team borrows, and
 nothing is kept.
@@ -45,9 +48,11 @@ def say(resource: str, amount: int) -> str:
 
 @dataclass(frozen=True)
 class Quota:
-    """One team's quota. A resource absent from `guaranteed` is guaranteed 0; absent from
-    `borrowing_limit`, it may be borrowed without limit; absent from `lending_limit`, all
-    of its guarantee the team does not use is lent."""
+    """One team's quota. A resource it names in neither `guaranteed` nor `borrowing_limit`
+    it does not govern: the team uses any of it free (it is not borrowing). A governed
+    resource absent from `guaranteed` is guaranteed 0; absent from `borrowing_limit`, it
+    may be borrowed without limit; absent from `lending_limit`, all of its guarantee the
+    team does not use is lent."""
 
     guaranteed: Mapping[str, int] = field(default_factory=dict)
     borrowing_limit: Mapping[str, int] = field(default_factory=dict)
@@ -55,6 +60,13 @@ class Quota:
 
     def guarantee(self, resource: str) -> int:
         return self.guaranteed.get(resource, 0)
+
+    def governs(self, resource: str) -> bool:
+        return resource in self.guaranteed or resource in self.borrowing_limit
+
+    def within(self, resource: str) -> int:
+        """What the team may use of it without borrowing: its guarantee; UNLIMITED when ungoverned."""
+        return self.guarantee(resource) if self.governs(resource) else UNLIMITED
 
     def cap(self, resource: str) -> int:
         """The most of it the team may use: its guarantee plus its borrowing limit."""
@@ -108,6 +120,7 @@ class Refusal:
     keepers: tuple[str, ...] = ()
     kept: int = 0                         # what they keep, unused, of the resource
     free: int = 0                         # what is free of it in the cluster
+    unborrowable: bool = False            # the job may not borrow (not preemptible) and would
 
 
 _ZERO = (0,) * len(RESOURCES)
@@ -131,7 +144,8 @@ class Ledger:
         self.usage = {team: [int(amounts.get(r, 0)) for r in RESOURCES] for team, amounts in usage.items()}
         self.capacity = tuple(capacity.get(r) for r in RESOURCES)
         self.total = [sum(u[i] for u in self.usage.values()) for i in range(len(RESOURCES))]
-        self.guarantees = {t: tuple(q.guarantee(r) for r in RESOURCES) for t, q in self.quotas.items()}
+        # What each team may use without borrowing (UNLIMITED: a resource its quota does not govern).
+        self.guarantees = {t: tuple(q.within(r) for r in RESOURCES) for t, q in self.quotas.items()}
         self.caps = {t: tuple(q.cap(r) for r in RESOURCES) for t, q in self.quotas.items()}
         # What each team keeps of its guarantee (it does not lend), where it keeps any, and
         # of that what it does not use now: what others may not borrow.
@@ -147,11 +161,29 @@ class Ledger:
     def quota(self, team: str) -> Quota:
         return self.quotas.get(team, NO_QUOTA)
 
-    def refuses(self, team: str, need: Need) -> Refusal | None:
-        """Why `team` may not take `need` now (None: it may)."""
+    def want(self, teams: Iterable[str]) -> None:
+        """These teams have jobs waiting: all of their unused guarantee is kept for them (a
+        team lends only what it leaves idle), whatever their lending limits."""
+        for team in teams:
+            quota = self.quotas.get(team)
+            if quota is None:
+                continue
+            guarantees = tuple(quota.guarantee(r) for r in RESOURCES)
+            if self.keeps.get(team) == guarantees or not any(guarantees):
+                continue
+            self.keeps[team] = guarantees
+            before = self.unused_kept.get(team, list(_ZERO))
+            after = [max(0, g - u) for g, u in zip(guarantees, self.usage.get(team, _ZERO))]
+            for i in range(len(RESOURCES)):
+                self.kept_total[i] += after[i] - before[i]
+            self.unused_kept[team] = after
+
+    def refuses(self, team: str, need: Need, may_borrow: bool = True) -> Refusal | None:
+        """Why `team` may not take `need` now (None: it may). `may_borrow`: False for a job
+        that is not preemptible, which may use only what is left of its team's guarantee."""
         kept_total = self.kept_total
         guarantees = self.guarantees.get(team)
-        if guarantees is None and not any(kept_total):
+        if guarantees is None and not any(kept_total) and may_borrow:
             return None  # no quota of its own, and nothing kept by others: it may borrow anything free
         used = self.usage.get(team, _ZERO)
         caps = self.caps.get(team, _NO_CAP)
@@ -165,6 +197,8 @@ class Ledger:
                 return Refusal(team, RESOURCES[i], used[i], amount, guarantees[i], caps[i])
             if after <= guarantees[i]:
                 continue
+            if not may_borrow:
+                return Refusal(team, RESOURCES[i], used[i], amount, guarantees[i], caps[i], unborrowable=True)
             capacity = self.capacity[i]
             others_kept = kept_total[i] - own_kept[i]
             # Borrowing: what stays free afterwards must still hold what the others keep.
@@ -208,5 +242,5 @@ def capacity_of(counted: Iterable[tuple[int | None, int | None, int]]) -> dict[s
 
 
 def borrowed(quota: Quota, used: Amounts) -> dict[str, int]:
-    """What a team uses past its guarantee, by resource."""
-    return {r: max(0, used.get(r, 0) - quota.guarantee(r)) for r in RESOURCES}
+    """What a team uses past its guarantee, by resource (none of a resource it does not govern)."""
+    return {r: max(0, used.get(r, 0) - quota.within(r)) for r in RESOURCES}

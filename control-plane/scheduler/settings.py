@@ -46,6 +46,10 @@ class SchedulerSettings:
     priority_aging_secs: float = 60.0
     # Fair share between teams and users (fairshare.py): usage counts half after this long; 0: off.
     fair_share_half_life_secs: float = 7 * 86400.0
+    # Preemption (preemption.py): a team's guarantee reclaimed from borrowers; within a team,
+    # a job this many points of priority above another may stop it (0: never).
+    preemption: bool = True
+    priority_preemption_gap: int = 0
     schedule_catch_up_max: int = 100
     max_job_retries: int = 1
     retry_base_secs: float = 2.0
@@ -192,6 +196,13 @@ SETTINGS = (
               "fair share between teams, and between users of a team: the core-seconds a team or user used count "
               "half as much after this long (docs/scheduling.md, \"Fair share\"); 0 turns fair share off "
               "(jobs are placed in queue order only)", minimum=0.0, maximum=3650 * 86400.0),
+    s.Setting("PREEMPTION", "preemption", "bool", True,
+              "a team below its guaranteed quota whose jobs wait while other teams run on borrowed capacity gets "
+              "it back: their jobs are stopped (kill signal, grace) and requeued without spending a retry "
+              "(docs/scheduling.md, \"Preemption\"); false: it waits for their jobs to end"),
+    s.Setting("PRIORITY_PREEMPTION_GAP", "priority_preemption_gap", "int", 0,
+              "within a team, a waiting job may stop running jobs whose priority is at least this many points "
+              "below its own (0: never)", minimum=0, maximum=100),
     s.Setting("SCHEDULE_CATCH_UP_MAX", "schedule_catch_up_max", "int", 100,
               "a schedule with catch_up all runs at most this many of the slots it missed while the scheduler "
               "was down (the newest); the older ones are recorded as skipped", minimum=1, maximum=10_000),

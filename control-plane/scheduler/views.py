@@ -62,6 +62,7 @@ def job(row: Job, settings: SchedulerSettings, now: float, service_grant: str | 
             "signal": d("warn_signal"), "secs": d("warn_secs")}),
         "kill_signal": d("kill_signal") or wire.DEFAULT_KILL_SIGNAL,
         "kill_grace_secs": settings.job_kill_grace_secs if d("kill_grace_secs") is None else d("kill_grace_secs"),
+        "preemptible": d("preemptible") is not False, "preemptions": d("preemptions") or 0,
         "stop_reason": d("stop_reason") if status == "running" else None,
         "stop_at": iso(d("stop_at")) if status == "running" else None,
         "created_at": iso(d("created_at")), "placed_at": iso(d("placed_at")),

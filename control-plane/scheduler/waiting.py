@@ -119,6 +119,9 @@ def quota(refusal: quotas.Refusal) -> Reason:
     details = {"team": r.team, "resource": r.resource, "used": r.used, "needs": r.need,
                "guaranteed": r.guaranteed, **({} if r.cap is None else {"limit": r.cap})}
     uses = f"team {r.team} uses {quotas.say(r.resource, r.used)} and the job needs {quotas.say(r.resource, r.need)}"
+    if r.unborrowable:
+        return Reason("quota", f"{uses}: over its guarantee of {quotas.say(r.resource, r.guaranteed)}, and the "
+                      "job is not preemptible, so it does not run on borrowed capacity", details)
     if not r.keepers:
         return Reason("quota", f"{uses}: over its guarantee of {quotas.say(r.resource, r.guaranteed)} plus "
                       f"borrowing limit of {quotas.say(r.resource, (r.cap or 0) - r.guaranteed)}", details)

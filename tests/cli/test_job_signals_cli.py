@@ -3,6 +3,7 @@ timeout), `--kill-signal` and `--kill-grace` on every command that makes a job, 
 bodies checked against the contract's JobRequest; and `deadline`, `signal_before_end`,
 `kill_signal`, `kill_grace_secs` and `ended_by` in `corral job status` and in the line a
 followed job ends with. Against the `responses` mock."""
+import json
 import re
 
 import pytest
@@ -164,3 +165,19 @@ def test_out_of_memory_is_said_once():
 
 def test_short_spans_read_in_seconds_long_ones_as_durations():
     assert [fmt.seconds(s) for s in (60, 1.5, 600, 7200, None)] == ["60s", "1.5s", "600s", "2h00m", "-"]
+
+
+def test_job_run_not_preemptible_says_so_in_the_request_and_status_shows_preemptions(mock):
+    mock.post(f"{SCHED}/jobs", json=a_job(command="train"), status=201)
+    result = corral("job", "run", "--not-preemptible", "--", "train")
+    assert result.exit_code == 0, result.output
+    sent = body_of(mock)
+    assert sent == {"command": "train", "preemptible": False}
+    JobRequest.check(sent)
+    mock.post(f"{SCHED}/jobs", json=a_job(command="etl"), status=201)
+    corral("job", "run", "--", "etl")
+    assert "preemptible" not in json.loads(mock.calls[-1].request.body)
+    mock.get(f"{SCHED}/jobs/job-7", json=a_job(preemptible=True, preemptions=2, ended_by="preemption"))
+    mock.get(f"{SCHED}/jobs/job-7/events", json=[])
+    shown = corral("job", "status", "job-7").stdout
+    assert re.search(r"preemptions\s+2", shown) and re.search(r"ended_by\s+preemption", shown), shown

@@ -12,8 +12,8 @@ def test_minimal_request_gets_defaults():
         "env_vars": {}, "instance_id": None, "name": None, "memory_mb": None, "cpu_percent": None,
         "max_processes": None, "disk_mb": None, "health_path": None, "max_retries": None,
         "on_node_lost": "requeue", "timeout_secs": None, "warn_signal": None, "warn_secs": None,
-        "kill_signal": None, "kill_grace_secs": None, "constraints": None, "pool": None, "priority": 50,
-        "run_at": None, "delay_secs": None, "depends_on": None,
+        "kill_signal": None, "kill_grace_secs": None, "preemptible": True, "constraints": None, "pool": None,
+        "priority": 50, "run_at": None, "delay_secs": None, "depends_on": None,
         "on_dependency_failure": "cancel", "concurrency_key": None, "team": None, "array": None}
 
 

@@ -39,6 +39,7 @@ from .outbox import Outbox
 from .placement_reads import PlacementReads
 from .placement_writes import PlacementWrites
 from .placing import Placing
+from .preemptions import Preemptions
 from .purge import Purge
 from .reports import Reports
 from .stats import Stats
@@ -85,6 +86,7 @@ class Store:
         self.nodes = Nodes(ctx, self.stats, writer, self.snapshot)
         self.fair_share = FairShare(ctx)
         self.placing = Placing(ctx, self.snapshot, PlacementWrites(ctx, writer), self.jobs, self.fair_share)
+        self.preemptions = Preemptions(ctx, self.snapshot, self.placing, self.fair_share, writer)
         self.accounts = Accounts(ctx)
         self.quotas = TeamQuotas(ctx, self.snapshot)
         self.audit = AuditLog(ctx)

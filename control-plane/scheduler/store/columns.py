@@ -13,7 +13,8 @@ CLAIMED = tuple(field for field in Job._meta.sorted_fields if field.name not in 
     "pending_code"))
 # What placement reads of a queued job (rows.ask), then its stored reason and its place in the queue.
 QUEUED = (Job.id, Job.attempt, Job.job_type, Job.instance_id, Job.memory_mb, Job.cpu_percent, Job.constraints,
-          Job.pool, Job.array_id, Job.concurrency_key, Job.team, Job.submitted_by, Job.pending_reason, Job.queue_at)
+          Job.pool, Job.array_id, Job.concurrency_key, Job.team, Job.submitted_by, Job.preemptible, Job.priority,
+          Job.pending_reason, Job.queue_at)
 # Where placement finds a queued row's team and submitter (fair share's turns).
 QUEUED_TEAM, QUEUED_USER = 10, 11
 # What a lifecycle decision reads of a job (lifecycle.py), with its metrics
@@ -22,4 +23,4 @@ QUEUED_TEAM, QUEUED_USER = 10, 11
 DECIDING = (Job.id, Job.status, Job.attempt, Job.node_id, Job.job_type, Job.running_at, Job.retry_count,
             Job.max_retries, Job.on_node_lost, Job.node_losses, Job.name, Job.exit_code, Job.finished_at,
             Job.created_at, Job.has_dependents, Job.schedule, Job.slot, Job.timeout_secs, Job.team,
-            Job.submitted_by, Job.reserved_cpu_percent)
+            Job.submitted_by, Job.reserved_cpu_percent, Job.preemptions)

@@ -12,7 +12,7 @@ from corral.shared.errors import Conflict
 
 from .. import placement, quotas
 from ..models import Job
-from .columns import QUEUED
+from .columns import QUEUED, QUEUED_TEAM
 from .context import StoreContext
 from .fair_share import FairShare
 from .jobs import Jobs
@@ -145,6 +145,7 @@ class Placing:
         rows = self.fair.waiting(open_nodes, now, teams, per_team)
         if rows:
             rows = self.fair.in_turns(rows, now)
+            self._want(planner, rows)
         for start in range(0, len(rows), QUEUE_PAGE):
             if planner.exhausted:
                 break
@@ -152,6 +153,7 @@ class Placing:
         return [(row[0], row[1], row[-2]) for row in rows]
 
     def _offer(self, planner: placement.Planner, rows: list[tuple]) -> None:
+        self._want(planner, rows)
         asks = [ask(row) for row in rows]
         self._add_throttles(planner, asks)
         planner.offer(asks)
@@ -167,9 +169,7 @@ class Placing:
         infos = self.reads.nodes()
         planner = placement.Planner(infos, self.ctx.settings.placement_policy,
                                     fallback=FALLBACK_LIMITS, explain=True, ledger=self.ledger(infos))
-        asks = [ask(row) for row in rows]
-        self._add_throttles(planner, asks)
-        planner.offer(asks)
+        self._offer(planner, rows)
         # A job the planner could place waits only for the next placement: it keeps its reason.
         return self.writes.keep_reasons(planner.plan().waiting, {row[0]: row[-2] for row in rows})
 
@@ -195,6 +195,12 @@ class Placing:
             return job, []
         return job, placement.shortfalls(ask(tuple(getattr(job, f.name) for f in QUEUED)), self.reads.nodes(),
                                          FALLBACK_LIMITS)
+
+    @staticmethod
+    def _want(planner: placement.Planner, rows: list[tuple]) -> None:
+        """The teams of these waiting jobs keep their unused guarantee (quotas.Ledger.want)."""
+        if planner.ledger is not None:
+            planner.ledger.want({row[QUEUED_TEAM] for row in rows})
 
     def _add_throttles(self, planner: placement.Planner, asks: list[placement.Ask]) -> None:
         """Tell the planner the limits of the arrays and concurrency keys of these jobs
