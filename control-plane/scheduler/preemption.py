@@ -96,16 +96,18 @@ def plan(waiting: Sequence[Ask], nodes: Sequence[NodeInfo], running: Sequence[Ru
             if not placement.matches(ask, node):
                 continue
             need = placement.reservation(node, ask, fallback)
+            kind = RECLAIM if _owed(ledger, ask, need) else PRIORITY if priority_gap > 0 else None
+            if kind is None:
+                continue  # not a job preemption serves: it neither stops others nor takes their room here
             room = free[node.node_id]
             if _fits(room, need):
                 best = None
                 room[0] -= 1
                 room[1] -= need[0]
                 room[2] -= need[1]
+                if ledger is not None:  # its team will use that room: count it, as for one served
+                    ledger.take(ask.team, quotas.need_of(need[0], need[1]))
                 break  # it fits already (or will, once the stops asked end): nothing to stop
-            kind = RECLAIM if _owed(ledger, ask, need) else PRIORITY if priority_gap > 0 else None
-            if kind is None:
-                continue
             victims, after = _victims(ask, by_node.get(node.node_id, ()), room, need, taken, borrowed, kind,
                                       priority_gap)
             if victims is None:

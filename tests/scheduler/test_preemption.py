@@ -69,6 +69,18 @@ def test_never_a_job_that_is_not_preemptible_nor_one_of_a_team_within_its_guaran
     assert preemption.plan([Ask(100, team="c")], infos, running, ledger_of(infos, running, quota_of), FALLBACK) == []
 
 
+def test_jobs_that_will_take_the_room_stops_already_free_count_against_their_teams_guarantee():
+    # Two stops were asked for a's two jobs; a's third job is past its guarantee once they run.
+    running = [run(1, "n1", "b", stopping=True), run(2, "n1", "b", stopping=True), run(3, "n2", "b"),
+               run(4, "n2", "b")]
+    infos = full(nodes(), running)
+    waiting = [Ask(100, team="a"), Ask(101, team="a"), Ask(102, team="a")]
+    assert preemption.plan(waiting, infos, running, ledger_of(infos, running, HALF), FALLBACK) == []
+    # b's own waiting jobs (ahead in the queue) take no room from a: they are owed nothing.
+    waiting = [Ask(90, team="b"), Ask(91, team="b"), Ask(100, team="a"), Ask(101, team="a")]
+    assert preemption.plan(waiting, infos, running, ledger_of(infos, running, HALF), FALLBACK) == []
+
+
 def test_no_reclaim_for_a_job_that_would_take_its_team_past_its_guarantee():
     running = [run(1, "n1", "a"), run(2, "n1", "a"), run(3, "n2", "b"), run(4, "n2", "b")]
     infos = full(nodes(), running)

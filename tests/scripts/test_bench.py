@@ -34,7 +34,8 @@ BENCH_NUMBERS = {
     "schedules": ["lag_p50_ms", "lag_p99_ms", "start_lag_p50_ms", "scheduler_cpu_pct"],
     "logs": ["stored_mb_per_sec", "scheduler_cpu_ms_per_mb", "agent_cpu_ms_per_mb", "read_mb_per_sec"],
     "node_floor": ["jobs_per_sec", "starter_cpu_ms_per_job", "job_processes_cpu_ms_per_job"],
-    "placement": ["round_robin_ms", "binpack_ms", "spread_ms", "round_robin_explain_ms"],
+    "placement": ["round_robin_ms", "binpack_ms", "spread_ms", "round_robin_explain_ms", "binpack_quotas_ms",
+                  "fair_share_order_ms"],
     "submit_pending": ["empty_p50_ms", "empty_p99_ms", "pending_p50_ms", "pending_p99_ms", "p99_ratio"],
     "events_load": ["none_p50_ms", "none_p99_ms", "streams_p50_ms", "streams_p99_ms", "none_done_p50_ms",
                     "streams_done_p50_ms", "none_idle_cpu_pct", "streams_idle_cpu_pct"],
@@ -133,7 +134,7 @@ def test_the_benchmark_scripts_print_json_lines_and_leave_nothing_running():
     assert list(bench[0]["backends"]) == ["sqlite"]
     check_targets(bench[-1], [("dispatch_latency", "sqlite")] * 2 + [("dispatch_cross_replica", "sqlite")] * 2
                   + [("capacity", "sqlite"), ("idle_fleet", "sqlite"), ("schedules", "sqlite")]
-                  + [("submit_pending", "sqlite")] + [("placement", None)] * 3)
+                  + [("submit_pending", "sqlite")] + [("placement", None)] * 6)
     bench = bench[:-1]
     by_name = {r["scenario"]: r for r in bench[1:]}
     assert set(by_name) == {*BENCH_NUMBERS, "cpu_bound"}, list(by_name)

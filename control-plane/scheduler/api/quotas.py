@@ -34,7 +34,8 @@ def _visible_team(team: str) -> str:
 @routes.get("/teams/<team>/quota", access=auth.MEMBER_READ, operation_id="getTeamQuota",
             summary="A team's quota and what its jobs use now.",
             description="Empty parts when the team has no quota. A member reads their own teams' only.",
-            responses={"200": _json(contract.QuotaAnswer, "The quota and usage."), "404": _error("NotFound")})
+            responses={"200": _json(contract.QuotaAnswer, "The quota and usage."), "400": _error("BadRequest"),
+                       "404": _error("NotFound")})
 def get_quota(api: SchedulerApi, team):
     name = _visible_team(team)
     return respond(quota_answer(name, *api.store.quotas.get(name)))
@@ -59,7 +60,8 @@ def set_quota(api: SchedulerApi, team):
 @routes.delete("/teams/<team>/quota", access=auth.OPERATOR, operation_id="deleteTeamQuota",
                summary="Remove a team's quota (cluster admins): it runs on what others leave idle, as "
                        "teams without one do.",
-               responses={"204": {"description": "Removed."}, "404": _error("NotFound")})
+               responses={"204": {"description": "Removed."}, "400": _error("BadRequest"),
+                          "404": _error("NotFound")})
 def delete_quota(api: SchedulerApi, team):
     api.store.quotas.remove(principals.check_team_name(team))
     return current_app.response_class(status=204)

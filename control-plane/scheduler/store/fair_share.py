@@ -24,7 +24,7 @@ from .rows import tuples
 
 # The ended attempts' decayed usage is read again after this long (it moves slowly; what
 # running jobs use is read at every pass).
-HISTORY_SECS = 30.0
+HISTORY_SECS = 2.0
 
 Pair = tuple[str, str]  # (team, user)
 

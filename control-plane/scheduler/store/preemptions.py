@@ -62,18 +62,17 @@ class Preemptions:
             if ledger is not None:
                 ledger.want({row[QUEUED_TEAM] for row in rows})
             asks = sorted((ask(row) for row in rows), key=lambda a: -a.priority)  # stable: queue order next
-            found = preemption.plan(asks, nodes, self._running(), ledger, FALLBACK_LIMITS,
-                                    gap, MAX_VICTIMS)
+            found = preemption.plan(asks, nodes, self._running(), ledger, FALLBACK_LIMITS, gap, MAX_VICTIMS)
             return self._stop(found, now)
 
     def _teams(self, ledger: quotas.Ledger | None, gap: int) -> list[str]:
         """The teams whose waiting jobs may preempt: every team with priority preemption;
-        else those below their guarantee in some resource."""
+        else those below their guarantee in some resource their quota guarantees."""
         if gap > 0:
             return sorted(self.ctx.teams.shares())
         assert ledger is not None
-        return sorted(team for team, guarantees in ledger.guarantees.items()
-                      if any(u < g for u, g in zip(ledger.usage.get(team, [0] * len(guarantees)), guarantees)))
+        return sorted(team for team, quota in ledger.quotas.items()
+                      if any(used < quota.guarantee(resource) for resource, used in ledger.used(team).items()))
 
     @staticmethod
     def _running() -> list[preemption.Running]:
