@@ -176,6 +176,7 @@ class Config:
     capacity_batch: int = 500
     capacity_submitters: int = 4     # clients submitting batches at once: work waits for every free slot
     capacity_secs: float = 180.0      # in all, submits included: 20,000 jobs take 70-100 s here
+    capacity_teams: int = 0           # > 0: the jobs are these many teams', each with a quota (fair share on)
     idle_agents: int = 1000
     idle_secs: float = 60.0           # a whole IDLE_RENEW_SECS: every idle agent renews once in it
     idle_settle_secs: float = 5.0
@@ -1092,11 +1093,30 @@ class Bench:
         self.probe_batch(c.scheduler_url, {"command": "true"})
         if not self.batcher.available:
             raise Skip(f"needs POST /jobs/batch: {self.batcher.reason}")
+        self.make_teams(c)
         warm, _, failed = self.submit_spread(c, cfg.capacity_agents * cfg.capacity_slots // 4, 2, 60)
         if failed:
             raise RuntimeError(f"warm-up: {failed}")
         if not wait_done(fleet, warm, 60):
             raise RuntimeError(f"warm-up jobs were not done within 60 s ({fleet.last_error})")
+
+    def make_teams(self, c: bl.BenchCluster) -> None:
+        """--capacity-teams N: N teams, each guaranteed an equal part of the slots."""
+        cfg = self.cfg
+        share = max(1, cfg.capacity_agents * cfg.capacity_slots // max(1, cfg.capacity_teams))
+        for t in range(cfg.capacity_teams):
+            team = f"bench-{t:02d}"
+            made = requests.post(f"{c.scheduler_url}/teams", json={"name": team}, timeout=30)
+            quota = requests.put(f"{c.scheduler_url}/teams/{team}/quota", json={"guaranteed": {"jobs": share}},
+                                 timeout=30)
+            if made.status_code != 201 or quota.status_code != 200:
+                raise RuntimeError(f"team {team}: {made.status_code} {made.text[:200]} / {quota.status_code} "
+                                   f"{quota.text[:200]}")
+
+    def batch_items(self, i: int, size: int) -> list[dict]:
+        """Batch i's jobs: `true`, of team i mod --capacity-teams when teams are asked for."""
+        teams = self.cfg.capacity_teams
+        return [{"command": "true", **({"team": f"bench-{i % teams:02d}"} if teams else {})}] * size
 
     def submit_spread(self, c: bl.BenchCluster, total: int, batches: int, time_limit: float
                       ) -> tuple[list[str], int, str | None]:
@@ -1121,7 +1141,7 @@ class Bench:
                             stopped.append(f"the time limit ({time_limit:g} s) passed while submitting")
                             return
                         try:
-                            jobs = self.batcher.submit(s, urls[i % len(urls)], [{"command": "true"}] * sizes[i])
+                            jobs = self.batcher.submit(s, urls[i % len(urls)], self.batch_items(i, sizes[i]))
                             break
                         except bl.Refused as exc:
                             if exc.status != 503:
@@ -1175,7 +1195,10 @@ class Bench:
                      "of what one answer handed out go in one POST /jobs/reports with a claim for 8 riding on it; "
                      "heartbeats every 5 s, lease renewals every 5 s while holding jobs",
             "measured": "first submit -> the last done report accepted; CPU from /proc over that window",
-            "time_limit_secs": cfg.capacity_secs}
+            "time_limit_secs": cfg.capacity_secs,
+            "teams": (f"{cfg.capacity_teams} teams, each guaranteed an equal part of the slots, a batch each in "
+                      "turn: quotas and fair share on") if cfg.capacity_teams else "none (one team: no quotas, "
+                                                                                     "queue order)"}
         out = {"jobs": total, "submitted": len(ids), "done": len(done), "complete": complete and not stopped,
                "jobs_per_sec": round(len(done) / (end - t0), 1), "elapsed_secs": round(end - t0, 2),
                "submit_secs": round(submitted - t0, 2), "submit_batches_sent_again": retried,
@@ -1686,6 +1709,9 @@ def parse_args(argv=None):
                         help=f"comma-separated subset of {','.join(SCENARIOS)}")
     parser.add_argument("--skip", default="", help="comma-separated scenarios to leave out")
     parser.add_argument("--with-cpu-bound", action="store_true", help="run cpu_bound even with --quick")
+    parser.add_argument("--capacity-teams", type=int, default=0, metavar="N",
+                        help="capacity: submit the jobs as N teams', batch by batch in turn, each team guaranteed "
+                             "an equal part of the slots (borrowing without limit): quotas and fair share on")
     parser.add_argument("--backends", help="comma-separated storage backends to run every scenario on, "
                                            f"interleaved: {','.join(benchdb.BACKENDS)} (default sqlite)")
     parser.add_argument("--postgres", action="store_true",
@@ -1741,6 +1767,8 @@ def main(argv=None) -> int:
     cfg = QUICK if args.quick else FULL
     if args.repeat:
         cfg = replace(cfg, repeat=max(1, args.repeat))
+    if args.capacity_teams:
+        cfg = replace(cfg, capacity_teams=max(0, args.capacity_teams))
     if args.scheduler_url is None and not os.access(os.path.join(bl.BIN, "corral-scheduler"), os.X_OK):
         print("bench: run this with the project's virtualenv (.venv/bin/python scripts/bench.py, or make bench)",
               file=sys.stderr)
