@@ -299,6 +299,7 @@ def test_a_submitted_job_appears_and_turns_done_without_a_reload(browser, ui_clu
     wait(browser, lambda d: "hello from the dashboard test" in (text_of(d, "#job-stdout") or ""), "its output")
     assert text_of(browser, "#field-exit_code") == "0"
     assert (text_of(browser, "#field-ended_by"), text_of(browser, "#field-kill_signal")) == ("exit", "TERM")
+    assert (text_of(browser, "#field-preemptible"), text_of(browser, "#field-preemptions")) == ("true", "0")
     assert len(css_all(browser, "#job-events tbody tr")) >= 3  # submitted, placed, ...
     assert page_not_reloaded(browser)
     screenshot(browser, tmp_path, "job-done")

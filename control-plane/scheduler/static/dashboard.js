@@ -946,7 +946,7 @@
     "deploy_sha256", "port", "health_path", "env_vars", "attempt", "retry_count", "max_retries", "next_attempt_at",
     "on_node_lost", "node_losses", "exit_code", "memory_mb", "cpu_percent", "limits_enforced", "limits", "oom_killed",
     "peak_memory_bytes", "cpu_seconds", "ended_by", "timeout_secs", "deadline", "signal_before_end", "kill_signal",
-    "kill_grace_secs", "created_at", "placed_at", "running_at", "finished_at",
+    "kill_grace_secs", "preemptible", "preemptions", "created_at", "placed_at", "running_at", "finished_at",
   ];
 
   async function loadJob(jobId) {
