@@ -72,16 +72,25 @@ def standings(shares: Mapping[str, float], usage: Mapping[str, float]) -> dict[s
     return found
 
 
+def _first(standing: Standing | None) -> float:
+    """A sort key: the highest factor first (one without a standing used nothing)."""
+    return -(standing.factor if standing else 1.0)
+
+
+def team_order(names: Iterable[str], teams: Mapping[str, Standing]) -> list[str]:
+    """Teams in turn order: the highest factor first, then by name."""
+    return sorted(names, key=lambda team: (_first(teams.get(team)), team))
+
+
 def turns(rows: Sequence[T], team_of: Callable[[T], str], user_of: Callable[[T], str],
           teams: Mapping[str, Standing], users: Mapping[tuple[str, str], Standing]) -> list[T]:
     """`rows` (each team's waiting jobs, in queue order within each team) in fair-share
     order: team by team, the highest factor first (then by name), and within a team user
-    by user, the highest factor first (then by name); each user's jobs in the order given."""
+    by user, the highest factor first (then by name); each user's jobs in the order given.
+    A user without a standing counts as one that used nothing."""
     def key(row: T) -> tuple:
         team, user = team_of(row), user_of(row)
-        team_standing, user_standing = teams.get(team), users.get((team, user))
-        return (-(team_standing.factor if team_standing else 1.0), team,
-                -(user_standing.factor if user_standing else 1.0), user)
+        return (_first(teams.get(team)), team, _first(users.get((team, user))), user)
     return sorted(rows, key=key)  # stable: each user's jobs keep their queue order
 
 

@@ -113,3 +113,19 @@ def test_without_quotas_why_shows_none_and_placement_is_as_before(cluster):
     assert [j["node_id"] for j in jobs] == ["n1", "n1", None]
     why = cluster("bob", "GET", f"/jobs/{jobs[2]['job_id']}/why").json
     assert why["quota"] is None and why["pending_reason"]["code"] == "no_capacity"
+
+
+def test_the_capacity_quotas_lend_from_follows_the_node_list_at_once(cluster):
+    """A placement on some nodes only (a report's, a claim's) reuses the cluster's capacity
+    for a moment rather than reading every node; a node that comes, goes or is drained
+    through this scheduler counts at once all the same."""
+    reads = cluster.store.snapshot
+    set_nodes(cluster.store, cluster.clock, "n1", slots=4)
+    assert reads.capacity()["jobs"] == 4
+    set_nodes(cluster.store, cluster.clock, "n1", "n2", slots=4)
+    assert reads.capacity()["jobs"] == 8
+    cluster.store.nodes.sync_nodes([{"node_id": "n1", "address": "127.0.0.1", "kind": "compute", "slots": 4,
+                                     "status": "healthy"}], cluster.clock())
+    assert reads.capacity()["jobs"] == 4
+    cluster.store.nodes.set_drained("n1", True, cluster.clock())
+    assert reads.capacity()["jobs"] == 0

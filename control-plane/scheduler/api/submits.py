@@ -54,7 +54,11 @@ def attributed(api: SchedulerApi, fields: dict) -> dict:
     asked = fields.get("team")
     team = who.team_to_act_in(asked)
     if asked is not None and who.is_admin:  # a member's teams exist; an admin may name any that does
-        api.store.accounts.require_teams({asked})
+        # Once per team in a request: a batch's items mostly name the same few.
+        checked = g.setdefault("teams_checked", set())
+        if asked not in checked:
+            api.store.accounts.require_teams({asked})
+            checked.add(asked)
     audit_trail.note(team=team)
     key = fields.get("concurrency_key")
     if key is not None and not who.is_admin:

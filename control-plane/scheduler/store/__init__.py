@@ -84,7 +84,7 @@ class Store:
         self.claims = Claims(ctx, self.transitions, self.leases)
         self.snapshot = PlacementReads(ctx)
         self.nodes = Nodes(ctx, self.stats, writer, self.snapshot)
-        self.fair_share = FairShare(ctx)
+        self.fair_share = FairShare(ctx, self.snapshot)
         self.placing = Placing(ctx, self.snapshot, PlacementWrites(ctx, writer), self.jobs, self.fair_share)
         self.preemptions = Preemptions(ctx, self.snapshot, self.placing, self.fair_share, writer)
         self.accounts = Accounts(ctx)

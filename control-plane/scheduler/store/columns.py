@@ -15,8 +15,9 @@ CLAIMED = tuple(field for field in Job._meta.sorted_fields if field.name not in 
 QUEUED = (Job.id, Job.attempt, Job.job_type, Job.instance_id, Job.memory_mb, Job.cpu_percent, Job.constraints,
           Job.pool, Job.array_id, Job.concurrency_key, Job.team, Job.submitted_by, Job.preemptible, Job.priority,
           Job.pending_reason, Job.queue_at)
-# Where placement finds a queued row's team and submitter (fair share's turns).
-QUEUED_TEAM, QUEUED_USER = 10, 11
+# Where placement finds a queued row's array and concurrency key (throttles), team and
+# submitter (fair share's turns).
+QUEUED_ARRAY, QUEUED_KEY, QUEUED_TEAM, QUEUED_USER = 8, 9, 10, 11
 # What a lifecycle decision reads of a job (lifecycle.py), with its metrics
 # (metrics.moved), its notification (notifications.py) and its usage (usage.py): not the
 # output or the request.

@@ -1,6 +1,7 @@
 """What fair share reads (fairshare.py decides): each team's and user's core-seconds,
 decayed (the ended attempts' totals per day, kept per process for HISTORY_SECS) plus
-what their running jobs used so far, and the jobs waiting to be placed, each team's
+what their running jobs used so far (from PlacementReads.holding, which a placement
+pass reads once for quotas and fair share), and the jobs waiting to be placed, each team's
 first in queue order (the job_waiting_by_team index, in one statement)."""
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 import peewee
-from peewee import fn
 
 from corral.server.statements import ValueList, param
 
@@ -20,6 +20,7 @@ from .. import fairshare
 from ..models import Job, UsageDay
 from .columns import QUEUED, QUEUED_TEAM, QUEUED_USER
 from .context import StoreContext
+from .placement_reads import Held, PlacementReads
 from .rows import tuples
 
 # The ended attempts' decayed usage is read again after this long (it moves slowly; what
@@ -27,11 +28,13 @@ from .rows import tuples
 HISTORY_SECS = 2.0
 
 Pair = tuple[str, str]  # (team, user)
+TEAM_OF, USER_OF = operator.itemgetter(QUEUED_TEAM), operator.itemgetter(QUEUED_USER)
 
 
 class FairShare:
-    def __init__(self, ctx: StoreContext, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, ctx: StoreContext, reads: PlacementReads, clock: Callable[[], float] = time.monotonic):
         self.ctx = ctx
+        self.reads = reads
         self._clock = clock
         self._lock = threading.Lock()
         self._read_at: float | None = None
@@ -47,10 +50,11 @@ class FairShare:
 
     # ---- usage ----------------------------------------------------------------------------
 
-    def usage(self, now: float) -> dict[Pair, float]:
-        """Each (team, user)'s decayed core-seconds: ended attempts' and running jobs' so far."""
+    def usage(self, now: float, held: list[Held] | None = None) -> dict[Pair, float]:
+        """Each (team, user)'s decayed core-seconds: ended attempts' and running jobs' so far
+        (`held`: what the jobs holding slots reserve, when the caller read it)."""
         found = dict(self._ended(now))
-        for pair, amount in self._running(now).items():
+        for pair, amount in self._running(now, held).items():
             found[pair] = found.get(pair, 0.0) + amount
         return found
 
@@ -73,20 +77,19 @@ class FairShare:
         with self._lock:
             self._read_at = None
 
-    def _running(self, now: float) -> dict[Pair, float]:
-        """The core-seconds the running jobs used so far, by (team, user): one grouped read of
-        the running jobs (as many as the cluster's slots)."""
-        rows = self.ctx.sql.rows(self.ctx.db, "running core-seconds", lambda: Job.select(
-            Job.team, Job.submitted_by, fn.SUM(Job.reserved_cpu_percent),
-            fn.SUM(Job.reserved_cpu_percent * Job.running_at)).where(
-            (Job.status == "running") & Job.running_at.is_null(False)).group_by(Job.team, Job.submitted_by))
-        return {(team, user): max(0.0, ((cpu or 0) * now - (weighted or 0.0)) / 100)
-                for team, user, cpu, weighted in rows}
+    def _running(self, now: float, held: list[Held] | None) -> dict[Pair, float]:
+        """The core-seconds the running jobs used so far, by (team, user), from what the jobs
+        holding slots reserve (PlacementReads.holding, read now unless given)."""
+        found: dict[Pair, float] = {}
+        for one in self.reads.holding() if held is None else held:
+            if one.running_cpu:
+                found[(one.team, one.user)] = max(0.0, (one.running_cpu * now - one.running_cpu_since) / 100)
+        return found
 
-    def standings(self, now: float, waiting: Iterable[Pair] = ()
+    def standings(self, now: float, waiting: Iterable[Pair] = (), held: list[Held] | None = None
                   ) -> tuple[dict[str, fairshare.Standing], dict[Pair, fairshare.Standing]]:
         """Every team's standing, and that of each user with usage or `waiting` jobs within their team."""
-        usage = self.usage(now)
+        usage = self.usage(now, held)
         by_team: dict[str, float] = {}
         for (team, _), amount in usage.items():
             by_team[team] = by_team.get(team, 0.0) + amount
@@ -119,9 +122,3 @@ class FairShare:
 
         return self.ctx.sql.rows(self.ctx.db, ("waiting by team", len(names), open_nodes.size), heads, now=now,
                                  limit=limit, **open_nodes.values, **{f"team{i}": n for i, n in enumerate(names)})
-
-    def in_turns(self, rows: list[tuple], now: float) -> list[tuple]:
-        """Queued rows in fair-share order (fairshare.turns)."""
-        team_of, user_of = operator.itemgetter(QUEUED_TEAM), operator.itemgetter(QUEUED_USER)
-        teams, users = self.standings(now, {(team_of(row), user_of(row)) for row in rows})
-        return fairshare.turns(rows, team_of, user_of, teams, users)

@@ -73,7 +73,7 @@ class Nodes:
                 if seen_drains is not None and seq is not None and seq > seen_drains:
                     row["drained"], row["status"] = drained, liveness.redrained(row["status"], drained)
             after = {row["node_id"]: (row["status"], row["drained"]) for row in rows}
-            self._write_changed(current, rows)
+            changed = self._write_changed(current, rows)
             SchedulerState.insert(key=LIST_SYNCED, value=repr(now)).on_conflict(
                 conflict_target=[SchedulerState.key], preserve=[SchedulerState.value]).execute()
             # What changed since the last list, for the event stream (events.node_changes).
@@ -81,10 +81,12 @@ class Nodes:
                                  "data": {"change": change, **data}}
                                 for node_id, change, data in node_changes(before, after))
             self.release_lost(now)
+        if changed:
+            self.reads.forget_capacity()
 
-    def _write_changed(self, current: dict[str, dict], rows: list[dict]) -> None:
+    def _write_changed(self, current: dict[str, dict], rows: list[dict]) -> bool:
         """Delete the rows of nodes gone from the list and of those that changed, and
-        insert the changed and new ones."""
+        insert the changed and new ones; whether there were any."""
         listed = {row["node_id"] for row in rows}
         changed = [row for row in rows if current.get(row["node_id"]) != {name: row[name] for name in REFRESHED}]
         stale = sorted((set(current) - listed) | {row["node_id"] for row in changed if row["node_id"] in current})
@@ -94,6 +96,7 @@ class Nodes:
         self.ctx.sql.insert_rows(self.ctx.db, "node rows", Node, [
             dict(row, labels=Node.labels.db_value(row["labels"]),
                  default_limits=Node.default_limits.db_value(row["default_limits"])) for row in changed])
+        return bool(changed or stale)
 
     def list_synced_at(self) -> float | None:
         """When the node list was last refreshed from the registry; None while it lists no node."""
@@ -142,6 +145,7 @@ class Nodes:
                                               {node_id: (node.status, node.drained)}, {node_id: (status, drained)}))
             if drained:
                 self.release_lost(now)
+        self.reads.forget_capacity()
         return stopping
 
     def release_lost(self, now: float) -> int:

@@ -1,9 +1,13 @@
 """What placement reads: the snapshot a placement pass plans on. The compute nodes with
 their free slots and what their jobs reserve, the due queue page by page, the limits
 of the arrays and concurrency keys the queued jobs belong to (throttles), and the
-round-robin cursor. Reads only; placement_writes.py writes what the stage decides."""
-from collections.abc import Collection
-from typing import Any
+round-robin cursor; what the jobs holding slots reserve, by team and user (quotas, fair
+share) and the cluster's capacity. Reads only; placement_writes.py writes what the stage
+decides."""
+import threading
+import time
+from collections.abc import Callable, Collection
+from typing import Any, NamedTuple
 
 import peewee
 from peewee import fn
@@ -11,18 +15,38 @@ from peewee import fn
 from corral.server.statements import ValueList, param
 from corral.shared.states import ACTIVE
 
-from .. import liveness, placement
+from .. import liveness, placement, quotas
 from ..models import ConcurrencyLimit, Job, JobArray, Node, SchedulerState
 from .columns import QUEUED
 from .context import StoreContext
 from .rows import json_value, limits_by_type, tuples
 
 RR_CURSOR = "rr_cursor"
+# The cluster's capacity (for quotas) is read again after this long when a placement
+# reads only some nodes: it moves only as nodes come, go or change.
+CAPACITY_SECS = 2.0
+
+
+class Held(NamedTuple):
+    """What one user's jobs in one team that hold a slot (placed or running) reserve, and
+    of that what the running ones reserve of CPU with the sum of CPU × running_at (what
+    fair share needs for the core-seconds they used so far)."""
+
+    team: str
+    user: str
+    jobs: int
+    memory_mb: int
+    cpu_percent: int
+    running_cpu: int
+    running_cpu_since: float
 
 
 class PlacementReads:
-    def __init__(self, ctx: StoreContext):
+    def __init__(self, ctx: StoreContext, clock: Callable[[], float] = time.monotonic):
         self.ctx = ctx
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._capacity: tuple[dict[str, int | None], float] | None = None
 
     def nodes(self, only: Collection[str] | None = None, include_others: bool = False
               ) -> list[placement.NodeInfo]:
@@ -106,13 +130,12 @@ class PlacementReads:
         return due
 
     @staticmethod
-    def throttles(known: Collection[tuple[str, object]], asks: list[placement.Ask]
-                  ) -> dict[tuple[str, object], placement.Throttle]:
-        """The limits of the arrays and concurrency keys of these jobs not `known` yet,
-        and how many of their jobs are placed or running."""
-        arrays = {a.array_id for a in asks if a.array_id is not None and ("array", a.array_id) not in known}
-        keys = {a.concurrency_key for a in asks if a.concurrency_key is not None
-                and ("key", a.concurrency_key) not in known}
+    def throttles(known: Collection[tuple[str, object]], array_ids: Collection[int | None],
+                  concurrency_keys: Collection[str | None]) -> dict[tuple[str, object], placement.Throttle]:
+        """The limits of these arrays and concurrency keys (None among them: a job of
+        neither) not `known` yet, and how many of their jobs are placed or running."""
+        arrays = {a for a in array_ids if a is not None and ("array", a) not in known}
+        keys = {k for k in concurrency_keys if k is not None and ("key", k) not in known}
         found: dict[tuple[str, object], placement.Throttle] = {}
         if not arrays and not keys:
             return found
@@ -138,17 +161,55 @@ class PlacementReads:
                 found[("key", key)] = placement.Throttle(placement.UNCOUNTED, 0)
         return found
 
-    def team_usage(self, team: str | None = None) -> dict[str, dict[str, int]]:
-        """What each team's placed and running jobs reserve (quotas.RESOURCES; `team`'s only, when given)."""
-        def usage() -> Any:
+    def holding(self, team: str | None = None) -> list[Held]:
+        """What the jobs holding slots reserve, by team and user (`team`'s only, when given):
+        one grouped walk of those jobs, which quotas and fair share share in a pass."""
+        def held() -> Any:
             where = _holding_slots() if team is None else _holding_slots() & (Job.team == param("team"))
-            return Job.select(Job.team, fn.COUNT(Job.id), fn.COALESCE(fn.SUM(Job.reserved_memory_mb), 0),
-                              fn.COALESCE(fn.SUM(Job.reserved_cpu_percent), 0)).where(where).group_by(Job.team)
+            running = (Job.status == "running") & Job.running_at.is_null(False)
+            cpu = fn.COALESCE(Job.reserved_cpu_percent, 0)
+            return Job.select(
+                Job.team, Job.submitted_by, fn.COUNT(Job.id), fn.COALESCE(fn.SUM(Job.reserved_memory_mb), 0),
+                fn.SUM(cpu), fn.SUM(peewee.Case(None, [(running, cpu)], 0)),
+                fn.SUM(peewee.Case(None, [(running, cpu * Job.running_at)], 0.0)),
+            ).where(where).group_by(Job.team, Job.submitted_by)
 
-        rows = self.ctx.sql.rows(self.ctx.db, ("team usage", team is None), usage,
+        rows = self.ctx.sql.rows(self.ctx.db, ("held", team is None), held,
                                  **({} if team is None else {"team": team}))
-        return {name: {"cpu_percent": int(cpu), "memory_mb": int(memory), "gpus": 0, "jobs": int(jobs)}
-                for name, jobs, memory, cpu in rows}
+        return [Held(name, user, int(jobs), int(memory or 0), int(cpu or 0), int(running or 0),
+                     float(since or 0.0)) for name, user, jobs, memory, cpu, running, since in rows]
+
+    def team_usage(self, team: str | None = None, held: list[Held] | None = None) -> dict[str, dict[str, int]]:
+        """What each team's placed and running jobs reserve (quotas.RESOURCES; `team`'s only,
+        when given), from `held` when the caller read it already."""
+        found: dict[str, dict[str, int]] = {}
+        for one in self.holding(team) if held is None else held:
+            used = found.get(one.team)
+            if used is None:
+                used = found[one.team] = dict.fromkeys(quotas.RESOURCES, 0)
+            used["cpu_percent"] += one.cpu_percent
+            used["memory_mb"] += one.memory_mb
+            used["jobs"] += one.jobs
+        return found
+
+    def capacity(self, nodes: list[placement.NodeInfo] | None = None) -> dict[str, int | None]:
+        """The cluster's capacity for quotas (placement.cluster_capacity) of `nodes`, every
+        node as just read; else as read within CAPACITY_SECS, or read now."""
+        if nodes is None:
+            with self._lock:
+                kept = self._capacity
+            if kept is not None and 0 <= self._clock() - kept[1] < CAPACITY_SECS:
+                return kept[0]
+            nodes = self.nodes()
+        found = placement.cluster_capacity(nodes)
+        with self._lock:
+            self._capacity = (found, self._clock())
+        return found
+
+    def forget_capacity(self) -> None:
+        """The node list changed (in this process): read the capacity again at the next question."""
+        with self._lock:
+            self._capacity = None
 
     def cursor(self) -> tuple[str | None, bool]:
         """The round-robin cursor (read under the placement lock), and whether its row exists."""

@@ -10,14 +10,14 @@ from collections.abc import Collection
 from corral.server.statements import ValueList
 from corral.shared.errors import Conflict
 
-from .. import placement, quotas
+from .. import fairshare, placement, quotas
 from ..models import Job
-from .columns import QUEUED, QUEUED_TEAM
+from .columns import QUEUED, QUEUED_ARRAY, QUEUED_KEY, QUEUED_TEAM
 from .context import StoreContext
-from .fair_share import FairShare
+from .fair_share import TEAM_OF, USER_OF, FairShare
 from .jobs import Jobs
 from .marks import PLACEMENT_MARK
-from .placement_reads import RR_CURSOR, PlacementReads
+from .placement_reads import RR_CURSOR, Held, PlacementReads
 from .placement_writes import PlacementWrites
 from .rows import FALLBACK_LIMITS, ask
 
@@ -29,6 +29,10 @@ from .rows import FALLBACK_LIMITS, ask
 # rows on every request, and what is deeper is placed by the next background pass.
 QUEUE_PAGE = 500
 PLACEMENT_SCAN_MAX = 10_000
+# What any job takes of its team's quota at the least: a team refused that is refused every job.
+LEAST_NEED = quotas.need_of(0, 0)
+# Fair share offers a team's window in chunks of the free slots, at least this many jobs.
+OFFER_CHUNK = 64
 # The background pass gives this many jobs at the head of the queue their reasons.
 EXPLAIN_MAX = 1000
 
@@ -88,12 +92,14 @@ class Placing:
             # placements on different nodes would otherwise queue on).
             cursor, cursor_stored = self.reads.cursor() if rotate else (None, False)
             before = cursor
-            ledger = self.ledger(infos if every_node else None, lock=True)
+            fair = self.fair.enabled()
+            ledger, held = self._ledger_and_held(infos if every_node else None, fair)
             planner = placement.Planner(infos, self.ctx.settings.placement_policy, cursor,
                                         fallback=FALLBACK_LIMITS, ledger=ledger)
             open_ids = sorted(n.node_id for n in infos if n.takes_work and n.free_slots > 0)
             scan = PLACEMENT_SCAN_MAX if deep else total_free if first_only else total_free + QUEUE_PAGE
-            candidates = self._offer_queue(planner, open_ids, now, total_free, scan)
+            candidates = self._offer_queue(planner, open_ids, now, total_free, scan, held if fair else None,
+                                           every_node)
             plan = planner.plan()
             cursor = plan.cursor
             placed = self.writes.place(plan.placed, {row[0]: row[1] for row in candidates}, now)
@@ -110,14 +116,14 @@ class Placing:
             return len(placed)
 
     def _offer_queue(self, planner: placement.Planner, open_ids: list[str], now: float, first: int,
-                     scan: int) -> list[tuple]:
+                     scan: int, held: list[Held] | None, every_node: bool) -> list[tuple]:
         """Offer the planner the due jobs an open node may take (unpinned, or pinned to
-        one of them): in fair-share turns when more than one team exists (`_offer_turns`),
-        else in queue order, `first` of them, then pages of QUEUE_PAGE while it has room,
-        up to `scan` in all. Returns (id, attempt, stored reason) of each."""
+        one of them): in fair-share turns when more than one team exists (`held` given:
+        _offer_turns), else in queue order, `first` of them, then pages of QUEUE_PAGE
+        while it has room, up to `scan` in all. Returns (id, attempt, stored reason) of each."""
         open_nodes = ValueList(self.ctx.db, "open", open_ids)
-        if self.fair.enabled():
-            return self._offer_turns(planner, open_nodes, now, first, scan)
+        if held is not None:
+            return self._offer_turns(planner, open_nodes, now, first, scan, held, every_node)
         seen: list[tuple] = []
         limit, after = first, None
         while not planner.exhausted and len(seen) < scan:
@@ -130,11 +136,16 @@ class Placing:
         return seen
 
     def _offer_turns(self, planner: placement.Planner, open_nodes: ValueList, now: float, first: int,
-                     scan: int) -> list[tuple]:
-        """Each team's first due jobs, read together, offered in fair-share turns
-        (fairshare.turns). A team's window: `first` jobs (the free slots) for new work,
-        an equal part of `scan` for the background pass, a page shared out otherwise; a
-        team's jobs past it wait for the next pass."""
+                     scan: int, held: list[Held], every_node: bool) -> list[tuple]:
+        """The due jobs offered in fair-share turns (fairshare.turns): which teams have
+        any (each team's first, read together), then team by team, the highest factor
+        first, a window of each team's jobs in queue order, user by user within it, until
+        no room is left. A team's window: `first` jobs (the free slots) for new work, an
+        equal part of `scan` for the background pass, a page shared out otherwise; a
+        team's jobs past it wait for the next pass. Most passes fill the free slots from
+        the first team's window and read no other; one that places on some nodes only
+        skips the teams that the quotas let take no job at all (a pass over every node
+        reads them, to keep their jobs' reasons)."""
         teams = self.ctx.teams.shares()
         if scan <= first:
             per_team = first
@@ -142,21 +153,35 @@ class Placing:
             per_team = max(first, scan // len(teams))
         else:
             per_team = first + max(1, QUEUE_PAGE // len(teams))
-        rows = self.fair.waiting(open_nodes, now, teams, per_team)
-        if rows:
-            rows = self.fair.in_turns(rows, now)
-            self._want(planner, rows)
-        for start in range(0, len(rows), QUEUE_PAGE):
+        heads = self.fair.waiting(open_nodes, now, teams, 1)
+        if not heads:
+            return []
+        # Every team with jobs waiting keeps its unused guarantee, before any job is offered.
+        self._want(planner, heads)
+        standings, users = self.fair.standings(now, held=held)
+        seen: list[tuple] = []
+        ledger = planner.ledger
+        for team in fairshare.team_order({row[QUEUED_TEAM] for row in heads}, standings):
             if planner.exhausted:
                 break
-            self._offer(planner, rows[start:start + QUEUE_PAGE])
-        return [(row[0], row[1], row[-2]) for row in rows]
+            if ledger is not None and not every_node and ledger.refuses(team, LEAST_NEED) is not None:
+                continue  # at its cap, or past its guarantee with nothing it may borrow: no job of it fits
+            rows = fairshare.turns(self.fair.waiting(open_nodes, now, [team], per_team), TEAM_OF, USER_OF,
+                                   standings, users)
+            # In chunks of the free slots (at least OFFER_CHUNK): the pass stops at the chunk that fills them.
+            chunk = max(first, OFFER_CHUNK)
+            for start in range(0, len(rows), chunk):
+                if planner.exhausted:
+                    break
+                self._offer(planner, rows[start:start + chunk])
+            seen += [(row[0], row[1], row[-2]) for row in rows]
+        return seen
 
     def _offer(self, planner: placement.Planner, rows: list[tuple]) -> None:
         self._want(planner, rows)
-        asks = [ask(row) for row in rows]
-        self._add_throttles(planner, asks)
-        planner.offer(asks)
+        self._add_throttles(planner, rows)
+        # Made into asks as the planner takes them: it stops once no room is left.
+        planner.offer(ask(row) for row in rows)
 
     def explain(self, now: float, limit: int = EXPLAIN_MAX) -> int:
         """Why the first `limit` due jobs in the queue are not placed, against every
@@ -175,15 +200,21 @@ class Placing:
 
     def ledger(self, every_node: list[placement.NodeInfo] | None, lock: bool = False) -> quotas.Ledger | None:
         """The teams' quotas with their usage and the cluster's capacity (`every_node`: the
-        nodes, when already read), for a pass to place within; None when no team has a
-        quota. `lock`: in a placing transaction, one such placement at a time."""
+        nodes, when just read), for a pass to place within; None when no team has a quota.
+        `lock`: in a placing transaction, one such placement at a time."""
+        return self._ledger_and_held(every_node, False, lock)[0]
+
+    def _ledger_and_held(self, every_node: list[placement.NodeInfo] | None, fair: bool, lock: bool = True
+                         ) -> tuple[quotas.Ledger | None, list[Held]]:
+        """The ledger (None: no quotas) and what the jobs holding slots reserve, read once
+        for both quotas and fair share (`fair`: it is on; neither on: nothing read)."""
         found = self.ctx.teams.quotas()
-        if not found:
-            return None
-        if lock:
+        if found and lock:
             self.ctx.backend.lock_quotas(self.ctx.db)
-        nodes = self.reads.nodes() if every_node is None else every_node
-        return quotas.Ledger(found, self.reads.team_usage(), placement.cluster_capacity(nodes))
+        held = self.reads.holding() if found or fair else []
+        if not found:
+            return None, held
+        return quotas.Ledger(found, self.reads.team_usage(held=held), self.reads.capacity(every_node)), held
 
     def why(self, job_id: str) -> tuple[Job, list[dict]]:
         """A pending job and the nodes that came closest to taking it, each with what it
@@ -202,9 +233,10 @@ class Placing:
         if planner.ledger is not None:
             planner.ledger.want({row[QUEUED_TEAM] for row in rows})
 
-    def _add_throttles(self, planner: placement.Planner, asks: list[placement.Ask]) -> None:
-        """Tell the planner the limits of the arrays and concurrency keys of these jobs
-        it does not know yet, and how many of their jobs are placed or running."""
-        found = self.reads.throttles(set(planner.throttles), asks)
+    def _add_throttles(self, planner: placement.Planner, rows: list[tuple]) -> None:
+        """Tell the planner the limits of the arrays and concurrency keys of these queued
+        jobs it does not know yet, and how many of their jobs are placed or running."""
+        found = self.reads.throttles(set(planner.throttles), {row[QUEUED_ARRAY] for row in rows},
+                                     {row[QUEUED_KEY] for row in rows})
         if found:
             planner.add_throttles(found)

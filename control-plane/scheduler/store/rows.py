@@ -43,12 +43,12 @@ def limits_by_type(defaults: dict | None) -> dict[str, placement.Limits]:
 def ask(row: tuple) -> placement.Ask:
     """A queued job (a row of columns.QUEUED) as placement reads it."""
     job_id, _, job_type, pin, memory, cpu, constraints, pool, array_id, key, team, _, preemptible, priority = row[:14]
-    return placement.Ask(job_id, job_type=job_type, pin=pin, memory_mb=memory, cpu_percent=cpu,
-                         constraints=tuple((label, op, tuple(value) if isinstance(value, list) else value)
-                                           for label, op, value in (json_value(constraints) or ())),
-                         pool=pool, array_id=array_id, concurrency_key=key, team=team,
-                         preemptible=preemptible is None or bool(preemptible),
-                         priority=50 if priority is None else priority)
+    return placement.Ask(job_id, job_type, pin, memory, cpu,
+                         () if constraints is None else tuple(
+                             (label, op, tuple(value) if isinstance(value, list) else value)
+                             for label, op, value in (json_value(constraints) or ())),
+                         pool, array_id, key, team, preemptible is None or bool(preemptible),
+                         50 if priority is None else priority)
 
 
 def tuples(query: Any) -> Any:
