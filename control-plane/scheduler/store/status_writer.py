@@ -95,7 +95,11 @@ class StatusWriter:
         chosen = ValueList(db, "ids", [job.id for job, _ in members])
 
         def update() -> Any:
-            where = chosen.matches(Job.id) & (Job.status == param("old")) & (Job.attempt == param("was_attempt"))
+            # With the node: by the (node_id, status) index and the ids. Without: `status || ''`,
+            # so that the rows are found by id, never by the status index, which SQLite
+            # (without statistics) would otherwise walk: every running job, for eight.
+            status = Job.status if on_node is not None else Job.status.concat("")
+            where = chosen.matches(Job.id) & (status == param("old")) & (Job.attempt == param("was_attempt"))
             if on_node is not None:
                 where &= Job.node_id == param("on_node")
             return Job.update(status=param("new"), **{name: param(name) for name in names}).where(
