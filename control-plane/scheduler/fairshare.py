@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 DAY_SECS = 86400
+# A team's weight until a cluster admin sets another.
+DEFAULT_SHARE = 1
 # Usage older than this many half-lives is left out (it counts for less than 1/1024 of itself).
 HALF_LIVES_KEPT = 10
 

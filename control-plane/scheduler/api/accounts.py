@@ -14,7 +14,7 @@ from corral.server.routes import Routes
 from corral.shared.contract import built, respond
 from corral.shared.timeutil import iso
 
-from .. import contract
+from .. import contract, fairshare
 from .context import SchedulerApi, require_team_admin
 
 routes = Routes("users")
@@ -23,7 +23,7 @@ routes = Routes("users")
 def team_answer(team, members) -> contract.TeamAnswer:
     return built(contract.TeamAnswer, {"name": team.name, "created_at": iso(team.created_at),
                                        "max_timeout_secs": team.max_timeout_secs,
-                                       "share": team.share if team.share is not None else 1,
+                                       "share": fairshare.DEFAULT_SHARE if team.share is None else team.share,
                                        "members": [contract.Member(user=m.user, role=m.role) for m in members]})
 
 

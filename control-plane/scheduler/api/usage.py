@@ -79,7 +79,7 @@ def fair_share_team(team: str, teams: dict, users: dict, weights: dict, user: st
     standing = teams.get(team) or fairshare.standings({team: 1.0}, {})[team]
     members = sorted(((name, s) for (owner, name), s in users.items() if owner == team and user in (None, name)),
                      key=lambda item: (-item[1].factor, item[0]))
-    return contract.FairShareTeam(team=team, weight=weights.get(team, 1), **standing.as_dict(),
+    return contract.FairShareTeam(team=team, weight=weights.get(team, fairshare.DEFAULT_SHARE), **standing.as_dict(),
                                   users=[contract.FairShareUser(user=name, **s.as_dict()) for name, s in members])
 
 

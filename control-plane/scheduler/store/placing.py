@@ -31,8 +31,6 @@ QUEUE_PAGE = 500
 PLACEMENT_SCAN_MAX = 10_000
 # What any job takes of its team's quota at the least: a team refused that is refused every job.
 LEAST_NEED = quotas.need_of(0, 0)
-# Fair share offers a team's window in chunks of the free slots, at least this many jobs.
-OFFER_CHUNK = 64
 # The background pass gives this many jobs at the head of the queue their reasons.
 EXPLAIN_MAX = 1000
 
@@ -168,12 +166,7 @@ class Placing:
                 continue  # at its cap, or past its guarantee with nothing it may borrow: no job of it fits
             rows = fairshare.turns(self.fair.waiting(open_nodes, now, [team], per_team), TEAM_OF, USER_OF,
                                    standings, users)
-            # In chunks of the free slots (at least OFFER_CHUNK): the pass stops at the chunk that fills them.
-            chunk = max(first, OFFER_CHUNK)
-            for start in range(0, len(rows), chunk):
-                if planner.exhausted:
-                    break
-                self._offer(planner, rows[start:start + chunk])
+            self._offer(planner, rows)
             seen += [(row[0], row[1], row[-2]) for row in rows]
         return seen
 

@@ -10,7 +10,7 @@ from peewee import fn
 from corral.server.statements import ValueList
 from corral.shared import wire
 
-from .. import preemption, quotas
+from .. import placement, preemption, quotas
 from ..models import Job
 from .columns import QUEUED_TEAM
 from .context import StoreContext
@@ -76,7 +76,7 @@ class Preemptions:
 
     @staticmethod
     def _running() -> list[preemption.Running]:
-        return [preemption.Running(job_id, node_id, team, priority if priority is not None else 50,
+        return [preemption.Running(job_id, node_id, team, placement.DEFAULT_PRIORITY if priority is None else priority,
                                    running_at or 0.0, memory or 0, cpu or 0, preemptible is None or bool(preemptible),
                                    stop_reason is not None)
                 for job_id, node_id, team, priority, running_at, memory, cpu, preemptible, stop_reason in tuples(

@@ -48,7 +48,7 @@ def ask(row: tuple) -> placement.Ask:
                              (label, op, tuple(value) if isinstance(value, list) else value)
                              for label, op, value in (json_value(constraints) or ())),
                          pool, array_id, key, team, preemptible is None or bool(preemptible),
-                         50 if priority is None else priority)
+                         placement.DEFAULT_PRIORITY if priority is None else priority)
 
 
 def tuples(query: Any) -> Any:

@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from .. import quotas
+from .. import fairshare, quotas
 from ..models import Team
 from .rows import json_value, tuples
 
@@ -56,7 +56,7 @@ class TeamSettings:
         rows = tuples(Team.select(Team.name, Team.max_timeout_secs, Team.quota, Team.share))
         self._max_timeouts, self._quotas, self._shares = {}, {}, {}
         for name, max_timeout, quota, share in rows:
-            self._shares[name] = share if share is not None else 1
+            self._shares[name] = fairshare.DEFAULT_SHARE if share is None else share
             if max_timeout is not None:
                 self._max_timeouts[name] = max_timeout
             if quota is not None:
