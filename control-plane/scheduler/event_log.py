@@ -24,6 +24,23 @@ from .models import SchedulerState, StreamEvent
 # SchedulerState key: where the newest row the retention deleted was ("tx id").
 PRUNED_KEY = "events_pruned"
 
+# PostgreSQL's horizon: the smallest transaction id among those open in the snapshot
+# (pg_snapshot_xip) that belong to this database, else the snapshot's xmax. The
+# snapshot's own xmin would do, but it counts every database of the server: another
+# application's long transaction would hold every stream back. The snapshot is the
+# statement's, taken before pg_stat_activity is read, so a transaction of ours open
+# in it and not found there has ended since, and its rows are visible to the next
+# statement. pg_stat_activity is read once per transaction and kept, hence autocommit.
+# backend_xid and the database are shown to every role.
+HORIZON = """
+WITH snap AS (SELECT pg_current_snapshot() AS s)
+SELECT COALESCE(
+    (SELECT MIN(x) FROM snap, pg_snapshot_xip(snap.s) AS x
+     WHERE xid(x) IN (SELECT backend_xid FROM pg_stat_activity
+                      WHERE datname = current_database() AND backend_xid IS NOT NULL)),
+    (SELECT pg_snapshot_xmax(s) FROM snap))::text::bigint
+"""
+
 
 @dataclass
 class Page:
@@ -151,9 +168,9 @@ class EventLog:
         return StreamEvent.select(fn.MAX(StreamEvent.id)).scalar() or 0
 
     def _horizon(self) -> int:
-        """The oldest transaction still open (every one below it has ended)."""
-        return int(self.db.execute_sql("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
-                   .fetchone()[0])
+        """The oldest transaction of this database still open (every one of its
+        transactions below it has ended). Call it outside a transaction: see HORIZON."""
+        return int(self.db.execute_sql(HORIZON).fetchone()[0])
 
 
 def _event(row: StreamEvent, cursor: Cursor) -> Event:

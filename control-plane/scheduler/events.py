@@ -31,8 +31,8 @@ class Cursor:
     PostgreSQL draws ids before the commit, so a smaller id can commit after a larger
     one a reader already passed. Each row keeps its writing transaction's id (`tx`),
     and a reader takes rows in windows of transaction ids [lo, hi), `hi` being the
-    oldest transaction still open when the window opened (pg_snapshot_xmin): every
-    transaction below it has ended, so the window's rows are final, and a later writer
+    oldest transaction of the database still open when the window opened: every
+    one of its transactions below it has ended, so the window's rows are final, and a later writer
     has an id of `hi` or more. Within a window rows go by id. The position is
     "lo.hi.id"; a window read to its end is "hi.hi.0". Nothing committed is skipped
     or sent twice; a transaction left open holds the windows back, which is why Corral

@@ -17,17 +17,32 @@ import requests
 from cluster import BIN, Cluster, base_env, started
 from helpers import wait_for
 
+from corral.shared import sse
+
 pytestmark = pytest.mark.e2e
 
 JOBS = 6
 
 
-class Follower:
-    """`corral events --json` in a process of its own; its lines collected by a thread."""
+def position_now(url: str) -> str:
+    """Where a stream that starts now starts (its `open` event's id): a follower started
+    with `--since` it misses nothing submitted after this call, however long it takes
+    to start."""
+    with requests.get(url + "/events", headers={"Accept": "text/event-stream"}, stream=True,
+                      timeout=(5, 10)) as answer:
+        first = next(sse.messages(answer.iter_content(chunk_size=None)))
+    assert first.event == "open" and first.id, first
+    return first.id
 
-    def __init__(self, addr: str, state_dir: str, *args: str):
+
+class Follower:
+    """`corral events --json` in a process of its own, from `since` on; its lines
+    collected by a thread."""
+
+    def __init__(self, addr: str, state_dir: str, since: str, *args: str):
         env = base_env(state_dir, CORRAL_ADDR=addr)
-        self.proc = subprocess.Popen([os.path.join(BIN, "corral"), "events", "--json", *args], env=env,
+        self.proc = subprocess.Popen([os.path.join(BIN, "corral"), "events", "--json", "--since", since, *args],
+                                     env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.events: list[dict] = []
         self.thread = threading.Thread(target=self._read, daemon=True)
@@ -66,9 +81,8 @@ def everything_seen(c: Cluster, follower: Follower, jobs: list[str]) -> None:
 
 def test_corral_events_resumes_across_a_kill_9_of_the_scheduler(tmp_path, request):
     with started(Cluster(tmp_path), request) as c:
-        follower = Follower(c.scheduler_url, c.state_dir)
+        follower = Follower(c.scheduler_url, c.state_dir, position_now(c.scheduler_url))
         try:
-            wait_for(lambda: c.procs["scheduler"].alive() and follower.proc.poll() is None, timeout=5)
             c.start_agent("ev1", slots=2)
             c.wait_nodes_healthy("ev1")
             jobs = [c.submit(command="sleep 0.3")["job_id"] for _ in range(JOBS // 2)]
@@ -88,7 +102,8 @@ def test_a_replicas_stream_shows_the_others_work_and_fails_over(tmp_path, reques
     c = Cluster(tmp_path, database_url=pg_url)
     with started(c, request):
         c.start_scheduler(name="replica-b")
-        follower = Follower(f"{c.url_of('replica-b')},{c.scheduler_url}", c.state_dir, "--type", "job")
+        follower = Follower(f"{c.url_of('replica-b')},{c.scheduler_url}", c.state_dir,
+                            position_now(c.url_of("replica-b")), "--type", "job")
         try:
             c.start_agent("ev2", slots=2)
             c.wait_nodes_healthy("ev2")

@@ -318,6 +318,24 @@ def test_postgres_sends_nothing_an_open_transaction_could_still_precede(pg_url, 
     assert [m.event for m in messages[1:]] == ["log", "job"]  # in id order
 
 
+@pytest.mark.e2e
+def test_postgres_streams_are_not_held_back_by_another_databases_transaction(pg_server, pg_url, clock):
+    """Another application's long transaction on the same server (another database)
+    holds nothing back: only the scheduler's own database's transactions count."""
+    client = app_for(pg_url, clock).test_client()
+    start = position(client)
+    other = pg_server.create_database()
+    try:
+        with psycopg.connect(pg_server.url(other)) as elsewhere:
+            elsewhere.execute("CREATE TABLE t (x int)")
+            elsewhere.execute("INSERT INTO t VALUES (1)")  # a writing transaction, left open
+            job = submit(client)
+            assert [e["job_id"] for e in bodies(read(client, start))] == [job["job_id"]]
+            elsewhere.rollback()
+    finally:
+        pg_server.drop_database(other)
+
+
 def test_many_streams_share_one_read_of_new_events(tmp_path, clock, monkeypatch):
     """Twenty streams following a busy cluster do not each query for every commit:
     the hub reads the new events once and every stream sends them from there."""
