@@ -125,7 +125,7 @@ def test_each_service_has_its_first_step_and_a_history_table_of_its_own():
                                      "0020_node_credential", "0021_node_refusing_work",
                                      "0022_users_and_teams", "0023_audit_and_owners",
                                      "0024_usage", "0025_job_stop", "0026_team_quota", "0027_fair_share",
-                                     "0028_preemption"]
+                                     "0028_preemption", "0029_waiting_by_team_when_shared"]
     assert step_names(REGISTRY) == ["0001_initial", "0002_node_placement", "0003_node_credential",
                                     "0004_node_refusing_work"]
     assert SCHEDULER.migrations.history_table == "scheduler_schema_migration"
@@ -165,6 +165,39 @@ def test_the_steps_make_the_tables_of_the_live_models(database_url, service, tmp
     finally:
         dbmod.close_idle(migrated)
         dbmod.close_idle(live)
+
+
+def test_fair_shares_index_exists_only_where_a_second_team_does(database_url):
+    """A cluster of one team pays no upkeep for the index of the jobs waiting by team:
+    a fresh database lacks it, the first team created makes it, and step 0029 run again
+    keeps it while that team exists and drops it once only `default` is left."""
+    from corral.scheduler.models import WAITING_BY_TEAM, Team, add_waiting_by_team_index
+    db = SCHEDULER.open(database_url)
+
+    def indexed() -> bool:
+        return WAITING_BY_TEAM in {index.name for index in db.get_indexes("job")}
+
+    def step_0029_again() -> None:
+        db.execute_sql(f"DELETE FROM {SCHEDULER.migrations.history_table} WHERE name = %s"
+                       .replace("%s", db.param), ("0029_waiting_by_team_when_shared",))
+        assert migrations.apply(db, SCHEDULER.migrations) == ["0029_waiting_by_team_when_shared"]
+
+    try:
+        migrations.apply(db, SCHEDULER.migrations)
+        with db.bind_ctx(scheduler_models.MODELS), db.connection_context():
+            assert not indexed()
+            with db.atomic():
+                Team.create(name="ml", created_at=0.0)
+                add_waiting_by_team_index(db)
+            assert indexed()
+            add_waiting_by_team_index(db)  # once only
+            step_0029_again()
+            assert indexed()
+            Team.delete().where(Team.name == "ml").execute()
+            step_0029_again()
+            assert not indexed()
+    finally:
+        dbmod.close_idle(db)
 
 
 def test_a_step_that_fails_is_rolled_back_and_refused_in_one_line(database_url, tmp_path):

@@ -11,7 +11,8 @@ from corral.server.principals import Principal
 from corral.shared.errors import BadRequest, Conflict, NotFound
 
 from .. import personal_tokens
-from ..models import ApiToken, AuditEvent, ConcurrencyLimit, Job, Membership, OidcSubject, Schedule, Team, User
+from ..models import (ApiToken, AuditEvent, ConcurrencyLimit, Job, Membership, OidcSubject, Schedule, Team, User,
+                      add_waiting_by_team_index)
 from .context import StoreContext
 
 
@@ -25,7 +26,9 @@ class Accounts:
         with self.ctx.tx():
             if Team.get_or_none(Team.name == name) is not None:
                 raise Conflict(f"team {name!r} exists")
-            return Team.create(name=name, created_at=now)
+            team = Team.create(name=name, created_at=now)
+            add_waiting_by_team_index(self.ctx.db)  # fair share's turns now have two teams
+            return team
 
     @staticmethod
     def teams() -> list[tuple[Team, list[Membership]]]:
