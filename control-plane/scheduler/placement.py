@@ -217,6 +217,27 @@ class _Room:
         return None
 
 
+class _Refusals:
+    """The teams the quotas refused during a pass, and why: a refusal holds for the rest
+    of it (a team's usage only grows in a pass). A refusal of a job that may borrow holds
+    for its team's jobs that may not, not the other way round."""
+
+    __slots__ = ("borrowing", "firm")
+
+    def __init__(self) -> None:
+        self.borrowing: dict[str, Reason] = {}  # refused although the job may borrow
+        self.firm: dict[str, Reason] = {}       # refused a job that may not borrow
+
+    def get(self, team: str, preemptible: bool) -> Reason | None:
+        found = self.borrowing.get(team)
+        if found is None and not preemptible:
+            found = self.firm.get(team)
+        return found
+
+    def add(self, team: str, preemptible: bool, reason: Reason) -> None:
+        (self.borrowing if preemptible else self.firm)[team] = reason
+
+
 class _Shape:
     """The candidates of one shape, ordered as the policy reads them."""
 
@@ -226,7 +247,7 @@ class _Shape:
         self.fallback = fallback
         self.rooms = [r for r in rooms if r.node.takes_work and matches(ask, r.node)]  # node id order
         self.full: Reason | None = None  # set once it fits nowhere this pass
-        self.over_quota: dict[str, Reason] = {}  # team -> why its jobs of this shape wait, once refused
+        self.over_quota = _Refusals()  # the teams whose jobs of this shape wait for their quota
         for room in self.rooms:
             room.shapes.append(self)
         # binpack, spread: (free memory after, free CPU after, node id) ascending, for nodes with a slot.
@@ -391,7 +412,7 @@ class Planner:
         if shape.full is not None:
             return shape.full
         if ledger is not None:
-            refused = shape.over_quota.get(ask.team)
+            refused = shape.over_quota.get(ask.team, ask.preemptible)
             if refused is not None:
                 return refused
         room = shape.choose(self.cursor)
@@ -403,7 +424,8 @@ class Planner:
             need = quotas.need_of(memory, cpu)
             refusal = ledger.refuses(ask.team, need, may_borrow=ask.preemptible)
             if refusal is not None:
-                reason = shape.over_quota[ask.team] = waiting.quota(refusal)
+                reason = waiting.quota(refusal)
+                shape.over_quota.add(ask.team, ask.preemptible, reason)
                 return reason
             ledger.take(ask.team, need)
         was_open = room.open

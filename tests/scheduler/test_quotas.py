@@ -130,6 +130,32 @@ def test_a_teams_jobs_wait_for_what_another_team_keeps_and_that_team_places_its_
     assert plan.waiting[5].details["kept_by"] == ["b"]
 
 
+def test_a_job_that_may_not_borrow_turned_away_leaves_its_teams_borrowing_jobs_placed():
+    """Refusals are kept for the rest of the pass, but a job that is not preemptible is
+    refused where its team's preemptible jobs of the same shape may still borrow."""
+    infos = nodes(2, slots=4)
+    ledger = Ledger({"a": q({"jobs": 2})}, {}, placement.cluster_capacity(infos))
+    planner = Planner(infos, "binpack", fallback={}, ledger=ledger)
+    firm = [Ask(i, cpu_percent=100, memory_mb=100, team="a", preemptible=False) for i in (3, 4)]
+    planner.offer(asks("a", 2) + firm + asks("a", 2, start=5))
+    plan = planner.plan()
+    assert sorted(p.job_id for p in plan.placed) == [1, 2, 5, 6]
+    assert plan.waiting[3].details["resource"] == "jobs" and set(plan.waiting) == {3, 4}
+
+
+def test_a_team_refused_a_running_job_waits_in_every_shape_and_the_others_go_on():
+    """Every job counts one running job: a team refused one is refused for all its jobs,
+    whatever they ask, and the pass goes on placing the other teams'."""
+    infos = nodes(2, slots=4)
+    ledger = Ledger({"a": q({"jobs": 1}, {"jobs": 1})}, {}, placement.cluster_capacity(infos))
+    planner = Planner(infos, "binpack", fallback={}, ledger=ledger)
+    odd = [Ask(10 + i, cpu_percent=10 * i, memory_mb=100, team="a") for i in range(1, 4)]
+    planner.offer(asks("a", 2) + odd + asks("b", 2, start=20))
+    plan = planner.plan()
+    assert sorted(p.job_id for p in plan.placed) == [1, 2, 20, 21]
+    assert {plan.waiting[j].details["resource"] for j in (11, 12, 13)} == {"jobs"}
+
+
 def test_placement_with_a_ledger_and_no_quota_refuses_nothing():
     infos = nodes()
     planner = Planner(infos, "round-robin", fallback={},
