@@ -322,6 +322,7 @@ def test_without_a_pids_controller_no_process_limit_is_claimed(make_agent, sched
     assert agent.default_limits()["run"]["max_processes"] is None
 
 
+@pytest.mark.slow
 def test_final_report_carries_usage_and_oom(make_agent, scheduler):
     fake = FakeCgroups()
     agent = make_agent(cgroup_manager=fake)
@@ -536,6 +537,7 @@ def test_slow_download_does_not_block_and_a_cancel_stops_the_start(agent, schedu
     assert scheduler.statuses("job-1") == ["running"] and list(agent.outbox) == []
 
 
+@pytest.mark.slow
 def test_stopping_while_a_job_downloads_reports_it_and_never_starts_it(make_agent, scheduler, web,
                                                                        tmp_path):
     agent = make_agent(clock=time.monotonic)
@@ -631,6 +633,7 @@ def test_service_jobs_have_no_timeout(agent, make_scheduler, clock):
     assert len(agent.jobs) == 1
 
 
+@pytest.mark.slow
 def test_reconcile_kills_a_job_the_scheduler_no_longer_lists(agent, scheduler, tmp_path):
     pid_file = tmp_path / "child.pid"
     scheduler.add(command=f"sh -c 'trap \"\" TERM; echo $$ > {pid_file}; sleep 60' & wait")
@@ -674,6 +677,7 @@ def run_in_thread(agent, stop, once=False):
     return thread, outcome
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("long_poll_secs", [20.0, 0.0], ids=["long-poll", "polling"])
 def test_run_forever_runs_jobs_and_stops_cleanly(make_agent, scheduler, api, long_poll_secs):
     api.add(responses.POST, f"{REGISTRY}/nodes/{NODE}/heartbeat", json={})
@@ -721,6 +725,7 @@ def test_once_mode_runs_what_one_poll_gave_and_returns(make_agent, scheduler, ap
     assert scheduler.statuses("job-2") == ["running", "failed"]
 
 
+@pytest.mark.slow
 def test_loops_survive_an_unreachable_scheduler(make_agent, api):
     api.add(responses.POST, f"{REGISTRY}/nodes/{NODE}/heartbeat", json={})
     api.add(responses.GET, re.compile(re.escape(SCHEDULER) + r"/jobs.*"),
@@ -905,6 +910,7 @@ def test_long_poll_setting():
         AgentSettings.from_env({"NODE_ID": "n1", "AGENT_LONG_POLL_SECS": "30"})
 
 
+@pytest.mark.slow
 def test_the_claim_thread_asks_again_once_the_work_loop_took_what_it_got(make_agent, scheduler, monkeypatch):
     """Its next request and the start of the jobs it got do not compete for the
     interpreter: the next claim leaves once they are taken (or after HANDOFF_SECS)."""
@@ -934,6 +940,7 @@ def test_the_claim_thread_asks_again_once_the_work_loop_took_what_it_got(make_ag
         agent.shutdown(flush_secs=0)
 
 
+@pytest.mark.slow
 def test_a_refused_claim_is_retried_after_a_pause_and_the_agent_never_falls_back_to_polling(
         make_agent, scheduler, api, monkeypatch):
     api.add(responses.POST, f"{REGISTRY}/nodes/{NODE}/heartbeat", json={})
@@ -959,6 +966,7 @@ def test_a_refused_claim_is_retried_after_a_pause_and_the_agent_never_falls_back
 FIRST_ATTEMPT_HOLDS = "if [ \"$CORRAL_ATTEMPT\" = 1 ]; then trap '' TERM; sleep 60; else echo second; fi"
 
 
+@pytest.mark.slow
 def test_a_newer_attempt_waits_until_the_older_one_ended_here(make_agent, make_scheduler, tmp_path):
     scheduler = make_scheduler(max_node_losses=3)
     agent = make_agent(slots=2)
@@ -990,6 +998,7 @@ def test_reconcile_waits_for_a_claim_on_its_way_before_reporting_a_job_lost(agen
     assert (report.job_id, report.attempt, report.status) == (job_id, 3, "failed")
 
 
+@pytest.mark.slow
 def test_reconcile_drops_a_claimed_job_the_scheduler_ended_before_it_started(make_agent, make_scheduler):
     scheduler = make_scheduler(max_node_losses=3)
     agent = make_agent(slots=2)
@@ -1048,6 +1057,7 @@ def test_due_reports_go_in_one_batch(make_agent, scheduler):
     assert scheduler.statuses("job-2") == []  # refused, dropped, the others delivered
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("status", [404, 413])
 def test_a_refused_batch_goes_one_by_one_and_the_next_is_a_batch_again(make_agent, scheduler, status):
     scheduler.batch_refusal = status

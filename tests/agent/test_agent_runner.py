@@ -107,6 +107,7 @@ def test_stdin_is_empty(tmp_path):
     assert start(tmp_path, "cat; echo end").result().stdout == "end\n"
 
 
+@pytest.mark.slow
 def test_kill_ends_the_whole_group_even_a_child_ignoring_term(tmp_path, jobs):
     command = "sh -c 'trap \"\" TERM; echo $$ > child.pid; while :; do sleep 1; done' & wait"
     job = start(tmp_path, command)

@@ -56,6 +56,7 @@ def test_a_retry_is_a_second_attempt_span_beside_the_first_under_the_submit_span
     assert {hex_ids(r)[2] for r in reports} == {hex_ids(first)[1], hex_ids(second)[1]}
 
 
+@pytest.mark.slow
 def test_an_attempt_that_cannot_run_here_is_a_failed_attempt_span_at_once(agent, scheduler, recorded):
     job = scheduler.add(command="true", memory_mb=1_000_000)
     agent.intake.poll_once()

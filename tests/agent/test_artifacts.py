@@ -122,12 +122,14 @@ def test_streamed_body_without_content_length(web, dest):
     check_good_tree(dest, fetch_and_unpack(url, str(dest), sha256=GOOD_SHA, limits=FAST))
 
 
+@pytest.mark.slow
 def test_s3_zip_through_moto_server(bucket, aws_env, dest):
     result = fetch_and_unpack(f"s3://{BUCKET}/etl/good.zip", str(dest), sha256=GOOD_SHA,
                               limits=FAST)
     check_good_tree(dest, result)
 
 
+@pytest.mark.slow
 def test_s3_client_factory_is_used(bucket, moto_endpoint, dest):
     made = []
 
@@ -232,6 +234,7 @@ def test_endless_download_is_cut_at_the_limit(web, dest):
     assert_nothing_written(dest)
 
 
+@pytest.mark.slow
 def test_s3_object_over_the_limit_is_refused(bucket, aws_env, dest):
     err = refused(f"s3://{BUCKET}/big.zip", dest, "download",
                   limits=Limits(max_download_bytes=100_000))
@@ -316,6 +319,7 @@ def test_messages_hide_credentials_and_query(web, dest):
     assert display_url("s3://b/k?x") == "s3://b/k?x"
 
 
+@pytest.mark.slow
 def test_missing_s3_key_and_bucket(bucket, aws_env, dest):
     err = refused(f"s3://{BUCKET}/nope.zip", dest, "download")
     assert f"s3://{BUCKET}/nope.zip: NoSuchKey" in str(err)
@@ -332,6 +336,7 @@ def test_unreachable_http_host_fails_fast(dest):
     assert_nothing_written(dest)
 
 
+@pytest.mark.slow
 def test_silent_server_hits_the_read_timeout(dest):
     # The kernel accepts the connection into the backlog; nobody ever answers.
     with socket.socket() as listener:
@@ -345,6 +350,7 @@ def test_silent_server_hits_the_read_timeout(dest):
     assert_nothing_written(dest)
 
 
+@pytest.mark.slow
 def test_unreachable_s3_endpoint_fails_fast(aws_env, monkeypatch, dest):
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{closed_port()}")
     start = time.monotonic()
@@ -357,6 +363,7 @@ def test_unreachable_s3_endpoint_fails_fast(aws_env, monkeypatch, dest):
 
 @pytest.mark.parametrize("url", ["ftp://host/a.zip", "file:///etc/passwd", "s3://bucket-only",
                                  "s3:///key", "not a url"])
+@pytest.mark.slow
 def test_unsupported_urls(dest, url):
     refused(url, dest, "download")
     assert_nothing_written(dest)

@@ -117,6 +117,7 @@ def test_a_stream_within_the_bound_is_shipped_whole_in_contiguous_chunks(shipper
     assert os.listdir(shipper.directory) == []  # shipped: the agent's copies are gone
 
 
+@pytest.mark.slow
 def test_past_the_bound_the_middle_is_dropped_and_marked(shipper):
     output = pseudo_random(5 * CAP + 123)
     run_job(shipper, [output[i:i + 4096] for i in range(0, len(output), 4096)])
@@ -134,6 +135,7 @@ def test_past_the_bound_the_middle_is_dropped_and_marked(shipper):
     assert dropped > 0
 
 
+@pytest.mark.slow
 def test_the_agents_copies_never_grow_past_the_bound(shipper):
     out, _ = run_job(shipper, [pseudo_random(50_000, str(i)) for i in range(40)])  # 2 MB
     sizes = [os.stat(out.path).st_size, os.stat(out.path + ".tail").st_size]

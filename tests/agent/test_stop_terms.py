@@ -71,6 +71,7 @@ def started(path):
     wait_for(lambda: "ready" in lines(path), timeout=10, message="the job to set its traps")
 
 
+@pytest.mark.slow
 def test_the_warning_comes_secs_before_the_timeout_then_the_kill_signal_ends_it(agent, make_scheduler, clock,
                                                                                  tmp_path):
     scheduler = make_scheduler()
@@ -96,6 +97,7 @@ def test_the_warning_comes_secs_before_the_timeout_then_the_kill_signal_ends_it(
     assert (final["status"], final["ended_by"], final["exit_code"]) == ("failed", "timeout", -1)
 
 
+@pytest.mark.slow
 def test_a_job_that_ignores_its_kill_signal_is_killed_after_its_own_grace(agent, make_scheduler, clock, tmp_path):
     scheduler = make_scheduler()
     marks = tmp_path / "marks"
@@ -112,6 +114,7 @@ def test_a_job_that_ignores_its_kill_signal_is_killed_after_its_own_grace(agent,
     assert scheduler.final("job-1")["ended_by"] == "timeout"
 
 
+@pytest.mark.slow
 def test_a_cancelled_job_gets_its_kill_signal_and_its_grace_to_save(agent, scheduler, tmp_path):
     marks = tmp_path / "marks"
     saved = tmp_path / "saved"
@@ -125,6 +128,7 @@ def test_a_cancelled_job_gets_its_kill_signal_and_its_grace_to_save(agent, sched
     assert saved.read_text() == "saved\n"  # half a second into its grace, it had not been killed
 
 
+@pytest.mark.slow
 def test_a_stopping_agent_bounds_the_grace_by_its_own(make_agent, scheduler, tmp_path):
     agent = make_agent(clock=time.monotonic, kill_grace=0.3)
     marks = tmp_path / "marks"

@@ -2,6 +2,7 @@
 --limit, and the table."""
 import json
 
+import pytest
 from responses import matchers
 
 from cli_support import SCHED, corral, iso, one_line_error
@@ -48,6 +49,7 @@ def test_audit_follows_next_before_up_to_the_limit(mock):
     assert len(mock.calls) == 3
 
 
+@pytest.mark.slow
 def test_audit_asks_pages_of_at_most_1000_and_says_when_there_are_more(mock):
     mock.get(f"{SCHED}/audit", json={"events": [an_event(i) for i in range(3000, 2000, -1)], "next_before": 2001},
              match=query(limit=1000))

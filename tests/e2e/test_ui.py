@@ -51,6 +51,7 @@ needs_browser = pytest.mark.skipif(_missing_browser() is not None, reason=_missi
 
 # ---- the static files ship with the package ----------------------------------------
 
+@pytest.mark.slow
 def test_a_normal_install_serves_the_dashboard(tmp_path):
     """setup.cfg's package_data puts static/ into the package as built for a wheel
     (build_py is that step), and the built package serves the page from there."""

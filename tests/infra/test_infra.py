@@ -263,6 +263,7 @@ def test_no_test_module_defines_a_test_twice():
 
 # ---- example env files -------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("process", ["registry", "scheduler", "agent"])
 def test_every_setting_is_in_the_example_env_file(process):
     read = vars_read_by(process)

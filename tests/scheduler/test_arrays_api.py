@@ -1,4 +1,5 @@
 """Arrays and concurrency limits through the API, on each backend."""
+import pytest
 from corral.scheduler.service import Scheduler
 from scheduler_app import end_attempt, set_nodes, submit
 
@@ -8,6 +9,7 @@ def placed(client, **query):
             and j["status"] in ("pending", "running")]
 
 
+@pytest.mark.slow
 def test_an_array_is_count_jobs_with_their_index_and_at_most_parallel_at_once(client, store, clock):
     set_nodes(store, clock, "n1", "n2")
     created = client.post("/jobs", json={"command": "echo $CORRAL_ARRAY_INDEX", "array": {"count": 50,

@@ -350,6 +350,7 @@ def test_bad_batch_bodies_are_400(client, body):
     assert Job.select().count() == 0
 
 
+@pytest.mark.slow
 def test_a_batch_over_a_nodes_limits_stores_nothing(client, store, clock):
     store.nodes.sync_nodes([{"node_id": "n1", "address": "a", "kind": "compute", "slots": 4, "status": "healthy",
                              "max_memory_mb": 1024, "max_cpu_percent": 200}], clock())

@@ -166,6 +166,7 @@ def test_the_newest_event_is_never_pruned(tmp_path, clock):
     assert len(bodies(read(client, str(after)))) == 1
 
 
+@pytest.mark.slow
 def test_an_idle_stream_sends_keep_alives_with_its_position(tmp_path, clock):
     client = app_for(f"sqlite:///{tmp_path}/s.db", clock, events_keepalive_secs=0.05,
                      events_stream_max_secs=0.5).test_client()
@@ -258,6 +259,7 @@ def bearer(token):
     return {"Authorization": f"Bearer {token}"}
 
 
+@pytest.mark.slow
 def test_an_idle_stream_makes_no_query_and_wakes_for_an_event(tmp_path, clock, monkeypatch):
     """An open stream sleeps until the change feed reports a commit with events for it:
     over seconds of quiet it sends its keep-alives without one query, then an event

@@ -73,6 +73,7 @@ def test_a_chunk_sent_again_is_stored_once(client, store, running):
     (1, 5, b"x", "a hole between chunk 0 and 1"),
     (0, 0, b"other", "chunk 0 again, with other bytes"),
 ])
+@pytest.mark.slow
 def test_a_chunk_that_is_not_the_next_one_is_refused_with_where_to_go_on(client, running, seq, offset, data, why):
     assert put(client, running, b"one\n", 0, 0).status_code == 200
     refused = put(client, running, data, seq, offset)

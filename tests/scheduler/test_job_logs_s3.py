@@ -47,6 +47,7 @@ def running_app(tmp_path, clock, **overrides):
     return client, store, job_id
 
 
+@pytest.mark.slow
 def test_chunks_are_objects_read_back_by_range_and_purged_with_their_job(s3, tmp_path):
     clock = Clock()
     client, store, job_id = running_app(tmp_path, clock)
@@ -71,6 +72,7 @@ def test_chunks_are_objects_read_back_by_range_and_purged_with_their_job(s3, tmp
     assert keys(s3) == [] and LogChunk.select().count() == 0
 
 
+@pytest.mark.slow
 def test_an_s3_that_does_not_answer_stores_nothing_and_says_retry(aws_env, tmp_path):
     client, store, job_id = running_app(tmp_path, Clock(), s3_endpoint_url="http://127.0.0.1:9",
                                         aws_connect_timeout_secs=0.5)

@@ -103,6 +103,7 @@ def test_the_watcher_fails_a_job_past_its_own_timeout_not_the_default(client, st
         assert store.actions.fail_timed_out(clock()) == [default["job_id"]]
 
 
+@pytest.mark.slow
 def test_a_failure_reported_past_the_jobs_own_timeout_is_final(client, store, clock):
     set_nodes(store, clock, "n1")
     job = submit(client, command="sleep 30", timeout_secs=5, max_retries=3)

@@ -93,6 +93,7 @@ def test_every_way_a_job_comes_in_carries_its_terms(client, store, clock):
     ({"kill_grace_secs": "10"}, "kill_grace_secs"),
     ({"timeout_secs": 7201}, "JOB_TIMEOUT_MAX_SECS"),
 ])
+@pytest.mark.slow
 def test_bad_terms_are_refused_and_store_nothing(client, body, says):
     for path, payload in (("/jobs", {"command": "true", **body}),
                           ("/jobs", {"command": "true", "array": {"count": 2}, **body}),
@@ -141,6 +142,7 @@ def test_a_teams_max_above_the_default_leaves_the_default(client):
 
 @pytest.mark.parametrize("body", [{"max_timeout_secs": 0}, {"max_timeout_secs": -5}, {"max_timeout_secs": "1h"},
                                   {"max_timeout_secs": 400 * 86400}, {"max_timeout": 60}, []])
+@pytest.mark.slow
 def test_a_bad_team_change_is_refused_and_changes_nothing(client, body):
     client.post("/teams", json={"name": "ml"})
     client.patch("/teams/ml", json={"max_timeout_secs": 600})

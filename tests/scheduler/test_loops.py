@@ -217,6 +217,7 @@ def test_a_job_that_keeps_losing_its_node_fails(database_url):
     assert job.status == "failed" and "MAX_NODE_LOSSES" in job.stderr
 
 
+@pytest.mark.slow
 def test_a_leader_that_did_not_run_for_a_lease_gives_every_node_a_full_lease_period(database_url):
     """A scheduler stopped (SIGSTOP, a suspended host) keeps its lease row when nobody
     took over, but the agents' renewals could not land while it was away: it must

@@ -49,6 +49,7 @@ def sso(provider, tmp_path):
     return call
 
 
+@pytest.mark.slow
 def test_a_valid_token_is_the_user_its_groups_make_them(sso, provider):
     me = sso(provider.token(groups=["corral:ml", "corral:web:admin", "corral:reader", "other"])).json
     assert me["user"] == "alice" and me["cluster_role"] == "reader" and me["token_id"] is None
@@ -61,6 +62,7 @@ def test_a_valid_token_is_the_user_its_groups_make_them(sso, provider):
     assert sso(provider.token(groups=["corral:admin"])).json["cluster_role"] == "admin"
 
 
+@pytest.mark.slow
 def test_a_first_login_by_a_subject_is_audited_once(sso, provider):
     for _ in range(2):
         assert sso(provider.token(sub="00u-carol", preferred_username="carol", jti="x" + str(_))).status_code == 200
@@ -68,6 +70,7 @@ def test_a_first_login_by_a_subject_is_audited_once(sso, provider):
     assert [(e["user"], e["target"]) for e in logins] == [("carol", "00u-carol")]
 
 
+@pytest.mark.slow
 def test_an_account_of_the_same_name_adds_its_roles(sso, provider):
     assert sso(OPERATOR_TOKEN, "POST", "/teams", json={"name": "ops"}).status_code == 201
     assert sso(OPERATOR_TOKEN, "POST", "/users", json={"name": "alice", "teams": {"ops": "admin"},
@@ -110,6 +113,7 @@ def refusals(provider):
     }
 
 
+@pytest.mark.slow
 def test_forged_stale_and_misdirected_tokens_are_refused(sso, provider):
     assert sso(provider.token()).status_code == 200  # the provider's keys are fetched
     for why, token in refusals(provider).items():
@@ -119,6 +123,7 @@ def test_forged_stale_and_misdirected_tokens_are_refused(sso, provider):
         assert sso(token, "POST", "/jobs", json={"command": "true"}).status_code == 401, why
 
 
+@pytest.mark.slow
 def test_a_rotated_key_is_fetched_and_a_retired_one_refused(sso, provider, monkeypatch):
     old = provider.token()
     assert sso(old).status_code == 200 and provider.fetches == 1
@@ -135,6 +140,7 @@ def test_a_rotated_key_is_fetched_and_a_retired_one_refused(sso, provider, monke
     assert sso(old).status_code == 401
 
 
+@pytest.mark.slow
 def test_a_provider_that_is_down_is_503_until_its_keys_are_had_then_held(sso, provider):
     provider.down = True
     answer = sso(provider.token())
@@ -145,6 +151,7 @@ def test_a_provider_that_is_down_is_503_until_its_keys_are_had_then_held(sso, pr
     assert sso(provider.token(jti="b")).status_code == 200
 
 
+@pytest.mark.slow
 def test_personal_and_bootstrap_tokens_work_beside_it(sso, provider):
     assert sso(OPERATOR_TOKEN).json["user"] == "admin"
     assert sso("eyJhbGciOiJSUzI1NiJ9.e30.x").status_code == 401  # no provider call for garbage

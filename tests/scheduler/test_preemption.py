@@ -2,6 +2,8 @@
 quotas, fair share and preemption: pure, no database, the time a counter."""
 import random
 
+import pytest
+
 from corral.scheduler import fairshare, placement, preemption, quotas
 from corral.scheduler.placement import Ask, NodeInfo, Planner
 from corral.scheduler.preemption import Running
@@ -115,6 +117,7 @@ def test_at_most_the_limit_of_victims_in_one_pass():
     assert sum(len(p.victims) for p in found) == 2
 
 
+@pytest.mark.slow
 def test_a_simulated_cluster_shared_by_teams_settles_and_preempts_each_job_a_bounded_number_of_times():
     """Four teams with guarantees (one with none) submit 2,000 jobs at random times with
     random lengths, priorities and preemptibility on 8 nodes of 4 slots: every tick,

@@ -1,6 +1,7 @@
 """What a report costs the database does not grow with the jobs running elsewhere: the
 jobs it ends are found by id. (SQLite, without statistics, would otherwise read them
 through the status index: every running job of the cluster for a report of eight.)"""
+import pytest
 from scheduler_app import Clock, make_app
 
 from corral.scheduler.models import Job
@@ -48,6 +49,7 @@ def steps_of_report(store, scheduler, clock, job_ids) -> int:
     return steps
 
 
+@pytest.mark.slow
 def test_a_reports_cost_does_not_grow_with_the_jobs_running_on_other_nodes(tmp_path):
     few = steps_of_report(*cluster(tmp_path, 40))
     many = steps_of_report(*cluster(tmp_path, 1900))

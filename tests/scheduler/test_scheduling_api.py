@@ -158,6 +158,7 @@ def test_spread_takes_the_node_with_the_most_free_memory(database_url, clock):
 
 # ---- priorities --------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_priorities_order_a_backlog(client, store, clock):
     nodes(store, clock, sized("a", slots=1))
     busy = submit(client, command="busy")

@@ -486,6 +486,7 @@ def intake_for(aws, tmp_path, queue, endpoint=None, **overrides):
     return store, intake
 
 
+@pytest.mark.slow
 def test_intake_pass_creates_jobs_drops_bad_messages_and_counts(aws, tmp_path, caplog):
     queue = aws.queue("intake")
     store, intake = intake_for(aws, tmp_path, queue)
@@ -502,6 +503,7 @@ def test_intake_pass_creates_jobs_drops_bad_messages_and_counts(aws, tmp_path, c
     assert store.stats.counters() == {"sqs_received": 2, "sqs_jobs_created": 1, "sqs_rejected": 1, "sqs_dropped": 1}
 
 
+@pytest.mark.slow
 def test_messages_jobs_belong_to_sqs_user_and_team_or_a_team_of_that_users(aws, tmp_path):
     queue = aws.queue("teams")
     store, intake = intake_for(aws, tmp_path, queue, sqs_user="etl-bot", sqs_team="data")
@@ -524,6 +526,7 @@ def test_messages_jobs_belong_to_sqs_user_and_team_or_a_team_of_that_users(aws, 
     assert {(job.command, job.team, job.submitted_by) for job in Job.select()} == {("echo ml", "ml", "admin")}
 
 
+@pytest.mark.slow
 def test_a_message_delivered_again_after_the_commit_makes_no_second_job(aws, tmp_path):
     """As if the scheduler died between the commit and the delete: the message comes back."""
     queue = aws.queue("redeliver")
@@ -541,6 +544,7 @@ def test_a_message_delivered_again_after_the_commit_makes_no_second_job(aws, tmp
     assert aws.depth(queue) == 0
 
 
+@pytest.mark.slow
 def test_an_unreachable_queue_backs_off_doubling_and_recovers(aws, tmp_path, late_server, monkeypatch):
     monkeypatch.setattr(aws_clients, "MAX_ATTEMPTS", 1)  # the intake's own backoff, not botocore's retries in between
     queue = aws.queue("late")
@@ -552,6 +556,7 @@ def test_an_unreachable_queue_backs_off_doubling_and_recovers(aws, tmp_path, lat
     assert Job.select().count() == 1
 
 
+@pytest.mark.slow
 def test_a_message_refused_at_max_pending_jobs_stays_in_the_queue_and_makes_its_job_later(aws, tmp_path, monkeypatch):
     monkeypatch.setattr(admission, "RETRY_AFTER_SECS", 1)  # how long the message stays invisible
     queue, dlq = aws.queue("full"), aws.queue("full-dlq")
@@ -572,6 +577,7 @@ def test_a_message_refused_at_max_pending_jobs_stays_in_the_queue_and_makes_its_
     assert aws.depth(queue) == 0 and aws.depth(dlq) == 0 and made() == 1
 
 
+@pytest.mark.slow
 def test_only_the_lease_holder_receives(aws, tmp_path):
     queue = aws.queue("lease")
     store, first = intake_for(aws, tmp_path, queue)
@@ -590,6 +596,7 @@ def publisher_for(aws, tmp_path, topic, endpoint=None, **overrides):
     return store, sns_outbox.Publisher(store, holder="me")
 
 
+@pytest.mark.slow
 def test_outbox_pass_publishes_oldest_first_and_marks_them(aws, tmp_path):
     topic, events = aws.topic_to_queue()
     store, publisher = publisher_for(aws, tmp_path, topic, sns_publish_batch=2)
@@ -605,6 +612,7 @@ def test_outbox_pass_publishes_oldest_first_and_marks_them(aws, tmp_path):
     assert store.stats.counters()["sns_published"] == 3 and store.outbox.backlog(T0 + 3) == (0, None)
 
 
+@pytest.mark.slow
 def test_an_unreachable_topic_keeps_rows_pending_backs_off_and_warns(aws, tmp_path, late_server, caplog, monkeypatch):
     monkeypatch.setattr(aws_clients, "MAX_ATTEMPTS", 1)  # the outbox's own backoff, not botocore's retries in between
     topic, events = aws.topic_to_queue()

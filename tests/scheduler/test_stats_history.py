@@ -114,6 +114,7 @@ def test_one_sample_per_interval_whoever_holds_the_lease(client, store, clock):
     assert [epoch(s["at"]) - t0 for s in history(client)["samples"]] == [0.0, INTERVAL, takeover - t0]
 
 
+@pytest.mark.slow
 def test_two_loops_under_one_lease_take_one_sample_per_interval(database_url, tmp_path):
     """Two processes' sampler loops (threads here, each with its own holder id) run
     against the same database on the real clock: the samples are an interval apart."""

@@ -181,6 +181,7 @@ def test_the_agents_flags_are_those_of_its_settings():
     ("corral-agent", {"NODE_ID": "n1", "CORRAL_LOG_LEVEL": "loud"},
      "CORRAL_LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL, got 'loud'"),
 ])
+@pytest.mark.slow
 def test_a_bad_setting_stops_the_process_with_one_line_and_exit_2(tmp_path, program, env, line):
     full = {"PATH": os.environ.get("PATH", ""), "CORRAL_STATE_DIR": str(tmp_path), **env}
     done = subprocess.run([os.path.join(BIN, program)], env=full, capture_output=True, text=True, timeout=60,

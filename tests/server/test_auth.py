@@ -229,6 +229,7 @@ def test_the_route_table_of_this_test_covers_every_route(tmp_path, service):
     assert endpoints == set(ROUTES[service]), "a route was added or removed: say here who may call it"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("service", ["scheduler", "registry"])
 def test_every_route_against_every_credential_with_tokens(tmp_path, service):
     """Deny by default: 401 for no or an invalid credential, 403 for a valid one of a
@@ -253,6 +254,7 @@ def test_every_route_against_every_credential_with_tokens(tmp_path, service):
     assert not failures, "\n".join(map(str, failures))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("service", ["scheduler", "registry"])
 def test_without_tokens_every_route_answers_every_caller(tmp_path, service):
     """The tokenless local mode (loopback only): no credential is checked at all."""
@@ -290,6 +292,7 @@ OTHER_NODE_CASES = [
 
 @pytest.mark.parametrize("service, method, path, body", OTHER_NODE_CASES,
                          ids=[f"{c[0]}-{c[1]} {c[2]}" for c in OTHER_NODE_CASES])
+@pytest.mark.slow
 def test_a_node_cannot_act_for_another_node(tmp_path, service, method, path, body):
     client = make(service, tmp_path)
     for header in ({}, {"X-Corral-Node": OTHER_NODE}):  # a header naming the other node changes nothing

@@ -179,6 +179,7 @@ def send(service: hostile.Service, failures: list, method: str, path: str, *, qu
     return response
 
 
+@pytest.mark.slow
 def test_hostile_bodies_on_every_route_and_method(service):
     failures: list[str] = []
     for rule, endpoint, allowed in routes(service.app):
@@ -221,6 +222,7 @@ def test_valid_bodies_are_taken(service):
                 assert response.status_code < 300, (rule.rule, response.json)
 
 
+@pytest.mark.slow
 def test_bodies_of_other_content_types(service):
     failures: list[str] = []
     content_types = ["text/plain", "application/json; charset=utf-16", "application/x-www-form-urlencoded",
@@ -237,6 +239,7 @@ SEGMENTS = ["%ff", "%ed%a0%80", "%c0%80", "%00", "a%00b", "%0a%0d", "%2f", "..%2
             "%f0%9f%98%80", "%e2%80%ae", "job-0", "job-" + "9" * 30, "9" * 5000, "x" * 100_000, "%5cud800"]
 
 
+@pytest.mark.slow
 def test_hostile_path_segments(service):
     failures: list[str] = []
     for rule, endpoint, allowed in routes(service.app):
@@ -253,6 +256,7 @@ QUERY_NAMES = ["node_id", "status", "job_type", "limit", "order", "after", "type
 QUERY_VALUES = ["%ff", "%00", "%ed%a0%80", "%0a", "9" * 40, "-1", "job-" + "9" * 40, "x" * 20_000]
 
 
+@pytest.mark.slow
 def test_hostile_query_strings(service):
     """Each parameter name any route reads, with each odd value, on every GET; the other
     methods (whose routes read no query string today) get every name at once."""
@@ -267,6 +271,7 @@ def test_hostile_query_strings(service):
     assert not failures, "\n".join(failures[:40])
 
 
+@pytest.mark.slow
 def test_hostile_headers(service):
     failures: list[str] = []
     for value in ("\xff\xfe", "\x00", "x" * 8000, "\t", ""):

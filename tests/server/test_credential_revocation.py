@@ -150,6 +150,7 @@ def test_the_scheduler_changes_nothing_when_the_registry_cannot_be_told(tmp_path
     assert listed.status_code == 200, listed.json
 
 
+@pytest.mark.slow
 def test_node_token_prints_the_credential_of_a_generation(tmp_path, monkeypatch, capsys):
     import os
     import subprocess

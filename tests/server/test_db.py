@@ -44,6 +44,7 @@ def values(db):
         return sorted(r.value for r in Row.select())
 
 
+@pytest.mark.slow
 def test_a_writer_waits_for_another_process_and_gives_up_after_its_timeout(database, tmp_path):
     assert isinstance(database, sqlite.QueuedWritersSqlite)
     other = subprocess.Popen([sys.executable, "-c", HOLD_THE_LOCK, f"{tmp_path}/t.db-writers.lock"],

@@ -136,16 +136,19 @@ def fuzz_route(tmp_path, service: str, path: str, bodies: st.SearchStrategy[byte
 IDS = [f"{service} {path}" for service, _, path in ROUTES]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("service, endpoint, path", ROUTES, ids=IDS)
 def test_valid_bodies_made_hostile(tmp_path, service, endpoint, path):
     fuzz_route(tmp_path, service, path, encoded(mutated(hostile.VALID_BODIES[service, endpoint])), MUTATED_EXAMPLES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("service, endpoint, path", ROUTES, ids=IDS)
 def test_any_values_in_the_route_s_fields(tmp_path, service, endpoint, path):
     fuzz_route(tmp_path, service, path, encoded(SHAPES[endpoint]), OTHER_EXAMPLES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("service, endpoint, path", ROUTES, ids=IDS)
 def test_damaged_and_arbitrary_bytes(tmp_path, service, endpoint, path):
     valid = hostile.VALID_BODIES[service, endpoint]

@@ -37,6 +37,7 @@ def registry(tmp_path, **settings):
     ("evil.example", False), ("evil.example:9001", False), ("127.0.0.1.evil.example", False),
     ("localhost.evil.example", False), ("10.0.0.5:9001", False), ("[::ffff:10.0.0.5]", False), ("", False),
 ])
+@pytest.mark.slow
 def test_a_loopback_only_server_takes_loopback_hosts_only(tmp_path, loopback_only, host, ok):
     client = scheduler(tmp_path)
     response = client.post("/jobs", json={"command": "true"}, headers={"Host": host})
@@ -127,6 +128,7 @@ def test_a_server_with_tokens_does_not_check_the_host(tmp_path):
     ("10.0.0.5:9001", True), ("[2001:db8::1]:9001", True), ("localhost", True), ("127.0.0.1", True),
     ("corral.internal", True), ("evil.example", False), ("10.0.0.5.nip.io", False),
 ])
+@pytest.mark.slow
 def test_a_tokenless_server_on_other_addresses_takes_ip_literals_but_no_foreign_name(tmp_path, host, ok):
     """--insecure: no tokens, not loopback only. A rebinding attack needs a name; an IP
     literal cannot be one."""

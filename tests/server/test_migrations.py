@@ -362,6 +362,7 @@ def test_a_table_too_old_to_complete_is_refused_and_nothing_changes(tmp_path):
 # ---- replicas and the lock ---------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_replicas_migrating_a_fresh_database_together_apply_each_step_once(database_url, service, tmp_path):
     env = command_env(database_url, tmp_path)
     procs = [subprocess.Popen([service.script, "migrate"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -393,6 +394,7 @@ def holding_the_migration_lock(url: str, service: Service):
             yield
 
 
+@pytest.mark.slow
 def test_a_replica_waits_while_another_holds_the_migration_lock(database_url, tmp_path):
     lines: list[str] = []
     with holding_the_migration_lock(database_url, SCHEDULER):
@@ -420,6 +422,7 @@ def test_a_replica_waits_while_another_holds_the_migration_lock(database_url, tm
 # ---- the migrate command and a database newer than the code ------------------------
 
 
+@pytest.mark.slow
 def test_migrate_check_lists_pending_steps_and_exits_1_until_they_are_applied(tmp_path, service):
     env = command_env(sqlite_url(tmp_path / "db.sqlite"), tmp_path)
     check = run([service.script, "migrate", "--check"], env)
@@ -431,6 +434,7 @@ def test_migrate_check_lists_pending_steps_and_exits_1_until_they_are_applied(tm
         assert (again.returncode, again.stdout) == (0, "up to date\n")
 
 
+@pytest.mark.slow
 def test_a_database_newer_than_the_code_refuses_to_start(tmp_path, service):
     url = sqlite_url(tmp_path / "db.sqlite")
     env = command_env(url, tmp_path)
@@ -520,6 +524,7 @@ def test_a_sqlite_corral_database_url_is_refused(tmp_path):
 # ---- packaging -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_non_editable_install_ships_the_migration_scripts(tmp_path):
     """What `pip install .` copies (setuptools' build_py over setup.cfg) holds each
     service's scripts, and the services find them there."""

@@ -116,6 +116,7 @@ def test_every_route_users_may_call_says_what_each_user_gets():
     assert set(routes.ACCESS) <= set(SCHEDULER_ROUTES) | {"ui.index_html"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("with_reader", [True, False], ids=["with the read-only token", "without it"])
 def test_every_route_against_every_caller(tmp_path, with_reader):
     client, tokens = scheduler(tmp_path, with_reader)

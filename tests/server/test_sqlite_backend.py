@@ -41,6 +41,7 @@ sqlite.Doorbells(sys.argv[1] + "-wake").ring()
 """
 
 
+@pytest.mark.slow
 def test_a_commit_in_another_process_rings_the_watchers_doorbell(tmp_path):
     path = str(tmp_path / "feed.db")
     writer = sqlite3.connect(path, isolation_level=None)

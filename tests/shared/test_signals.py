@@ -3,6 +3,8 @@ that handles them: the servers' workers (control-plane/server/serve.py) and the 
 import subprocess
 import sys
 
+import pytest
+
 HANDLER_UNDER_A_HELD_LOCK = """
 import os, signal, threading
 from corral.shared.signals import SignalWatch
@@ -40,5 +42,6 @@ def test_a_signal_received_while_the_main_thread_holds_a_lock_the_callback_needs
     assert run(HANDLER_UNDER_A_HELD_LOCK) == "True"
 
 
+@pytest.mark.slow
 def test_a_workers_stop_callbacks_run_once_in_their_own_thread_and_gunicorns_handler_still_runs():
     assert run(SERVER_STOP_CALLBACKS) == "['previous handler', 'signals'] 1"
