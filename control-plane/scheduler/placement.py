@@ -178,10 +178,11 @@ class _Room:
     """A node's room during a pass: free slots, and free allocatable memory and CPU
     (UNCOUNTED when unknown)."""
 
-    __slots__ = ("node", "slots", "memory", "cpu", "shapes", "least")
+    __slots__ = ("node", "working", "slots", "memory", "cpu", "shapes", "least")
 
     def __init__(self, node: NodeInfo, fallback: Mapping[str, Limits] | None = None):
         self.node = node
+        self.working = node.takes_work  # asked on every placement: it does not change in a pass
         self.slots = max(0, node.free_slots)
         memory, cpu = node.allocatable_memory_mb, node.allocatable_cpu_percent
         self.memory = UNCOUNTED if memory is None else memory - node.reserved_memory_mb
@@ -204,7 +205,7 @@ class _Room:
     @property
     def open(self) -> bool:
         """Whether some job could still go here: a free slot, and the least a job reserves."""
-        return (self.node.takes_work and self.slots > 0 and self.memory >= self.least[0]
+        return (self.working and self.slots > 0 and self.memory >= self.least[0]
                 and self.cpu >= self.least[1])
 
     def lacks(self, need: Limits) -> str | None:
