@@ -40,6 +40,9 @@ def submit_many(url, count, stop_early=None):
     return accepted
 
 
+# Its own deadlines (the submissions, then 240 s for every job to be done) within the
+# test's: the default 120 s cut it short on a loaded host, mid-wait.
+@pytest.mark.timeout(420)
 def test_kill_9_of_the_scheduler_loses_no_acknowledged_job(tmp_path, database_url):
     cluster = Cluster(tmp_path, database_url=database_url, MAX_JOBS_PER_NODE=4)
     try:
