@@ -246,7 +246,7 @@ class _Shape:
         self.ask = ask
         self.policy = policy
         self.fallback = fallback
-        self.rooms = [r for r in rooms if r.node.takes_work and matches(ask, r.node)]  # node id order
+        self.rooms = [r for r in rooms if r.working and matches(ask, r.node)]  # node id order
         self.full: Reason | None = None  # set once it fits nowhere this pass
         self.over_quota = _Refusals()  # the teams whose jobs of this shape wait for their quota
         for room in self.rooms:
@@ -361,7 +361,7 @@ class Planner:
         self.open_rooms = sum(1 for r in self.rooms if r.open)
         # With no node taking work at all, the jobs are still offered: each gets its reason
         # (no healthy node, drained, its pin) at the cost of one look per shape.
-        self.any_open = any(r.node.takes_work for r in self.rooms)
+        self.any_open = any(r.working for r in self.rooms)
         self.room_left = dict((group, t.limit - t.active) for group, t in (throttles or {}).items())
         self.throttles = dict(throttles or {})
         self.shapes: dict[Shape, _Shape] = {}
