@@ -44,6 +44,14 @@ class Proc:
         if self.alive():
             os.killpg(self.popen.pid, sig)
 
+    def freeze(self, timeout: float = 10.0) -> None:
+        """SIGSTOP to the process group, returning once every thread of every process in
+        it has stopped. A stop reaches a process's threads one after the other, as each is
+        scheduled: a thread woken meanwhile (an answer arriving on its socket) may run on
+        for a while on a loaded host, which a test that stages a pause cannot allow."""
+        self.signal(signal.SIGSTOP)
+        wait_for(lambda: group_stopped(self.popen.pid), timeout=timeout, message=f"{self.name} to stop")
+
     def stop(self, grace: float = 10.0) -> int | None:
         try:
             if self.alive():
@@ -364,6 +372,31 @@ def process_group(pid: int) -> int | None:
             return int(f.read().rsplit(")", 1)[1].split()[2])  # state, ppid, pgrp
     except (OSError, ValueError, IndexError):
         return None
+
+
+def group_stopped(group: int) -> bool:
+    """Whether every thread of every process in process group `group` is stopped (state T)."""
+    threads = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if process_group(int(pid)) != group:
+            continue
+        for task in _listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{task}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue  # the thread ended
+            if state not in ("T", "t", "Z", "X"):
+                return False
+            threads += 1
+    return threads > 0
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []  # the process ended
 
 
 def replica_of(c: Cluster, pid: int) -> str | None:

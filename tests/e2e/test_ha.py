@@ -513,7 +513,7 @@ def test_a_replica_stopped_holding_the_placement_lock_holds_up_the_other_for_the
                 holder = wait_for(lambda: waiting_placement_lock_holder(db), timeout=10,
                                   message="a placement to wait on the cursor's table")
                 if holder[1] in client_ports(replica_a.pid, pg_server.port):
-                    replica_a.signal(signal.SIGSTOP)
+                    replica_a.freeze()  # every thread, before the table is let go
                     stopped_holder, stopped_at = holder, time.monotonic()
                     caught.set()
                 blocker.commit()
@@ -623,7 +623,7 @@ def test_a_leader_stopped_past_its_lease_is_taken_over_and_its_late_writes_are_r
         _, token, _ = loops_lease(db)
         proxy.armed.set()
         wait_for(proxy.holding.is_set, timeout=10, message="A's pass to ask for the node list")
-        c.procs["scheduler"].signal(signal.SIGSTOP)
+        c.procs["scheduler"].freeze()  # every thread: the one the answer wakes too
         stopped_at = time.monotonic()
         proxy.release.set()  # the empty list waits in A's socket
         try:
