@@ -14,7 +14,7 @@ from collections.abc import Callable
 from corral.shared.backoff import Backoff
 from corral.shared.clients import ClientError, Rejected, RegistryClient, SchedulerClient
 
-from . import reconcile
+from . import gpus, reconcile
 from .jobs import END_FENCED, END_RECONCILED, JobTable, LocalJob
 from .lease import Lease
 from .reconcile import Key, listed_keys
@@ -74,10 +74,19 @@ class Membership:
     # --- the registry -----------------------------------------------------------
 
     def node_info(self) -> dict:
+        """The node's size, labels and devices. The labels its GPUs imply (gpus.labels)
+        come under the operator's AGENT_LABELS, which win on the same key. `gpus` and
+        `resources` are sent only when there are some: a registry of an earlier release
+        refuses fields it does not know, and nodes without either keep registering there."""
         s = self.settings
-        return {"node_id": s.node_id, "address": s.address, "kind": "compute", "slots": s.slots,
+        info = {"node_id": s.node_id, "address": s.address, "kind": "compute", "slots": s.slots,
                 "cpus": os.cpu_count(), "memory_mb": total_memory_mb(), "max_memory_mb": s.max_memory_mb,
-                "max_cpu_percent": s.max_cpu_percent, "labels": dict(s.labels)}
+                "max_cpu_percent": s.max_cpu_percent, "labels": {**gpus.labels(s.gpus), **s.labels}}
+        if s.gpus:
+            info["gpus"] = [gpu.advertised() for gpu in s.gpus]
+        if s.resources:
+            info["resources"] = dict(s.resources)
+        return info
 
     def placement_info(self) -> dict:
         """What the registry keeps for placement beyond the node's size."""

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -19,7 +20,9 @@ from corral.shared.errors import SettingError
 from corral.shared.settings import STATE_DIR, Setting, by_name, env_str, read_all, split_urls
 from corral.shared.validate import NAME_RE
 
+from . import gpus as gpu_devices
 from .artifacts import Limits as ArtifactLimits
+from .gpus import Gpu
 from .jobenv import passthrough_problem
 from .uids import parse_range
 
@@ -30,6 +33,18 @@ MiB = 1024 * 1024
 DEFAULT_UID_RANGE = (70000, 79999)
 DEFAULT_JOB_MAX_PROCESSES = 1024
 DEFAULT_MAX_PROCESSES = 32768
+
+# AGENT_RESOURCES: the node's other countable resources (fpga=2,scratch_gb=800), in the
+# names and bounds the registry takes (shared/limits.py). The reserved names a job asks
+# for with fields of their own: declaring them would count the same thing twice.
+RESOURCE_NAME_RE = re.compile(limits.RESOURCE_NAME_PATTERN)
+RESERVED_WHY = {
+    "gpus": "GPUs are discovered (or chosen with AGENT_GPUS) and jobs ask for them with `gpus`",
+    "memory_mb": "jobs ask for memory with `memory_mb`; the node's is AGENT_MAX_MEMORY_MB",
+    "cpu_percent": "jobs ask for CPU with `cpu_percent`; the node's is AGENT_MAX_CPU_PERCENT",
+    "slots": "the jobs a node runs at once are AGENT_SLOTS",
+    "jobs": "the jobs a node runs at once are AGENT_SLOTS",
+}
 
 
 @dataclass(frozen=True)
@@ -47,6 +62,12 @@ class AgentSettings:
     slots: int = 1
     address: str = "127.0.0.1"
     labels: dict[str, str] = field(default_factory=dict)
+    # GPUs (gpus.py): what AGENT_GPUS asks for, and the devices that selects, found once
+    # by from_env (built directly, as tests do, a node has none and nothing is run).
+    gpus_spec: str = gpu_devices.AUTO
+    gpus: tuple[Gpu, ...] = ()
+    # Other countable resources (AGENT_RESOURCES), advertised as they are.
+    resources: dict[str, int] = field(default_factory=dict)
     output_tail_bytes: int = 65536
     # Live output: how often the tails of running jobs' new output go to the scheduler; 0: never.
     output_interval: float = 2.0
@@ -164,11 +185,16 @@ class AgentSettings:
         return self.run_memory_mb, self.run_cpu_percent
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> "AgentSettings":
+    def from_env(cls, env: Mapping[str, str] = os.environ,
+                 discover_gpus: Callable[[], list[Gpu]] | None = None) -> "AgentSettings":
         """Limits: a job's memory_mb / cpu_percent may not exceed AGENT_MAX_MEMORY_MB /
         AGENT_MAX_CPU_PERCENT. A per-type default left unset is lowered to the maximum
         on a small node (a 1-CPU node runs services at 100%, not 200%); one set above
-        it is a SettingError. The reserved memory and CPU may not exceed it either."""
+        it is a SettingError. The reserved memory and CPU may not exceed it either.
+
+        The GPUs are found here, once per start (`discover_gpus`, gpus.discover by
+        default), and only when AGENT_GPUS needs them found; one it names that is not
+        found is a SettingError like any bad value."""
         values = read_all(SETTINGS, env)
         if values["run_as_root"] and values["job_user"] is not None:
             raise SettingError(f"AGENT_RUN_AS_ROOT=true and AGENT_JOB_USER={values['job_user']} contradict "
@@ -184,6 +210,8 @@ class AgentSettings:
             _check_reserve(_SETTING[name], values[_SETTING[name].field], _SETTING[max_name],
                            values[_SETTING[max_name].field])
         _check_uid_range(values)
+        # Last: every value is checked before anything is run on the node.
+        values["gpus"] = tuple(gpu_devices.resolve(values["gpus_spec"], discover_gpus or gpu_devices.discover))
         return cls(**values)
 
 
@@ -309,6 +337,32 @@ def parse_labels(raw: str) -> dict[str, str]:
     return labels
 
 
+def parse_resources(raw: str) -> dict[str, int]:
+    """"fpga=2,scratch_gb=800" -> {"fpga": 2, "scratch_gb": 800}; an empty string means none."""
+    resources: dict[str, int] = {}
+    for item in raw.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, sep, amount = (part.strip() for part in item.partition("="))
+        if not sep or not RESOURCE_NAME_RE.match(name):
+            raise SettingError(f"AGENT_RESOURCES must look like name=N,name2=N (names: a lower-case letter, then "
+                               f"up to 63 lower-case letters, digits, '_', '.', '-'); bad entry {item!r}")
+        if name in limits.RESERVED_RESOURCE_NAMES:
+            why = RESERVED_WHY.get(name, "jobs ask for it with a field of its own")
+            raise SettingError(f"AGENT_RESOURCES cannot declare {name!r}: {why}; bad entry {item!r}")
+        if not re.fullmatch(r"[0-9]{1,13}", amount) or int(amount) > limits.MAX_RESOURCE_COUNT:
+            raise SettingError(f"AGENT_RESOURCES amounts must be whole numbers 0-{limits.MAX_RESOURCE_COUNT:,}; "
+                               f"bad entry {item!r}")
+        if name in resources:
+            raise SettingError(f"AGENT_RESOURCES declares {name!r} twice; bad entry {item!r}")
+        resources[name] = int(amount)
+        if len(resources) > limits.MAX_RESOURCES:
+            raise SettingError(f"AGENT_RESOURCES declares more than {limits.MAX_RESOURCES} resources; "
+                               f"bad entry {item!r}")
+    return resources
+
+
 def safe_path_part(value: str) -> str:
     """Node and job ids become directory names; keep them from escaping the state dir."""
     cleaned = "".join(c if c.isalnum() or c in "._-" else "_" for c in value)
@@ -317,6 +371,15 @@ def safe_path_part(value: str) -> str:
 
 def _labels(name: str, value: str) -> dict[str, str]:
     return parse_labels(value)
+
+
+def _resources(name: str, value: str) -> dict[str, int]:
+    return parse_resources(value)
+
+
+def _gpus_spec(name: str, value: str) -> str:
+    """Only the form is checked here: what it names is checked against what is found."""
+    return gpu_devices.check_spec(value)
 
 
 # Every variable the agent reads, in the order docs/settings.md lists them (the first
@@ -351,6 +414,19 @@ SETTINGS = (
             shown="this host's address on the route to (the first) `REGISTRY_URL`"),
     Setting("AGENT_LABELS", "labels", "text", "", "labels recorded with the node", parse=_labels,
             form="`k=v,k2=v2`", shown="none"),
+    Setting("AGENT_GPUS", "gpus_spec", "text", gpu_devices.AUTO,
+            "the NVIDIA GPUs advertised (found at start by NVML, else `nvidia-smi`; a MIG instance is a device of "
+            "its own): `auto` all found, `none` none, indexes and UUIDs (`0,1`, `0:1` a MIG instance, "
+            "`GPU-…`, `MIG-…`) those only (one not found stops the agent), a path starting with `/` the devices "
+            "a JSON file declares instead (a list of `index`, `uuid`, `model`, `memory_mb`, optional `minor`)",
+            parse=_gpus_spec, form="`auto`, `none`, IDs comma-separated, or a JSON file's path"),
+    Setting("AGENT_RESOURCES", "resources", "text", "",
+            "other countable resources of the node, advertised at registration: names of a lower-case letter "
+            "then up to 63 lower-case letters, digits, `_`, `.`, `-` (not "
+            + ", ".join(f"`{name}`" for name in limits.RESERVED_RESOURCE_NAMES)
+            + f": jobs ask for those with fields of their own), amounts 0–{limits.MAX_RESOURCE_COUNT:,}, "
+            f"at most {limits.MAX_RESOURCES}",
+            parse=_resources, form="`name=N,name2=N`", shown="none"),
     Setting("AGENT_UID_RANGE", "uid_range", "text", "%d-%d" % DEFAULT_UID_RANGE,
             "uids (and gids) jobs run as when the agent is root, one per running job; must hold at least "
             "`AGENT_SLOTS` uids (one more for the warm launch) and no id of a user or group of the node",

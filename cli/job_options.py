@@ -25,6 +25,13 @@ JOB_OPTIONS = (
     click.option("--cpu-percent", type=int, help="CPU limit, 100 = one CPU."),
     click.option("--max-processes", type=int, help="The most processes and threads at once (default: the node's)."),
     click.option("--disk-mb", type=int, help="The most its work dir may hold, in MB (default: the cluster's)."),
+    click.option("--gpus", type=int, help="GPUs it needs on its node; it sees only those."),
+    click.option("--gpu-model", metavar="MODEL",
+                 help="Only GPUs whose model contains this, ignoring case (a100, h100, \"RTX 4090\")."),
+    click.option("--gpu-memory-mb", type=int, help="Only GPUs with at least this much memory each."),
+    click.option("--resource", "resources", multiple=True, type=Checked(sched.parse_resource, "NAME=N"),
+                 help="A countable resource its node must have free, as the node's agent declares it "
+                      "(AGENT_RESOURCES), e.g. fpga=1 (repeatable)."),
     click.option("--timeout", "timeout_secs", type=Checked(sched.parse_duration, "DURATION"),
                  help="Run jobs: stop and fail it once it has run this long: 90, 90s, 15m, 2h, 1d (default: the "
                       "scheduler's JOB_TIMEOUT_SECS, or the team's max timeout when lower; at most its "
@@ -55,7 +62,8 @@ JOB_OPTIONS = (
 # The keyword arguments the options above give a command, and the request field of
 # each where the two differ.
 OPTION_NAMES = ("job_type", "port", "env_vars", "deploy_url", "deploy_sha256", "instance_id", "job_name",
-                "max_retries", "memory_mb", "cpu_percent", "max_processes", "disk_mb", "timeout_secs",
+                "max_retries", "memory_mb", "cpu_percent", "max_processes", "disk_mb", "gpus", "gpu_model",
+                "gpu_memory_mb", "resources", "timeout_secs",
                 "signal_before_end", "kill_signal", "kill_grace_secs", "health_path", "on_node_lost", "constraints",
                 "pool", "priority", "concurrency_key", "preemptible")
 FIELD_NAMES = {"job_name": "name"}
@@ -94,5 +102,7 @@ def request_fields(options: dict) -> dict:
             value = parse_env(value)
         elif name == "constraints":
             value = list(value)
+        elif name == "resources":
+            value = dict(value)
         fields[FIELD_NAMES.get(name, name)] = value
     return fields

@@ -10,6 +10,7 @@ from typing import Callable
 import click
 
 from corral.shared import wire
+from corral.shared.limits import RESOURCE_NAME_PATTERN
 
 from .common import CliError
 
@@ -96,6 +97,15 @@ def parse_name(text: str) -> str:
 
 
 TEAM = Checked(parse_name, "TEAM")  # a team's name is what a label's may be
+
+
+def parse_resource(text: str) -> tuple[str, int]:
+    """--resource: NAME=N, a resource of the node's agent's AGENT_RESOURCES and how many."""
+    name, sep, count = text.partition("=")
+    if not sep or not re.fullmatch(RESOURCE_NAME_PATTERN, name.strip()) or not re.fullmatch(r"[0-9]{1,13}",
+                                                                                              count.strip()):
+        raise ValueError("give NAME=N: a lower-case name (letters, digits, '_', '.', '-') and a whole number")
+    return name.strip(), int(count)
 
 
 def parse_priority(text: str) -> int:

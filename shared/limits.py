@@ -24,3 +24,14 @@ MAX_BATCH = 1000
 # when it does not say.
 MAX_WAIT_SECS = 25.0
 DEFAULT_WAIT_SECS = 20.0
+
+# GPUs and other countable resources (agent/gpus.py; docs/scheduling.md). A node
+# advertises at most MAX_NODE_GPUS devices (MIG instances count one each) and
+# MAX_RESOURCES resources; a job asks for at most that many of either.
+MAX_NODE_GPUS = 256
+MAX_GPU_MEMORY_MB = 1 << 24  # 16 TiB
+MAX_RESOURCES = 32
+MAX_RESOURCE_COUNT = 1_000_000_000_000
+# Names of resources: lower-case. These are asked for with fields of their own.
+RESOURCE_NAME_PATTERN = r"^[a-z][a-z0-9_.-]{0,63}$"
+RESERVED_RESOURCE_NAMES = ("gpus", "memory_mb", "cpu_percent", "slots", "jobs")

@@ -39,7 +39,9 @@ def agent_env(node, state_dir, registry_url, scheduler_url, **extra):
                CORRAL_STATE_DIR=state_dir, POLL_INTERVAL_SECS="0.1", HEARTBEAT_INTERVAL_SECS="0.5",
                AGENT_STOP_GRACE_SECS="0.5", AGENT_KILL_GRACE_SECS="0.5",
                AGENT_HEALTH_INTERVAL_SECS="0.2", AGENT_HEALTH_TIMEOUT_SECS="0.5",
-               AGENT_SLOTS=str(AGENT_SLOTS), CORRAL_LOG_LEVEL="INFO", AGENT_OUTPUT_INTERVAL_SECS="0")
+               AGENT_SLOTS=str(AGENT_SLOTS), CORRAL_LOG_LEVEL="INFO", AGENT_OUTPUT_INTERVAL_SECS="0",
+               # Alike on every machine: a test that wants GPUs declares them (a JSON file).
+               AGENT_GPUS="none")
     # CPU for a default service job (200%) in each slot: the slots, not this machine's
     # CPUs, bound what the node runs at once (placement reserves each job's CPU).
     slots = int(extra.get("AGENT_SLOTS", AGENT_SLOTS))

@@ -3,22 +3,29 @@
 The routes (api/) check requests and build answers with these; openapi.py generates
 the document from them.
 """
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, ValidatorFunctionWrapHandler, field_validator, model_validator
 
 from corral.shared.contract import (MAP_SAYS, MAX_MAP_ENTRIES, Answer, MapValue, Name, NodeId, Request, Says, Text,
-                                    Timestamp, refused)
+                                    Timestamp, refusal, refused)
+from corral.shared.limits import MAX_GPU_MEMORY_MB, MAX_NODE_GPUS, MAX_RESOURCE_COUNT, MAX_RESOURCES
 from corral.shared.limits import MAX_CPU_PERCENT as MAX_LIMIT_CPU_PERCENT
 from corral.shared.limits import MAX_MEMORY_MB as MAX_LIMIT_MEMORY_MB
 from corral.shared.limits import MAX_PROCESSES as MAX_LIMIT_PROCESSES
 from corral.shared.limits import MIN_MEMORY_MB as MIN_LIMIT_MEMORY_MB
+from corral.shared.limits import RESERVED_RESOURCE_NAMES, RESOURCE_NAME_PATTERN
 from corral.shared.validate import NAME_PATTERN
 
 KIND_PATTERN = r"^[a-z][a-z0-9-]{0,31}$"
 MAX_MEMORY_MB = 1 << 40
 MAX_SLOTS = 10_000
 MAX_REFUSING_WORK = 1024
+GPU_INDEX_PATTERN = r"^[0-9]{1,4}(:[0-9]{1,4})?$"
+# Older drivers name a MIG instance "MIG-GPU-<uuid>/<gi>/<ci>".
+GPU_UUID_PATTERN = r"^(GPU|MIG)-[A-Za-z0-9/_.:-]{1,120}$"
+RESOURCE_NAME_WHAT = ("a resource name (a lower-case letter, then lower-case letters, digits, '.', '_' or '-'; "
+                      "at most 64)")
 
 Labels = Annotated[dict[Annotated[str, Field(pattern=NAME_PATTERN)], MapValue] | None,
                    Field(max_length=MAX_MAP_ENTRIES), Says(what="a name", every=MAP_SAYS.every)]
@@ -45,6 +52,20 @@ class DefaultLimits(Request):
 
     def columns(self) -> dict:
         return self.model_dump()
+
+
+class Gpu(Request):
+    """One GPU of a node, or one MIG instance of a GPU (each counts as one device)."""
+
+    index: Annotated[str, Says(what="a GPU's index ('0'), or a MIG instance's ('0:1', instance 1 of GPU 0)")] = Field(
+        pattern=GPU_INDEX_PATTERN, examples=["0", "0:1"])
+    """The device's index as the driver numbers it: `0`, or `0:1` for MIG instance 1 of GPU 0."""
+    uuid: Annotated[str, Says(what="a device UUID ('GPU-...' or 'MIG-...')")] = Field(
+        pattern=GPU_UUID_PATTERN, examples=["GPU-5fd4c4a2-0e3b-8d7a-1c2f-3b4a5c6d7e8f"])
+    """The device's UUID: `GPU-...`, or `MIG-...` for a MIG instance (older drivers: `MIG-GPU-<uuid>/<gi>/<ci>`)."""
+    model: Text = Field(max_length=128, examples=["NVIDIA H100 80GB HBM3"])
+    memory_mb: int = Field(ge=0, le=MAX_GPU_MEMORY_MB)
+    """The device's memory, in MiB."""
 
 
 class NodeRegistration(Request):
@@ -80,8 +101,64 @@ class NodeRegistration(Request):
     refusing_work: Text | None = Field(None, max_length=MAX_REFUSING_WORK)
     """Why the node takes no new work now (its agent's own condition, e.g. short of disk space); null or
     omitted: it takes work. Each heartbeat replaces it."""
+    gpus: list[Gpu] | None = Field(None, min_length=0, max_length=MAX_NODE_GPUS)
+    """The node's GPUs (a MIG instance counts as one), each index and UUID once; null or omitted: none."""
+    resources: dict[Annotated[str, Field(pattern=RESOURCE_NAME_PATTERN)],
+                    Annotated[int, Field(ge=0, le=MAX_RESOURCE_COUNT)]] | None = Field(
+        None, max_length=MAX_RESOURCES, examples=[{"fpga": 2, "licence.matlab": 4}])
+    """Countable resources the node has, name -> how many; null or omitted: none. Names are lower-case
+    letters, digits, '.', '_' or '-' (at most 64, starting with a letter); `gpus`, `memory_mb`,
+    `cpu_percent`, `slots` and `jobs` are not resource names (they have fields of their own)."""
     node_id: Name = Field(max_length=1024)  # last: a refusal names the node's other fields first
     """Letters, digits, '.', '_' or '-', at most 128 characters."""
+
+    @field_validator("gpus", mode="wrap")
+    @classmethod
+    def _gpus(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> list[Gpu] | None:
+        """Each device's refusal names its place in the list; no UUID or index twice."""
+        try:
+            gpus = handler(value)
+        except ValidationError as exc:
+            errors = exc.errors(include_url=False)
+            item = errors[0]["loc"][:1]
+            if not (item and isinstance(item[0], int)):
+                raise  # of the list itself: worded as any field's
+            if errors[0]["loc"] == item:
+                raise refused(f"'gpus' item {item[0]} must be an object with index, uuid, model and "
+                              f"memory_mb") from None
+            inside = [dict(e, loc=e["loc"][1:]) for e in errors if e["loc"][:1] == item]
+            raise refused(f"'gpus' item {item[0]}: {refusal(Gpu, inside)}") from None
+        for key in ("uuid", "index"):
+            seen: dict[str, int] = {}
+            for position, gpu in enumerate(gpus or ()):
+                said = getattr(gpu, key)
+                if said in seen:
+                    raise refused(f"'gpus' has the {key} {said!r} twice (items {seen[said]} and {position})")
+                seen[said] = position
+        return gpus
+
+    @field_validator("resources", mode="wrap")
+    @classmethod
+    def _resources(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> dict[str, int] | None:
+        try:
+            resources = handler(value)
+        except ValidationError as exc:
+            error = exc.errors(include_url=False)[0]
+            loc = error["loc"]
+            if len(loc) == 2 and loc[1] == "[key]":
+                raise refused(f"'resources' key {loc[0]!r} is not {RESOURCE_NAME_WHAT}") from None
+            if len(loc) == 1:
+                raise refused(f"'resources' value for {loc[0]!r} must be a whole number between 0 and "
+                              f"{MAX_RESOURCE_COUNT}") from None
+            if error["type"] == "too_long":
+                raise refused(f"'resources' has more than {MAX_RESOURCES} entries") from None
+            raise refused("'resources' must be an object of whole numbers") from None
+        for name in resources or ():
+            if name in RESERVED_RESOURCE_NAMES:
+                *others, last = RESERVED_RESOURCE_NAMES
+                raise refused(f"'resources' key {name!r} is reserved: {', '.join(others)} and {last} have fields "
+                              f"of their own")
+        return resources
 
     @model_validator(mode="after")
     def _reserves(self) -> "NodeRegistration":
@@ -99,7 +176,9 @@ class NodeRegistration(Request):
                 "default_limits": None if self.default_limits is None else self.default_limits.columns(),
                 "reserved_memory_mb": self.reserved_memory_mb or 0,
                 "reserved_cpu_percent": self.reserved_cpu_percent or 0,
-                "refusing_work": self.refusing_work}
+                "refusing_work": self.refusing_work,
+                "gpus": [gpu.model_dump() for gpu in self.gpus] if self.gpus else None,
+                "resources": self.resources or None}
 
 
 class Heartbeat(Request):
@@ -147,6 +226,14 @@ class DefaultLimitsView(Answer):
     service: LimitsView
 
 
+class GpuView(Answer):
+    index: str = Field(examples=["0"])
+    """`0`, or `0:1` for MIG instance 1 of GPU 0."""
+    uuid: str
+    model: str
+    memory_mb: int = Field(ge=0)
+
+
 class Node(Answer):
     node_id: str
     address: str
@@ -170,6 +257,10 @@ class Node(Answer):
     refusing_work: str | None
     """Why the node's agent takes no new work now, as its last heartbeat said (e.g. short of disk space); null:
     it takes work. The scheduler places nothing there meanwhile."""
+    gpus: list[GpuView]
+    """The node's GPUs (MIG instances one each), as its agent registered them; `[]`: none."""
+    resources: dict[str, int]
+    """The node's countable resources, name -> how many, as its agent registered them; `{}`: none."""
     status: Literal["healthy", "unhealthy"]
     """`unhealthy` once the last heartbeat is older than HEARTBEAT_TIMEOUT_SECS."""
     registered_at: Timestamp

@@ -35,6 +35,10 @@ class Node(BaseModel):
     # Why its agent takes no new work now (short of disk space), as its last heartbeat
     # or registration said; null: it takes work.
     refusing_work = peewee.TextField(null=True)
+    # Its GPUs ([{"index", "uuid", "model", "memory_mb"}], MIG instances one each) and
+    # countable resources ({name: count}), as its registration said; null: none.
+    gpus = JSONField(null=True)
+    resources = JSONField(null=True)
 
     class Meta:
         table_name = "node"

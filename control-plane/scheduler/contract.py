@@ -15,8 +15,10 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from corral.server import principals
 from corral.shared import states, wire
 from corral.shared.errors import BadRequest
-from corral.shared.limits import (DEFAULT_WAIT_SECS, MAX_BATCH, MAX_CPU_PERCENT, MAX_MEMORY_MB, MAX_OUTPUT_CHARS,
-                                  MAX_PROCESSES, MAX_USED_MEMORY_MB, MAX_WAIT_SECS, MIN_MEMORY_MB)
+from corral.shared.limits import (DEFAULT_WAIT_SECS, MAX_BATCH, MAX_CPU_PERCENT, MAX_GPU_MEMORY_MB, MAX_MEMORY_MB,
+                                  MAX_NODE_GPUS, MAX_OUTPUT_CHARS, MAX_PROCESSES, MAX_RESOURCE_COUNT, MAX_RESOURCES,
+                                  MAX_USED_MEMORY_MB, MAX_WAIT_SECS, MIN_MEMORY_MB, RESERVED_RESOURCE_NAMES,
+                                  RESOURCE_NAME_PATTERN)
 from corral.shared.contract import (MAP_SAYS, MAX_MAP_ENTRIES, NO_NUL_PATTERN, MapValue, Answer, Name, NodeId,
                                     Request, Says, Text, Timestamp, optional_key, refused)
 from corral.shared.validate import ENV_NAME_PATTERN, forbidden_env_var
@@ -58,6 +60,11 @@ Output = Annotated[str | None, Field(max_length=MAX_OUTPUT_CHARS), Says(hint="se
 EnvName = Annotated[str, Field(pattern=ENV_NAME_PATTERN)]
 EnvVars = Annotated[dict[EnvName, MapValue] | None, Field(max_length=MAX_MAP_ENTRIES),
                     Says(what="an environment variable name", every=MAP_SAYS.every)]
+ResourceName = Annotated[str, Field(pattern=RESOURCE_NAME_PATTERN)]
+ResourceCounts = Annotated[dict[ResourceName, Annotated[int, Field(ge=1, le=MAX_RESOURCE_COUNT)]] | None,
+                      Field(max_length=MAX_RESOURCES),
+                      Says(what="a resource name (lower-case letters, digits, '_', '.', '-')",
+                           every="must be an object of resource names and whole numbers of at least 1")]
 
 
 # ---- requests --------------------------------------------------------------------
@@ -238,6 +245,16 @@ class JobRequest(Request):
     disk_mb: int | None = Field(None, ge=1, le=MAX_DISK_MB)
     """The most its work dir may hold, in MB (default JOB_DEFAULT_DISK_MB); past it the agent ends the
     job (`ended_by`: `disk`)."""
+    gpus: int | None = Field(None, ge=0, le=MAX_NODE_GPUS, examples=[1])
+    """GPUs the job needs on its node (0 or omitted: none). Placement reserves that many of the node's free
+    devices (MIG instances count one each) and the job sees only those."""
+    gpu_model: Text | None = Field(None, min_length=1, max_length=128, examples=["A100"])
+    """Only GPUs whose model contains this, ignoring case (`a100` matches `NVIDIA A100-SXM4-80GB`). Needs `gpus`."""
+    gpu_memory_mb: int | None = Field(None, ge=1, le=MAX_GPU_MEMORY_MB, examples=[40960])
+    """Only GPUs with at least this much memory each. Needs `gpus`."""
+    resources: ResourceCounts = Field(None, examples=[{"fpga": 1}])
+    """Other countable resources its node must have free, as the node's agent declares them
+    (AGENT_RESOURCES), e.g. `{"fpga": 1}`; reserved like memory until the job ends."""
     health_path: Annotated[str | None, Says(what="a URL path starting with '/' (printable ASCII, no spaces)")] = Field(
         None, min_length=1, pattern=HEALTH_PATH_PATTERN)
     """For services with a port: checked with HTTP GET (2xx/3xx is healthy) instead of a TCP connect."""
@@ -316,6 +333,14 @@ class JobRequest(Request):
     def _kill_signal(cls, value: object) -> object:
         return signal_name(value)
 
+    @field_validator("resources")
+    @classmethod
+    def _own_fields(cls, resources: dict[str, int] | None) -> dict[str, int] | None:
+        taken = sorted(set(resources or ()) & set(RESERVED_RESOURCE_NAMES))
+        if taken:
+            raise refused(f"'resources' may not name {taken[0]!r}: ask for it with its own field")
+        return resources
+
     @field_validator("env_vars")
     @classmethod
     def _loader_variables(cls, env_vars: dict[str, str] | None) -> dict[str, str] | None:
@@ -341,6 +366,8 @@ class JobRequest(Request):
                 and self.signal_before_end.secs >= self.timeout_secs):
             raise refused("'signal_before_end' must come before the end: its 'secs' must be less than "
                           "'timeout_secs'")
+        if not self.gpus and (self.gpu_model is not None or self.gpu_memory_mb is not None):
+            raise refused("'gpu_model' and 'gpu_memory_mb' choose among the GPUs a job asks for: give 'gpus' too")
         if self.run_at is not None and self.delay_secs is not None:
             raise refused("give 'run_at' or 'delay_secs', not both")
         if self.run_at is not None:
@@ -355,6 +382,8 @@ class JobRequest(Request):
             "job_type": self.job_type or "run", "port": self.port, "env_vars": self.env_vars or {},
             "instance_id": self.instance_id, "name": self.name, "memory_mb": self.memory_mb,
             "cpu_percent": self.cpu_percent, "max_processes": self.max_processes, "disk_mb": self.disk_mb,
+            "gpus": self.gpus or None, "gpu_model": self.gpu_model if self.gpus else None,
+            "gpu_memory_mb": self.gpu_memory_mb if self.gpus else None, "resources": self.resources or None,
             "health_path": self.health_path, "max_retries": self.max_retries,
             "on_node_lost": self.on_node_lost or "requeue", "timeout_secs": self.timeout_secs,
             "warn_signal": None if self.signal_before_end is None else self.signal_before_end.signal,
@@ -718,8 +747,9 @@ class PendingReason(Answer):
     """constraints_unmet: all of them, when each is met by some node but no node meets them all."""
     nodes: int = optional_key()
     """no_capacity: how many nodes it may go to."""
-    lacking: list[Literal["slot", "memory", "cpu", "limits"]] = optional_key()
-    """no_capacity: what they lack (limits: it asks more than they allow)."""
+    lacking: list[Literal["slot", "memory", "cpu", "gpus", "resources", "limits"]] = optional_key()
+    """no_capacity: what they lack (limits: it asks more than they allow; gpus, resources: none has enough
+    free, or none has as many at all)."""
     array_id: str = optional_key()
     parallel: int = optional_key()
     key: str = optional_key()
@@ -781,6 +811,15 @@ class Job(Answer):
     """Requested; null: the node's default."""
     disk_mb: int | None
     """The most its work dir may hold, in MB: requested, else JOB_DEFAULT_DISK_MB; null: no limit."""
+    gpus: int = Field(ge=0)
+    """GPUs asked for (0: none)."""
+    gpu_model: str | None
+    gpu_memory_mb: int | None
+    resources: dict[str, int]
+    """Other countable resources asked for ({} when none)."""
+    gpus_assigned: list[str] | None
+    """While it is placed or running: the UUIDs of the GPUs reserved for it on its node, which it alone may
+    open (`CUDA_VISIBLE_DEVICES` names them); null when it holds none."""
     status: StatusName
     """`failed` is final: retries are exhausted."""
     attempt: int = Field(ge=0)
@@ -964,6 +1003,18 @@ class NodeDrain(Answer):
     """How many running jobs of the node are to be stopped at `deadline`."""
 
 
+class NodeGpu(Answer):
+    """One of a node's GPUs (a MIG instance is one), and the job it is reserved for."""
+
+    index: str = Field(examples=["0", "0:1"])
+    """Its index on the node; `GPU:INSTANCE` for a MIG instance."""
+    uuid: str = Field(examples=["GPU-5a3c1b2e-0f4d-4c1a-9b7e-2d8f6a1c3e90"])
+    model: str = Field(examples=["NVIDIA A100-SXM4-80GB"])
+    memory_mb: int = Field(ge=0)
+    job_id: str | None
+    """The job it is reserved for (placed or running there); null: free."""
+
+
 class SchedulerNode(Answer):
     """A node as the scheduler sees it: its copy of the registry's node list (refreshed every
     NODE_REFRESH_SECS) and the slots the node's jobs hold."""
@@ -996,6 +1047,12 @@ class SchedulerNode(Answer):
     """What its jobs (placed or running) reserve: what each asked for, else the node's default for its type."""
     used: Resources | None
     """What its jobs use, as its agent last said with its lease renewal (null: not said)."""
+    gpus: list[NodeGpu]
+    """Its GPUs as its agent found them, each with the job it is reserved for ([] when none)."""
+    resources: dict[str, int]
+    """The countable resources its agent declares (AGENT_RESOURCES; {} when none)."""
+    resources_reserved: dict[str, int]
+    """What its jobs (placed or running) reserve of them."""
     last_heartbeat: Timestamp | None
     """The node's last heartbeat, as the registry last reported it."""
     synced_at: Timestamp

@@ -98,6 +98,14 @@ class Job(BaseModel):
     stop_at = peewee.DoubleField(null=True)
     preemptible = peewee.BooleanField(null=True, default=True)  # may borrow, may be preempted; null: yes (0028)
     preemptions = peewee.IntegerField(null=True, default=0)     # times its attempts were preempted (0028)
+    # GPUs and other countable resources (0030): what it asks per node (null: none), and
+    # the UUIDs of the devices placement reserved for it on its node (null: none; kept
+    # from its last placement, so read only while it holds a slot).
+    gpus = peewee.IntegerField(null=True)
+    gpu_model = peewee.CharField(max_length=128, null=True)
+    gpu_memory_mb = peewee.IntegerField(null=True)
+    resources = JSONField(null=True)                  # {name: count}
+    gpus_assigned = JSONField(null=True)              # [uuid, ...]
     team = peewee.CharField(max_length=128, default=DEFAULT_TEAM)        # whose job it is (0022)
     submitted_by = peewee.CharField(max_length=128, default=BOOTSTRAP_ADMIN)  # the user who asked for it
 
@@ -180,6 +188,8 @@ class Node(BaseModel):
     default_limits = JSONField(null=True)             # {"run": {"memory_mb", "cpu_percent"}, "service": ...}
     reserve_memory_mb = peewee.IntegerField(default=0)  # the agent's system reserve
     reserve_cpu_percent = peewee.IntegerField(default=0)
+    gpus = JSONField(null=True)                       # [{"index", "uuid", "model", "memory_mb"}] (0030)
+    resources = JSONField(null=True)                  # {name: count} its agent declares (0030)
 
     class Meta:
         table_name = "node"

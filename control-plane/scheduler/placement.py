@@ -31,7 +31,9 @@ LEAST_CPU_PERCENT = 1
 
 Constraint = tuple[str, str, "str | tuple[str, ...] | None"]  # (label, op, value)
 Limits = tuple[int, int]  # (memory_mb, cpu_percent)
-Shape = tuple[str, "str | None", "int | None", "int | None", "tuple[Constraint, ...]", "str | None"]
+Counts = tuple[tuple[str, int], ...]  # a job's other resources, (name, count) by name
+Shape = tuple[str, "str | None", "int | None", "int | None", "tuple[Constraint, ...]", "str | None", int,
+              "str | None", "int | None", Counts]
 
 
 def queue_at(eligible_at: float, priority: int, aging_secs: float) -> float:
@@ -69,6 +71,29 @@ def pool_of(labels: Mapping[str, str]) -> str:
     return labels.get("pool") or DEFAULT_POOL
 
 
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """One of a node's GPU devices (a MIG instance is one), as its agent advertised it."""
+
+    uuid: str
+    model: str
+    memory_mb: int
+
+
+def gpu_fits(ask: Ask, gpu: Gpu) -> bool:
+    """Whether a device is one the job may have: its model contains the job's `gpu_model`
+    (lower-cased when the Ask is made), and it has at least the job's `gpu_memory_mb`."""
+    return ((ask.gpu_model is None or ask.gpu_model in gpu.model.lower())
+            and (ask.gpu_memory_mb is None or gpu.memory_mb >= ask.gpu_memory_mb))
+
+
+def has_devices(ask: Ask, node: NodeInfo) -> bool:
+    """Whether the node has, free or not, the GPUs and declared resources the job asks for."""
+    if ask.gpus and sum(1 for gpu in node.gpus if gpu_fits(ask, gpu)) < ask.gpus:
+        return False
+    return all(node.resources.get(name, 0) >= count for name, count in ask.resources)
+
+
 @dataclass(frozen=True)
 class NodeInfo:
     """A compute node as placement sees it (the scheduler's copy of the registry's
@@ -89,6 +114,10 @@ class NodeInfo:
     reserved_cpu_percent: int = 0
     default_limits: Mapping[str, Limits] = field(default_factory=dict)  # job type -> (memory, cpu)
     held: int = 0                        # the jobs placed or running there
+    gpus: tuple[Gpu, ...] = ()           # its devices, in its agent's order
+    gpus_held: Mapping[str, int] = field(default_factory=dict)       # device uuid -> the job holding it
+    resources: Mapping[str, int] = field(default_factory=dict)       # declared by its agent
+    resources_held: Mapping[str, int] = field(default_factory=dict)  # what its jobs reserve of them
 
     @property
     def pool(self) -> str:
@@ -124,10 +153,15 @@ class Ask:
     team: str = DEFAULT_TEAM
     preemptible: bool = True             # False: only within its team's guarantee (quotas.py)
     priority: int = DEFAULT_PRIORITY
+    gpus: int = 0                        # devices on its node
+    gpu_model: str | None = None         # lower case: gpu_fits
+    gpu_memory_mb: int | None = None
+    resources: Counts = ()
 
     @property
     def shape(self) -> Shape:
-        return (self.job_type, self.pin, self.memory_mb, self.cpu_percent, self.constraints, self.pool)
+        return (self.job_type, self.pin, self.memory_mb, self.cpu_percent, self.constraints, self.pool,
+                self.gpus, self.gpu_model, self.gpu_memory_mb, self.resources)
 
 
 @dataclass(frozen=True)
@@ -145,6 +179,7 @@ class Placed:
     node_id: str
     memory_mb: int  # what the job reserves there
     cpu_percent: int
+    gpus: tuple[str, ...] = ()  # the uuids of the devices it reserves there
 
 
 @dataclass
@@ -171,14 +206,15 @@ def matches(ask: Ask, node: NodeInfo) -> bool:
     return ((ask.pin is None or ask.pin == node.node_id)
             and (ask.pool is None or ask.pool == node.pool)
             and all(satisfies(node.labels, c) for c in ask.constraints)
-            and fits_maximum(ask, node))
+            and fits_maximum(ask, node)
+            and (not (ask.gpus or ask.resources) or has_devices(ask, node)))
 
 
 class _Room:
-    """A node's room during a pass: free slots, and free allocatable memory and CPU
-    (UNCOUNTED when unknown)."""
+    """A node's room during a pass: free slots, free allocatable memory and CPU
+    (UNCOUNTED when unknown), its free GPUs and what is free of its other resources."""
 
-    __slots__ = ("node", "working", "slots", "memory", "cpu", "shapes", "least")
+    __slots__ = ("node", "working", "slots", "memory", "cpu", "shapes", "least", "gpus", "resources")
 
     def __init__(self, node: NodeInfo, fallback: Mapping[str, Limits] | None = None):
         self.node = node
@@ -188,6 +224,9 @@ class _Room:
         self.memory = UNCOUNTED if memory is None else memory - node.reserved_memory_mb
         self.cpu = UNCOUNTED if cpu is None else cpu - node.reserved_cpu_percent
         self.shapes: list[_Shape] = []  # the shapes whose candidates include this node
+        held = node.gpus_held
+        self.gpus = [gpu for gpu in node.gpus if gpu.uuid not in held]
+        self.resources = {name: total - node.resources_held.get(name, 0) for name, total in node.resources.items()}
         # The least a job reserves here: what a job may ask at the least, or a type's
         # default when it is smaller (a job that asks nothing reserves its default).
         least_memory, least_cpu = LEAST_MEMORY_MB, LEAST_CPU_PERCENT
@@ -208,14 +247,41 @@ class _Room:
         return (self.working and self.slots > 0 and self.memory >= self.least[0]
                 and self.cpu >= self.least[1])
 
-    def lacks(self, need: Limits) -> str | None:
+    def lacks(self, need: Limits, ask: Ask | None = None) -> str | None:
+        """What the node is short of for a job that reserves `need` (and asks `ask`'s GPUs
+        and resources): slot, memory, cpu, gpus or resources; None: nothing."""
         if self.slots <= 0:
             return "slot"
         if self.memory < need[0]:
             return "memory"
         if self.cpu < need[1]:
             return "cpu"
+        if ask is not None and ask.gpus and len(self.free_gpus(ask)) < ask.gpus:
+            return "gpus"
+        if ask is not None and not self.has_resources(ask):
+            return "resources"
         return None
+
+    def free_gpus(self, ask: Ask) -> list[Gpu]:
+        """The free devices the job may have, the smallest first (a job that fits on a small
+        MIG instance leaves the large ones), then in the node's order."""
+        return sorted((gpu for gpu in self.gpus if gpu_fits(ask, gpu)), key=lambda gpu: gpu.memory_mb)
+
+    def has_resources(self, ask: Ask) -> bool:
+        return all(self.resources.get(name, 0) >= count for name, count in ask.resources)
+
+    def take(self, ask: Ask, need: Limits) -> tuple[str, ...]:
+        """Reserve a slot, `need` and the job's GPUs and resources; the uuids of its GPUs."""
+        self.slots -= 1
+        self.memory -= need[0]
+        self.cpu -= need[1]
+        for name, count in ask.resources:
+            self.resources[name] -= count
+        if not ask.gpus:
+            return ()
+        taken = tuple(gpu.uuid for gpu in self.free_gpus(ask)[:ask.gpus])
+        self.gpus = [gpu for gpu in self.gpus if gpu.uuid not in taken]
+        return taken
 
 
 class _Refusals:
@@ -251,9 +317,10 @@ class _Shape:
         self.over_quota = _Refusals()  # the teams whose jobs of this shape wait for their quota
         for room in self.rooms:
             room.shapes.append(self)
-        # binpack, spread: (free memory after, free CPU after, node id) ascending, for nodes with a slot.
-        self.keys: list[tuple[int, int, str]] = []
-        self.key_of: dict[str, tuple[int, int, str]] = {}
+        # binpack, spread: (free GPUs after, free memory after, free CPU after, node id) ascending,
+        # for nodes with a slot (free GPUs: 0 for a job that asks for none).
+        self.keys: list[tuple[int, int, int, str]] = []
+        self.key_of: dict[str, tuple[int, int, int, str]] = {}
         self.by_id = {r.node.node_id: r for r in self.rooms}
         if policy != "round-robin":
             for room in self.rooms:
@@ -261,9 +328,10 @@ class _Shape:
         else:
             self.ids = [r.node.node_id for r in self.rooms]
 
-    def _key(self, room: _Room) -> tuple[int, int, str]:
+    def _key(self, room: _Room) -> tuple[int, int, int, str]:
         memory, cpu = room.need(self.ask, self.fallback)
-        return (room.memory - memory, room.cpu - cpu, room.node.node_id)
+        gpus = len(room.free_gpus(self.ask)) - self.ask.gpus if self.ask.gpus else 0
+        return (gpus, room.memory - memory, room.cpu - cpu, room.node.node_id)
 
     def _add(self, room: _Room) -> None:
         if room.slots <= 0:
@@ -284,18 +352,20 @@ class _Shape:
     def choose(self, cursor: str | None) -> _Room | None:
         if self.policy == "round-robin":
             return self._next_after(cursor)
-        keys = self.keys
+        keys, counted = self.keys, bool(self.ask.resources)
         if self.policy == "binpack":
-            for i in range(bisect.bisect_left(keys, (0, -UNCOUNTED, "")), len(keys)):
-                memory_after, cpu_after, node_id = keys[i]
-                if cpu_after >= 0:
+            for i in range(bisect.bisect_left(keys, (0, 0, -UNCOUNTED, "")), len(keys)):
+                _, memory_after, cpu_after, node_id = keys[i]
+                if memory_after >= 0 and cpu_after >= 0 and (
+                        not counted or self.by_id[node_id].has_resources(self.ask)):
                     return self.by_id[node_id]
             return None
         for i in range(len(keys) - 1, -1, -1):  # spread
-            memory_after, cpu_after, node_id = keys[i]
-            if memory_after < 0:
-                return None
-            if cpu_after >= 0:
+            gpus_after, memory_after, cpu_after, node_id = keys[i]
+            if gpus_after < 0 or (memory_after < 0 and gpus_after == 0):
+                return None  # every key below is short of GPUs, or of memory
+            if memory_after >= 0 and cpu_after >= 0 and (
+                    not counted or self.by_id[node_id].has_resources(self.ask)):
                 return self.by_id[node_id]
         return None
 
@@ -307,7 +377,7 @@ class _Shape:
         start = 0 if cursor is None else bisect.bisect_right(ids, cursor) % len(ids)
         for offset in range(len(ids)):
             room = self.by_id[ids[(start + offset) % len(ids)]]
-            if room.lacks(room.need(self.ask, self.fallback)) is None:
+            if room.lacks(room.need(self.ask, self.fallback), self.ask) is None:
                 return room
         return None
 
@@ -422,7 +492,7 @@ class Planner:
             return shape.full
         memory, cpu = room.need(ask, self.fallback)
         if ledger is not None:
-            need = quotas.need_of(memory, cpu)
+            need = quotas.need_of(memory, cpu, ask.gpus)
             refusal = ledger.refuses(ask.team, need, may_borrow=ask.preemptible)
             if refusal is not None:
                 reason = waiting.quota(refusal)
@@ -430,9 +500,7 @@ class Planner:
                 return reason
             ledger.take(ask.team, need)
         was_open = room.open
-        room.slots -= 1
-        room.memory -= memory
-        room.cpu -= cpu
+        gpus = room.take(ask, (memory, cpu))
         if was_open and not room.open:
             self.open_rooms -= 1
         for other in room.shapes:
@@ -443,17 +511,17 @@ class Planner:
         for group, value in (("array", ask.array_id), ("key", ask.concurrency_key)):
             if value is not None and (group, value) in self.room_left:
                 self.room_left[(group, value)] -= 1
-        self.placed.append(Placed(ask.job_id, room.node.node_id, memory, cpu))
+        self.placed.append(Placed(ask.job_id, room.node.node_id, memory, cpu, gpus))
         return None
 
     def _why_not(self, shape: _Shape) -> Reason:
         """Why a shape fits no node now: no room on those it may go to, or none it may go to."""
         if shape.rooms:
-            lacks = [(r, r.lacks(r.need(shape.ask, self.fallback))) for r in shape.rooms]
+            lacks = [(r, r.lacks(r.need(shape.ask, self.fallback), shape.ask)) for r in shape.rooms]
             lacking = {lack for _, lack in lacks}
             filled = next((note for r, lack in lacks if lack == "cpu"
                            for note in [service_fill(r.node, self.fallback, "there")] if note), None)
-            return waiting.no_capacity(len(shape.rooms), [x for x in ("slot", "memory", "cpu") if x in lacking],
+            return waiting.no_capacity(len(shape.rooms), [x for x in waiting.LACKING if x in lacking],
                                        cpu_note=filled)
         return unmatched(shape.ask, self.nodes)
 
@@ -473,8 +541,9 @@ def cluster_capacity(nodes: Iterable[NodeInfo]) -> dict[str, int | None]:
     """What the cluster has for the teams' quotas: the allocatable memory, CPU and slots
     of the nodes that take work, and what the jobs on the others still hold."""
     return quotas.capacity_of(
-        (n.allocatable_memory_mb, n.allocatable_cpu_percent, max(0, n.free_slots) + n.held) if n.takes_work
-        else (n.reserved_memory_mb, n.reserved_cpu_percent, n.held) for n in nodes)
+        (n.allocatable_memory_mb, n.allocatable_cpu_percent, max(0, n.free_slots) + n.held, len(n.gpus))
+        if n.takes_work else (n.reserved_memory_mb, n.reserved_cpu_percent, n.held, len(n.gpus_held))
+        for n in nodes)
 
 
 def _requirements(ask: Ask) -> list[tuple[Constraint, Callable[[NodeInfo], bool]]]:
@@ -518,6 +587,8 @@ def unmatched(ask: Ask, nodes: Sequence[NodeInfo]) -> Reason:
     taking = [n for n in undrained if n.refusing_work is None]
     if not taking:
         return waiting.refusing_work({n.node_id: n.refusing_work or "" for n in undrained})
+    if (ask.gpus or ask.resources) and not any(has_devices(ask, n) for n in taking):
+        return waiting.no_devices(len(taking), ask.gpus, ask.gpu_model, ask.gpu_memory_mb, dict(ask.resources))
     return waiting.no_capacity(len(taking), ["limits"])
 
 
@@ -557,6 +628,9 @@ def shortfalls(ask: Ask, nodes: Iterable[NodeInfo], fallback: Mapping[str, Limit
             lacks.append(f"memory_mb {ask.memory_mb} is over the node's maximum {node.max_memory_mb}")
         if not _within(ask.cpu_percent, node.max_cpu_percent):
             lacks.append(f"cpu_percent {ask.cpu_percent} is over the node's maximum {node.max_cpu_percent}")
+        if (ask.gpus or ask.resources) and not has_devices(ask, node):
+            lacks.append(waiting.devices_wanted(ask.gpus, ask.gpu_model, ask.gpu_memory_mb, dict(ask.resources))
+                         + f" (the node has {_devices(node)})")
         room = _Room(node, fallback)
         memory, cpu = room.need(ask, fallback or {})
         if room.slots <= 0:
@@ -568,6 +642,21 @@ def shortfalls(ask: Ask, nodes: Iterable[NodeInfo], fallback: Mapping[str, Limit
             lacks.append(f"needs {cpu}% CPU, {max(0, room.cpu)}% unreserved" + (
                 f" (its jobs reserve {node.reserved_cpu_percent}% of {node.allocatable_cpu_percent}%; {filled})"
                 if filled else ""))
+        if ask.gpus and has_devices(ask, node) and len(room.free_gpus(ask)) < ask.gpus:
+            lacks.append(f"needs {ask.gpus} free GPU{'s' if ask.gpus != 1 else ''}, {len(room.free_gpus(ask))} free")
+        for name, count in ask.resources:
+            if node.resources.get(name, 0) >= count > room.resources.get(name, 0):
+                lacks.append(f"needs {count} {name}, {room.resources.get(name, 0)} free")
         found.append({"node_id": node.node_id, "lacks": lacks})
     found.sort(key=lambda item: (len(item["lacks"]), item["node_id"]))
     return found[:limit]
+
+
+def _devices(node: NodeInfo) -> str:
+    """What a node has of GPUs and declared resources, in words (for `shortfalls`)."""
+    gpus = f"{len(node.gpus)} GPU{'s' if len(node.gpus) != 1 else ''}"
+    if node.gpus:
+        models = sorted({gpu.model for gpu in node.gpus})
+        gpus += f" ({', '.join(models)})"
+    declared = ", ".join(f"{count} {name}" for name, count in sorted(node.resources.items()))
+    return gpus + (f" and {declared}" if declared else "")

@@ -228,17 +228,18 @@ class Ledger:
                     unused[i] = now
 
 
-def capacity_of(counted: Iterable[tuple[int | None, int | None, int]]) -> dict[str, int | None]:
-    """The cluster's capacity from its nodes' (memory MB, CPU percent, slots), each None
-    when a node does not advertise it (then the cluster's is not counted either)."""
+def capacity_of(counted: Iterable[tuple[int | None, int | None, int, int]]) -> dict[str, int | None]:
+    """The cluster's capacity from its nodes' (memory MB, CPU percent, slots, GPUs), memory
+    and CPU None when a node does not advertise it (then the cluster's is not counted either)."""
     memory: int | None = 0
     cpu: int | None = 0
-    jobs = 0
-    for node_memory, node_cpu, slots in counted:
+    jobs = gpus = 0
+    for node_memory, node_cpu, slots, node_gpus in counted:
         memory = None if memory is None or node_memory is None else memory + node_memory
         cpu = None if cpu is None or node_cpu is None else cpu + node_cpu
         jobs += slots
-    return {"cpu_percent": cpu, "memory_mb": memory, "gpus": 0, "jobs": jobs}
+        gpus += node_gpus
+    return {"cpu_percent": cpu, "memory_mb": memory, "gpus": gpus, "jobs": jobs}
 
 
 def borrowed(quota: Quota, used: Amounts) -> dict[str, int]:

@@ -10,7 +10,7 @@ from typing import Any
 
 from corral.shared import wire
 from corral.shared.contract import built
-from corral.shared.states import ALL
+from corral.shared.states import ACTIVE, ALL
 from corral.shared.timeutil import iso
 
 from . import contract, samples, waiting
@@ -49,6 +49,9 @@ def job(row: Job, settings: SchedulerSettings, now: float, service_grant: str | 
         "env_vars": hidden(d("env_vars")) if hide_env else d("env_vars") or {},
         "memory_mb": d("memory_mb"), "cpu_percent": d("cpu_percent"),
         "max_processes": d("max_processes"), "disk_mb": _disk_mb(d("disk_mb"), settings),
+        "gpus": d("gpus") or 0, "gpu_model": d("gpu_model"), "gpu_memory_mb": d("gpu_memory_mb"),
+        "resources": d("resources") or {},
+        "gpus_assigned": (d("gpus_assigned") or None) if node_id is not None and status in ACTIVE else None,
         "status": status, "attempt": d("attempt"), "retry_count": d("retry_count"),
         "max_retries": d("max_retries"), "next_attempt_at": iso(d("next_attempt_at")),
         "on_node_lost": d("on_node_lost"), "node_losses": d("node_losses"),
@@ -206,6 +209,11 @@ def node(row: Node, capacity: int, info: NodeInfo, used: tuple[int | None, int |
         "allocatable": {"memory_mb": info.allocatable_memory_mb, "cpu_percent": info.allocatable_cpu_percent},
         "reserved": {"memory_mb": info.reserved_memory_mb, "cpu_percent": info.reserved_cpu_percent},
         "used": None if used is None or used[0] is None else {"memory_mb": used[0], "cpu_percent": used[1]},
+        "gpus": [{"index": str(d.get("index", "")), "uuid": d["uuid"], "model": str(d.get("model") or ""),
+                  "memory_mb": int(d.get("memory_mb") or 0),
+                  "job_id": None if d["uuid"] not in info.gpus_held else f"job-{info.gpus_held[d['uuid']]}"}
+                 for d in row.gpus or () if isinstance(d, dict) and d.get("uuid")],
+        "resources": dict(row.resources or {}), "resources_reserved": dict(info.resources_held),
         "last_heartbeat": iso(row.last_heartbeat), "synced_at": iso(row.synced_at),
     })
 

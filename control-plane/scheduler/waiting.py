@@ -89,16 +89,40 @@ def refusing_work(refusals: Mapping[str, str]) -> Reason:
                   {"node_ids": list(refusals)[:20]})
 
 
+# What a node may be short of for a job, in the order placement looks (Room.lacks).
+LACKING = ("slot", "memory", "cpu", "gpus", "resources")
+
+
 def no_capacity(nodes: int, lacking: Sequence[str], cpu_note: str | None = None) -> Reason:
-    """`lacking`: what the `nodes` it may go to lack (slot, memory, cpu; limits: it
-    asks more than they allow). `cpu_note`: why one of them is out of CPU, when a
-    default service fills it (placement.service_fill)."""
+    """`lacking`: what the `nodes` it may go to lack (LACKING; limits: it asks more than
+    they allow). `cpu_note`: why one of them is out of CPU, when a default service fills
+    it (placement.service_fill)."""
     if list(lacking) == ["limits"]:
         return Reason("no_capacity", f"it asks for more than the {_nodes(nodes)} it may go to allow",
                       {"nodes": nodes, "lacking": ["limits"]})
-    words = {"slot": "a free slot", "memory": "free memory", "cpu": "free CPU" + (f": {cpu_note}" if cpu_note else "")}
+    words = {"slot": "a free slot", "memory": "free memory", "cpu": "free CPU" + (f": {cpu_note}" if cpu_note else ""),
+             "gpus": "free GPUs", "resources": "free resources it asks for"}
     return Reason("no_capacity", f"no room on the {_nodes(nodes)} it may go to (short of "
                   + " or ".join(words[x] for x in lacking) + ")", {"nodes": nodes, "lacking": list(lacking)})
+
+
+def devices_wanted(gpus: int, model: str | None, memory_mb: int | None, resources: Mapping[str, int]) -> str:
+    """A job's GPUs and other resources in words: "2 GPUs (model a100, 40960 MB each) and 1 fpga"."""
+    wanted = []
+    if gpus:
+        which = [f"model {model}"] if model else []
+        which += [f"{memory_mb} MB each"] if memory_mb else []
+        wanted.append(f"{gpus} GPU{'s' if gpus != 1 else ''}" + (f" ({', '.join(which)})" if which else ""))
+    wanted += [f"{count} {name}" for name, count in sorted(resources.items())]
+    return " and ".join(wanted)
+
+
+def no_devices(nodes: int, gpus: int, model: str | None, memory_mb: int | None,
+               resources: Mapping[str, int]) -> Reason:
+    """None of the `nodes` it may go to has the GPUs or resources the job asks for, even free."""
+    return Reason("no_capacity", f"none of the {_nodes(nodes)} it may go to has "
+                  + devices_wanted(gpus, model, memory_mb, resources),
+                  {"nodes": nodes, "lacking": ["gpus" if gpus else "resources"]})
 
 
 def array_throttle(array_id: int, parallel: int, active: int) -> Reason:

@@ -5,24 +5,6 @@ from corral.registry.app import Liveness, create_app
 from corral.registry.settings import RegistrySettings
 
 
-class Clock:
-    now = 1_800_000_000.0
-
-    def __call__(self):
-        return self.now
-
-
-@pytest.fixture
-def clock():
-    return Clock()
-
-
-@pytest.fixture
-def client(database_url, clock):
-    settings = RegistrySettings(database_url=database_url, heartbeat_timeout_secs=20)
-    return create_app(settings, clock=clock).test_client()
-
-
 NODE = {"node_id": "node-1", "address": "10.0.0.5", "kind": "compute", "slots": 4,
         "cpus": 8, "memory_mb": 16000, "labels": {"zone": "a"}}
 

@@ -81,9 +81,9 @@ def test_a_lending_limit_over_the_guarantee_is_refused_and_parts_round_trip():
 
 
 def test_capacity_is_not_counted_where_a_node_does_not_advertise_it():
-    assert quotas.capacity_of([(1000, 200, 4), (2000, 400, 2)]) == {
-        "cpu_percent": 600, "memory_mb": 3000, "gpus": 0, "jobs": 6}
-    assert quotas.capacity_of([(1000, None, 4), (2000, 400, 2)])["cpu_percent"] is None
+    assert quotas.capacity_of([(1000, 200, 4, 0), (2000, 400, 2, 8)]) == {
+        "cpu_percent": 600, "memory_mb": 3000, "gpus": 8, "jobs": 6}
+    assert quotas.capacity_of([(1000, None, 4, 0), (2000, 400, 2, 0)])["cpu_percent"] is None
 
 
 # ---- placement within quotas -----------------------------------------------------------

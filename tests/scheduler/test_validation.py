@@ -10,7 +10,8 @@ def test_minimal_request_gets_defaults():
     assert job_request({"command": "echo hi"}) == {
         "command": "echo hi", "deploy_url": None, "deploy_sha256": None, "job_type": "run", "port": None,
         "env_vars": {}, "instance_id": None, "name": None, "memory_mb": None, "cpu_percent": None,
-        "max_processes": None, "disk_mb": None, "health_path": None, "max_retries": None,
+        "max_processes": None, "disk_mb": None, "gpus": None, "gpu_model": None, "gpu_memory_mb": None,
+        "resources": None, "health_path": None, "max_retries": None,
         "on_node_lost": "requeue", "timeout_secs": None, "warn_signal": None, "warn_secs": None,
         "kill_signal": None, "kill_grace_secs": None, "preemptible": True, "constraints": None, "pool": None,
         "priority": 50, "run_at": None, "delay_secs": None, "depends_on": None,

@@ -38,6 +38,7 @@ class RegistryApi:
             "labels": node.labels or {}, "default_limits": node.default_limits,
             "reserved_memory_mb": node.reserved_memory_mb or 0, "reserved_cpu_percent": node.reserved_cpu_percent or 0,
             "running": node.running, "drained": node.drained, "refusing_work": node.refusing_work,
+            "gpus": node.gpus or [], "resources": node.resources or {},
             "status": self.liveness.status(node.last_heartbeat, now),
             "registered_at": iso(node.registered_at), "last_heartbeat": iso(node.last_heartbeat),
         })

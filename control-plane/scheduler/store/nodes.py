@@ -28,7 +28,10 @@ DRAINS_COUNTER = "node_drains"
 LIST_SYNCED = "node_list_synced_at"
 # The columns a refresh sets (besides node_id and synced_at): a row whose values are these already is left alone.
 REFRESHED = ("address", "kind", "slots", "status", "max_memory_mb", "max_cpu_percent", "drained", "last_heartbeat",
-             "refusing_work", "labels", "default_limits", "reserve_memory_mb", "reserve_cpu_percent", "drain_seq")
+             "refusing_work", "labels", "default_limits", "reserve_memory_mb", "reserve_cpu_percent", "drain_seq",
+             "gpus", "resources")
+# The JSON columns of REFRESHED.
+JSON_COLUMNS = ("labels", "default_limits", "gpus", "resources")
 
 
 class Nodes:
@@ -59,6 +62,8 @@ class Nodes:
             "labels": n.get("labels") or {}, "default_limits": n.get("default_limits"),
             "reserve_memory_mb": n.get("reserved_memory_mb") or 0,
             "reserve_cpu_percent": n.get("reserved_cpu_percent") or 0,
+            # A registry of the previous release lists neither: none (null, as stored).
+            "gpus": n.get("gpus") or None, "resources": n.get("resources") or None,
         } for n in nodes]
         with db.atomic():
             self.ctx.check_fence()
@@ -94,8 +99,7 @@ class Nodes:
             Node.delete().where(Node.node_id.in_(stale[start:start + INSERT_CHUNK])).execute()
         # As the columns store them (insert_rows): JSON as text.
         self.ctx.sql.insert_rows(self.ctx.db, "node rows", Node, [
-            dict(row, labels=Node.labels.db_value(row["labels"]),
-                 default_limits=Node.default_limits.db_value(row["default_limits"])) for row in changed])
+            dict(row, **{name: getattr(Node, name).db_value(row[name]) for name in JSON_COLUMNS}) for row in changed])
         return bool(changed or stale)
 
     def list_synced_at(self) -> float | None:
@@ -198,5 +202,6 @@ class Nodes:
 def _as_values(row: dict) -> dict:
     """A node row as read (JSON as text, booleans as the database gives them) as the
     refresh's values compare with it: JSON parsed (once per text: rows.json_value)."""
-    row["labels"], row["default_limits"] = json_value(row["labels"]), json_value(row["default_limits"])
+    for name in JSON_COLUMNS:
+        row[name] = json_value(row[name])
     return row

@@ -19,12 +19,14 @@ from .. import liveness, placement, quotas
 from ..models import ConcurrencyLimit, Job, JobArray, Node, SchedulerState
 from .columns import QUEUED
 from .context import StoreContext
-from .rows import json_value, limits_by_type, tuples
+from .rows import gpus_of, json_value, limits_by_type, tuples
 
 RR_CURSOR = "rr_cursor"
 # The cluster's capacity (for quotas) is read again after this long when a placement
 # reads only some nodes: it moves only as nodes come, go or change.
 CAPACITY_SECS = 2.0
+# What the jobs of a node without GPUs or declared resources hold of them.
+NONE_HELD: tuple[dict[str, int], dict[str, int]] = ({}, {})
 
 
 class Held(NamedTuple):
@@ -39,6 +41,7 @@ class Held(NamedTuple):
     cpu_percent: int
     running_cpu: int
     running_cpu_since: float
+    gpus: int = 0
 
 
 class PlacementReads:
@@ -65,7 +68,7 @@ class PlacementReads:
                 where = chosen.matches(Node.node_id) if where is None else where & chosen.matches(Node.node_id)
             return (Node.select(Node.node_id, Node.slots, Node.status, Node.kind, Node.refusing_work,
                                 Node.max_memory_mb, Node.max_cpu_percent, Node.labels, Node.default_limits,
-                                Node.reserve_memory_mb, Node.reserve_cpu_percent,
+                                Node.reserve_memory_mb, Node.reserve_cpu_percent, Node.gpus, Node.resources,
                                 fn.COUNT(Job.id), fn.COALESCE(fn.SUM(Job.reserved_memory_mb), 0),
                                 fn.COALESCE(fn.SUM(Job.reserved_cpu_percent), 0))
                     .join(Job, peewee.JOIN.LEFT_OUTER, on=(Job.node_id == Node.node_id) & Job.status.in_(ACTIVE))
@@ -75,15 +78,39 @@ class PlacementReads:
         rows = self.ctx.sql.rows(self.ctx.db, ("placement nodes", chosen and chosen.size, include_others),
                                  compute_nodes, **(chosen.values if chosen else {}))
         capacity = self.ctx.capacity
+        # Only nodes that have GPUs or declared resources cost the read of what their jobs hold of them.
+        devices = self.devices_held([row[0] for row in rows if row[11] is not None or row[12] is not None])
         return [placement.NodeInfo(
             node_id, capacity(slots) - held, *liveness.as_registry(status), kind=kind,
             refusing_work=refusing, labels=json_value(labels) or {},
             max_memory_mb=max_memory,
             max_cpu_percent=max_cpu, reserve_memory_mb=reserve_memory or 0, reserve_cpu_percent=reserve_cpu or 0,
             reserved_memory_mb=int(reserved_memory or 0), reserved_cpu_percent=int(reserved_cpu or 0),
-            default_limits=limits_by_type(json_value(defaults)), held=held)
+            default_limits=limits_by_type(json_value(defaults)), held=held,
+            gpus=gpus_of(gpus), resources=json_value(resources) or {},
+            gpus_held=devices.get(node_id, NONE_HELD)[0], resources_held=devices.get(node_id, NONE_HELD)[1])
             for (node_id, slots, status, kind, refusing, max_memory, max_cpu, labels, defaults, reserve_memory,
-                 reserve_cpu, held, reserved_memory, reserved_cpu) in rows]
+                 reserve_cpu, gpus, resources, held, reserved_memory, reserved_cpu) in rows]
+
+    def devices_held(self, node_ids: list[str]) -> dict[str, tuple[dict[str, int], dict[str, int]]]:
+        """Of each of these nodes, the GPUs its jobs hold (uuid -> job row id) and what they
+        reserve of its other resources (name -> count): the jobs placed or running there
+        that hold any, read through the (node_id, status) index."""
+        found: dict[str, tuple[dict[str, int], dict[str, int]]] = {}
+        if not node_ids:
+            return found
+        chosen = ValueList(self.ctx.db, "nodes", sorted(node_ids))
+        rows = self.ctx.sql.rows(self.ctx.db, ("devices held", chosen.size), lambda: Job.select(
+            Job.node_id, Job.id, Job.gpus_assigned, Job.resources).where(
+            chosen.matches(Job.node_id) & Job.status.in_(ACTIVE)
+            & (Job.gpus_assigned.is_null(False) | Job.resources.is_null(False))), **chosen.values)
+        for node_id, job_id, assigned, resources in rows:
+            gpus, counts = found.setdefault(node_id, ({}, {}))
+            for uuid in json_value(assigned) or ():
+                gpus[uuid] = job_id
+            for name, count in (json_value(resources) or {}).items():
+                counts[name] = counts.get(name, 0) + count
+        return found
 
     def open_nodes(self) -> list[str]:
         """The nodes that take new work with a free slot (one read, no lock)."""
@@ -172,12 +199,14 @@ class PlacementReads:
                 Job.team, Job.submitted_by, fn.COUNT(Job.id), fn.COALESCE(fn.SUM(Job.reserved_memory_mb), 0),
                 fn.SUM(cpu), fn.SUM(peewee.Case(None, [(running, cpu)], 0)),
                 fn.SUM(peewee.Case(None, [(running, cpu * Job.running_at)], 0.0)),
+                fn.COALESCE(fn.SUM(Job.gpus), 0),
             ).where(where).group_by(Job.team, Job.submitted_by)
 
         rows = self.ctx.sql.rows(self.ctx.db, ("held", team is None), held,
                                  **({} if team is None else {"team": team}))
         return [Held(name, user, int(jobs), int(memory or 0), int(cpu or 0), int(running or 0),
-                     float(since or 0.0)) for name, user, jobs, memory, cpu, running, since in rows]
+                     float(since or 0.0), int(gpus or 0))
+                for name, user, jobs, memory, cpu, running, since, gpus in rows]
 
     def team_usage(self, team: str | None = None, held: list[Held] | None = None) -> dict[str, dict[str, int]]:
         """What each team's placed and running jobs reserve (quotas.RESOURCES; `team`'s only,
@@ -189,6 +218,7 @@ class PlacementReads:
                 used = found[one.team] = dict.fromkeys(quotas.RESOURCES, 0)
             used["cpu_percent"] += one.cpu_percent
             used["memory_mb"] += one.memory_mb
+            used["gpus"] += one.gpus
             used["jobs"] += one.jobs
         return found
 

@@ -32,20 +32,22 @@ class PlacementWrites:
         """Place the chosen jobs: one conditional update per node and reservation, and
         an event each. Returns (job row id, node) of those placed (not taken meanwhile)."""
         db, sql = self.ctx.db, self.ctx.sql
-        groups: dict[tuple[str, int, int], list[int]] = {}
+        # A job with GPUs is a group of its own: its devices are its own.
+        groups: dict[tuple[str, int, int, tuple[str, ...]], list[int]] = {}
         for p in chosen:
-            groups.setdefault((p.node_id, p.memory_mb, p.cpu_percent), []).append(p.job_id)
+            groups.setdefault((p.node_id, p.memory_mb, p.cpu_percent, p.gpus), []).append(p.job_id)
         placed = []
         started, traced = spans.now_ns(), []
-        for (node_id, memory, cpu), ids in groups.items():
+        for (node_id, memory, cpu, gpus), ids in groups.items():
             ids_list = ValueList(db, "ids", ids)
             done = {row[0]: row for row in sql.rows(db, ("place", ids_list.size), lambda: Job.update(
                     node_id=param("node_id"), attempt=Job.attempt + 1, placed_at=param("now"),
                     next_attempt_at=None, reserved_memory_mb=param("memory"), reserved_cpu_percent=param("cpu"),
-                    pending_reason=None, pending_code=None).where(
+                    gpus_assigned=param("gpus"), pending_reason=None, pending_code=None).where(
                     ids_list.matches(Job.id) & (Job.status == "pending") & Job.node_id.is_null()).returning(
                         Job.id, Job.traceparent, Job.tracestate),
-                    node_id=node_id, now=now, memory=memory, cpu=cpu, **ids_list.values)}
+                    node_id=node_id, now=now, memory=memory, cpu=cpu, gpus=json.dumps(list(gpus)) if gpus else None,
+                    **ids_list.values)}
             placed += [(job_id, node_id) for job_id in ids if job_id in done]
             traced += [(f"job-{job_id}", *done[job_id][1:], attempts[job_id] + 1, node_id)
                        for job_id in ids if job_id in done]

@@ -78,11 +78,11 @@ class Preemptions:
     def _running() -> list[preemption.Running]:
         return [preemption.Running(job_id, node_id, team, placement.DEFAULT_PRIORITY if priority is None else priority,
                                    running_at or 0.0, memory or 0, cpu or 0, preemptible is None or bool(preemptible),
-                                   stop_reason is not None)
-                for job_id, node_id, team, priority, running_at, memory, cpu, preemptible, stop_reason in tuples(
+                                   stop_reason is not None, tuple(json_value(gpus) or ()))
+                for job_id, node_id, team, priority, running_at, memory, cpu, preemptible, stop_reason, gpus in tuples(
                     Job.select(Job.id, Job.node_id, Job.team, Job.priority, Job.running_at,
                                fn.COALESCE(Job.reserved_memory_mb, 0), fn.COALESCE(Job.reserved_cpu_percent, 0),
-                               Job.preemptible, Job.stop_reason).where(Job.status == "running"))]
+                               Job.preemptible, Job.stop_reason, Job.gpus_assigned).where(Job.status == "running"))]
 
     def _stop(self, found: list[preemption.Preemption], now: float) -> list[tuple[str, str]]:
         stopped: list[tuple[str, str]] = []

@@ -42,13 +42,22 @@ def limits_by_type(defaults: dict | None) -> dict[str, placement.Limits]:
 
 def ask(row: tuple) -> placement.Ask:
     """A queued job (a row of columns.QUEUED) as placement reads it."""
-    job_id, _, job_type, pin, memory, cpu, constraints, pool, array_id, key, team, _, preemptible, priority = row[:14]
+    (job_id, _, job_type, pin, memory, cpu, constraints, pool, array_id, key, team, _, preemptible, priority,
+     gpus, gpu_model, gpu_memory, resources) = row[:18]
     return placement.Ask(job_id, job_type, pin, memory, cpu,
                          () if constraints is None else tuple(
                              (label, op, tuple(value) if isinstance(value, list) else value)
                              for label, op, value in (json_value(constraints) or ())),
                          pool, array_id, key, team, preemptible is None or bool(preemptible),
-                         placement.DEFAULT_PRIORITY if priority is None else priority)
+                         placement.DEFAULT_PRIORITY if priority is None else priority,
+                         gpus or 0, None if gpu_model is None else gpu_model.lower(), gpu_memory,
+                         () if resources is None else tuple(sorted((json_value(resources) or {}).items())))
+
+
+def gpus_of(advertised: Any) -> tuple[placement.Gpu, ...]:
+    """A node's GPUs as its row keeps them (JSON: the registry's list), for placement."""
+    return tuple(placement.Gpu(str(d["uuid"]), str(d.get("model") or ""), int(d.get("memory_mb") or 0))
+                 for d in (json_value(advertised) or ()) if isinstance(d, dict) and d.get("uuid"))
 
 
 def tuples(query: Any) -> Any:

@@ -5,7 +5,8 @@ back by day, week, user or team (GET /usage).
 An attempt ends when a running job leaves `running` (done, failed, cancelled, sent
 back to pending). Its CPU seconds and peak memory are what its node reported (none
 when the node did not: a lost node, a cancel); its wall time runs from `running_at`
-to the end; memory counts as the peak times the wall time, in MB-seconds; core-seconds
+to the end; memory counts as the peak times the wall time, in MB-seconds; GPU seconds
+are the GPUs reserved for it times the wall time (Slurm's allocated GPU time); core-seconds
 are the cores it reserved (cpu_percent / 100) times the wall time, what fair share
 counts (fairshare.py), so that a job cannot hold cores cheaply by leaving them idle."""
 from __future__ import annotations
@@ -36,6 +37,7 @@ class Ended:
     wall_seconds: float
     memory_mb_seconds: float
     core_seconds: float = 0.0
+    gpu_seconds: float = 0.0
 
 
 def ended(job: Job, changes: dict, now: float) -> Ended:
@@ -43,7 +45,8 @@ def ended(job: Job, changes: dict, now: float) -> Ended:
     wall = max(0.0, now - job.running_at) if job.running_at is not None else 0.0
     peak = changes.get("peak_memory_bytes")
     return Ended(job.team, job.submitted_by, float(changes.get("cpu_seconds") or 0.0), wall,
-                 (peak / (1024 * 1024)) * wall if peak else 0.0, (job.reserved_cpu_percent or 0) / 100 * wall)
+                 (peak / (1024 * 1024)) * wall if peak else 0.0, (job.reserved_cpu_percent or 0) / 100 * wall,
+                 (job.gpus or 0) * wall)
 
 
 def day_of(ts: float) -> int:
@@ -60,15 +63,16 @@ class Usage:
         user and team, in the caller's transaction."""
         totals: dict[tuple[str, str], list[float]] = {}
         for one in attempts:
-            sums = totals.setdefault((one.team, one.user), [0, 0.0, 0.0, 0.0, 0.0])
+            sums = totals.setdefault((one.team, one.user), [0, 0.0, 0.0, 0.0, 0.0, 0.0])
             sums[0] += 1
             sums[1] += one.cpu_seconds
             sums[2] += one.wall_seconds
             sums[3] += one.memory_mb_seconds
             sums[4] += one.core_seconds
+            sums[5] += one.gpu_seconds
         day = day_of(now)
-        for (team, user), (count, cpu, wall, memory, cores) in totals.items():
-            self.ctx.db.execute_sql(self._upsert(), [day, team, user, count, cpu, wall, memory, 0.0, cores])
+        for (team, user), (count, cpu, wall, memory, cores, gpus) in totals.items():
+            self.ctx.db.execute_sql(self._upsert(), [day, team, user, count, cpu, wall, memory, gpus, cores])
 
     def _upsert(self) -> str:
         """One statement, written once (both databases take ON CONFLICT ... excluded)."""

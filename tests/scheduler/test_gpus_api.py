@@ -1,0 +1,128 @@
+"""GPUs and other countable resources through the scheduler's API, on each database: a
+request's fields checked, the devices reserved at placement and shown on the job, its
+claim and its node; the next job placed when they are freed; why a job waits; and the
+GPU seconds its team is charged."""
+import pytest
+
+from scheduler_app import end_attempt, submit
+from corral.scheduler.service import Scheduler
+
+A100 = "NVIDIA A100-SXM4-80GB"
+DEVICES = [{"index": "0", "uuid": "GPU-aaaa0000", "model": A100, "memory_mb": 81920},
+           {"index": "1", "uuid": "GPU-aaaa1111", "model": A100, "memory_mb": 81920}]
+
+
+def sync(store, clock, gpus=DEVICES, resources=None):
+    """The registry's list as the background pass reads it (gpu-1 with GPUs, cpu-1 without), then a pass."""
+    store.nodes.sync_nodes([
+        {"node_id": "gpu-1", "address": "10.0.0.1", "kind": "compute", "slots": 8, "status": "healthy",
+         "gpus": gpus, "resources": resources},
+        {"node_id": "cpu-1", "address": "10.0.0.2", "kind": "compute", "slots": 8, "status": "healthy"}], clock())
+    background(store, clock)
+
+
+def background(store, clock):
+    """What the background pass does: place, then keep the reasons of the jobs that wait
+    (a submit's own placement on PostgreSQL looks at some nodes only, and keeps none)."""
+    Scheduler(store).place(clock())
+    store.placing.explain(clock())
+
+
+def test_gpu_jobs_get_their_own_devices_and_the_next_waits_until_one_is_freed(app, clock):
+    client, store = app.test_client(), app.extensions["corral.store"]
+    sync(store, clock)
+    first = submit(client, command="train", gpus=1, gpu_model="a100")
+    second = submit(client, command="train", gpus=1)
+    third = submit(client, command="train", gpus=1)
+    background(store, clock)
+    assert (first["node_id"], second["node_id"]) == ("gpu-1", "gpu-1")
+    assert first["gpus"] == 1 and first["gpu_model"] == "a100"
+    assert {first["gpus_assigned"][0], second["gpus_assigned"][0]} == {"GPU-aaaa0000", "GPU-aaaa1111"}
+    waiting = client.get(f"/jobs/{third['job_id']}").json
+    assert waiting["node_id"] is None and waiting["gpus_assigned"] is None
+    assert waiting["pending_reason"]["code"] == "no_capacity"
+    assert waiting["pending_reason"]["lacking"] == ["gpus"], waiting["pending_reason"]
+    why = {n["node_id"]: n["lacks"] for n in client.get(f"/jobs/{third['job_id']}/why").json["closest_nodes"]}
+    assert why["gpu-1"] == ["needs 1 free GPU, 0 free"]
+    assert why["cpu-1"] == ["1 GPU (the node has 0 GPUs)"]
+
+    nodes = {n["node_id"]: n for n in client.get("/nodes").json}
+    holders = {g["uuid"]: g["job_id"] for g in nodes["gpu-1"]["gpus"]}
+    assert holders == {first["gpus_assigned"][0]: first["job_id"], second["gpus_assigned"][0]: second["job_id"]}
+    assert nodes["cpu-1"]["gpus"] == []
+
+    # The agent's claim carries the devices; the job's end frees its GPU for the next.
+    claimed = client.post("/nodes/gpu-1/claim", json={"max": 8}).json
+    by_id = {job["job_id"]: job for job in claimed}
+    assert by_id[first["job_id"]]["gpus_assigned"] == first["gpus_assigned"]
+    clock.now += 100
+    end_attempt(client, first["job_id"])
+    Scheduler(store).place(clock())
+    moved = client.get(f"/jobs/{third['job_id']}").json
+    assert moved["node_id"] == "gpu-1" and moved["gpus_assigned"] == first["gpus_assigned"]
+    assert client.get(f"/jobs/{first['job_id']}").json["gpus_assigned"] is None  # ended: it holds none
+
+
+def test_a_job_asking_for_more_gpus_than_any_node_has_waits_and_says_so(app, clock):
+    client, store = app.test_client(), app.extensions["corral.store"]
+    sync(store, clock)
+    job = submit(client, command="x", gpus=4, gpu_memory_mb=40000)
+    background(store, clock)
+    assert job["node_id"] is None
+    reason = client.get(f"/jobs/{job['job_id']}").json["pending_reason"]
+    assert reason["code"] == "no_capacity" and reason["lacking"] == ["gpus"]
+    assert "has 4 GPUs (40000 MB each)" in reason["message"]
+
+
+def test_declared_resources_are_reserved_until_the_job_ends(app, clock):
+    client, store = app.test_client(), app.extensions["corral.store"]
+    sync(store, clock, gpus=None, resources={"fpga": 1})
+    first = submit(client, command="x", resources={"fpga": 1})
+    second = submit(client, command="x", resources={"fpga": 1})
+    assert first["node_id"] == "gpu-1" and first["resources"] == {"fpga": 1}
+    assert second["node_id"] is None
+    node = next(n for n in client.get("/nodes").json if n["node_id"] == "gpu-1")
+    assert node["resources"] == {"fpga": 1} and node["resources_reserved"] == {"fpga": 1}
+    client.post("/nodes/gpu-1/claim", json={"max": 8})
+    end_attempt(client, first["job_id"])
+    Scheduler(store).place(clock())
+    assert client.get(f"/jobs/{second['job_id']}").json["node_id"] == "gpu-1"
+
+
+def test_an_ended_gpu_job_charges_its_team_gpu_seconds(app, clock):
+    client, store = app.test_client(), app.extensions["corral.store"]
+    sync(store, clock)
+    job = submit(client, command="x", gpus=2)
+    client.post("/nodes/gpu-1/claim", json={"max": 8})
+    running_at = clock.now
+    clock.now += 30
+    end_attempt(client, job["job_id"])
+    ended = client.get(f"/jobs/{job['job_id']}").json
+    wall = clock.now - running_at
+    rows = client.get("/usage", query_string={"group_by": "team"}).json["rows"]
+    assert rows[0]["gpu_seconds"] == pytest.approx(2 * wall), (rows, ended)
+
+
+@pytest.mark.parametrize("body, says", [
+    ({"gpus": -1}, "'gpus'"),
+    ({"gpus": True}, "'gpus'"),
+    ({"gpus": 257}, "'gpus'"),
+    ({"gpu_model": "a100"}, "give 'gpus' too"),
+    ({"gpus": 0, "gpu_memory_mb": 100}, "give 'gpus' too"),
+    ({"gpus": 1, "gpu_memory_mb": 0}, "'gpu_memory_mb'"),
+    ({"gpus": 1, "gpu_model": ""}, "'gpu_model'"),
+    ({"resources": {"gpus": 1}}, "may not name 'gpus'"),
+    ({"resources": {"memory_mb": 1}}, "may not name 'memory_mb'"),
+    ({"resources": {"FPGA": 1}}, "resource name"),
+    ({"resources": {"fpga": 0}}, "'resources'"),
+    ({"resources": {"fpga": 1.5}}, "'resources'"),
+    ({"resources": {"fpga": "1"}}, "'resources'"),
+    ({"resources": ["fpga"]}, "'resources'"),
+    ({"resources": {f"r{i}": 1 for i in range(33)}}, "'resources'"),
+])
+def test_bad_gpu_and_resource_requests_are_refused_and_change_nothing(app, clock, body, says):
+    client = app.test_client()
+    answer = client.post("/jobs", json={"command": "x", **body})
+    assert answer.status_code == 400, answer.json
+    assert says in answer.json["error"], answer.json
+    assert client.get("/jobs").json == []
