@@ -21,7 +21,7 @@ from corral.shared import states, wire
 from corral.shared.backoff import Backoff
 from corral.shared.clients import RegistryClient, SchedulerClient
 
-from . import cgroups, daemon, diskfs, identity, jobenv, launch, runner, startup, warm
+from . import cgroups, daemon, devices, diskfs, identity, jobenv, launch, runner, startup, warm
 from .claims import Claims, ClaimsNeed
 from .disk import DiskWatch
 from .endings import STOPPED_MESSAGE, TIMEOUT_MESSAGE, Endings
@@ -67,6 +67,7 @@ class Agent:
                       else job_identity)
         self.private_tmp = private_tmp
         self.private_tmp_reason = ""
+        self.isolation: devices.Isolation | None = None  # how jobs are held to their GPUs (startup)
         self._fstab = os.path.join(settings.agent_dir, launch.FSTAB_NAME)
         self._started = False
         self.stopping = threading.Event()  # set once the agent stops: no new work
@@ -118,7 +119,7 @@ class Agent:
             return []
         s = self.settings
         if self.cgroups is None:
-            self.cgroups = cgroups.detect(root_name=s.cgroup_root_name)
+            self.cgroups = cgroups.detect(root_name=s.cgroup_root_name, devices=bool(s.gpus))
         if self.cgroups.enforced:
             log.info("job limits are enforced: %s", self.cgroups.reason)
         elif s.require_cgroups:
@@ -142,6 +143,10 @@ class Agent:
             log.info("jobs run as %s (uid %d)%s", who.name, who.uid, f": {who.note}" if who.note else "")
         runner.tools()  # the launch programs, looked up once
         self.private_tmp, self.private_tmp_reason = startup.detect_private_tmp(s, self._fstab, self.private_tmp)
+        try:
+            self.isolation = startup.detect_isolation(s, self.cgroups)
+        except ValueError as exc:
+            raise AgentStartError(str(exc)) from None
         self.endings = Endings(s, self.jobs, self.outbox, self.users, lambda: self.membership.lease.secs or 0,
                                self._clock,
                                self.logs, diskfs=self.diskfs)
@@ -168,7 +173,7 @@ class Agent:
                             self._private_tmp_of, jobenv.from_agent(os.environ, s.job_env_passthrough),
                             self._start_job, stopping=self.stopping.is_set, wake=self._work_wake.set,
                             service_started=self.services.started, shipper=self.logs,
-                            diskfs=self.diskfs if self.disk_fs_on else None)
+                            diskfs=self.diskfs if self.disk_fs_on else None, isolation=self.isolation)
         self.intake = Intake(s, self.scheduler, self.jobs, self.outbox, preparer, self._clock, self.stopping,
                              self.free_slots, self.membership.lapsed, lambda: self.disk.low is not None,
                              self.endings.node_side_message, self.limits_enforced, self.applied_limits,
@@ -184,6 +189,10 @@ class Agent:
         the slots: the warm launch holds one while every slot may hold one too."""
         s = self.settings
         if not s.warm_start or self._start_job is not runner.start:
+            return
+        if self.isolation is not None and self.isolation.mode == devices.MOUNT:
+            # A warm chain's namespace is made before its job, and so its /dev.
+            log.info("no warm job launch: each job's /dev is made for its own GPUs")
             return
         if users.mode == "per-job" and s.uid_range[1] - s.uid_range[0] + 1 <= s.slots:
             log.info("no warm job launch: AGENT_UID_RANGE has no uid beyond one per slot")

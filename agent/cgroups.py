@@ -12,13 +12,15 @@ import os
 import re
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 log = logging.getLogger(__name__)
 
 CFS_PERIOD_US = 100_000
 AGENT_LEAF = "agent"  # v2: the leaf the agent moves itself into
 V1_CONTROLLERS = ("memory", "cpu", "cpuacct", "freezer", "pids")
+# On a node with GPUs, jobs' cgroups join v1's devices controller too (devices.py).
+V1_DEVICES = "devices"
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}$")  # one path component
 _MIB = 1024 * 1024
 _UNLIMITED_V1 = 1 << 62  # memory.limit_in_bytes values above this mean "no limit"
@@ -198,6 +200,17 @@ class JobCgroup:
 
     def stats(self) -> dict:
         return {"peak_memory_bytes": None, "cpu_seconds": self.cpu_seconds()}
+
+    def restrict_devices(self, allowed: Sequence[str]) -> None:
+        """Deny every device but the `allowed` rules (devices.allow lines, "c 1:3 rwm"),
+        before the job joins: cgroup v1's devices controller. Raises CgroupError where
+        there is none."""
+        directory = self.dirs.get(V1_DEVICES)
+        if directory is None:
+            raise CgroupError(f"cgroup {self.name} has no devices controller")
+        _write(os.path.join(directory, "devices.deny"), "a")
+        for rule in allowed:
+            _write(os.path.join(directory, "devices.allow"), rule)
 
     def usage(self) -> dict:
         """What the job uses now: {"memory_bytes", "cpu_seconds"} (its CPU since it
@@ -510,7 +523,7 @@ class V1Manager(Manager):
     def __init__(self, roots: dict[str, str], root_name: str):
         super().__init__("", root_name)
         self.roots = roots
-        self.controllers = [c for c in V1_CONTROLLERS if c in roots]
+        self.controllers = [c for c in (*V1_CONTROLLERS, V1_DEVICES) if c in roots]
         self.limits_processes = "pids" in roots
         own_memory = os.path.dirname(roots["memory"])
         self.swap_limited = os.path.exists(os.path.join(own_memory, "memory.memsw.limit_in_bytes"))
@@ -616,12 +629,14 @@ class V2Manager(Manager):
 # --- detection -----------------------------------------------------------------------
 
 def detect(proc_self_cgroup: str = "/proc/self/cgroup", mounts: str = "/proc/self/mountinfo",
-           root_name: str = "corral", *, euid: int | None = None, prepare: bool = True) -> Manager:
+           root_name: str = "corral", *, euid: int | None = None, prepare: bool = True,
+           devices: bool = False) -> Manager:
     """The cgroup manager this agent can use: v2, else v1, else NoCgroups (with a reason).
 
     `prepare=True` creates the `root_name` directories (and on v2 moves the agent into
     a leaf and enables the controllers), which is the real test that the hierarchy is
     writable; `prepare=False` only looks (for a `--check` run by an operator).
+    `devices`: on v1, jobs' cgroups join the devices controller too (a node with GPUs).
     `euid` overrides os.geteuid() (tests). Never raises for an environment problem.
     """
     try:
@@ -641,7 +656,7 @@ def detect(proc_self_cgroup: str = "/proc/self/cgroup", mounts: str = "/proc/sel
             manager = _detect_v2(unified, mount_list, root_name, prepare, reasons)
             if manager is not None:
                 return manager
-        manager = _detect_v1(v1_paths, mount_list, root_name, prepare, reasons)
+        manager = _detect_v1(v1_paths, mount_list, root_name, prepare, reasons, devices)
         if manager is not None:
             return manager
         return NoCgroups("; ".join(reasons) or "no cgroup hierarchy found", root_name)
@@ -712,9 +727,9 @@ def _enable_v2(own: str, is_root: bool, controllers: list[str]) -> None:
     _write(control, " ".join("+" + c for c in controllers))
 
 
-def _detect_v1(v1_paths, mount_list, root_name, prepare, reasons) -> Manager | None:
+def _detect_v1(v1_paths, mount_list, root_name, prepare, reasons, devices=False) -> Manager | None:
     roots: dict[str, str] = {}
-    for ctrl in V1_CONTROLLERS:
+    for ctrl in (*V1_CONTROLLERS, *((V1_DEVICES,) if devices else ())):
         own_path = v1_paths.get(ctrl)
         if own_path is None:
             continue

@@ -14,7 +14,7 @@ FROM_AGENT = ("PATH", "LANG", "TZ")
 FROM_AGENT_PREFIXES = ("LC_",)
 IDENTITY = ("USER", "LOGNAME", "HOME", "TMPDIR")
 FIXED = ("CORRAL_JOB_ID", "CORRAL_NODE_ID", "CORRAL_ATTEMPT", "CORRAL_DEADLINE", "PORT", "TRACEPARENT",
-         "TRACESTATE")
+         "TRACESTATE", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 SET_BY_AGENT = IDENTITY + FIXED
 
 
@@ -77,7 +77,8 @@ def build(job: Mapping, agent_part: Mapping[str, str], identity: Mapping[str, st
        FROM_AGENT_PREFIXES and AGENT_JOB_ENV_PASSTHROUGH's (from_agent);
     2. `identity`: who the job is, its home and (without a private /tmp) its TMPDIR;
     3. the job's own `env_vars`, which may replace any of the above;
-    4. `fixed`, which no job may replace: its id, node, attempt, port and trace context.
+    4. `fixed`, which no job may replace: its id, node, attempt, port, trace context and,
+       on a node with GPUs, its devices (devices.Access.env).
     `identity` and `fixed` may hold only names of IDENTITY and FIXED (SET_BY_AGENT
     lists every variable the agent sets; add new ones there). Raises JobEnvError."""
     unknown = (set(identity) - set(IDENTITY)) | (set(fixed) - set(FIXED))

@@ -33,15 +33,33 @@ SETUP_FAILED_EXIT = 125
 SETUP_FAILED_PREFIX = "corral-launch:"
 JOIN_FAILED_MESSAGE = f"{SETUP_FAILED_PREFIX} the job could not join its cgroup"
 MOUNT_FAILED_MESSAGE = f"{SETUP_FAILED_PREFIX} could not mount a private /tmp, /var/tmp and /dev/shm"
+DEV_FAILED_MESSAGE = f"{SETUP_FAILED_PREFIX} could not make the job's own /dev"
 ENV_FAILED_MESSAGE = f"{SETUP_FAILED_PREFIX} the job's environment could not be read"
 
 # Root: $1 the mount program, $2 the fstab ("" for none), $3 the size of each tmpfs
-# in MB, then the cgroup files to write 0 (itself) into (cgroups.JobCgroup.join_files)
-# up to "--", then the next stage.
-_SETUP = ('m=$1 t=$2 z=$3; shift 3; '
+# in MB, $4 $5 $6 the mknod, mkdir and ln programs ($4 "": no /dev of the job's own),
+# then the cgroup files to write 0 (itself) into (cgroups.JobCgroup.join_files) up to
+# "--", then, with $4, the device nodes of the job's /dev (PrivateDev) up to "--",
+# then the next stage. The job's /dev is a tmpfs of root's (the job may not write in
+# it, nor make device nodes) with those nodes, the links every /dev has, a devpts of
+# its own (none where the kernel refuses one) and the directory of /dev/shm.
+_FAIL_DEV = '{ echo "' + DEV_FAILED_MESSAGE + '" >&2; exit ' + str(SETUP_FAILED_EXIT) + '; }'
+_SETUP = ('m=$1 t=$2 z=$3 k=$4 d=$5 l=$6; shift 6; '
           'for p in "$@"; do [ "$p" = -- ] && break; '
           'echo 0 > "$p" || { echo "' + JOIN_FAILED_MESSAGE + ' $p" >&2; '
           'exit ' + str(SETUP_FAILED_EXIT) + '; }; shift; done; shift; '
+          'if [ -n "$k" ]; then '
+          '"$m" -n -t tmpfs -o nosuid,noexec,mode=0755,size=1m corral-dev /dev </dev/null || ' + _FAIL_DEV + '; '
+          'for s in "$@"; do [ "$s" = -- ] && break; '
+          'n=${s%%:*}; r=${s#*:}; a=${r%%:*}; r=${r#*:}; b=${r%%:*}; o=${r#*:}; '
+          'case $n in */*) "$d" -p "/dev/${n%/*}" || ' + _FAIL_DEV + ';; esac; '
+          '"$k" -m "$o" "/dev/$n" c "$a" "$b" || ' + _FAIL_DEV + '; shift; done; shift; '
+          '"$l" -s /proc/self/fd /dev/fd && "$l" -s /proc/self/fd/0 /dev/stdin && '
+          '"$l" -s /proc/self/fd/1 /dev/stdout && "$l" -s /proc/self/fd/2 /dev/stderr && '
+          '"$d" -m 0755 /dev/pts && "$d" -m 1777 /dev/shm || ' + _FAIL_DEV + '; '
+          '"$m" -n -t devpts -o newinstance,ptmxmode=0666,mode=0620 corral-pts /dev/pts </dev/null 2>/dev/null '
+          '&& "$l" -s pts/ptmx /dev/ptmx; '
+          'fi; '
           'if [ -n "$t" ]; then "$m" -n -i -a -t tmpfs -T "$t" -o "nosuid,nodev,mode=1777,size=${z}m" '
           '</dev/null || { echo "' + MOUNT_FAILED_MESSAGE + '" >&2; exit ' + str(SETUP_FAILED_EXIT) + '; }; fi; '
           'exec "$@"')
@@ -88,6 +106,10 @@ class Tools:
     setpriv: str | None
     unshare: str | None
     mount: str | None
+    # A /dev of the job's own (PrivateDev).
+    mknod: str | None = None
+    mkdir: str | None = None
+    ln: str | None = None
     # The interpreter itself, not a virtualenv's link to it: the drop runs with -I -S
     # (no site-packages needed), and a virtualenv under /tmp (a checkout in a temporary
     # folder) is hidden by the job's private /tmp when the drop runs.
@@ -99,7 +121,7 @@ def find_tools() -> Tools:
     def which(name: str) -> str | None:
         found = shutil.which(name, path=LAUNCH_PATH)
         return os.path.abspath(found) if found else None
-    return Tools(which("setpriv"), which("unshare"), which("mount"))
+    return Tools(which("setpriv"), which("unshare"), which("mount"), which("mknod"), which("mkdir"), which("ln"))
 
 
 @dataclass(frozen=True)
@@ -108,6 +130,13 @@ class PrivateTmp:
     of its file systems."""
     fstab: str
     size_mb: int
+
+
+@dataclass(frozen=True)
+class PrivateDev:
+    """A /dev of the job's own (devices.py, the `mount` isolation): the device nodes it
+    holds, each PATH:MAJOR:MINOR:MODE (octal) with PATH under /dev."""
+    nodes: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -171,12 +200,13 @@ def memfd(name: str, data: bytes) -> int:
 
 
 def argv(command: str, tools: Tools, cgroup_files: Sequence[str] = (), user: User | None = None,
-         private_tmp: PrivateTmp | None = None) -> list[str]:
+         private_tmp: PrivateTmp | None = None, private_dev: PrivateDev | None = None) -> list[str]:
     """The chain for one job, to be run in its work dir with its environment script
     (env_script) as standard input:
 
-        unshare --mount --ipc --propagation slave --                 (private /tmp)
-        /bin/sh -c SETUP corral-setup MOUNT FSTAB SIZE JOIN... --    (cgroups or private /tmp)
+        unshare --mount --ipc --propagation slave --                 (private /tmp or /dev)
+        /bin/sh -c SETUP corral-setup MOUNT FSTAB SIZE MKNOD MKDIR LN JOIN... -- [NODE... --]
+                                                                     (cgroups, private /tmp or /dev)
         setpriv --no-new-privs --bounding-set=-all
                 --reuid=U --regid=G --clear-groups --                (another user, for good)
         /bin/sh -c ENV_STAGE corral-env COMMAND                      (always)
@@ -186,8 +216,8 @@ def argv(command: str, tools: Tools, cgroup_files: Sequence[str] = (), user: Use
     cgroup and namespaces before its first instruction (no preexec_fn, which is unsafe
     in a threaded process). `user` None: no switch (the agent is not root, or runs jobs
     as root by choice)."""
-    return _root_stages(tools, cgroup_files, user, private_tmp) + [SHELL, "-c", _ENV_STAGE, ENV_STAGE_NAME,
-                                                                   command]
+    return _root_stages(tools, cgroup_files, user, private_tmp, private_dev) + [
+        SHELL, "-c", _ENV_STAGE, ENV_STAGE_NAME, command]
 
 
 def warm_argv(tools: Tools, cgroup_files: Sequence[str] = (), user: User | None = None,
@@ -203,9 +233,9 @@ def warm_argv(tools: Tools, cgroup_files: Sequence[str] = (), user: User | None 
 
 
 def _root_stages(tools: Tools, cgroup_files: Sequence[str], user: User | None,
-                 private_tmp: PrivateTmp | None) -> list[str]:
+                 private_tmp: PrivateTmp | None, private_dev: PrivateDev | None = None) -> list[str]:
     """Every stage before the job-user one: the set-up, then the drop to `user`."""
-    chain = setup_argv(tools, cgroup_files, private_tmp)
+    chain = setup_argv(tools, cgroup_files, private_tmp, private_dev)
     if user is not None:
         chain += drop_argv(user, tools)
     return chain
@@ -225,23 +255,26 @@ def warm_script(command: str, workdir: str, env: Mapping[str, str]) -> bytes:
         + env_script(env) + f"set -- {quote(command)}\n{_WARM_READY}=1\n}}\n".encode()
 
 
-def setup_argv(tools: Tools, cgroup_files: Sequence[str] = (), private_tmp: PrivateTmp | None = None
-               ) -> list[str]:
+def setup_argv(tools: Tools, cgroup_files: Sequence[str] = (), private_tmp: PrivateTmp | None = None,
+               private_dev: PrivateDev | None = None) -> list[str]:
     """The root stages: the namespaces, then the shell that joins the cgroups (writes
-    0 into each of `cgroup_files`) and mounts the private /tmp; empty when there is
-    nothing to set up."""
+    0 into each of `cgroup_files`), makes the job's own /dev and mounts the private
+    /tmp; empty when there is nothing to set up."""
     chain: list[str] = []
-    if private_tmp is not None:
+    if private_dev is not None and None in (tools.mknod, tools.mkdir, tools.ln):
+        raise ValueError("a /dev of the job's own needs mknod, mkdir and ln (coreutils)")
+    if private_tmp is not None or private_dev is not None:
         if tools.unshare is None or tools.mount is None:
-            raise ValueError("a private /tmp needs unshare and mount (util-linux)")
+            raise ValueError("a private /tmp or /dev needs unshare and mount (util-linux)")
         # slave: the job's own mounts stay in it, while the work dirs' filesystems
         # (diskfs.py, under a shared work root) mounted and unmounted after it was made
         # reach it, a warm launch's included, and leave no copy behind.
         chain += [tools.unshare, "--mount", "--ipc", "--propagation", "slave", "--"]
-    if cgroup_files or private_tmp is not None:
+    if cgroup_files or private_tmp is not None or private_dev is not None:
+        dev_tools = [tools.mknod or "", tools.mkdir or "", tools.ln or ""] if private_dev else ["", "", ""]
         chain += [SHELL, "-c", _SETUP, SETUP_NAME, tools.mount or "",
                   private_tmp.fstab if private_tmp else "", str(int(private_tmp.size_mb)) if private_tmp else "",
-                  *cgroup_files, "--"]
+                  *dev_tools, *cgroup_files, "--", *((*private_dev.nodes, "--") if private_dev else ())]
     return chain
 
 
@@ -291,4 +324,24 @@ def private_tmp_problem(tools: Tools, work_root: str, fstab: str, euid: int | No
     if probe.returncode != 0:
         return (f"setting one up failed (exit {probe.returncode}): "
                 f"{probe.stderr.strip() or 'no message'}")
+    return None
+
+
+def private_dev_problem(tools: Tools, nodes: Sequence[str], euid: int | None = None) -> str | None:
+    """Why jobs cannot get a /dev of their own here (PrivateDev of `nodes`), or None when
+    they can: the chain makes one in a throwaway namespace and lists it."""
+    euid = os.geteuid() if euid is None else euid
+    if euid != 0:
+        return f"the agent is not root (euid {euid})"
+    try:
+        chain = setup_argv(tools, private_dev=PrivateDev(tuple(nodes)))
+        probe = subprocess.run([*chain, SHELL, "-c", "[ -c /dev/null ] && echo x > /dev/null"],
+                               env=LAUNCH_ENV, cwd="/", stdin=subprocess.DEVNULL,
+                               capture_output=True, text=True, timeout=10)
+    except ValueError as exc:
+        return str(exc)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"making one failed: {exc}"
+    if probe.returncode != 0:
+        return f"making one failed (exit {probe.returncode}): {probe.stderr.strip() or 'no message'}"
     return None

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from corral.shared import wire
 
-from . import artifacts, cgroups, diskfs, identity, jobenv, launch, runner, services, uids, warm
+from . import artifacts, cgroups, devices, diskfs, identity, jobenv, launch, runner, services, uids, warm
 from .jobs import END_STOPPING, LocalJob
 from .log_shipping import LogShipper
 from .settings import AgentSettings, safe_path_part
@@ -113,6 +113,7 @@ class Preparer:
     service_started: Callable[[LocalJob, dict, int | None, cgroups.JobCgroup], None]
     shipper: LogShipper | None = None  # the complete logs (log_shipping.py); None: not kept
     diskfs: diskfs.DiskFs | None = None  # work dirs get a filesystem of their disk_mb (None: the watch alone)
+    isolation: devices.Isolation | None = None  # the node's GPUs and how jobs are held to theirs
 
     def prepare(self, local: LocalJob, job: dict, plan: Plan) -> None:
         """On a worker thread: environment, work dir, artifact, uid and ownership, cgroup,
@@ -151,9 +152,11 @@ class Preparer:
             if not self.private_tmp:
                 own["TMPDIR"] = _tmp_dir(local.workdir)
             identity.prepare_workdir(local.workdir, who)
+            access = self.isolation.for_job(job.get("gpus_assigned") or ()) if self.isolation is not None else None
             cg = taken.cgroup if taken is not None else self._job_cgroup(local, plan)
+            private_dev = self._hold_to_devices(access, cg)
             fixed = {"CORRAL_JOB_ID": local.job_id, "CORRAL_NODE_ID": self.node_id,
-                     "CORRAL_ATTEMPT": str(local.attempt)}
+                     "CORRAL_ATTEMPT": str(local.attempt), **(access.env() if access is not None else {})}
             if local.deadline_epoch is not None:  # when its timeout ends it, epoch seconds
                 fixed["CORRAL_DEADLINE"] = str(int(local.deadline_epoch))
             port = _port(job)
@@ -179,7 +182,8 @@ class Preparer:
                     local.process = self.start_job(
                         dict(job, command=command), local.workdir, env, s.output_tail_bytes,
                         cgroup=cg, user=who.launch_user(), output_files=local.log_files,
-                        private_tmp=self.private_tmp_of(plan.memory_mb), captures=captures)
+                        private_tmp=self.private_tmp_of(plan.memory_mb), captures=captures,
+                        **({"private_dev": private_dev} if private_dev is not None else {}))
                 local.cgroup = cg
                 if hasattr(local.process, "on_output_closed"):
                     # The pipes close when the job exits: the work loop looks at once.
@@ -207,7 +211,7 @@ class Preparer:
         except runner.StartError as exc:
             log.warning("job %s attempt %s could not start: %s", local.job_id, local.attempt, exc)
             local.start_error = (exc.exit_code, f"the agent could not start the job: {exc}")
-        except (JobError, jobenv.JobEnvError, uids.UidsExhausted) as exc:
+        except (JobError, jobenv.JobEnvError, uids.UidsExhausted, devices.DeviceError) as exc:
             log.warning("job %s attempt %s cannot run: %s", local.job_id, local.attempt, exc)
             local.start_error = (-1, str(exc))
         except OSError as exc:  # the work dir, chown, cgroup creation (CgroupError)
@@ -228,6 +232,17 @@ class Preparer:
                 cg.remove()
             local.prepared.set()
             self.wake()
+
+    def _hold_to_devices(self, access: devices.Access | None, cg: cgroups.JobCgroup) -> launch.PrivateDev | None:
+        """Keep the job to the devices of `access`: its cgroup's device rules (cgroup v1),
+        or the /dev of its own it is started with (returned); nothing where not isolated."""
+        if access is None or self.isolation is None:
+            return None
+        if self.isolation.mode == devices.CGROUP:
+            cg.restrict_devices(access.cgroup_rules())
+        elif self.isolation.mode == devices.MOUNT:
+            return launch.PrivateDev(access.specs())
+        return None
 
     def _job_cgroup(self, local: LocalJob, plan: Plan) -> cgroups.JobCgroup:
         return self.cgroup_manager.create(cgroup_name(local.job_id, local.attempt), plan.memory_mb,

@@ -89,7 +89,8 @@ def tools() -> launch.Tools:
 
 def start(job: Mapping, workdir: str, env: Mapping[str, str], tail_bytes: int, *,
           cgroup=None, user: launch.User | None = None, private_tmp: launch.PrivateTmp | None = None,
-          output_files: tuple[str, str] | None = None, captures: tuple | None = None) -> "RunningJob":
+          output_files: tuple[str, str] | None = None, captures: tuple | None = None,
+          private_dev: launch.PrivateDev | None = None) -> "RunningJob":
     """Start `job["command"]` under /bin/sh in `workdir`, in a session of its own.
 
     `env` is the job's complete environment (jobenv.build); it is applied only by the
@@ -97,7 +98,8 @@ def start(job: Mapping, workdir: str, env: Mapping[str, str], tail_bytes: int, *
     process. `cgroup` (a cgroups.JobCgroup) is joined before the first instruction and
     makes kill() and result() also end every process in it, including ones that left
     the process group with setsid. `private_tmp`: the job gets a mount namespace with
-    private /tmp, /var/tmp and /dev/shm (launch.py). Its standard input is empty. With
+    private /tmp, /var/tmp and /dev/shm (launch.py); `private_dev`, a /dev of its own
+    holding only the devices it may open (devices.py). Its standard input is empty. With
     `output_files` (stdout path, stderr path) the job writes to those files (created
     0600, appended to) instead of pipes. `captures` (stdout, stderr: the agent's own
     copies for the complete logs, log_capture.CapturedStream) get everything read
@@ -110,7 +112,7 @@ def start(job: Mapping, workdir: str, env: Mapping[str, str], tail_bytes: int, *
         raise StartError(f"cannot start the job: {exc}") from exc
     try:
         argv = launch.argv(command, tools(), cgroup.join_files() if cgroup is not None else (), user,
-                           private_tmp)
+                           private_tmp, private_dev)
         env_fd = launch.memfd("corral-env", script)
     except (OSError, ValueError) as exc:
         raise StartError(f"cannot start the job: {exc}") from exc

@@ -68,6 +68,10 @@ class AgentSettings:
     gpus: tuple[Gpu, ...] = ()
     # Other countable resources (AGENT_RESOURCES), advertised as they are.
     resources: dict[str, int] = field(default_factory=dict)
+    # How jobs are held to their own GPUs (devices.py), and where the device nodes are
+    # (another directory only in tests, which make nodes of their own).
+    device_isolation: str = "auto"
+    device_dir: str = "/dev"
     output_tail_bytes: int = 65536
     # Live output: how often the tails of running jobs' new output go to the scheduler; 0: never.
     output_interval: float = 2.0
@@ -427,6 +431,12 @@ SETTINGS = (
             + f": jobs ask for those with fields of their own), amounts 0–{limits.MAX_RESOURCE_COUNT:,}, "
             f"at most {limits.MAX_RESOURCES}",
             parse=_resources, form="`name=N,name2=N`", shown="none"),
+    Setting("AGENT_DEVICE_ISOLATION", "device_isolation", "choice", "auto",
+            "on a node with GPUs, how each job is kept to its own: `cgroup` cgroup v1's devices controller (every "
+            "other device refused), `mount` a /dev of the job's own holding only its devices (cgroup v2 nodes), "
+            "`auto` the first of those this node allows, `none` no isolation (every job may open every GPU). "
+            "The agent does not start where the one asked for, or with `auto` neither, is possible",
+            choices=("auto", "cgroup", "mount", "none")),
     Setting("AGENT_UID_RANGE", "uid_range", "text", "%d-%d" % DEFAULT_UID_RANGE,
             "uids (and gids) jobs run as when the agent is root, one per running job; must hold at least "
             "`AGENT_SLOTS` uids (one more for the warm launch) and no id of a user or group of the node",

@@ -12,7 +12,7 @@ import os
 import shutil
 from collections.abc import Iterable
 
-from . import diskfs, launch, runner, services
+from . import cgroups, devices, diskfs, launch, runner, services
 from .settings import AgentSettings
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,24 @@ def detect_private_tmp(settings: AgentSettings, fstab: str, forced: bool | None)
         log.warning("jobs share /tmp with the node (TMPDIR points into their work dir): %s",
                     reason or "turned off")
     return enabled, reason
+
+
+def detect_isolation(settings: AgentSettings, manager: cgroups.Manager) -> devices.Isolation | None:
+    """How jobs are held to their GPUs here (devices.choose_mode), None on a node without
+    GPUs. Raises ValueError where GPUs cannot be isolated as AGENT_DEVICE_ISOLATION asks."""
+    if not settings.gpus:
+        return None
+    wanted = settings.device_isolation
+    problem = None
+    if wanted in (devices.AUTO, devices.MOUNT) and cgroups.V1_DEVICES not in manager.roots:
+        ordinary = devices.Isolation(devices.NONE, settings.gpus, settings.device_dir).for_job(())
+        problem = launch.private_dev_problem(runner.tools(), ordinary.specs() if ordinary else ())
+    mode, why = devices.choose_mode(wanted, True, cgroups.V1_DEVICES in manager.roots, problem)
+    if mode == devices.NONE:
+        log.warning("jobs may open every GPU of this node: %s", why)
+    else:
+        log.info("jobs open only their own GPUs: %s", why)
+    return devices.Isolation(mode, settings.gpus, settings.device_dir)
 
 
 def detect_disk_fs(settings: AgentSettings, wanted: bool = True) -> tuple[diskfs.DiskFs, bool]:

@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import sqlite3
+import stat
 import subprocess
 import textwrap
 import uuid
@@ -23,10 +24,12 @@ import requests
 
 from corral.agent import artifacts, cgroups, identity, jobenv, launch, runner
 from corral.agent.agent import Agent
+from corral.agent.gpus import Gpu
 from corral.agent.settings import AgentSettings
 from corral.shared.timeutil import epoch
 from corral.shared.clients import RegistryClient, SchedulerClient
 from agent_support import BIN, PYTHON3
+from cluster import world_traversable_dir
 from helpers import serve_in_thread, stop_held_jobs, wait_for
 from scheduler_double import REGISTRY, SCHEDULER
 from zips import ZipHandler, file_entry, make_zip
@@ -784,3 +787,100 @@ def test_a_job_row_given_ld_preload_directly_in_the_database_runs_nothing_as_roo
     finally:
         server.shutdown()
         server.server_close()
+
+
+# --- GPUs: a job opens its own devices and no other's (devices.py) -----------------------------
+
+GPU_A, GPU_B = "GPU-11111111-2222-3333-4444-555555555555", "GPU-66666666-7777-8888-9999-000000000000"
+NVIDIA_MAJOR = 195
+# Opens each path read-write and says how that went, with the variables that name its GPUs.
+DEVICE_PROBE = r"""
+import errno, json, os, sys
+said = {}
+for path in sys.argv[1:]:
+    try:
+        os.close(os.open(path, os.O_RDWR))
+        said[path] = "opened"
+    except OSError as exc:
+        said[path] = errno.errorcode[exc.errno]
+try:
+    os.mknod("/dev/corral-made", 0o666 | 0o020000, os.makedev(195, 1))
+    said["mknod"] = "made"
+except OSError as exc:
+    said["mknod"] = errno.errorcode[exc.errno]
+said["env"] = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")}
+print(json.dumps(said))
+"""
+
+
+@pytest.fixture
+def gpu_devices():
+    """A device dir jobs can reach, with ordinary nodes and two GPUs' (NVIDIA's major
+    number, no driver behind it: opening one that the job may open fails with ENXIO,
+    past every permission check)."""
+    path = world_traversable_dir("corral-dev-")
+    for name, major, minor in (("null", 1, 3), ("zero", 1, 5), ("urandom", 1, 9), ("nvidiactl", NVIDIA_MAJOR, 255),
+                               ("nvidia0", NVIDIA_MAJOR, 0), ("nvidia1", NVIDIA_MAJOR, 1)):
+        os.mknod(os.path.join(path, name), 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+        os.chmod(os.path.join(path, name), 0o666)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def gpu_agent(make_agent, gpu_devices, mode):
+    return make_agent(gpus=(Gpu("0", GPU_A, "NVIDIA A100-SXM4-80GB", 81920, minor=0),
+                            Gpu("1", GPU_B, "NVIDIA A100-SXM4-80GB", 81920, minor=1)),
+                      device_dir=gpu_devices, device_isolation=mode)
+
+
+def probe_devices(agent, scheduler, shared_dir, job_id, paths, gpus=()):
+    """Run DEVICE_PROBE as a job given `gpus` (UUIDs placement reserved for it); what it said."""
+    probe = os.path.join(shared_dir, "probe.py")
+    with open(probe, "w") as f:
+        f.write(DEVICE_PROBE)
+    scheduler.add(job_id=job_id, command=" ".join([PYTHON3, probe, *paths]))
+    if gpus:  # as placement reserves them on a node with GPUs
+        scheduler.set_row(job_id, gpus=len(gpus), gpus_assigned=list(gpus))
+    agent.intake.poll_once()
+    final = run_until_done(agent, scheduler, job_id)
+    assert final["status"] == "done", final
+    return json.loads(final["stdout"])
+
+
+@pytest.mark.parametrize("mode, refused", [("cgroup", "EPERM"), ("mount", "ENOENT")])
+def test_a_job_opens_its_own_gpu_and_no_other_and_a_job_without_gpus_none(make_agent, gpu_devices, shared_dir,
+                                                                          mode, refused):
+    if mode == "cgroup" and cgroups.V1_DEVICES not in cgroups.detect(root_name="corral-probe", prepare=False,
+                                                                     devices=True).roots:
+        pytest.skip("needs cgroup v1's devices controller")  # the mount case covers cgroup v2 nodes
+    agent = gpu_agent(make_agent, gpu_devices, mode)
+    assert agent.isolation is not None and agent.isolation.mode == mode
+    # Under `cgroup` the job sees the node's /dev (here: the test's); under `mount` its own /dev.
+    where = gpu_devices if mode == "cgroup" else "/dev"
+    own, other, control = (f"{where}/nvidia0", f"{where}/nvidia1", f"{where}/nvidiactl")
+    null = f"{where}/null"
+    with_gpu = probe_devices(agent, make_agent.scheduler, shared_dir, "job-1", [own, other, control, null], [GPU_A])
+    # ENXIO: let through to the (absent) driver; `refused`: stopped before it.
+    assert (with_gpu[own], with_gpu[other], with_gpu[control], with_gpu[null]) == (
+        "ENXIO", refused, "ENXIO", "opened"), with_gpu
+    assert with_gpu["env"] == {"CUDA_VISIBLE_DEVICES": GPU_A, "NVIDIA_VISIBLE_DEVICES": GPU_A,
+                               "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert with_gpu["mknod"] in ("EPERM", "EACCES")  # and it makes no device node of its own
+
+    without = probe_devices(agent, make_agent.scheduler, shared_dir, "job-2", [own, other, control, null])
+    assert (without[own], without[other], without[control], without[null]) == (
+        refused, refused, refused, "opened"), without
+    assert without["env"]["CUDA_VISIBLE_DEVICES"] == "" and without["env"]["NVIDIA_VISIBLE_DEVICES"] == "void"
+
+
+def test_a_gpu_this_node_does_not_have_fails_the_job_before_it_starts(make_agent, gpu_devices, shared_dir, records):
+    agent = gpu_agent(make_agent, gpu_devices, "mount")
+    scheduler = make_agent.scheduler
+    scheduler.add(job_id="job-1", command=f"touch {records}/ran")
+    scheduler.set_row("job-1", gpus=1, gpus_assigned=["GPU-99999999-0000"])
+    agent.intake.poll_once()
+    final = run_until_done(agent, scheduler, "job-1")
+    assert final["status"] == "failed" and "GPU GPU-99999999-0000" in final["stderr"], final
+    assert "not one of this node's" in final["stderr"] and os.listdir(records) == []
