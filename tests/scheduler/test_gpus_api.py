@@ -126,3 +126,29 @@ def test_bad_gpu_and_resource_requests_are_refused_and_change_nothing(app, clock
     assert answer.status_code == 400, answer.json
     assert says in answer.json["error"], answer.json
     assert client.get("/jobs").json == []
+
+
+def test_batches_arrays_and_schedules_carry_gpus_and_resources(app, clock):
+    from corral.scheduler.schedule_loop import Firing
+
+    client, store = app.test_client(), app.extensions["corral.store"]
+    sync(store, clock, resources={"fpga": 4})
+    asks = {"gpus": 1, "gpu_model": "A100", "resources": {"fpga": 1}}
+    batch = client.post("/jobs/batch", json={"jobs": [{"command": "x", **asks}]})
+    assert batch.status_code == 201, batch.json
+    array = client.post("/jobs", json={"command": "x", "array": {"count": 2}, **asks}).json
+    created = client.post("/schedules", json={"name": "nightly", "interval_secs": 60,
+                                              "job": {"command": "x", **asks}})
+    assert created.status_code == 201 and created.json["job"]["gpus"] == 1, created.json
+    Firing(store, holder="t").tick(clock() + 60.5)
+    run = client.get("/schedules/nightly/runs").json[0]
+    ids = [batch.json[0]["job_id"],
+           *(f"job-{i}" for i in range(int(array["first_job_id"][4:]), int(array["last_job_id"][4:]) + 1)),
+           run["job_id"]]
+    for job_id in ids:
+        job = client.get(f"/jobs/{job_id}").json
+        assert (job["gpus"], job["gpu_model"], job["resources"]) == (1, "A100", {"fpga": 1}), job
+    # Two GPUs on gpu-1: two of these four hold one each, the others wait for theirs.
+    background(store, clock)
+    held = [job for job in (client.get(f"/jobs/{i}").json for i in ids) if job["gpus_assigned"]]
+    assert len(held) == 2 and len({job["gpus_assigned"][0] for job in held}) == 2
