@@ -22,9 +22,11 @@ from corral.shared.backoff import Backoff
 from corral.shared.clients import RegistryClient, SchedulerClient
 
 from . import cgroups, daemon, devices, diskfs, identity, jobenv, launch, runner, startup, warm
+from . import gpus as gpu_discovery
 from .claims import Claims, ClaimsNeed
 from .disk import DiskWatch
 from .endings import STOPPED_MESSAGE, TIMEOUT_MESSAGE, Endings
+from .gpu_usage import GpuMeter, NvmlReader
 from .intake import Intake
 from .jobs import JobTable, LocalJob
 from .log_shipping import LogShipper
@@ -143,13 +145,19 @@ class Agent:
             log.info("jobs run as %s (uid %d)%s", who.name, who.uid, f": {who.note}" if who.note else "")
         runner.tools()  # the launch programs, looked up once
         self.private_tmp, self.private_tmp_reason = startup.detect_private_tmp(s, self._fstab, self.private_tmp)
+        if s.gpus:  # found while the settings were read, before logging was set up
+            log.info("GPUs: %s", gpu_discovery.describe(s.gpus))
         try:
             self.isolation = startup.detect_isolation(s, self.cgroups)
         except ValueError as exc:
             raise AgentStartError(str(exc)) from None
+        if s.gpus:  # what they use, read with each renewal and reported with each job
+            self.membership.usage.gpus = GpuMeter(NvmlReader.open(), [gpu.uuid for gpu in s.gpus])
+        gpus = self.membership.usage.gpus
         self.endings = Endings(s, self.jobs, self.outbox, self.users, lambda: self.membership.lease.secs or 0,
                                self._clock,
-                               self.logs, diskfs=self.diskfs)
+                               self.logs, diskfs=self.diskfs,
+                               gpu_use=gpus.take if gpus is not None else lambda key: {})
         adopted_keys, ended = self.services.adopt(self.cgroups, self.users)
         adopted = [self.jobs.held(key) for key in adopted_keys]
         for gone in ended:

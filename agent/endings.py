@@ -26,6 +26,7 @@ from .disk import DISK_MESSAGE
 from .jobs import (END_DISK, END_DRAINED, END_FENCED, END_PREEMPTED, END_RECONCILED, END_STOPPING, END_TIMEOUT,
                    JobTable, LocalJob)
 from .log_shipping import LogShipper
+from .reconcile import Key
 from .reports import Outbox
 from .settings import AgentSettings
 
@@ -106,8 +107,9 @@ def ended_by(end_reason: str | None, oom: bool, disk_full: bool = False) -> str 
 class Endings:
     def __init__(self, settings: AgentSettings, jobs: JobTable, outbox: Outbox, users: identity.JobUsers,
                  lease_secs: Callable[[], float], clock: Callable[[], float], shipper: LogShipper | None = None,
-                 diskfs: diskfs.DiskFs | None = None):
+                 diskfs: diskfs.DiskFs | None = None, gpu_use: Callable[[Key], dict] = lambda key: {}):
         self.settings = settings
+        self.gpu_use = gpu_use  # what a job's GPUs used, for its report (gpu_usage.GpuMeter.take)
         self.diskfs = diskfs  # the work dirs' own filesystems, removed with them
         self.shipper = shipper  # the complete logs: told when an attempt's output is all read
         self.jobs = jobs
@@ -210,6 +212,7 @@ class Endings:
         result = local.process.result()
         cg = local.cgroup
         usage = cg.stats() if cg is not None else {"peak_memory_bytes": None, "cpu_seconds": None}
+        usage.update(self.gpu_use(local.key))
         oom = local.end_reason is None and cg is not None and cgroups.ended_by_oom(result.exit_code, cg)
         if cg is not None:
             cg.remove()

@@ -84,7 +84,7 @@ def read_text(path: str) -> str:
 def discover(nvml: Any = None, run: Run = subprocess.run, read_file: ReadFile = read_text) -> list[Gpu]:
     """The node's GPUs, MIG instances in place of their GPU: by NVML, else nvidia-smi,
     else none. `nvml`: a module with pynvml's names (None: import pynvml, if installed)."""
-    found = _from_nvml(nvml if nvml is not None else _import_nvml())
+    found = _from_nvml(nvml if nvml is not None else import_nvml())
     source = "NVML"
     if found is None:
         found, source = _from_nvidia_smi(run, read_file), "nvidia-smi"
@@ -99,7 +99,7 @@ def describe(gpus: Iterable[Gpu]) -> str:
     return ", ".join(f"{g.index} ({g.model}, {g.memory_mb} MB, {g.uuid})" for g in gpus) or "none"
 
 
-def _import_nvml() -> Any:
+def import_nvml() -> Any:
     try:
         import pynvml
     except ImportError:

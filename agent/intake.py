@@ -140,6 +140,7 @@ class Intake:
         terms = stop_terms(job)
         return LocalJob(job_id, attempt, plan.job_type, self.settings.work_dir(job_id, attempt), now,
                         deadline, memory_mb=plan.memory_mb, disk_mb=_disk_mb(job.get("disk_mb")), trace=trace,
+                        gpus=_gpus(job.get("gpus_assigned")),
                         span=spans.start_attempt(job, trace, job_id, attempt, node_id), stop=terms,
                         warn_at=terms.warn_at(deadline),
                         deadline_epoch=None if deadline is None else time.time() + (deadline - now))
@@ -147,6 +148,13 @@ class Intake:
     def start_preparing(self, local: LocalJob, job: dict, plan: Plan) -> None:
         threading.Thread(target=self.preparer.prepare, args=(local, job, plan), daemon=True,
                          name=f"prepare-{local.job_id}-{local.attempt}").start()
+
+
+def _gpus(value: object) -> tuple[str, ...]:
+    """A claim's `gpus_assigned` (None or a list of UUIDs; anything else: none)."""
+    if isinstance(value, list) and all(isinstance(uuid, str) for uuid in value):
+        return tuple(value)
+    return ()
 
 
 def _disk_mb(value: object) -> int | None:

@@ -50,6 +50,7 @@ class LocalJob:
     cgroup: cgroups.JobCgroup | None = None
     memory_mb: int | None = None
     disk_mb: int | None = None  # the most its work dir may hold (disk.py); None: no limit
+    gpus: tuple[str, ...] = ()  # the UUIDs of the GPUs placement reserved for it (gpus_assigned)
     end_reason: str | None = None
     killer: threading.Thread | None = None
     start_error: tuple[int, str] | None = None  # (exit code, stderr) when it could not start

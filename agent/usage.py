@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from corral.shared import limits
 
+from .gpu_usage import GpuMeter
 from .jobs import LocalJob
 
 log = logging.getLogger(__name__)
@@ -55,24 +56,30 @@ class Meter:
     """Reads the held jobs' cgroups for each lease renewal (`read`)."""
 
     def __init__(self, jobs: Callable[[], Iterable[LocalJob]], enforced: Callable[[], bool],
-                 clock: Callable[[], float]):
-        """`jobs`: the jobs held now; `enforced`: whether jobs run in cgroups here."""
+                 clock: Callable[[], float], gpus: GpuMeter | None = None):
+        """`jobs`: the jobs held now; `enforced`: whether jobs run in cgroups here;
+        `gpus`: the node's GPUs' meter (gpu_usage.py), None on a node without."""
         self._jobs = jobs
         self._enforced = enforced
         self._clock = clock
+        self.gpus = gpus
         self._lock = threading.Lock()  # the lease thread and a test's own renewal may both read
         self._previous: Sample | None = None
 
     def read(self) -> dict | None:
-        """The usage to send now, or None: no cgroups here, or reading them failed."""
+        """The usage to send now, or None: no cgroups here, or reading them failed. The
+        GPUs are read too, where there are some (their figures only when read)."""
         try:
             if not self._enforced():
                 return None
+            held = list(self._jobs())
+            gpus = {} if self.gpus is None else self.gpus.sample({local.key: local.gpus for local in held
+                                                                  if local.gpus})
             with self._lock:
-                current = Sample(self._clock(), {local.key: _of(local) for local in self._jobs()
+                current = Sample(self._clock(), {local.key: _of(local) for local in held
                                                  if local.cgroup is not None})
                 previous, self._previous = self._previous, current
-            return usage(previous, current)
+            return {**usage(previous, current), **gpus}
         except Exception:
             log.debug("reading the jobs' usage failed; this renewal carries none", exc_info=True)
             return None

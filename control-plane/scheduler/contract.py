@@ -547,6 +547,10 @@ class StatusReport(Request):
     peak_memory_bytes: int | None = Field(None, ge=0, le=1 << 62)
     cpu_seconds: Annotated[float | None, Says(every="must be a number of seconds, 0 or more")] = Field(
         None, ge=0, lt=1e12)
+    peak_gpu_memory_mb: int | None = Field(None, ge=0, le=MAX_NODE_GPUS * MAX_GPU_MEMORY_MB)
+    """With `done` or `failed`: the most memory the job's GPUs held at once, as its node sampled them."""
+    gpu_utilization_percent: float | None = Field(None, ge=0, le=100)
+    """With `done` or `failed`: the mean utilisation of the job's GPUs over the samples."""
     requeue: bool | None = None
     """With `failed`: the node gave the attempt up (its agent stopped, or its lease lapsed); the job is
     requeued without spending a retry."""
@@ -578,6 +582,7 @@ class StatusReport(Request):
             "limits": None if self.limits is None else self.limits.columns(), "private_tmp": self.private_tmp,
             "oom_killed": self.oom_killed, "peak_memory_bytes": self.peak_memory_bytes,
             "cpu_seconds": self.cpu_seconds, "requeue": bool(self.requeue),
+            "peak_gpu_memory_mb": self.peak_gpu_memory_mb, "gpu_utilization_percent": self.gpu_utilization_percent,
             "ended_by": wire.ENDED_BY_OOM if self.ended_by == wire.ENDED_BY_MEMORY else self.ended_by,
         }
 
@@ -609,6 +614,10 @@ class Usage(Request):
     """Their memory, in MB."""
     cpu_percent: int = Field(ge=0, le=MAX_CPU_PERCENT)
     """Their CPU since the agent's previous renewal, in percent of one CPU."""
+    gpu_memory_mb: int | None = Field(None, ge=0, le=MAX_NODE_GPUS * MAX_GPU_MEMORY_MB)
+    """The memory in use on the node's GPUs, in MB, as NVML reads it (omitted: not read)."""
+    gpu_utilization_percent: float | None = Field(None, ge=0, le=100)
+    """The mean utilisation of the node's GPUs now (omitted: not read)."""
 
 
 class LeaseRenewal(Request):
@@ -820,6 +829,13 @@ class Job(Answer):
     gpus_assigned: list[str] | None
     """While it is placed or running: the UUIDs of the GPUs reserved for it on its node, which it alone may
     open (`CUDA_VISIBLE_DEVICES` names them); null when it holds none."""
+    gpu_seconds: float | None
+    """Its GPUs times the wall time of its attempt (so far, while it runs); null for a job without GPUs or
+    that has not run."""
+    peak_gpu_memory_mb: int | None
+    """The most memory its last attempt's GPUs held at once, as its node sampled them (null: not read)."""
+    gpu_utilization_percent: float | None
+    """The mean utilisation of its last attempt's GPUs over the node's samples (null: not read)."""
     status: StatusName
     """`failed` is final: retries are exhausted."""
     attempt: int = Field(ge=0)
@@ -1015,6 +1031,13 @@ class NodeGpu(Answer):
     """The job it is reserved for (placed or running there); null: free."""
 
 
+class NodeGpuUse(Answer):
+    memory_mb: int
+    """Memory in use on its GPUs, in MB."""
+    utilization_percent: float | None
+    """Their mean utilisation (null: NVML gives none, as for MIG instances)."""
+
+
 class SchedulerNode(Answer):
     """A node as the scheduler sees it: its copy of the registry's node list (refreshed every
     NODE_REFRESH_SECS) and the slots the node's jobs hold."""
@@ -1053,6 +1076,8 @@ class SchedulerNode(Answer):
     """The countable resources its agent declares (AGENT_RESOURCES; {} when none)."""
     resources_reserved: dict[str, int]
     """What its jobs (placed or running) reserve of them."""
+    gpus_used: NodeGpuUse | None
+    """What its GPUs hold and how busy they are, as its agent last read them through NVML (null: not read)."""
     last_heartbeat: Timestamp | None
     """The node's last heartbeat, as the registry last reported it."""
     synced_at: Timestamp

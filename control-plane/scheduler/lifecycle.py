@@ -21,7 +21,8 @@ from .retry import RetryDelay
 NO_OUTPUT = {"stdout": None, "stderr": None}
 # What an operator's retry clears: the last attempt's result.
 NO_RESULT = {"exit_code": None, "stdout": None, "stderr": None, "oom_killed": None,
-             "peak_memory_bytes": None, "cpu_seconds": None, "ended_by": None}
+             "peak_memory_bytes": None, "cpu_seconds": None, "ended_by": None, "peak_gpu_memory_mb": None,
+             "gpu_utilization_percent": None}
 
 
 class JobFacts(Protocol):
@@ -118,7 +119,9 @@ def outcome(report: Report, policy: Policy) -> dict[str, Any]:
             "stdout": tail(report["stdout"], policy.output_tail_bytes),
             "stderr": tail(report["stderr"], policy.output_tail_bytes),
             "oom_killed": report["oom_killed"], "peak_memory_bytes": report["peak_memory_bytes"],
-            "cpu_seconds": report["cpu_seconds"], "ended_by": report.get("ended_by") or wire.ENDED_BY_EXIT}
+            "cpu_seconds": report["cpu_seconds"], "ended_by": report.get("ended_by") or wire.ENDED_BY_EXIT,
+            "peak_gpu_memory_mb": report.get("peak_gpu_memory_mb"),
+            "gpu_utilization_percent": report.get("gpu_utilization_percent")}
 
 
 def _append(text: str | None, line: str) -> str:

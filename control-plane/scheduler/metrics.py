@@ -16,7 +16,7 @@ from corral.server.metrics import DATABASE_GAUGES, Family, counter, database_gau
 from corral.shared.states import ALL, FINAL_STATUSES
 
 from . import liveness
-from .models import Job, Node, Schedule
+from .models import Job, Node, NodeLease, Schedule
 
 SOURCES = ("api", "batch", "sqs")
 
@@ -211,7 +211,7 @@ def scrape(store, clock=time.time) -> list:
     if newest is not None:
         families.append(gauge("corral_scheduler_node_list_age_seconds", "Seconds since the node list was last "
                               "refreshed from the registry.", (), {(): max(0.0, now - newest)}))
-    families += _schedule_gauges(now) + _usage_counters(store)
+    families += _schedule_gauges(now) + _usage_counters(store) + _gpu_gauges()
     if store.settings.sns_topic_arn:
         pending, oldest_age = store.outbox.backlog(now)
         families.append(gauge("corral_sns_pending", "Notifications in the outbox not yet published.", (),
@@ -225,6 +225,18 @@ def _usage_counters(store) -> list:
     by_team = {row["key"]: row for row in store.usage.totals("team", 0, 2**31 - 1)}
     return [counter(name, text, ("team",), {(team,): row[field] for team, row in by_team.items()})
             for name, field, text in USAGE_COUNTERS]
+
+
+def _gpu_gauges() -> list:
+    """Each GPU node's devices as its agent last read them (with its lease renewal)."""
+    read = list(NodeLease.select(NodeLease.node_id, NodeLease.used_gpu_memory_mb, NodeLease.used_gpu_percent)
+                .where(NodeLease.used_gpu_memory_mb.is_null(False)).tuples())
+    if not read:
+        return []
+    return [gauge("corral_node_gpu_memory_used_mb", "Memory in use on a node's GPUs (MB), as its agent last said.",
+                  ("node",), {(node,): memory for node, memory, _ in read}),
+            gauge("corral_node_gpu_utilization_percent", "Mean utilisation of a node's GPUs, as its agent last "
+                  "said.", ("node",), {(node,): percent for node, _, percent in read if percent is not None})]
 
 
 def _schedule_gauges(now: float) -> list:

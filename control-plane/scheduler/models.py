@@ -106,6 +106,9 @@ class Job(BaseModel):
     gpu_memory_mb = peewee.IntegerField(null=True)
     resources = JSONField(null=True)                  # {name: count}
     gpus_assigned = JSONField(null=True)              # [uuid, ...]
+    # What its last attempt's devices used, as its node read them (0031; null: not read).
+    peak_gpu_memory_mb = peewee.IntegerField(null=True)
+    gpu_utilization_percent = peewee.DoubleField(null=True)  # the mean of the samples
     team = peewee.CharField(max_length=128, default=DEFAULT_TEAM)        # whose job it is (0022)
     submitted_by = peewee.CharField(max_length=128, default=BOOTSTRAP_ADMIN)  # the user who asked for it
 
@@ -206,6 +209,8 @@ class NodeLease(BaseModel):
     renewed_at = peewee.DoubleField()
     used_memory_mb = peewee.IntegerField(null=True)   # what its jobs use, as the agent last said
     used_cpu_percent = peewee.IntegerField(null=True)
+    used_gpu_memory_mb = peewee.IntegerField(null=True)  # its GPUs' memory in use and utilisation (0031)
+    used_gpu_percent = peewee.DoubleField(null=True)
 
     class Meta:
         table_name = "node_lease"

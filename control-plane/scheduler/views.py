@@ -52,6 +52,8 @@ def job(row: Job, settings: SchedulerSettings, now: float, service_grant: str | 
         "gpus": d("gpus") or 0, "gpu_model": d("gpu_model"), "gpu_memory_mb": d("gpu_memory_mb"),
         "resources": d("resources") or {},
         "gpus_assigned": (d("gpus_assigned") or None) if node_id is not None and status in ACTIVE else None,
+        "gpu_seconds": _gpu_seconds(d("gpus"), d("running_at"), d("finished_at"), status, now),
+        "peak_gpu_memory_mb": d("peak_gpu_memory_mb"), "gpu_utilization_percent": d("gpu_utilization_percent"),
         "status": status, "attempt": d("attempt"), "retry_count": d("retry_count"),
         "max_retries": d("max_retries"), "next_attempt_at": iso(d("next_attempt_at")),
         "on_node_lost": d("on_node_lost"), "node_losses": d("node_losses"),
@@ -88,6 +90,16 @@ def job(row: Job, settings: SchedulerSettings, now: float, service_grant: str | 
     if service_grant is not None:
         fields["service_grant"] = service_grant
     return built(contract.Job, fields)
+
+
+def _gpu_seconds(gpus: int | None, running_at: float | None, finished_at: float | None, status: str,
+                 now: float) -> float | None:
+    """A job's GPUs times the wall time of its attempt: so far while it runs, whole once it
+    ended; None without GPUs or a start."""
+    if not gpus or running_at is None:
+        return None
+    end = now if status == "running" else finished_at
+    return None if end is None else round(gpus * max(0.0, end - running_at), 3)
 
 
 def _disk_mb(requested: int | None, settings: SchedulerSettings) -> int | None:
@@ -194,8 +206,8 @@ def event(row: JobEvent) -> contract.JobEvent:
         "attempt": row.attempt, "node_id": row.node_id, "reason": row.reason})
 
 
-def node(row: Node, capacity: int, info: NodeInfo, used: tuple[int | None, int | None] | None
-         ) -> contract.SchedulerNode:
+def node(row: Node, capacity: int, info: NodeInfo,
+         used: tuple[int | None, int | None, int | None, float | None] | None) -> contract.SchedulerNode:
     """A node of the scheduler's cached list (GET /nodes), with the slots and resources
     its jobs hold (`info`, as placement sees it) and use (`used`, from its lease)."""
     return contract.SchedulerNode.model_validate({
@@ -214,6 +226,8 @@ def node(row: Node, capacity: int, info: NodeInfo, used: tuple[int | None, int |
                   "job_id": None if d["uuid"] not in info.gpus_held else f"job-{info.gpus_held[d['uuid']]}"}
                  for d in row.gpus or () if isinstance(d, dict) and d.get("uuid")],
         "resources": dict(row.resources or {}), "resources_reserved": dict(info.resources_held),
+        "gpus_used": None if used is None or used[2] is None else {
+            "memory_mb": used[2], "utilization_percent": used[3]},
         "last_heartbeat": iso(row.last_heartbeat), "synced_at": iso(row.synced_at),
     })
 

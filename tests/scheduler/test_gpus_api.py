@@ -152,3 +152,42 @@ def test_batches_arrays_and_schedules_carry_gpus_and_resources(app, clock):
     background(store, clock)
     held = [job for job in (client.get(f"/jobs/{i}").json for i in ids) if job["gpus_assigned"]]
     assert len(held) == 2 and len({job["gpus_assigned"][0] for job in held}) == 2
+
+
+def test_what_gpus_use_comes_with_renewals_and_reports(app, clock):
+    client, store = app.test_client(), app.extensions["corral.store"]
+    sync(store, clock)
+    job = submit(client, command="train", gpus=1)
+    client.post("/nodes/gpu-1/claim", json={"max": 8})
+    renewed = client.post("/nodes/gpu-1/lease", json={"usage": {
+        "memory_mb": 900, "cpu_percent": 80, "gpu_memory_mb": 30000, "gpu_utilization_percent": 87.5}})
+    assert renewed.status_code == 200, renewed.json
+    node = next(n for n in client.get("/nodes").json if n["node_id"] == "gpu-1")
+    assert node["gpus_used"] == {"memory_mb": 30000, "utilization_percent": 87.5}
+    assert node["used"] == {"memory_mb": 900, "cpu_percent": 80}
+    metrics = client.get("/metrics").get_data(as_text=True)
+    assert 'corral_node_gpu_memory_used_mb{node="gpu-1"} 30000' in metrics
+    assert 'corral_node_gpu_utilization_percent{node="gpu-1"} 87.5' in metrics
+    clock.now += 10
+    assert client.get(f"/jobs/{job['job_id']}").json["gpu_seconds"] == pytest.approx(10.0)  # so far
+    ended = client.post(f"/jobs/{job['job_id']}/status", json={
+        "node_id": "gpu-1", "attempt": 1, "status": "done", "exit_code": 0, "peak_gpu_memory_mb": 31000,
+        "gpu_utilization_percent": 91.2})
+    assert ended.status_code == 200, ended.json
+    final = client.get(f"/jobs/{job['job_id']}").json
+    assert (final["peak_gpu_memory_mb"], final["gpu_utilization_percent"]) == (31000, 91.2)
+    clock.now += 100
+    assert client.get(f"/jobs/{job['job_id']}").json["gpu_seconds"] == pytest.approx(10.0)  # ended: whole
+    # An older agent's renewal says nothing of GPUs: not read, not zero.
+    client.post("/nodes/gpu-1/lease", json={"usage": {"memory_mb": 0, "cpu_percent": 0}})
+    assert next(n for n in client.get("/nodes").json if n["node_id"] == "gpu-1")["gpus_used"] is None
+
+
+@pytest.mark.parametrize("usage", [{"memory_mb": 0, "cpu_percent": 0, "gpu_utilization_percent": 101},
+                                   {"memory_mb": 0, "cpu_percent": 0, "gpu_memory_mb": -1},
+                                   {"memory_mb": 0, "cpu_percent": 0, "gpu_memory_mb": True}])
+def test_impossible_gpu_figures_are_refused(app, clock, usage):
+    client, store = app.test_client(), app.extensions["corral.store"]
+    sync(store, clock)
+    answer = client.post("/nodes/gpu-1/lease", json={"usage": usage})
+    assert answer.status_code == 400 and "gpu_" in answer.json["error"], answer.json

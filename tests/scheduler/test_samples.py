@@ -15,7 +15,7 @@ def node(node_id="n1", used=(512, 40), **overrides):
               "labels": {}, "pool": "default", "allocatable": {"memory_mb": 3072, "cpu_percent": 300},
               "reserved": {"memory_mb": 1024, "cpu_percent": 100},
               "used": None if used is None else {"memory_mb": used[0], "cpu_percent": used[1]},
-              "gpus": [], "resources": {}, "resources_reserved": {},
+              "gpus": [], "resources": {}, "resources_reserved": {}, "gpus_used": None,
               "last_heartbeat": None, "synced_at": "2027-01-15T08:00:00.000Z"}
     return contract.SchedulerNode.model_validate(dict(fields, **overrides))
 

@@ -79,8 +79,8 @@ def renew_lease(api: SchedulerApi, node_id):
     renewal = contract.LeaseRenewal.check(read_json_object() if request_body().strip() else {})
     usage = renewal.usage
     now = api.clock()
-    running = api.store.leases.renew_lease(node_id, now, None if usage is None else (usage.memory_mb,
-                                                                                     usage.cpu_percent))
+    running = api.store.leases.renew_lease(node_id, now, None if usage is None else (
+        usage.memory_mb, usage.cpu_percent, usage.gpu_memory_mb, usage.gpu_utilization_percent))
     return respond(views.lease(node_id, api.settings.heartbeat_timeout_secs, running, now))
 
 

@@ -13,9 +13,11 @@ class Leases:
         self.ctx = ctx
         self.transitions = transitions
 
-    def renew_lease(self, node_id: str, now: float, usage: tuple[int, int] | None = None) -> list[Job]:
+    def renew_lease(self, node_id: str, now: float,
+                    usage: tuple[int, int, int | None, float | None] | None = None) -> list[Job]:
         """Record that `node_id`'s agent is alive, and what its jobs use (memory MB, CPU
-        percent) when it says; returns the jobs the scheduler has running there.
+        percent, GPU memory MB and utilisation, None where not read) when it says;
+        returns the jobs the scheduler has running there.
 
         The agent compares that list with what it runs: an attempt it runs that is
         not listed is stale (moved, cancelled, timed out) and gets killed.
@@ -25,8 +27,10 @@ class Leases:
             self.touch(node_id, now)
             if usage is not None:
                 sql.execute(db, "lease usage", lambda: NodeLease.update(
-                    used_memory_mb=param("memory"), used_cpu_percent=param("cpu")).where(
-                    NodeLease.node_id == param("node_id")), memory=usage[0], cpu=usage[1], node_id=node_id)
+                    used_memory_mb=param("memory"), used_cpu_percent=param("cpu"),
+                    used_gpu_memory_mb=param("gpu_memory"), used_gpu_percent=param("gpu")).where(
+                    NodeLease.node_id == param("node_id")), memory=usage[0], cpu=usage[1], gpu_memory=usage[2],
+                    gpu=usage[3], node_id=node_id)
         return sql.select(Job, "running on node", lambda: Job.select(Job.id, Job.attempt, Job.stop_reason,
                                                                      Job.stop_at).where(
             (Job.node_id == param("node_id")) & (Job.status == "running")), node_id=node_id)

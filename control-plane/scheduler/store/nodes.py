@@ -183,12 +183,14 @@ class Nodes:
         return list(Job.select().where((Job.status == "pending") & Job.node_id.is_null(False)
                                        & Job.node_id.not_in(taking)))
 
-    def nodes_and_slots(self) -> list[tuple[Node, int, placement.NodeInfo, tuple[int | None, int | None] | None]]:
+    def nodes_and_slots(self) -> list[tuple[Node, int, placement.NodeInfo,
+                                            tuple[int | None, int | None, int | None, float | None] | None]]:
         """The cached node list, each node with its capacity, what its jobs hold (as
         placement sees it) and what they use (as its agent last said; None: never)."""
         infos = {info.node_id: info for info in self.reads.nodes(include_others=True)}
-        used = {node_id: (memory, cpu) for node_id, memory, cpu in tuples(NodeLease.select(
-            NodeLease.node_id, NodeLease.used_memory_mb, NodeLease.used_cpu_percent))}
+        used = {node_id: (memory, cpu, gpu_memory, gpu) for node_id, memory, cpu, gpu_memory, gpu in tuples(
+            NodeLease.select(NodeLease.node_id, NodeLease.used_memory_mb, NodeLease.used_cpu_percent,
+                             NodeLease.used_gpu_memory_mb, NodeLease.used_gpu_percent))}
         synced = self.list_synced_at()
         # Two reads: a node the registry sync added or removed between them is left out
         # (it shows on the next read), not an error.
