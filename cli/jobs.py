@@ -115,11 +115,16 @@ def size(n: int | None) -> str:
     return str(n)
 
 
+# Fields a job shows only when they say something: the GPUs and other resources it asks
+# for (0, null, {}: none) and the devices reserved for it (null: none, or not placed).
+UNLESS_SET = frozenset({"gpus", "gpu_model", "gpu_memory_mb", "resources", "gpus_assigned"})
+
+
 def job_fields(job: dict, now: float) -> list[tuple[str, object]]:
     """The job's fields, in the API's order and names, for people (output tails apart)."""
     pairs = []
     for key, value in job.items():
-        if key in ("stdout", "stderr"):
+        if key in ("stdout", "stderr") or (key in UNLESS_SET and not value):
             continue
         if key == "status":
             value = fmt.status_cell(value)
@@ -141,6 +146,12 @@ def job_fields(job: dict, now: float) -> list[tuple[str, object]]:
             value = ", ".join(sched.constraint_text(c) for c in value)
         elif key == "depends_on" and value:
             value = ", ".join(f"{d['job_id']} ({d['condition']})" for d in value)
+        elif key == "gpu_memory_mb":
+            value = f"{value} MB or more each"
+        elif key == "resources":
+            value = ", ".join(f"{name}={count}" for name, count in value.items())
+        elif key == "gpus_assigned":
+            value = ", ".join(str(uuid) for uuid in value)
         elif key == "pending_reason" and value:
             details = sched.reason_details(value)
             value = sched.reason_text(value) + (f" ({details})" if details else "")

@@ -1,4 +1,6 @@
 """`corral node …` and `corral service …`: what the registry knows."""
+import re
+
 import click
 
 from corral.shared.clients import Rejected, Unreachable
@@ -6,7 +8,7 @@ from corral.shared.clients import Rejected, Unreachable
 from . import format as fmt
 from . import scheduling as sched
 from .scheduling import Checked
-from .common import Env, echo_json, json_option, note
+from .common import CliError, Env, echo_json, json_option, note
 
 # From the scheduler's GET /nodes: the node's pool, and memory (MB) and CPU (100 = one CPU)
 # that jobs may reserve there (ALLOC), that its jobs reserve (RSVD) and use (USED).
@@ -66,6 +68,113 @@ def figure_cells(node: dict | None) -> list:
                                  for kind in ("allocatable", "reserved", "used")]
 
 
+# ---- GPUs and other countable resources -----------------------------------------------------
+
+# Words a GPU's model can do without in a column: the vendor and brand, the form factor,
+# the memory and its kind (a device's memory has a column of its own in `node show`).
+MODEL_NOISE = re.compile(r"nvidia|tesla|geforce|sxm[0-9]*|pcie|[0-9]+gb|hbm[0-9]*e?", re.IGNORECASE)
+
+
+def short_model(model: str | None) -> str:
+    """A GPU model as a column has room for: `NVIDIA A100-SXM4-80GB` is `A100`, `NVIDIA H100
+    80GB HBM3` `H100`, `NVIDIA GeForce RTX 4090` `RTX 4090`, and a MIG instance's `NVIDIA
+    A100-SXM4-40GB MIG 1g.5gb` `A100 MIG 1g.5gb`; a model of noise alone stays as it is."""
+    words = [word for word in re.split(r"[\s-]+", model or "") if word]
+    return " ".join(word for word in words if not MODEL_NOISE.fullmatch(word)) or (model or "").strip() or "?"
+
+
+def gpu_cell(gpus: list[dict] | None, counted: bool) -> str | None:
+    """`2/8 A100`: 2 of the node's 8 devices reserved by jobs (`counted`: the scheduler's
+    list, which says who holds each), and their models shortened (several: `A100,A100 MIG
+    1g.5gb`); `8 A100` from the registry's list, which does not say; None without GPUs."""
+    if not gpus:
+        return None
+    models = ",".join(dict.fromkeys(short_model(g.get("model")) for g in gpus))
+    if not counted:
+        return f"{len(gpus)} {models}"
+    return f"{sum(1 for g in gpus if g.get('job_id'))}/{len(gpus)} {models}"
+
+
+def resources_cell(declared: dict | None, reserved: dict | None, counted: bool) -> str | None:
+    """`fpga=1/2,licence.matlab=0/4`: reserved of declared, by name (`counted`: the
+    scheduler's figures); `fpga=2` from the registry's; None without resources."""
+    declared, reserved = declared or {}, reserved or {}
+    names = list(dict.fromkeys([*declared, *reserved]))
+    if not names:
+        return None
+    if not counted:
+        return ",".join(f"{name}={declared.get(name, 0)}" for name in names)
+    return ",".join(f"{name}={reserved.get(name, 0)}/{declared.get(name, 0)}" for name in names)
+
+
+def device_headers(nodes: list[dict], figures: dict[str, dict] | None) -> list[str]:
+    """GPUS when some node has GPUs, RESOURCES when some node has other resources (by the
+    registry's list or the scheduler's): a cluster without them has no such columns."""
+    known = [*nodes, *(figures or {}).values()]
+    headers = ["GPUS"] if any(n.get("gpus") for n in known) else []
+    return headers + (["RESOURCES"] if any(n.get("resources") for n in known) else [])
+
+
+def device_cells(node: dict, figures: dict | None, headers: list[str]) -> list:
+    """A node's GPUS and RESOURCES cells (those of `headers`): the scheduler's, which count
+    what jobs reserve, for a node it has synced; else the registry's."""
+    source, counted = (figures, True) if figures is not None and "gpus" in figures else (node, False)
+    cells = []
+    if "GPUS" in headers:
+        cells.append(gpu_cell(source.get("gpus"), counted))
+    if "RESOURCES" in headers:
+        cells.append(resources_cell(source.get("resources"), source.get("resources_reserved"), counted))
+    return cells
+
+
+def gpu_row(gpu: dict) -> list:
+    memory = gpu.get("memory_mb")
+    job_id = gpu.get("job_id")
+    return [gpu.get("index"), gpu.get("model"), None if memory is None else f"{memory} MB", gpu.get("uuid"),
+            job_id if job_id else fmt.styled("free", "green")]
+
+
+GPU_HEADERS = ["INDEX", "MODEL", "MEMORY", "UUID", "JOB"]
+
+
+def figure_text(node: dict, key: str, unit: str) -> str:
+    """`1024M reserved of 3584M, 300M used`: the scheduler's figures of one kind."""
+    def part(kind: str):
+        value = (node.get(kind) or {}).get(key)
+        return None if value is None else f"{value}{unit}"
+
+    reserved, allocatable, used = part("reserved"), part("allocatable"), part("used")
+    text = f"{reserved or '0' + unit} reserved " + (f"of {allocatable}" if allocatable else "(allocatable unknown)")
+    return text + (f", {used} used" if used else "")
+
+
+def node_fields(node: dict, now: float) -> list[tuple[str, object]]:
+    """`corral node show`: the scheduler's node, for people."""
+    capacity, slots = node.get("capacity"), node.get("slots")
+    gpus = node.get("gpus") or []
+    held = sum(1 for g in gpus if g.get("job_id"))
+    declared, reserved = node.get("resources") or {}, node.get("resources_reserved") or {}
+    pairs: list[tuple[str, object]] = [
+        ("node_id", node.get("node_id")), ("status", node_status(node))]
+    if node.get("refusing_work"):
+        pairs.append(("refusing_work", node.get("refusing_work")))
+    pairs += [
+        ("drained", fmt.styled("yes", "yellow") if node.get("drained") else "no"),
+        ("address", node.get("address")), ("kind", node.get("kind")), ("pool", node.get("pool")),
+        ("labels", node.get("labels")),
+        ("slots", f"{node.get('slots_used')} used of {capacity}"
+                  + (f" (advertises {slots})" if slots is not None and slots != capacity else "")),
+        ("memory", figure_text(node, "memory_mb", "M")), ("cpu", figure_text(node, "cpu_percent", "%")),
+        ("gpus", f"{held} of {len(gpus)} reserved" if gpus else "none"),
+        ("resources", ", ".join(f"{name} {reserved.get(name, 0)} of {declared.get(name, 0)} reserved"
+                                for name in dict.fromkeys([*declared, *reserved])) or "none"),
+    ]
+    for key in ("last_heartbeat", "synced_at"):
+        value = node.get(key)
+        pairs.append((key, f"{fmt.timestamp(value)} ({fmt.relative(value, now)})" if value else None))
+    return pairs
+
+
 def scheduler_nodes(env: Env) -> dict[str, dict] | None:
     """The scheduler's nodes by id; None (and a note why) when it cannot tell: the registry's
     columns are still worth showing."""
@@ -84,7 +193,7 @@ SERVICE_HEADERS = ["NAME", "JOB", "NODE", "ADDRESS", "PORT", "HEALTH", "CHECKED"
 
 @click.group()
 def node() -> None:
-    """List nodes; drain and undrain them (registry)."""
+    """List and show nodes; drain and undrain them (registry)."""
 
 
 @node.command("list")
@@ -94,7 +203,8 @@ def node() -> None:
 def list_nodes(env: Env, status: str | None, as_json: bool) -> None:
     """The nodes the registry knows, with their health, and from the scheduler their pool and
     memory (MB) and CPU (%, 100 = one CPU): ALLOC what jobs may reserve, RSVD what its jobs
-    reserve, USED what they use."""
+    reserve, USED what they use. Where nodes have GPUs or other resources: GPUS (`2/8 A100`:
+    2 of 8 reserved) and RESOURCES (`fpga=1/2`: reserved of declared)."""
     nodes = env.registry.list_nodes(status=status)
     if as_json:
         echo_json(nodes)
@@ -106,14 +216,41 @@ def list_nodes(env: Env, status: str | None, as_json: bool) -> None:
     figures = scheduler_nodes(env)
     now = env.now()
     rows = [node_row(n, now, "DRAINED" in headers) for n in nodes]
+    known = [(figures or {}).get(str(n.get("node_id"))) for n in nodes]
     if figures is not None:
         headers = headers + FIGURE_HEADERS
-        known = [figures.get(str(n.get("node_id"))) for n in nodes]
         rows = [with_capacity(row, f) + figure_cells(f) for row, f in zip(rows, known)]
-    fmt.emit(fmt.table(headers, rows, wide=("LABELS",)))
+    devices = device_headers(nodes, figures)
+    if devices:
+        headers = headers + devices
+        rows = [row + device_cells(n, f, devices) for row, n, f in zip(rows, nodes, known)]
+    fmt.emit(fmt.table(headers, rows, wide=("LABELS", "RESOURCES")))
     for n in nodes:
         if n.get("status") == "healthy" and n.get("refusing_work"):
             note(f"{n.get('node_id')} takes no new work: {n['refusing_work']}")
+
+
+@node.command("show")
+@click.argument("node_id")
+@json_option("Print the scheduler's JSON of the node (one element of its GET /nodes).")
+@click.pass_obj
+def show_node(env: Env, node_id: str, as_json: bool) -> None:
+    """A node as the scheduler sees it: health, pool, slots, memory and CPU, its resources
+    (reserved of declared), and each GPU with its model, memory, UUID and the job it is
+    reserved for."""
+    env.subject = node_id
+    found = next((n for n in env.scheduler.list_nodes() if str(n.get("node_id")) == node_id), None)
+    if found is None:
+        raise CliError(f"{node_id}: no node {node_id!r} in the scheduler's node list "
+                       f"(`corral node list` shows the registry's)")
+    if as_json:
+        echo_json(found)
+        return
+    fmt.emit(fmt.key_values(node_fields(found, env.now())))
+    gpus = found.get("gpus") or []
+    if gpus:
+        click.echo()
+        fmt.emit(fmt.table(GPU_HEADERS, [gpu_row(g) for g in gpus]))
 
 
 def _set_drained(env: Env, node_id: str, drained: bool, as_json: bool, deadline_secs: float | None = None) -> None:

@@ -697,6 +697,109 @@ def test_a_pending_job_shows_why_it_waits_and_nodes_show_what_they_reserve(brows
         c.stop()
 
 
+# ---- GPUs and other countable resources ---------------------------------------------------
+
+GPU_NODE, CPU_NODE = "ui-gpu-node", "ui-cpu-node"
+A100, A100_MIG = "NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-40GB MIG 1g.5gb"
+UI_GPUS = [{"index": "0", "uuid": "GPU-5fd4c4a2-0e3b-8d7a-1c2f-3b4a5c6d7e80", "model": A100, "memory_mb": 81920},
+           {"index": "1", "uuid": "GPU-5fd4c4a2-0e3b-8d7a-1c2f-3b4a5c6d7e81", "model": A100, "memory_mb": 81920},
+           {"index": "2:1", "uuid": "MIG-4b1a2c3d-0e3b-8d7a-1c2f-3b4a5c6d7e82", "model": A100_MIG, "memory_mb": 4864}]
+
+
+def register_node(cluster, node_id: str, **fields) -> None:
+    """Register a node with the registry as its agent would (there is no agent: nothing
+    claims what is placed there, so a job placed on it keeps its devices reserved)."""
+    response = requests.post(cluster.registry_url + "/nodes", timeout=10,
+                             json={"node_id": node_id, "address": "10.0.0.8", "slots": 4, **fields})
+    assert response.status_code in (200, 201), response.text
+
+
+@pytest.mark.e2e
+@needs_browser
+def test_a_node_with_gpus_shows_each_device_the_job_holding_it_and_its_resources(browser, tmp_path):
+    # A heartbeat timeout longer than the test: the registered nodes stay healthy without heartbeats.
+    c = Cluster(tmp_path, MAX_JOBS_PER_NODE=4, HEARTBEAT_TIMEOUT_SECS=600)
+    try:
+        c.start()
+        register_node(c, GPU_NODE, gpus=UI_GPUS, resources={"fpga": 2, "licence.matlab": 4})
+        register_node(c, CPU_NODE)
+        c.wait_nodes_healthy(GPU_NODE, CPU_NODE)
+        # The scheduler copies the registry's devices with the node list (every NODE_REFRESH_SECS).
+        wait_for(lambda: any(n["node_id"] == GPU_NODE and len(n["gpus"]) == 3
+                             for n in requests.get(c.scheduler_url + "/nodes", timeout=10).json()),
+                 timeout=WAIT_SECS, message="the scheduler to list the node's GPUs")
+        # 40,960 MB or more each: the two whole A100s, not the MIG instance (an A100 too, of 4,864 MB).
+        job = c.submit(command="train", gpus=2, gpu_model="a100", gpu_memory_mb=40960, resources={"fpga": 1})
+        placed = wait_for(lambda: (lambda j: j if j["gpus_assigned"] else None)(c.job(job["job_id"])),
+                          timeout=WAIT_SECS, message="the GPU job to be placed with its devices")
+        assert placed["node_id"] == GPU_NODE
+        assert sorted(placed["gpus_assigned"]) == [g["uuid"] for g in UI_GPUS[:2]]
+        plain = c.submit(command="true", instance_id=CPU_NODE)
+
+        # The node list: GPUs in use and free, their models and memory; resources reserved of declared.
+        open_ui(browser, c)
+        mark_page(browser)
+        gpu_row, cpu_row = (f'#nodes tr[data-node-id="{node}"]' for node in (GPU_NODE, CPU_NODE))
+        wait(browser, lambda d: text_of(d, f"{gpu_row} .gpu-count") == "2 in use, 1 free", "the node's GPUs in use")
+        assert read_all(browser, f"{gpu_row} .gpu-model", lambda e: e.text) == [
+            f"2 × {A100} (81,920 MB)", f"1 × {A100_MIG} (4,864 MB)"]
+        assert read_all(browser, f"{gpu_row} .countable", lambda e: e.text) == [
+            "fpga: 1 of 2 reserved", "licence.matlab: 0 of 4 reserved"]
+        tooltip = attribute_of(browser, f"{gpu_row} .gpus-summary", "title")
+        assert f"0 {UI_GPUS[0]['uuid']}: {job['job_id']}" in tooltip and f"2:1 {UI_GPUS[2]['uuid']}: free" in tooltip
+        assert (text_of(browser, f"{cpu_row} .gpus"), text_of(browser, f"{cpu_row} .countables-cell")) == ("—", "—")
+        # Node usage now: a bar of GPUs for the node that has them, none for the other.
+        gpu_bar = f'#chart-nodes [data-node-id="{GPU_NODE}"] g[data-resource="gpus"]'
+        assert (attribute_of(browser, gpu_bar, "data-reserved"), attribute_of(browser, gpu_bar, "data-allocatable")) \
+            == ("2", "3")
+        assert css(browser, f'#chart-nodes [data-node-id="{CPU_NODE}"] g[data-resource="gpus"]') is None
+        browser.execute_script("document.getElementById('nodes-section').scrollIntoView()")
+        screenshot(browser, tmp_path, "overview-gpus")
+
+        # Its page: each device with the job it is reserved for, or free; each resource.
+        click(browser, f"{gpu_row} a")
+        wait(browser, lambda d: text_of(d, "#node-title") == GPU_NODE, "the GPU node's page")
+        wait(browser, lambda d: len(css_all(d, "#node-gpus tbody tr")) == 3, "its three devices")
+        assert text_of(browser, "#node-field-gpus") == "2 reserved of 3"
+        assert read_all(browser, "#node-gpus tbody tr", lambda tr: [td.text for td in tr.find_elements(
+            "css selector", "td")]) == [
+            ["0", A100, "81,920 MB", UI_GPUS[0]["uuid"], job["job_id"]],
+            ["1", A100, "81,920 MB", UI_GPUS[1]["uuid"], job["job_id"]],
+            ["2:1", A100_MIG, "4,864 MB", UI_GPUS[2]["uuid"], "free"]]
+        assert read_all(browser, "#node-resources tbody tr", lambda tr: [td.text for td in tr.find_elements(
+            "css selector", "td")]) == [["fpga", "2", "1", "1"], ["licence.matlab", "4", "0", "4"]]
+        assert read_all(browser, "#node-field-resources .countable", lambda e: e.text) == [
+            "fpga: 1 of 2 reserved", "licence.matlab: 0 of 4 reserved"]
+        assert not shown(browser, "#node-gpus-empty") and not shown(browser, "#node-resources-empty")
+        browser.execute_script("document.getElementById('node-usage-now').scrollIntoView()")
+        screenshot(browser, tmp_path, "node-gpus")
+
+        # The job holding them: what it asks for and the devices reserved for it.
+        click(browser, f'#node-gpus tr[data-uuid="{UI_GPUS[0]["uuid"]}"] .holder a')
+        wait(browser, lambda d: text_of(d, "#job-title") == job["job_id"], "the GPU job's page")
+        assert text_of(browser, "#sched-gpus") == "2, model contains a100, at least 40,960 MB each"
+        assert text_of(browser, "#sched-resources") == "fpga: 1"
+        assert sorted(read_all(browser, "#sched-gpus_assigned .gpu-uuid", lambda e: e.text)) == [
+            g["uuid"] for g in UI_GPUS[:2]]
+        assert (text_of(browser, "#field-gpus"), text_of(browser, "#field-gpu_model")) == ("2", "a100")
+        assert page_not_reloaded(browser)
+        screenshot(browser, tmp_path, "job-gpus")
+
+        # A node and a job without any: none shown, no empty tables.
+        open_ui(browser, c, "#/nodes/" + CPU_NODE)
+        wait(browser, lambda d: text_of(d, "#node-title") == CPU_NODE, "the other node's page")
+        assert (text_of(browser, "#node-field-gpus"), text_of(browser, "#node-field-resources")) == ("none", "none")
+        assert shown(browser, "#node-gpus-empty") and not shown(browser, "#node-gpus")
+        assert shown(browser, "#node-resources-empty") and not shown(browser, "#node-resources")
+        assert css(browser, '#node-usage-now g[data-resource="gpus"]') is None
+        open_ui(browser, c, f"#/jobs/{plain['job_id']}")
+        wait(browser, lambda d: text_of(d, "#job-title") == plain["job_id"], "the plain job's page")
+        assert [text_of(browser, f"#sched-{name}") for name in ("gpus", "resources", "gpus_assigned")] == [
+            "none", "none", "none"]
+    finally:
+        c.stop()
+
+
 # ---- with an operator token ------------------------------------------------------------
 
 @pytest.mark.e2e

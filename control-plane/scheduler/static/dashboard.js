@@ -286,6 +286,82 @@
     return parts.join(", ") || null;
   }
 
+  // ---- GPUs and other countable resources ---------------------------------------
+
+  const heldGpus = (node) => (node.gpus || []).filter((gpu) => gpu.job_id).length;
+
+  // A node's devices by model and memory, in the order listed: [[model, memory_mb, count]].
+  function gpuModels(gpus) {
+    const models = new Map();
+    for (const gpu of gpus) {
+      const key = JSON.stringify([gpu.model, gpu.memory_mb]);
+      const seen = models.get(key);
+      if (seen) seen[2] += 1;
+      else models.set(key, [gpu.model, gpu.memory_mb, 1]);
+    }
+    return [...models.values()];
+  }
+
+  // The node list's GPU cell: "2 in use, 6 free", then "8 × NVIDIA A100-SXM4-80GB (81,920 MB)" a
+  // line per model; each device and the job it is reserved for as the tooltip.
+  function gpusCell(node) {
+    const gpus = node.gpus || [];
+    if (!gpus.length) return null;
+    const held = heldGpus(node);
+    const cell = el("span", null, "gpus-summary");
+    cell.dataset.held = held;
+    cell.dataset.count = gpus.length;
+    cell.append(el("span", `${held} in use, ${gpus.length - held} free`, "gpu-count"),
+                ...gpuModels(gpus).map(([model, memory, count]) => el(
+                  "span", `${count} × ${model} (${number(memory)} MB)`, "gpu-model")));
+    cell.title = gpus.map((gpu) => `${gpu.index} ${gpu.uuid}: ${gpu.job_id || "free"}`).join("\n");
+    return cell;
+  }
+
+  // Each countable resource a node declares or its jobs reserve: [[name, declared, reserved]].
+  function nodeResources(node) {
+    const declared = node.resources || {};
+    const reserved = node.resources_reserved || {};
+    const names = [...new Set([...Object.keys(declared), ...Object.keys(reserved)])].sort();
+    return names.map((name) => [name, declared[name] || 0, reserved[name] || 0]);
+  }
+
+  // "fpga: 1 of 2 reserved", a line per resource; null without any.
+  function nodeResourcesCell(node) {
+    const resources = nodeResources(node);
+    if (!resources.length) return null;
+    const cell = el("span", null, "countables");
+    cell.append(...resources.map(([name, declared, reserved]) => {
+      const line = el("span", `${name}: ${number(reserved)} of ${number(declared)} reserved`, "countable");
+      line.dataset.resource = name;
+      return line;
+    }));
+    return cell;
+  }
+
+  // What a job asks for: "2, model contains a100, at least 40,960 MB each"; null for none.
+  function gpusAsked(job) {
+    if (!job.gpus) return null;
+    const parts = [String(job.gpus)];
+    if (job.gpu_model) parts.push(`model contains ${job.gpu_model}`);
+    if (known(job.gpu_memory_mb)) parts.push(`at least ${number(job.gpu_memory_mb)} MB each`);
+    return parts.join(", ");
+  }
+
+  // "fpga: 1, licence: 2"; null for none.
+  function countsText(counts) {
+    const names = Object.keys(counts || {}).sort();
+    return names.length ? names.map((name) => `${name}: ${number(counts[name])}`).join(", ") : null;
+  }
+
+  // The devices reserved for a job, a UUID a line; null while it holds none.
+  function assignedCell(job) {
+    if (!job.gpus_assigned || !job.gpus_assigned.length) return null;
+    const cell = el("span", null, "gpus-assigned");
+    cell.append(...job.gpus_assigned.map((uuid) => el("span", uuid, "gpu-uuid")));
+    return cell;
+  }
+
   // One detail of a pending reason, as text or a node (a job it waits for links to that job).
   function reasonDetail(name, value) {
     if (name === "job_id") return link("#/jobs/" + value, value);
@@ -477,10 +553,13 @@
       const tr = row([link(nodeHash(node.node_id), node.node_id), healthCell(node),
                       node.drained ? badge("drained") : "no", node.pool, labelsCell(node.labels),
                       `${node.slots_used} / ${node.capacity}`, resourceCell(node, "memory_mb", "", " MB"),
-                      resourceCell(node, "cpu_percent", "%", ""), timeCell(node.last_heartbeat), node.address]);
+                      resourceCell(node, "cpu_percent", "%", ""), gpusCell(node), nodeResourcesCell(node),
+                      timeCell(node.last_heartbeat), node.address]);
       tr.cells[3].className = "pool";
       tr.cells[6].className = "memory";
       tr.cells[7].className = "cpu";
+      tr.cells[8].className = "gpus";
+      tr.cells[9].className = "countables-cell";
       tr.dataset.nodeId = node.node_id;
       return tr;
     }));
@@ -743,18 +822,21 @@
     ["cpu", "CPU", "%", (n) => n.allocatable.cpu_percent, (n) => n.reserved.cpu_percent,
      (n) => n.used ? n.used.cpu_percent : null],
   ];
+  // A node with GPUs has a bar of them too (now only: the samples do not count them).
+  const GPU_BAR = ["gpus", "GPUs", "", (n) => n.gpus.length, heldGpus, () => null];
   const USAGE_ROW = 18;
   const MAX_NODE_BARS = 40;       // on the overview; every node has its page
 
-  // A node's slots, memory and CPU as bars: reserved (the bar) and used (a line) as a
-  // share of what is allocatable, with the figures beside them.
+  // A node's slots, memory, CPU (and GPUs) as bars: reserved (the bar) and used (a line) as
+  // a share of what is allocatable, with the figures beside them.
   function usageBars(node) {
     const width = 480;
     const label = 56;
     const track = 200;
-    const svg = svgEl("svg", {viewBox: `0 0 ${width} ${RESOURCES.length * USAGE_ROW}`, class: "usage",
+    const bars = node.gpus && node.gpus.length ? [...RESOURCES, GPU_BAR] : RESOURCES;
+    const svg = svgEl("svg", {viewBox: `0 0 ${width} ${bars.length * USAGE_ROW}`, class: "usage",
                               role: "img", "aria-label": `usage of ${node.node_id}`});
-    RESOURCES.forEach(([name, text, unit, allocatable, reserved, used], i) => {
+    bars.forEach(([name, text, unit, allocatable, reserved, used], i) => {
       const of = allocatable(node);
       const held = reserved(node) || 0;
       const using = used(node);
@@ -814,9 +896,12 @@
       ["address", node.address], ["kind", node.kind], ["pool", node.pool], ["labels", labelsCell(node.labels)],
       ["slots", `${node.slots_used} used of ${node.capacity} (advertises ${node.slots})`],
       ["max_memory_mb", node.max_memory_mb], ["max_cpu_percent", node.max_cpu_percent],
+      ["gpus", node.gpus && node.gpus.length ? `${heldGpus(node)} reserved of ${node.gpus.length}` : "none"],
+      ["resources", nodeResourcesCell(node) || "none"],
       ["last_heartbeat", whenText(node.last_heartbeat)], ["synced_at", whenText(node.synced_at)],
     ], "node-field-");
     $("node-usage-now").replaceChildren(usageBars(node));
+    drawNodeDevices(node);
 
     const samples = h.samples;
     const gapMs = 2.5 * h.intervalSecs * 1000;
@@ -840,12 +925,39 @@
 
     $("node-jobs").tBodies[0].replaceChildren(...jobs.map((job) => {
       const tr = row([link("#/jobs/" + job.job_id, job.job_id), job.job_type, job.command || job.deploy_url,
-                      job.attempt, resourcesText(job.reserved), timeCell(job.running_at)]);
+                      job.attempt, resourcesText(job.reserved), assignedCell(job), timeCell(job.running_at)]);
       tr.dataset.jobId = job.job_id;
       tr.cells[2].className = "command";
+      tr.cells[5].className = "gpus";
       return tr;
     }));
     $("node-jobs-empty").hidden = jobs.length > 0;
+  }
+
+  // Each GPU of a node with the job it is reserved for (a link) or "free"; each countable
+  // resource declared, reserved and free.
+  function drawNodeDevices(node) {
+    const gpus = node.gpus || [];
+    $("node-gpus").tBodies[0].replaceChildren(...gpus.map((gpu) => {
+      const holder = gpu.job_id ? link("#/jobs/" + gpu.job_id, gpu.job_id) : el("span", "free", "free");
+      const tr = row([gpu.index, gpu.model, `${number(gpu.memory_mb)} MB`, gpu.uuid, holder]);
+      cellClasses(tr, ["index", "model", "memory", "uuid", "holder"]);
+      tr.dataset.uuid = gpu.uuid;
+      tr.dataset.index = gpu.index;
+      if (gpu.job_id) tr.dataset.jobId = gpu.job_id;
+      return tr;
+    }));
+    $("node-gpus").hidden = gpus.length === 0;
+    $("node-gpus-empty").hidden = gpus.length > 0;
+    const resources = nodeResources(node);
+    $("node-resources").tBodies[0].replaceChildren(...resources.map(([name, declared, reserved]) => {
+      const tr = row([name, number(declared), number(reserved), number(Math.max(0, declared - reserved))]);
+      cellClasses(tr, ["name", "declared", "reserved", "free"]);
+      tr.dataset.resource = name;
+      return tr;
+    }));
+    $("node-resources").hidden = resources.length === 0;
+    $("node-resources-empty").hidden = resources.length > 0;
   }
 
   // ---- schedules ------------------------------------------------------------------
@@ -944,7 +1056,8 @@
   const JOB_FIELDS = [
     "job_id", "name", "status", "team", "submitted_by", "job_type", "node_id", "instance_id", "command", "deploy_url",
     "deploy_sha256", "port", "health_path", "env_vars", "attempt", "retry_count", "max_retries", "next_attempt_at",
-    "on_node_lost", "node_losses", "exit_code", "memory_mb", "cpu_percent", "limits_enforced", "limits", "oom_killed",
+    "on_node_lost", "node_losses", "exit_code", "memory_mb", "cpu_percent", "gpus", "gpu_model", "gpu_memory_mb",
+    "resources", "gpus_assigned", "limits_enforced", "limits", "oom_killed",
     "peak_memory_bytes", "cpu_seconds", "ended_by", "timeout_secs", "deadline", "signal_before_end", "kill_signal",
     "kill_grace_secs", "preemptible", "preemptions", "created_at", "placed_at", "running_at", "finished_at",
   ];
@@ -1007,6 +1120,10 @@
       ["schedule", scheduledBy(job)],
       ["reserved", job.reserved ? resourcesText(job.reserved)
         : job.status === "pending" ? "nothing (not placed)" : "nothing"],
+      ["gpus", gpusAsked(job) || "none"],
+      ["resources", countsText(job.resources) || "none"],
+      ["gpus_assigned", assignedCell(job) || (job.gpus && job.status === "pending" && !job.node_id
+        ? "none yet (not placed)" : "none")],
     ], "sched-");
   }
 
