@@ -270,11 +270,8 @@ class _Room:
     def has_resources(self, ask: Ask) -> bool:
         return all(self.resources.get(name, 0) >= count for name, count in ask.resources)
 
-    def take(self, ask: Ask, need: Limits) -> tuple[str, ...]:
-        """Reserve a slot, `need` and the job's GPUs and resources; the uuids of its GPUs."""
-        self.slots -= 1
-        self.memory -= need[0]
-        self.cpu -= need[1]
+    def take_devices(self, ask: Ask) -> tuple[str, ...]:
+        """Reserve the job's GPUs and resources; the uuids of its GPUs."""
         for name, count in ask.resources:
             self.resources[name] -= count
         if not ask.gpus:
@@ -330,8 +327,10 @@ class _Shape:
 
     def _key(self, room: _Room) -> tuple[int, int, int, str]:
         memory, cpu = room.need(self.ask, self.fallback)
-        gpus = len(room.free_gpus(self.ask)) - self.ask.gpus if self.ask.gpus else 0
-        return (gpus, room.memory - memory, room.cpu - cpu, room.node.node_id)
+        if self.ask.gpus:
+            return (len(room.free_gpus(self.ask)) - self.ask.gpus, room.memory - memory, room.cpu - cpu,
+                    room.node.node_id)
+        return (0, room.memory - memory, room.cpu - cpu, room.node.node_id)
 
     def _add(self, room: _Room) -> None:
         if room.slots <= 0:
@@ -500,7 +499,10 @@ class Planner:
                 return reason
             ledger.take(ask.team, need)
         was_open = room.open
-        gpus = room.take(ask, (memory, cpu))
+        room.slots -= 1
+        room.memory -= memory
+        room.cpu -= cpu
+        gpus = room.take_devices(ask) if ask.gpus or ask.resources else ()
         if was_open and not room.open:
             self.open_rooms -= 1
         for other in room.shapes:
