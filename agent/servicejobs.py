@@ -48,7 +48,8 @@ class ServiceJobs:
             services.ServiceState(local.job_id, local.attempt, process.pid, start_time or 0,
                                   cg.name, port, name, job.get("health_path"), local.workdir,
                                   log_files[0], log_files[1], uid=local.uid,
-                                  grant=job.get("service_grant"), disk_mb=local.disk_mb).write(local.state_path)
+                                  grant=job.get("service_grant"), disk_mb=local.disk_mb,
+                                  gpus=list(local.gpus)).write(local.state_path)
         except OSError as exc:
             log.warning("could not write the state file of service job %s: %s; a restarted agent "
                         "will not re-adopt it", local.job_id, exc)
@@ -80,7 +81,8 @@ class ServiceJobs:
                              None, process=found.process, cgroup=found.process.cgroup,
                              memory_mb=found.process.cgroup.limits["memory_mb"],
                              state_path=found.path, log_files=(state.stdout, state.stderr),
-                             uid=state.uid, user_key=key if held else None, adopted=True, disk_mb=state.disk_mb)
+                             uid=state.uid, user_key=key if held else None, adopted=True, disk_mb=state.disk_mb,
+                             gpus=tuple(state.gpus))
             local.monitor = self._monitor(state.job_id, state.attempt, state.name, state.port,
                                           state.health_path, local.log_files, state.grant, check_first=True)
             local.prepared.set()

@@ -13,7 +13,7 @@ import signal
 import socket
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import NamedTuple
 
 import requests
@@ -110,6 +110,8 @@ class ServiceState:
     grant: str | None = None
     # Its disk limit (disk.py), held by the next agent too; None: none.
     disk_mb: int | None = None
+    # The UUIDs of its GPUs (gpus_assigned): the next agent reads their usage as its own.
+    gpus: list[str] = field(default_factory=list)
 
     def write(self, path: str) -> None:
         """Atomically: a crash leaves the old file or the new one, never half of one."""
@@ -136,6 +138,8 @@ class ServiceState:
             raise ValueError("grant is not a string")
         if state.disk_mb is not None and (isinstance(state.disk_mb, bool) or not isinstance(state.disk_mb, int)):
             raise ValueError("disk_mb is not a whole number")
+        if not isinstance(state.gpus, list) or not all(isinstance(uuid, str) for uuid in state.gpus):
+            raise ValueError("gpus is not a list of UUIDs")
         return state
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from corral.agent import cgroups, services
 from corral.agent.agent import Agent
+from corral.agent.gpus import Gpu
 from corral.agent.settings import AgentSettings
 from corral.shared.clients import RegistryClient, SchedulerClient
 from corral.shared.credentials import Credentials
@@ -297,3 +298,22 @@ def test_an_adopted_service_keeps_its_disk_limit(make_agent, scheduler, registry
     assert wait_for(second.reap_once, timeout=30, message="the service to end") == [("job-1", 1, "failed")]
     final = scheduler.final("job-1")
     assert (final["ended_by"], final["stderr"].splitlines()[-1]) == ("disk", "job exceeded its disk limit of 1 MB")
+
+
+def test_an_adopted_service_keeps_its_gpus(make_agent, scheduler, registry):
+    """The next agent knows which GPUs the service holds (its state file), and reads their
+    usage as the service's own."""
+    gpu = Gpu("0", "GPU-aaaa", "NVIDIA L4", 23034, minor=0)
+    first = make_agent(gpus=(gpu,), device_isolation="none")
+    first.startup()
+    scheduler.add(job_id="job-1", job_type="service", command="touch ready; exec sleep 300")
+    scheduler.set_row("job-1", gpus=1, gpus_assigned=["GPU-aaaa"])
+    first.intake.poll_once()
+    workdir = first.settings.work_dir("job-1", 1)
+    wait_for(lambda: os.path.exists(os.path.join(workdir, "ready")), message="the service to start")
+    assert first.jobs.get(("job-1", 1)).gpus == ("GPU-aaaa",)
+    first.shutdown(flush_secs=2)  # it goes on running, left to the next agent
+
+    second = make_agent(gpus=(gpu,), device_isolation="none")
+    assert second.startup() == [("job-1", 1)]
+    assert second.jobs.get(("job-1", 1)).gpus == ("GPU-aaaa",)
