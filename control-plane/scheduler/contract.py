@@ -783,7 +783,9 @@ class PendingReason(Answer):
     kept: int = optional_key()
     """quota: what those teams keep of it."""
     free: int = optional_key()
-    """quota: what is free of it in the cluster."""
+    """quota: what is free of it in the cluster; gang: the nodes that have room for a member now."""
+    members: int = optional_key()
+    """gang: the nodes it needs at once."""
 
 
 class JobDependsOn(Answer):

@@ -33,7 +33,7 @@ Constraint = tuple[str, str, "str | tuple[str, ...] | None"]  # (label, op, valu
 Limits = tuple[int, int]  # (memory_mb, cpu_percent)
 Counts = tuple[tuple[str, int], ...]  # a job's other resources, (name, count) by name
 Shape = tuple[str, "str | None", "int | None", "int | None", "tuple[Constraint, ...]", "str | None", int,
-              "str | None", "int | None", Counts]
+              "str | None", "int | None", Counts, int]
 
 
 def queue_at(eligible_at: float, priority: int, aging_secs: float) -> float:
@@ -157,11 +157,13 @@ class Ask:
     gpu_model: str | None = None         # lower case: gpu_fits
     gpu_memory_mb: int | None = None
     resources: Counts = ()
+    members: int = 1                     # nodes it needs at once, each asked all the above (a gang)
+    may_hold: bool = False               # a gang that may hold the nodes it finds while it waits for more
 
     @property
     def shape(self) -> Shape:
         return (self.job_type, self.pin, self.memory_mb, self.cpu_percent, self.constraints, self.pool,
-                self.gpus, self.gpu_model, self.gpu_memory_mb, self.resources)
+                self.gpus, self.gpu_model, self.gpu_memory_mb, self.resources, self.members)
 
 
 @dataclass(frozen=True)
@@ -180,6 +182,7 @@ class Placed:
     memory_mb: int  # what the job reserves there
     cpu_percent: int
     gpus: tuple[str, ...] = ()  # the uuids of the devices it reserves there
+    rank: int = 0               # a gang's member on this node (0: the first, or a job of one node)
 
 
 @dataclass
@@ -188,6 +191,7 @@ class Plan:
     waiting: dict[int, Reason]  # the jobs offered and not placed, with why
     cursor: str | None          # the round-robin cursor after this pass
     exhausted: bool             # no room is left: the jobs not offered wait for capacity too
+    held: dict[str, int] = field(default_factory=dict)  # node -> the gang holding it while it waits
 
 
 def fits_maximum(ask: Ask, node: NodeInfo) -> bool:
@@ -348,6 +352,23 @@ class _Shape:
             del self.keys[bisect.bisect_left(self.keys, old)]
         self._add(room)
 
+    def choose_many(self, count: int, cursor: str | None) -> list[_Room]:
+        """Up to `count` distinct nodes that each have room for one of the shape's jobs, in
+        the order the policy prefers them (a gang's members)."""
+        if self.policy == "round-robin":
+            ids = self.ids
+            start = 0 if cursor is None or not ids else bisect.bisect_right(ids, cursor) % len(ids)
+            order = [self.by_id[ids[(start + i) % len(ids)]] for i in range(len(ids))]
+        else:
+            order = [self.by_id[key[3]] for key in (self.keys if self.policy == "binpack" else reversed(self.keys))]
+        found = []
+        for room in order:
+            if room.lacks(room.need(self.ask, self.fallback), self.ask) is None:
+                found.append(room)
+                if len(found) == count:
+                    break
+        return found
+
     def choose(self, cursor: str | None) -> _Room | None:
         if self.policy == "round-robin":
             return self._next_after(cursor)
@@ -437,6 +458,7 @@ class Planner:
         self.placed: list[Placed] = []
         self.waiting: dict[int, Reason] = {}
         self.ledger = ledger
+        self.held: dict[str, int] = {}  # node -> the gang that holds it (one gang a pass)
 
     def add_throttles(self, throttles: Mapping[tuple[str, object], Throttle]) -> None:
         """More groups' limits (of jobs about to be offered); a group already known keeps its count."""
@@ -462,7 +484,7 @@ class Planner:
                 self.waiting[ask.job_id] = reason
 
     def plan(self) -> Plan:
-        return Plan(self.placed, self.waiting, self.cursor, self.exhausted)
+        return Plan(self.placed, self.waiting, self.cursor, self.exhausted, dict(self.held))
 
     def _throttled(self, ask: Ask) -> Reason | None:
         if ask.array_id is not None and self.room_left.get(("array", ask.array_id), 1) <= 0:
@@ -485,6 +507,8 @@ class Planner:
             refused = shape.over_quota.get(ask.team, ask.preemptible)
             if refused is not None:
                 return refused
+        if ask.members > 1:
+            return self._place_gang(ask, shape)
         room = shape.choose(self.cursor)
         if room is None:
             shape.full = self._why_not(shape)
@@ -498,6 +522,17 @@ class Planner:
                 shape.over_quota.add(ask.team, ask.preemptible, reason)
                 return reason
             ledger.take(ask.team, need)
+        self._take(ask, room, memory, cpu)
+        self._count_throttles(ask)
+        return None
+
+    def _count_throttles(self, ask: Ask) -> None:
+        for group, value in (("array", ask.array_id), ("key", ask.concurrency_key)):
+            if value is not None and (group, value) in self.room_left:
+                self.room_left[(group, value)] -= 1
+
+    def _take(self, ask: Ask, room: _Room, memory: int, cpu: int, rank: int = 0) -> None:
+        """Place the job (or a gang's member `rank`) on `room`, reserving `memory` and `cpu`."""
         was_open = room.open
         room.slots -= 1
         room.memory -= memory
@@ -510,11 +545,46 @@ class Planner:
         if self.policy == "round-robin" and ask.pin is None:
             # A pinned job does not take the node's turn.
             self.cursor = room.node.node_id
-        for group, value in (("array", ask.array_id), ("key", ask.concurrency_key)):
-            if value is not None and (group, value) in self.room_left:
-                self.room_left[(group, value)] -= 1
-        self.placed.append(Placed(ask.job_id, room.node.node_id, memory, cpu, gpus))
+        self.placed.append(Placed(ask.job_id, room.node.node_id, memory, cpu, gpus, rank))
+
+    def _place_gang(self, ask: Ask, shape: _Shape) -> Reason | None:
+        """All of a gang's members, each on a node of its own, or none. A gang short of
+        nodes that `may_hold` (the first such in the pass) holds those it found: no other
+        job takes them while it waits for the rest to free up."""
+        if not shape.rooms:
+            shape.full = self._why_not(shape)
+            return shape.full
+        rooms = shape.choose_many(ask.members, self.cursor)
+        if len(rooms) < ask.members:
+            if ask.may_hold and not self.held:
+                for room in rooms:
+                    self._hold(room, ask.job_id)
+            # Room only shrinks in a pass: the shape's later gangs find no more nodes.
+            shape.full = waiting.gang(ask.members, len(rooms), len(shape.rooms))
+            return shape.full
+        needs = [room.need(ask, self.fallback) for room in rooms]
+        if self.ledger is not None:
+            need = quotas.need_of(sum(n[0] for n in needs), sum(n[1] for n in needs), ask.gpus * ask.members)
+            refusal = self.ledger.refuses(ask.team, need, may_borrow=ask.preemptible)
+            if refusal is not None:
+                reason = waiting.quota(refusal)
+                shape.over_quota.add(ask.team, ask.preemptible, reason)
+                return reason
+            self.ledger.take(ask.team, need)
+        for rank, (room, (memory, cpu)) in enumerate(zip(rooms, needs)):
+            self._take(ask, room, memory, cpu, rank)
+        self._count_throttles(ask)
         return None
+
+    def _hold(self, room: _Room, job_id: int) -> None:
+        """Keep `room` for a waiting gang: no slot of it is offered to any other job this pass."""
+        was_open = room.open
+        room.slots = 0
+        if was_open:
+            self.open_rooms -= 1
+        for other in room.shapes:
+            other.changed(room)
+        self.held[room.node.node_id] = job_id
 
     def _why_not(self, shape: _Shape) -> Reason:
         """Why a shape fits no node now: no room on those it may go to, or none it may go to."""

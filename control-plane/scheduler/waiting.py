@@ -16,7 +16,7 @@ from . import quotas
 
 CODES = ("placed", "no_healthy_node", "constraints_unmet", "no_capacity", "pinned_node_unavailable",
          "scheduled", "backoff", "dependency", "array_throttle", "concurrency_limit", "draining",
-         "node_refusing_work", "quota")
+         "node_refusing_work", "quota", "gang")
 
 
 @dataclass(frozen=True)
@@ -123,6 +123,12 @@ def no_devices(nodes: int, gpus: int, model: str | None, memory_mb: int | None,
     return Reason("no_capacity", f"none of the {_nodes(nodes)} it may go to has "
                   + devices_wanted(gpus, model, memory_mb, resources),
                   {"nodes": nodes, "lacking": ["gpus" if gpus else "resources"]})
+
+
+def gang(members: int, free: int, nodes: int) -> Reason:
+    """A job of `members` nodes at once: `free` of the `nodes` it may go to have room now."""
+    return Reason("gang", f"it needs {members} nodes at once; {free} of the {_nodes(nodes)} it may go to "
+                  f"{'has' if free == 1 else 'have'} room now", {"nodes": nodes, "members": members, "free": free})
 
 
 def array_throttle(array_id: int, parallel: int, active: int) -> Reason:

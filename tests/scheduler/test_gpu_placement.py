@@ -123,3 +123,54 @@ def test_preemption_stops_a_borrowing_gpu_job_for_a_team_owed_gpus_and_only_then
     # Room for memory and CPU is not room for a GPU: a job asking none preempts nothing here.
     ledger = quotas.Ledger(quota, usage, cluster_capacity(nodes))
     assert preemption.plan([Ask(2, team="ml")], nodes, running, ledger, LIMITS) == []
+
+
+# ---- gangs: a job of several nodes at once, all or none --------------------------------------
+
+def members(result, job_id):
+    return sorted((p.rank, p.node_id, p.gpus) for p in result.placed if p.job_id == job_id)
+
+
+@pytest.mark.parametrize("policy", ["round-robin", "binpack", "spread"])
+def test_a_gang_gets_distinct_nodes_each_with_its_gpus_or_nothing(policy):
+    nodes = [node("a", gpus("a", 2)), node("b", gpus("b", 2)), node("c", gpus("c", 1))]
+    result = plan([Ask(1, gpus=2, members=2), Ask(2, gpus=1, members=2)], nodes, policy)
+    placed = members(result, 1)
+    assert [rank for rank, _, _ in placed] == [0, 1]
+    assert {n for _, n, _ in placed} == {"a", "b"} and all(len(g) == 2 for _, _, g in placed)
+    # Only c has a GPU left: the second gang takes nothing at all, and says why.
+    assert members(result, 2) == []
+    reason = result.waiting[2]
+    assert reason.code == "gang" and (reason.details["members"], reason.details["free"]) == (2, 1)
+    assert "it needs 2 nodes at once; 1 of the 3 nodes it may go to has room now" == reason.message
+
+
+def test_a_gang_larger_than_the_cluster_waits_and_says_so():
+    result = plan([Ask(1, members=4)], [node("a"), node("b")])
+    assert result.placed == [] and result.waiting[1].details == {"nodes": 2, "members": 4, "free": 2}
+
+
+def test_a_waiting_gang_that_may_hold_keeps_the_nodes_it_found_from_later_jobs():
+    nodes = [node("a", free=1), node("b", free=1), node("c", free=0)]
+    result = plan([Ask(1, members=3, may_hold=True), Ask(2), Ask(3)], nodes)
+    assert result.held == {"a": 1, "b": 1}
+    assert result.placed == [] and result.exhausted  # the later jobs wait for capacity
+    # Without the right to hold, the small jobs take the nodes.
+    result = plan([Ask(1, members=3), Ask(2), Ask(3)], nodes)
+    assert result.held == {} and {p.job_id for p in result.placed} == {2, 3}
+
+
+def test_only_the_first_gang_of_a_pass_holds():
+    nodes = [node("a", free=1), node("b", free=1), node("c", free=1), node("d", free=1, labels={"pool": "x"})]
+    result = plan([Ask(1, members=4, pool="default", may_hold=True), Ask(2, members=2, may_hold=True), Ask(3)],
+                  nodes)
+    assert result.held == {"a": 1, "b": 1, "c": 1}
+    assert result.waiting[2].code == "gang" and [(p.job_id, p.node_id) for p in result.placed] == [(3, "d")]
+
+
+def test_a_gang_counts_every_member_against_its_teams_quota():
+    nodes = [node("a", gpus("a", 1)), node("b", gpus("b", 1))]
+    quota = quotas.Quota(guaranteed={"gpus": 1}, borrowing_limit={"gpus": 0})
+    ledger = quotas.Ledger({"ml": quota}, {}, cluster_capacity(nodes))
+    result = plan([Ask(1, gpus=1, members=2, team="ml")], nodes, ledger=ledger)
+    assert result.placed == [] and result.waiting[1].code == "quota"
