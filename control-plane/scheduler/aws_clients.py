@@ -6,14 +6,22 @@ boto3's; the endpoint AWS_ENDPOINT_URL_SQS / _SNS, else AWS_ENDPOINT_URL, else A
 own (SchedulerSettings). Every call has a connect and a read timeout, and botocore's
 `standard` retry mode (5 attempts in all) retries throttling and connection errors
 before the loops' own backoff takes over.
-"""
-import re
 
-import boto3
-from botocore.config import Config
+boto3 itself (and botocore's Config) is imported by the first client built: a third of
+a second of every scheduler process's start, which a cluster without SQS, SNS or S3
+never needs. botocore's exceptions are light, and callers catch them.
+"""
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
 from botocore.exceptions import BotoCoreError, ClientError
 
 from .settings import SchedulerSettings
+
+if TYPE_CHECKING:
+    from botocore.config import Config
 
 __all__ = ["AWS_ERRORS", "BotoCoreError", "ClientError", "error_text", "region_of", "s3_client", "sns_client",
            "sqs_client"]
@@ -46,6 +54,8 @@ def error_text(exc: Exception) -> str:
 
 
 def config(settings: SchedulerSettings, read_timeout: float) -> Config:
+    from botocore.config import Config
+
     return Config(retries={"mode": "standard", "max_attempts": MAX_ATTEMPTS},
                   connect_timeout=settings.aws_connect_timeout_secs, read_timeout=read_timeout)
 
@@ -65,6 +75,8 @@ def sns_client(settings: SchedulerSettings):
 def s3_client(settings: SchedulerSettings):
     """The complete logs' store (CORRAL_LOG_BUCKET). Path-style addressing at an endpoint
     of one's own (moto, MinIO): their buckets are not host names."""
+    from botocore.config import Config
+
     cfg = config(settings, settings.aws_read_timeout_secs)
     if settings.s3_endpoint_url:
         cfg = cfg.merge(Config(s3={"addressing_style": "path"}))
@@ -72,5 +84,7 @@ def s3_client(settings: SchedulerSettings):
 
 
 def _client(service: str, endpoint_url: str | None, region: str | None, cfg: Config):
+    import boto3
+
     # A session of its own: boto3's default session is not safe to share between threads.
     return boto3.session.Session().client(service, region_name=region, endpoint_url=endpoint_url, config=cfg)
