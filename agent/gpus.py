@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from corral.shared.errors import SettingError
-from corral.shared.limits import MAX_GPU_MEMORY_MB, MAX_NODE_GPUS
+from corral.shared.limits import (GPU_INDEX_PATTERN, GPU_UUID_PATTERN, MAX_GPU_MEMORY_MB, MAX_GPU_MODEL_CHARS,
+                                  MAX_NODE_GPUS)
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +35,10 @@ AUTO, NONE = "auto", "none"
 # A device's index as nvidia-smi numbers it: "0", or "0:1" for MIG instance 1 of GPU 0.
 # The forms and bounds below are those the registry takes (registry/contract.py: Gpu):
 # a device it would refuse is refused here, at start, rather than at every registration.
-INDEX_RE = re.compile(r"^[0-9]{1,4}(:[0-9]{1,4})?$")
+INDEX_RE = re.compile(GPU_INDEX_PATTERN)
 # NVIDIA's UUIDs: GPU-<uuid>, MIG-<uuid>, or the drivers before R470's MIG-GPU-<uuid>/<gi>/<ci>.
-UUID_RE = re.compile(r"^(GPU|MIG)-[A-Za-z0-9/_.:-]{1,120}$")
-MAX_MODEL_CHARS = 128
+UUID_RE = re.compile(GPU_UUID_PATTERN)
+MAX_MODEL_CHARS = MAX_GPU_MODEL_CHARS
 
 SMI_TIMEOUT_SECS = 10.0
 SMI_QUERY = ("nvidia-smi", "--query-gpu=index,uuid,name,memory.total,pci.bus_id",

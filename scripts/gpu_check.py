@@ -553,15 +553,21 @@ def one_gpu_verdict(probe: Probe, assigned: list[str], held_by: str | None, job_
         problems.append(f"CUDA_VISIBLE_DEVICES is {visible!r}, not its gpus_assigned {uuid}")
     if held_by != job_id:
         problems.append(f"GET /nodes showed {uuid} held by {held_by}, not {job_id}")
-    if not torch:
-        notes.append("PyTorch check skipped")
-    elif probe.torch_count != 1:
-        problems.append(f"PyTorch counted {probe.values.get('torch_device_count', 'nothing')} device(s), not 1")
-    else:
-        notes.append("PyTorch counts 1")
+    torch_verdict(probe, torch, 1, problems, notes)
     notes.append(f"CUDA_DEVICE_ORDER={probe.values.get('CUDA_DEVICE_ORDER')}, "
                  f"NVIDIA_VISIBLE_DEVICES={probe.values.get('NVIDIA_VISIBLE_DEVICES')}")
     return problems, notes
+
+
+def torch_verdict(probe: Probe, torch: bool, expected: int, problems: list[str], notes: list[str]) -> None:
+    """Whether PyTorch in the job counted `expected` devices (skipped without PyTorch)."""
+    if not torch:
+        notes.append("PyTorch check skipped")
+    elif probe.torch_count != expected:
+        problems.append(f"PyTorch counted {probe.values.get('torch_device_count', 'nothing')} device(s), "
+                        f"not {expected}")
+    else:
+        notes.append(f"PyTorch counts {expected}")
 
 
 def no_gpu_verdict(probe: Probe, isolated: bool, torch: bool) -> tuple[list[str], list[str]]:
@@ -580,12 +586,7 @@ def no_gpu_verdict(probe: Probe, isolated: bool, torch: bool) -> tuple[list[str]
                      + ("" if isolated else ": no device isolation without root"))
     if not isolated and visible != "":
         problems.append(f"CUDA_VISIBLE_DEVICES is {visible!r}, not set and empty")
-    if not torch:
-        notes.append("PyTorch check skipped")
-    elif probe.torch_count != 0:
-        problems.append(f"PyTorch counted {probe.values.get('torch_device_count', 'nothing')} device(s), not 0")
-    else:
-        notes.append("PyTorch counts 0")
+    torch_verdict(probe, torch, 0, problems, notes)
     notes.append(f"CUDA_VISIBLE_DEVICES={visible}, NVIDIA_VISIBLE_DEVICES={probe.values.get('NVIDIA_VISIBLE_DEVICES')}")
     return problems, notes
 

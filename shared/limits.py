@@ -30,6 +30,12 @@ DEFAULT_WAIT_SECS = 20.0
 # MAX_RESOURCES resources; a job asks for at most that many of either.
 MAX_NODE_GPUS = 256
 MAX_GPU_MEMORY_MB = 1 << 24  # 16 TiB
+# A device's index ("0", or "0:1" for MIG instance 1 of GPU 0) and UUID ("GPU-…", "MIG-…";
+# older drivers name a MIG instance "MIG-GPU-<uuid>/<gi>/<ci>"), as the registry takes them
+# and the agent checks them at start.
+GPU_INDEX_PATTERN = r"^[0-9]{1,4}(:[0-9]{1,4})?$"
+GPU_UUID_PATTERN = r"^(GPU|MIG)-[A-Za-z0-9/_.:-]{1,120}$"
+MAX_GPU_MODEL_CHARS = 128
 MAX_RESOURCES = 32
 MAX_RESOURCE_COUNT = 1_000_000_000_000
 # Names of resources: lower-case. These are asked for with fields of their own.

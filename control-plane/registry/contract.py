@@ -9,7 +9,8 @@ from pydantic import Field, ValidationError, ValidatorFunctionWrapHandler, field
 
 from corral.shared.contract import (MAP_SAYS, MAX_MAP_ENTRIES, Answer, MapValue, Name, NodeId, Request, Says, Text,
                                     Timestamp, refusal, refused)
-from corral.shared.limits import MAX_GPU_MEMORY_MB, MAX_NODE_GPUS, MAX_RESOURCE_COUNT, MAX_RESOURCES
+from corral.shared.limits import (GPU_INDEX_PATTERN, GPU_UUID_PATTERN, MAX_GPU_MEMORY_MB, MAX_GPU_MODEL_CHARS,
+                                  MAX_NODE_GPUS, MAX_RESOURCE_COUNT, MAX_RESOURCES)
 from corral.shared.limits import MAX_CPU_PERCENT as MAX_LIMIT_CPU_PERCENT
 from corral.shared.limits import MAX_MEMORY_MB as MAX_LIMIT_MEMORY_MB
 from corral.shared.limits import MAX_PROCESSES as MAX_LIMIT_PROCESSES
@@ -21,9 +22,6 @@ KIND_PATTERN = r"^[a-z][a-z0-9-]{0,31}$"
 MAX_MEMORY_MB = 1 << 40
 MAX_SLOTS = 10_000
 MAX_REFUSING_WORK = 1024
-GPU_INDEX_PATTERN = r"^[0-9]{1,4}(:[0-9]{1,4})?$"
-# Older drivers name a MIG instance "MIG-GPU-<uuid>/<gi>/<ci>".
-GPU_UUID_PATTERN = r"^(GPU|MIG)-[A-Za-z0-9/_.:-]{1,120}$"
 RESOURCE_NAME_WHAT = ("a resource name (a lower-case letter, then lower-case letters, digits, '.', '_' or '-'; "
                       "at most 64)")
 
@@ -63,7 +61,7 @@ class Gpu(Request):
     uuid: Annotated[str, Says(what="a device UUID ('GPU-...' or 'MIG-...')")] = Field(
         pattern=GPU_UUID_PATTERN, examples=["GPU-5fd4c4a2-0e3b-8d7a-1c2f-3b4a5c6d7e8f"])
     """The device's UUID: `GPU-...`, or `MIG-...` for a MIG instance (older drivers: `MIG-GPU-<uuid>/<gi>/<ci>`)."""
-    model: Text = Field(max_length=128, examples=["NVIDIA H100 80GB HBM3"])
+    model: Text = Field(max_length=MAX_GPU_MODEL_CHARS, examples=["NVIDIA H100 80GB HBM3"])
     memory_mb: int = Field(ge=0, le=MAX_GPU_MEMORY_MB)
     """The device's memory, in MiB."""
 

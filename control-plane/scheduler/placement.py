@@ -87,6 +87,13 @@ def gpu_fits(ask: Ask, gpu: Gpu) -> bool:
             and (ask.gpu_memory_mb is None or gpu.memory_mb >= ask.gpu_memory_mb))
 
 
+def fitting_gpus(ask: Ask, gpus: Iterable[Gpu]) -> list[Gpu]:
+    """Of `gpus` (free devices, in their node's order), those the job may have, in the order
+    it takes them: the smallest first (a job that fits on a small MIG instance leaves the
+    large ones), then in the node's order."""
+    return sorted((gpu for gpu in gpus if gpu_fits(ask, gpu)), key=lambda gpu: gpu.memory_mb)
+
+
 def has_devices(ask: Ask, node: NodeInfo) -> bool:
     """Whether the node has, free or not, the GPUs and declared resources the job asks for."""
     if ask.gpus and sum(1 for gpu in node.gpus if gpu_fits(ask, gpu)) < ask.gpus:
@@ -267,9 +274,8 @@ class _Room:
         return None
 
     def free_gpus(self, ask: Ask) -> list[Gpu]:
-        """The free devices the job may have, the smallest first (a job that fits on a small
-        MIG instance leaves the large ones), then in the node's order."""
-        return sorted((gpu for gpu in self.gpus if gpu_fits(ask, gpu)), key=lambda gpu: gpu.memory_mb)
+        """The free devices the job may have, in the order it takes them (fitting_gpus)."""
+        return fitting_gpus(ask, self.gpus)
 
     def has_resources(self, ask: Ask) -> bool:
         return all(self.resources.get(name, 0) >= count for name, count in ask.resources)

@@ -81,9 +81,7 @@ class _Devices:
         """Of `free` (uuids on the node), the devices the job would take, None when too few fit it."""
         if not ask.gpus:
             return []
-        devices = self.of.get(node_id, {})
-        fit = sorted((devices[uuid] for uuid in free if uuid in devices and placement.gpu_fits(ask, devices[uuid])),
-                     key=lambda gpu: (gpu.memory_mb, gpu.uuid))
+        fit = placement.fitting_gpus(ask, (gpu for gpu in self.of.get(node_id, {}).values() if gpu.uuid in free))
         return [gpu.uuid for gpu in fit[:ask.gpus]] if len(fit) >= ask.gpus else None
 
 
