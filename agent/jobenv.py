@@ -13,8 +13,12 @@ from corral.shared.validate import ENV_NAME_RE, forbidden_env_var
 FROM_AGENT = ("PATH", "LANG", "TZ")
 FROM_AGENT_PREFIXES = ("LC_",)
 IDENTITY = ("USER", "LOGNAME", "HOME", "TMPDIR")
+# A member of a multi-node job learns its place from these (gang_vars): Corral's names,
+# and those torchrun, torch.distributed's env:// and MPI launchers read.
+GANG = ("CORRAL_GANG_ID", "CORRAL_GANG_SIZE", "CORRAL_GANG_RANK", "CORRAL_GANG_HOSTS", "MASTER_ADDR", "MASTER_PORT",
+        "WORLD_SIZE", "RANK", "NODE_RANK")
 FIXED = ("CORRAL_JOB_ID", "CORRAL_NODE_ID", "CORRAL_ATTEMPT", "CORRAL_DEADLINE", "PORT", "TRACEPARENT",
-         "TRACESTATE", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+         "TRACESTATE", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", *GANG)
 SET_BY_AGENT = IDENTITY + FIXED
 
 
@@ -70,6 +74,27 @@ def job_vars(job: Mapping) -> dict[str, str]:
     return env
 
 
+def gang_vars(place: Mapping | None) -> dict[str, str]:
+    """A member's place in its multi-node job (the scheduler's `gang`: its job's id, size,
+    rank, every member's address in rank order, rank 0's address and reserved port) as
+    its environment; {} for a job of one node. RANK and NODE_RANK are both the member's
+    rank: one member runs per node (torchrun, started on each, numbers its own workers)."""
+    if not place:
+        return {}
+    try:
+        hosts = [str(host) for host in place["hosts"]]
+        rank, size = int(place["rank"]), int(place["size"])
+        values = {"CORRAL_GANG_ID": str(place["gang_id"]), "CORRAL_GANG_SIZE": str(size),
+                  "CORRAL_GANG_RANK": str(rank), "CORRAL_GANG_HOSTS": ",".join(hosts),
+                  "MASTER_ADDR": str(place["master_addr"]), "MASTER_PORT": str(int(place["master_port"])),
+                  "WORLD_SIZE": str(size), "RANK": str(rank), "NODE_RANK": str(rank)}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise JobEnvError(f"the job's place in its gang is not what the agent understands ({exc!r})") from None
+    if any("\x00" in value for value in values.values()):
+        raise JobEnvError("the job's place in its gang holds a NUL byte")
+    return values
+
+
 def build(job: Mapping, agent_part: Mapping[str, str], identity: Mapping[str, str],
           fixed: Mapping[str, str]) -> dict[str, str]:
     """The complete environment of a job, a later source winning over an earlier one:
@@ -77,8 +102,9 @@ def build(job: Mapping, agent_part: Mapping[str, str], identity: Mapping[str, st
        FROM_AGENT_PREFIXES and AGENT_JOB_ENV_PASSTHROUGH's (from_agent);
     2. `identity`: who the job is, its home and (without a private /tmp) its TMPDIR;
     3. the job's own `env_vars`, which may replace any of the above;
-    4. `fixed`, which no job may replace: its id, node, attempt, port, trace context and,
-       on a node with GPUs, its devices (devices.Access.env).
+    4. `fixed`, which no job may replace: its id, node, attempt, port, trace context,
+       on a node with GPUs its devices (devices.Access.env), and a member of a multi-node
+       job its place in the gang (gang_vars).
     `identity` and `fixed` may hold only names of IDENTITY and FIXED (SET_BY_AGENT
     lists every variable the agent sets; add new ones there). Raises JobEnvError."""
     unknown = (set(identity) - set(IDENTITY)) | (set(fixed) - set(FIXED))

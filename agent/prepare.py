@@ -156,7 +156,8 @@ class Preparer:
             cg = taken.cgroup if taken is not None else self._job_cgroup(local, plan)
             private_dev = self._hold_to_devices(access, cg)
             fixed = {"CORRAL_JOB_ID": local.job_id, "CORRAL_NODE_ID": self.node_id,
-                     "CORRAL_ATTEMPT": str(local.attempt), **(access.env() if access is not None else {})}
+                     "CORRAL_ATTEMPT": str(local.attempt), **(access.env() if access is not None else {}),
+                     **jobenv.gang_vars(job.get("gang"))}
             if local.deadline_epoch is not None:  # when its timeout ends it, epoch seconds
                 fixed["CORRAL_DEADLINE"] = str(int(local.deadline_epoch))
             port = _port(job)

@@ -32,6 +32,9 @@ JOB_OPTIONS = (
     click.option("--resource", "resources", multiple=True, type=Checked(sched.parse_resource, "NAME=N"),
                  help="A countable resource its node must have free, as the node's agent declares it "
                       "(AGENT_RESOURCES), e.g. fpga=1 (repeatable)."),
+    click.option("--nodes", type=int,
+                 help="Run jobs: run on this many distinct nodes at once, each with the limits, GPUs and resources "
+                      "above; placed all together or not at all (default 1)."),
     click.option("--timeout", "timeout_secs", type=Checked(sched.parse_duration, "DURATION"),
                  help="Run jobs: stop and fail it once it has run this long: 90, 90s, 15m, 2h, 1d (default: the "
                       "scheduler's JOB_TIMEOUT_SECS, or the team's max timeout when lower; at most its "
@@ -63,7 +66,7 @@ JOB_OPTIONS = (
 # each where the two differ.
 OPTION_NAMES = ("job_type", "port", "env_vars", "deploy_url", "deploy_sha256", "instance_id", "job_name",
                 "max_retries", "memory_mb", "cpu_percent", "max_processes", "disk_mb", "gpus", "gpu_model",
-                "gpu_memory_mb", "resources", "timeout_secs",
+                "gpu_memory_mb", "resources", "nodes", "timeout_secs",
                 "signal_before_end", "kill_signal", "kill_grace_secs", "health_path", "on_node_lost", "constraints",
                 "pool", "priority", "concurrency_key", "preemptible")
 FIELD_NAMES = {"job_name": "name"}

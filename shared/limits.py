@@ -29,6 +29,8 @@ DEFAULT_WAIT_SECS = 20.0
 # advertises at most MAX_NODE_GPUS devices (MIG instances count one each) and
 # MAX_RESOURCES resources; a job asks for at most that many of either.
 MAX_NODE_GPUS = 256
+# The most nodes one multi-node job may ask for (scheduler/gangs.py).
+MAX_GANG_NODES = 256
 MAX_GPU_MEMORY_MB = 1 << 24  # 16 TiB
 # A device's index ("0", or "0:1" for MIG instance 1 of GPU 0) and UUID ("GPU-…", "MIG-…";
 # older drivers name a MIG instance "MIG-GPU-<uuid>/<gi>/<ci>"), as the registry takes them

@@ -46,6 +46,10 @@ ALLOWED = frozenset({
     # An attempt the scheduler gave up on (its node seemed lost) that did finish:
     # its result is kept instead of running the job again.
     (JobStatus.PENDING, JobStatus.DONE),
+    # A multi-node job whose attempt ended before every member ran (one failed, or
+    # lost its node): retried, requeued or failed while still pending.
+    (JobStatus.PENDING, JobStatus.PENDING),
+    (JobStatus.PENDING, JobStatus.FAILED),
 })
 
 

@@ -15,7 +15,8 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from corral.server import principals
 from corral.shared import states, wire
 from corral.shared.errors import BadRequest
-from corral.shared.limits import (DEFAULT_WAIT_SECS, MAX_BATCH, MAX_CPU_PERCENT, MAX_GPU_MEMORY_MB, MAX_MEMORY_MB,
+from corral.shared.limits import (DEFAULT_WAIT_SECS, MAX_BATCH, MAX_CPU_PERCENT, MAX_GANG_NODES, MAX_GPU_MEMORY_MB,
+                                  MAX_MEMORY_MB,
                                   MAX_NODE_GPUS, MAX_OUTPUT_CHARS, MAX_PROCESSES, MAX_RESOURCE_COUNT, MAX_RESOURCES,
                                   MAX_USED_MEMORY_MB, MAX_WAIT_SECS, MIN_MEMORY_MB, RESERVED_RESOURCE_NAMES,
                                   RESOURCE_NAME_PATTERN)
@@ -255,6 +256,10 @@ class JobRequest(Request):
     resources: ResourceCounts = Field(None, examples=[{"fpga": 1}])
     """Other countable resources its node must have free, as the node's agent declares them
     (AGENT_RESOURCES), e.g. `{"fpga": 1}`; reserved like memory until the job ends."""
+    nodes: int | None = Field(None, ge=1, le=MAX_GANG_NODES, examples=[4])
+    """`run` jobs only: run on this many distinct nodes at once (default 1), each member with the memory,
+    CPU, GPUs and resources asked above. All members are placed together or none; each gets its rank and
+    the others' addresses (CORRAL_GANG_*, MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, NODE_RANK)."""
     health_path: Annotated[str | None, Says(what="a URL path starting with '/' (printable ASCII, no spaces)")] = Field(
         None, min_length=1, pattern=HEALTH_PATH_PATTERN)
     """For services with a port: checked with HTTP GET (2xx/3xx is healthy) instead of a TCP connect."""
@@ -366,6 +371,11 @@ class JobRequest(Request):
                 and self.signal_before_end.secs >= self.timeout_secs):
             raise refused("'signal_before_end' must come before the end: its 'secs' must be less than "
                           "'timeout_secs'")
+        if (self.nodes or 1) > 1 and (self.job_type or "run") == "service":
+            raise refused("'nodes' is for run jobs: a service runs on one node")
+        if (self.nodes or 1) > 1 and self.instance_id is not None:
+            raise refused("'nodes' asks for that many distinct nodes: it cannot go with 'instance_id', which pins "
+                          "a job to one")
         if not self.gpus and (self.gpu_model is not None or self.gpu_memory_mb is not None):
             raise refused("'gpu_model' and 'gpu_memory_mb' choose among the GPUs a job asks for: give 'gpus' too")
         if self.run_at is not None and self.delay_secs is not None:
@@ -384,7 +394,8 @@ class JobRequest(Request):
             "cpu_percent": self.cpu_percent, "max_processes": self.max_processes, "disk_mb": self.disk_mb,
             "gpus": self.gpus or None, "gpu_model": self.gpu_model if self.gpus else None,
             "gpu_memory_mb": self.gpu_memory_mb if self.gpus else None, "resources": self.resources or None,
-            "health_path": self.health_path, "max_retries": self.max_retries,
+            "nodes": self.nodes if (self.nodes or 1) > 1 else None, "health_path": self.health_path,
+            "max_retries": self.max_retries,
             "on_node_lost": self.on_node_lost or "requeue", "timeout_secs": self.timeout_secs,
             "warn_signal": None if self.signal_before_end is None else self.signal_before_end.signal,
             "warn_secs": None if self.signal_before_end is None else self.signal_before_end.secs,
@@ -800,6 +811,38 @@ class SignalBeforeEndAnswer(Answer):
     secs: float
 
 
+class GangPlace(Answer):
+    """Where a member of a multi-node job runs in its gang (what its environment says)."""
+
+    gang_id: str = Field(pattern=r"^job-[1-9][0-9]*$", examples=["job-42"])
+    """The multi-node job it is a member of (CORRAL_GANG_ID)."""
+    size: int = Field(ge=2)
+    rank: int = Field(ge=0)
+    hosts: list[str]
+    """Every member's node address, in rank order (CORRAL_GANG_HOSTS)."""
+    master_addr: str
+    """Rank 0's node address (MASTER_ADDR)."""
+    master_port: int = Field(ge=1, le=65535)
+    """The port reserved for the gang on rank 0's node (MASTER_PORT)."""
+
+
+class GangMember(Answer):
+    """One member of a multi-node job's attempt."""
+
+    job_id: str = Field(pattern=r"^job-[1-9][0-9]*$", examples=["job-43"])
+    """The member's own id: its history and complete logs (GET /jobs/{job_id}/logs)."""
+    attempt: int = Field(ge=1)
+    """The attempt of the multi-node job it belongs to."""
+    rank: int = Field(ge=0)
+    node_id: str
+    status: StatusName
+    exit_code: int | None = Field(ge=-255, le=255)
+    ended_by: EndedBy | None
+    stdout_tail: str | None
+    """The end of its output (the complete logs hold all of it)."""
+    stderr_tail: str | None
+
+
 class Job(Answer):
     job_id: str = Field(pattern=r"^job-[1-9][0-9]*$", examples=["job-42"])
     name: str | None
@@ -828,6 +871,13 @@ class Job(Answer):
     gpu_memory_mb: int | None
     resources: dict[str, int]
     """Other countable resources asked for ({} when none)."""
+    nodes: int = Field(ge=1)
+    """The distinct nodes it runs on at once (1 unless the request asked for more)."""
+    members: list[GangMember] = optional_key()
+    """A multi-node job's members, every attempt's, in attempt then rank order (GET /jobs/{id} only). The job
+    is `running` once every member of its attempt runs."""
+    gang: GangPlace | None = optional_key()
+    """On a member of a multi-node job: its place in the gang."""
     gpus_assigned: list[str] | None
     """While it is placed or running: the UUIDs of the GPUs reserved for it on its node, which it alone may
     open (`CUDA_VISIBLE_DEVICES` names them); null when it holds none."""

@@ -165,6 +165,11 @@ def _finished(job: JobFacts, report: Report, now: float, policy: Policy) -> Tran
         return replace(_to(job, "failed", "timed out", finished_at=now, **result), timed_out=True)
     why = f"exit code {report['exit_code']}" + (", out of memory" if report["oom_killed"] else "") + (
         ", over its disk limit" if report.get("ended_by") == wire.ENDED_BY_DISK else "")
+    return _failed(job, why, result, now, policy)
+
+
+def _failed(job: JobFacts, why: str, result: dict[str, Any], now: float, policy: Policy) -> Transition:
+    """A failed attempt: retried after a backoff while the retry budget lasts, else final."""
     if after_failure(job.retry_count, job.max_retries) is JobStatus.PENDING:
         delay = policy.backoff.delay(job.retry_count)
         return _to(job, "pending", f"attempt {job.attempt} failed ({why}); retrying in {delay:.1f}s",
@@ -178,8 +183,10 @@ def node_lost(job: JobFacts, now: float, why: str, policy: Policy, result: dict[
     spending its retry budget, unless it asked not to (on_node_lost=fail) or has lost
     its node too often (max_node_losses)."""
     result = dict(result or {}, exit_code=-1)
-    if job.status == "running":  # an attempt ended (one only placed never started)
+    if job.status == "running" or is_member(job):  # an attempt ended (one only placed never started)
         result["ended_by"] = wire.ENDED_BY_NODE_LOST
+    if is_member(job):  # its multi-node job decides (gangs.py)
+        return _to(job, "failed", why, finished_at=now, **result)
     if job.on_node_lost == "fail":
         result["stderr"] = _append(result.get("stderr"), f"{why}; not requeued (on_node_lost=fail)")
         return _to(job, "failed", f"{why}; on_node_lost=fail", finished_at=now, **result)
@@ -204,6 +211,9 @@ def stopped(job: JobFacts, now: float, reason: str, forced: bool = False) -> Tra
     scheduler requeues it itself (the agent kills it once it no longer finds it
     running there)."""
     why = STOPPED_FOR[reason] + ("; its node did not report the stop in time" if forced else "")
+    if is_member(job):  # its multi-node job is requeued as one (gangs.py)
+        return _to(job, "failed", why, finished_at=now, stop_reason=None, stop_at=None, exit_code=-1,
+                   ended_by=reason)
     counted = {"preemptions": (getattr(job, "preemptions", 0) or 0) + 1} if reason == wire.ENDED_BY_PREEMPTION else {}
     return _to(job, "pending", f"{why}; requeued", node_id=None, placed_at=None, running_at=None,
                stop_reason=None, stop_at=None, exit_code=-1, ended_by=reason, **counted, **NO_OUTPUT)
@@ -240,6 +250,53 @@ def late_success(job: JobFacts, report: Report, now: float, policy: Policy) -> T
                             f"after it had been requeued; its result is kept",
                finished_at=now, attempt=report["attempt"], node_id=report["node_id"], next_attempt_at=None,
                **outcome(report, policy))
+
+
+def is_member(job: JobFacts) -> bool:
+    """A member of a multi-node job: its attempt never goes back to the queue on its own."""
+    return getattr(job, "gang_id", None) is not None
+
+
+# ---- multi-node jobs (gangs.py) -----------------------------------------------------------
+
+def gang_started(job: JobFacts, now: float) -> Transition:
+    """Every member of the multi-node job's attempt runs."""
+    return started(job, now, None, None, None, "every member runs")
+
+
+def gang_done(job: JobFacts, members: list[Any], now: float) -> Transition:
+    """Every member exited 0: the job is done, with rank 0's output and what all used."""
+    first = min(members, key=lambda m: (m.gang or {}).get("rank", 0))
+    cpu = [m.cpu_seconds for m in members if m.cpu_seconds is not None]
+    peak = [m.peak_memory_bytes for m in members if m.peak_memory_bytes is not None]
+    return _to(job, "done", f"every member of attempt {job.attempt} exited 0", finished_at=now, exit_code=0,
+               stdout=first.stdout, stderr=first.stderr, oom_killed=False, ended_by=wire.ENDED_BY_EXIT,
+               cpu_seconds=sum(cpu) if cpu else None, peak_memory_bytes=max(peak) if peak else None)
+
+
+def gang_ended(job: JobFacts, member: Any, now: float, policy: Policy) -> Transition:
+    """A member of the multi-node job's attempt ended other than done: the attempt ends
+    as that member's did. A timeout is final; a stop (drain, preemption) or a lost node
+    requeues the job as they would a job of one node; a failure spends a retry."""
+    who = f"member {(member.gang or {}).get('rank', 0)} (job-{member.id} on {member.node_id})"
+    ended_by = member.ended_by or wire.ENDED_BY_EXIT
+    result = {"exit_code": member.exit_code, "stdout": member.stdout, "stderr": member.stderr,
+              "oom_killed": member.oom_killed, "ended_by": ended_by}
+    if ended_by == wire.ENDED_BY_TIMEOUT:
+        return replace(_to(job, "failed", f"{who} timed out", finished_at=now, **result), timed_out=True)
+    if ended_by in wire.STOP_REASONS:
+        return stopped(job, now, ended_by)
+    if ended_by == wire.ENDED_BY_NODE_LOST:
+        return node_lost(job, now, f"{who} lost its node", policy, result)
+    what = "was cancelled" if member.status == "cancelled" else f"failed (exit code {member.exit_code})"
+    return _failed(job, f"{who} {what}", result, now, policy)
+
+
+def gang_cancelled(member: JobFacts, now: float, why: str) -> Transition:
+    """A member ended because its multi-node job's attempt did (its agent stops it with
+    its kill signal and grace, as for any cancel)."""
+    ended = {"ended_by": wire.ENDED_BY_CANCEL} if member.status == "running" else {}
+    return _to(member, "cancelled", why, finished_at=now, **ended)
 
 
 def cancelled(job: JobFacts, now: float) -> Transition | None:

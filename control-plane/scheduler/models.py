@@ -109,6 +109,14 @@ class Job(BaseModel):
     # What its last attempt's devices used, as its node read them (0031; null: not read).
     peak_gpu_memory_mb = peewee.IntegerField(null=True)
     gpu_utilization_percent = peewee.DoubleField(null=True)  # the mean of the samples
+    # Multi-node jobs (0032; gangs.py). The job asked for: how many nodes (null: one), and
+    # since when it holds the nodes it found while it waits for the rest (null: it does not).
+    # A member: its job's row id and where it runs in the gang (gangs.place_of: rank,
+    # size, hosts, master address and port); null on every other job.
+    nodes = peewee.IntegerField(null=True)
+    gang_held_since = peewee.DoubleField(null=True)
+    gang_id = peewee.BigIntegerField(null=True)
+    gang = JSONField(null=True)
     team = peewee.CharField(max_length=128, default=DEFAULT_TEAM)        # whose job it is (0022)
     submitted_by = peewee.CharField(max_length=128, default=BOOTSTRAP_ADMIN)  # the user who asked for it
 
@@ -132,6 +140,12 @@ class Job(BaseModel):
     @property
     def job_id(self) -> str:
         return f"job-{self.id}"
+
+
+# A multi-node job's members (0032): partial, so that the jobs of one node, which are not
+# in it, pay no upkeep for it.
+GANG_MEMBERS = "job_gang_members"
+Job.add_index(Job.index(Job.gang_id, Job.attempt, name=GANG_MEMBERS, where=Job.gang_id.is_null(False)))
 
 
 # Placement's turns between teams (fair share, 0027): each team's jobs waiting to be

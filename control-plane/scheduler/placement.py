@@ -570,7 +570,8 @@ class Planner:
             return shape.full
         needs = [room.need(ask, self.fallback) for room in rooms]
         if self.ledger is not None:
-            need = quotas.need_of(sum(n[0] for n in needs), sum(n[1] for n in needs), ask.gpus * ask.members)
+            need = quotas.need_of(sum(n[0] for n in needs), sum(n[1] for n in needs), ask.gpus * ask.members,
+                                  ask.members)
             refusal = self.ledger.refuses(ask.team, need, may_borrow=ask.preemptible)
             if refusal is not None:
                 reason = waiting.quota(refusal)

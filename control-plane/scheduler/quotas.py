@@ -101,9 +101,10 @@ def check(quota: Quota) -> str | None:
     return None
 
 
-def need_of(memory_mb: int, cpu_percent: int, gpus: int = 0) -> Need:
-    """What one job takes of a team's quota, in the order of RESOURCES."""
-    return (cpu_percent, memory_mb, gpus, 1)
+def need_of(memory_mb: int, cpu_percent: int, gpus: int = 0, jobs: int = 1) -> Need:
+    """What one job takes of a team's quota, in the order of RESOURCES (a job of many
+    nodes: what all its members take, each member counting as a job)."""
+    return (cpu_percent, memory_mb, gpus, jobs)
 
 
 @dataclass(frozen=True)

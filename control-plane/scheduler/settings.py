@@ -50,6 +50,12 @@ class SchedulerSettings:
     # a job this many points of priority above another may stop it (0: never).
     preemption: bool = True
     priority_preemption_gap: int = 0
+    # Multi-node jobs (gangs.py): how long the first one waiting holds the nodes it found
+    # while it waits for the rest (then lets others have them as long), and the ports a
+    # gang's MASTER_PORT is chosen from on its rank 0's node.
+    gang_hold_secs: float = 600.0
+    gang_port_first: int = 29500
+    gang_port_last: int = 29999
     schedule_catch_up_max: int = 100
     max_job_retries: int = 1
     retry_base_secs: float = 2.0
@@ -203,6 +209,16 @@ SETTINGS = (
     s.Setting("PRIORITY_PREEMPTION_GAP", "priority_preemption_gap", "int", 0,
               "within a team, a waiting job may stop running jobs whose priority is at least this many points "
               "below its own (0: never)", minimum=0, maximum=100),
+    s.Setting("GANG_HOLD_SECS", "gang_hold_secs", "float", 600.0,
+              "a multi-node job at the head of the queue holds the nodes it found (no other job takes them) while "
+              "it waits for the rest to free up, this long; then it lets other jobs have them for as long, and "
+              "holds again (0: never holds)", minimum=0.0, maximum=7 * 86400.0),
+    s.Setting("GANG_PORT_FIRST", "gang_port_first", "int", 29500,
+              "the first port a multi-node job's MASTER_PORT is chosen from, on its rank 0's node (keep the range "
+              "out of the kernel's ephemeral ports: net.ipv4.ip_local_reserved_ports)", minimum=1024, maximum=65535),
+    s.Setting("GANG_PORT_LAST", "gang_port_last", "int", 29999,
+              "the last port of that range (a node runs at most this many minus GANG_PORT_FIRST plus one "
+              "multi-node jobs' rank 0 at once)", minimum=1024, maximum=65535),
     s.Setting("SCHEDULE_CATCH_UP_MAX", "schedule_catch_up_max", "int", 100,
               "a schedule with catch_up all runs at most this many of the slots it missed while the scheduler "
               "was down (the newest); the older ones are recorded as skipped", minimum=1, maximum=10_000),

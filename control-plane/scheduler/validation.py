@@ -207,7 +207,7 @@ LATER_FIELDS = {"constraints": None, "pool": None, "priority": 50, "run_at": Non
                 "depends_on": None, "on_dependency_failure": "cancel", "concurrency_key": None, "array": None,
                 "timeout_secs": None, "disk_mb": None, "warn_signal": None, "warn_secs": None, "kill_signal": None,
                 "kill_grace_secs": None, "preemptible": True, "gpus": None, "gpu_model": None,
-                "gpu_memory_mb": None, "resources": None}
+                "gpu_memory_mb": None, "resources": None, "nodes": None}
 # The owner of a job, added with users and teams: left out at the values every older job has.
 OWNER_FIELDS = {"team": (None, principals.DEFAULT_TEAM), "submitted_by": (None, principals.BOOTSTRAP_ADMIN)}
 

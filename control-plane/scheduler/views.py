@@ -13,7 +13,7 @@ from corral.shared.contract import built
 from corral.shared.states import ACTIVE, ALL
 from corral.shared.timeutil import iso
 
-from . import contract, samples, waiting
+from . import contract, gangs, samples, waiting
 from .models import Job, JobArray, JobEvent, Node, Schedule, ScheduleRun, StatsSample
 from .outcomes import ItemOutcome, JobState, LogPosition
 from .placement import NodeInfo
@@ -30,9 +30,10 @@ def hidden(env: dict | None) -> dict:
 
 
 def job(row: Job, settings: SchedulerSettings, now: float, service_grant: str | None = None,
-        hide_env: bool = False) -> contract.Job:
+        hide_env: bool = False, members: list[dict] | None = None) -> contract.Job:
     """A job as the API shows it at `now`; a node's agent gets the job's `service_grant`
-    too; with `hide_env` (the read-only token) its env var values are hidden."""
+    too; with `hide_env` (the read-only token) its env var values are hidden; a job of
+    many nodes lists its `members` when given (store.gangs.members)."""
     # The row's values read from its data dict, as each field's descriptor would
     # (absent: None): a batch answers 500 of these, and the 36 descriptor calls
     # each were a fifth of a batch's CPU.
@@ -43,14 +44,16 @@ def job(row: Job, settings: SchedulerSettings, now: float, service_grant: str | 
         if job_type == "run" else None
     running_at = d("running_at") if status == "running" else None
     fields = {
-        "job_id": row.job_id, "name": d("name"), "node_id": node_id, "instance_id": d("instance_id"),
+        # A job of many nodes holds none itself: its members do.
+        "job_id": row.job_id, "name": d("name"), "node_id": None if node_id == gangs.GANG_NODE else node_id,
+        "instance_id": d("instance_id"),
         "command": d("command"), "deploy_url": d("deploy_url"), "deploy_sha256": d("deploy_sha256"),
         "job_type": job_type, "port": d("port"), "health_path": d("health_path"),
         "env_vars": hidden(d("env_vars")) if hide_env else d("env_vars") or {},
         "memory_mb": d("memory_mb"), "cpu_percent": d("cpu_percent"),
         "max_processes": d("max_processes"), "disk_mb": _disk_mb(d("disk_mb"), settings),
         "gpus": d("gpus") or 0, "gpu_model": d("gpu_model"), "gpu_memory_mb": d("gpu_memory_mb"),
-        "resources": d("resources") or {},
+        "resources": d("resources") or {}, "nodes": d("nodes") or 1,
         "gpus_assigned": (d("gpus_assigned") or None) if node_id is not None and status in ACTIVE else None,
         "gpu_seconds": _gpu_seconds(d("gpus"), d("running_at"), d("finished_at"), status, now),
         "peak_gpu_memory_mb": d("peak_gpu_memory_mb"), "gpu_utilization_percent": d("gpu_utilization_percent"),
@@ -89,6 +92,10 @@ def job(row: Job, settings: SchedulerSettings, now: float, service_grant: str | 
     }
     if service_grant is not None:
         fields["service_grant"] = service_grant
+    if d("gang") is not None:
+        fields["gang"] = built(contract.GangPlace, d("gang"))
+    if members is not None:
+        fields["members"] = [built(contract.GangMember, m) for m in members]
     return built(contract.Job, fields)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from corral.shared.timeutil import iso
 
-from . import quotas
+from . import gangs, quotas
 
 CODES = ("placed", "no_healthy_node", "constraints_unmet", "no_capacity", "pinned_node_unavailable",
          "scheduled", "backoff", "dependency", "array_throttle", "concurrency_limit", "draining",
@@ -169,6 +169,8 @@ def _nodes(n: int) -> str:
 # ---- derived from the job ---------------------------------------------------------------
 
 def placed(node_id: str) -> Reason:
+    if node_id == gangs.GANG_NODE:  # its members are placed, each on its node
+        return Reason("placed", "its members are placed, waiting for every one of them to start")
     return Reason("placed", f"placed on {node_id}, waiting for it to start the job", {"node_id": node_id})
 
 

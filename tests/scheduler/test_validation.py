@@ -11,7 +11,7 @@ def test_minimal_request_gets_defaults():
         "command": "echo hi", "deploy_url": None, "deploy_sha256": None, "job_type": "run", "port": None,
         "env_vars": {}, "instance_id": None, "name": None, "memory_mb": None, "cpu_percent": None,
         "max_processes": None, "disk_mb": None, "gpus": None, "gpu_model": None, "gpu_memory_mb": None,
-        "resources": None, "health_path": None, "max_retries": None,
+        "resources": None, "nodes": None, "health_path": None, "max_retries": None,
         "on_node_lost": "requeue", "timeout_secs": None, "warn_signal": None, "warn_secs": None,
         "kill_signal": None, "kill_grace_secs": None, "preemptible": True, "constraints": None, "pool": None,
         "priority": 50, "run_at": None, "delay_secs": None, "depends_on": None,
@@ -98,7 +98,10 @@ def test_state_machine():
     check_transition("pending", "running")
     check_transition("running", "pending")
     check_transition("pending", "done")  # a run given up for lost had finished: its result is kept
-    for old, new in [("done", "running"), ("pending", "failed"), ("cancelled", "pending"), ("failed", "done")]:
+    # A multi-node job whose attempt ended before every member ran: retried, or failed.
+    check_transition("pending", "pending")
+    check_transition("pending", "failed")
+    for old, new in [("done", "running"), ("cancelled", "pending"), ("failed", "done"), ("done", "pending")]:
         with pytest.raises(InvalidTransition):
             check_transition(old, new)
 

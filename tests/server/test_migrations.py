@@ -126,7 +126,7 @@ def test_each_service_has_its_first_step_and_a_history_table_of_its_own():
                                      "0022_users_and_teams", "0023_audit_and_owners",
                                      "0024_usage", "0025_job_stop", "0026_team_quota", "0027_fair_share",
                                      "0028_preemption", "0029_waiting_by_team_when_shared",
-                                     "0030_gpus_and_resources", "0031_gpu_usage"]
+                                     "0030_gpus_and_resources", "0031_gpu_usage", "0032_gangs"]
     assert step_names(REGISTRY) == ["0001_initial", "0002_node_placement", "0003_node_credential",
                                     "0004_node_refusing_work", "0005_node_gpus"]
     assert SCHEDULER.migrations.history_table == "scheduler_schema_migration"

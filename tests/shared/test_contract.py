@@ -83,7 +83,7 @@ JOB_ANSWER = {
     "job_id": "job-7", "name": "etl", "node_id": "node-1", "instance_id": None, "command": "echo hi",
     "deploy_url": None, "deploy_sha256": None, "job_type": "run", "port": None, "health_path": None,
     "env_vars": {"A": "b"}, "memory_mb": 256, "cpu_percent": None, "max_processes": None, "disk_mb": 10240,
-    "gpus": 1, "gpu_model": "a100", "gpu_memory_mb": None, "resources": {"fpga": 1},
+    "gpus": 1, "gpu_model": "a100", "gpu_memory_mb": None, "resources": {"fpga": 1}, "nodes": 1,
     "gpus_assigned": ["GPU-5a3c1b2e"], "gpu_seconds": 12.5, "peak_gpu_memory_mb": 2048,
     "gpu_utilization_percent": 87.5, "status": "running",
     "attempt": 1, "retry_count": 0, "max_retries": 1, "next_attempt_at": None,

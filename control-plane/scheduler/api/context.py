@@ -51,13 +51,14 @@ class SchedulerApi:
     drain_registry: RegistryClient
     revoke_registry: RegistryClient
 
-    def job_view(self, job) -> contract.Job:
+    def job_view(self, job, members: bool = False) -> contract.Job:
         """A job as this request's user sees it: its env var values only for its submitter,
         its team's admins and cluster admins (corral.server.principals). A node's agent sees
-        them: it runs the job."""
+        them: it runs the job. `members`: a job of many nodes lists them."""
         who = auth.calling_principal()
+        listed = self.store.gangs.members(job.id) if members and (job.nodes or 1) > 1 else None
         return views.job(job, self.settings, self.clock(),
-                         hide_env=who is not None and not who.sees_env(job.team, job.submitted_by))
+                         hide_env=who is not None and not who.sees_env(job.team, job.submitted_by), members=listed)
 
     def job(self, job_id: str):
         """The job `job_id` if this request's user may see it; another team's job is

@@ -105,7 +105,7 @@ def list_jobs(api: SchedulerApi):
             operation_id="getJob", summary="Read one job.",
             responses={"200": _json(contract.Job, "The job."), "404": _error("NotFound")})
 def read_job(api: SchedulerApi, job_id):
-    return respond(api.job_view(api.job(job_id)))
+    return respond(api.job_view(api.job(job_id), members=True))
 
 
 @routes.get("/jobs/<job_id>/why", access=auth.MEMBER_READ,

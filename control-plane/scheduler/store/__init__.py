@@ -27,6 +27,7 @@ from .claims import Claims
 from .context import StoreContext
 from .dependents import Dependents
 from .fair_share import FairShare
+from .gangs import Gangs
 from .jobs import Jobs
 from .leases import Leases
 from .limits import Limits
@@ -74,7 +75,8 @@ class Store:
         self.purge = Purge(ctx)
         writer = StatusWriter(ctx)
         self.dependents = Dependents(ctx, writer)
-        self.transitions = Transitions(writer, self.dependents)
+        self.gangs = Gangs(ctx, writer)
+        self.transitions = Transitions(writer, self.dependents, self.gangs)
         self.submits = Submits(ctx, self.limits, Links(self.transitions), NewJobs(ctx), self.transitions,
                                self.admission)
         self.actions = Actions(ctx, self.jobs, self.transitions)
@@ -83,9 +85,10 @@ class Store:
         self.leases = Leases(ctx, self.transitions)
         self.claims = Claims(ctx, self.transitions, self.leases)
         self.snapshot = PlacementReads(ctx)
-        self.nodes = Nodes(ctx, self.stats, writer, self.snapshot)
+        self.nodes = Nodes(ctx, self.stats, writer, self.snapshot, self.transitions)
         self.fair_share = FairShare(ctx, self.snapshot)
-        self.placing = Placing(ctx, self.snapshot, PlacementWrites(ctx, writer), self.jobs, self.fair_share)
+        self.placing = Placing(ctx, self.snapshot, PlacementWrites(ctx, writer), self.jobs, self.fair_share,
+                               self.gangs)
         self.preemptions = Preemptions(ctx, self.snapshot, self.placing, self.fair_share, writer)
         self.accounts = Accounts(ctx)
         self.quotas = TeamQuotas(ctx, self.snapshot)

@@ -4,6 +4,7 @@ Cancel a job or a whole array, retry a failed job, fail the `run` jobs past thei
 timeout."""
 from peewee import fn
 
+from corral.shared.errors import Conflict
 from corral.shared.states import ACTIVE
 
 from .. import lifecycle
@@ -24,6 +25,7 @@ class Actions:
         """Cancel a pending or running job; the agent ends a running one at its next poll."""
         with self.ctx.tx():
             job = self.jobs.get(job_id)
+            _not_a_member(job, "cancelled")
             transition = lifecycle.cancelled(job, now)
             if transition is None:
                 return job  # cancelled already
@@ -45,6 +47,7 @@ class Actions:
         """Put a failed job back to pending with a fresh retry budget (an operator's decision)."""
         with self.ctx.tx():
             job = self.jobs.get(job_id)
+            _not_a_member(job, "retried")
             self.transitions.apply(job, lifecycle.retried(job, now), now)
         return job
 
@@ -84,3 +87,10 @@ class Actions:
                 ended.append(job.job_id)
         return ended
 
+
+
+def _not_a_member(job: Job, what: str) -> None:
+    """A member of a multi-node job moves with its job, never on its own."""
+    if job.gang_id is not None:
+        raise Conflict(f"{job.job_id} is a member of job-{job.gang_id}, which is {what} as a whole: "
+                       f"ask that of job-{job.gang_id}")

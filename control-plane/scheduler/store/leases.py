@@ -2,7 +2,7 @@
 running jobs of a node whose lease lapsed (or their failure, per `on_node_lost`)."""
 from corral.server.statements import param
 
-from .. import lifecycle, liveness
+from .. import gangs, lifecycle, liveness
 from ..models import Job, NodeLease
 from .context import StoreContext
 from .transitions import Transitions
@@ -59,6 +59,7 @@ class Leases:
             return []
         fresh = NodeLease.select(NodeLease.node_id).where(NodeLease.renewed_at >= deadline)
         lost = list(Job.select().where((Job.status == "running") & Job.node_id.not_in(fresh)
+                                       & (Job.node_id != gangs.GANG_NODE)
                                        & (Job.running_at < deadline)))
         ended = []
         with self.ctx.db.atomic():

@@ -8,9 +8,10 @@ last refreshed is one scheduler_state value, shown as each node's `synced_at`.""
 from peewee import fn
 
 from corral.shared import wire
+from corral.shared.errors import Conflict
 from corral.shared.timeutil import epoch
 
-from .. import liveness, placement
+from .. import gangs, lifecycle, liveness, placement
 from ..event_log import EventLog
 from ..events import node_changes
 from ..models import Job, Node, NodeLease, SchedulerState
@@ -20,6 +21,7 @@ from .rows import json_value, tuples
 from .placement_reads import PlacementReads
 from .stats import Stats
 from .status_writer import StatusWriter
+from .transitions import Transitions
 
 # Counts the drains and undrains through the scheduler (set_drained); a node list
 # fetched before the count moved keeps those nodes' drains (sync_nodes).
@@ -35,11 +37,13 @@ JSON_COLUMNS = ("labels", "default_limits", "gpus", "resources")
 
 
 class Nodes:
-    def __init__(self, ctx: StoreContext, stats: Stats, writer: StatusWriter, reads: PlacementReads):
+    def __init__(self, ctx: StoreContext, stats: Stats, writer: StatusWriter, reads: PlacementReads,
+                 transitions: Transitions):
         self.ctx = ctx
         self.stats = stats
         self.writer = writer
         self.reads = reads
+        self.transitions = transitions
 
     def sync_nodes(self, nodes: list[dict], now: float, seen_drains: int | None = None) -> None:
         """Make the cached node list the registry's (its rows that changed written, those
@@ -168,6 +172,17 @@ class Nodes:
                       Node.node_id, Node.status, Node.refusing_work, Node.kind))}
         released = 0
         for job in stranded:
+            if job.gang_id is not None:
+                # A member is not placed again on its own: its attempt ends, and its job
+                # is placed again as one (gangs.py).
+                why = states.get(job.node_id, "is gone from the registry")
+                try:
+                    self.transitions.apply(job, lifecycle.node_lost(
+                        job, now, f"node {job.node_id} {why} before the member started", self.ctx.policy), now)
+                except Conflict:
+                    continue  # claimed or ended meanwhile
+                released += 1
+                continue
             unplaced = Job.update(node_id=None, placed_at=None).where(
                 (Job.id == job.id) & (Job.status == "pending") & (Job.node_id == job.node_id)
                 & (Job.attempt == job.attempt)).execute()
@@ -181,7 +196,7 @@ class Nodes:
         """Pending jobs placed on a node that is not a healthy compute node taking work (any more)."""
         taking = Node.select(Node.node_id).where(liveness.taking_new_work(Node))
         return list(Job.select().where((Job.status == "pending") & Job.node_id.is_null(False)
-                                       & Job.node_id.not_in(taking)))
+                                       & Job.node_id.not_in(taking) & (Job.node_id != gangs.GANG_NODE)))
 
     def nodes_and_slots(self) -> list[tuple[Node, int, placement.NodeInfo,
                                             tuple[int | None, int | None, int | None, float | None] | None]]:

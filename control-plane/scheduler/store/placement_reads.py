@@ -15,7 +15,7 @@ from peewee import fn
 from corral.server.statements import ValueList, param
 from corral.shared.states import ACTIVE
 
-from .. import liveness, placement, quotas
+from .. import gangs, liveness, placement, quotas
 from ..models import ConcurrencyLimit, Job, JobArray, Node, SchedulerState
 from .columns import QUEUED
 from .context import StoreContext
@@ -192,7 +192,9 @@ class PlacementReads:
         """What the jobs holding slots reserve, by team and user (`team`'s only, when given):
         one grouped walk of those jobs, which quotas and fair share share in a pass."""
         def held() -> Any:
-            where = _holding_slots() if team is None else _holding_slots() & (Job.team == param("team"))
+            # A job of many nodes holds no node itself: its members do.
+            holding = _holding_slots() & (Job.node_id != gangs.GANG_NODE)
+            where = holding if team is None else holding & (Job.team == param("team"))
             running = (Job.status == "running") & Job.running_at.is_null(False)
             cpu = fn.COALESCE(Job.reserved_cpu_percent, 0)
             return Job.select(

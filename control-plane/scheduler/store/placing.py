@@ -15,6 +15,7 @@ from ..models import Job
 from .columns import QUEUED, QUEUED_ARRAY, QUEUED_KEY, QUEUED_TEAM
 from .context import StoreContext
 from .fair_share import TEAM_OF, USER_OF, FairShare
+from .gangs import Gangs
 from .jobs import Jobs
 from .marks import PLACEMENT_MARK
 from .placement_reads import RR_CURSOR, Held, PlacementReads
@@ -48,12 +49,13 @@ class Placing:
     jobs another placement is placing (FOR UPDATE SKIP LOCKED)."""
 
     def __init__(self, ctx: StoreContext, reads: PlacementReads, writes: PlacementWrites, jobs: Jobs,
-                 fair: FairShare):
+                 fair: FairShare, gangs: Gangs):
         self.ctx = ctx
         self.reads = reads
         self.writes = writes
         self.jobs = jobs
         self.fair = fair
+        self.gangs = gangs
 
     def dispatch(self, now: float, nodes: Collection[str] | None = None, deep: bool = False,
                  first_only: bool = False) -> int:
@@ -100,7 +102,12 @@ class Placing:
                                            every_node)
             plan = planner.plan()
             cursor = plan.cursor
-            placed = self.writes.place(plan.placed, {row[0]: row[1] for row in candidates}, now)
+            attempts = {row[0]: row[1] for row in candidates}
+            singles, gangs = _split(plan.placed)
+            placed = self.writes.place(singles, attempts, now)
+            if gangs or plan.held:
+                placed += self.gangs.place(gangs, attempts, now)
+                self.gangs.keep_held(plan.held, now)
             if every_node:
                 self.writes.keep_reasons(plan.waiting, {row[0]: row[2] for row in candidates})
             state: dict[str, str | None] = {}
@@ -126,7 +133,7 @@ class Placing:
         limit, after = first, None
         while not planner.exhausted and len(seen) < scan:
             rows = self.reads.queue_page(open_nodes, now, limit, after)
-            self._offer(planner, rows)
+            self._offer(planner, rows, now)
             seen += [(row[0], row[1], row[-2]) for row in rows]
             if len(rows) < limit:
                 break
@@ -166,15 +173,15 @@ class Placing:
                 continue  # at its cap, or past its guarantee with nothing it may borrow: no job of it fits
             rows = fairshare.turns(self.fair.waiting(open_nodes, now, [team], per_team), TEAM_OF, USER_OF,
                                    standings, users)
-            self._offer(planner, rows)
+            self._offer(planner, rows, now)
             seen += [(row[0], row[1], row[-2]) for row in rows]
         return seen
 
-    def _offer(self, planner: placement.Planner, rows: list[tuple]) -> None:
+    def _offer(self, planner: placement.Planner, rows: list[tuple], now: float) -> None:
         self._want(planner, rows)
         self._add_throttles(planner, rows)
         # Made into asks as the planner takes them: it stops once no room is left.
-        planner.offer(ask(row) for row in rows)
+        planner.offer(ask(row, now, self.ctx.settings.gang_hold_secs) for row in rows)
 
     def explain(self, now: float, limit: int = EXPLAIN_MAX) -> int:
         """Why the first `limit` due jobs in the queue are not placed, against every
@@ -187,7 +194,7 @@ class Placing:
         infos = self.reads.nodes()
         planner = placement.Planner(infos, self.ctx.settings.placement_policy,
                                     fallback=FALLBACK_LIMITS, explain=True, ledger=self.ledger(infos))
-        self._offer(planner, rows)
+        self._offer(planner, rows, now)
         # A job the planner could place waits only for the next placement: it keeps its reason.
         return self.writes.keep_reasons(planner.plan().waiting, {row[0]: row[-2] for row in rows})
 
@@ -233,3 +240,15 @@ class Placing:
                                      {row[QUEUED_KEY] for row in rows})
         if found:
             planner.add_throttles(found)
+
+
+def _split(chosen: list[placement.Placed]) -> tuple[list[placement.Placed], dict[int, list[placement.Placed]]]:
+    """The placements of jobs of one node, and of each job of many nodes (a gang) its members'."""
+    gangs = {p.job_id for p in chosen if p.rank > 0}
+    if not gangs:
+        return chosen, {}
+    members: dict[int, list[placement.Placed]] = {}
+    for p in chosen:
+        if p.job_id in gangs:
+            members.setdefault(p.job_id, []).append(p)
+    return [p for p in chosen if p.job_id not in gangs], members

@@ -10,7 +10,7 @@ from peewee import fn
 from corral.server.statements import ValueList
 from corral.shared import wire
 
-from .. import placement, preemption, quotas
+from .. import gangs, placement, preemption, quotas
 from ..models import Job
 from .columns import QUEUED_TEAM
 from .context import StoreContext
@@ -61,7 +61,8 @@ class Preemptions:
                 return []
             if ledger is not None:
                 ledger.want({row[QUEUED_TEAM] for row in rows})
-            asks = sorted((ask(row) for row in rows), key=lambda a: -a.priority)  # stable: queue order next
+            # A job of many nodes does not preempt (yet): it waits, holding what it finds.
+            asks = sorted((a for row in rows if (a := ask(row)).members == 1), key=lambda a: -a.priority)
             found = preemption.plan(asks, nodes, self._running(), ledger, FALLBACK_LIMITS, gap, MAX_VICTIMS)
             return self._stop(found, now)
 
@@ -76,13 +77,18 @@ class Preemptions:
 
     @staticmethod
     def _running() -> list[preemption.Running]:
+        """The running jobs as preemption weighs them. A member of a multi-node job is never
+        a victim (stopping one would stop its whole job: not weighed yet), and the job
+        itself holds no node of its own."""
         return [preemption.Running(job_id, node_id, team, placement.DEFAULT_PRIORITY if priority is None else priority,
-                                   running_at or 0.0, memory or 0, cpu or 0, preemptible is None or bool(preemptible),
+                                   running_at or 0.0, memory or 0, cpu or 0,
+                                   (preemptible is None or bool(preemptible)) and gang_id is None,
                                    stop_reason is not None, tuple(json_value(gpus) or ()))
-                for job_id, node_id, team, priority, running_at, memory, cpu, preemptible, stop_reason, gpus in tuples(
-                    Job.select(Job.id, Job.node_id, Job.team, Job.priority, Job.running_at,
-                               fn.COALESCE(Job.reserved_memory_mb, 0), fn.COALESCE(Job.reserved_cpu_percent, 0),
-                               Job.preemptible, Job.stop_reason, Job.gpus_assigned).where(Job.status == "running"))]
+                for job_id, node_id, team, priority, running_at, memory, cpu, preemptible, stop_reason, gpus, gang_id
+                in tuples(Job.select(Job.id, Job.node_id, Job.team, Job.priority, Job.running_at,
+                                     fn.COALESCE(Job.reserved_memory_mb, 0), fn.COALESCE(Job.reserved_cpu_percent, 0),
+                                     Job.preemptible, Job.stop_reason, Job.gpus_assigned, Job.gang_id).where(
+                    (Job.status == "running") & (Job.node_id != gangs.GANG_NODE)))]
 
     def _stop(self, found: list[preemption.Preemption], now: float) -> list[tuple[str, str]]:
         stopped: list[tuple[str, str]] = []

@@ -13,7 +13,7 @@ from corral.shared import wire
 from corral.shared.limits import (DEFAULT_RUN_CPU_PERCENT, DEFAULT_RUN_MEMORY_MB, DEFAULT_SERVICE_CPU_PERCENT,
                                   DEFAULT_SERVICE_MEMORY_MB)
 
-from .. import placement
+from .. import gangs, placement
 
 # The default limits per job type (shared/limits.py), for a claim whose agent sent no defaults of its own.
 DESIGN_LIMITS = {wire.JOB_RUN: {"memory_mb": DEFAULT_RUN_MEMORY_MB, "cpu_percent": DEFAULT_RUN_CPU_PERCENT},
@@ -40,10 +40,12 @@ def limits_by_type(defaults: dict | None) -> dict[str, placement.Limits]:
             if isinstance(limits, dict) and "memory_mb" in limits and "cpu_percent" in limits}
 
 
-def ask(row: tuple) -> placement.Ask:
-    """A queued job (a row of columns.QUEUED) as placement reads it."""
+def ask(row: tuple, now: float = 0.0, hold_secs: float = 0.0) -> placement.Ask:
+    """A queued job (a row of columns.QUEUED) as placement reads it; a job of many nodes
+    may hold the nodes it finds (gangs.may_hold) when `hold_secs` is given."""
     (job_id, _, job_type, pin, memory, cpu, constraints, pool, array_id, key, team, _, preemptible, priority,
-     gpus, gpu_model, gpu_memory, resources) = row[:18]
+     gpus, gpu_model, gpu_memory, resources, nodes, held_since) = row[:20]
+    members = nodes or 1
     return placement.Ask(job_id, job_type, pin, memory, cpu,
                          () if constraints is None else tuple(
                              (label, op, tuple(value) if isinstance(value, list) else value)
@@ -51,7 +53,8 @@ def ask(row: tuple) -> placement.Ask:
                          pool, array_id, key, team, preemptible is None or bool(preemptible),
                          placement.DEFAULT_PRIORITY if priority is None else priority,
                          gpus or 0, None if gpu_model is None else gpu_model.lower(), gpu_memory,
-                         () if resources is None else tuple(sorted((json_value(resources) or {}).items())))
+                         () if resources is None else tuple(sorted((json_value(resources) or {}).items())),
+                         members, members > 1 and gangs.may_hold(held_since, now, hold_secs))
 
 
 def gpus_of(advertised: Any) -> tuple[placement.Gpu, ...]:

@@ -48,7 +48,9 @@ class StatusWriter:
                     continue
                 rows.append({"job": job.id, "at": now, "old": old, "new": new, "attempt": attempt,
                              "node_id": job.node_id, "reason": transition.reason})
-                if old == "running":  # an attempt ended: what it used (before the instance changes)
+                # An attempt ended: what it used (before the instance changes). A job of many
+                # nodes uses nothing itself: its members' attempts count.
+                if old == "running" and (job.__data__.get("nodes") or 1) == 1:
                     ended.append((job, usage.ended(job, transition.used or transition.changes, now)))
                 metrics.moved(db, job, new, now, transition.changes)  # before the instance changes
                 if transition.timed_out:
@@ -56,7 +58,8 @@ class StatusWriter:
                 for name, value in transition.changes.items():
                     setattr(job, name, value)
                 job.status = new
-                if new in FINAL_STATUSES and settings.sns_topic_arn:
+                # A member's end is its job's to publish.
+                if new in FINAL_STATUSES and settings.sns_topic_arn and job.__data__.get("gang_id") is None:
                     message = notifications.notification(job, transition.reason)
                     OutboxEvent.create(event_id=message["event_id"], job_id=job.id, status=new, message=message,
                                        created_at=now)

@@ -1,20 +1,23 @@
 """Lifecycle decisions written.
 
 The status writer's compare-and-set, then the jobs that waited on those that ended
-decided (dependents.py). What every part that changes a job's status calls."""
+decided (dependents.py), and what the moves of multi-node jobs and their members move
+in turn (gangs.py). What every part that changes a job's status calls."""
 from corral.shared.errors import Conflict
 from corral.shared.states import FINAL_STATUSES
 
 from .. import lifecycle
 from ..models import Job
 from .dependents import Dependents
+from .gangs import Gangs
 from .status_writer import StatusWriter
 
 
 class Transitions:
-    def __init__(self, writer: StatusWriter, dependents: Dependents):
+    def __init__(self, writer: StatusWriter, dependents: Dependents, gangs: Gangs):
         self.writer = writer
         self.dependents = dependents
+        self.gangs = gangs
 
     def apply(self, job: Job, transition: lifecycle.Transition, now: float) -> None:
         """One lifecycle decision (apply_all); raises Conflict when the row changed meanwhile."""
@@ -32,6 +35,15 @@ class Transitions:
                  and job.__data__.get("has_dependents", True)]
         if ended:
             self.dependents.settle(ended, now)
+        # A member, or a job of many nodes (a job read without the columns is neither).
+        moved = [job for job, _ in decided if job not in stale
+                 and (job.__data__.get("gang_id") is not None or (job.__data__.get("nodes") or 1) > 1)]
+        if moved:
+            # The job follows its members, the members their job: a few rounds at most
+            # (a member fails, the job's attempt ends, its other members are cancelled).
+            following = self.gangs.settle(moved, now)
+            if following:
+                self.apply_all(following, now)
         return stale
 
 
