@@ -118,13 +118,16 @@ def size(n: int | None) -> str:
 # Fields a job shows only when they say something: the GPUs and other resources it asks
 # for (0, null, {}: none) and the devices reserved for it (null: none, or not placed).
 UNLESS_SET = frozenset({"gpus", "gpu_model", "gpu_memory_mb", "resources", "gpus_assigned"})
+# A job of several nodes lists its members after its fields (member_rows), not among them.
+MEMBER_HEADERS = ["ATTEMPT", "RANK", "MEMBER", "NODE", "STATUS", "EXIT", "ENDED BY"]
 
 
 def job_fields(job: dict, now: float) -> list[tuple[str, object]]:
     """The job's fields, in the API's order and names, for people (output tails apart)."""
     pairs = []
     for key, value in job.items():
-        if key in ("stdout", "stderr") or (key in UNLESS_SET and not value):
+        if key in ("stdout", "stderr", "members") or (key in UNLESS_SET and not value) or (
+                key == "nodes" and value == 1):
             continue
         if key == "status":
             value = fmt.status_cell(value)
@@ -152,11 +155,20 @@ def job_fields(job: dict, now: float) -> list[tuple[str, object]]:
             value = ", ".join(f"{name}={count}" for name, count in value.items())
         elif key == "gpus_assigned":
             value = ", ".join(str(uuid) for uuid in value)
+        elif key == "gang" and value:
+            value = (f"rank {value.get('rank')} of {value.get('size')} in {value.get('gang_id')}, master "
+                     f"{value.get('master_addr')}:{value.get('master_port')}")
         elif key == "pending_reason" and value:
             details = sched.reason_details(value)
             value = sched.reason_text(value) + (f" ({details})" if details else "")
         pairs.append((key, value))
     return pairs
+
+
+def member_rows(members: list[dict]) -> list[list]:
+    """A multi-node job's members (`job status`): every attempt's, each with its node and end."""
+    return [[m.get("attempt"), m.get("rank"), m.get("job_id"), m.get("node_id"), fmt.status_cell(m.get("status")),
+             m.get("exit_code"), m.get("ended_by")] for m in members]
 
 
 def event_row(event: dict) -> list:
@@ -333,6 +345,9 @@ def status(env: Env, job_id: str, as_json: bool) -> None:
     now = env.now()
     fmt.emit(fmt.key_values(job_fields(found, now)))
     click.echo()
+    if found.get("members"):
+        fmt.emit(fmt.table(MEMBER_HEADERS, member_rows(found["members"])))
+        click.echo()
     if events:
         emit_events(events)
     for stream, flag in ((wire.LOG_STDOUT, ""), (wire.LOG_STDERR, " --stderr")):

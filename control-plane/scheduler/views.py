@@ -135,7 +135,7 @@ def _pending_reason(reason: waiting.Reason) -> contract.PendingReason:
     at yet; placed on a node) are built once each and shared: answers are only read."""
     if reason is waiting.WAITING_FOR_CAPACITY:
         return _waiting_for_capacity()
-    if reason.code == "placed":
+    if reason.code == "placed" and "node_id" in reason.details:  # a gang's has none: its members hold nodes
         return _placed(reason.details["node_id"])
     return _reason(reason)
 

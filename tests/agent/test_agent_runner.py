@@ -183,6 +183,23 @@ def test_passthrough_cannot_name_tokens_or_loader_variables():
         assert jobenv.passthrough_problem(name), name
 
 
+def test_a_gang_member_is_told_its_place_in_the_names_torchrun_and_mpi_read():
+    place = {"gang_id": "job-7", "size": 3, "rank": 1, "hosts": ["10.0.0.1", "10.0.0.2", "10.0.0.3"],
+             "master_addr": "10.0.0.1", "master_port": 29501}
+    told = jobenv.gang_vars(place)
+    assert told == {"CORRAL_GANG_ID": "job-7", "CORRAL_GANG_SIZE": "3", "CORRAL_GANG_RANK": "1",
+                    "CORRAL_GANG_HOSTS": "10.0.0.1,10.0.0.2,10.0.0.3", "MASTER_ADDR": "10.0.0.1",
+                    "MASTER_PORT": "29501", "WORLD_SIZE": "3", "RANK": "1", "NODE_RANK": "1"}
+    # The agent's values win over the job's own env_vars of the same names.
+    env = jobenv.build({"env_vars": {"MASTER_PORT": "1", "RANK": "9"}}, {}, {}, told)
+    assert (env["MASTER_PORT"], env["RANK"]) == ("29501", "1")
+    assert jobenv.gang_vars(None) == {}  # a job of one node is told nothing of gangs
+    for broken in ({"rank": 1}, dict(place, master_port="x"), dict(place, hosts=None),
+                   dict(place, gang_id="job-7\x00")):
+        with pytest.raises(jobenv.JobEnvError):
+            jobenv.gang_vars(broken)
+
+
 def test_a_warm_chain_runs_its_job_in_the_work_dir_below_where_it_waits(tmp_path):
     """The chain waits in the work dirs' directory and enters the job's by a relative
     path (the job's user may not be able to search the directories above)."""

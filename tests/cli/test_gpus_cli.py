@@ -212,3 +212,30 @@ def test_job_status_of_a_job_without_gpus_or_resources_leaves_those_fields_out(m
     assert not {"gpus", "gpu_model", "gpu_memory_mb", "resources", "gpus_assigned"} & set(pairs)
     assert "gpu" not in result.stdout
     assert json.loads(corral("job", "status", "job-7", "--json").stdout) == job
+
+
+def test_job_status_of_a_multi_node_job_lists_its_members_and_a_member_its_place(mock):
+    members = [{"job_id": f"job-{8 + rank}", "attempt": 1, "rank": rank, "node_id": f"gpu-{rank + 1}",
+                "status": status, "exit_code": code, "ended_by": ended, "stdout_tail": None, "stderr_tail": None}
+               for rank, (status, code, ended) in enumerate([("cancelled", None, "cancel"), ("failed", 3, "exit")])]
+    job = a_job(status="failed", nodes=2, gpus=8, members=members)
+    mock.get(f"{SCHED}/jobs/job-7", json=job)
+    mock.get(f"{SCHED}/jobs/job-7/events", json=[])
+    result = corral("job", "status", "job-7")
+    pairs = job_pairs(result)
+    assert pairs["nodes"] == "2" and "members" not in pairs
+    table = result.stdout.split("\n\n")[1].splitlines()
+    assert table[0].split() == ["ATTEMPT", "RANK", "MEMBER", "NODE", "STATUS", "EXIT", "ENDED", "BY"]
+    assert [row.split() for row in table[1:]] == [["1", "0", "job-8", "gpu-1", "cancelled", "-", "cancel"],
+                                                  ["1", "1", "job-9", "gpu-2", "failed", "3", "exit"]]
+
+    member = a_job(status="running", nodes=2, gang={"gang_id": "job-7", "size": 2, "rank": 1,
+                                                    "hosts": ["10.0.0.1", "10.0.0.2"], "master_addr": "10.0.0.1",
+                                                    "master_port": 29500})
+    mock.get(f"{SCHED}/jobs/job-9", json=member)
+    mock.get(f"{SCHED}/jobs/job-9/events", json=[])
+    assert job_pairs(corral("job", "status", "job-9"))["gang"] == "rank 1 of 2 in job-7, master 10.0.0.1:29500"
+    # A job of one node shows neither.
+    mock.get(f"{SCHED}/jobs/job-5", json=a_job(nodes=1))
+    mock.get(f"{SCHED}/jobs/job-5/events", json=[])
+    assert not {"nodes", "gang", "members"} & set(job_pairs(corral("job", "status", "job-5")))

@@ -5,69 +5,23 @@ import os
 import pytest
 import requests
 
-import shutil
-
-import netns
-from cluster import BIN, Proc, base_env, kill_leftover_jobs, wait_scheduler_sees_healthy, world_traversable_dir
+from cluster import BIN, wait_scheduler_sees_healthy
 from helpers import wait_for
-
-from corral.shared.credentials import node_token
+from lab_cluster import OPERATOR_TOKEN, REGISTRY, SCHEDULER, api, lab_of, start, start_servers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
-
-# The servers listen on the lab's bridge, not loopback, so they need the tokens (else
-# they refuse to start): the test calls the operator routes with the operator token, and
-# each agent proves its node with its own credential, derived from the agent secret.
-OPERATOR_TOKEN = "multihost-operator-token-7a2b9c"
-AGENT_SECRET = "multihost-agent-secret-4f1d2c"
-SERVER_TOKENS = {"CORRAL_API_TOKEN": OPERATOR_TOKEN, "CORRAL_AGENT_TOKEN": AGENT_SECRET}
-api = requests.Session()
-api.headers["Authorization"] = f"Bearer {OPERATOR_TOKEN}"
 
 
 @pytest.fixture
 def lab(tmp_path):
-    reason = netns.available()
-    if reason:
-        pytest.skip(reason)
-    lab = netns.Lab(agents=2).up()
-    procs: list[Proc] = []
-    state = world_traversable_dir("corral-lab-")
-    try:
-        yield lab, procs, (tmp_path, state)
-    finally:
-        for proc in reversed(procs):
-            proc.stop()
-        for proc in procs:
-            if proc.name.startswith("host-"):
-                kill_leftover_jobs(proc.name, os.path.join(state, proc.name))
-        lab.down()
-        shutil.rmtree(state, ignore_errors=True)
-
-
-def start(lab, procs, dirs, name, ns, argv, **env):
-    tmp_path, state_root = dirs
-    if "NODE_ID" in env:
-        env["CORRAL_NODE_TOKEN"] = node_token(AGENT_SECRET, env["NODE_ID"])
-    else:
-        env.update(SERVER_TOKENS)
-    full = base_env(os.path.join(state_root, name), **env)
-    proc = Proc(name, netns.Lab.exec_argv(ns, argv), full, str(tmp_path / f"{name}.log"))
-    procs.append(proc)
-    return proc
+    yield from lab_of(tmp_path, agents=2)
 
 
 def test_jobs_run_on_two_hosts_and_their_services_answer_on_each_hosts_address(lab):
     lab, procs, dirs = lab
-    cp = netns.CP_ADDR
-    registry, scheduler = f"http://{cp}:9000", f"http://{cp}:9001"
-    start(lab, procs, dirs, "registry", lab.cp,
-          [os.path.join(BIN, "corral-registry"), "--host", cp, "--port", "9000"], HEARTBEAT_TIMEOUT_SECS=5)
-    start(lab, procs, dirs, "scheduler", lab.cp,
-          [os.path.join(BIN, "corral-scheduler"), "--host", cp, "--port", "9001"],
-          REGISTRY_URL=registry, NODE_REFRESH_SECS=0.3, DISPATCH_INTERVAL_SECS=0.2, MAX_JOBS_PER_NODE=2)
-    for url in (registry, scheduler):
-        wait_for(lambda: requests.get(url + "/healthz", timeout=2).ok, timeout=30, message=url)
+    registry, scheduler = REGISTRY, SCHEDULER
+    start_servers(lab, procs, dirs, {"HEARTBEAT_TIMEOUT_SECS": 5}, NODE_REFRESH_SECS=0.3,
+                  DISPATCH_INTERVAL_SECS=0.2, MAX_JOBS_PER_NODE=2)
     for i, ns in enumerate(lab.agent_ns):
         # No AGENT_ADDRESS: the agent finds its address on the route to the registry.
         start(lab, procs, dirs, f"host-{i + 1}", ns, [os.path.join(BIN, "corral-agent")],
@@ -112,16 +66,9 @@ def test_jobs_run_on_two_hosts_and_their_services_answer_on_each_hosts_address(l
 
 def test_a_partitioned_node_stops_its_job_before_the_job_runs_elsewhere(lab, shared_dir):
     lab, procs, dirs = lab
-    cp = netns.CP_ADDR
-    registry, scheduler = f"http://{cp}:9000", f"http://{cp}:9001"
+    registry, scheduler = REGISTRY, SCHEDULER
     loss = dict(HEARTBEAT_TIMEOUT_SECS=3, NODE_LOST_GRACE_SECS=3)
-    start(lab, procs, dirs, "registry", lab.cp,
-          [os.path.join(BIN, "corral-registry"), "--host", cp, "--port", "9000"], **loss)
-    start(lab, procs, dirs, "scheduler", lab.cp,
-          [os.path.join(BIN, "corral-scheduler"), "--host", cp, "--port", "9001"],
-          REGISTRY_URL=registry, NODE_REFRESH_SECS=0.3, DISPATCH_INTERVAL_SECS=0.2, **loss)
-    for url in (registry, scheduler):
-        wait_for(lambda: requests.get(url + "/healthz", timeout=2).ok, timeout=30, message=url)
+    start_servers(lab, procs, dirs, loss, NODE_REFRESH_SECS=0.3, DISPATCH_INTERVAL_SECS=0.2, **loss)
 
     def agent(i):
         start(lab, procs, dirs, f"host-{i + 1}", lab.agent_ns[i], [os.path.join(BIN, "corral-agent")],

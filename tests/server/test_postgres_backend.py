@@ -57,6 +57,22 @@ def test_the_urls_own_session_options_are_kept_and_ours_win(pg_url):
     dbmod.close_idle(db)
 
 
+def test_a_url_may_name_the_servers_unix_socket_directory(pg_server):
+    """postgresql://USER@:PORT/DATABASE?host=/socket/dir: libpq's form, for a server on the
+    same host reached without TCP (and from another network namespace)."""
+    name = pg_server.create_database()
+    try:
+        user = urllib.parse.urlsplit(pg_server.url(name)).username
+        db = dbmod.open_database(f"postgresql://{user}@:{pg_server.port}/{name}?host={pg_server.base_dir}",
+                                 service="scheduler")
+        assert db.where["host"] == pg_server.base_dir
+        with db.connection_context():
+            assert db.execute_sql("SELECT inet_server_addr()").fetchone()[0] is None  # not over TCP
+        dbmod.close_idle(db)
+    finally:
+        pg_server.drop_database(name)
+
+
 @contextlib.contextmanager
 def held_in_a_thread(enter: Callable[[], contextlib.AbstractContextManager], timeout: float = 10.0):
     """`enter()` entered in a thread of its own (a connection taken, a transaction

@@ -2,7 +2,7 @@
 as it may be shown (no password), and a service's schema."""
 from __future__ import annotations
 
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from corral.shared.errors import SettingError
 
@@ -12,7 +12,10 @@ def schema_for(service: str) -> str:
 
 
 def parse_url(url: str) -> dict:
-    """The parts of a postgresql:// URL, or a SettingError (the password is never echoed)."""
+    """The parts of a postgresql:// URL, or a SettingError (the password is never echoed).
+    libpq reads the whole URL; these parts name the server in messages. A `host` in the
+    query (a Unix socket's directory: postgresql://USER@/DATABASE?host=/run/postgresql)
+    wins over the URL's, as in libpq."""
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -22,8 +25,9 @@ def parse_url(url: str) -> dict:
     if parts.scheme not in ("postgres", "postgresql") or not database or "/" in database:
         raise SettingError("DATABASE_URL must look like postgresql://USER:PASSWORD@HOST:PORT/DATABASE, "
                            f"got {redact(url)!r}")
-    return {"host": parts.hostname or "localhost", "port": port or 5432, "database": database,
-            "user": unquote(parts.username) if parts.username else None}
+    socket_dir = parse_qs(parts.query).get("host")
+    return {"host": socket_dir[-1] if socket_dir else parts.hostname or "localhost", "port": port or 5432,
+            "database": database, "user": unquote(parts.username) if parts.username else None}
 
 
 def redact(url: str) -> str:
