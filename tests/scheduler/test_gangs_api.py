@@ -178,6 +178,8 @@ def test_a_gang_without_enough_nodes_waits_and_says_how_many_have_room(client, s
     reason = waiting["pending_reason"]
     assert reason["code"] == "gang", reason
     assert "needs 3 nodes at once; 2 of the 2 nodes it may go to have room now" in reason["message"]
+    why = client.get(f"/jobs/{job['job_id']}/why").json
+    assert why["pending_reason"]["code"] == "gang", why
 
 
 def test_a_gang_short_of_nodes_holds_those_it_has_from_later_jobs_for_a_bounded_time(app, clock):
