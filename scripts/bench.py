@@ -221,7 +221,8 @@ def placement_pass(cfg: Config) -> dict:
     pass's explain); then the same with every team's quota counted (`*_quotas_ms`: each
     guaranteed 100 jobs and 1,600% CPU, borrowing up to 150 more jobs, half of them
     lending only 50 of their jobs, so that borrowers stop at what the others keep), and
-    the time fair share takes to put the 10,000 jobs in turns (`fair_share_order_ms`)."""
+    the time fair share takes to put the 10,000 jobs in turns (`fair_share_order_ms`),
+    and a pass where one job in twenty needs 4 nodes at once (`*_gangs_ms`)."""
     from corral.scheduler import fairshare, quotas
     from corral.scheduler.placement import Ask, NodeInfo, Planner, cluster_capacity
 
@@ -258,6 +259,18 @@ def placement_pass(cfg: Config) -> dict:
                         + ("_quotas" if with_quotas else ""))
                 out[f"{name}_ms"] = round(1000 * statistics.median(times), 2)
                 out[f"{name}_placed"] = placed
+    # The same pass with one job in twenty a gang of 4 nodes (all members or none).
+    gang_asks = [replace(a, members=4) if a.job_id % 20 == 0 else a for a in asks]
+    for policy in ("round-robin", "binpack", "spread"):
+        times, placed = [], 0
+        for _ in range(7):
+            started = time.perf_counter()
+            planner = Planner(nodes, policy)
+            planner.offer(gang_asks)
+            placed = len(planner.plan().placed)
+            times.append(time.perf_counter() - started)
+        out[f"{policy.replace('-', '_')}_gangs_ms"] = round(1000 * statistics.median(times), 2)
+        out[f"{policy.replace('-', '_')}_gangs_placed"] = placed
     # Fair share's order of the same jobs (five users per team, usage of every one), before a pass.
     rows = [(a.job_id, a.team, f"user-{a.job_id % 100:02d}") for a in asks]
     usage = {(team, f"user-{u:02d}"): float(rnd.randint(0, 10**6)) for team in teams for u in range(100)
