@@ -198,6 +198,8 @@ class Agent:
         s = self.settings
         if not s.warm_start or self._start_job is not runner.start:
             return
+        if runner.fork_server_in_use():
+            return  # a job starts with one clone and one exec: nothing to start ahead
         if self.isolation is not None and self.isolation.mode == devices.MOUNT:
             # A warm chain's namespace is made before its job, and so its /dev.
             log.info("no warm job launch: each job's /dev is made for its own GPUs")

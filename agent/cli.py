@@ -22,7 +22,7 @@ from corral.shared.errors import SettingError
 from corral.shared.settings import LOG_LEVEL, LOG_LEVELS, split_urls
 from corral.shared.signals import SignalWatch
 
-from . import cgroups, disk, identity, launch
+from . import cgroups, disk, identity, launch, runner, startup
 from .agent import Agent, AgentStartError
 from .settings import AgentSettings
 
@@ -90,6 +90,17 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report, indent=2) if args.json else format_check(report))
         return 0 if report["ok"] else 1
 
+    server = startup.fork_server(settings)
+    runner.use_fork_server(server)
+    try:
+        return _serve(settings, args)
+    finally:
+        runner.use_fork_server(None)
+        if server is not None:
+            server.close()
+
+
+def _serve(settings: AgentSettings, args: argparse.Namespace) -> int:
     stop = threading.Event()
 
     def request_stop(signum):

@@ -16,6 +16,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from corral.shared.files import write_private
+
+from .spawner import (DEV_FAILED_MESSAGE, DROP_FAILED_MESSAGE, JOIN_FAILED_MESSAGE, MOUNT_FAILED_MESSAGE,
+                      SETUP_FAILED_EXIT, SETUP_FAILED_PREFIX)
 from corral.shared.validate import ENV_NAME_RE
 
 # What the root stages run with: no variable of the job's or the agent's (an LD_PRELOAD,
@@ -28,12 +31,8 @@ SHELL = "/bin/sh"
 PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 FSTAB_NAME = "private-tmp.fstab"  # in the agent's dir (write_fstab)
 
-# Exit code and stderr prefix of a job whose set-up failed (a problem of the node).
-SETUP_FAILED_EXIT = 125
-SETUP_FAILED_PREFIX = "corral-launch:"
-JOIN_FAILED_MESSAGE = f"{SETUP_FAILED_PREFIX} the job could not join its cgroup"
-MOUNT_FAILED_MESSAGE = f"{SETUP_FAILED_PREFIX} could not mount a private /tmp, /var/tmp and /dev/shm"
-DEV_FAILED_MESSAGE = f"{SETUP_FAILED_PREFIX} could not make the job's own /dev"
+# Exit code, stderr prefix and messages of a job whose set-up failed (a problem of the
+# node), the fork server's (spawner.py) and the chain's alike.
 ENV_FAILED_MESSAGE = f"{SETUP_FAILED_PREFIX} the job's environment could not be read"
 
 # Root: $1 the mount program, $2 the fstab ("" for none), $3 the size of each tmpfs
@@ -77,7 +76,6 @@ _WARM_STAGE = ('. /proc/self/fd/0 || exit ' + str(SETUP_FAILED_EXIT) + '; '
                'unset ' + _WARM_READY + '; ' + _RUN_JOB)
 WORKDIR_FAILED_MESSAGE = f"{SETUP_FAILED_PREFIX} the job could not enter its work dir"
 
-DROP_FAILED_MESSAGE = f"{SETUP_FAILED_PREFIX} could not drop the privileges of the job"
 
 # Fallback privilege drop when setpriv (util-linux) is missing: a few lines of Python
 # run isolated (-I: no PYTHON* variables, no user site) and without site imports (-S).
@@ -170,6 +168,12 @@ def env_script(env: Mapping[str, str]) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
+def private_dirs() -> tuple[str, ...]:
+    """The private dirs a job gets a file system of its own on: those that are
+    directories here (write_fstab's entries)."""
+    return tuple(d for d in PRIVATE_DIRS if os.path.isdir(d) and not os.path.islink(d))
+
+
 def write_fstab(path: str) -> str:
     """Write the fstab of the jobs' private /tmp, /var/tmp and /dev/shm (those that are
     directories here) to `path` (mode 0600); the path. One `mount -a` mounts them all
@@ -178,8 +182,7 @@ def write_fstab(path: str) -> str:
     skips an entry whose source is already mounted at its target (an agent running
     inside a job of another agent would otherwise share that job's /tmp)."""
     source = f"corral-tmp-{secrets.token_hex(8)}"
-    text = "".join(f"{source} {d} tmpfs defaults 0 0\n"
-                   for d in PRIVATE_DIRS if os.path.isdir(d) and not os.path.islink(d))
+    text = "".join(f"{source} {d} tmpfs defaults 0 0\n" for d in private_dirs())
     write_private(path, text)
     return path
 

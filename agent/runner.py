@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from . import launch
+from . import forkserver, launch, spawner
 
 _READ_CHUNK = 64 * 1024
 # How long result() waits for the pipes to drain after the job's processes are gone.
@@ -110,6 +110,9 @@ def start(job: Mapping, workdir: str, env: Mapping[str, str], tail_bytes: int, *
         script = launch.env_script(env)
     except ValueError as exc:
         raise StartError(f"cannot start the job: {exc}") from exc
+    if _FORK_SERVER is not None:
+        spec = forkserver.spec_for(command, workdir, env, cgroup, user, private_tmp, private_dev)
+        return _start_forked(_FORK_SERVER, spec, tail_bytes, cgroup, output_files, captures)
     try:
         argv = launch.argv(command, tools(), cgroup.join_files() if cgroup is not None else (), user,
                            private_tmp, private_dev)
@@ -140,6 +143,57 @@ def start(job: Mapping, workdir: str, env: Mapping[str, str], tail_bytes: int, *
             if isinstance(fd, int) and fd >= 0:
                 os.close(fd)
     return RunningJob(proc, tail_bytes, cgroup, output_files, captures)
+
+
+def _start_forked(server: forkserver.ForkServer, spec: forkserver.Spec, tail_bytes: int, cgroup,
+                  output_files: tuple[str, str] | None, captures: tuple | None) -> "RunningJob":
+    """start() through the fork server: one clone and one exec, the same job."""
+    ends: list[int] = []  # what this process closes once the child has its copies
+    try:
+        if output_files is not None:
+            stdout, stderr = _open_append(output_files[0]), _open_append(output_files[1])
+            ends += [stdout, stderr]
+            readers = None
+        else:
+            out_r, stdout = os.pipe2(os.O_CLOEXEC)
+            err_r, stderr = os.pipe2(os.O_CLOEXEC)
+            ends += [stdout, stderr]
+            readers = (out_r, err_r)
+        try:
+            pid = server.spawn(spec, stdout, stderr)
+        except forkserver.SpawnError as exc:
+            if readers:
+                for fd in readers:
+                    os.close(fd)
+            if exc.stage == spawner.STAGE_WORKDIR:
+                raise StartError(f"cannot use work dir {spec.workdir}: {os.strerror(exc.errno)}") from exc
+            if exc.stage == spawner.STAGE_EXEC:
+                raise StartError(f"cannot run {spec.shell}: {os.strerror(exc.errno)}", 127) from exc
+            raise StartError(f"cannot start the job: {exc}") from exc
+        except OSError as exc:
+            if readers:
+                for fd in readers:
+                    os.close(fd)
+            raise StartError(f"cannot start the job: the fork server failed ({exc})") from exc
+    finally:
+        for fd in ends:
+            os.close(fd)
+    pipes = (open(readers[0], "rb", buffering=0), open(readers[1], "rb", buffering=0)) if readers else (None, None)
+    return RunningJob(forkserver.ForkedProcess(pid, *pipes), tail_bytes, cgroup, output_files, captures)
+
+
+# Jobs start through this fork server when the agent made one (use_fork_server).
+_FORK_SERVER: forkserver.ForkServer | None = None
+
+
+def use_fork_server(server: forkserver.ForkServer | None) -> None:
+    """Start jobs through `server` from now on (None: through launch.py's chain)."""
+    global _FORK_SERVER
+    _FORK_SERVER = server
+
+
+def fork_server_in_use() -> bool:
+    return _FORK_SERVER is not None
 
 
 def _runnable(command: object) -> str:

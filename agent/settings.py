@@ -110,6 +110,7 @@ class AgentSettings:
     private_tmp: bool = True
     # Keep one job launch started ahead of the next run job (warm.py).
     warm_start: bool = True
+    fork_server: bool = True
     job_max_processes: int = DEFAULT_JOB_MAX_PROCESSES
     max_processes: int = DEFAULT_MAX_PROCESSES
     job_env_passthrough: tuple[str, ...] = ()
@@ -449,9 +450,14 @@ SETTINGS = (
     Setting("AGENT_PRIVATE_TMP", "private_tmp", "bool", True,
             "give each job its own `/tmp`, `/var/tmp`, `/dev/shm` and IPC namespace where the node allows it "
             "(else `TMPDIR` in its work dir)"),
+    Setting("AGENT_FORK_SERVER", "fork_server", "bool", True,
+            "start jobs through a fork server made at the agent's start: each job's process is cloned and set up "
+            "with system calls and execs its shell once (false: a chain of programs, `unshare`, a root shell, "
+            "`setpriv`, each exec'ing the next; also where the machine's system calls are unknown)"),
     Setting("AGENT_WARM_START", "warm_start", "bool", True,
-            "keep one job launch started ahead (cgroup, private /tmp, uid), so that the next `run` job with the "
-            "same limits starts in about the time of its own shell"),
+            "with the chain of programs (`AGENT_FORK_SERVER=false`), keep one job launch started ahead (cgroup, "
+            "private /tmp, uid), so that the next `run` job with the same limits starts in about the time of its "
+            "own shell"),
     Setting("AGENT_JOB_ENV_PASSTHROUGH", "job_env_passthrough", "text", "",
             "names of the agent's environment variables jobs get too, beyond `PATH`, `LANG`, `LC_*`, `TZ`; "
             "never a `CORRAL_*TOKEN`, `LD_PRELOAD` or `LD_AUDIT`", parse=_passthrough,

@@ -12,7 +12,7 @@ import os
 import shutil
 from collections.abc import Iterable
 
-from . import cgroups, devices, diskfs, launch, runner, services
+from . import cgroups, devices, diskfs, forkserver, launch, runner, services, spawner
 from .settings import AgentSettings
 
 log = logging.getLogger(__name__)
@@ -30,6 +30,33 @@ def make_dirs(settings: AgentSettings) -> None:
         path = getattr(settings, attr)
         os.makedirs(path, mode=mode, exist_ok=True)
         os.chmod(path, mode)
+
+
+def fork_server(settings: AgentSettings) -> forkserver.ForkServer | None:
+    """The fork server jobs start through (AGENT_FORK_SERVER), proven by starting one
+    `exit 0`; None, logged, where it is off or cannot work here (launch.py's chain then
+    starts them)."""
+    if not settings.fork_server:
+        return None
+    if not spawner.machine_known():
+        log.info("jobs start through a chain of programs: no fork server on this machine's architecture")
+        return None
+    try:
+        server = forkserver.ForkServer.start()
+    except OSError as exc:
+        log.warning("jobs start through a chain of programs: the fork server did not start (%s)", exc)
+        return None
+    try:
+        pid = server.spawn(forkserver.Spec(command="exit 0", workdir="/", env={}), 2, 2)
+        code = forkserver.ForkedProcess(pid).wait(timeout=10)
+        if code != 0:
+            raise OSError(f"a trial job exited {code}")
+    except (OSError, forkserver.SpawnError) as exc:
+        server.close()
+        log.warning("jobs start through a chain of programs: the fork server cannot start jobs here (%s)", exc)
+        return None
+    log.info("jobs start through the fork server (pid %d): one clone and one exec each", server.pid)
+    return server
 
 
 def detect_private_tmp(settings: AgentSettings, fstab: str, forced: bool | None) -> tuple[bool, str]:

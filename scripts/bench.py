@@ -297,13 +297,15 @@ def node_floor(cfg: Config) -> dict:
     HTTP and no agent loop. Jobs/s and CPU per job, of this process and of the jobs'
     processes (kernel time included): what `throughput` can never exceed here.
 
-    Two variants say what would move that ceiling (the agent does neither today):
+    The first figures start each job through launch.py's chain of programs
+    (AGENT_FORK_SERVER=false); `fork_server_*` through the fork server, as the agent
+    does by default (`fork_server_vs_chain`: the ratio of their jobs/s, same run).
     `reused_cgroup_*` keeps one cgroup per thread (slot) instead of making and
     removing one per job, and `reused_cgroup_no_drop_*` also runs the job as this
     user (no `setpriv` exec)."""
     import tempfile
 
-    from corral.agent import cgroups, launch, runner, uids
+    from corral.agent import cgroups, forkserver, launch, runner, uids
     from corral.agent.settings import DEFAULT_UID_RANGE
     manager = cgroups.detect(root_name=f"corral-bench-floor-{os.getpid()}")
     if not manager.enforced:
@@ -353,6 +355,21 @@ def node_floor(cfg: Config) -> dict:
         slots = [manager.create(f"floor-slot-{k}", 512, 100, 1024) for k in range(cfg.floor_threads)]
         reused = measure(lambda k, i: start(slots[k], launch.User(DEFAULT_UID_RANGE[0] + k, DEFAULT_UID_RANGE[0] + k)))
         no_drop = measure(lambda k, i: start(slots[k], None))
+        # The same jobs through the fork server (AGENT_FORK_SERVER, the agent's default):
+        # one clone and one exec each; the server's own CPU counted with the starter's.
+        server = forkserver.ForkServer.start()
+        runner.use_fork_server(server)
+        try:
+            spent = _process_cpu_secs(server.pid)
+            forked = measure(fresh)
+            forked_cpu = (_process_cpu_secs(server.pid) - spent) / cfg.floor_jobs * 1000
+            spent = _process_cpu_secs(server.pid)
+            forked_reused = measure(lambda k, i: start(slots[k], launch.User(DEFAULT_UID_RANGE[0] + k,
+                                                                              DEFAULT_UID_RANGE[0] + k)))
+            forked_reused_cpu = (_process_cpu_secs(server.pid) - spent) / cfg.floor_jobs * 1000
+        finally:
+            runner.use_fork_server(None)
+            server.close()
     finally:
         for cg in slots:
             cg.kill()
@@ -363,10 +380,23 @@ def node_floor(cfg: Config) -> dict:
             "starter_cpu_ms_per_job": own, "job_processes_cpu_ms_per_job": children,
             "reused_cgroup_jobs_per_sec": reused[0], "reused_cgroup_starter_cpu_ms_per_job": reused[1],
             "reused_cgroup_job_processes_cpu_ms_per_job": reused[2],
+            "fork_server_jobs_per_sec": forked[0],
+            "fork_server_starter_cpu_ms_per_job": round(forked[1] + forked_cpu, 3),
+            "fork_server_job_processes_cpu_ms_per_job": forked[2],
+            "fork_server_reused_cgroup_jobs_per_sec": forked_reused[0],
+            "fork_server_reused_cgroup_starter_cpu_ms_per_job": round(forked_reused[1] + forked_reused_cpu, 3),
+            "fork_server_vs_chain": round(forked[0] / rate, 2) if rate else None,
             "reused_cgroup_no_drop_jobs_per_sec": no_drop[0],
             "reused_cgroup_no_drop_job_processes_cpu_ms_per_job": no_drop[2],
             "cgroups": manager.mode, "job_user": f"a uid per job from {DEFAULT_UID_RANGE[0]}",
             "private_tmp": private_tmp}
+
+
+def _process_cpu_secs(pid: int) -> float:
+    """User and system CPU seconds of a running process (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # ---- submitting -----------------------------------------------------------------

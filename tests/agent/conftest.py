@@ -14,7 +14,7 @@ import responses
 
 from agent_support import AGENT_SLOTS, BIN, SAME_USER, FakeClock, agent_env, remove_node_cgroups, skip_reason
 from cluster import Cluster, started
-from corral.agent import cgroups
+from corral.agent import cgroups, forkserver, runner, spawner
 from corral.agent.agent import Agent
 from corral.agent.settings import AgentSettings
 from corral.scheduler.models import NodeLease
@@ -22,6 +22,32 @@ from corral.shared.clients import RegistryClient, SchedulerClient
 from fake_registry import FakeRegistry
 from helpers import stop_held_jobs
 from scheduler_double import NODE, REGISTRY, SCHEDULER, serving
+
+
+@pytest.fixture(scope="session")
+def fork_server():
+    """One fork server for the session's agent tests, where jobs can be started through
+    one (root; a known machine): what a corral-agent makes at its start."""
+    if os.geteuid() != 0 or not spawner.machine_known():
+        yield None
+        return
+    server = forkserver.ForkServer.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(autouse=True)
+def job_launch(request, fork_server):
+    """Jobs start as a corral-agent starts them: through the fork server; a test marked
+    `chain_launch` through launch.py's chain of programs (AGENT_FORK_SERVER=false)."""
+    chain = request.node.get_closest_marker("chain_launch") is not None
+    runner.use_fork_server(None if chain else fork_server)
+    try:
+        yield
+    finally:
+        runner.use_fork_server(None)
 
 
 @pytest.fixture

@@ -37,6 +37,10 @@ from zips import ZipHandler, file_entry, make_zip
 pytestmark = pytest.mark.root
 
 GCC = shutil.which("gcc")
+# Who drops the job's privileges: the fork server's child itself, or the chain's setpriv,
+# or its Python fallback for a node without setpriv.
+CHAIN_SETPRIV = pytest.param("setpriv", marks=pytest.mark.chain_launch)
+CHAIN_PYTHON = pytest.param("python", marks=pytest.mark.chain_launch)
 UID_RANGE = (70000, 79999)
 EVIL_C = r"""
 #include <fcntl.h>
@@ -150,7 +154,7 @@ def start_job(parts, name, command, env_vars=None, private_tmp=True, setup=None)
 
 
 @pytest.mark.parametrize("variable", ["LD_PRELOAD", "LD_AUDIT"])
-@pytest.mark.parametrize("dropper", ["setpriv", "python"])
+@pytest.mark.parametrize("dropper", ["forkserver", CHAIN_SETPRIV, CHAIN_PYTHON])
 def test_a_library_from_a_deploy_zip_never_runs_as_root(node_parts, evil_so, records, variable, dropper,
                                                         monkeypatch):
     if dropper == "python":  # the fallback for a node without setpriv
@@ -472,6 +476,7 @@ def _normalised(report, agent, job_id):
             and not re.match(r"\d+:", line)]
 
 
+@pytest.mark.chain_launch
 def test_a_job_that_takes_the_warm_launch_runs_as_a_cold_started_one(make_agent):
     agent = make_agent()
     scheduler = make_agent.scheduler
@@ -499,6 +504,7 @@ def test_a_job_that_takes_the_warm_launch_runs_as_a_cold_started_one(make_agent)
     assert agent.cgroups.list_job_cgroups() == []
 
 
+@pytest.mark.chain_launch
 def test_a_warm_launch_that_does_not_fit_the_job_goes_and_the_next_fits(make_agent):
     agent = make_agent()
     scheduler = make_agent.scheduler
@@ -518,6 +524,7 @@ def test_a_warm_launch_that_does_not_fit_the_job_goes_and_the_next_fits(make_age
     assert again["stdout"].startswith(f"{second.start.pid}\n") and " 300 " in again["stdout"], again
 
 
+@pytest.mark.chain_launch
 def test_an_unused_warm_launch_goes_with_the_agent(make_agent):
     agent = make_agent()
     warm = agent.warm.fill_once()
@@ -528,6 +535,7 @@ def test_an_unused_warm_launch_goes_with_the_agent(make_agent):
     assert agent.warm.fill_once() is None  # a stopped agent starts none
 
 
+@pytest.mark.chain_launch
 def test_a_warm_chain_whose_agent_dies_runs_nothing(state_dir, shared_dir):
     """The agent dies (here: its pipe closes) before or while writing the script: the
     chain exits and no part of the script runs, also when it breaks off just before
@@ -642,6 +650,7 @@ IN_WORK_DIR = ("echo $$; echo data > mine.txt && cat mine.txt && pwd; ls .. >/de
                "cat ../../uids.json >/dev/null 2>&1 && echo READ; true")
 
 
+@pytest.mark.chain_launch
 def test_jobs_enter_their_work_dir_when_the_state_dirs_parent_is_private(make_agent, node, state_dir):
     """A state dir below a directory only root may enter (0700, as a checkout in a home
     directory or made by `mktemp -d`): the job's uid cannot walk to its work dir by its
@@ -711,7 +720,7 @@ def setuid_root(shared_dir):
     return path
 
 
-@pytest.mark.parametrize("dropper", ["setpriv", "python"])
+@pytest.mark.parametrize("dropper", ["forkserver", CHAIN_SETPRIV, CHAIN_PYTHON])
 @pytest.mark.parametrize("private_tmp", [True, False])
 def test_a_job_cannot_gain_privileges_through_a_setuid_program(node_parts, setuid_root, dropper, private_tmp,
                                                                monkeypatch):
@@ -725,6 +734,7 @@ def test_a_job_cannot_gain_privileges_through_a_setuid_program(node_parts, setui
     assert result.stdout == f"{NO_PRIVILEGES}{who.uid} {who.uid}\n", result
 
 
+@pytest.mark.chain_launch
 def test_warm_launched_jobs_and_services_cannot_gain_privileges(make_agent, setuid_root):
     agent = make_agent()
     scheduler = make_agent.scheduler

@@ -380,8 +380,8 @@ def test_stop_local_leaves_nothing_of_run_local_running(tmp_path):
 @pytest.mark.e2e
 def test_run_local_runs_jobs_with_its_state_below_a_private_directory(tmp_path):
     """A checkout in a directory only its owner may enter (a home directory, `mktemp -d`)
-    keeps `make run`'s state there: every job still runs in its work dir, started cold
-    or through the warm launch, though its uid cannot walk the path to it."""
+    keeps `make run`'s state there: every job still runs in its work dir, though its uid
+    cannot walk the path to it (the fork server enters it as root, before the drop)."""
     private = tmp_path / "private"
     private.mkdir(mode=0o700)
     os.chmod(private, 0o700)
@@ -394,9 +394,7 @@ def test_run_local_runs_jobs_with_its_state_below_a_private_directory(tmp_path):
                  message="run_local to report the cluster ready")
         assert proc.poll() is None, output()
         url = f"http://127.0.0.1:{scheduler_port}"
-        # Jobs one after the other, until one took a warm launch (each node keeps one
-        # ready within a second or so of its last job's start).
-        for n in range(10):
+        for n in range(3):
             job = requests.post(url + "/jobs", json={"command": f"echo {n} > mine.txt && cat mine.txt && pwd"},
                                 timeout=10).json()
             done = wait_for(lambda: (lambda j: j if j["status"] in ("done", "failed") else None)(
@@ -405,9 +403,6 @@ def test_run_local_runs_jobs_with_its_state_below_a_private_directory(tmp_path):
             assert done["status"] == "done", done
             assert done["stdout"].startswith(f"{n}\n{private}/var/agent-node-") and \
                 done["stdout"].endswith(f"/work/{job['job_id']}-1\n"), done
-            if "limits are enforced" not in output() or ", cgroup warm-" in output():
-                break
-        assert "limits are enforced" not in output() or ", cgroup warm-" in output(), output()
         proc.send_signal(signal.SIGINT)
         assert proc.wait(60) == 0, output()
     finally:
