@@ -7,6 +7,7 @@ private bridge, made and removed by the test (root only).
 
 The addresses exist only inside these namespaces and the test's own veth.
 """
+import fcntl
 import os
 import shutil
 import subprocess
@@ -15,6 +16,7 @@ import uuid
 SUBNET = "10.231.7"
 CP_ADDR = f"{SUBNET}.1"
 ROOT_ADDR = f"{SUBNET}.254"
+LOCK_PATH = "/run/corral-test-netns.lock"
 
 
 def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -38,8 +40,21 @@ class Lab:
         self.agent_addr = [f"{SUBNET}.{11 + i}" for i in range(agents)]
         self._tag = tag
         self._links: list[str] = []
+        self._lock: int | None = None
 
     def up(self) -> "Lab":
+        # One lab on this host at a time: every lab has the same subnet, and the test
+        # process reaches it through a veth of the root namespace (a second lab of
+        # another test process would route that subnet too).
+        self._lock = os.open(LOCK_PATH, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
+        try:
+            return self._up()
+        except BaseException:
+            self.down()
+            raise
+
+    def _up(self) -> "Lab":
         ip("netns", "add", self.cp)
         ip("-n", self.cp, "link", "set", "lo", "up")
         ip("-n", self.cp, "link", "add", "br0", "type", "bridge")
@@ -77,6 +92,9 @@ class Lab:
             ip("netns", "del", ns, check=False)
         for link in self._links:
             ip("link", "del", link, check=False)
+        if self._lock is not None:
+            os.close(self._lock)  # releases the flock
+            self._lock = None
 
     @staticmethod
     def exec_argv(ns: str, argv: list[str]) -> list[str]:
