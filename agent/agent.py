@@ -37,6 +37,7 @@ from .reconciler import Reconciler
 from .reports import Outbox
 from .servicejobs import ServiceJobs
 from .settings import AgentSettings, total_memory_mb
+from .slot_cgroups import SlotCgroups
 from .workloop import Steps
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,7 @@ class Agent:
         # Made by startup(), from what it detects: the job launch kept started ahead
         # (warm.py; None when off), a job's preparation, and its end.
         self.warm: warm.WarmKeeper | None = None
+        self.slots: SlotCgroups | None = None  # run jobs' cgroups kept between jobs (slot_cgroups.py)
         self.endings: Endings | None = None
         self.intake: Intake | None = None  # taking claimed or polled jobs in
         self.reconciler: Reconciler | None = None  # comparing with the scheduler
@@ -154,10 +156,12 @@ class Agent:
         if s.gpus:  # what they use, read with each renewal and reported with each job
             self.membership.usage.gpus = GpuMeter(NvmlReader.open(), [gpu.uuid for gpu in s.gpus])
         gpus = self.membership.usage.gpus
+        self.slots = self._slot_cgroups()
         self.endings = Endings(s, self.jobs, self.outbox, self.users, lambda: self.membership.lease.secs or 0,
                                self._clock,
                                self.logs, diskfs=self.diskfs,
-                               gpu_use=gpus.take if gpus is not None else lambda key: {})
+                               gpu_use=gpus.take if gpus is not None else lambda key: {},
+                               release_cgroup=self.slots.give_back if self.slots else lambda cg: cg.remove())
         adopted_keys, ended = self.services.adopt(self.cgroups, self.users)
         adopted = [self.jobs.held(key) for key in adopted_keys]
         for gone in ended:
@@ -181,7 +185,8 @@ class Agent:
                             self._private_tmp_of, jobenv.from_agent(os.environ, s.job_env_passthrough),
                             self._start_job, stopping=self.stopping.is_set, wake=self._work_wake.set,
                             service_started=self.services.started, shipper=self.logs,
-                            diskfs=self.diskfs if self.disk_fs_on else None, isolation=self.isolation)
+                            diskfs=self.diskfs if self.disk_fs_on else None, isolation=self.isolation,
+                            slots=self.slots)
         self.intake = Intake(s, self.scheduler, self.jobs, self.outbox, preparer, self._clock, self.stopping,
                              self.free_slots, self.membership.lapsed, lambda: self.disk.low is not None,
                              self.endings.node_side_message, self.limits_enforced, self.applied_limits,
@@ -190,6 +195,15 @@ class Agent:
                                      self.endings.end, self.intake.take_claimed, self._clock)
         self._started = True
         return [local.key for local in adopted]
+
+    def _slot_cgroups(self) -> SlotCgroups | None:
+        """Run jobs' cgroups kept from one job to the next (slot_cgroups.py), where jobs
+        start through the fork server (whose start is cheap enough for it to matter) and
+        a cgroup can be reused safely."""
+        if not (runner.fork_server_in_use() and self._start_job is runner.start and self.cgroups is not None
+                and self.cgroups.enforced and self.cgroups.reusable and self.isolation is None):
+            return None
+        return SlotCgroups(self.cgroups, self.settings.slots)
 
     def _keep_warm(self, users: identity.JobUsers, cgroup_manager: cgroups.Manager) -> None:
         """Keep a launch started ahead (warm.py) when AGENT_WARM_START is on and jobs run
@@ -299,4 +313,4 @@ class Agent:
         return daemon.Parts(self.settings, self.scheduler, self.membership, self.jobs, self.claims, self.outbox,
                             self.services, self.logs, self.disk, self.reap_once, self._clock, self.stopping,
                             self._work_wake, self.warm, self.endings, self.cgroups, self.users,
-                            self.diskfs if self.disk_fs_on else None)
+                            self.diskfs if self.disk_fs_on else None, self.slots)

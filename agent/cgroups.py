@@ -333,10 +333,28 @@ class V2JobCgroup(JobCgroup):
 class V1JobCgroup(JobCgroup):
     mode = "v1"
     join_file = "tasks"  # the writing thread alone: no global lock, no RCU wait (JobCgroup)
+    # The OOM kills of the jobs this cgroup held before (a slot's, slot_cgroups.py): the
+    # kernel's count cannot be reset.
+    _oom_kills_before = 0
 
     def oom_kills(self) -> int | None:
+        count = self._oom_kills_total()
+        return None if count is None else max(0, count - self._oom_kills_before)
+
+    def _oom_kills_total(self) -> int | None:
         d = self.dirs.get("memory")
         return _keyed(_read(os.path.join(d, "memory.oom_control")), "oom_kill") if d else None
+
+    def reset_counters(self) -> None:
+        """What the next job of this (empty) cgroup is measured by starts from nothing:
+        its peak memory, its fail count and its CPU time are reset; OOM kills are
+        counted from now. Raises OSError."""
+        if "memory" in self.dirs:
+            for name in ("memory.max_usage_in_bytes", "memory.failcnt"):
+                _write(os.path.join(self.dirs["memory"], name), "0")
+        if "cpuacct" in self.dirs:
+            _write(os.path.join(self.dirs["cpuacct"], "cpuacct.usage"), "0")
+        self._oom_kills_before = self._oom_kills_total() or 0
 
     def stats(self) -> dict:
         return {"peak_memory_bytes": self._memory_file("memory.max_usage_in_bytes"),
@@ -458,6 +476,17 @@ class Manager:
     def _configure(self, job: JobCgroup, memory_mb, cpu_percent, max_processes) -> None:
         raise NotImplementedError
 
+    # Whether an empty job cgroup can be given to another job (reuse): where every counter
+    # a job is measured by can be reset. Not on v2, whose memory.peak a write resets only
+    # for the file descriptor that wrote it.
+    reusable = False
+
+    def reuse(self, job: JobCgroup, memory_mb: int | None, cpu_percent: int | None,
+              max_processes: int | None = None) -> JobCgroup:
+        """The empty cgroup `job`, for another job with these limits and its counters
+        reset (a slot's, slot_cgroups.py). Raises CgroupError (an OSError)."""
+        raise CgroupError(f"cgroups cannot be reused here ({self.mode})")
+
     def _ensure_roots(self) -> None:
         """Recreate the root_name directories if something removed them since detect()."""
         for d in _unique(self.roots.values()):
@@ -541,6 +570,27 @@ class V1Manager(Manager):
 
     def _job(self, name, dirs, memory_mb, cpu_percent, max_processes) -> JobCgroup:
         return V1JobCgroup(name, dirs, memory_mb, cpu_percent, max_processes)
+
+    reusable = True
+
+    def reuse(self, job: JobCgroup, memory_mb: int | None, cpu_percent: int | None,
+              max_processes: int | None = None) -> JobCgroup:
+        _validate_limits(memory_mb, cpu_percent, max_processes)
+        if not self.limits_processes:
+            max_processes = None
+        if job.pids():
+            raise CgroupError(f"cgroup {job.name} still holds processes")
+        again = V1JobCgroup(job.name, job.dirs, memory_mb, cpu_percent, max_processes)
+        try:
+            if again.limits != job.limits:  # the same limits (most jobs: the defaults) are in place
+                memsw = os.path.join(job.dirs["memory"], "memory.memsw.limit_in_bytes")
+                if os.path.exists(memsw):  # unlimited first: the memory limit may not rise above it
+                    _write(memsw, "-1")
+                self._configure(again, memory_mb, cpu_percent, max_processes)
+            again.reset_counters()
+        except OSError as exc:
+            raise CgroupError(f"cannot set up cgroup {job.name} again: {exc}") from exc
+        return again
 
     def _configure(self, job: JobCgroup, memory_mb, cpu_percent, max_processes) -> None:
         mem = job.dirs["memory"]

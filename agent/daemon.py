@@ -23,6 +23,7 @@ from .endings import STOPPED_MESSAGE, Endings
 from .jobs import END_STOPPING, JobTable
 from .log_shipping import LogShipper
 from .membership import Membership
+from .slot_cgroups import SlotCgroups
 from .reports import Outbox
 from .servicejobs import ServiceJobs
 from .settings import AgentSettings
@@ -59,6 +60,7 @@ class Parts:
     cgroups: cgroups.Manager | None
     users: identity.JobUsers | None
     diskfs: diskfs.DiskFs | None  # the work dirs' filesystems, when in use
+    slots: SlotCgroups | None = None  # run jobs' cgroups kept between jobs
 
 
 def run(parts: Parts, steps: Steps, stop_event: threading.Event, once: bool = False) -> int:
@@ -157,6 +159,8 @@ def shutdown(parts: Parts, flush_secs: float = FLUSH_SECS) -> int:
     if parts.outbox:
         log.warning("stopping with %d undelivered report(s): %s", len(parts.outbox),
                     ", ".join(f"{r.job_id} attempt {r.attempt} {r.status}" for r in parts.outbox))
+    if parts.slots is not None:
+        parts.slots.close()
     if parts.cgroups is not None and not len(jobs) and not parts.cgroups.list_job_cgroups():
         parts.cgroups.cleanup()  # this node's cgroup directories, when no service uses them
     if parts.diskfs is not None:

@@ -107,8 +107,11 @@ def ended_by(end_reason: str | None, oom: bool, disk_full: bool = False) -> str 
 class Endings:
     def __init__(self, settings: AgentSettings, jobs: JobTable, outbox: Outbox, users: identity.JobUsers,
                  lease_secs: Callable[[], float], clock: Callable[[], float], shipper: LogShipper | None = None,
-                 diskfs: diskfs.DiskFs | None = None, gpu_use: Callable[[Key], dict] = lambda key: {}):
+                 diskfs: diskfs.DiskFs | None = None, gpu_use: Callable[[Key], dict] = lambda key: {},
+                 release_cgroup: Callable[[cgroups.JobCgroup], object] = lambda cg: cg.remove()):
         self.settings = settings
+        # An ended job's cgroup, once measured: removed, or kept for the next run job (Preparer.release_cgroup).
+        self.release_cgroup = release_cgroup
         self.gpu_use = gpu_use  # what a job's GPUs used, for its report (gpu_usage.GpuMeter.take)
         self.diskfs = diskfs  # the work dirs' own filesystems, removed with them
         self.shipper = shipper  # the complete logs: told when an attempt's output is all read
@@ -215,7 +218,7 @@ class Endings:
         usage.update(self.gpu_use(local.key))
         oom = local.end_reason is None and cg is not None and cgroups.ended_by_oom(result.exit_code, cg)
         if cg is not None:
-            cg.remove()
+            self.release_cgroup(cg)
         # Before the work dir goes: was its filesystem full (its writes failed for it)?
         full = local.end_reason is None and result.exit_code != 0 and self.diskfs is not None \
             and self.diskfs.full(local.workdir)

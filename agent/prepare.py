@@ -23,6 +23,7 @@ from . import artifacts, cgroups, devices, diskfs, identity, jobenv, launch, run
 from .jobs import END_STOPPING, LocalJob
 from .log_shipping import LogShipper
 from .settings import AgentSettings, safe_path_part
+from .slot_cgroups import SlotCgroups
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,7 @@ class Preparer:
     shipper: LogShipper | None = None  # the complete logs (log_shipping.py); None: not kept
     diskfs: diskfs.DiskFs | None = None  # work dirs get a filesystem of their disk_mb (None: the watch alone)
     isolation: devices.Isolation | None = None  # the node's GPUs and how jobs are held to theirs
+    slots: SlotCgroups | None = None  # run jobs' cgroups kept from one job to the next (None: one each)
 
     def prepare(self, local: LocalJob, job: dict, plan: Plan) -> None:
         """On a worker thread: environment, work dir, artifact, uid and ownership, cgroup,
@@ -229,8 +231,7 @@ class Preparer:
                 taken.start.discard()
                 cg = taken.cgroup
             if local.process is None and cg is not None:
-                cg.kill()
-                cg.remove()
+                self.release_cgroup(cg)
             local.prepared.set()
             self.wake()
 
@@ -246,8 +247,19 @@ class Preparer:
         return None
 
     def _job_cgroup(self, local: LocalJob, plan: Plan) -> cgroups.JobCgroup:
+        if self.slots is not None and plan.job_type == wire.JOB_RUN:
+            return self.slots.take(plan.memory_mb, plan.cpu_percent, plan.max_processes)
         return self.cgroup_manager.create(cgroup_name(local.job_id, local.attempt), plan.memory_mb,
                                    plan.cpu_percent, plan.max_processes)
+
+    def release_cgroup(self, cg: cgroups.JobCgroup) -> None:
+        """A job's cgroup once its job has ended or never started: kept for the next run
+        job (slots), else removed."""
+        if self.slots is not None:
+            self.slots.give_back(cg)
+        else:
+            cg.kill()
+            cg.remove()
 
     def _launch_warm(self, local: LocalJob, taken: warm.Warm, command: str, env: dict, captures: tuple | None
                      ) -> runner.RunningJob | None:

@@ -302,11 +302,14 @@ def node_floor(cfg: Config) -> dict:
     does by default (`fork_server_vs_chain`: the ratio of their jobs/s, same run).
     `reused_cgroup_*` keeps one cgroup per thread (slot) instead of making and
     removing one per job, and `reused_cgroup_no_drop_*` also runs the job as this
-    user (no `setpriv` exec)."""
+    user (no `setpriv` exec). `fork_server_reused_cgroup_*` starts each job as the
+    agent does on cgroup v1: through the fork server, with a uid of its own, in a kept
+    cgroup set up again for it (slot_cgroups.py)."""
     import tempfile
 
     from corral.agent import cgroups, forkserver, launch, runner, uids
     from corral.agent.settings import DEFAULT_UID_RANGE
+    from corral.agent.slot_cgroups import SlotCgroups
     manager = cgroups.detect(root_name=f"corral-bench-floor-{os.getpid()}")
     if not manager.enforced:
         raise Skip(f"needs cgroups like a real agent: {manager.reason}")
@@ -364,8 +367,21 @@ def node_floor(cfg: Config) -> dict:
             forked = measure(fresh)
             forked_cpu = (_process_cpu_secs(server.pid) - spent) / cfg.floor_jobs * 1000
             spent = _process_cpu_secs(server.pid)
-            forked_reused = measure(lambda k, i: start(slots[k], launch.User(DEFAULT_UID_RANGE[0] + k,
-                                                                              DEFAULT_UID_RANGE[0] + k)))
+            kept = SlotCgroups(manager, cfg.floor_threads)
+
+            def in_a_slot(k: int, i: int) -> None:  # as the agent does: a uid per job, a kept cgroup
+                cg = kept.take(512, 100, 1024)
+                uid = pool.acquire(f"floor-{i}")
+                try:
+                    start(cg, launch.User(uid, uid))
+                    cg.stats()
+                finally:
+                    kept.give_back(cg)
+                    pool.release(f"floor-{i}")
+            try:
+                forked_reused = measure(in_a_slot)
+            finally:
+                kept.close()
             forked_reused_cpu = (_process_cpu_secs(server.pid) - spent) / cfg.floor_jobs * 1000
         finally:
             runner.use_fork_server(None)

@@ -50,6 +50,11 @@ def agent_env(node, state_dir, registry_url, scheduler_url, **extra):
     return env
 
 
+def only_empty_slots(manager) -> bool:
+    """No job cgroup is left but the kept slots' (slot_cgroups.py), and those are empty."""
+    return all(name.startswith("slot-") and not manager.adopt(name).pids() for name in manager.list_job_cgroups())
+
+
 def remove_node_cgroups(node, state_dir):
     """End what the node's agent left (services) and remove its cgroup directories."""
     root_name = AgentSettings(node_id=node, state_dir=state_dir).cgroup_root_name
