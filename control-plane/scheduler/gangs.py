@@ -86,8 +86,20 @@ def outcome(attempt: int, job_active: bool, members: Sequence[M]) -> Outcome[M]:
     return Outcome(started=started, to_cancel=stale)
 
 
-def rank_of(member: MemberFacts) -> int:
+def rank_of(member: Any) -> int:
+    """A member's rank in its gang (its row's `gang`)."""
     return int((member.gang or {}).get("rank", 0))
+
+
+def is_member(job: Any) -> bool:
+    """A member of a multi-node job (a row read without the column, or a stand-in without
+    it, is not): its attempt never goes back to the queue on its own."""
+    return getattr(job, "gang_id", None) is not None
+
+
+def spans_nodes(job: Any) -> bool:
+    """A job of many nodes (`nodes` above 1; a row read without the column is not)."""
+    return (getattr(job, "nodes", None) or 1) > 1
 
 
 def place_of(job_id: str, rank: int, hosts: Sequence[str], port: int) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from corral.shared import wire
 from corral.shared.errors import Conflict
 from corral.shared.states import FINAL_STATUSES, JobStatus, after_failure, check_transition
 
+from . import gangs
 from .retry import RetryDelay
 
 # A job's stdout/stderr belong to its current attempt (live output fills them while it
@@ -183,9 +184,9 @@ def node_lost(job: JobFacts, now: float, why: str, policy: Policy, result: dict[
     spending its retry budget, unless it asked not to (on_node_lost=fail) or has lost
     its node too often (max_node_losses)."""
     result = dict(result or {}, exit_code=-1)
-    if job.status == "running" or is_member(job):  # an attempt ended (one only placed never started)
+    if job.status == "running" or gangs.is_member(job):  # an attempt ended (one only placed never started)
         result["ended_by"] = wire.ENDED_BY_NODE_LOST
-    if is_member(job):  # its multi-node job decides (gangs.py)
+    if gangs.is_member(job):  # its multi-node job decides (gangs.py)
         return _to(job, "failed", why, finished_at=now, **result)
     if job.on_node_lost == "fail":
         result["stderr"] = _append(result.get("stderr"), f"{why}; not requeued (on_node_lost=fail)")
@@ -211,7 +212,7 @@ def stopped(job: JobFacts, now: float, reason: str, forced: bool = False) -> Tra
     scheduler requeues it itself (the agent kills it once it no longer finds it
     running there)."""
     why = STOPPED_FOR[reason] + ("; its node did not report the stop in time" if forced else "")
-    if is_member(job):  # its multi-node job is requeued as one (gangs.py)
+    if gangs.is_member(job):  # its multi-node job is requeued as one (gangs.py)
         return _to(job, "failed", why, finished_at=now, stop_reason=None, stop_at=None, exit_code=-1,
                    ended_by=reason)
     counted = {"preemptions": (getattr(job, "preemptions", 0) or 0) + 1} if reason == wire.ENDED_BY_PREEMPTION else {}
@@ -252,11 +253,6 @@ def late_success(job: JobFacts, report: Report, now: float, policy: Policy) -> T
                **outcome(report, policy))
 
 
-def is_member(job: JobFacts) -> bool:
-    """A member of a multi-node job: its attempt never goes back to the queue on its own."""
-    return getattr(job, "gang_id", None) is not None
-
-
 # ---- multi-node jobs (gangs.py) -----------------------------------------------------------
 
 def gang_started(job: JobFacts, now: float) -> Transition:
@@ -266,7 +262,7 @@ def gang_started(job: JobFacts, now: float) -> Transition:
 
 def gang_done(job: JobFacts, members: list[Any], now: float) -> Transition:
     """Every member exited 0: the job is done, with rank 0's output and what all used."""
-    first = min(members, key=lambda m: (m.gang or {}).get("rank", 0))
+    first = min(members, key=gangs.rank_of)
     cpu = [m.cpu_seconds for m in members if m.cpu_seconds is not None]
     peak = [m.peak_memory_bytes for m in members if m.peak_memory_bytes is not None]
     return _to(job, "done", f"every member of attempt {job.attempt} exited 0", finished_at=now, exit_code=0,
@@ -278,7 +274,7 @@ def gang_ended(job: JobFacts, member: Any, now: float, policy: Policy) -> Transi
     """A member of the multi-node job's attempt ended other than done: the attempt ends
     as that member's did. A timeout is final; a stop (drain, preemption) or a lost node
     requeues the job as they would a job of one node; a failure spends a retry."""
-    who = f"member {(member.gang or {}).get('rank', 0)} (job-{member.id} on {member.node_id})"
+    who = f"member {gangs.rank_of(member)} (job-{member.id} on {member.node_id})"
     ended_by = member.ended_by or wire.ENDED_BY_EXIT
     result = {"exit_code": member.exit_code, "stdout": member.stdout, "stderr": member.stderr,
               "oom_killed": member.oom_killed, "ended_by": ended_by}

@@ -10,7 +10,7 @@ from corral.server import audit_trail, auth, revocations
 from corral.shared.clients import RegistryClient
 from corral.shared.errors import Forbidden, NotFound
 
-from .. import contract, event_stream, longpoll, stream_hub, views
+from .. import contract, event_stream, gangs, longpoll, stream_hub, views
 from ..event_log import EventLog
 from ..identities import Identities
 from ..job_logs import JobLogs
@@ -56,7 +56,7 @@ class SchedulerApi:
         its team's admins and cluster admins (corral.server.principals). A node's agent sees
         them: it runs the job. `members`: a job of many nodes lists them."""
         who = auth.calling_principal()
-        listed = self.store.gangs.members(job.id) if members and (job.nodes or 1) > 1 else None
+        listed = self.store.gangs.members(job.id) if members and gangs.spans_nodes(job) else None
         return views.job(job, self.settings, self.clock(),
                          hide_env=who is not None and not who.sees_env(job.team, job.submitted_by), members=listed)
 

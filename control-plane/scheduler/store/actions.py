@@ -7,7 +7,7 @@ from peewee import fn
 from corral.shared.errors import Conflict
 from corral.shared.states import ACTIVE
 
-from .. import lifecycle
+from .. import gangs, lifecycle
 from ..models import Job
 from .columns import DECIDING
 from .context import StoreContext
@@ -91,6 +91,6 @@ class Actions:
 
 def _not_a_member(job: Job, what: str) -> None:
     """A member of a multi-node job moves with its job, never on its own."""
-    if job.gang_id is not None:
+    if gangs.is_member(job):
         raise Conflict(f"{job.job_id} is a member of job-{job.gang_id}, which is {what} as a whole: "
                        f"ask that of job-{job.gang_id}")

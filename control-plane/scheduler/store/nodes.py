@@ -172,7 +172,7 @@ class Nodes:
                       Node.node_id, Node.status, Node.refusing_work, Node.kind))}
         released = 0
         for job in stranded:
-            if job.gang_id is not None:
+            if gangs.is_member(job):
                 # A member is not placed again on its own: its attempt ends, and its job
                 # is placed again as one (gangs.py).
                 why = states.get(job.node_id, "is gone from the registry")

@@ -12,7 +12,7 @@ from typing import Any
 from corral.server.statements import ValueList, param
 from corral.shared.states import FINAL_STATUSES, check_transition
 
-from .. import lifecycle, metrics, notifications
+from .. import gangs, lifecycle, metrics, notifications
 from ..models import Job, JobEvent, OutboxEvent
 from . import usage
 from .context import StoreContext
@@ -50,7 +50,7 @@ class StatusWriter:
                              "node_id": job.node_id, "reason": transition.reason})
                 # An attempt ended: what it used (before the instance changes). A job of many
                 # nodes uses nothing itself: its members' attempts count.
-                if old == "running" and (job.__data__.get("nodes") or 1) == 1:
+                if old == "running" and not gangs.spans_nodes(job):
                     ended.append((job, usage.ended(job, transition.used or transition.changes, now)))
                 metrics.moved(db, job, new, now, transition.changes)  # before the instance changes
                 if transition.timed_out:
@@ -59,7 +59,7 @@ class StatusWriter:
                     setattr(job, name, value)
                 job.status = new
                 # A member's end is its job's to publish.
-                if new in FINAL_STATUSES and settings.sns_topic_arn and job.__data__.get("gang_id") is None:
+                if new in FINAL_STATUSES and settings.sns_topic_arn and not gangs.is_member(job):
                     message = notifications.notification(job, transition.reason)
                     OutboxEvent.create(event_id=message["event_id"], job_id=job.id, status=new, message=message,
                                        created_at=now)

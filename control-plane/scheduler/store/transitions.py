@@ -6,7 +6,7 @@ in turn (gangs.py). What every part that changes a job's status calls."""
 from corral.shared.errors import Conflict
 from corral.shared.states import FINAL_STATUSES
 
-from .. import lifecycle
+from .. import gangs, lifecycle
 from ..models import Job
 from .dependents import Dependents
 from .gangs import Gangs
@@ -35,9 +35,7 @@ class Transitions:
                  and job.__data__.get("has_dependents", True)]
         if ended:
             self.dependents.settle(ended, now)
-        # A member, or a job of many nodes (a job read without the columns is neither).
-        moved = [job for job, _ in decided if job not in stale
-                 and (job.__data__.get("gang_id") is not None or (job.__data__.get("nodes") or 1) > 1)]
+        moved = [job for job, _ in decided if job not in stale and (gangs.is_member(job) or gangs.spans_nodes(job))]
         if moved:
             # The job follows its members, the members their job: a few rounds at most
             # (a member fails, the job's attempt ends, its other members are cancelled).
