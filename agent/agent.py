@@ -161,7 +161,7 @@ class Agent:
                                self._clock,
                                self.logs, diskfs=self.diskfs,
                                gpu_use=gpus.take if gpus is not None else lambda key: {},
-                               release_cgroup=self.slots.give_back if self.slots else lambda cg: cg.remove())
+                               slots=self.slots)
         adopted_keys, ended = self.services.adopt(self.cgroups, self.users)
         adopted = [self.jobs.held(key) for key in adopted_keys]
         for gone in ended:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from corral.shared import states, wire
 
-from . import cgroups, diskfs, identity, launch, services, spans
+from . import cgroups, diskfs, identity, launch, services, slot_cgroups, spans
 from .disk import DISK_MESSAGE
 from .jobs import (END_DISK, END_DRAINED, END_FENCED, END_PREEMPTED, END_RECONCILED, END_STOPPING, END_TIMEOUT,
                    JobTable, LocalJob)
@@ -29,6 +29,7 @@ from .log_shipping import LogShipper
 from .reconcile import Key
 from .reports import Outbox
 from .settings import AgentSettings
+from .slot_cgroups import SlotCgroups
 
 log = logging.getLogger(__name__)
 
@@ -108,10 +109,9 @@ class Endings:
     def __init__(self, settings: AgentSettings, jobs: JobTable, outbox: Outbox, users: identity.JobUsers,
                  lease_secs: Callable[[], float], clock: Callable[[], float], shipper: LogShipper | None = None,
                  diskfs: diskfs.DiskFs | None = None, gpu_use: Callable[[Key], dict] = lambda key: {},
-                 release_cgroup: Callable[[cgroups.JobCgroup], object] = lambda cg: cg.remove()):
+                 slots: SlotCgroups | None = None):
         self.settings = settings
-        # An ended job's cgroup, once measured: removed, or kept for the next run job (Preparer.release_cgroup).
-        self.release_cgroup = release_cgroup
+        self.slots = slots  # run jobs' cgroups kept between jobs (slot_cgroups.py), or None
         self.gpu_use = gpu_use  # what a job's GPUs used, for its report (gpu_usage.GpuMeter.take)
         self.diskfs = diskfs  # the work dirs' own filesystems, removed with them
         self.shipper = shipper  # the complete logs: told when an attempt's output is all read
@@ -218,7 +218,7 @@ class Endings:
         usage.update(self.gpu_use(local.key))
         oom = local.end_reason is None and cg is not None and cgroups.ended_by_oom(result.exit_code, cg)
         if cg is not None:
-            self.release_cgroup(cg)
+            slot_cgroups.release(self.slots, cg)
         # Before the work dir goes: was its filesystem full (its writes failed for it)?
         full = local.end_reason is None and result.exit_code != 0 and self.diskfs is not None \
             and self.diskfs.full(local.workdir)

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -145,14 +146,10 @@ def _reap(pid: int) -> None:
 
 
 def _read_exactly(sock: socket.socket, size: int) -> bytes:
-    chunks, left = [], size
-    while left:
-        chunk = sock.recv(min(left, 1 << 20))
-        if not chunk:
-            raise OSError("the fork server is gone")
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
+    try:
+        return spawner.read_exactly(sock, size)
+    except EOFError:
+        raise OSError("the fork server is gone") from None
 
 
 def _read_all(fd: int) -> bytes:
@@ -199,11 +196,12 @@ class ForkedProcess:
                 raise TimeoutError(f"process {self.pid} still runs after {timeout}s")
             step = 0.05 if timeout is None else max(0.001, min(0.05, timeout - waited))
             pidfd = self._pidfd
-            try:
-                if pidfd is None:
-                    raise ValueError
-                select.select([pidfd], [], [], step)
-            except (OSError, ValueError):  # no pidfd, or closed by another thread's poll: it has exited
-                threading.Event().wait(0.001 if pidfd is not None else step)
+            if pidfd is None:
+                time.sleep(step)
+            else:
+                try:
+                    select.select([pidfd], [], [], step)
+                except (OSError, ValueError):  # closed by another thread's poll: it has exited
+                    time.sleep(0.001)
             waited += step
         return code

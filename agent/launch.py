@@ -158,14 +158,20 @@ def env_script(env: Mapping[str, str]) -> bytes:
     a descriptor /bin/sh can close (it names none above 9), so the job inherits none.
     Raises ValueError for a name that is not a shell identifier or a value with a NUL
     byte, which no environment can hold."""
+    check_env(env)
     lines = [f"unset {name}" for name in sorted({*LAUNCH_ENV, "PWD"} - set(env))]
+    lines += [f"export {name}={quote(value)}" for name, value in env.items()]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def check_env(env: Mapping[str, str]) -> None:
+    """ValueError for a name that is not a shell identifier or a value with a NUL byte,
+    which no environment can hold."""
     for name, value in env.items():
         if not isinstance(name, str) or not ENV_NAME_RE.match(name):
             raise ValueError(f"bad environment variable name {name!r}")
         if not isinstance(value, str) or "\x00" in value:
             raise ValueError(f"environment variable {name} has a value that is not text without NUL bytes")
-        lines.append(f"export {name}={quote(value)}")
-    return ("\n".join(lines) + "\n").encode()
 
 
 def private_dirs() -> tuple[str, ...]:

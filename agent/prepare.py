@@ -23,6 +23,7 @@ from . import artifacts, cgroups, devices, diskfs, identity, jobenv, launch, run
 from .jobs import END_STOPPING, LocalJob
 from .log_shipping import LogShipper
 from .settings import AgentSettings, safe_path_part
+from . import slot_cgroups
 from .slot_cgroups import SlotCgroups
 
 log = logging.getLogger(__name__)
@@ -231,7 +232,7 @@ class Preparer:
                 taken.start.discard()
                 cg = taken.cgroup
             if local.process is None and cg is not None:
-                self.release_cgroup(cg)
+                slot_cgroups.release(self.slots, cg)
             local.prepared.set()
             self.wake()
 
@@ -251,15 +252,6 @@ class Preparer:
             return self.slots.take(plan.memory_mb, plan.cpu_percent, plan.max_processes)
         return self.cgroup_manager.create(cgroup_name(local.job_id, local.attempt), plan.memory_mb,
                                    plan.cpu_percent, plan.max_processes)
-
-    def release_cgroup(self, cg: cgroups.JobCgroup) -> None:
-        """A job's cgroup once its job has ended or never started: kept for the next run
-        job (slots), else removed."""
-        if self.slots is not None:
-            self.slots.give_back(cg)
-        else:
-            cg.kill()
-            cg.remove()
 
     def _launch_warm(self, local: LocalJob, taken: warm.Warm, command: str, env: dict, captures: tuple | None
                      ) -> runner.RunningJob | None:

@@ -107,12 +107,13 @@ def start(job: Mapping, workdir: str, env: Mapping[str, str], tail_bytes: int, *
     """
     command = _runnable(job.get("command"))
     try:
+        if _FORK_SERVER is not None:  # the environment is the exec's argument: checked, no script
+            launch.check_env(env)
+            spec = forkserver.spec_for(command, workdir, env, cgroup, user, private_tmp, private_dev)
+            return _start_forked(_FORK_SERVER, spec, tail_bytes, cgroup, output_files, captures)
         script = launch.env_script(env)
     except ValueError as exc:
         raise StartError(f"cannot start the job: {exc}") from exc
-    if _FORK_SERVER is not None:
-        spec = forkserver.spec_for(command, workdir, env, cgroup, user, private_tmp, private_dev)
-        return _start_forked(_FORK_SERVER, spec, tail_bytes, cgroup, output_files, captures)
     try:
         argv = launch.argv(command, tools(), cgroup.join_files() if cgroup is not None else (), user,
                            private_tmp, private_dev)
@@ -148,33 +149,24 @@ def start(job: Mapping, workdir: str, env: Mapping[str, str], tail_bytes: int, *
 def _start_forked(server: forkserver.ForkServer, spec: forkserver.Spec, tail_bytes: int, cgroup,
                   output_files: tuple[str, str] | None, captures: tuple | None) -> "RunningJob":
     """start() through the fork server: one clone and one exec, the same job."""
-    ends: list[int] = []  # what this process closes once the child has its copies
+    readers: tuple[int, int] | None = None
+    ends: list[int] = []  # the job's ends of its output, closed here once it has its copies
     try:
         if output_files is not None:
-            stdout, stderr = _open_append(output_files[0]), _open_append(output_files[1])
-            ends += [stdout, stderr]
-            readers = None
+            ends += [_open_append(output_files[0]), _open_append(output_files[1])]
         else:
-            out_r, stdout = os.pipe2(os.O_CLOEXEC)
-            err_r, stderr = os.pipe2(os.O_CLOEXEC)
-            ends += [stdout, stderr]
-            readers = (out_r, err_r)
-        try:
-            pid = server.spawn(spec, stdout, stderr)
-        except forkserver.SpawnError as exc:
-            if readers:
-                for fd in readers:
-                    os.close(fd)
-            if exc.stage == spawner.STAGE_WORKDIR:
-                raise StartError(f"cannot use work dir {spec.workdir}: {os.strerror(exc.errno)}") from exc
-            if exc.stage == spawner.STAGE_EXEC:
-                raise StartError(f"cannot run {spec.shell}: {os.strerror(exc.errno)}", 127) from exc
-            raise StartError(f"cannot start the job: {exc}") from exc
-        except OSError as exc:
-            if readers:
-                for fd in readers:
-                    os.close(fd)
-            raise StartError(f"cannot start the job: the fork server failed ({exc})") from exc
+            out_r, out_w = os.pipe2(os.O_CLOEXEC)
+            err_r, err_w = os.pipe2(os.O_CLOEXEC)
+            readers, ends = (out_r, err_r), [out_w, err_w]
+        pid = server.spawn(spec, ends[0], ends[1])
+    except (forkserver.SpawnError, OSError) as exc:
+        for fd in readers or ():
+            os.close(fd)
+        if isinstance(exc, forkserver.SpawnError) and exc.stage == spawner.STAGE_WORKDIR:
+            raise StartError(f"cannot use work dir {spec.workdir}: {os.strerror(exc.errno)}") from exc
+        if isinstance(exc, forkserver.SpawnError) and exc.stage == spawner.STAGE_EXEC:
+            raise StartError(f"cannot run {spec.shell}: {os.strerror(exc.errno)}", 127) from exc
+        raise StartError(f"cannot start the job: {exc}") from exc
     finally:
         for fd in ends:
             os.close(fd)

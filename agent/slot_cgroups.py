@@ -80,3 +80,13 @@ class SlotCgroups:
         cg.remove()
         with self._lock:
             self._ours.discard(cg.name)
+
+
+def release(slots: SlotCgroups | None, cg: cgroups.JobCgroup) -> None:
+    """A job's cgroup once its job has ended or never started: kept for the next run job
+    (`slots`), else killed and removed."""
+    if slots is not None:
+        slots.give_back(cg)
+    else:
+        cg.kill()
+        cg.remove()

@@ -363,10 +363,10 @@ def node_floor(cfg: Config) -> dict:
         server = forkserver.ForkServer.start()
         runner.use_fork_server(server)
         try:
-            spent = _process_cpu_secs(server.pid)
+            spent = bl.cpu_seconds([server.pid])
             forked = measure(fresh)
-            forked_cpu = (_process_cpu_secs(server.pid) - spent) / cfg.floor_jobs * 1000
-            spent = _process_cpu_secs(server.pid)
+            forked_cpu = (bl.cpu_seconds([server.pid]) - spent) / cfg.floor_jobs * 1000
+            spent = bl.cpu_seconds([server.pid])
             kept = SlotCgroups(manager, cfg.floor_threads)
 
             def in_a_slot(k: int, i: int) -> None:  # as the agent does: a uid per job, a kept cgroup
@@ -382,7 +382,7 @@ def node_floor(cfg: Config) -> dict:
                 forked_reused = measure(in_a_slot)
             finally:
                 kept.close()
-            forked_reused_cpu = (_process_cpu_secs(server.pid) - spent) / cfg.floor_jobs * 1000
+            forked_reused_cpu = (bl.cpu_seconds([server.pid]) - spent) / cfg.floor_jobs * 1000
         finally:
             runner.use_fork_server(None)
             server.close()
@@ -406,13 +406,6 @@ def node_floor(cfg: Config) -> dict:
             "reused_cgroup_no_drop_job_processes_cpu_ms_per_job": no_drop[2],
             "cgroups": manager.mode, "job_user": f"a uid per job from {DEFAULT_UID_RANGE[0]}",
             "private_tmp": private_tmp}
-
-
-def _process_cpu_secs(pid: int) -> float:
-    """User and system CPU seconds of a running process (/proc/PID/stat)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # ---- submitting -----------------------------------------------------------------

@@ -88,7 +88,6 @@ class Actions:
         return ended
 
 
-
 def _not_a_member(job: Job, what: str) -> None:
     """A member of a multi-node job moves with its job, never on its own."""
     if gangs.is_member(job):
